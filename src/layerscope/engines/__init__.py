@@ -1,0 +1,1 @@
+"""Engines: one protocol, several backends (torch, ort, cuda, trt, auto)."""

@@ -1,0 +1,285 @@
+"""ONNX Runtime engines: ``ort`` (CPU EP), ``cuda`` (CUDA EP, IO binding), ``trt`` (TensorRT EP).
+
+ONNX Runtime falls back to the CPU silently when a GPU provider cannot load,
+and prints pages of library errors while doing so.  Here the native stderr is
+captured while a session is made, the providers the session really got are
+checked, and a requested-but-unavailable provider becomes one clear error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.engines.base import Batch, Engine, register
+from layerscope.errors import EngineUnavailableError
+from layerscope.runtime.pooling import pool
+
+PROVIDERS = {
+    "ort": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+
+
+@contextlib.contextmanager
+def captured_stderr():
+    """Capture what native code writes to fd 2 (ONNX Runtime's provider-loading noise)."""
+    box = {"text": ""}
+    try:
+        fd = os.dup(2)
+    except OSError:  # no real stderr (some notebook kernels)
+        yield box
+        return
+    import io
+    import sys
+
+    py_out, py_err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        sys.stderr.flush()
+        os.dup2(tmp.fileno(), 2)
+        try:
+            # onnxruntime also print()s its fallback notice from Python
+            with contextlib.redirect_stdout(py_out), contextlib.redirect_stderr(py_err):
+                yield box
+        finally:
+            os.dup2(fd, 2)
+            os.close(fd)
+            tmp.seek(0)
+            box["text"] = tmp.read().decode("utf-8", "replace") + py_out.getvalue() + py_err.getvalue()
+
+
+def _reason(noise: str, provider: str) -> str:
+    """The one line of ONNX Runtime's noise that says why a provider did not load."""
+    if provider == "TensorrtExecutionProvider" and ("TensorRT" in noise or "nvinfer" in noise):
+        return "the TensorRT libraries (libnvinfer) are not installed or no supported GPU is present"
+    for pattern in (r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file",
+                    r"(CUDA driver version is insufficient[^\n]*)",
+                    r"(no CUDA-capable device is detected)",
+                    r"(cudaErrorNoDevice[^\n]*)"):
+        m = re.search(pattern, noise)
+        if m:
+            what = m.group(1)
+            return f"{what} cannot be loaded" if what.startswith("lib") else what
+    return "ONNX Runtime could not load it on this machine (no GPU, or its libraries are missing)"
+
+
+def ort_module():
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            "onnxruntime is not installed: pip install onnxruntime (or onnxruntime-gpu on Linux x86-64)") from exc
+    ort.set_default_logger_severity(3)
+    return ort
+
+
+def make_session(model_path: str | Path, provider: str, provider_options: dict | None = None, *,
+                 threads: int | None = None, opt_level: str = "all", extra: dict | None = None):
+    """An InferenceSession that really runs on ``provider``, or EngineUnavailableError with the reason."""
+    ort = ort_module()
+    if provider not in ort.get_available_providers():
+        raise EngineUnavailableError(
+            f"{provider} is not in this onnxruntime build (it has {', '.join(ort.get_available_providers())}); "
+            "install onnxruntime-gpu for CUDA/TensorRT")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt_level]
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    for key, value in (extra or {}).items():
+        so.add_session_config_entry(key, str(value))
+    providers: list[Any] = [(provider, provider_options or {})]
+    if provider != "CPUExecutionProvider":
+        providers.append("CPUExecutionProvider")
+    with captured_stderr() as noise:
+        try:
+            session = ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own untyped errors here
+            session, error = None, exc
+        else:
+            error = None
+    if session is None:
+        raise EngineUnavailableError(f"{provider} failed to start: {str(error).splitlines()[0][:200]}")
+    got = session.get_providers()
+    if got[0] != provider:
+        raise EngineUnavailableError(f"{provider} did not load: {_reason(noise['text'], provider)}")
+    return session
+
+
+class OrtEngine(Engine):
+    """Shared session logic; subclasses choose the provider and how outputs come back."""
+
+    name = "ort"
+    provider = "CPUExecutionProvider"
+
+    def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
+                 onnx_file: str | None = None, **options):
+        handle = model.ensure_export()
+        super().__init__(handle)
+        self.options = options
+        path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
+        self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
+                                    opt_level=opt_level, extra=self.session_entries())
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.input_types = {i.name: i.type for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.pooled_layers: list[str] = list(self.manifest.get("pooled_layers", []))
+        self.info.provider = self.session.get_providers()[0]
+        self.info.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
+        self.info.precision = self.manifest.get("precision", "fp32")
+
+    def provider_options(self) -> dict:
+        return {}
+
+    def session_entries(self) -> dict:
+        return {}
+
+    def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
+        feed = {}
+        for name in self.input_names:
+            arr = batch.inputs[name]
+            if self.input_types[name] == "tensor(int32)":
+                arr = arr.astype(np.int32)
+            feed[name] = np.ascontiguousarray(arr)
+        return feed
+
+    def _run(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
+        return self.session.run(names, self._feed(batch))
+
+    @staticmethod
+    def token_output(name: str) -> str:
+        return "raw_embeddings" if name == "raw" else f"hidden_states.{name}"
+
+    def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
+        outs = self._run(batch, [self.token_output(n) for n in layers])
+        return [np.asarray(o, dtype=np.float32) for o in outs]
+
+    def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names]
+        if in_graph and all(layer in self.pooled_layers for layer in layers):
+            rows = [self.pooled_layers.index(layer) for layer in layers]
+            outs = self._run(batch, [f"pooled.{p}" for p in in_graph])
+            result = {p: np.asarray(o, dtype=np.float32)[rows] for p, o in zip(in_graph, outs)}
+        else:
+            in_graph, result = [], {}
+        rest = [p for p in poolings if p not in in_graph]
+        if rest:
+            states = self.run_tokens(batch, layers)
+            eos = self.manifest.get("eos_token_id")
+            for mode in rest:
+                result[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
+                                         for s in states])
+        return {p: result[p] for p in poolings}
+
+    def close(self) -> None:
+        self.session = None
+
+
+@register("ort")
+class CpuEngine(OrtEngine):
+    name = "ort"
+    provider = "CPUExecutionProvider"
+
+
+@register("cuda")
+class CudaEngine(OrtEngine):
+    """CUDA EP with IO binding: inputs copied once, outputs allocated by ORT on the device."""
+
+    name = "cuda"
+    provider = "CUDAExecutionProvider"
+
+    def provider_options(self) -> dict:
+        return {"device_id": int(self.options.get("device_id", 0)),
+                "arena_extend_strategy": "kSameAsRequested",
+                "cudnn_conv_algo_search": "HEURISTIC"}
+
+    def _run(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
+        binding = self.session.io_binding()
+        for name, arr in self._feed(batch).items():
+            binding.bind_cpu_input(name, arr)
+        for name in names:
+            binding.bind_output(name, "cuda", int(self.options.get("device_id", 0)))
+        self.session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+
+@register("trt")
+class TensorrtEngine(CudaEngine):
+    """TensorRT EP: engine and timing caches next to the export, profiles from the batching plan."""
+
+    name = "trt"
+    provider = "TensorrtExecutionProvider"
+
+    def provider_options(self) -> dict:
+        cache = Path(self.model.export_dir) / "trt_cache"
+        cache.mkdir(exist_ok=True)
+        max_batch = int(self.options.get("max_batch", 256))
+        max_seq = int(self.options.get("max_seq", self.manifest["max_length"]))
+        opt_batch = int(self.options.get("opt_batch", min(64, max_batch)))
+        opt_seq = int(self.options.get("opt_seq", min(128, max_seq)))
+        names = self.manifest["inputs"]
+
+        def shapes(b, s):
+            return ",".join(f"{n}:{b}x{s}" for n in names)
+
+        opts = {
+            "device_id": int(self.options.get("device_id", 0)),
+            "trt_fp16_enable": bool(self.options.get("fp16", False)),
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(cache),
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": str(cache),
+            "trt_profile_min_shapes": shapes(1, 1),
+            "trt_profile_opt_shapes": shapes(opt_batch, opt_seq),
+            "trt_profile_max_shapes": shapes(max_batch, max_seq),
+        }
+        return opts
+
+
+def probe_providers(export_dir: Path | None = None) -> dict[str, tuple[bool, str]]:
+    """Which ONNX Runtime engines really start here, each with the reason when not."""
+    results: dict[str, tuple[bool, str]] = {}
+    try:
+        ort = ort_module()
+    except EngineUnavailableError as exc:
+        return {name: (False, str(exc)) for name in PROVIDERS}
+    model_path = _probe_model() if export_dir is None else Path(export_dir) / "model.onnx"
+    for name, provider in PROVIDERS.items():
+        try:
+            opts = {"trt_engine_cache_enable": False} if name == "trt" else {}
+            make_session(model_path, provider, opts)
+        except EngineUnavailableError as exc:
+            results[name] = (False, str(exc))
+        else:
+            results[name] = (True, f"onnxruntime {ort.__version__}, {provider}")
+    return results
+
+
+def _probe_model() -> Path:
+    """A one-node ONNX model, enough to see whether a provider starts."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = Path(tempfile.gettempdir()) / "layerscope-probe.onnx"
+    if not path.exists():
+        node = helper.make_node("Add", ["x", "x"], ["y"])
+        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        onnx.save(model, str(tmp))
+        os.replace(tmp, path)
+    return path

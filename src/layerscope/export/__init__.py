@@ -1,0 +1,1 @@
+"""Export: Optimum ONNX export with every hidden state, in-graph pooling, parity and manifest."""

@@ -1,0 +1,114 @@
+"""What we know about a model before (or without) exporting it: the manifest's model half."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import layerscope
+from layerscope.models import (FAMILIES, Family, ModelSource, family_for, load_config, model_dims,
+                               resolve_source, weights_hash)
+
+
+def onnx_config_class(family: Family):
+    """The optimum OnnxConfig class of the family, extended to output every hidden state."""
+    from optimum.exporters.onnx import model_configs as mc
+
+    if family.name == "t5-encoder":
+        from optimum.exporters.onnx.config import TextEncoderOnnxConfig
+        from optimum.utils import NormalizedTextConfig
+
+        class T5EncoderConfig(TextEncoderOnnxConfig):
+            NORMALIZED_CONFIG_CLASS = NormalizedTextConfig.with_args(
+                hidden_size="d_model", num_attention_heads="num_heads", num_layers="num_layers",
+                allow_new=True)
+
+            @property
+            def inputs(self):
+                axes = {0: "batch_size", 1: "sequence_length"}
+                return {"input_ids": dict(axes), "attention_mask": dict(axes)}
+
+        base = T5EncoderConfig
+    else:
+        base = getattr(mc, family.onnx_config)
+
+    class AllLayersConfig(base):
+        """The family's optimum config whose outputs are every hidden state (plus its pooled output)."""
+
+        @property
+        def outputs(self):
+            num_layers = self._layerscope_num_layers
+            out = {f"hidden_states.{i}": {0: "batch_size", 1: "sequence_length"}
+                   for i in range(num_layers + 1)}
+            if family.pooled_output:
+                out[family.pooled_output] = {0: "batch_size"}
+            return out
+
+    AllLayersConfig.__name__ = f"LayerscopeAllLayers{base.__name__}"
+    return AllLayersConfig
+
+
+def make_onnx_config(config, family: Family, num_layers: int):
+    cls = onnx_config_class(family)
+    kwargs: dict[str, Any] = {"task": "feature-extraction"}
+    if family.kind == "decoder":
+        kwargs["use_past"] = False
+        kwargs["use_past_in_inputs"] = False
+    text_config = config.text_config if family.name == "clip-text" and hasattr(config, "text_config") else config
+    onnx_cfg = cls(text_config, **kwargs)
+    onnx_cfg._layerscope_num_layers = num_layers
+    return onnx_cfg
+
+
+def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: int) -> tuple[int, str]:
+    """The longest input we feed: the sentence-transformers setting if the model has one, else the positions."""
+    st_cfg = Path(source.path_or_id) / "sentence_bert_config.json" if source.is_local else None
+    if st_cfg is not None and st_cfg.exists():
+        try:
+            value = int(json.loads(st_cfg.read_text())["max_seq_length"])
+            return min(value, positions), "sentence_bert_config.json max_seq_length"
+        except (KeyError, ValueError, TypeError):
+            pass
+    if tokenizer_max and tokenizer_max < 1_000_000:
+        return min(int(tokenizer_max), positions), "tokenizer model_max_length"
+    return positions, "position embeddings"
+
+
+def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str | None = None,
+                   with_hash: bool = True) -> dict[str, Any]:
+    source = resolve_source(spec, revision)
+    config = load_config(source, trust_remote_code=trust_remote_code)
+    family = family_for(config.model_type)
+    num_layers, hidden, positions = model_dims(config, family)
+    from layerscope.models import load_tokenizer
+
+    tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
+    max_length, max_from = max_length_for(source, getattr(tok, "model_max_length", None), positions)
+    onnx_cfg = make_onnx_config(config, family, num_layers)
+    text_cfg = config.text_config if family.name == "clip-text" and hasattr(config, "text_config") else config
+    src = source.to_dict()
+    src["weights_sha256"] = weights_hash(source) if with_hash else None
+    src["model_type"] = config.model_type
+    return {
+        "format_version": None,
+        "layerscope_version": layerscope.__version__,
+        "source": src,
+        "family": family.name,
+        "kind": family.kind,
+        "num_layers": num_layers,
+        "hidden_size": hidden,
+        "max_length": max_length,
+        "max_length_from": max_from,
+        "inputs": list(onnx_cfg.inputs),
+        "layers": ["raw"] + [str(i) for i in range(num_layers + 1)],
+        "final_norm_in_last_layer": family.final_norm_in_last_hidden_state
+        if family.kind == "decoder" or family.final_norm_in_last_hidden_state is not None else None,
+        "default_pooling": family.default_pooling,
+        "eos_token_id": getattr(text_cfg, "eos_token_id", None),
+        "pooled_output": family.pooled_output,
+        "vocab_size": int(getattr(text_cfg, "vocab_size")),
+    }
+
+
+__all__ = ["describe_model", "make_onnx_config", "onnx_config_class", "FAMILIES"]

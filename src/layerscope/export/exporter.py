@@ -1,0 +1,208 @@
+"""``inspect export``: Optimum export with every hidden state, raw embeddings, in-graph pooling, parity check.
+
+The export is written into a temporary sibling directory and renamed into
+place only after it matched PyTorch, so a failed export never leaves a
+directory that looks valid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import layerscope
+from layerscope.errors import ExportError, InputError
+from layerscope.export.describe import describe_model, make_onnx_config
+from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
+from layerscope.export.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE, file_sha256
+from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
+from layerscope.runtime.pooling import check_poolings
+
+log = logging.getLogger("layerscope")
+
+DEFAULT_OPSET = 18
+EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay under it with headroom
+
+
+def default_pooled(family_name: str) -> list[str]:
+    from layerscope.models import FAMILIES
+
+    fam = FAMILIES[family_name]
+    modes = ["mean", "cls", "last", "max", "mean-nobos"]
+    if fam.pooled_output:
+        modes.append("eos")
+    return modes
+
+
+def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
+                 atol: float = 1e-4, trust_remote_code: bool = False, revision: str | None = None,
+                 force: bool = False, validation_texts: list[str] | None = None,
+                 progress=None) -> dict[str, Any]:
+    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure."""
+    output = Path(output)
+    if output.exists() and any(output.iterdir()):
+        if not force:
+            raise InputError(f"{output} already exists and is not empty; pass --force to replace it")
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
+    from layerscope.models import FAMILIES, load_config, load_torch_model, resolve_source
+
+    family = FAMILIES[info["family"]]
+    pooled_modes = check_poolings(pooled if pooled is not None else default_pooled(family.name))
+    if "eos" in pooled_modes and not family.pooled_output:
+        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); {family.name} has none")
+    source = resolve_source(spec, revision)
+    say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
+    config = load_config(source, trust_remote_code=trust_remote_code)
+    model = load_torch_model(source, family, trust_remote_code=trust_remote_code)
+    onnx_cfg = make_onnx_config(config, family, info["num_layers"])
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    try:
+        say("exporting with optimum")
+        _optimum_export(model, work, onnx_cfg, opset)
+        say("adding raw embeddings and in-graph pooling")
+        onnx_info = _postprocess(work, info, pooled_modes)
+        _save_tokenizer(source, work, trust_remote_code)
+        say("checking every output against PyTorch")
+        parity = compare_outputs(model, family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
+                                 pooled_modes, onnx_info["pooled_layers"])
+        manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
+                             time.perf_counter() - t0, work)
+        worst_name, worst = max(parity["outputs"].items(), key=lambda kv: kv[1]["max_abs"])
+        if not worst["max_abs"] <= atol:  # also catches NaN
+            raise ExportError(
+                f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
+                f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
+                "nothing was written. Try --opset 17, or report the model")
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(work, output)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return manifest
+
+
+def opset_of_file(path: Path) -> int:
+    import onnx
+
+    return opset_of(onnx.load(str(path), load_external_data=False))
+
+
+def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prev = logging.getLogger("optimum").level
+        logging.getLogger("optimum").setLevel(logging.ERROR)
+        try:
+            onnx_export_from_model(
+                model, work, opset=opset, task="feature-extraction", do_validation=False,
+                custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
+                no_post_process=True,
+            )
+        except Exception as exc:  # optimum and torch.onnx raise many untyped errors
+            raise ExportError(f"optimum could not export this model: {str(exc).splitlines()[0][:300]}") from exc
+        finally:
+            logging.getLogger("optimum").setLevel(prev)
+    produced = list(work.glob("*.onnx"))
+    if not (work / ONNX_FILE).exists():
+        raise ExportError(f"optimum wrote {[p.name for p in produced]} instead of {ONNX_FILE}")
+
+
+def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> dict[str, Any]:
+    import onnx
+
+    path = work / ONNX_FILE
+    model = onnx.load(str(path))
+    hidden_names = hidden_output_names(model)
+    expected = [f"hidden_states.{i}" for i in range(info["num_layers"] + 1)]
+    if hidden_names != expected:
+        raise ExportError(f"the exported graph has hidden-state outputs {hidden_names}, expected {expected}")
+    add_raw_embeddings_output(model, info["vocab_size"])
+    raw_dim = _output_dim(model, RAW)
+    layer_tensors = ([RAW] if raw_dim in (None, info["hidden_size"]) else []) + hidden_names
+    pooled_layers = (["raw"] if layer_tensors[0] == RAW else []) + [str(i) for i in range(len(hidden_names))]
+    if pooled_modes:
+        add_pooled_outputs(model, pooled_modes, layer_tensors, info["hidden_size"], info.get("eos_token_id"))
+    onnx.checker.check_model(model, full_check=False) if model.ByteSize() < EXTERNAL_DATA_BYTES else None
+    big = model.ByteSize() >= EXTERNAL_DATA_BYTES
+    for stale in work.glob("*.onnx_data"):
+        stale.unlink()
+    tmp = work / (ONNX_FILE + ".tmp")
+    onnx.save(model, str(tmp), save_as_external_data=big, all_tensors_to_one_file=True,
+              location=ONNX_FILE + "_data" if big else None)
+    os.replace(tmp, path)
+    outputs = {}
+    for o in model.graph.output:
+        dims = [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
+        outputs[o.name] = dims
+    return {"outputs": outputs, "pooled_layers": pooled_layers, "external_data": big,
+            "inputs": [i.name for i in model.graph.input]}
+
+
+def _output_dim(model, name: str) -> int | None:
+    for o in model.graph.output:
+        if o.name == name:
+            dims = o.type.tensor_type.shape.dim
+            return dims[-1].dim_value or None
+    return None
+
+
+def _save_tokenizer(source, work: Path, trust_remote_code: bool) -> None:
+    from layerscope.models import load_tokenizer
+
+    tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
+    tok.save_pretrained(str(work))
+
+
+def _manifest(info, onnx_info, pooled_modes, parity, opset, atol, seconds, work: Path) -> dict[str, Any]:
+    import onnxruntime
+
+    import torch
+    import transformers
+
+    manifest = dict(info)
+    manifest.update({
+        "format_version": FORMAT_VERSION,
+        "layerscope_version": layerscope.__version__,
+        "onnx_file": ONNX_FILE,
+        "onnx_sha256": file_sha256(work / ONNX_FILE),
+        "external_data": onnx_info["external_data"],
+        "inputs": onnx_info["inputs"],
+        "outputs": onnx_info["outputs"],
+        "pooled_modes": pooled_modes,
+        "pooled_layers": onnx_info["pooled_layers"],
+        "dtype": "float32",
+        "precision": "fp32",
+        "opset": opset,
+        "parity": {"tolerance_abs": atol, **parity},
+        "export_seconds": round(seconds, 2),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "optimum": _dist_version("optimum"), "optimum-onnx": _dist_version("optimum-onnx"), "onnxruntime": onnxruntime.__version__,
+                     "numpy": np.__version__},
+    })
+    return manifest
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"

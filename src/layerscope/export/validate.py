@@ -1,0 +1,88 @@
+"""Parity of an exported graph against PyTorch: every output, on padded batches of several lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+VALIDATION_TEXTS = [
+    "A man is playing a guitar.",
+    "Hi",
+    "The quick brown fox jumps over the lazy dog, and then it runs back into the forest "
+    "before anybody can see where it went or why it was there in the first place.",
+    "一个人正在弹吉他。",
+    "Numbers like 3.14159 and 2,718 appear here; so do symbols: #, @, & and %!",
+    "Two dogs play in the snow while their owners watch from a bench near the frozen lake, "
+    "drinking hot coffee from paper cups and talking about the weather, the news, the "
+    "price of bread and whatever else comes to mind on a long, cold winter afternoon.",
+]
+
+
+def _max_abs_and_min_cos(ref: np.ndarray, got: np.ndarray, valid: np.ndarray | None) -> tuple[float, float]:
+    """Max |ref-got| and min cosine over vectors (last axis), only where ``valid``."""
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    if ref.shape != got.shape:
+        return float("inf"), -1.0
+    if valid is not None:
+        ref, got = ref[valid], got[valid]
+    ref = ref.reshape(-1, ref.shape[-1])
+    got = got.reshape(-1, got.shape[-1])
+    max_abs = float(np.max(np.abs(ref - got))) if ref.size else 0.0
+    num = (ref * got).sum(-1)
+    den = np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1)
+    cos = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+    if np.isnan(max_abs):
+        return float("nan"), float("nan")
+    return max_abs, float(cos.min()) if cos.size else 1.0
+
+
+def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: list[str],
+                    pooled_modes: list[str], pooled_layers: list[str]) -> dict[str, Any]:
+    """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output."""
+    from transformers import AutoTokenizer
+
+    from layerscope.engines.base import Encoder
+    from layerscope.engines.ort import make_session
+    from layerscope.engines.torch import torch_forward
+    from layerscope.models import get_submodule, prepare_tokenizer
+    from layerscope.runtime.pooling import pool
+
+    tok = AutoTokenizer.from_pretrained(str(onnx_path.parent))
+    prepare_tokenizer(tok)
+    session = make_session(onnx_path, "CPUExecutionProvider")
+    output_names = [o.name for o in session.get_outputs()]
+    encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], 128))
+    word_emb = get_submodule(net, family.word_embeddings)
+    stats: dict[str, dict[str, float]] = {}
+    batches = [texts, texts[:1], texts[2:4]]  # padded mixed lengths, a single text, a pair
+    for group in batches:
+        batch = encoder(group)
+        raw, hidden, out = torch_forward(net, word_emb, batch.inputs)
+        ref: dict[str, np.ndarray] = {"raw_embeddings": raw.float().numpy()}
+        for i, h in enumerate(hidden):
+            ref[f"hidden_states.{i}"] = h.float().numpy()
+        if family.pooled_output:
+            ref[family.pooled_output] = getattr(out, family.pooled_output).float().numpy()
+        layer_states = [ref["raw_embeddings" if n == "raw" else f"hidden_states.{n}"] for n in pooled_layers]
+        for mode in pooled_modes:
+            ref[f"pooled.{mode}"] = np.stack([
+                pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=info.get("eos_token_id"))
+                for s in layer_states])
+        feed = {name: batch.inputs[name] for name in encoder.input_names}
+        got = dict(zip(output_names, session.run(output_names, feed)))
+        token_valid = batch.mask.astype(bool)
+        for name in output_names:
+            if name not in ref:
+                continue
+            valid = token_valid if ref[name].ndim == 3 and ref[name].shape[:2] == token_valid.shape else None
+            max_abs, min_cos = _max_abs_and_min_cos(ref[name], got[name], valid)
+            prev = stats.get(name, {"max_abs": 0.0, "min_cos": 1.0})
+            stats[name] = {"max_abs": max(prev["max_abs"], max_abs) if not np.isnan(max_abs) else float("nan"),
+                           "min_cos": min(prev["min_cos"], min_cos)}
+    missing = [n for n in output_names if n not in stats]
+    for name in missing:
+        stats[name] = {"max_abs": float("nan"), "min_cos": float("nan")}
+    return {"texts": len(texts), "batches": len(batches), "outputs": stats}

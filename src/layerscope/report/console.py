@@ -1,0 +1,73 @@
+"""Console summaries for the core commands (Rich tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def print_export_summary(console, out: Path, manifest: dict) -> None:
+    from rich.table import Table
+
+    parity = manifest["parity"]["outputs"]
+    worst = max(parity.items(), key=lambda kv: kv[1]["max_abs"])
+    console.print(f"[bold green]exported[/bold green] {manifest['source']['spec']} -> {out}  "
+                  f"({manifest['family']}, {manifest['num_layers']} layers, hidden {manifest['hidden_size']}, "
+                  f"opset {manifest['opset']}, {manifest['export_seconds']} s)")
+    table = Table(title="parity against PyTorch (max |diff| and min cosine over padded batches)")
+    table.add_column("output")
+    table.add_column("shape")
+    table.add_column("max abs diff", justify="right")
+    table.add_column("min cosine", justify="right")
+    for name, dims in manifest["outputs"].items():
+        p = parity.get(name, {})
+        table.add_row(name, "x".join(str(d) for d in dims), f"{p.get('max_abs', float('nan')):.2e}",
+                      f"{p.get('min_cos', float('nan')):.7f}")
+    console.print(table)
+    console.print(f"worst output {worst[0]}: {worst[1]['max_abs']:.2e} (tolerance "
+                  f"{manifest['parity']['tolerance_abs']:g}); in-graph pooling: "
+                  f"{', '.join(manifest['pooled_modes']) or 'none'}")
+
+
+def print_engines(console, statuses) -> None:
+    from rich.table import Table
+
+    table = Table(title="engines on this machine")
+    table.add_column("engine")
+    table.add_column("works")
+    table.add_column("detail")
+    for s in statuses:
+        table.add_row(s.name, "[green]yes[/green]" if s.works else "[red]no[/red]", s.detail)
+    console.print(table)
+
+
+def print_extract_summary(console, report) -> None:
+    import numpy as np
+    from rich.table import Table
+
+    store = report.store
+    for w in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    eng = report.engine
+    resumed = f", {report.resumed_rows:,} rows kept from the earlier run" if report.resumed_rows else ""
+    console.print(f"[bold green]extracted[/bold green] {report.n:,} texts -> {store.path}  "
+                  f"engine {eng['engine']} ({eng['provider']}), {report.seconds:.1f} s, "
+                  f"{report.texts_per_s:,.1f} texts/s{resumed}")
+    table = Table(title="what the store holds (mean vector norm and mean cosine of neighbouring rows)")
+    table.add_column("pooling")
+    table.add_column("layer")
+    table.add_column("shape")
+    table.add_column("mean norm", justify="right")
+    table.add_column("mean cos(i, i+1)", justify="right")
+    for pooling in store.poolings:
+        for layer in store.layers:
+            arr = np.asarray(store[pooling, layer][: min(store.n, 5000)], dtype=np.float64)
+            norms = np.linalg.norm(arr, axis=1)
+            if len(arr) > 1:
+                unit = arr / np.maximum(norms, 1e-12)[:, None]
+                cos = float((unit[:-1] * unit[1:]).sum(1).mean())
+                cos_s = f"{cos:.4f}"
+            else:
+                cos_s = "-"
+            table.add_row(pooling, layer, f"{store.n}x{store.meta['hidden_size']}", f"{norms.mean():.3f}", cos_s)
+    console.print(table)
+    console.print(f"open it with: LayerStore.open('{store.path}')['{store.poolings[0]}', -1]")

@@ -1,0 +1,1 @@
+"""Runtime: corpus readers, batching, the extraction pipeline, pooling and the LayerStore."""

@@ -1,0 +1,394 @@
+"""Extraction: corpus -> length-sorted token-budget batches -> engine -> pooled vectors -> LayerStore.
+
+Memory is bounded by a window of rows (``window``), not by the corpus: the
+texts are spooled once into the store's ``texts.jsonl`` with their token
+lengths, then read back a window at a time, sorted by length inside the
+window and cut into batches whose padded size stays under ``batch_tokens``.
+Tokenization runs on a background thread so it overlaps the engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+import layerscope
+from layerscope.engines.base import Batch, Encoder, Engine, create_engine, resolve_layers
+from layerscope.errors import InputError, StoreError
+from layerscope.runtime.pooling import check_poolings
+from layerscope.runtime.store import DONE, STORE_JSON, TEXTS, LayerStore
+
+log = logging.getLogger("layerscope")
+
+DEFAULT_BATCH_TOKENS = 16384
+DEFAULT_MAX_BATCH = 256
+DEFAULT_WINDOW = 65536
+LENGTH_CHUNK = 4096
+
+
+@dataclass
+class ExtractReport:
+    store: LayerStore
+    n: int
+    empty: int
+    truncated: int
+    tokens: int
+    seconds: float
+    engine: dict[str, Any]
+    resumed_rows: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def texts_per_s(self) -> float:
+        return self.n / self.seconds if self.seconds > 0 else float("nan")
+
+
+# ---------------------------------------------------------------- planning
+
+def plan_batches(lengths: np.ndarray, *, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                 max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None) -> list[np.ndarray]:
+    """Indices into ``lengths`` grouped into batches: sorted by length, padded size <= batch_tokens.
+
+    A single text longer than the budget still gets a batch of its own (it is truncated to
+    ``max_length`` by the tokenizer, never dropped).
+    """
+    if batch_tokens < 1 or max_batch < 1:
+        raise InputError("--batch-tokens and --max-batch must be positive")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if max_length is not None:
+        lengths = np.minimum(lengths, max_length)
+    order = np.argsort(lengths, kind="stable")
+    batches: list[np.ndarray] = []
+    start = 0
+    n = len(order)
+    while start < n:
+        end = start + 1
+        while end < n and end - start < max_batch and lengths[order[end]] * (end - start + 1) <= batch_tokens:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+# ---------------------------------------------------------------- spooling the corpus
+
+def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, Any]:
+    """Write texts.jsonl (atomically) and lengths.npy; return counts and the content hash."""
+    texts_tmp = out / (TEXTS + ".partial")
+    lengths: list[np.ndarray] = []
+    h = hashlib.sha256()
+    n = empty = 0
+    chunk: list[str] = []
+
+    def flush_chunk():
+        if chunk:
+            lengths.append(encoder.token_lengths(chunk))
+            chunk.clear()
+
+    with open(texts_tmp, "w", encoding="utf-8") as fh:
+        for rec in records:
+            line = json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False)
+            fh.write(line + "\n")
+            h.update(line.encode("utf-8") + b"\n")
+            n += 1
+            if not rec.text.strip():
+                empty += 1
+            chunk.append(rec.text)
+            if len(chunk) >= LENGTH_CHUNK:
+                flush_chunk()
+        flush_chunk()
+        fh.flush()
+        os.fsync(fh.fileno())
+    if n == 0:
+        texts_tmp.unlink()
+        raise InputError("the corpus has no texts: nothing to extract")
+    all_lengths = np.concatenate(lengths).astype(np.int32)
+    np.save(out / "lengths.npy", all_lengths)
+    os.replace(texts_tmp, out / TEXTS)
+    return {"n": n, "empty": empty, "sha256": h.hexdigest()}
+
+
+def _records_from(source, *, text_field=None, column=None, id_field=None, fmt=None):
+    from layerscope.runtime.corpus import CorpusStats, Record, iter_corpus
+
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise InputError("no texts given: nothing to extract")
+        for i, t in enumerate(source):
+            if not isinstance(t, str):
+                raise InputError(f"text {i} is a {type(t).__name__}, not a string")
+        return (Record(str(i), t, i + 1) for i, t in enumerate(source)), None
+    stats = CorpusStats()
+    return iter_corpus(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt,
+                       stats=stats), stats
+
+
+# ---------------------------------------------------------------- background tokenization
+
+class _Prefetcher:
+    """Reads a window of texts, plans its batches and tokenizes them on a background thread."""
+
+    _END = object()
+
+    def __init__(self, store_dir: Path, lengths: np.ndarray, done: np.ndarray, encoder: Encoder, *,
+                 batch_tokens: int, max_batch: int, window: int, depth: int = 4):
+        self.q: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.args = (store_dir, lengths, done, encoder, batch_tokens, max_batch, window)
+        self.thread = threading.Thread(target=self._work, name="layerscope-tokenize", daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self):
+        store_dir, lengths, done, encoder, batch_tokens, max_batch, window = self.args
+        try:
+            with open(store_dir / TEXTS, encoding="utf-8") as fh:
+                row = 0
+                n = len(lengths)
+                while row < n and not self.stop.is_set():
+                    stop = min(n, row + window)
+                    texts = [json.loads(fh.readline())["text"] for _ in range(row, stop)]
+                    todo = np.nonzero(done[row:stop] == 0)[0]
+                    if len(todo):
+                        for local in plan_batches(lengths[row:stop][todo], batch_tokens=batch_tokens,
+                                                  max_batch=max_batch, max_length=encoder.max_length):
+                            rows = todo[local]
+                            batch = encoder([texts[i] for i in rows], index=rows + row,
+                                            lengths=lengths[row:stop][rows])
+                            if not self._put(batch):
+                                return
+                    row = stop
+        except BaseException as exc:  # handed to the main thread, which raises it
+            self.error = exc
+        self._put(self._END)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self.q.get()
+            if item is self._END:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------- the run
+
+def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_batch, max_length, source_desc):
+    return {
+        "model": handle.spec, "model_key": handle.key, "engine_requested": engine_name,
+        "layers": layers, "poolings": poolings, "dtype": dtype, "batch_tokens": batch_tokens,
+        "max_batch": max_batch, "max_length": max_length, "input": source_desc,
+        "layerscope_version": layerscope.__version__,
+    }
+
+
+_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input")
+
+
+def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
+            poolings=("mean",), dtype: str = "float32", batch_tokens: int = DEFAULT_BATCH_TOKENS,
+            max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
+            force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
+            id_field=None, fmt=None, progress: bool | Callable = False,
+            engine_options: dict | None = None) -> ExtractReport:
+    """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``."""
+    from layerscope.export.manifest import ModelHandle
+
+    if dtype not in ("float32", "float16"):
+        raise InputError(f"--dtype must be float32 or float16, not {dtype}")
+    out = Path(out)
+    existing = out / STORE_JSON
+    if existing.exists() and not resume and not force:
+        raise StoreError(f"{out} already holds a store; pass --resume to continue it or --force to replace it")
+    if out.exists() and force and not resume:
+        import shutil
+
+        shutil.rmtree(out)
+    if isinstance(engine, Engine):
+        eng = engine
+        handle = eng.model
+    else:
+        handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
+        eng = None
+    manifest = handle.manifest
+    layer_list = resolve_layers(layers, manifest["num_layers"])
+    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
+    if "eos" in pool_list and not manifest.get("pooled_output"):
+        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
+                         f"{manifest['family']} has none: use 'last' or 'mean'")
+    max_len = int(max_length or manifest["max_length"])
+    source_desc = source if isinstance(source, (str, Path)) else f"<{len(source)} texts in memory>"
+    settings = _settings(handle, engine if isinstance(engine, str) else engine.name, layer_list, pool_list,
+                         dtype, batch_tokens, max_batch, max_len, str(source_desc))
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    store: LayerStore | None = None
+    stats = None
+    if existing.exists() and resume:
+        store = LayerStore.open(out, allow_incomplete=True)
+        store.mode = "r+"
+        for key in _MATCH_KEYS:
+            if store.settings.get(key) != settings.get(key):
+                raise StoreError(f"{out} was made with {key}={store.settings.get(key)!r}, this run asks for "
+                                 f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
+        if store.complete:
+            log.info("store already complete")
+    if eng is None:
+        eng = create_engine(engine, handle, **(engine_options or {}))
+    encoder = eng.encoder(max_len)
+    if store is None:
+        records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+        spool = _spool_corpus(records, out, encoder)
+        settings["corpus_sha256"] = spool["sha256"]
+        store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
+                                  hidden_size=int(manifest["hidden_size"]), dtype=dtype,
+                                  manifest=manifest, settings=settings)
+        store.update_meta({"empty_texts": spool["empty"], "engine": eng.info.to_dict()})
+    lengths = np.load(out / "lengths.npy")
+    done = store.done_mask()
+    already = int(done.sum())
+    truncated = int((lengths > max_len).sum())
+    warnings: list[str] = []
+    empty = int(store.meta.get("empty_texts", 0))
+    if empty:
+        warnings.append(f"{empty:,} of {store.n:,} texts are empty or whitespace-only "
+                        "(kept as rows so ids stay aligned)")
+    if truncated:
+        warnings.append(f"{truncated:,} of {store.n:,} texts are longer than {max_len} tokens and were "
+                        f"truncated to {max_len}")
+    todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
+    tokens_done = 0
+    rows_done = 0
+    bar = _progress_bar(progress, store.n - already, todo_tokens)
+    prefetch = _Prefetcher(out, lengths, done, encoder, batch_tokens=batch_tokens, max_batch=max_batch,
+                           window=window)
+    last_commit = time.perf_counter()
+    pending: list[np.ndarray] = []
+    try:
+        for batch in prefetch:
+            pooled = eng.run(batch, layer_list, pool_list)
+            store.write(batch.index, pooled, layer_list)
+            pending.append(batch.index)
+            rows_done += batch.size
+            tokens_done += batch.n_tokens
+            if time.perf_counter() - last_commit > 2.0 or len(pending) >= 64:
+                store.commit(np.concatenate(pending))
+                pending.clear()
+                last_commit = time.perf_counter()
+            bar.advance(batch.size, batch.n_tokens)
+        if pending:
+            store.commit(np.concatenate(pending))
+            pending.clear()
+    except BaseException:
+        if pending:  # rows already written: keep them, so --resume does not redo them
+            store.commit(np.concatenate(pending))
+        raise
+    finally:
+        prefetch.close()
+        bar.close()
+    if int(store.done_mask().sum()) != store.n:
+        raise StoreError(f"{out}: {store.n - int(store.done_mask().sum())} rows are missing after the run; "
+                         "run again with --resume")
+    seconds = time.perf_counter() - t0
+    store.finish({"engine": eng.info.to_dict(), "truncated_texts": truncated, "warnings": warnings,
+                  "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum())})
+    if stats is not None and stats.empty != empty:
+        log.debug("corpus stats and spool disagree on empty texts")
+    report = ExtractReport(store=store, n=store.n, empty=empty, truncated=truncated,
+                           tokens=tokens_done, seconds=seconds, engine=eng.info.to_dict(),
+                           resumed_rows=already, warnings=warnings)
+    return report
+
+
+# ---------------------------------------------------------------- progress
+
+class _NoBar:
+    def advance(self, rows: int, tokens: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _RichBar:
+    def __init__(self, total_rows: int, total_tokens: int):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.progress = Progress(
+            TextColumn("[bold]extracting"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task("extract", total=total_rows, rate="")
+        self.t0 = time.perf_counter()
+        self.tokens = 0
+        self.rows = 0
+        self.progress.start()
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        self.progress.update(self.task, advance=rows,
+                             rate=f"{self.rows / dt:,.0f} texts/s  {self.tokens / dt:,.0f} tokens/s")
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def _progress_bar(progress, total_rows: int, total_tokens: int):
+    if callable(progress):
+        return progress(total_rows, total_tokens)
+    return _RichBar(total_rows, total_tokens) if progress else _NoBar()
+
+
+# ---------------------------------------------------------------- in-memory convenience
+
+def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all", poolings=("mean",),
+          batch_tokens: int = DEFAULT_BATCH_TOKENS, max_length: int | None = None,
+          engine_options: dict | None = None) -> dict[tuple[str, str], np.ndarray]:
+    """Pooled vectors of a small list of texts, in memory: ``{(pooling, layer): [n, hidden]}``."""
+    from layerscope.export.manifest import ModelHandle
+
+    if not texts:
+        raise InputError("no texts given")
+    eng = engine if isinstance(engine, Engine) else create_engine(
+        engine, model if isinstance(model, ModelHandle) else ModelHandle.resolve(model), **(engine_options or {}))
+    manifest = eng.manifest
+    layer_list = resolve_layers(layers, manifest["num_layers"])
+    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
+    encoder = eng.encoder(max_length)
+    lengths = encoder.token_lengths(texts)
+    out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
+    for rows in plan_batches(lengths, batch_tokens=batch_tokens, max_length=encoder.max_length):
+        batch = encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
+        pooled = eng.run(batch, layer_list, pool_list)
+        for p in pool_list:
+            for li, layer in enumerate(layer_list):
+                out[p, layer][rows] = pooled[p][li]
+    return out

@@ -1,0 +1,210 @@
+"""LayerStore: per (pooling, layer) arrays ``[n_texts, hidden]`` on disk, with ids, texts and provenance.
+
+Layout of a store directory::
+
+    store.json             what is in it: layers, poolings, dtype, n, model manifest, run settings
+    texts.jsonl            {"id": ..., "text": ...} per row, in corpus order
+    arrays/<pooling>/<layer>.npy   float32 or float16 [n, hidden] (memory-mapped)
+    done.npy               uint8 [n]: 1 once a row's vectors are on disk
+
+Rows are written where they belong (by corpus index), arrays are flushed before
+their rows are marked done, and ``store.json`` is replaced atomically, so a
+killed run resumes with no row lost, duplicated or shifted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from layerscope.errors import StoreError
+
+STORE_JSON = "store.json"
+TEXTS = "texts.jsonl"
+DONE = "done.npy"
+FORMAT_VERSION = 1
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _pool_dir(pooling: str) -> str:
+    return pooling  # pooling names are already file-safe (mean, cls, mean-nobos, ...)
+
+
+class LayerStore:
+    """Open with ``LayerStore.open(path)``; index with ``store["mean", 6]``, ``store["cls", "raw"]``, ``store["mean", -1]``."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], mode: str = "r"):
+        self.path = Path(path)
+        self.meta = meta
+        self.mode = mode
+        self._arrays: dict[tuple[str, str], np.ndarray] = {}
+        self._done: np.ndarray | None = None
+
+    # -- opening -----------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, *, allow_incomplete: bool = False) -> "LayerStore":
+        path = Path(path)
+        meta_path = path / STORE_JSON
+        if not meta_path.exists():
+            raise StoreError(f"{path} is not a layer store (no {STORE_JSON}); make one with inspect extract")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{meta_path} is damaged ({exc}); re-run inspect extract") from None
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise StoreError(f"{path} has store format {meta.get('format_version')}, this layerscope reads "
+                             f"{FORMAT_VERSION}; re-run inspect extract")
+        store = cls(path, meta, "r")
+        if not meta.get("complete") and not allow_incomplete:
+            done = int(store.done_mask().sum())
+            raise StoreError(f"{path} is incomplete ({done:,} of {meta['n']:,} rows); finish it with "
+                             "inspect extract ... --resume")
+        return store
+
+    @classmethod
+    def create(cls, path: str | Path, *, n: int, layers: list[str], poolings: list[str], hidden_size: int,
+               dtype: str, manifest: dict, settings: dict) -> "LayerStore":
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        staging = path / "arrays.partial"
+        if staging.exists():
+            shutil.rmtree(staging)
+        for pooling in poolings:
+            (staging / _pool_dir(pooling)).mkdir(parents=True)
+            for layer in layers:
+                arr = np.lib.format.open_memmap(staging / _pool_dir(pooling) / f"{layer}.npy", mode="w+",
+                                                dtype=np.dtype(dtype), shape=(n, hidden_size))
+                del arr
+        done = np.lib.format.open_memmap(staging / DONE, mode="w+", dtype=np.uint8, shape=(n,))
+        del done
+        os.replace(staging / DONE, path / DONE)
+        if (path / "arrays").exists():
+            shutil.rmtree(path / "arrays")
+        os.replace(staging, path / "arrays")
+        meta = {
+            "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
+            "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest,
+            "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        write_json_atomic(path / STORE_JSON, meta)
+        return cls(path, meta, "r+")
+
+    # -- facts ---------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return int(self.meta["n"])
+
+    @property
+    def layers(self) -> list[str]:
+        return list(self.meta["layers"])
+
+    @property
+    def poolings(self) -> list[str]:
+        return list(self.meta["poolings"])
+
+    @property
+    def manifest(self) -> dict:
+        return self.meta["manifest"]
+
+    @property
+    def settings(self) -> dict:
+        return self.meta["settings"]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.meta.get("complete"))
+
+    def resolve_layer(self, layer: int | str) -> str:
+        """Canonical layer name for ``6``, ``-1``, ``"raw"`` or ``"3"``, checked against what is stored."""
+        num_layers = int(self.manifest["num_layers"])
+        name = str(layer)
+        if name != "raw":
+            try:
+                i = int(name)
+            except ValueError:
+                raise StoreError(f"layer {layer!r} is not a layer name; use 'raw' or an index") from None
+            if i < 0:
+                i += num_layers + 1
+            name = str(i)
+        if name not in self.layers:
+            raise StoreError(f"layer {layer} is not in {self.path} (it holds layers {', '.join(self.layers)})")
+        return name
+
+    def __getitem__(self, key: tuple[str, int | str]) -> np.ndarray:
+        pooling, layer = key
+        if pooling not in self.poolings:
+            raise StoreError(f"pooling '{pooling}' is not in {self.path} (it holds {', '.join(self.poolings)})")
+        name = self.resolve_layer(layer)
+        k = (pooling, name)
+        if k not in self._arrays:
+            mode = "r+" if self.mode == "r+" else "r"
+            self._arrays[k] = np.load(self.path / "arrays" / _pool_dir(pooling) / f"{name}.npy", mmap_mode=mode)
+        return self._arrays[k]
+
+    def done_mask(self) -> np.ndarray:
+        if self._done is None:
+            self._done = np.load(self.path / DONE, mmap_mode="r+" if self.mode == "r+" else "r")
+        return self._done
+
+    def iter_records(self) -> Iterator[dict]:
+        with open(self.path / TEXTS, encoding="utf-8") as fh:
+            for line in fh:
+                yield json.loads(line)
+
+    def texts(self) -> list[str]:
+        return [r["text"] for r in self.iter_records()]
+
+    def ids(self) -> list[str]:
+        return [r["id"] for r in self.iter_records()]
+
+    # -- writing -------------------------------------------------------------
+    def write(self, index: np.ndarray, pooled: dict[str, np.ndarray], layers: list[str]) -> None:
+        """Write rows ``index`` from engine output ``{pooling: [len(layers), batch, hidden]}``."""
+        for pooling, arr in pooled.items():
+            for li, layer in enumerate(layers):
+                self[pooling, layer][index] = arr[li]
+
+    def commit(self, index: np.ndarray) -> None:
+        """Flush the arrays, then mark rows done (in that order)."""
+        for arr in self._arrays.values():
+            arr.flush()
+        done = self.done_mask()
+        done[index] = 1
+        done.flush()
+
+    def finish(self, extra: dict[str, Any]) -> None:
+        self.meta.update(extra)
+        self.meta["complete"] = True
+        self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        write_json_atomic(self.path / STORE_JSON, self.meta)
+
+    def update_meta(self, extra: dict[str, Any]) -> None:
+        self.meta.update(extra)
+        write_json_atomic(self.path / STORE_JSON, self.meta)
+
+    def close(self) -> None:
+        for arr in self._arrays.values():
+            if isinstance(arr, np.memmap) and self.mode == "r+":
+                arr.flush()
+        self._arrays.clear()
+        self._done = None
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return (f"LayerStore({str(self.path)!r}, n={self.n}, layers={self.layers}, "
+                f"poolings={self.poolings}, {state})")
