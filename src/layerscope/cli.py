@@ -130,6 +130,66 @@ def extract(
     print_extract_summary(c, report)
 
 
+# ---------------------------------------------------------------- analyses
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    ctx: typer.Context,
+    analysis: str = typer.Argument(..., help="Analysis name (see: inspect analyses)."),
+    model: list[str] = typer.Option(["minilm"], "--model", "-m", help="Model(s); repeat for side by side."),
+    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
+    layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1."),
+    pooling: Optional[str] = typer.Option(None, help="Comma list of poolings (default: the analysis's)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="Data file (default: the analysis's own)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Result directory (default results/<analysis>)."),
+    seed: int = typer.Option(0, help="Seed for every random choice."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors."),
+):
+    """Run an analysis over one or more models; write results.json, tables, plots and report.md.
+
+    Analysis-specific options follow, e.g. `inspect run sts --probe`.
+    """
+    from layerscope.analyses.base import Context, get_analysis, parse_options, run_analysis
+
+    cls = get_analysis(analysis)
+    options = parse_options(cls.metadata, list(ctx.args))
+    c = console()
+    context = Context(models=model, engine=engine, layers=layers,
+                      poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
+                      out=out or Path("results") / analysis, seed=seed, options=options, cache=not no_cache,
+                      console=c)
+    result_dir, results = run_analysis(analysis, context)
+    cls().console_summary(results, c)
+    c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")
+
+
+@app.command()
+def report(result_dir: Path = typer.Argument(..., help="A directory written by inspect run.")):
+    """Re-render the plots, tables and report.md of a result directory from results.json alone."""
+    from layerscope.analyses.base import rerender
+
+    plots = rerender(result_dir)
+    console().print(f"[bold green]re-rendered[/bold green] {result_dir}/report.md and {len(plots)} plot(s)")
+
+
+@app.command()
+def analyses():
+    """List the analyses and their options."""
+    from rich.table import Table
+
+    from layerscope.analyses.base import registry
+
+    table = Table(title="analyses (inspect run NAME ...)")
+    table.add_column("name")
+    table.add_column("what it does")
+    table.add_column("options")
+    for name, cls in sorted(registry().items()):
+        meta = cls.metadata
+        opts = "\n".join(f"{o.flag} ({o.type.__name__}, default {o.default}): {o.help}" for o in meta.options)
+        table.add_row(name, meta.description, opts or "-")
+    console().print(table)
+
+
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,303 @@
+"""The analysis framework: metadata, registry, the run loop, and saving.
+
+An analysis is a class with a ``metadata`` object and a ``compute`` method
+that turns one model into a JSON-able dict of figures.  The base class owns
+the loop over models, the engines, the cached vectors, the result directory
+and the report.  Plots and ``report.md`` are made from the saved results
+alone (``inspect report`` re-renders them without touching a model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+import layerscope
+from layerscope.errors import InputError
+
+log = logging.getLogger("layerscope")
+
+
+@dataclass(frozen=True)
+class Option:
+    """An analysis-specific command-line option, e.g. ``--probe`` or ``--n 200``."""
+
+    name: str  # python name; the flag is --name with _ as -
+    type: type = str  # bool options are flags
+    default: Any = None
+    help: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class AnalysisMetadata:
+    name: str
+    description: str
+    inputs: tuple[str, ...]  # what it reads: "pairs", "items", "texts", "labeled", "engine"
+    main_score: str  # the headline figure, a key in each model's "summary"
+    default_poolings: tuple[str, ...] = ("mean",)
+    default_data: str | None = None  # built-in data used when --data is not given
+    needs_gradients: bool = False  # runs the model itself on the torch engine
+    options: tuple[Option, ...] = ()
+
+
+@dataclass
+class ModelRun:
+    """One model inside a run: its handle and engine, created once."""
+
+    spec: str
+    handle: Any
+    engine: Any
+
+    @property
+    def name(self) -> str:
+        src = self.handle.manifest.get("source", {})
+        return src.get("alias") or self.spec
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.handle.manifest["num_layers"])
+
+
+@dataclass
+class Context:
+    """Settings common to every analysis run."""
+
+    models: list[str]
+    engine: str = "auto"
+    layers: str = "all"
+    poolings: list[str] | None = None
+    data: str | None = None
+    out: Path = Path("results")
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    cache: bool = True
+    console: Any = None
+
+    def say(self, msg: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[dim]- {msg}[/dim]")
+
+    def vectors(self, run: ModelRun, texts: list[str], *, layers: list[str], poolings: list[str],
+                tag: str = "") -> dict[tuple[str, str], np.ndarray]:
+        """Pooled vectors of ``texts`` (reusing a matching cached LayerStore when there is one)."""
+        from layerscope.analyses.cache import cached_vectors
+
+        return cached_vectors(run, texts, layers=layers, poolings=poolings, use_cache=self.cache,
+                              say=self.say, tag=tag)
+
+
+class Analysis(ABC):
+    metadata: ClassVar[AnalysisMetadata]
+
+    def prepare(self, ctx: Context) -> Any:
+        """Read and check the data once, before any model is loaded (bad input fails fast)."""
+        return None
+
+    @abstractmethod
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
+        """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""
+
+    def combine(self, ctx: Context, per_model: dict[str, dict[str, Any]], data: Any) -> dict[str, Any]:
+        """Figures across models (optional)."""
+        return {}
+
+    # -- rendering from saved results only ---------------------------------
+    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        return []
+
+    def report(self, results: dict[str, Any]) -> str:
+        return ""
+
+    def console_summary(self, results: dict[str, Any], console) -> None:
+        pass
+
+
+_REGISTRY: dict[str, type[Analysis]] = {}
+
+
+def register(cls: type[Analysis]) -> type[Analysis]:
+    _REGISTRY[cls.metadata.name] = cls
+    return cls
+
+
+def registry() -> dict[str, type[Analysis]]:
+    from layerscope.analyses import _load_all
+
+    _load_all()
+    return dict(_REGISTRY)
+
+
+def get_analysis(name: str) -> type[Analysis]:
+    reg = registry()
+    if name not in reg:
+        from difflib import get_close_matches
+
+        hint = get_close_matches(name, list(reg), n=1)
+        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise InputError(f"unknown analysis '{name}'{extra}; available: {', '.join(sorted(reg))}")
+    return reg[name]
+
+
+def parse_options(meta: AnalysisMetadata, args: list[str]) -> dict[str, Any]:
+    """Parse ``--key value`` / ``--flag`` arguments against the analysis's declared options."""
+    by_flag = {o.flag: o for o in meta.options}
+    values = {o.name: o.default for o in meta.options}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key, _, inline = arg.partition("=")
+        opt = by_flag.get(key)
+        if opt is None:
+            from difflib import get_close_matches
+
+            hint = get_close_matches(key, list(by_flag), n=1)
+            extra = f" (did you mean {hint[0]}?)" if hint else ""
+            known = ", ".join(by_flag) or "none"
+            raise InputError(f"analysis '{meta.name}' has no option {key}{extra}; its options: {known}")
+        if opt.type is bool:
+            values[opt.name] = True if not inline else inline.lower() in ("1", "true", "yes")
+            i += 1
+            continue
+        if inline:
+            raw = inline
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise InputError(f"option {key} needs a value")
+            raw = args[i + 1]
+            i += 2
+        try:
+            values[opt.name] = opt.type(raw)
+        except ValueError:
+            raise InputError(f"option {key} wants a {opt.type.__name__}, not {raw!r}") from None
+    return values
+
+
+# ---------------------------------------------------------------- running
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return None if math.isnan(v) or math.isinf(v) else v
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
+    """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
+    from layerscope.engines.base import check_engine_name, create_engine
+    from layerscope.export.manifest import ModelHandle
+
+    cls = get_analysis(name)
+    analysis = cls()
+    if not ctx.models:
+        raise InputError("give at least one --model")
+    check_engine_name(ctx.engine)
+    if cls.metadata.needs_gradients and ctx.engine not in ("torch", "auto"):
+        raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
+                         f"drop --engine {ctx.engine} or use --engine torch")
+    t0 = time.perf_counter()
+    data = analysis.prepare(ctx)  # bad input fails here, before anything is written
+    out = Path(ctx.out)
+    if out.exists() and (out / "results.json").exists() and not ctx.options.get("force", True):
+        raise InputError(f"{out} already holds results; choose another --out")
+    per_model: dict[str, dict[str, Any]] = {}
+    models_meta: dict[str, Any] = {}
+    for spec in ctx.models:
+        handle = ModelHandle.resolve(spec)
+        engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
+        ctx.say(f"{spec}: starting engine {engine_name}")
+        engine = create_engine(engine_name, handle, **ctx.options.get("engine_options", {}))
+        run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine)
+        try:
+            figures = analysis.compute(ctx, run, data)
+        finally:
+            engine.close()
+        key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
+        per_model[key] = figures
+        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict()}
+    combined = analysis.combine(ctx, per_model, data)
+    results = {
+        "analysis": name,
+        "description": cls.metadata.description,
+        "main_score": cls.metadata.main_score,
+        "layerscope_version": layerscope.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "settings": {"models": ctx.models, "engine": ctx.engine, "layers": ctx.layers,
+                     "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
+                     "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
+        "models": models_meta,
+        "per_model": per_model,
+        "combined": combined,
+    }
+    results = _jsonable(results)
+    write_results(out, results, analysis)
+    return out, results
+
+
+def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> None:
+    """Write results.json, CSV tables, plots and report.md into ``out`` atomically (staging dir + rename)."""
+    analysis = analysis or get_analysis(results["analysis"])()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        (stage / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
+        render(stage, results, analysis)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> list[str]:
+    """(Re)write CSV tables, plots and report.md from results alone."""
+    from layerscope.report.writer import write_report, write_tables
+
+    analysis = analysis or get_analysis(results["analysis"])()
+    tables = write_tables(out, results)
+    plots = analysis.plots(results, out)
+    write_report(out, results, analysis.report(results), tables, plots)
+    return plots
+
+
+def rerender(result_dir: Path) -> list[str]:
+    result_dir = Path(result_dir)
+    path = result_dir / "results.json"
+    if not path.exists():
+        raise InputError(f"{result_dir} has no results.json; give a directory written by inspect run")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc})") from None
+    return render(result_dir, results)
