@@ -1,0 +1,41 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# The test-suite never talks to the Hugging Face hub; every model is built
+# locally (see tiny_models.py).  Set before transformers/huggingface_hub are
+# imported so that an accidental hub lookup fails fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+import pytest  # noqa: E402
+
+from tiny_models import FAMILIES, build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """Factory: ``tiny_model("bert") -> Path`` of a tiny random checkpoint.
+
+    Each family is built at most once per test session and shared by all tests,
+    so tests must treat the directory as read-only.
+    """
+    cache: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in FAMILIES:
+            raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+        if family not in cache:
+            out_dir = tmp_path_factory.mktemp(f"tiny-{family}")
+            cache[family] = build_tiny_model(family, out_dir)
+        return cache[family]
+
+    return get
