@@ -209,6 +209,16 @@ def _jsonable(obj):
     return obj
 
 
+def check_layers(spec: str, handle, model: str) -> list[str]:
+    """Resolve ``--layers`` against one model; a bad spec names the option and the model."""
+    from layerscope.engines.base import resolve_layers
+
+    try:
+        return resolve_layers(spec, int(handle.manifest["num_layers"]))
+    except InputError as exc:
+        raise InputError(f"--layers {spec} for model {model}: {exc}") from None
+
+
 def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
     from layerscope.engines.base import check_engine_name, create_engine
@@ -227,10 +237,12 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     out = Path(ctx.out)
     if out.exists() and (out / "results.json").exists() and not ctx.options.get("force", True):
         raise InputError(f"{out} already holds results; choose another --out")
+    handles = [ModelHandle.resolve(spec) for spec in ctx.models]
+    for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
+        check_layers(ctx.layers, handle, spec)
     per_model: dict[str, dict[str, Any]] = {}
     models_meta: dict[str, Any] = {}
-    for spec in ctx.models:
-        handle = ModelHandle.resolve(spec)
+    for spec, handle in zip(ctx.models, handles):
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
         engine = create_engine(engine_name, handle, **ctx.options.get("engine_options", {}))

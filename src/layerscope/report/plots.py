@@ -15,17 +15,42 @@ def _plt():
     return plt
 
 
+def _layer_order(series) -> list[str]:
+    """All layer names of every series, in model order (raw, 0, 1, ...; unknown names keep first-seen order)."""
+    names: list[str] = []
+    for layers, _ in series.values():
+        for name in layers:
+            if str(name) not in names:
+                names.append(str(name))
+
+    def key(name: str):
+        if name == "raw":
+            return (0, -1, "")
+        try:
+            return (0, int(name), "")
+        except ValueError:
+            return (1, names.index(name), name)
+
+    return sorted(names, key=key)
+
+
 def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[float | None]]], *, title: str,
                 ylabel: str, xlabel: str = "layer", hline: float | None = None) -> str:
-    """One line per series over layer names; None values leave gaps (undefined figures)."""
+    """One line per series over layer names; None values leave gaps (undefined figures).
+
+    Series may cover different layers (models of different depth side by side): the x axis is the
+    union of their layer names, each series drawn at its own names.
+    """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    order = _layer_order(series)
+    pos = {name: i for i, name in enumerate(order)}
     for label, (layers, values) in series.items():
-        xs = list(range(len(layers)))
+        xs = [pos[str(name)] for name in layers]
         ys = [float("nan") if v is None else v for v in values]
         ax.plot(xs, ys, marker="o", label=label)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(layers)
+    ax.set_xticks(range(len(order)))
+    ax.set_xticklabels(order)
     if hline is not None:
         ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
     ax.set_title(title)
@@ -34,6 +59,65 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
     ax.grid(alpha=0.3)
     if series:
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path).name
+
+
+def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float | None]]], *, title: str,
+             xlabel: str, ylabel: str, logx: bool = False, hline: float | None = None) -> str:
+    """One line per series over numeric x values (e.g. kept dimensions); None values leave gaps."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    for label, (xs, values) in series.items():
+        ax.plot(list(xs), [float("nan") if v is None else v for v in values], marker="o", label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+        ticks = sorted({x for xs, _ in series.values() for x in xs})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(int(t)) for t in ticks])
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path).name
+
+
+def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, ylabel: str) -> str:
+    """Grouped bars: one group per key of ``groups``, one bar per inner key; None bars are left out."""
+    import numpy as np
+
+    plt = _plt()
+    labels = []
+    for inner in groups.values():
+        for k in inner:
+            if k not in labels:
+                labels.append(k)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(labels)) / 2), 4.5), dpi=120)
+    width = 0.8 / max(1, len(labels))
+    xs = np.arange(len(groups))
+    for j, label in enumerate(labels):
+        vals = [inner.get(label) for inner in groups.values()]
+        heights = [float("nan") if v is None else v for v in vals]
+        rects = ax.bar(xs + j * width - 0.4 + width / 2, heights, width, label=label)
+        for r, v in zip(rects, vals):
+            if v is not None:
+                ax.annotate(f"{v:.3f}", (r.get_x() + r.get_width() / 2, r.get_height()), ha="center",
+                            va="bottom", fontsize=7)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(list(groups))
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -1,0 +1,80 @@
+"""Small helpers the analyses share: layer and pooling choices per model, correlations of similarities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from layerscope.errors import InputError
+
+# Cosines whose spread (max - min) is below this are treated as constant: float32 vectors that are
+# the same for every text (CLS at layer 0, say) give cosines equal only up to rounding.
+CONSTANT_SPREAD = 1e-6
+
+
+def layers_for(ctx, run) -> list[str]:
+    from layerscope.engines.base import resolve_layers
+
+    try:
+        return resolve_layers(ctx.layers, run.num_layers)
+    except InputError as exc:
+        raise InputError(f"--layers {ctx.layers}: {exc}") from None
+
+
+def poolings_for(ctx, run, *, allow_eos: bool = True) -> list[str]:
+    from layerscope.runtime.pooling import check_poolings
+
+    pools = check_poolings(ctx.poolings or ["mean"])
+    if "eos" in pools and not (allow_eos and run.handle.manifest.get("pooled_output")):
+        raise InputError(f"--pooling eos needs a model with its own pooled output (CLIP); "
+                         f"{run.handle.manifest.get('family')} has none: use last or mean")
+    return pools
+
+
+def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int, seed: int) -> dict[str, Any]:
+    """Pearson and Spearman (with p-values and bootstrap intervals) of similarities vs human scores.
+
+    Constant similarities give ``None`` figures and an ``undefined`` reason, never NaN.
+    """
+    from layerscope.analyses.metrics import pearson, spearman
+
+    sims = np.asarray(sims, dtype=np.float64)
+    row: dict[str, Any] = {"mean_similarity": float(sims.mean())}
+    spread = float(sims.max() - sims.min())
+    if spread <= CONSTANT_SPREAD:
+        reason = (f"the similarities are constant (all {sims.mean():.6f}, spread {spread:.1e}): every "
+                  "sentence gets the same vector here, so the correlation is undefined")
+        for kind in ("pearson", "spearman"):
+            row.update({kind: None, f"{kind}_p": None, f"{kind}_ci_low": None, f"{kind}_ci_high": None})
+        row["undefined"] = reason
+        return row
+    reasons = []
+    for kind, fn in (("pearson", pearson), ("spearman", spearman)):
+        c = fn(sims, scores, n_boot=n_boot, seed=seed, x_name="similarity", y_name="score")
+        row.update({kind: c.value, f"{kind}_p": c.p_value, f"{kind}_ci_low": c.ci_low, f"{kind}_ci_high": c.ci_high})
+        if c.undefined:
+            reasons.append(c.undefined)
+    row["undefined"] = "; ".join(reasons) or None
+    return row
+
+
+def best_row(rows: list[dict], key: str) -> dict | None:
+    defined = [r for r in rows if r.get(key) is not None]
+    return max(defined, key=lambda r: r[key]) if defined else None
+
+
+def model_layer_series(results: dict, table: str, value: str, *, split: str = "pooling",
+                       where: dict | None = None) -> dict[str, tuple[list[str], list]]:
+    """{"model pooling": (layer names, values)} from per-model table rows, for layer_lines."""
+    series: dict[str, tuple[list[str], list]] = {}
+    multi = len(results.get("per_model", {})) > 1
+    for model, figures in results.get("per_model", {}).items():
+        for row in figures.get("tables", {}).get(table, []):
+            if where and any(row.get(k) != v for k, v in where.items()):
+                continue
+            label = f"{model} {row[split]}" if multi else str(row[split])
+            layers, values = series.setdefault(label, ([], []))
+            layers.append(str(row["layer"]))
+            values.append(row.get(value))
+    return series
