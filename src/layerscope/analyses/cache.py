@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 
-def cache_key(run, texts: list[str], layers: list[str], poolings: list[str]) -> str:
+def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: list[str] | None = None) -> str:
+    """Identity of the vectors: model, engine, graph, max length and texts (and layers/poolings when given)."""
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8"))
@@ -23,31 +24,51 @@ def cache_key(run, texts: list[str], layers: list[str], poolings: list[str]) -> 
     ident = {
         "model": run.handle.key, "engine": info.name, "provider": info.provider, "precision": info.precision,
         "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),
-        "max_length": run.handle.manifest.get("max_length"), "layers": layers, "poolings": poolings,
-        "texts": h.hexdigest(),
+        "max_length": run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
     }
+    if layers is not None or poolings is not None:
+        ident.update({"layers": layers, "poolings": poolings})
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _find_superset(root, base: str, layers: list[str], poolings: list[str]):
+    """A complete cached store of the same model/engine/texts holding every asked layer and pooling."""
+    from layerscope.runtime.store import LayerStore
+
+    if not root.exists():
+        return None
+    for path in sorted(root.glob(f"*{base}*")):
+        if not (path / "store.json").exists():
+            continue
+        try:
+            store = LayerStore.open(path)
+        except Exception:  # an incomplete or damaged cache entry is simply skipped (and rebuilt)
+            continue
+        if set(layers) <= set(store.layers) and set(poolings) <= set(store.poolings):
+            return store
+    return None
 
 
 def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[str], use_cache: bool = True,
                    say: Callable[[str], None] = lambda m: None, tag: str = "") -> dict[tuple[str, str], np.ndarray]:
+    """Vectors of ``texts``; a cached store of the same model, engine and texts is reused when it holds every
+    asked layer and pooling (stores are extracted with every layer, so other layer choices reuse them too)."""
+    from layerscope.engines.base import layer_names
     from layerscope.export.manifest import cache_root
     from layerscope.runtime.pipeline import embed, extract
-    from layerscope.runtime.store import LayerStore
 
     if not use_cache:
         return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)
-    key = cache_key(run, texts, layers, poolings)
-    path = cache_root() / "stores" / f"{tag + '-' if tag else ''}{key}"
-    store = None
-    if (path / "store.json").exists():
-        try:
-            store = LayerStore.open(path)
-            say(f"reusing cached vectors {path}")
-        except Exception:  # an incomplete or damaged cache entry is simply rebuilt
-            store = None
-    if store is None:
+    root = cache_root() / "stores"
+    base = cache_key(run, texts)
+    store = _find_superset(root, base, layers, poolings)
+    if store is not None:
+        say(f"reusing cached vectors {store.path}")
+    else:
+        all_layers = layer_names(int(run.handle.manifest["num_layers"]))
+        extra = [layer for layer in layers if layer not in all_layers]
+        path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings)[:8]}"
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
-        store = extract(run.handle, list(texts), path, engine=run.engine, layers=layers, poolings=poolings,
-                        force=True).store
+        store = extract(run.handle, list(texts), path, engine=run.engine, layers=all_layers + extra,
+                        poolings=poolings, force=True).store
     return {(p, layer): np.asarray(store[p, layer], dtype=np.float32) for p in poolings for layer in layers}

@@ -183,6 +183,13 @@ class OrtEngine(Engine):
                                          for s in states])
         return {p: result[p] for p in poolings}
 
+    def pooled_output(self, batch: Batch) -> np.ndarray | None:
+        """The model's own pooled output (CLIP's ``pooler_output``) where the export has it as an output."""
+        name = self.manifest.get("pooled_output")
+        if not name or name not in self.output_names:
+            return None
+        return np.asarray(self._run(batch, [name])[0], dtype=np.float32)
+
     def close(self) -> None:
         self.session = None
 

@@ -1,0 +1,193 @@
+"""``compositionality``: does a layer's sentence vector follow word order, or only the words?
+
+Each item has a positive sentence, a negative with the same words and another
+meaning ("an old person kisses a young person" / "a young person kisses an old
+person") and paraphrases of the positive. Per layer and pooling (and the model's
+own pooled output where it has one), per item: the cosine of the positive to each
+paraphrase and to the negative, and the difference (mean paraphrase minus
+negative). Over items: mean difference, win rate (share of items whose paraphrases
+are closer than the negative), a sign test, and breakdowns by category and by
+complexity.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, register
+from layerscope.analyses.common import layers_for, model_layer_series, poolings_for
+
+OWN = "own"  # pooling label of the model's own pooled output
+OWN_LAYER = "pooled"
+
+
+def own_pooled_vectors(run: ModelRun, texts: list[str], batch_size: int = 64) -> np.ndarray | None:
+    """The model's own pooled output for every text (CLIP's pooler_output), or None where it has none."""
+    if not run.handle.manifest.get("pooled_output") or not hasattr(run.engine, "pooled_output"):
+        return None
+    encoder = run.engine.encoder()
+    parts = []
+    for s in range(0, len(texts), batch_size):
+        v = run.engine.pooled_output(encoder(texts[s:s + batch_size]))
+        if v is None:
+            return None
+        parts.append(np.asarray(v, dtype=np.float32))
+    return np.concatenate(parts)
+
+
+def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    from layerscope.analyses.metrics import compositionality_summary, paired_cosine
+
+    neg = paired_cosine(vectors[idx_pos], vectors[idx_neg])
+    flat_pos = np.concatenate([np.full(len(p), i) for i, p in zip(idx_pos, idx_para)])
+    flat_para = np.concatenate(idx_para)
+    flat = paired_cosine(vectors[flat_pos], vectors[flat_para])
+    bounds = np.cumsum([0] + [len(p) for p in idx_para])
+    para = [flat[bounds[k]:bounds[k + 1]] for k in range(len(items))]
+    summ = compositionality_summary(para, neg)
+    para_mean = np.array([p.mean() for p in para])
+    return summ, neg, para_mean, np.asarray(summ.pop("per_item_diffs"))
+
+
+@register
+class Compositionality(Analysis):
+    metadata = AnalysisMetadata(
+        name="compositionality",
+        description="Word order vs meaning: is a paraphrase closer than a same-words negative, per layer",
+        inputs=("items",),
+        main_score="best_win_rate",
+        default_poolings=("mean", "cls"),
+        default_data="layerscope/data/compositionality.jsonl (shipped)",
+    )
+
+    def prepare(self, ctx: Context):
+        from layerscope.data.items import default_items_path, read_items
+
+        items = read_items(ctx.data)
+        if ctx.data is None:
+            ctx.data = str(default_items_path())
+        cats = sorted({it.category for it in items})
+        ctx.say(f"{len(items)} items from {ctx.data} (categories: {', '.join(cats)})")
+        return items
+
+    def compute(self, ctx: Context, run: ModelRun, items) -> dict[str, Any]:
+        from layerscope.analyses.metrics import compositionality_summary
+
+        layers = layers_for(ctx, run)
+        poolings = poolings_for(ctx, run)
+        pos: dict[str, int] = {}
+        for it in items:
+            for t in it.texts():
+                pos.setdefault(t, len(pos))
+        texts = list(pos)
+        idx_pos = np.array([pos[it.positive] for it in items])
+        idx_neg = np.array([pos[it.negative] for it in items])
+        idx_para = [np.array([pos[p] for p in it.paraphrases]) for it in items]
+        vecs = ctx.vectors(run, texts, layers=layers, poolings=poolings, tag="compositionality")
+        variants = [(p, layer, vecs[p, layer]) for p in poolings for layer in layers]
+        own = own_pooled_vectors(run, texts)
+        if own is not None:
+            variants.append((OWN, OWN_LAYER, own))
+        rows, group_rows, item_rows = [], [], []
+        for p, layer, v in variants:
+            summ, neg, para_mean, diffs = _summary_row(items, idx_pos, idx_neg, idx_para, v)
+            rows.append({"pooling": p, "layer": layer, **summ})
+            for it, n_c, p_c, d in zip(items, neg, para_mean, diffs):
+                item_rows.append({"pooling": p, "layer": layer, "id": it.id, "category": it.category,
+                                  "complexity": it.complexity, "cos_paraphrases": float(p_c),
+                                  "cos_negative": float(n_c), "diff": float(d)})
+            for group in ("category", "complexity"):
+                values = sorted({getattr(it, group) for it in items if getattr(it, group)})
+                for value in values:
+                    sel = [k for k, it in enumerate(items) if getattr(it, group) == value]
+                    g = compositionality_summary(para_mean[sel], neg[sel])
+                    g.pop("per_item_diffs")
+                    group_rows.append({"pooling": p, "layer": layer, "group": group, "value": value, **g})
+        best = max(rows, key=lambda r: (r["win_rate"], r["mean_diff"]))
+        final = str(run.num_layers)
+        summary = {
+            "items": len(items),
+            "best_win_rate": best["win_rate"],
+            "best": {k: best[k] for k in ("pooling", "layer", "win_rate", "mean_diff", "sign_p")},
+            "final": {r["pooling"]: {k: r[k] for k in ("win_rate", "mean_diff", "sign_p", "ties")}
+                      for r in rows if r["layer"] in (final, OWN_LAYER)},
+            "own_pooled_output": run.handle.manifest.get("pooled_output") if own is not None else None,
+        }
+        return {"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}}
+
+    # ------------------------------------------------------------ rendering (saved results only)
+    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.report.plots import bars, layer_lines
+
+        made = []
+        names = list(results.get("per_model", {}))
+        suffix = f" ({names[0]})" if len(names) == 1 else ""
+        for value, label, hline in (("mean_diff", "mean cos(paraphrase) - cos(negative)", 0.0),
+                                    ("win_rate", "win rate (paraphrases closer than negative)", 0.5)):
+            series = {k: v for k, v in model_layer_series(results, "layers", value).items() if OWN not in k}
+            if series:
+                made.append(layer_lines(out_dir / f"compositionality_{value}_by_layer.png", series,
+                                        title=f"Compositionality: {label}{suffix}", ylabel=label, hline=hline))
+        groups: dict[str, dict[str, float | None]] = {}
+        for model, fig in results.get("per_model", {}).items():
+            final = str(results["models"][model]["manifest"]["num_layers"])
+            for r in fig["tables"].get("groups", []):
+                if r["layer"] == final and r["group"] == "category":
+                    key = f"{model} {r['pooling']}" if len(names) > 1 else r["pooling"]
+                    groups.setdefault(key, {})[r["value"]] = r["win_rate"]
+        if groups:
+            made.append(bars(out_dir / "compositionality_categories_final_layer.png", groups,
+                             title=f"Win rate by category at the final layer{suffix}", ylabel="win rate"))
+        return made
+
+    def report(self, results: dict[str, Any]) -> str:
+        from layerscope.report.writer import fmt, md_table
+
+        lines = []
+        for model, fig in results.get("per_model", {}).items():
+            s = fig["summary"]
+            b = s["best"]
+            lines += [f"## {model}", "",
+                      f"{s['items']} items. Per item, diff = mean cos(positive, paraphrase) - cos(positive, "
+                      "negative); a win is diff > 0. The sign test is two-sided, ties dropped.", "",
+                      f"**Best:** layer {b['layer']} with {b['pooling']} pooling, win rate {fmt(b['win_rate'], 3)}, "
+                      f"mean diff {fmt(b['mean_diff'])} (sign test p = {b['sign_p']:.2g}).", ""]
+            if s.get("own_pooled_output"):
+                lines += [f"The model's own pooled output (`{s['own_pooled_output']}`) is the row "
+                          f"pooling={OWN}, layer={OWN_LAYER}.", ""]
+            rows = [{"pooling": r["pooling"], "layer": r["layer"], "win rate": r["win_rate"],
+                     "wins/losses/ties": f"{r['wins']}/{r['losses']}/{r['ties']}", "mean diff": r["mean_diff"],
+                     "cos paraphrase": r["mean_paraphrase"], "cos negative": r["mean_negative"],
+                     "sign p": f"{r['sign_p']:.2g}"} for r in fig["tables"]["layers"]]
+            lines.append(md_table(rows))
+            tied = [r for r in fig["tables"]["layers"] if r["ties"] == r["n_items"]]
+            for r in tied:
+                lines.append(f"- layer {r['layer']}, {r['pooling']}: every item is a tie (the positive, its "
+                             "paraphrases and its negative get the same vector), so the layer says nothing here")
+            final = str(results["models"][model]["manifest"]["num_layers"])
+            grows = [{"pooling": r["pooling"], "group": r["group"], "value": r["value"], "items": r["n_items"],
+                      "win rate": r["win_rate"], "mean diff": r["mean_diff"], "sign p": f"{r['sign_p']:.2g}"}
+                     for r in fig["tables"]["groups"] if r["layer"] in (final, OWN_LAYER)]
+            lines += ["", f"### By category and complexity at the final layer ({final})", "", md_table(grows)]
+        return "\n".join(lines)
+
+    def console_summary(self, results: dict[str, Any], console) -> None:
+        from rich.table import Table
+
+        for model, fig in results.get("per_model", {}).items():
+            rows = fig["tables"]["layers"]
+            pools = list(dict.fromkeys(r["pooling"] for r in rows))
+            table = Table(title=f"{model}: win rate / mean diff per layer ({fig['summary']['items']} items)")
+            table.add_column("layer")
+            for p in pools:
+                table.add_column(f"{p} win rate (diff)", justify="right")
+            for layer in dict.fromkeys(r["layer"] for r in rows):
+                cells = []
+                for p in pools:
+                    r = next((x for x in rows if x["layer"] == layer and x["pooling"] == p), None)
+                    cells.append("-" if r is None else f"{r['win_rate']:.3f} ({r['mean_diff']:+.4f})")
+                table.add_row(layer, *cells)
+            console.print(table)

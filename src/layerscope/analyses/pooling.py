@@ -1,0 +1,278 @@
+"""``pooling``: which vector to take, and how far it can be squeezed.
+
+On an STS set (cosine vs human score, Spearman) and on a retrieval set made from
+it (each pair's first sentence is a query whose relevant document is its partner,
+and the other way round; documents are the distinct sentences of the other side),
+compare the vector choices: cls, mean, last, max and eos (where the model has its
+own pooled output) at the final layer, the mean of the last four layers' mean
+vectors, and the second-to-last layer's mean vector.
+
+Then squeeze every choice: binary sign bits scored by Hamming similarity (retrieval
+through a FAISS binary index), int8 scalar quantization (per-dimension min/max
+calibrated on the set's own sentences), and truncation to the first k dimensions
+(k = 32, 64, 128, ..., full); each reported as the share of float32 quality it keeps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.common import poolings_for, similarity_correlations
+from layerscope.errors import InputError
+
+KS = (1, 10)
+
+
+def truncation_sizes(hidden: int) -> list[int]:
+    """32, 64, 128, ... below ``hidden``, then ``hidden`` itself."""
+    ks, k = [], 32
+    while k < hidden:
+        ks.append(k)
+        k *= 2
+    return ks + [hidden]
+
+
+class RetrievalSet:
+    """Queries (pair sides) against the distinct sentences of the other side, both directions."""
+
+    def __init__(self, pairs):
+        texts, i1, i2 = pairs.unique_texts()
+        self.texts = texts
+        self.directions = []
+        for q_idx, d_idx in ((i1, i2), (i2, i1)):
+            docs, correct = np.unique(d_idx, return_inverse=True)
+            self.directions.append((q_idx, docs, correct.astype(np.int64)))
+
+    def describe(self) -> dict:
+        return {"queries": int(sum(len(q) for q, _, _ in self.directions)),
+                "documents": [int(len(d)) for _, d, _ in self.directions]}
+
+
+def _retrieval_float(vectors: np.ndarray, rs: RetrievalSet) -> dict:
+    from layerscope.analyses.metrics import l2_normalize, ranks_from_scores, retrieval_metrics
+
+    unit = l2_normalize(vectors.astype(np.float64))
+    ranks = [ranks_from_scores(unit[q] @ unit[d].T, c) for q, d, c in rs.directions]
+    return retrieval_metrics(np.concatenate(ranks), ks=KS)
+
+
+def _retrieval_binary(codes: np.ndarray, dim: int, rs: RetrievalSet) -> dict:
+    """Hamming-distance retrieval with a FAISS binary flat index; ties share the mean rank."""
+    import faiss
+
+    from layerscope.analyses.metrics import ranks_from_scores, retrieval_metrics
+
+    ranks = []
+    for q, d, c in rs.directions:
+        index = faiss.IndexBinaryFlat(codes.shape[1] * 8)
+        index.add(np.ascontiguousarray(codes[d]))
+        dist, ids = index.search(np.ascontiguousarray(codes[q]), len(d))
+        scores = np.empty(dist.shape, dtype=np.float64)
+        np.put_along_axis(scores, ids.astype(np.int64), -dist.astype(np.float64), axis=1)
+        ranks.append(ranks_from_scores(scores, c))
+    return retrieval_metrics(np.concatenate(ranks), ks=KS)
+
+
+@register
+class Pooling(Analysis):
+    metadata = AnalysisMetadata(
+        name="pooling",
+        description="Which vector to take (pooling, layers) and how far it can be squeezed (binary, int8, truncation)",
+        inputs=("pairs",),
+        main_score="best_spearman",
+        default_poolings=("cls", "mean", "last", "max"),
+        default_data="../shared/data/stsbenchmark/sts-test.csv",
+        options=(
+            Option("sentence1", str, None, "column/field with the first sentence (named-column files)"),
+            Option("sentence2", str, None, "column/field with the second sentence"),
+            Option("score", str, None, "column/field with the human score"),
+            Option("n_boot", int, 1000, "bootstrap resamples for the float32 Spearman intervals (0: none)"),
+        ),
+    )
+
+    def prepare(self, ctx: Context):
+        from layerscope.data.pairs import default_sts_file, read_pairs
+
+        if ctx.layers not in (None, "all"):
+            raise InputError("--layers: the pooling analysis compares fixed layer choices (final, second-to-last, "
+                             "mean of the last four); drop --layers")
+        if ctx.options.get("n_boot", 1000) < 0:
+            raise InputError("--n-boot must be >= 0")
+        data = ctx.data or str(default_sts_file("test"))
+        ctx.data = data
+        o = ctx.options
+        pairs = read_pairs(data, sentence1=o.get("sentence1"), sentence2=o.get("sentence2"), score=o.get("score"))
+        ctx.say(f"{data}: {len(pairs)} pairs")
+        return pairs
+
+    def compute(self, ctx: Context, run: ModelRun, pairs) -> dict[str, Any]:
+        from layerscope.analyses.metrics import (binary_quantize, hamming_similarity, int8_dequantize, int8_quantize,
+                                                 paired_cosine, retention, truncate_dims)
+
+        L = run.num_layers
+        poolings = poolings_for(ctx, run)
+        notes = []
+        if run.handle.manifest.get("pooled_output"):
+            if "eos" not in poolings:
+                poolings.append("eos")
+        else:
+            notes.append(f"eos: {run.handle.manifest.get('family')} has no pooled output of its own, so there is "
+                         "no eos vector (its last token is 'last')")
+        last4 = [str(i) for i in range(max(1, L - 3), L + 1)]
+        layers = list(dict.fromkeys(last4 + ([str(L - 1)] if L >= 2 else [])))
+        need_pool = list(dict.fromkeys(poolings + ["mean"]))
+        rs = RetrievalSet(pairs)
+        vecs = ctx.vectors(run, rs.texts, layers=layers, poolings=need_pool, tag="pooling")
+        _, i1, i2 = pairs.unique_texts()
+        variants: list[tuple[str, str, str, np.ndarray]] = [(f"{p}@{L}", p, str(L), vecs[p, str(L)]) for p in poolings]
+        if len(last4) > 1:
+            variants.append(("mean@last4", "mean", "+".join(last4),
+                             np.mean([vecs["mean", layer] for layer in last4], axis=0).astype(np.float32)))
+        if L >= 2:
+            variants.append((f"mean@{L - 1}", "mean", str(L - 1), vecs["mean", str(L - 1)]))
+        n_boot = int(ctx.options.get("n_boot", 1000))
+        hidden = int(run.handle.manifest["hidden_size"])
+        var_rows, quant_rows, trunc_rows = [], [], []
+        for name, pool, layer_desc, v in variants:
+            sims = paired_cosine(v[i1], v[i2])
+            corr = similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)
+            ret = _retrieval_float(v, rs)
+            var_rows.append({"variant": name, "pooling": pool, "layers": layer_desc, **corr, **ret})
+            base = {"spearman": corr["spearman"], **ret}
+
+            def quant(method: str, bits: int, sims_q: np.ndarray, ret_q: dict) -> None:
+                c = similarity_correlations(sims_q, pairs.scores, n_boot=0, seed=ctx.seed)
+                row = {"variant": name, "method": method, "bits_per_dim": bits, "bytes_per_vector": hidden * bits // 8,
+                       "spearman": c["spearman"], "mrr": ret_q["mrr"], "acc@1": ret_q["acc@1"],
+                       "acc@10": ret_q["acc@10"], "undefined": c["undefined"]}
+                for key in ("spearman", "mrr", "acc@1"):
+                    ok = row[key] is not None and base[key] is not None
+                    row[f"retention_{key}"] = retention(row[key], base[key]) if ok else None
+                quant_rows.append(row)
+
+            quant("float32", 32, sims, ret)
+            codes = binary_quantize(v)
+            quant("binary", 1, hamming_similarity(codes[i1], codes[i2], dim=hidden), _retrieval_binary(codes, hidden, rs))
+            q, scale, offset = int8_quantize(v)
+            deq = int8_dequantize(q, scale, offset)
+            quant("int8", 8, paired_cosine(deq[i1], deq[i2]), _retrieval_float(deq, rs))
+            for k in truncation_sizes(hidden):
+                t = np.ascontiguousarray(truncate_dims(v, k))
+                c = similarity_correlations(paired_cosine(t[i1], t[i2]), pairs.scores, n_boot=0, seed=ctx.seed)
+                rk = _retrieval_float(t, rs)
+                trunc_rows.append({
+                    "variant": name, "dims": k, "spearman": c["spearman"], "mrr": rk["mrr"], "acc@1": rk["acc@1"],
+                    "retention_spearman": (retention(c["spearman"], base["spearman"])
+                                           if c["spearman"] is not None and base["spearman"] is not None else None),
+                    "retention_mrr": retention(rk["mrr"], base["mrr"]), "undefined": c["undefined"]})
+        defined = [r for r in var_rows if r["spearman"] is not None]
+        best = max(defined, key=lambda r: r["spearman"]) if defined else None
+        best_ret = max(var_rows, key=lambda r: r["mrr"])
+        default = f"{run.handle.manifest.get('default_pooling', 'mean')}@{L}"
+        if default not in {r["variant"] for r in var_rows}:
+            default = var_rows[0]["variant"]
+        keep = {r["method"]: {k: r[k] for k in ("retention_spearman", "retention_mrr", "retention_acc@1")}
+                for r in quant_rows if r["variant"] == default and r["method"] != "float32"}
+        summary = {"pairs": len(pairs), "retrieval": rs.describe(),
+                   "best_spearman": best["spearman"] if best else None,
+                   "best_variant": best["variant"] if best else None,
+                   "best_retrieval_variant": best_ret["variant"], "best_mrr": best_ret["mrr"],
+                   "default_variant": default, "retention_default": keep, "notes": notes}
+        return {"summary": summary,
+                "tables": {"variants": var_rows, "quantization": quant_rows, "truncation": trunc_rows}}
+
+    # ------------------------------------------------------------ rendering (saved results only)
+    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.report.plots import bars, xy_lines
+
+        made = []
+        multi = len(results.get("per_model", {})) > 1
+        for metric, label in (("spearman", "STS Spearman"), ("mrr", "retrieval MRR")):
+            groups = {}
+            for model, fig in results.get("per_model", {}).items():
+                for r in fig["tables"]["variants"]:
+                    groups.setdefault(r["variant"] if not multi else f"{model}\n{r['variant']}", {})[model] = r[metric]
+            made.append(bars(out_dir / f"pooling_{metric}.png", groups, title=f"{label} by vector choice (float32)",
+                             ylabel=label))
+        for metric, label in (("retention_spearman", "share of float32 STS Spearman kept"),
+                              ("retention_mrr", "share of float32 retrieval MRR kept")):
+            series = {}
+            for model, fig in results.get("per_model", {}).items():
+                for r in fig["tables"]["truncation"]:
+                    xs, ys = series.setdefault(f"{model} {r['variant']}" if multi else r["variant"], ([], []))
+                    xs.append(r["dims"])
+                    ys.append(r[metric])
+            if series:
+                made.append(xy_lines(out_dir / f"pooling_truncation_{metric}.png", series,
+                                     title=f"Truncation to the first k dimensions: {label}", xlabel="dimensions kept",
+                                     ylabel=label, logx=True, hline=1.0))
+        groups = {}
+        for model, fig in results.get("per_model", {}).items():
+            for r in fig["tables"]["quantization"]:
+                if r["method"] != "float32":
+                    key = r["variant"] if not multi else f"{model}\n{r['variant']}"
+                    groups.setdefault(key, {})[f"{r['method']} Spearman"] = r["retention_spearman"]
+                    groups[key][f"{r['method']} MRR"] = r["retention_mrr"]
+        if groups:
+            made.append(bars(out_dir / "pooling_quantization_retention.png", groups,
+                             title="Quantized embeddings: share of float32 quality kept", ylabel="retention"))
+        return made
+
+    def report(self, results: dict[str, Any]) -> str:
+        from layerscope.report.writer import fmt, md_table
+
+        lines = []
+        for model, fig in results.get("per_model", {}).items():
+            s = fig["summary"]
+            lines += [f"## {model}", "",
+                      f"STS: {s['pairs']} pairs, cosine vs human score (Spearman). Retrieval: "
+                      f"{s['retrieval']['queries']} queries (both sides of every pair) against the distinct "
+                      f"sentences of the other side ({' and '.join(map(str, s['retrieval']['documents']))} "
+                      "documents); the relevant document is the pair partner; ties share the mean rank.", "",
+                      f"**Best for STS:** {s['best_variant']} (Spearman {fmt(s['best_spearman'])}). "
+                      f"**Best for retrieval:** {s['best_retrieval_variant']} (MRR {fmt(s['best_mrr'])}).", ""]
+            for n in s.get("notes", []):
+                lines.append(f"- {n}")
+            lines += ["", "### Vector choices (float32)", "",
+                      md_table([{"variant": r["variant"], "Spearman": r["spearman"],
+                                 "95% CI": (f"[{r['spearman_ci_low']:.4f}, {r['spearman_ci_high']:.4f}]"
+                                            if r.get("spearman_ci_low") is not None else ""),
+                                 "Pearson": r["pearson"], "acc@1": r["acc@1"], "acc@10": r["acc@10"], "MRR": r["mrr"]}
+                                for r in fig["tables"]["variants"]]),
+                      "### Quantized embeddings (share of float32 kept)", "",
+                      "Binary: sign bits, Hamming similarity, retrieval through a FAISS binary flat index. int8: "
+                      "per-dimension min/max scalar quantization calibrated on this set's sentences.", "",
+                      md_table([{"variant": r["variant"], "method": r["method"], "bytes/vector": r["bytes_per_vector"],
+                                 "Spearman": r["spearman"], "kept (Spearman)": r["retention_spearman"],
+                                 "MRR": r["mrr"], "kept (MRR)": r["retention_mrr"]}
+                                for r in fig["tables"]["quantization"]], digits=4),
+                      "### Truncation to the first k dimensions", "",
+                      md_table([{"variant": r["variant"], "dims": r["dims"], "Spearman": r["spearman"],
+                                 "kept (Spearman)": r["retention_spearman"], "MRR": r["mrr"],
+                                 "kept (MRR)": r["retention_mrr"]} for r in fig["tables"]["truncation"]])]
+        return "\n".join(lines)
+
+    def console_summary(self, results: dict[str, Any], console) -> None:
+        from rich.table import Table
+
+        for model, fig in results.get("per_model", {}).items():
+            q = {(r["variant"], r["method"]): r for r in fig["tables"]["quantization"]}
+            table = Table(title=f"{model}: vector choices (STS Spearman / retrieval MRR; share kept when quantized)")
+            for c in ("variant", "Spearman", "MRR", "acc@1", "binary kept", "int8 kept"):
+                table.add_column(c, justify="left" if c == "variant" else "right")
+            for r in fig["tables"]["variants"]:
+                b, i = q[r["variant"], "binary"], q[r["variant"], "int8"]
+                table.add_row(r["variant"], _f(r["spearman"]), _f(r["mrr"]), _f(r["acc@1"]),
+                              f"{_f(b['retention_spearman'], 3)} / {_f(b['retention_mrr'], 3)}",
+                              f"{_f(i['retention_spearman'], 3)} / {_f(i['retention_mrr'], 3)}")
+            console.print(table)
+            for n in fig["summary"].get("notes", []):
+                console.print(f"[dim]{n}[/dim]")
+
+
+def _f(v, digits: int = 4) -> str:
+    return "undefined" if v is None else f"{v:.{digits}f}"
