@@ -209,7 +209,7 @@ def train_probe(train: PairSplit, test: PairSplit, cfg: ProbeConfig, *, dev: Pai
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                total += float(loss) * idx.numel()
+                total += loss.item() * idx.numel()
             entry = {"epoch": epoch, "train_loss": total / n}
             if x_dev is not None:
                 model.eval()
@@ -255,7 +255,7 @@ def _pretrain(model, unlabeled, cfg: ProbeConfig, gen) -> dict[str, float]:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * idx.numel()
+            total += loss.item() * idx.numel()
         losses.append(total / m)
     return {"epochs": cfg.pretrain_epochs, "first_loss": losses[0], "last_loss": losses[-1],
             "sentences": int(m)}
