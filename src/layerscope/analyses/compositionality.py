@@ -124,7 +124,7 @@ class Compositionality(Analysis):
 
         made = []
         names = list(results.get("per_model", {}))
-        suffix = f" ({names[0]})" if len(names) == 1 else ""
+        suffix = f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""
         for value, label, hline in (("mean_diff", "mean cos(paraphrase) - cos(negative)", 0.0),
                                     ("win_rate", "win rate (paraphrases closer than negative)", 0.5)):
             series = {k: v for k, v in model_layer_series(results, "layers", value).items() if OWN not in k}
