@@ -258,7 +258,8 @@ class STS(Analysis):
                 lines.append(md_table([{"model": r["name"], "Spearman": r["spearman"], "Pearson": r["pearson"],
                                         "Spearman 95% CI": (f"[{r['spearman_ci_low']:.4f}, {r['spearman_ci_high']:.4f}]"
                                                             if r.get("spearman_ci_low") is not None else ""),
-                                        "epochs": r.get("epochs")} for r in pr["rows"]]))
+                                        "epochs": r.get("epochs") if r.get("epochs") is not None else "-"}
+                                       for r in pr["rows"]]))
                 for name, rec in pr["training"].items():
                     c = rec["config"]
                     extra = f", best dev Pearson {rec['best_dev_pearson']:.4f}" if "best_dev_pearson" in rec else ""
