@@ -158,6 +158,13 @@ class OrtEngine(Engine):
     def _run(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
         return self.session.run(names, self._feed(batch))
 
+    def run_outputs(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
+        """Named graph outputs as they come (extra graphs such as the lens graph add their own)."""
+        missing = [n for n in names if n not in self.output_names]
+        if missing:
+            raise EngineUnavailableError(f"this ONNX graph has no output(s) {', '.join(missing)}")
+        return [np.asarray(o) for o in self._run(batch, names)]
+
     @staticmethod
     def token_output(name: str) -> str:
         return "raw_embeddings" if name == "raw" else f"hidden_states.{name}"
