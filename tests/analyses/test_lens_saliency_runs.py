@@ -15,6 +15,16 @@ NEG = ["what a cold grim day in the muddy park today", "the people here are rude
        "we had a terrible time and the music was dreadful"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest, and far faster on a busy CPU
+    yield
+    torch.set_num_threads(before)
+
+
 def _labeled(path, rows):
     path.write_text("".join(json.dumps({"text": t, "label": lab}) + "\n" for t, lab in rows), encoding="utf-8")
     return str(path)

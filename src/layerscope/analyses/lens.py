@@ -54,10 +54,11 @@ class Lens(Analysis):
     def prepare(self, ctx: Context) -> Any:
         from layerscope.decoding.data import LENS_TEXTS, read_texts
 
-        k = int(ctx.options.get("top_k", 5))
+        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        k = int(o["top_k"])
         if k < 1:
             raise InputError(f"--top-k must be at least 1, not {k}")
-        if int(ctx.options.get("batch", 32)) < 1:
+        if int(o["batch"]) < 1:
             raise InputError("--batch must be at least 1")
         return read_texts(ctx.data or LENS_TEXTS)
 
@@ -65,9 +66,10 @@ class Lens(Analysis):
         from layerscope.decoding.lens import LensAccumulator, LensBatch
 
         texts: list[str] = data
-        k = int(ctx.options.get("top_k", 5))
-        show = max(0, int(ctx.options.get("show", 20)))
-        bs = int(ctx.options.get("batch", 32))
+        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        k = int(o["top_k"])
+        show = max(0, int(o["show"]))
+        bs = int(o["batch"])
         names = lens_layers(ctx.layers, run.num_layers, ctx.say)
         idx = [int(x) for x in names]
         handle = run.handle
