@@ -20,7 +20,8 @@ def print_export_summary(console, out: Path, manifest: dict) -> None:
     table.add_column("min cosine", justify="right")
     for name, dims in manifest["outputs"].items():
         p = parity.get(name, {})
-        table.add_row(name, "x".join(str(d) for d in dims), f"{p.get('max_abs', float('nan')):.2e}",
+        short = {"batch_size": "batch", "sequence_length": "seq"}
+        table.add_row(name, " x ".join(str(short.get(d, d)) for d in dims), f"{p.get('max_abs', float('nan')):.2e}",
                       f"{p.get('min_cos', float('nan')):.7f}")
     console.print(table)
     console.print(f"worst output {worst[0]}: {worst[1]['max_abs']:.2e} (tolerance "

@@ -258,7 +258,10 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         if store.complete:
             log.info("store already complete")
     if eng is None:
-        eng = create_engine(engine, handle, **(engine_options or {}))
+        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts
+        # of at most max_len tokens (other engines ignore these).
+        options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
+        eng = create_engine(engine, handle, **options)
     encoder = eng.encoder(max_len)
     if store is None:
         records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
