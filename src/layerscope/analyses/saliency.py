@@ -313,7 +313,8 @@ class Saliency(Analysis):
             s = fig["summary"]
             console.print(f"[bold]{model}[/bold]: {s['objective_text']}; head = {fig['head']['kind']}")
             table = Table(title="hiding (drop of y) and revealing (y kept) games")
-            for col in ("method", "hide AOPC", "hide k=1", "hide k=3", "hide k=5", "reveal k=1", "reveal k=3",
+            table.add_column("method", no_wrap=True)
+            for col in ("hide AOPC", "hide k=1", "hide k=3", "hide k=5", "reveal k=1", "reveal k=3",
                         "reveal k=5"):
                 table.add_column(col, justify="right")
             for r in fig["tables"]["saliency_methods"]:
