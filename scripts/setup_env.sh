@@ -17,12 +17,14 @@ else
   fi
   py="$here/.venv/bin/python"
 fi
-"$py" -m pip install -q --upgrade pip >&2 2>/dev/null || true
+# pip's warnings about index locations missing on this machine are noise, not errors
+quiet_pip() { "$py" -m pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) >&2; }
+quiet_pip install -q --upgrade pip || true
 if ! "$py" -c "import torch" >/dev/null 2>&1; then
   echo "installing PyTorch (none in this environment)" >&2
-  "$py" -m pip install -q "torch==2.13.0" >&2
+  quiet_pip install -q "torch==2.13.0"
 fi
 spec="$here"
 [ -n "$extras" ] && spec="$here[$extras]"
-"$py" -m pip install -q -e "$spec" >&2
+quiet_pip install -q -e "$spec"
 echo "$py"

@@ -68,6 +68,8 @@ def export(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing export dir."),
+    lens_k: Optional[int] = typer.Option(None, "--lens-k",
+                                         help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
 ):
     """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
     from layerscope.export.exporter import export_model
@@ -82,6 +84,13 @@ def export(
     from layerscope.report.console import print_export_summary
 
     print_export_summary(c, out, manifest)
+    if lens_k is not None:
+        from layerscope.decoding.lens_onnx import export_lens
+
+        meta = export_lens(out, lens_k)
+        c.print(f"[bold green]lens graph[/bold green] {out / meta['file']} (head {meta['head']['kind']}; parity "
+                f"vs torch: rank mismatches {meta['parity']['rank_mismatch_fraction']:.4f}, max prob diff "
+                f"{meta['parity']['max_prob_diff']:.1e})")
 
 
 # ---------------------------------------------------------------- engines

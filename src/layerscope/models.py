@@ -155,8 +155,14 @@ def _loader_class(name: str):
 
 
 def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: bool = False,
-                     with_head: bool = False, attn_implementation: str | None = "eager"):
-    """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode."""
+                     with_head: bool = False, attn_implementation: str | None = "eager",
+                     output_loading_info: bool = False):
+    """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode.
+
+    With ``output_loading_info`` it returns ``(model, info)`` where ``info["missing_keys"]`` lists
+    weights the checkpoint did not have (randomly initialized by transformers, e.g. an MLM head
+    asked of a checkpoint saved without one).
+    """
     import torch
 
     cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
@@ -165,8 +171,12 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
                                   use_safetensors=True, dtype=torch.float32)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    info = None
     try:
-        model = cls.from_pretrained(source.path_or_id, **kwargs)
+        if output_loading_info:
+            model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
+        else:
+            model = cls.from_pretrained(source.path_or_id, **kwargs)
     except (OSError, ValueError) as exc:
         msg = str(exc)
         if "safetensors" in msg.lower() or "model.safetensors" in msg:
@@ -179,7 +189,7 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             raise ModelNotFoundError(f"cannot load the weights of {source.spec}: {msg.splitlines()[0]}") from exc
         raise _hub_error(source, exc) from exc
     model.eval()
-    return model
+    return (model, info) if output_loading_info else model
 
 
 def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):

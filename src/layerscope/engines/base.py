@@ -246,8 +246,6 @@ def create_engine(name: str, model: str | Any, **options) -> Engine:
 
 
 def _auto(handle, **options) -> Engine:
-    import logging
-
     tried = []
     order = ["trt", "cuda", "ort"] if handle.is_export or handle.can_export else []
     for name in order:
@@ -257,7 +255,6 @@ def _auto(handle, **options) -> Engine:
             tried.append(f"{name}: {exc}")
             continue
         engine.info.notes.append(f"auto picked {name}" + (f" after {'; '.join(tried)}" if tried else ""))
-        logging.getLogger("layerscope").info("auto engine picked %s", name)
         return engine
     engine = _REGISTRY["torch"](handle, **options)
     engine.info.notes.append("auto picked torch" + (f" after {'; '.join(tried)}" if tried else ""))

@@ -1,0 +1,214 @@
+"""``inspect run lens``: the logit lens, what token each layer already points at.
+
+Per text, layer and position: the top-k decoded tokens with probabilities and the rank of the
+input token (encoders) or of the actual next token (decoders).  Over the corpus, by layer: mean
+and median rank, how often the top-1 token is that target, and how often it agrees with the
+last layer's top-1.  The head used (the model's own MLM/causal head, or the tied word
+embeddings for checkpoints without one) is said plainly in results.json and the report.
+
+On the torch engine the head runs in PyTorch; on ort/cuda/trt/auto the head is appended to the
+ONNX graph (``lens-k{k}.onnx``, exported once, checked against torch) so only ranks and top-k ids
+leave the graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.errors import InputError
+
+
+def lens_layers(spec, num_layers: int, say) -> list[str]:
+    from layerscope.engines.base import resolve_layers
+
+    layers = resolve_layers(spec, num_layers)
+    if "raw" in layers:
+        layers = [x for x in layers if x != "raw"]
+        if spec not in (None, "all"):
+            say("layer 'raw' (word-embedding lookup, before positions) is not decoded; left out")
+    if not layers:
+        raise InputError("--layers selected only 'raw'; the lens decodes layers 0..L")
+    return layers
+
+
+@register
+class Lens(Analysis):
+    metadata = AnalysisMetadata(
+        name="lens",
+        description="Logit lens: decode every layer through the LM head (or tied embeddings) and rank the "
+                    "input / next token",
+        inputs=("texts",),
+        main_score="top1_agrees_with_last_mid_layer",
+        default_data="lens_texts.jsonl (built in)",
+        options=(
+            Option("top_k", int, 5, "decoded tokens kept per layer and position"),
+            Option("show", int, 20, "texts whose per-position tokens are kept in results.json"),
+            Option("batch", int, 32, "texts per batch"),
+        ),
+    )
+
+    def prepare(self, ctx: Context) -> Any:
+        from layerscope.decoding.data import LENS_TEXTS, read_texts
+
+        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        k = int(o["top_k"])
+        if k < 1:
+            raise InputError(f"--top-k must be at least 1, not {k}")
+        if int(o["batch"]) < 1:
+            raise InputError("--batch must be at least 1")
+        return read_texts(ctx.data or LENS_TEXTS)
+
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
+        from layerscope.decoding.lens import LensAccumulator, LensBatch
+
+        texts: list[str] = data
+        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        k = int(o["top_k"])
+        show = max(0, int(o["show"]))
+        bs = int(o["batch"])
+        names = lens_layers(ctx.layers, run.num_layers, ctx.say)
+        idx = [int(x) for x in names]
+        handle = run.handle
+        tok = handle.tokenizer()
+        vocab = int(handle.manifest["vocab_size"])
+        if k > vocab:
+            raise InputError(f"--top-k {k} is larger than the vocabulary ({vocab})")
+        decoder = handle.manifest["kind"] == "decoder"
+        special = set(int(i) for i in tok.all_special_ids)
+        runner, head_info, path = self._runner(ctx, run, k)
+        acc = LensAccumulator(idx, special, decoder)
+        shown: list[dict[str, Any]] = []
+        truncated = 0
+        for start in range(0, len(texts), bs):
+            chunk = texts[start:start + bs]
+            full: LensBatch = runner(chunk)
+            truncated += int(full.truncated)
+            b = LensBatch(full.rank[idx], full.topk_ids[idx], full.topk_probs[idx], full.input_ids, full.mask)
+            keep = acc.add(b)
+            for j in range(len(chunk)):
+                if len(shown) >= show:
+                    break
+                shown.append(_text_detail(chunk[j], b, j, keep[j], names, tok, decoder))
+        if truncated:
+            ctx.say(f"warning: {truncated} text(s) were longer than the model's max length and were truncated")
+        table = acc.table(names)
+        mid = table[len(table) // 2]
+        summary = {
+            "top1_agrees_with_last_mid_layer": mid["top1_agrees_with_last"], "mid_layer": mid["layer"],
+            "n_texts": len(texts), "n_positions": acc.n, "head": head_info["kind"],
+            "target": "next token" if decoder else "input token", "computed_by": path,
+            "truncated_texts": truncated,
+        }
+        return {"summary": summary, "head": head_info, "layers": names, "top_k": k, "texts": shown,
+                "tables": {"lens_by_layer": table}}
+
+    # ------------------------------------------------------------------ engines
+    def _runner(self, ctx: Context, run: ModelRun, k: int):
+        """A function texts -> LensBatch over layers 0..L, the head info, and how it is computed."""
+        from layerscope.decoding.lens import LensBatch
+
+        if run.engine.info.name == "torch":
+            from layerscope.decoding.heads import load_decoding_model, model_inputs
+            from layerscope.decoding.lens import torch_lens
+
+            model = load_decoding_model(run.handle)
+            enc = run.engine.encoder()
+            all_layers = list(range(run.num_layers + 1))
+
+            def go(texts):
+                batch = enc(texts)
+                import torch
+
+                inputs = {n: torch.from_numpy(v) for n, v in batch.inputs.items()}
+                out = torch_lens(model, inputs, all_layers, k)
+                out.truncated = int(batch.truncated.sum())
+                return out
+
+            return go, model.info.to_dict(), "torch (PyTorch head)"
+
+        from layerscope.decoding.lens_onnx import OUTPUTS, export_lens, lens_file, read_sidecar
+        from layerscope.engines.base import create_engine
+
+        handle = run.handle.ensure_export()
+        meta = read_sidecar(handle, k)
+        if meta is None:
+            ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
+            meta = export_lens(handle.export_dir, k)
+        engine = create_engine(run.engine.info.name, handle, onnx_file=lens_file(k))
+        enc = engine.encoder()
+
+        def go(texts):
+            batch = enc(texts)
+            r, ids, p = engine.run_outputs(batch, list(OUTPUTS))
+            out = LensBatch(r.astype(np.int64), ids.astype(np.int64), p.astype(np.float32), batch.input_ids,
+                            batch.mask)
+            out.truncated = int(batch.truncated.sum())
+            return out
+
+        return go, meta["head"], f"{engine.info.name} ({engine.info.provider}) on {lens_file(k)}"
+
+    # ------------------------------------------------------------------ rendering
+    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.report.plots import layer_lines
+
+        rank, agree = {}, {}
+        for model, fig in results["per_model"].items():
+            rows = fig["tables"]["lens_by_layer"]
+            layers = [r["layer"] for r in rows]
+            rank[f"{model} mean log10 rank"] = (layers, [r["mean_log10_rank"] for r in rows])
+            agree[f"{model} top-1 = last layer's top-1"] = (layers, [r["top1_agrees_with_last"] for r in rows])
+            agree[f"{model} top-1 = target ({fig['summary']['target']})"] = (layers, [r["top1_is_target"]
+                                                                                 for r in rows])
+        return [
+            layer_lines(Path(out_dir) / "lens_rank.png", rank, title="logit lens: rank of the target token",
+                        ylabel="mean log10 rank (0 = top)"),
+            layer_lines(Path(out_dir) / "lens_agreement.png", agree, title="logit lens: top-1 agreement",
+                        ylabel="fraction of positions"),
+        ]
+
+    def report(self, results: dict[str, Any]) -> str:
+        from layerscope.report.writer import md_table
+
+        lines = []
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            lines += [f"## {model}", "",
+                      f"**Decoding head: {fig['head']['kind']}.** {fig['head']['description']}.", "",
+                      f"Target: the {s['target']}. Computed by {s['computed_by']}. {s['n_texts']} texts, "
+                      f"{s['n_positions']} positions (special-token targets left out).", "",
+                      md_table(fig["tables"]["lens_by_layer"]), ""]
+            for t in fig["texts"][:3]:
+                lines += [f"Top-1 token per layer for: _{t['text']}_", ""]
+                rows = [{"layer": layer, **{f"{i}:{tokn}": t["layers"][layer]["top"][i][0][0]
+                                           for i, tokn in enumerate(t["tokens"])}} for layer in fig["layers"]]
+                lines += [md_table(rows), ""]
+        return "\n".join(lines)
+
+    def console_summary(self, results: dict[str, Any], console) -> None:
+        from rich.table import Table
+
+        for model, fig in results["per_model"].items():
+            console.print(f"[bold]{model}[/bold]: head = {fig['head']['kind']} ({fig['summary']['computed_by']})")
+            table = Table(title=f"logit lens by layer (target: {fig['summary']['target']})")
+            for col in ("layer", "mean rank", "median rank", "top-1 = target", "top-1 = last layer"):
+                table.add_column(col, justify="right")
+            for r in fig["tables"]["lens_by_layer"]:
+                table.add_row(r["layer"], f"{r['mean_rank']:.1f}", f"{r['median_rank']:.0f}",
+                              f"{r['top1_is_target']:.3f}", f"{r['top1_agrees_with_last']:.3f}")
+            console.print(table)
+
+
+def _text_detail(text: str, b, j: int, keep_row: np.ndarray, names: list[str], tok, decoder: bool) -> dict:
+    n = int(b.mask[j].sum())
+    ids = b.input_ids[j, :n].tolist()
+    tokens = tok.convert_ids_to_tokens(ids)
+    layers = {}
+    for li, name in enumerate(names):
+        top = [[[tok.convert_ids_to_tokens(int(t)), round(float(p), 5)]
+                for t, p in zip(b.topk_ids[li, j, i], b.topk_probs[li, j, i])] for i in range(n)]
+        layers[name] = {"top": top, "rank": [int(r) for r in b.rank[li, j, :n]]}
+    return {"text": text, "tokens": tokens, "counted": [bool(x) for x in keep_row[:n]], "layers": layers}

@@ -1,0 +1,325 @@
+"""``inspect run saliency``: which input tokens the objective rests on, decoded from each layer.
+
+Objective ``y``: the class logit of a linear probe trained here on frozen final-layer pooled
+vectors of a labeled file (``--objective probe``, the default), or the cosine between a text
+and ``--reference`` (``--objective similarity``: why are these two close?).
+
+Methods (see ``layerscope.decoding.saliency``): decoded layer saliency ``decoded@l`` at every
+chosen layer, plain layer gradient x activation ``gxa@l``, ``grad-x-input`` at the embeddings,
+``integrated-gradients`` and ``random``.  Evaluation: the hiding game (mask the top-k tokens,
+the objective should drop) and the revealing game (keep only the top-k, the objective should
+recover), k = 1..K.  Needs gradients, so it runs on the torch engine only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.errors import InputError
+
+BASELINES = ("grad-x-input", "integrated-gradients", "random")
+
+
+@register
+class Saliency(Analysis):
+    metadata = AnalysisMetadata(
+        name="saliency",
+        description="Decoded layer saliency (Hou & Castanon 2023) vs gradient baselines, scored by the hiding "
+                    "and revealing games",
+        inputs=("labeled", "engine"),
+        main_score="best_decoded_hide_aopc",
+        default_data="sentiment_small.jsonl (built in, 60 pos/neg sentences)",
+        needs_gradients=True,
+        options=(
+            Option("objective", str, "probe", "probe (class logit of a probe on a labeled file) or similarity"),
+            Option("reference", str, None, "reference text for --objective similarity"),
+            Option("target", str, "predicted", "probe class explained: 'predicted' or a label of the file"),
+            Option("k", int, 10, "largest number of tokens hidden / revealed (k = 1..K)"),
+            Option("decode", str, "probs", "decoded matrix P: probs (softmax of the head) or logits"),
+            Option("ig_steps", int, 20, "integrated-gradients steps (Riemann midpoint)"),
+            Option("random_draws", int, 3, "random rankings averaged for the random baseline"),
+            Option("gxa", bool, False, "also play the games with undecoded layer gradient x activation (gxa@l)"),
+            Option("eval_fraction", float, 0.5, "share of the labeled texts held out from the probe and explained"),
+            Option("max_texts", int, 0, "explain at most this many texts (0 = all)"),
+            Option("show", int, 40, "texts kept with their token scores for the HTML page"),
+        ),
+    )
+
+    # ------------------------------------------------------------------ data
+    def prepare(self, ctx: Context) -> Any:
+        from layerscope.decoding.data import SENTIMENT, read_labeled, read_texts_field
+
+        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        objective = o.get("objective", "probe")
+        if objective not in ("probe", "similarity"):
+            raise InputError(f"--objective must be 'probe' or 'similarity', not {objective!r}")
+        if o.get("decode", "probs") not in ("probs", "logits"):
+            raise InputError(f"--decode must be 'probs' or 'logits', not {o.get('decode')!r}")
+        for name, low in (("k", 1), ("ig_steps", 1), ("random_draws", 1)):
+            if int(o.get(name) or 0) < low:
+                raise InputError(f"--{name.replace('_', '-')} must be at least {low}, not {o.get(name)}")
+        if not 0.0 < float(o.get("eval_fraction", 0.5)) < 1.0:
+            raise InputError("--eval-fraction must be between 0 and 1 (exclusive)")
+        path = ctx.data or SENTIMENT
+        if objective == "similarity":
+            ref = o.get("reference")
+            if ref is None:
+                raise InputError("--objective similarity needs --reference \"a text to compare with\"")
+            if not str(ref).strip():
+                raise InputError("--reference is empty; give a text to compare with")
+            return {"objective": "similarity", "texts": read_texts_field(path, "text"), "labels": None,
+                    "reference": str(ref), "path": str(path)}
+        if o.get("reference") is not None:
+            raise InputError("--reference is for --objective similarity; the probe objective does not use it")
+        texts, labels = read_labeled(path)
+        classes = sorted(set(labels))
+        if len(classes) < 2:
+            raise InputError(f"{path}: every text has the label {classes[0]!r}; a probe needs at least two "
+                             "classes")
+        counts = {c: labels.count(c) for c in classes}
+        lonely = [c for c, n in counts.items() if n < 2]
+        if lonely:
+            raise InputError(f"{path}: label(s) {', '.join(map(repr, lonely))} have a single text; the probe "
+                             "needs at least 2 texts per class (one to train on, one to explain)")
+        target = o.get("target", "predicted")
+        if target != "predicted" and target not in classes:
+            raise InputError(f"--target {target!r} is not a label of the probe; its labels: "
+                             f"{', '.join(classes)} (or 'predicted')")
+        return {"objective": "probe", "texts": texts, "labels": labels, "classes": classes, "path": str(path)}
+
+    # ------------------------------------------------------------------ compute
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
+        import torch
+
+        from layerscope.analyses.lens import lens_layers
+        from layerscope.decoding.games import GameAccumulator, play, ranking
+        from layerscope.decoding.heads import load_decoding_model, model_inputs
+        from layerscope.decoding.saliency import (Objective, content_positions, evaluate_ids, pool_torch,
+                                                  replacement_token, text_scores)
+
+        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        k_max = int(o.get("k", 10))
+        names = lens_layers(ctx.layers, run.num_layers, ctx.say)
+        layers = [int(x) for x in names]
+        pooling = (ctx.poolings or [run.handle.manifest.get("default_pooling", "mean")])[0]
+        handle = run.handle
+        tok = handle.tokenizer()
+        special = set(int(i) for i in tok.all_special_ids)
+        repl, repl_str = replacement_token(tok)
+        torch.manual_seed(ctx.seed)
+        model = load_decoding_model(handle)
+        max_len = handle.manifest["max_length"]
+
+        texts: list[str] = data["texts"]
+        encoded = [model_inputs(handle, tok, [t], max_len) for t in texts]
+        for i, inp in enumerate(encoded):
+            n_content = len(content_positions(inp["input_ids"][0].numpy(), special))
+            if n_content == 0:
+                raise InputError(f"text {i + 1} ({texts[i][:40]!r}) has no tokens besides special tokens")
+            if k_max > n_content:
+                raise InputError(f"--k {k_max} is larger than text {i + 1} ({texts[i][:40]!r}), which has "
+                                 f"{n_content} tokens besides special tokens; use --k {n_content} or leave that "
+                                 "text out")
+
+        def final_pooled(inputs_list):
+            out = []
+            with torch.inference_mode():
+                for inp in inputs_list:
+                    h = model.base(**inp, output_hidden_states=True, return_dict=True).hidden_states[-1]
+                    out.append(pool_torch(h, inp["attention_mask"], pooling)[0].float().numpy())
+            return np.stack(out)
+
+        extra: dict[str, Any] = {}
+        if data["objective"] == "probe":
+            from layerscope.decoding.probe import stratified_split, train_probe
+
+            classes = data["classes"]
+            y_all = np.array([classes.index(label) for label in data["labels"]])
+            train, held = stratified_split(y_all, float(o.get("eval_fraction", 0.5)), ctx.seed)
+            ctx.say(f"training a probe on {len(train)} texts (final layer, {pooling} pooling); explaining "
+                    f"{len(held)} held-out texts")
+            feats = final_pooled(encoded)
+            probe = train_probe(feats[train], y_all[train], classes, seed=ctx.seed)
+            eval_acc = float((probe.predict(feats[held]) == y_all[held]).mean())
+            objective = Objective("probe", pooling, torch.from_numpy(probe.weight), torch.from_numpy(probe.bias),
+                                  labels=classes)
+            explain = held.tolist()
+            gold = {i: int(y_all[i]) for i in explain}
+            fixed = None if o.get("target", "predicted") == "predicted" else classes.index(o["target"])
+            extra["probe"] = {"labels": classes, "train_texts": len(train), "eval_texts": len(held),
+                              "train_accuracy": probe.train_accuracy, "eval_accuracy": eval_acc,
+                              "features": f"final layer, {pooling} pooling", "l2": 1e-3}
+            obj_text = (f"probe logit of the {'predicted class' if fixed is None else repr(o['target'])} "
+                        f"(linear probe on final-layer {pooling} vectors; held-out accuracy {eval_acc:.3f})")
+        else:
+            ref_inp = model_inputs(handle, tok, [data["reference"]], max_len)
+            if len(content_positions(ref_inp["input_ids"][0].numpy(), special)) == 0:
+                raise InputError(f"--reference {data['reference']!r} tokenizes to nothing but special tokens; "
+                                 "give a text with words in it")
+            ref_vec = torch.from_numpy(final_pooled([ref_inp])[0])
+            objective = Objective("similarity", pooling, reference=ref_vec)
+            explain = list(range(len(texts)))
+            gold, fixed = {}, 0
+            obj_text = f"cosine to the reference {data['reference']!r} (final layer, {pooling} pooling)"
+        max_texts = int(o.get("max_texts", 0) or 0)
+        if max_texts > 0 and len(explain) > max_texts:
+            ctx.say(f"explaining the first {max_texts} of {len(explain)} texts (--max-texts)")
+            explain = explain[:max_texts]
+
+        rng = np.random.default_rng(ctx.seed)
+        acc = GameAccumulator(k_max)
+        shown, ig_gaps = [], []
+        show = int(o.get("show", 40))
+        methods: list[str] = []
+        for n_done, i in enumerate(explain):
+            inp = encoded[i]
+            ids = inp["input_ids"][0].numpy()
+            content = content_positions(ids, special)
+            if fixed is None:
+                target = int(evaluate_ids(model, inp, inp["input_ids"], objective)[0].argmax())
+            else:
+                target = fixed
+            base_ids = ids.copy()
+            base_ids[content] = repl
+            scores, info = text_scores(model, inp, objective, layers, target=target,
+                                       baseline_ids=torch.from_numpy(base_ids), decode=o.get("decode", "probs"),
+                                       ig_steps=int(o.get("ig_steps", 20)))
+            ig_gaps.append(abs(info["ig_sum"] - info["ig_delta"]))
+            if not methods:
+                methods = [f"decoded@{x}" for x in layers] + \
+                          ([f"gxa@{x}" for x in layers] if o.get("gxa") else []) + ["grad-x-input",
+                                                                                    "integrated-gradients"]
+            rankings = {m: [ranking(scores[m], content, rng)] for m in methods}
+            rankings["random"] = [rng.permutation(content) for _ in range(int(o.get("random_draws", 5)))]
+
+            def evaluate(batch_ids):
+                return evaluate_ids(model, inp, torch.from_numpy(batch_ids), objective)
+
+            played = play(evaluate, ids, content, rankings, k_max, repl, target)
+            acc.add(played, gold.get(i))
+            if len(shown) < show:
+                shown.append({
+                    "text": texts[i], "tokens": tok.convert_ids_to_tokens(ids.tolist()),
+                    "special": [int(t) in special for t in ids.tolist()], "y": info["y"],
+                    "label": data["labels"][i] if data["labels"] else None,
+                    "target": objective.labels[target] if objective.kind == "probe" else None,
+                    "scores": {m: [round(float(v), 6) for v in scores[m]] for m in methods},
+                })
+            if (n_done + 1) % 10 == 0:
+                ctx.say(f"explained {n_done + 1}/{len(explain)} texts")
+        curves = acc.curves()
+        ref = acc.reference()
+        all_methods = methods + ["random"]
+        summary_rows, curve_rows = [], []
+        for m in all_methods:
+            c = curves[m]
+            kind, _, layer = m.partition("@")
+            row = {"method": m, "kind": kind, "layer": layer or None,
+                   "hide_aopc": float(np.mean(c["hide_drop"])), "reveal_aopc": float(np.mean(c["reveal_value"]))}
+            for kk in (1, 3, 5):
+                if kk <= k_max:
+                    row[f"hide_drop_k{kk}"] = c["hide_drop"][kk - 1]
+                    row[f"reveal_k{kk}"] = c["reveal_value"][kk - 1]
+            if "hide_accuracy" in c:
+                row["hide_acc_k3"] = c["hide_accuracy"][min(3, k_max) - 1]
+                row["reveal_acc_k3"] = c["reveal_accuracy"][min(3, k_max) - 1]
+            summary_rows.append(row)
+            for kk in range(1, k_max + 1):
+                curve_rows.append({"method": m, "k": kk, **{key: vals[kk - 1] for key, vals in c.items()}})
+        decoded = [r for r in summary_rows if r["kind"] == "decoded"]
+        best = max(decoded, key=lambda r: r["hide_aopc"])
+        by = {r["method"]: r for r in summary_rows}
+        summary = {
+            "best_decoded_hide_aopc": best["hide_aopc"], "best_decoded_layer": best["layer"],
+            "random_hide_aopc": by["random"]["hide_aopc"],
+            "grad_x_input_hide_aopc": by["grad-x-input"]["hide_aopc"],
+            "integrated_gradients_hide_aopc": by["integrated-gradients"]["hide_aopc"],
+            "objective": data["objective"], "objective_text": obj_text, "pooling": pooling,
+            "replacement_token": f"{repl_str} (id {repl})", "k_max": k_max, "decode": o.get("decode", "probs"),
+            "n_explained": len(explain), "ig_steps": int(o.get("ig_steps", 20)),
+            "ig_completeness_gap_mean": float(np.mean(ig_gaps)), **ref,
+        }
+        return {"summary": summary, "head": model.info.to_dict(), "layers": names, "methods": all_methods,
+                "curves": curves, "texts": shown, **extra,
+                "tables": {"saliency_methods": summary_rows, "saliency_curves": curve_rows}}
+
+    # ------------------------------------------------------------------ rendering
+    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.report.plots import layer_lines
+        from layerscope.report.saliency_html import write_saliency_html
+
+        out_dir = Path(out_dir)
+        files = []
+        for model, fig in results["per_model"].items():
+            curves = fig["curves"]
+            k = fig["summary"]["k_max"]
+            ks = [str(i) for i in range(1, k + 1)]
+            slug = "".join(ch if ch.isalnum() else "_" for ch in model)[-40:]
+            for family in ("decoded", "gxa"):
+                if not any(m.startswith(family + "@") for m in fig["methods"]):
+                    continue
+                for game, key, ylabel in (("hiding", "hide_drop", "mean drop of y (higher = better)"),
+                                          ("revealing", "reveal_value", "mean y with only top-k kept "
+                                                                        "(higher = better)")):
+                    series = {m: (ks, curves[m][key]) for m in fig["methods"]
+                              if m.startswith(family + "@") or m in BASELINES}
+                    name = f"{game}_{family}_{slug}.png"
+                    files.append(layer_lines(out_dir / name, series, xlabel="k (tokens)", ylabel=ylabel,
+                                             title=f"{game} game, {family} by layer vs baselines ({model})"))
+            rows = fig["tables"]["saliency_methods"]
+            layers = fig["layers"]
+            by = {r["method"]: r for r in rows}
+            series = {"decoded (hide AOPC)": (layers, [by[f"decoded@{x}"]["hide_aopc"] for x in layers])}
+            if f"gxa@{layers[0]}" in by:
+                series["gxa, not decoded (hide AOPC)"] = (layers, [by[f"gxa@{x}"]["hide_aopc"] for x in layers])
+            for b in BASELINES:
+                series[f"{b} (hide AOPC)"] = (layers, [by[b]["hide_aopc"]] * len(layers))
+            files.append(layer_lines(out_dir / f"aopc_by_layer_{slug}.png", series, ylabel="mean drop over k=1..K",
+                                     title=f"hiding game AOPC by layer ({model})"))
+        write_saliency_html(out_dir / "saliency.html", results)
+        return files
+
+    def report(self, results: dict[str, Any]) -> str:
+        from layerscope.report.writer import md_table
+
+        lines = ["Token highlights per method: [saliency.html](saliency.html)", ""]
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            lines += [f"## {model}", "", f"Objective: {s['objective_text']}.", "",
+                      f"**Decoding head: {fig['head']['kind']}.** {fig['head']['description']}.", "",
+                      f"Hidden tokens are replaced by {s['replacement_token']}; special tokens are never hidden. "
+                      f"{s['n_explained']} texts explained; mean y full {s['mean_full']:.4f}, with every token "
+                      f"hidden {s['mean_all_masked']:.4f}. Integrated gradients: {s['ig_steps']} steps, mean "
+                      f"|sum of attributions - (y - y_baseline)| = {s['ig_completeness_gap_mean']:.4g}.", ""]
+            if "probe" in fig:
+                p = fig["probe"]
+                lines += [f"Probe: {p['train_texts']} training texts, train accuracy {p['train_accuracy']:.3f}, "
+                          f"held-out accuracy {p['eval_accuracy']:.3f}.", ""]
+            cols = ["method", "hide_aopc", "reveal_aopc"] + [c for c in ("hide_drop_k1", "hide_drop_k3",
+                                                                          "hide_drop_k5", "reveal_k1", "reveal_k3",
+                                                                          "reveal_k5", "hide_acc_k3", "reveal_acc_k3")
+                                                             if c in fig["tables"]["saliency_methods"][0]]
+            lines += [md_table(fig["tables"]["saliency_methods"], cols), ""]
+        return "\n".join(lines)
+
+    def console_summary(self, results: dict[str, Any], console) -> None:
+        from rich.table import Table
+
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            console.print(f"[bold]{model}[/bold]: {s['objective_text']}; head = {fig['head']['kind']}")
+            table = Table(title="hiding (drop of y) and revealing (y kept) games")
+            table.add_column("method", no_wrap=True)
+            for col in ("hide AOPC", "hide k=1", "hide k=3", "hide k=5", "reveal k=1", "reveal k=3",
+                        "reveal k=5"):
+                table.add_column(col, justify="right")
+            for r in fig["tables"]["saliency_methods"]:
+                table.add_row(r["method"], f"{r['hide_aopc']:.4f}",
+                              *[f"{r[c]:.4f}" if c in r else "-" for c in ("hide_drop_k1", "hide_drop_k3",
+                                                                           "hide_drop_k5", "reveal_k1",
+                                                                           "reveal_k3", "reveal_k5")])
+            console.print(table)

@@ -1,0 +1,114 @@
+"""The logit lens: decode every layer's hidden states and read off ranks and top-k tokens.
+
+One function, :func:`lens_outputs`, does the arithmetic on torch tensors; the torch path calls
+it directly and the ONNX export (``lens_onnx.py``) traces the very same function into the graph.
+
+Targets: for encoders the input token itself (does layer ``l`` still "see" its token?); for
+decoders the actual next token (what does layer ``l`` already predict?).  Rank 1 is the top;
+rank 0 marks a position with no target (padding; a decoder's last real token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+def lens_targets(input_ids, attention_mask, decoder: bool):
+    """(target ids, valid mask) per position, as torch tensors."""
+    import torch
+
+    if not decoder:
+        return input_ids, attention_mask > 0
+    nxt = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
+    nxt_valid = torch.cat([attention_mask[:, 1:], torch.zeros_like(attention_mask[:, :1])], dim=1)
+    return nxt, (attention_mask > 0) & (nxt_valid > 0)
+
+
+def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mask, k: int, decoder: bool):
+    """Per layer: rank of the target [B, S] (int64, 0 = no target), top-k ids and probabilities [B, S, k].
+
+    Returns three tensors stacked over ``layers``: ``[n_layers, B, S]``, ``[n_layers, B, S, k]`` x2.
+    The rank is 1 + the number of vocabulary entries with a strictly larger logit than the target's.
+    """
+    import torch
+
+    target, valid = lens_targets(input_ids, attention_mask, decoder)
+    ranks, ids, probs = [], [], []
+    for h, layer in zip(hidden, layers):
+        logits = head(h, layer)
+        tgt = torch.gather(logits, -1, target.unsqueeze(-1))
+        rank = (logits > tgt).sum(-1).to(torch.int64) + 1
+        ranks.append(torch.where(valid, rank, torch.zeros_like(rank)))
+        p = torch.softmax(logits, dim=-1)
+        top_p, top_i = torch.topk(p, k, dim=-1)
+        ids.append(top_i.to(torch.int64))
+        probs.append(top_p)
+    return torch.stack(ranks), torch.stack(ids), torch.stack(probs)
+
+
+@dataclass
+class LensBatch:
+    rank: np.ndarray  # [n_layers, B, S] int64
+    topk_ids: np.ndarray  # [n_layers, B, S, k]
+    topk_probs: np.ndarray  # [n_layers, B, S, k]
+    input_ids: np.ndarray  # [B, S]
+    mask: np.ndarray  # [B, S]
+
+
+def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int) -> LensBatch:
+    """Run the base model and its decoding head on one tokenized batch (torch tensors)."""
+    import torch
+
+    decoder = model.family.kind == "decoder"
+    with torch.inference_mode():
+        out = model.base(**inputs, output_hidden_states=True, return_dict=True)
+        hidden = [out.hidden_states[i] for i in layers]
+        r, i, p = lens_outputs(model.head, hidden, layers, inputs["input_ids"], inputs["attention_mask"], k,
+                               decoder)
+    return LensBatch(r.numpy(), i.numpy(), p.float().numpy(), inputs["input_ids"].numpy(),
+                     inputs["attention_mask"].numpy())
+
+
+class LensAccumulator:
+    """Corpus figures by layer: mean/median rank, top-1 = target, top-1 agreement with the last layer.
+
+    Positions whose target is a special token (``[CLS]``, ``[SEP]``, ``<|endoftext|>``) are left out.
+    """
+
+    def __init__(self, layers: list[int], special_ids: set[int], decoder: bool):
+        self.layers = layers
+        self.special = np.array(sorted(special_ids), dtype=np.int64)
+        self.decoder = decoder
+        self.ranks: list[list[np.ndarray]] = [[] for _ in layers]
+        self.agree = np.zeros(len(layers))
+        self.n = 0
+
+    def add(self, b: LensBatch) -> np.ndarray:
+        """Add a batch; returns the [B, S] mask of positions counted."""
+        target = b.input_ids if not self.decoder else np.concatenate(
+            [b.input_ids[:, 1:], np.zeros_like(b.input_ids[:, :1])], axis=1)
+        keep = (b.rank[0] > 0) & ~np.isin(target, self.special)
+        last_top1 = b.topk_ids[-1, :, :, 0]
+        for li in range(len(self.layers)):
+            self.ranks[li].append(b.rank[li][keep])
+            self.agree[li] += float((b.topk_ids[li, :, :, 0] == last_top1)[keep].sum())
+        self.n += int(keep.sum())
+        return keep
+
+    def table(self, names: list[str]) -> list[dict[str, Any]]:
+        rows = []
+        for li, name in enumerate(names):
+            r = np.concatenate(self.ranks[li]) if self.ranks[li] else np.zeros(0, dtype=np.int64)
+            rows.append({
+                "layer": name,
+                "positions": int(r.size),
+                "mean_rank": float(r.mean()) if r.size else None,
+                "median_rank": float(np.median(r)) if r.size else None,
+                "mean_log10_rank": float(np.log10(r).mean()) if r.size else None,
+                "top1_is_target": float((r == 1).mean()) if r.size else None,
+                "top1_agrees_with_last": float(self.agree[li] / self.n) if self.n else None,
+            })
+        return rows

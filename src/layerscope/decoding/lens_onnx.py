@@ -1,0 +1,169 @@
+"""The logit lens inside the ONNX graph: per-layer rank and top-k outputs for the fast engines.
+
+``export_lens(export_dir, k)`` traces :func:`layerscope.decoding.lens.lens_outputs` (the same code
+the torch path runs) for layers ``0..L`` into a small graph whose inputs are named like the
+model graph's tensors (``hidden_states.i``, ``input_ids``, ``attention_mask``), then appends its
+nodes to a copy of ``model.onnx`` as ``lens-k{k}.onnx`` with three extra outputs:
+
+* ``lens.rank``        int64 ``[L+1, batch, seq]`` (1 = top, 0 = no target)
+* ``lens.topk_ids``    int64 ``[L+1, batch, seq, k]``
+* ``lens.topk_probs``  float ``[L+1, batch, seq, k]``
+
+Full vocabulary logits never leave the graph.  A sidecar ``lens-k{k}.json`` records the head,
+``k``, the file's sha256 and the parity against torch measured at export time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.errors import ExportError, InputError
+
+OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
+PARITY_TEXTS = ["The cat sat on the mat.", "Layers refine hidden states, one block at a time, in 2024.", "Hi"]
+
+
+def lens_file(k: int) -> str:
+    return f"lens-k{int(k)}.onnx"
+
+
+def _graph_module(model, k: int):
+    import torch
+
+    from layerscope.decoding.lens import lens_outputs
+
+    n = model.num_layers + 1
+    decoder = model.family.kind == "decoder"
+
+    class LensGraph(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = model.head
+
+        def forward(self, *args):
+            hidden, input_ids, mask = list(args[:n]), args[n], args[n + 1]
+            return lens_outputs(self.head, hidden, list(range(n)), input_ids, mask, k, decoder)
+
+    return LensGraph().eval()
+
+
+def _trace_head(model, k: int, hidden_size: int, opset: int, path: Path) -> None:
+    import torch
+
+    n = model.num_layers + 1
+    b, s = 2, 5
+    dummy = [torch.randn(b, s, hidden_size) for _ in range(n)]
+    ids = torch.randint(0, 3, (b, s))
+    mask = torch.ones(b, s, dtype=torch.int64)
+    names = [f"hidden_states.{i}" for i in range(n)] + ["input_ids", "attention_mask"]
+    axes = {nm: {0: "batch_size", 1: "sequence_length"} for nm in names}
+    axes.update({o: {1: "batch_size", 2: "sequence_length"} for o in OUTPUTS})
+    try:
+        torch.onnx.export(_graph_module(model, k), tuple(dummy + [ids, mask]), str(path), input_names=names,
+                          output_names=list(OUTPUTS), dynamic_axes=axes, opset_version=opset, dynamo=False)
+    except Exception as exc:  # torch.onnx raises many untyped errors
+        raise ExportError(f"could not export the lens head to ONNX: {str(exc).splitlines()[0][:300]}") from exc
+
+
+def _append(model_proto, head_proto, keep: set[str], prefix: str = "lens/") -> None:
+    """Append the head graph's nodes and initializers to the model graph, prefixing its own names."""
+
+    def rn(name: str) -> str:
+        return name if (not name or name in keep) else prefix + name
+
+    g = model_proto.graph
+    for init in head_proto.graph.initializer:
+        init.name = rn(init.name)
+        g.initializer.append(init)
+    for node in head_proto.graph.node:
+        node.name = prefix + (node.name or node.op_type)
+        for i, nm in enumerate(node.input):
+            node.input[i] = rn(nm)
+        for i, nm in enumerate(node.output):
+            node.output[i] = rn(nm)
+        g.node.append(node)
+    for out in head_proto.graph.output:
+        g.output.append(out)
+
+
+def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
+    """Write ``lens-k{k}.onnx`` (+ sidecar json) next to ``model.onnx``; returns the sidecar dict."""
+    import onnx
+
+    from layerscope.decoding.heads import load_decoding_model
+    from layerscope.export.graph import opset_of
+    from layerscope.export.manifest import ModelHandle, file_sha256
+
+    if k < 1:
+        raise InputError(f"--lens-k must be at least 1, not {k}")
+    handle = ModelHandle.resolve(export_dir)
+    if not handle.is_export:
+        raise InputError(f"{export_dir} is not an export dir; run inspect export first")
+    vocab = int(handle.manifest["vocab_size"])
+    if k > vocab:
+        raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")
+    model = load_decoding_model(handle)
+    base = onnx.load(str(handle.onnx_path))
+    if handle.manifest.get("external_data"):
+        raise ExportError("the lens graph is not supported for exports over 2 GB (external data) yet")
+    opset = opset_of(base)
+    out_dir = Path(handle.export_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        head_path = Path(tmp) / "head.onnx"
+        _trace_head(model, k, int(handle.manifest["hidden_size"]), opset, head_path)
+        head = onnx.load(str(head_path))
+    keep = {f"hidden_states.{i}" for i in range(model.num_layers + 1)} | {"input_ids", "attention_mask", *OUTPUTS}
+    _append(base, head, keep)
+    onnx.checker.check_model(base, full_check=False)
+    target = out_dir / lens_file(k)
+    tmp_file = target.with_suffix(".onnx.tmp")
+    onnx.save(base, str(tmp_file))
+    os.replace(tmp_file, target)
+    sidecar = {"file": target.name, "k": k, "head": model.info.to_dict(), "outputs": list(OUTPUTS),
+               "sha256": file_sha256(target), "model_onnx_sha256": handle.manifest.get("onnx_sha256")}
+    if check:
+        sidecar["parity"] = lens_parity(handle, model, target, k)
+        if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
+            target.unlink()
+            raise ExportError(f"the lens graph does not match torch ({sidecar['parity']}); nothing was kept")
+    (out_dir / (target.stem + ".json")).write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+    return sidecar
+
+
+def read_sidecar(handle, k: int) -> dict[str, Any] | None:
+    path = Path(handle.export_dir) / (Path(lens_file(k)).stem + ".json")
+    if not path.exists() or not (Path(handle.export_dir) / lens_file(k)).exists():
+        return None
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("model_onnx_sha256") != handle.manifest.get("onnx_sha256"):
+        return None  # made for an earlier model.onnx
+    return meta
+
+
+def run_onnx_lens(session, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    feed = {i.name: np.ascontiguousarray(inputs[i.name]) for i in session.get_inputs()}
+    r, ids, p = session.run(list(OUTPUTS), feed)
+    return np.asarray(r), np.asarray(ids), np.asarray(p, dtype=np.float32)
+
+
+def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None) -> dict[str, float]:
+    """ONNX Runtime (CPU) vs the torch computation on a padded batch: rank and top-k agreement."""
+    from layerscope.decoding.heads import model_inputs
+    from layerscope.decoding.lens import torch_lens
+    from layerscope.engines.ort import make_session
+
+    inputs = model_inputs(handle, handle.tokenizer(), texts or PARITY_TEXTS, 64)
+    ref = torch_lens(model, inputs, list(range(model.num_layers + 1)), k)
+    session = make_session(path, "CPUExecutionProvider")
+    r, ids, p = run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()})
+    valid = ref.mask.astype(bool)
+    rank_mis = float((r[:, valid] != ref.rank[:, valid]).mean())
+    top1_mis = float((ids[:, valid, 0] != ref.topk_ids[:, valid, 0]).mean())
+    return {"rank_mismatch_fraction": rank_mis, "top1_mismatch_fraction": top1_mis,
+            "max_prob_diff": float(np.abs(p[:, valid] - ref.topk_probs[:, valid]).max())}

@@ -1,0 +1,72 @@
+"""A self-contained HTML page: each text's tokens highlighted by saliency, one row per method.
+
+Colours are scaled per text and per method (the largest |score| gets full colour): orange for
+positive scores, blue for negative ones (only the signed baselines have those).  Written from
+results.json alone.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+CSS = """
+body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
+h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
+.meta { color: #555; font-size: 13px; margin-bottom: 12px; }
+details { border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
+summary { cursor: pointer; font-size: 14px; }
+table { border-collapse: collapse; margin-top: 6px; }
+td { padding: 2px 6px; vertical-align: middle; font-size: 13px; }
+td.m { color: #444; white-space: nowrap; font-family: monospace; }
+span.t { display: inline-block; padding: 1px 3px; margin: 1px; border-radius: 3px; font-family: monospace; }
+span.sp { color: #999; }
+.legend span { display: inline-block; padding: 2px 8px; margin-right: 6px; border-radius: 3px; }
+"""
+
+
+def _colour(value: float, scale: float) -> str:
+    if scale <= 0 or value == 0:
+        return "transparent"
+    a = min(1.0, abs(value) / scale)
+    return f"rgba(230,120,20,{a:.3f})" if value > 0 else f"rgba(40,110,220,{a:.3f})"
+
+
+def _row(tokens: list[str], scores: list[float], special: list[bool]) -> str:
+    scale = max((abs(s) for s, sp in zip(scores, special) if not sp), default=0.0)
+    cells = []
+    for t, s, sp in zip(tokens, scores, special):
+        cls = "t sp" if sp else "t"
+        bg = "transparent" if sp else _colour(s, scale)
+        cells.append(f'<span class="{cls}" style="background:{bg}" title="{s:.4g}">{html.escape(t)}</span>')
+    return "".join(cells)
+
+
+def write_saliency_html(path: Path, results: dict[str, Any]) -> str:
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerscope saliency</title>",
+             f"<style>{CSS}</style></head><body>", "<h1>layerscope: token saliency</h1>"]
+    for model, fig in results.get("per_model", {}).items():
+        s = fig["summary"]
+        parts.append(f"<h2>{html.escape(model)}</h2>")
+        parts.append(f"<div class='meta'>objective: {html.escape(s['objective_text'])}<br>"
+                     f"decoding head: {html.escape(fig['head']['kind'])}: {html.escape(fig['head']['description'])}"
+                     f"<br>tokens hidden with {html.escape(s['replacement_token'])}; colour scaled per text and "
+                     "method (hover a token for its score)</div>")
+        parts.append("<div class='legend'><span style='background:rgba(230,120,20,0.9)'>supports y</span>"
+                     "<span style='background:rgba(40,110,220,0.9)'>works against y (signed methods)</span>"
+                     "<span class='sp' style='border:1px solid #ccc'>special token, never hidden</span></div>")
+        for i, t in enumerate(fig["texts"]):
+            label = f" | label {html.escape(str(t['label']))}" if t.get("label") is not None else ""
+            head = (f"#{i + 1}: {html.escape(t['text'])} <span class='meta'>(y = {t['y']:.4f}{label}"
+                    f"{' | explains ' + html.escape(t['target']) if t.get('target') else ''})</span>")
+            parts.append(f"<details{' open' if i < 8 else ''}><summary>{head}</summary><table>")
+            for method in fig["methods"]:
+                if method not in t["scores"]:
+                    continue
+                parts.append(f"<tr><td class='m'>{html.escape(method)}</td><td>"
+                             f"{_row(t['tokens'], t['scores'][method], t['special'])}</td></tr>")
+            parts.append("</table></details>")
+    parts.append("</body></html>")
+    Path(path).write_text("\n".join(parts), encoding="utf-8")
+    return Path(path).name

@@ -1,0 +1,167 @@
+"""Decoding heads and the logit lens on tiny models, against the models' own heads and plain numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from layerscope.decoding.heads import CAUSAL, MLM, TIED, load_decoding_model, model_inputs
+from layerscope.decoding.lens import LensAccumulator, LensBatch, torch_lens
+from layerscope.export.manifest import ModelHandle
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Similar sentences should have similar embeddings."]
+
+
+def _setup(path):
+    handle = ModelHandle.resolve(str(path))
+    model = load_decoding_model(handle)
+    inputs = model_inputs(handle, handle.tokenizer(), TEXTS, 64)
+    return handle, model, inputs
+
+
+def test_mlm_head_matches_the_models_own_logits(tiny_model):
+    from transformers import AutoModelForMaskedLM
+
+    handle, model, inputs = _setup(tiny_model("bert"))
+    assert model.info.kind == MLM and not model.info.final_norm
+    ref = AutoModelForMaskedLM.from_pretrained(str(tiny_model("bert"))).eval()
+    with torch.no_grad():
+        want = ref(**inputs).logits
+        hidden = model.base(**inputs, output_hidden_states=True).hidden_states
+        got = model.head(hidden[-1], model.num_layers)
+        # a middle layer goes through the same head, untouched (post-LN encoder)
+        mid = model.head(hidden[1], 1)
+        mid_want = ref.cls(hidden[1])
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(mid, mid_want, atol=1e-6)
+
+
+def test_causal_head_applies_the_final_norm_below_the_last_layer_only(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    handle, model, inputs = _setup(tiny_model("gpt2"))
+    assert model.info.kind == CAUSAL and model.info.final_norm
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_model("gpt2"))).eval()
+    with torch.no_grad():
+        want = ref(**inputs).logits
+        hidden = model.base(**inputs, output_hidden_states=True).hidden_states
+        got = model.head(hidden[-1], model.num_layers)
+        mid = model.head(hidden[1], 1)
+        mid_want = ref.lm_head(ref.transformer.ln_f(hidden[1]))
+        twice = ref.lm_head(ref.transformer.ln_f(hidden[-1]))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(mid, mid_want, atol=1e-5)
+    assert not torch.allclose(got, twice, atol=1e-3)  # the last layer is not normed a second time
+
+
+def test_checkpoint_without_head_falls_back_to_tied_embeddings(tiny_model, tmp_path):
+    from transformers import AutoModel, AutoTokenizer
+
+    src = tiny_model("bert")
+    base = AutoModel.from_pretrained(str(src))  # a bare BertModel, as sentence-transformers ship
+    base.save_pretrained(tmp_path, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(tmp_path)
+    handle, model, inputs = _setup(tmp_path)
+    assert model.info.kind == TIED
+    assert any(k.startswith("cls.") for k in model.info.missing_head_weights)
+    assert "tied word-embedding" in model.info.description
+    with torch.no_grad():
+        h = model.base(**inputs, output_hidden_states=True).hidden_states[1]
+        got = model.head(h, 1)
+    e = base.embeddings.word_embeddings.weight.detach()
+    assert torch.allclose(got, h @ e.T, atol=1e-6)
+
+
+def test_lens_ranks_and_topk_match_numpy(tiny_model):
+    handle, model, inputs = _setup(tiny_model("bert"))
+    out = torch_lens(model, inputs, [0, 1, 2], k=4)
+    with torch.no_grad():
+        hidden = model.base(**inputs, output_hidden_states=True).hidden_states
+    ids = inputs["input_ids"].numpy()
+    mask = inputs["attention_mask"].numpy()
+    for li in range(3):
+        logits = model.head(hidden[li], li).detach().numpy()
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        for b in range(ids.shape[0]):
+            for s in range(ids.shape[1]):
+                if not mask[b, s]:
+                    assert out.rank[li, b, s] == 0
+                    continue
+                row = logits[b, s]
+                assert out.rank[li, b, s] == 1 + int((row > row[ids[b, s]]).sum())
+                order = np.argsort(-row)[:4]
+                assert out.topk_ids[li, b, s].tolist() == order.tolist()
+                np.testing.assert_allclose(out.topk_probs[li, b, s], probs[b, s, order], rtol=1e-5)
+
+
+def test_decoder_lens_targets_the_next_token(tiny_model):
+    handle, model, inputs = _setup(tiny_model("gpt2"))
+    out = torch_lens(model, inputs, [2], k=3)
+    with torch.no_grad():
+        logits = model.head(model.base(**inputs, output_hidden_states=True).hidden_states[2], 2).numpy()
+    ids, mask = inputs["input_ids"].numpy(), inputs["attention_mask"].numpy()
+    n0 = int(mask[0].sum())
+    for s in range(n0 - 1):
+        row = logits[0, s]
+        assert out.rank[0, 0, s] == 1 + int((row > row[ids[0, s + 1]]).sum())
+    assert out.rank[0, 0, n0 - 1] == 0  # the last real token has no next token
+
+
+def test_lens_accumulator_by_hand():
+    # 2 layers, one text of 4 positions: [CLS]=9, a=1, b=2, [SEP]=8
+    rank = np.array([[[1, 3, 1, 1]], [[1, 1, 2, 1]]])
+    top = np.array([[[[9], [5], [2], [8]]], [[[9], [1], [7], [8]]]])
+    b = LensBatch(rank, top, np.ones_like(top, dtype=np.float32), np.array([[9, 1, 2, 8]]), np.ones((1, 4)))
+    acc = LensAccumulator([0, 1], {8, 9}, decoder=False)
+    acc.add(b)
+    rows = acc.table(["0", "1"])
+    assert rows[0]["positions"] == 2  # special-token targets left out
+    assert rows[0]["mean_rank"] == 2.0 and rows[1]["mean_rank"] == 1.5
+    assert rows[0]["top1_is_target"] == 0.5 and rows[1]["top1_is_target"] == 0.5
+    assert rows[0]["top1_agrees_with_last"] == 0.0 and rows[1]["top1_agrees_with_last"] == 1.0
+
+
+def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
+    from layerscope.decoding.lens_onnx import export_lens, lens_parity
+    from layerscope.export.exporter import export_model
+
+    out = tmp_path / "exp"
+    export_model(str(tiny_model("bert")), out, pooled=["mean"])
+    meta = export_lens(out, 5)
+    assert meta["parity"]["rank_mismatch_fraction"] == 0.0
+    assert meta["parity"]["top1_mismatch_fraction"] == 0.0
+    assert meta["parity"]["max_prob_diff"] < 1e-5
+    handle = ModelHandle.resolve(out)
+    model = load_decoding_model(handle)
+    p = lens_parity(handle, model, out / meta["file"], 5, texts=TEXTS)
+    assert p["rank_mismatch_fraction"] == 0.0 and p["top1_mismatch_fraction"] == 0.0
+
+
+def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
+    """The traced head alone (fed torch hidden states), for a decoder with its final norm."""
+    from layerscope.decoding.lens_onnx import OUTPUTS, _trace_head, run_onnx_lens
+    from layerscope.engines.ort import make_session
+
+    handle, model, inputs = _setup(tiny_model("gpt2"))
+    path = tmp_path / "head.onnx"
+    _trace_head(model, 3, int(handle.manifest["hidden_size"]), 18, path)
+    ref = torch_lens(model, inputs, list(range(model.num_layers + 1)), 3)
+    with torch.no_grad():
+        hidden = model.base(**inputs, output_hidden_states=True).hidden_states
+    feed = {f"hidden_states.{i}": h.numpy() for i, h in enumerate(hidden)}
+    feed.update({n: inputs[n].numpy() for n in ("input_ids", "attention_mask")})
+    r, ids, p = run_onnx_lens(make_session(path, "CPUExecutionProvider"), feed)
+    assert [o.name for o in make_session(path, "CPUExecutionProvider").get_outputs()] == list(OUTPUTS)
+    assert np.array_equal(r, ref.rank)
+    assert np.array_equal(ids[..., 0], ref.topk_ids[..., 0])
+    np.testing.assert_allclose(p, ref.topk_probs, atol=1e-5)
+
+
+def test_lens_k_errors(tiny_model, tmp_path):
+    from layerscope.decoding.lens_onnx import export_lens
+    from layerscope.errors import InputError
+
+    with pytest.raises(InputError, match="not an export dir"):
+        export_lens(tiny_model("bert"), 5)
