@@ -144,3 +144,12 @@ def test_extract_summary_from_the_cli(capsys, bert_export, tmp_path):
                    "--engine", "ort", "--pooling", "mean,cls", "--layers", "0,-1"], capsys)
     assert "1 of 3 texts are empty" in text
     assert "extracted 3 texts" in text and "CPUExecutionProvider" in text
+
+
+def test_run_refuses_to_replace_a_directory_that_is_not_a_result(capsys, tmp_path):
+    precious = tmp_path / "mine"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    code, text = run_cli(["run", "compositionality", "--model", "minilm", "--out", str(precious)], capsys)
+    assert_one_error_line(code, text, "not a layerscope result directory")
+    assert (precious / "notes.txt").read_text() == "keep me"

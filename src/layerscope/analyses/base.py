@@ -235,8 +235,9 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     t0 = time.perf_counter()
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
     out = Path(ctx.out)
-    if out.exists() and (out / "results.json").exists() and not ctx.options.get("force", True):
-        raise InputError(f"{out} already holds results; choose another --out")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "results.json").exists())):
+        # An earlier result directory is replaced; anything else is never deleted.
+        raise InputError(f"{out} exists and is not a layerscope result directory; choose another --out")
     handles = [ModelHandle.resolve(spec) for spec in ctx.models]
     for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
         check_layers(ctx.layers, handle, spec)
