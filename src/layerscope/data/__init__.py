@@ -1,0 +1,1 @@
+"""Data the project wrote itself: compositionality items, generators of bilingual pairs, pair readers."""
