@@ -73,9 +73,14 @@ def alignment_figures(src: np.ndarray, tgt: np.ndarray, *, n_perm: int = 1000, s
     out["retrieval"] = retrieval(S, T, **nn)
     lap("retrieval")
     k = min(knn_k, n - 1)
-    a = self_knn(S, k, **nn)
-    b = self_knn(T, k, **nn)
-    out["mutual_knn"] = {"k": int(k), "value": knn_overlap(a, b), "chance": k / (n - 1)}
+    if bool(np.all(S == S[0])) or bool(np.all(T == T[0])):
+        # every row the same (e.g. the [SEP] embedding at layer raw): neighbours are pure ties
+        out["mutual_knn"] = {"k": int(k), "value": None, "chance": k / (n - 1),
+                             "undefined": "all vectors on one side are identical, so neighbours are arbitrary"}
+    else:
+        a = self_knn(S, k, **nn)
+        b = self_knn(T, k, **nn)
+        out["mutual_knn"] = {"k": int(k), "value": knn_overlap(a, b), "chance": k / (n - 1)}
     lap("mutual_knn")
     stacked = np.concatenate([S, T], axis=0)
     pca, why = _try(M.pca_summary, stacked, n_components=max(pca_ks))

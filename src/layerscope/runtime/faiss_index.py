@@ -378,7 +378,7 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
         recall = measure_recall(vi, x, qs, k=10)
     manifest = store.manifest
     meta = {
-        "model_key": _manifest_key(manifest),
+        "model_key": store.settings.get("model_key") or _manifest_key(manifest),
         "model": manifest.get("source", {}),
         "family": manifest.get("family"),
         "num_layers": manifest.get("num_layers"),
