@@ -39,3 +39,22 @@ def tiny_model(tmp_path_factory):
         return cache[family]
 
     return get
+
+
+def _sts_dir():
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("LAYERSCOPE_STS_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data" / "stsbenchmark"
+
+
+@pytest.fixture(scope="session")
+def sts_dir():
+    """The STS Benchmark files (../shared/data/stsbenchmark next to the repo); skip when absent."""
+    path = _sts_dir()
+    if not (path / "sts-test.csv").exists():
+        pytest.skip(f"STS Benchmark not found at {path} (set LAYERSCOPE_STS_DIR)")
+    return path

@@ -52,7 +52,7 @@ FAMILIES: dict[str, Family] = {
                "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM",
                export_dtype_notes="plain fp16 overflows in attention; keep softmax/LayerNorm in fp32"),
         Family("clip-text", ("clip", "clip_text_model"), "encoder", "CLIPTextOnnxConfig",
-               "CLIPTextModel", "embeddings.token_embedding", "eos",
+               "CLIPTextModel", "text_model.embeddings.token_embedding", "eos",
                final_norm_in_last_hidden_state=False, pooled_output="pooler_output"),
         Family("t5-encoder", ("t5", "mt5", "umt5"), "encoder", "T5OnnxConfig", "T5EncoderModel",
                "shared", "mean", final_norm_in_last_hidden_state=True,

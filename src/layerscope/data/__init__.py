@@ -1,1 +1,23 @@
-"""Data the project wrote itself: compositionality items, generators of bilingual pairs, pair readers."""
+"""Small data written for this project: example sentences, compositionality items, generators (zh-en pairs), pair readers."""
+
+from __future__ import annotations
+
+EXAMPLE_SENTENCES = (
+    "A man is playing a guitar on a quiet street.",
+    "Someone plays the guitar outside.",
+    "The dog bites the man.",
+    "The man bites the dog.",
+    "A woman is slicing an onion in the kitchen.",
+    "An onion is being cut by a woman.",
+    "Three children run across a snowy field.",
+    "Stock markets fell sharply after the announcement.",
+    "The committee postponed its decision until next spring.",
+    "A cat sleeps on a warm windowsill.",
+    "一个人正在弹吉他。",
+    "The train to the airport leaves every fifteen minutes.",
+)
+
+
+def example_sentences() -> list[str]:
+    """A dozen short sentences for the quickstart when no corpus is at hand."""
+    return list(EXAMPLE_SENTENCES)

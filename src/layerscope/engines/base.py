@@ -110,11 +110,19 @@ class Encoder:
         self.input_names = list(input_names)
         self.max_length = int(max_length)
 
+    @property
+    def fallback_token_id(self) -> int:
+        tok = self.tokenizer
+        for value in (tok.eos_token_id, tok.bos_token_id, tok.sep_token_id, tok.pad_token_id, tok.unk_token_id):
+            if value is not None:
+                return int(value)
+        return 0
+
     def token_lengths(self, texts: list[str]) -> np.ndarray:
         """Token counts without truncation (special tokens included), for sorting and warnings."""
         enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=False,
                              return_attention_mask=False, return_token_type_ids=False, verbose=False)
-        return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
+        return np.fromiter((max(len(ids), 1) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
 
     def __call__(self, texts: list[str], index: np.ndarray | None = None,
                  lengths: np.ndarray | None = None) -> Batch:
@@ -123,7 +131,16 @@ class Encoder:
             lengths = self.token_lengths(texts)
         enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
                              return_tensors="np", verbose=False)
+        enc = {k: np.asarray(v) for k, v in enc.items()}
+        if enc["input_ids"].shape[1] == 0:  # every text in the batch tokenized to nothing
+            enc = {k: np.zeros((len(texts), 1), dtype=np.int64) for k in enc}
         mask = enc["attention_mask"].astype(np.int64)
+        empty = np.nonzero(mask.sum(1) == 0)[0]
+        if len(empty):
+            # A text with no tokens at all (an empty line, for a tokenizer that adds no special
+            # tokens, e.g. GPT-2) is fed as the model's EOS token alone, so every row gets a vector.
+            enc["input_ids"][empty, 0] = self.fallback_token_id
+            mask[empty, 0] = 1
         inputs: dict[str, np.ndarray] = {}
         for name in self.input_names:
             if name == "position_ids":
@@ -229,8 +246,6 @@ def create_engine(name: str, model: str | Any, **options) -> Engine:
 
 
 def _auto(handle, **options) -> Engine:
-    import logging
-
     tried = []
     order = ["trt", "cuda", "ort"] if handle.is_export or handle.can_export else []
     for name in order:
@@ -240,7 +255,6 @@ def _auto(handle, **options) -> Engine:
             tried.append(f"{name}: {exc}")
             continue
         engine.info.notes.append(f"auto picked {name}" + (f" after {'; '.join(tried)}" if tried else ""))
-        logging.getLogger("layerscope").info("auto engine picked %s", name)
         return engine
     engine = _REGISTRY["torch"](handle, **options)
     engine.info.notes.append("auto picked torch" + (f" after {'; '.join(tried)}" if tried else ""))

@@ -80,6 +80,9 @@ def ort_module():
     return ort
 
 
+_PROBED: dict[str, str] = {}  # provider -> "" when it loads, else the reason (per process)
+
+
 def make_session(model_path: str | Path, provider: str, provider_options: dict | None = None, *,
                  threads: int | None = None, opt_level: str = "all", extra: dict | None = None):
     """An InferenceSession that really runs on ``provider``, or EngineUnavailableError with the reason."""
@@ -88,6 +91,20 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
         raise EngineUnavailableError(
             f"{provider} is not in this onnxruntime build (it has {', '.join(ort.get_available_providers())}); "
             "install onnxruntime-gpu for CUDA/TensorRT")
+    if provider != "CPUExecutionProvider" and Path(model_path) != _probe_model():
+        # Find out on a one-node graph first: a GPU provider that cannot load fails in milliseconds
+        # there, instead of after the full model was read and partitioned.
+        reason = _PROBED.get(provider)
+        if reason is None:
+            try:
+                make_session(_probe_model(), provider, {"trt_engine_cache_enable": False}
+                             if provider == "TensorrtExecutionProvider" else {})
+                _PROBED[provider] = ""
+            except EngineUnavailableError as exc:
+                _PROBED[provider] = str(exc)
+            reason = _PROBED[provider]
+        if reason:
+            raise EngineUnavailableError(reason)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = {

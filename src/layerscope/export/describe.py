@@ -37,12 +37,21 @@ def onnx_config_class(family: Family):
         """The family's optimum config whose outputs are every hidden state (plus its pooled output)."""
 
         @property
+        def inputs(self):
+            # Pooling needs the padding mask; some configs (CLIP text) leave it out.
+            out = dict(super().inputs)
+            if "attention_mask" not in out:
+                out["attention_mask"] = {0: "batch_size", 1: "sequence_length"}
+            return out
+
+        @property
         def outputs(self):
+            # Names are matched to the model's outputs by position, and Hugging Face returns the
+            # pooled output before the hidden states.
             num_layers = self._layerscope_num_layers
-            out = {f"hidden_states.{i}": {0: "batch_size", 1: "sequence_length"}
-                   for i in range(num_layers + 1)}
-            if family.pooled_output:
-                out[family.pooled_output] = {0: "batch_size"}
+            out = {family.pooled_output: {0: "batch_size"}} if family.pooled_output else {}
+            out.update({f"hidden_states.{i}": {0: "batch_size", 1: "sequence_length"}
+                        for i in range(num_layers + 1)})
             return out
 
     AllLayersConfig.__name__ = f"LayerscopeAllLayers{base.__name__}"

@@ -38,13 +38,15 @@ def add_raw_embeddings_output(model, vocab_size: int, hidden_size: int | None = 
     for node in graph.node:
         if node.op_type != "Gather" or len(node.input) < 2:
             continue
-        table, idx = node.input[0], node.input[1]
-        shape = shapes.get(table)
-        if shape and len(shape) == 2 and shape[0] == vocab_size and idx == "input_ids":
+        shape = shapes.get(node.input[0])
+        if shape and len(shape) == 2 and shape[0] == vocab_size:
             candidates.append(node)
+    if len(candidates) > 1:  # prefer the lookup fed by input_ids directly
+        direct = [n for n in candidates if n.input[1] == "input_ids"]
+        candidates = direct or candidates
     if len(candidates) != 1:
         raise ExportError(
-            f"found {len(candidates)} word-embedding lookups on input_ids in the exported graph "
+            f"found {len(candidates)} word-embedding lookups (vocab x dim tables) in the exported graph "
             "(expected exactly one); this architecture needs its raw-embedding output mapped by hand"
         )
     source = candidates[0].output[0]
@@ -144,7 +146,8 @@ def add_pooled_outputs(model, modes: list[str], layer_tensors: list[str], hidden
         elif mode == "last":
             out = weighted(onehot(last_idx(), "last_onehot"), mode)
         elif mode == "mean-nobos":
-            keep = b.node("Sub", [maskf, onehot(first_idx(), "first_onehot")], "nobos_mask")
+            not_first = b.node("Sub", [one, onehot(first_idx(), "first_onehot")], "not_first")
+            keep = b.node("Mul", [maskf, not_first], "nobos_mask")
             out = weighted(normalized(keep, "nobos_w"), "mean_nobos")
         elif mode == "eos":
             ids = "input_ids"

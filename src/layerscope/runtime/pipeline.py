@@ -43,14 +43,21 @@ class ExtractReport:
     empty: int
     truncated: int
     tokens: int
-    seconds: float
+    seconds: float  # the whole call: engine start, reading the corpus, extraction
     engine: dict[str, Any]
+    run_seconds: float = 0.0  # the extraction loop alone
     resumed_rows: int = 0
     warnings: list[str] = field(default_factory=list)
 
     @property
     def texts_per_s(self) -> float:
-        return self.n / self.seconds if self.seconds > 0 else float("nan")
+        """Throughput of the extraction loop over the rows this run computed."""
+        rows = self.n - self.resumed_rows
+        return rows / self.run_seconds if self.run_seconds > 0 else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.run_seconds if self.run_seconds > 0 else float("nan")
 
 
 # ---------------------------------------------------------------- planning
@@ -258,7 +265,10 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         if store.complete:
             log.info("store already complete")
     if eng is None:
-        eng = create_engine(engine, handle, **(engine_options or {}))
+        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts
+        # of at most max_len tokens (other engines ignore these).
+        options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
+        eng = create_engine(engine, handle, **options)
     encoder = eng.encoder(max_len)
     if store is None:
         records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
@@ -286,7 +296,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     bar = _progress_bar(progress, store.n - already, todo_tokens)
     prefetch = _Prefetcher(out, lengths, done, encoder, batch_tokens=batch_tokens, max_batch=max_batch,
                            window=window)
-    last_commit = time.perf_counter()
+    last_commit = t_run = time.perf_counter()
     pending: list[np.ndarray] = []
     try:
         for batch in prefetch:
@@ -313,13 +323,15 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     if int(store.done_mask().sum()) != store.n:
         raise StoreError(f"{out}: {store.n - int(store.done_mask().sum())} rows are missing after the run; "
                          "run again with --resume")
+    run_seconds = time.perf_counter() - t_run
     seconds = time.perf_counter() - t0
     store.finish({"engine": eng.info.to_dict(), "truncated_texts": truncated, "warnings": warnings,
                   "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum())})
     if stats is not None and stats.empty != empty:
         log.debug("corpus stats and spool disagree on empty texts")
     report = ExtractReport(store=store, n=store.n, empty=empty, truncated=truncated,
-                           tokens=tokens_done, seconds=seconds, engine=eng.info.to_dict(),
+                           tokens=tokens_done, seconds=seconds, run_seconds=run_seconds,
+                           engine=eng.info.to_dict(),
                            resumed_rows=already, warnings=warnings)
     return report
 

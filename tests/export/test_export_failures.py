@@ -1,0 +1,48 @@
+"""A failed export leaves nothing that looks valid; big models use external data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from layerscope.engines.base import create_engine
+from layerscope.errors import ExportError, InputError
+from layerscope.export import exporter
+from layerscope.export.manifest import ModelHandle
+
+
+def test_parity_failure_names_the_worst_output_and_writes_nothing(tiny_model, tmp_path):
+    out = tmp_path / "onnx"
+    with pytest.raises(ExportError) as err:
+        exporter.export_model(str(tiny_model("bert")), out, atol=1e-12)
+    message = str(err.value)
+    assert "worst output" in message and "tolerance 1e-12" in message
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir()]  # no partial directory left either
+
+
+def test_existing_output_needs_force(tiny_model, tmp_path):
+    out = tmp_path / "onnx"
+    out.mkdir()
+    (out / "something").write_text("x")
+    with pytest.raises(InputError, match="--force"):
+        exporter.export_model(str(tiny_model("bert")), out)
+
+
+def test_external_data_when_the_model_is_big(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 1000)  # pretend the tiny model is over the limit
+    out = tmp_path / "onnx"
+    manifest = exporter.export_model(str(tiny_model("gpt2")), out, pooled=["mean", "last"])
+    assert manifest["external_data"] is True
+    assert (out / "model.onnx_data").exists()
+    assert (out / "model.onnx").stat().st_size < (out / "model.onnx_data").stat().st_size
+    engine = create_engine("ort", ModelHandle.resolve(out))
+    torch_engine = create_engine("torch", ModelHandle.resolve(out))
+    batch = engine.encoder()(["a cat", "the dog runs fast"])
+    got = engine.run(batch, ["0", "2"], ["mean", "last"])
+    ref = torch_engine.run(batch, ["0", "2"], ["mean", "last"])
+    for mode in got:
+        np.testing.assert_allclose(got[mode], ref[mode], atol=1e-4)
+    assert json.loads((out / "manifest.json").read_text())["parity"]["outputs"]["pooled.last"]["max_abs"] < 1e-4

