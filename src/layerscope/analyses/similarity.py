@@ -270,7 +270,7 @@ class Similarity(Analysis):
                 if m is None:
                     continue
                 files.append(heatmap(out_dir / f"{key}{tag}.png", _nan(m), fig["layers"], fig["layers"],
-                                     title=f"{model}: {title} between layers", xlabel="layer", ylabel="layer",
+                                     title=f"{title} between layers\n{model}", xlabel="layer", ylabel="layer",
                                      vmin=0.0 if key != "unbiased_cka" else None, vmax=1.0))
         cross = results.get("combined", {}).get("cross")
         if cross:
@@ -278,7 +278,7 @@ class Similarity(Analysis):
                 if cross.get(key) is None:
                     continue
                 files.append(heatmap(out_dir / f"cross_{key}.png", _nan(cross[key]), cross["layers_a"],
-                                     cross["layers_b"], title=f"{key}: {cross['model_a']} vs {cross['model_b']}",
+                                     cross["layers_b"], title=f"{key}\n{cross['model_a']} vs {cross['model_b']}",
                                      ylabel=cross["model_a"], xlabel=cross["model_b"], vmax=1.0))
         return files
 
