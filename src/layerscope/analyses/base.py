@@ -112,6 +112,13 @@ class Analysis(ABC):
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""
 
+    def offline(self, ctx: Context, data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
+        """Figures made without loading any model (e.g. from LayerStores): ``(per_model, models_meta)``.
+
+        Return None (the default) to run ``compute`` once per ``--model``.
+        """
+        return None
+
     def combine(self, ctx: Context, per_model: dict[str, dict[str, Any]], data: Any) -> dict[str, Any]:
         """Figures across models (optional)."""
         return {}
@@ -238,11 +245,15 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "results.json").exists())):
         # An earlier result directory is replaced; anything else is never deleted.
         raise InputError(f"{out} exists and is not a layerscope result directory; choose another --out")
-    handles = [ModelHandle.resolve(spec) for spec in ctx.models]
-    for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
-        check_layers(ctx.layers, handle, spec)
-    per_model: dict[str, dict[str, Any]] = {}
-    models_meta: dict[str, Any] = {}
+    offline = analysis.offline(ctx, data)  # analyses that work from stores alone run no model
+    if offline is not None:
+        per_model, models_meta = offline
+        handles = []
+    else:
+        per_model, models_meta = {}, {}
+        handles = [ModelHandle.resolve(spec) for spec in ctx.models]
+        for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
+            check_layers(ctx.layers, handle, spec)
     for spec, handle in zip(ctx.models, handles):
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
@@ -263,7 +274,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         "layerscope_version": layerscope.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.perf_counter() - t0, 2),
-        "settings": {"models": ctx.models, "engine": ctx.engine, "layers": ctx.layers,
+        "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
                      "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
                      "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
         "models": models_meta,

@@ -1,5 +1,5 @@
-"""Data: readers for the analyses (pairs.py, items.py) and small data written for this project (example
-sentences, compositionality items)."""
+"""Data: readers for the analyses (pairs.py for scored STS pairs, aligned.py for source/target pairs,
+items.py for compositionality items), generators (bilingual.py) and small data written for this project."""
 
 from __future__ import annotations
 

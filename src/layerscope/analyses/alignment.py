@@ -1,0 +1,327 @@
+"""alignment: do two versions of the same texts (two languages, say) line up, at which layer, beyond chance?
+
+Per layer and pooling, over unit-normalised vectors of the paired texts:
+
+* matched mean cosine vs scrambled pairs (targets permuted ``--permutations``
+  times): scrambled mean, std and z (Monte Carlo, plus the exact
+  permutation moments in closed form as a check);
+* retrieval both ways (source -> target, target -> source): acc@1/5/10 and
+  MRR through FAISS (exact inner-product index; IVF above ``--ann-threshold``
+  pairs, with its recall against exact search);
+* mutual k-NN: the share of each item's k nearest neighbours shared between
+  the source-side and the target-side neighbourhoods;
+* PCA over both sides stacked: variance explained by the first components,
+  Cohen's d of the source/target split on PC0, and the alignment z within
+  the first k = 2, 5, 10 components (centred projections);
+* per category, the headline figures again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.errors import InputError
+
+PCA_KS = (2, 5, 10)
+GENERATORS = ("zh-en",)
+
+
+def _try(fn, *args, **kwargs):
+    """(value, None) or (None, reason) for metrics that are undefined on some inputs."""
+    try:
+        return fn(*args, **kwargs), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def alignment_figures(src: np.ndarray, tgt: np.ndarray, *, n_perm: int = 1000, seed: int = 0, knn_k: int = 10,
+                      pca_ks=PCA_KS, ann_threshold: int = 50_000, index_kind: str = "auto", device: str = "auto",
+                      exact_z: bool = True, index_params: dict | None = None,
+                      timings: dict | None = None) -> dict[str, Any]:
+    """Every alignment figure for one (layer, pooling): ``src[i]`` and ``tgt[i]`` are a pair."""
+    from layerscope.analyses import metrics as M
+    from layerscope.runtime.faiss_index import normalize
+    from layerscope.runtime.neighbors import knn_overlap, retrieval, self_knn
+
+    import time
+
+    tick = time.perf_counter()
+    timings = timings if timings is not None else {}
+
+    def lap(name: str) -> None:
+        nonlocal tick
+        now = time.perf_counter()
+        timings[name] = round(now - tick, 3)
+        tick = now
+
+    S = normalize(src)
+    T = normalize(tgt)
+    n = S.shape[0]
+    lap("normalize")
+    out: dict[str, Any] = {"n": int(n)}
+    out["z"] = M.scrambled_z(S, T, n_perm=n_perm, seed=seed)
+    lap("scrambled_z")
+    if exact_z:
+        out["z_exact"] = M.scrambled_z_exact(S, T)
+        lap("scrambled_z_exact")
+    nn = {"kind": index_kind, "ann_threshold": ann_threshold, "seed": seed, "device": device,
+          "index_params": index_params}
+    out["retrieval"] = retrieval(S, T, **nn)
+    lap("retrieval")
+    k = min(knn_k, n - 1)
+    if bool(np.all(S == S[0])) or bool(np.all(T == T[0])):
+        # every row the same (e.g. the [SEP] embedding at layer raw): neighbours are pure ties
+        out["mutual_knn"] = {"k": int(k), "value": None, "chance": k / (n - 1),
+                             "undefined": "all vectors on one side are identical, so neighbours are arbitrary"}
+    else:
+        a = self_knn(S, k, **nn)
+        b = self_knn(T, k, **nn)
+        out["mutual_knn"] = {"k": int(k), "value": knn_overlap(a, b), "chance": k / (n - 1)}
+    lap("mutual_knn")
+    stacked = np.concatenate([S, T], axis=0)
+    pca, why = _try(M.pca_summary, stacked, n_components=max(pca_ks))
+    if pca is None:
+        out["pca"] = {"undefined": why}
+        return out
+    proj = pca["projections"]
+    d, why_d = _try(M.cohens_d, proj[:n, 0], proj[n:, 0])
+    pc = {"explained_variance_ratio": [float(v) for v in pca["explained_variance_ratio"]],
+          "pc0_cohens_d": d, "pc0_abs_cohens_d": None if d is None else abs(d), "pc0_undefined": why_d,
+          "z_within": {}}
+    for kk in pca_ks:
+        if kk > pca["n_components"]:
+            continue
+        zk, why_k = _try(M.scrambled_z, proj[:n, :kk], proj[n:, :kk], n_perm=n_perm, seed=seed)
+        pc["z_within"][str(kk)] = zk["z"] if zk else None
+    out["pca"] = pc
+    lap("pca")
+    return out
+
+
+def category_figures(src: np.ndarray, tgt: np.ndarray, *, n_perm: int, seed: int) -> dict[str, Any]:
+    from layerscope.analyses import metrics as M
+    from layerscope.runtime.faiss_index import normalize
+    from layerscope.runtime.neighbors import retrieval
+
+    S, T = normalize(src), normalize(tgt)
+    z = M.scrambled_z(S, T, n_perm=n_perm, seed=seed)
+    r = retrieval(S, T, kind="flat", seed=seed)
+    return {"n": int(S.shape[0]), "matched": z["matched"], "scrambled_mean": z["scrambled_mean"], "z": z["z"],
+            "acc@1_src2tgt": r["src2tgt"]["acc@1"], "acc@1_tgt2src": r["tgt2src"]["acc@1"],
+            "mrr_src2tgt": r["src2tgt"]["mrr"], "mrr_tgt2src": r["tgt2src"]["mrr"]}
+
+
+def layer_row(pooling: str, layer: str, f: dict[str, Any]) -> dict[str, Any]:
+    """Flatten one layer's figures into a table row."""
+    z, r = f["z"], f["retrieval"]
+    row: dict[str, Any] = {
+        "pooling": pooling, "layer": layer, "n": f["n"], "matched": z["matched"],
+        "scrambled_mean": z["scrambled_mean"], "scrambled_std": z["scrambled_std"], "z": z["z"],
+        "z_exact": f.get("z_exact", {}).get("z"), "n_perm": z["n_perm"],
+    }
+    for d in ("src2tgt", "tgt2src"):
+        for key in ("acc@1", "acc@5", "acc@10", "mrr"):
+            row[f"{key}_{d}"] = r[d][key]
+        rec = r[d].get("recall_vs_exact")
+        row[f"index_recall@10_{d}"] = rec["recall@k"] if rec else None
+    row["index"] = r["index"]
+    row["mutual_knn"] = f["mutual_knn"]["value"]
+    row["mutual_knn_k"] = f["mutual_knn"]["k"]
+    pc = f.get("pca", {})
+    ratios = pc.get("explained_variance_ratio") or []
+    for i in range(3):
+        row[f"pc{i}_var"] = ratios[i] if i < len(ratios) else None
+    row["pc0_10_var"] = float(sum(ratios)) if ratios else None
+    row["pc0_abs_d"] = pc.get("pc0_abs_cohens_d")
+    for k in PCA_KS:
+        row[f"z_pc{k}"] = (pc.get("z_within") or {}).get(str(k))
+    return row
+
+
+@register
+class Alignment(Analysis):
+    metadata = AnalysisMetadata(
+        name="alignment",
+        description="Do paired texts (two languages, two phrasings) line up layer by layer, beyond chance?",
+        inputs=("pairs",),
+        main_score="z",
+        default_poolings=("last", "mean", "mean-nobos"),
+        default_data="zh-en",
+        options=(
+            Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)"),
+            Option("n", int, 200, "pairs to generate with --generate"),
+            Option("source_file", str, None, "line-aligned source texts (with --target-file)"),
+            Option("target_file", str, None, "line-aligned target texts (with --source-file)"),
+            Option("source_column", str, "source", "column/field of the source text in --data"),
+            Option("target_column", str, "target", "column/field of the target text in --data"),
+            Option("category_column", str, "category", "column/field of the category in --data (optional)"),
+            Option("permutations", int, 1000, "scrambled permutations for the z-score"),
+            Option("knn", int, 10, "k for mutual k-NN"),
+            Option("ann_threshold", int, 50000, "pairs above which retrieval uses an IVF index, not exact"),
+            Option("index", str, "auto", "retrieval index: auto, flat, ivf or hnsw"),
+            Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu"),
+        ),
+    )
+
+    # -- data --------------------------------------------------------------
+    def prepare(self, ctx: Context):
+        from layerscope.data.aligned import PairSet, read_line_pairs, read_pairs
+
+        o = ctx.options
+        for name in ("permutations", "knn", "n"):
+            if o.get(name) is not None and o[name] < (2 if name == "permutations" else 1):
+                raise InputError(f"--{name} must be at least {2 if name == 'permutations' else 1}, got {o[name]}")
+        if o.get("index", "auto") not in ("auto", "flat", "ivf", "hnsw"):
+            raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o['index']!r}")
+        given = [s for s, v in (("--data", ctx.data), ("--generate", o.get("generate")),
+                                ("--source-file/--target-file", o.get("source_file") or o.get("target_file")))
+                 if v]
+        if len(given) > 1:
+            raise InputError(f"give one source of pairs, not {' and '.join(given)}")
+        if o.get("source_file") or o.get("target_file"):
+            if not (o.get("source_file") and o.get("target_file")):
+                raise InputError("--source-file and --target-file go together; give both")
+            pairs = read_line_pairs(o["source_file"], o["target_file"])
+        elif ctx.data:
+            pairs = read_pairs(ctx.data, source=o.get("source_column") or "source",
+                               target=o.get("target_column") or "target",
+                               category=o.get("category_column") or "category")
+        else:
+            gen = o.get("generate") or self.metadata.default_data
+            if gen not in GENERATORS:
+                raise InputError(f"--generate {gen!r} is not a built-in pair set; available: {', '.join(GENERATORS)}")
+            from layerscope.data.bilingual import generate_pairs
+            from layerscope.data.aligned import pairs_from_records
+
+            gp = generate_pairs(o.get("n") or 200, ctx.seed)
+            pairs: PairSet = pairs_from_records(
+                [(i + 1, p.source, p.target, p.category, p.id) for i, p in enumerate(gp)],
+                f"generated {gen} (n={len(gp)}, seed={ctx.seed})", where="pair")
+            pairs.answers = [p.answer for p in gp]
+        for note in pairs.notes:
+            ctx.say(note)
+        ctx.say(f"{len(pairs):,} pairs from {pairs.origin}")
+        return pairs
+
+    # -- figures -----------------------------------------------------------
+    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+        from layerscope.engines.base import resolve_layers
+
+        o = ctx.options
+        layers = resolve_layers(ctx.layers, run.num_layers)
+        poolings = list(ctx.poolings or self.metadata.default_poolings)
+        n = len(data)
+        vecs = ctx.vectors(run, data.sources + data.targets, layers=layers, poolings=poolings, tag="alignment")
+        cats = sorted(set(data.categories)) if data.categories else []
+        cat_idx = {c: np.array([i for i, x in enumerate(data.categories) if x == c]) for c in cats}
+        layer_rows, cat_rows, backend = [], [], None
+        for pooling in poolings:
+            for layer in layers:
+                v = vecs[pooling, layer]
+                src, tgt = v[:n], v[n:]
+                f = alignment_figures(src, tgt, n_perm=o.get("permutations") or 1000, seed=ctx.seed,
+                                      knn_k=o.get("knn") or 10, ann_threshold=o.get("ann_threshold") or 50000,
+                                      index_kind=o.get("index") or "auto", device=o.get("device") or "auto")
+                backend = f["retrieval"].get("backend")
+                layer_rows.append(layer_row(pooling, layer, f))
+                for c in cats:
+                    idx = cat_idx[c]
+                    if len(idx) < 2:
+                        cat_rows.append({"pooling": pooling, "layer": layer, "category": c, "n": int(len(idx)),
+                                         "z": None, "undefined": "fewer than 2 pairs"})
+                        continue
+                    cf = category_figures(src[idx], tgt[idx], n_perm=o.get("permutations") or 1000, seed=ctx.seed)
+                    cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
+        main = "mean" if "mean" in poolings else poolings[0]
+        mine = [r for r in layer_rows if r["pooling"] == main]
+        defined = [r for r in mine if r["z"] is not None]
+        best = max(defined, key=lambda r: r["z"]) if defined else None
+        best_acc = max(mine, key=lambda r: r["acc@1_src2tgt"])
+        summary = {
+            "pooling": main,
+            "z": mine[-1]["z"], "layer": mine[-1]["layer"],
+            "acc@1_src2tgt": mine[-1]["acc@1_src2tgt"], "acc@1_tgt2src": mine[-1]["acc@1_tgt2src"],
+            "best_z": best["z"] if best else None, "best_z_layer": best["layer"] if best else None,
+            "best_acc@1_src2tgt": best_acc["acc@1_src2tgt"], "best_acc@1_layer": best_acc["layer"],
+            "n_pairs": n, "duplicates": data.duplicates, "faiss": backend,
+        }
+        return {"summary": summary, "layers": layers, "poolings": poolings,
+                "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}}
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        info = {"origin": data.origin, "n": len(data), "duplicates": data.duplicates, "notes": data.notes,
+                "categories": sorted(set(data.categories)) if data.categories else []}
+        if data.answers is not None:
+            rows = [{"id": i, "category": c, "source": s, "target": t, "answer": a}
+                    for i, c, s, t, a in zip(data.ids, data.categories, data.sources, data.targets, data.answers)]
+            return {"data": info, "tables": {"pairs": rows}}
+        return {"data": info}
+
+    # -- rendering ---------------------------------------------------------
+    @staticmethod
+    def _series(results, key: str) -> dict[str, tuple[list[str], list]]:
+        series = {}
+        multi = len(results["per_model"]) > 1
+        for model, fig in results["per_model"].items():
+            rows = fig["tables"]["alignment_layers"]
+            for pooling in fig["poolings"]:
+                rs = [r for r in rows if r["pooling"] == pooling]
+                label = f"{model} / {pooling}" if multi else pooling
+                series[label] = ([r["layer"] for r in rs], [r.get(key) for r in rs])
+        return series
+
+    def plots(self, results, out_dir: Path) -> list[str]:
+        from layerscope.report.plots import layer_lines
+
+        out_dir = Path(out_dir)
+        files = [
+            layer_lines(out_dir / "z_by_layer.png", self._series(results, "z"),
+                        title="matched vs scrambled pairs: z-score by layer", ylabel="z (matched - scrambled) / std"),
+            layer_lines(out_dir / "acc1_by_layer.png", self._series(results, "acc@1_src2tgt"),
+                        title="retrieval source -> target: accuracy@1 by layer", ylabel="accuracy@1"),
+            layer_lines(out_dir / "pc0_separation_by_layer.png", self._series(results, "pc0_abs_d"),
+                        title="language split on PC0: |Cohen's d| by layer", ylabel="|d| on PC0"),
+        ]
+        return files
+
+    def report(self, results) -> str:
+        from layerscope.report.writer import md_table
+
+        data = results.get("combined", {}).get("data", {})
+        parts = [f"## Data\n\n{data.get('n')} pairs from {data.get('origin')}; "
+                 f"{data.get('duplicates', 0)} duplicate pairs (kept)."]
+        parts += [f"- {note}" for note in data.get("notes", [])]
+        cols = ["pooling", "layer", "matched", "scrambled_mean", "z", "z_exact", "acc@1_src2tgt", "acc@1_tgt2src",
+                "mrr_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10", "index"]
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            parts.append(f"## {model}\n\nLast layer ({s['pooling']} pooling): z = {s['z']}, acc@1 "
+                         f"{s['acc@1_src2tgt']} (source -> target), {s['acc@1_tgt2src']} (target -> source); best z "
+                         f"{s['best_z']} at layer {s['best_z_layer']}. Nearest neighbours: {s.get('faiss')}.\n")
+            parts.append(md_table(fig["tables"]["alignment_layers"], cols, digits=3))
+        return "\n".join(parts)
+
+    def console_summary(self, results, console) -> None:
+        from rich.table import Table
+
+        for model, fig in results["per_model"].items():
+            t = Table(title=f"alignment - {model} ({results['combined'].get('data', {}).get('n')} pairs)")
+            for c in ("pooling", "layer", "matched", "scrambled", "z", "acc@1 s>t", "acc@1 t>s", "MRR s>t",
+                      "mutual kNN", "|d| PC0"):
+                t.add_column(c, justify="right" if c not in ("pooling",) else "left")
+            for r in fig["tables"]["alignment_layers"]:
+                t.add_row(r["pooling"], r["layer"], _f(r["matched"]), _f(r["scrambled_mean"]), _f(r["z"], 1),
+                          _f(r["acc@1_src2tgt"]), _f(r["acc@1_tgt2src"]), _f(r["mrr_src2tgt"]),
+                          _f(r["mutual_knn"]), _f(r["pc0_abs_d"], 2))
+            console.print(t)
+            s = fig["summary"]
+            console.print(f"{model}: {s['pooling']} pooling, last layer z = {_f(s['z'], 1)}, best z "
+                          f"{_f(s['best_z'], 1)} at layer {s['best_z_layer']}; nearest neighbours: {s.get('faiss')}")
+
+
+def _f(v, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"

@@ -1,0 +1,328 @@
+"""similarity: how alike are two layers, or two models, on the same texts?
+
+Linear CKA (Kornblith et al. 2019) and its unbiased version (Song et al.
+2012 HSIC estimator) between every pair of layers of a model, and between the
+layers of two models; mutual k-NN agreement (FAISS) between them.
+
+Inputs: one or two LayerStores (``--store``, ``--store-b``), read as memory
+maps in row blocks, so a corpus larger than memory works; or ``--model``(s)
+plus ``--data`` texts (default: the built-in zh-en problems, both languages),
+extracted through the cached vectors. Two stores must hold the same texts in
+the same order (checked by ids and a hash of the texts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.errors import InputError
+
+ROW_BLOCK = 16384
+
+
+def cka_matrix(get_a, layers_a: list[str], get_b, layers_b: list[str], n: int, *, unbiased: bool = True,
+               block: int = ROW_BLOCK) -> tuple[np.ndarray, np.ndarray | None]:
+    """Linear CKA (and unbiased CKA) between every layer of A and every layer of B.
+
+    ``get_a(layer)`` returns an ``[n, d]`` array (a memmap is fine). Linear
+    CKA streams row blocks through one :class:`LinearCKAAccumulator` per pair,
+    so only ``block`` rows of each layer are in memory at a time. When A and B
+    are the same model (``get_b is get_a``), the matrix is symmetric and only
+    the upper triangle is computed.
+    """
+    from layerscope.analyses.metrics import LinearCKAAccumulator, unbiased_cka
+
+    same = get_b is get_a and layers_a == layers_b
+    pairs = [(i, j) for i in range(len(layers_a)) for j in range(len(layers_b)) if not same or j >= i]
+    accs = {p: LinearCKAAccumulator() for p in pairs}
+    for r0 in range(0, n, block):
+        blocks_a = {la: np.asarray(get_a(la)[r0:r0 + block]) for la in layers_a}
+        blocks_b = blocks_a if same else {lb: np.asarray(get_b(lb)[r0:r0 + block]) for lb in layers_b}
+        for (i, j), acc in accs.items():
+            acc.update(blocks_a[layers_a[i]], blocks_b[layers_b[j]])
+    lin = np.full((len(layers_a), len(layers_b)), np.nan)
+    unb = np.full_like(lin, np.nan) if unbiased else None
+    for (i, j), acc in accs.items():
+        try:
+            lin[i, j] = acc.result()
+        except ValueError:  # a layer without variance (e.g. a constant raw lookup): CKA undefined
+            pass
+        if unbiased:
+            try:
+                unb[i, j] = unbiased_cka(get_a(layers_a[i]), get_b(layers_b[j]))
+            except ValueError:
+                pass
+        if same:
+            lin[j, i] = lin[i, j]
+            if unbiased:
+                unb[j, i] = unb[i, j]
+    return lin, unb
+
+
+def knn_matrix(get_a, layers_a, get_b, layers_b, *, k: int, seed: int = 0, ann_threshold: int = 50_000,
+               device: str = "auto") -> np.ndarray:
+    """Mutual k-NN overlap between every layer of A and every layer of B (FAISS neighbours)."""
+    from layerscope.runtime.faiss_index import normalize
+    from layerscope.runtime.neighbors import knn_overlap, self_knn
+
+    cache: dict[tuple[str, str], np.ndarray] = {}
+
+    def nbrs(side: str, get, layer: str) -> np.ndarray:
+        key = ("a" if get is get_a else side, layer)
+        if key not in cache:
+            cache[key] = self_knn(normalize(get(layer)), k, seed=seed, ann_threshold=ann_threshold, device=device)
+        return cache[key]
+
+    out = np.zeros((len(layers_a), len(layers_b)))
+    for i, la in enumerate(layers_a):
+        for j, lb in enumerate(layers_b):
+            out[i, j] = knn_overlap(nbrs("a", get_a, la), nbrs("b", get_b, lb))
+    return out
+
+
+def matrix_rows(lin, unb, knn, layers_a, layers_b) -> list[dict[str, Any]]:
+    rows = []
+    for i, la in enumerate(layers_a):
+        for j, lb in enumerate(layers_b):
+            rows.append({"layer_a": la, "layer_b": lb,
+                         "linear_cka": None if np.isnan(lin[i, j]) else float(lin[i, j]),
+                         "unbiased_cka": None if unb is None or np.isnan(unb[i, j]) else float(unb[i, j]),
+                         "mutual_knn": None if knn is None else float(knn[i, j])})
+    return rows
+
+
+def texts_digest(ids: list[str], texts: list[str]) -> str:
+    h = hashlib.sha256()
+    for i, t in zip(ids, texts):
+        h.update(i.encode())
+        h.update(b"\x00")
+        h.update(t.encode())
+        h.update(b"\x01")
+    return h.hexdigest()
+
+
+def check_same_texts(a_label: str, a_ids, a_texts, b_label: str, b_ids, b_texts) -> None:
+    if len(a_texts) != len(b_texts):
+        raise InputError(f"{a_label} holds {len(a_texts):,} texts but {b_label} holds {len(b_texts):,}; "
+                         "similarity compares the same texts: extract both from the same corpus")
+    if texts_digest(a_ids, a_texts) != texts_digest(b_ids, b_texts):
+        row = next(i for i, (x, y, u, v) in enumerate(zip(a_ids, b_ids, a_texts, b_texts)) if x != y or u != v)
+        raise InputError(f"{a_label} and {b_label} differ at row {row} (ids {a_ids[row]!r} vs {b_ids[row]!r}); "
+                         "similarity compares the same texts in the same order: extract both from one corpus")
+
+
+def _store_layers(store, spec: str) -> list[str]:
+    if spec in (None, "all"):
+        return store.layers
+    from layerscope.engines.base import resolve_layers
+
+    wanted = resolve_layers(spec, int(store.manifest["num_layers"]))
+    missing = [w for w in wanted if w not in store.layers]
+    if missing:
+        raise InputError(f"layers {', '.join(missing)} are not in {store.path} (it holds {', '.join(store.layers)})")
+    return wanted
+
+
+def _label(manifest: dict, fallback: str) -> str:
+    src = manifest.get("source", {})
+    return src.get("alias") or src.get("spec") or fallback
+
+
+@register
+class Similarity(Analysis):
+    metadata = AnalysisMetadata(
+        name="similarity",
+        description="How alike are the layers of a model, or of two models? Linear CKA, unbiased CKA, mutual k-NN.",
+        inputs=("texts",),
+        main_score="mean_adjacent_cka",
+        default_poolings=("mean",),
+        default_data="zh-en",
+        options=(
+            Option("store", str, None, "a LayerStore to read instead of running --model"),
+            Option("store_b", str, None, "a second LayerStore (same texts) to compare with --store"),
+            Option("n", int, 500, "pairs of built-in zh-en problems used as texts when no --data is given"),
+            Option("knn", int, 10, "k for mutual k-NN (0 to skip)"),
+            Option("no_unbiased", bool, False, "skip the unbiased CKA (one more pass over the data per pair)"),
+            Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu"),
+        ),
+    )
+
+    def prepare(self, ctx: Context):
+        from layerscope.runtime.store import LayerStore
+
+        o = ctx.options
+        if o.get("knn") is not None and o["knn"] < 0:
+            raise InputError(f"--knn must be >= 0, got {o['knn']}")
+        pooling = (ctx.poolings or ["mean"])[0]
+        if ctx.poolings and len(ctx.poolings) > 1:
+            raise InputError("similarity compares layers at one pooling; give one --pooling")
+        if o.get("store_b") and not o.get("store"):
+            raise InputError("--store-b needs --store")
+        if o.get("store"):
+            if ctx.data:
+                raise InputError("give --store or --data, not both (a store already holds its texts)")
+            a = LayerStore.open(o["store"])
+            b = LayerStore.open(o["store_b"]) if o.get("store_b") else None
+            for st in (a, b):
+                if st is not None and pooling not in st.poolings:
+                    raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
+                                     "choose one with --pooling")
+            if b is not None:
+                check_same_texts(f"--store {a.path}", a.ids(), a.texts(), f"--store-b {b.path}", b.ids(), b.texts())
+            if a.n < 4:
+                raise InputError(f"{a.path} holds {a.n} texts; CKA needs at least 4")
+            return {"mode": "stores", "a": a, "b": b, "pooling": pooling}
+        if ctx.data:
+            from layerscope.runtime.corpus import read_corpus
+
+            records, stats = read_corpus(ctx.data)
+            texts = [r.text for r in records]
+            for w in stats.warnings():
+                ctx.say(w)
+            origin = ctx.data
+        else:
+            from layerscope.data.bilingual import generate_pairs
+
+            ps = generate_pairs(o.get("n") or 500, ctx.seed)
+            texts = [p.source for p in ps] + [p.target for p in ps]
+            origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
+        if len(texts) < 4:
+            raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
+        self._kept: dict[str, Any] = {}
+        return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling}
+
+    # -- per model (or store) ----------------------------------------------
+    def _figures(self, ctx: Context, get, layers: list[str], n: int) -> dict[str, Any]:
+        o = ctx.options
+        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.get("no_unbiased"))
+        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
+        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        adjacent = [lin[i, i + 1] for i in range(len(layers) - 1) if not np.isnan(lin[i, i + 1])]
+        return {"summary": {"mean_adjacent_cka": float(np.mean(adjacent)) if adjacent else None,
+                            "first_last_cka": None if np.isnan(lin[0, -1]) else float(lin[0, -1]), "n": n,
+                            "knn_k": k},
+                "layers": layers, "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn,
+                "tables": {"similarity_layers": matrix_rows(lin, unb, knn, layers, layers)}}
+
+    def offline(self, ctx: Context, data):
+        if data["mode"] != "stores":
+            return None
+        pooling = data["pooling"]
+        per_model, meta = {}, {}
+        for key in ("a", "b"):
+            st = data[key]
+            if st is None:
+                continue
+            layers = _store_layers(st, ctx.layers)
+            label = _label(st.manifest, st.path.name)
+            label = label if label not in per_model else f"{label}#b"
+            per_model[label] = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
+            per_model[label]["store"] = str(st.path)
+            meta[label] = {"spec": str(st.path), "manifest": st.manifest, "engine": st.settings.get("engine", {})
+                           if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
+            self._kept = getattr(self, "_kept", {})
+            self._kept[label] = (lambda la, st=st: st[pooling, la], layers, st.n)
+        return per_model, meta
+
+    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+        from layerscope.engines.base import resolve_layers
+
+        layers = resolve_layers(ctx.layers, run.num_layers)
+        pooling = data["pooling"]
+        vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
+        get = (lambda la, v=vecs: v[pooling, la])
+        figs = self._figures(ctx, get, layers, len(data["texts"]))
+        self._kept[run.name if run.name not in self._kept else f"{run.name}#{len(self._kept)}"] = (
+            get, layers, len(data["texts"]))
+        return figs
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        kept = list(getattr(self, "_kept", {}).items())
+        info = {"origin": data.get("origin") or str(data.get("a").path), "pooling": data["pooling"]}
+        if len(kept) < 2:
+            return {"data": info}
+        (name_a, (get_a, la, n)), (name_b, (get_b, lb, _)) = kept[0], kept[1]
+        o = ctx.options
+        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.get("no_unbiased"))
+        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
+        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        rows = [{"model_a": name_a, "model_b": name_b, **r} for r in matrix_rows(lin, unb, knn, la, lb)]
+        return {"data": info, "cross": {"model_a": name_a, "model_b": name_b, "layers_a": la, "layers_b": lb,
+                                        "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn},
+                "tables": {"similarity_cross": rows}}
+
+    # -- rendering ---------------------------------------------------------
+    def plots(self, results, out_dir: Path) -> list[str]:
+        from layerscope.report.plots import heatmap
+
+        out_dir = Path(out_dir)
+        files = []
+        for i, (model, fig) in enumerate(results["per_model"].items()):
+            tag = "" if len(results["per_model"]) == 1 else f"_{i}"
+            for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
+                               ("mutual_knn", f"mutual {fig['summary'].get('knn_k')}-NN")):
+                m = fig.get(key)
+                if m is None:
+                    continue
+                files.append(heatmap(out_dir / f"{key}{tag}.png", _nan(m), fig["layers"], fig["layers"],
+                                     title=f"{title} between layers\n{model}", xlabel="layer", ylabel="layer",
+                                     vmin=0.0 if key != "unbiased_cka" else None, vmax=1.0))
+        cross = results.get("combined", {}).get("cross")
+        if cross:
+            for key in ("linear_cka", "unbiased_cka", "mutual_knn"):
+                if cross.get(key) is None:
+                    continue
+                files.append(heatmap(out_dir / f"cross_{key}.png", _nan(cross[key]), cross["layers_a"],
+                                     cross["layers_b"], title=f"{key}\n{cross['model_a']} vs {cross['model_b']}",
+                                     ylabel=cross["model_a"], xlabel=cross["model_b"], vmax=1.0))
+        return files
+
+    def report(self, results) -> str:
+        from layerscope.report.writer import md_table
+
+        parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; pooling "
+                 f"{results.get('combined', {}).get('data', {}).get('pooling')}."]
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            parts.append(f"\n## {model}\n\nMean CKA between adjacent layers {s['mean_adjacent_cka']}; first vs last "
+                         f"{s['first_last_cka']} ({s['n']} texts).\n")
+            parts.append(_grid_md(fig["linear_cka"], fig["layers"], fig["layers"]))
+        return "\n".join(parts)
+
+    def console_summary(self, results, console) -> None:
+        from rich.table import Table
+
+        def show(title, m, ra, ca):
+            t = Table(title=title)
+            t.add_column("layer")
+            for c in ca:
+                t.add_column(c, justify="right")
+            for i, r in enumerate(ra):
+                t.add_row(r, *("-" if v is None else f"{v:.2f}" for v in m[i]))
+            console.print(t)
+
+        for model, fig in results["per_model"].items():
+            show(f"linear CKA between layers - {model}", fig["linear_cka"], fig["layers"], fig["layers"])
+            s = fig["summary"]
+            console.print(f"{model}: mean adjacent-layer CKA {s['mean_adjacent_cka']:.3f}" if s["mean_adjacent_cka"]
+                          is not None else f"{model}: CKA undefined")
+        cross = results.get("combined", {}).get("cross")
+        if cross:
+            show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns)", cross["linear_cka"],
+                 cross["layers_a"], cross["layers_b"])
+
+
+def _nan(m):
+    return np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)
+
+
+def _grid_md(m, rows, cols) -> str:
+    lines = ["| layer | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for i, r in enumerate(rows):
+        lines.append(f"| {r} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in m[i]) + " |")
+    return "\n".join(lines) + "\n"

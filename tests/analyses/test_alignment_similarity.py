@@ -1,0 +1,129 @@
+"""alignment and similarity on a tiny model, checked against direct numpy computations; index round trip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from layerscope.analyses.base import Context, run_analysis
+from layerscope.errors import InputError
+
+pytest.importorskip("faiss")
+
+N_PERM = 64
+
+
+def _ctx(tmp_path, model, name, **kw):
+    opts = kw.pop("options", {})
+    return Context(models=[str(model)], engine="torch", layers=kw.pop("layers", "all"),
+                   poolings=kw.pop("poolings", ["mean"]), out=tmp_path / name, seed=kw.pop("seed", 3),
+                   options=opts, cache=False, **kw)
+
+
+def _direct_z(S, T, n_perm, seed):
+    """Matched vs scrambled mean cosine with plain numpy (same permutation stream as the library)."""
+    S = S / np.linalg.norm(S, axis=1, keepdims=True)
+    T = T / np.linalg.norm(T, axis=1, keepdims=True)
+    n = len(S)
+    matched = float(np.mean(np.sum(S * T, axis=1)))
+    perms = np.random.default_rng(seed).permuted(np.tile(np.arange(n), (n_perm, 1)), axis=1)
+    scr = np.array([np.mean(np.sum(S * T[p], axis=1)) for p in perms])
+    return matched, (matched - scr.mean()) / scr.std(ddof=1)
+
+
+def test_alignment_z_and_retrieval_match_numpy(tmp_path, tiny_model):
+    from layerscope.analyses import metrics as M
+    from layerscope.data.bilingual import generate_pairs
+    from layerscope.runtime.pipeline import embed
+
+    model = tiny_model("bert")
+    out, res = run_analysis("alignment", _ctx(tmp_path, model, "al", options={
+        "generate": "zh-en", "n": 30, "permutations": N_PERM, "knn": 5}))
+    rows = res["per_model"][next(iter(res["per_model"]))]["tables"]["alignment_layers"]
+    assert [r["layer"] for r in rows] == ["raw", "0", "1", "2"]
+    pairs = generate_pairs(30, 3)
+    texts = [p.source for p in pairs] + [p.target for p in pairs]
+    vecs = embed(str(model), texts, engine="torch", layers="all", poolings=["mean"])
+    for r in rows:
+        v = vecs["mean", r["layer"]].astype(np.float64)
+        matched, z = _direct_z(v[:30], v[30:], N_PERM, 3)
+        assert r["matched"] == pytest.approx(matched, abs=1e-5)
+        assert r["z"] == pytest.approx(z, rel=1e-3, abs=1e-3)
+        ranks = M.cosine_ranks(v[:30], v[30:])
+        assert r["acc@1_src2tgt"] == pytest.approx(np.mean(ranks <= 1))
+        assert r["mrr_src2tgt"] == pytest.approx(np.mean(1 / ranks), abs=1e-6)
+    for f in ("z_by_layer.png", "acc1_by_layer.png", "pc0_separation_by_layer.png", "alignment_layers.csv",
+              "alignment_categories.csv", "pairs.csv", "report.md"):
+        assert (out / f).exists(), f
+    cats = {r["category"] for r in res["per_model"][next(iter(res["per_model"]))]["tables"]["alignment_categories"]}
+    assert len(cats) == 5
+
+
+def test_alignment_bad_input_fails_before_models(tmp_path, tiny_model):
+    s, t = tmp_path / "s.txt", tmp_path / "t.txt"
+    s.write_text("a\nb\n")
+    t.write_text("x\n")
+    ctx = _ctx(tmp_path, "no-such-model-dir", "bad", options={"source_file": str(s), "target_file": str(t)})
+    with pytest.raises(InputError, match="same number of lines"):
+        run_analysis("alignment", ctx)
+    ctx = _ctx(tmp_path, "no-such-model-dir", "bad", options={"source_file": str(s)})
+    with pytest.raises(InputError, match="go together"):
+        run_analysis("alignment", ctx)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_similarity_cka_heatmap_and_values(tmp_path, tiny_model):
+    from layerscope.analyses import metrics as M
+    from layerscope.data.bilingual import generate_pairs
+    from layerscope.runtime.pipeline import embed
+
+    model = tiny_model("bert")
+    out, res = run_analysis("similarity", _ctx(tmp_path, model, "sim", options={"n": 15, "knn": 4}))
+    fig = next(iter(res["per_model"].values()))
+    lin = np.array(fig["linear_cka"], dtype=float)
+    assert fig["layers"] == ["raw", "0", "1", "2"]
+    np.testing.assert_allclose(np.diag(lin), 1.0, atol=1e-9)
+    np.testing.assert_allclose(lin, lin.T)
+    ps = generate_pairs(15, 3)
+    vecs = embed(str(model), [p.source for p in ps] + [p.target for p in ps], engine="torch", layers="all")
+    assert lin[1, 3] == pytest.approx(M.linear_cka(vecs["mean", "0"], vecs["mean", "2"]), abs=1e-6)
+    unb = np.array(fig["unbiased_cka"], dtype=float)
+    assert unb[0, 2] == pytest.approx(M.unbiased_cka(vecs["mean", "raw"], vecs["mean", "1"]), abs=1e-6)
+    assert (out / "linear_cka.png").exists() and (out / "mutual_knn.png").exists()
+
+
+def test_store_similarity_index_and_search(tmp_path, tiny_model):
+    from layerscope.runtime.faiss_index import build_store_index, search_index
+    from layerscope.runtime.pipeline import extract
+
+    texts = [f"the cat number {i} sat on mat {i % 7}" for i in range(40)]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(texts) + "\n")
+    bert, roberta = tiny_model("bert"), tiny_model("roberta")
+    sa = extract(str(bert), str(corpus), tmp_path / "sa", engine="torch", layers="all", poolings=["mean"]).store
+    sb = extract(str(roberta), str(corpus), tmp_path / "sb", engine="torch", layers="all", poolings=["mean"]).store
+    # similarity from two stores (out of core path), cross-model matrix
+    ctx = Context(models=["minilm"], engine="torch", poolings=["mean"], out=tmp_path / "simst",
+                  options={"store": str(sa.path), "store_b": str(sb.path), "knn": 3})
+    _, res = run_analysis("similarity", ctx)
+    cross = res["combined"]["cross"]
+    assert len(cross["linear_cka"]) == len(sa.layers) and len(cross["linear_cka"][0]) == len(sb.layers)
+    assert res["settings"]["models"] == list(res["per_model"])  # no model was loaded
+    other = tmp_path / "c2.txt"
+    other.write_text("\n".join(reversed(texts)) + "\n")
+    sc = extract(str(roberta), str(other), tmp_path / "sc", engine="torch", layers="all", poolings=["mean"]).store
+    ctx.options = {"store": str(sa.path), "store_b": str(sc.path)}
+    with pytest.raises(InputError, match="differ at row 0"):
+        run_analysis("similarity", ctx)
+    # index build + search round trip, and the refusal for another model
+    meta = build_store_index(sa.path, tmp_path / "idx", layer=-1, pooling="mean", kind="flat")
+    assert meta["n"] == 40 and meta["layer"] == "2"
+    assert json.loads((tmp_path / "idx" / "index.json").read_text())["store"] == str(sa.path.resolve())
+    m, hits = search_index(tmp_path / "idx", [texts[5]], k=3, engine="torch")
+    assert hits[0][0].text == texts[5] and hits[0][0].score == pytest.approx(1.0, abs=1e-4)
+    with pytest.raises(InputError, match="built from model .* but the query model is"):
+        search_index(tmp_path / "idx", ["a cat"], model=str(roberta), engine="torch")
+    with pytest.raises(InputError, match="already holds an index"):
+        build_store_index(sa.path, tmp_path / "idx")
