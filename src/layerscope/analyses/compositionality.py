@@ -175,19 +175,11 @@ class Compositionality(Analysis):
         return "\n".join(lines)
 
     def console_summary(self, results: dict[str, Any], console) -> None:
-        from rich.table import Table
+        from layerscope.report.console import layer_by_pooling_table
 
         for model, fig in results.get("per_model", {}).items():
-            rows = fig["tables"]["layers"]
-            pools = list(dict.fromkeys(r["pooling"] for r in rows))
-            table = Table(title=f"{model}: win rate / mean diff per layer ({fig['summary']['items']} items)")
-            table.add_column("layer")
-            for p in pools:
-                table.add_column(f"{p} win rate (diff)", justify="right")
-            for layer in dict.fromkeys(r["layer"] for r in rows):
-                cells = []
-                for p in pools:
-                    r = next((x for x in rows if x["layer"] == layer and x["pooling"] == p), None)
-                    cells.append("-" if r is None else f"{r['win_rate']:.3f} ({r['mean_diff']:+.4f})")
-                table.add_row(layer, *cells)
+            table = layer_by_pooling_table(
+                f"{model}: win rate / mean diff per layer ({fig['summary']['items']} items)",
+                fig["tables"]["layers"], "win rate (diff)",
+                lambda r: f"{r['win_rate']:.3f} ({r['mean_diff']:+.4f})")
             console.print(table)

@@ -271,24 +271,19 @@ class STS(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import layer_by_pooling_table
+
+        def spearman_cell(r):
+            if r["spearman"] is None:
+                return "undefined"
+            ci = (f" [{r['spearman_ci_low']:.3f}, {r['spearman_ci_high']:.3f}]"
+                  if r.get("spearman_ci_low") is not None else "")
+            return f"{r['spearman']:.4f}{ci}"
+
         for model, fig in results.get("per_model", {}).items():
-            rows = fig["tables"]["layers"]
-            pools = list(dict.fromkeys(r["pooling"] for r in rows))
-            table = Table(title=f"{model}: Spearman of cosine vs score per layer ({fig['summary']['pairs']} pairs)")
-            table.add_column("layer")
-            for p in pools:
-                table.add_column(f"{p} Spearman [95% CI]", justify="right")
-            for layer in dict.fromkeys(r["layer"] for r in rows):
-                cells = []
-                for p in pools:
-                    r = next(x for x in rows if x["layer"] == layer and x["pooling"] == p)
-                    if r["spearman"] is None:
-                        cells.append("undefined")
-                    else:
-                        ci = (f" [{r['spearman_ci_low']:.3f}, {r['spearman_ci_high']:.3f}]"
-                              if r.get("spearman_ci_low") is not None else "")
-                        cells.append(f"{r['spearman']:.4f}{ci}")
-                table.add_row(layer, *cells)
+            table = layer_by_pooling_table(
+                f"{model}: Spearman of cosine vs score per layer ({fig['summary']['pairs']} pairs)",
+                fig["tables"]["layers"], "Spearman [95% CI]", spearman_cell)
             console.print(table)
             b = fig["summary"].get("best")
             if b:
