@@ -182,20 +182,29 @@ def report(result_dir: Path = typer.Argument(..., help="A directory written by i
 
 
 @app.command()
-def analyses():
-    """List the analyses and their options."""
+def analyses(name: Optional[str] = typer.Argument(None, help="Show one analysis's options in full.")):
+    """List the analyses (or one analysis's options)."""
     from rich.table import Table
 
-    from layerscope.analyses.base import registry
+    from layerscope.analyses.base import get_analysis, registry
 
-    table = Table(title="analyses (inspect run NAME ...)")
+    if name:
+        meta = get_analysis(name).metadata
+        table = Table(title=f"inspect run {name}: {meta.description}")
+        for col in ("option", "type", "default", "what it does"):
+            table.add_column(col)
+        for o in meta.options:
+            table.add_row(o.flag, o.type.__name__, str(o.default), o.help)
+        console().print(table)
+        console().print(f"main score: {meta.main_score}; default poolings: {', '.join(meta.default_poolings)}")
+        return
+    table = Table(title="analyses: inspect run NAME ... (inspect analyses NAME for its options)")
     table.add_column("name")
     table.add_column("what it does")
-    table.add_column("options")
-    for name, cls in sorted(registry().items()):
+    table.add_column("its own options")
+    for key, cls in sorted(registry().items()):
         meta = cls.metadata
-        opts = "\n".join(f"{o.flag} ({o.type.__name__}, default {o.default}): {o.help}" for o in meta.options)
-        table.add_row(name, meta.description, opts or "-")
+        table.add_row(key, meta.description, " ".join(o.flag for o in meta.options) or "-")
     console().print(table)
 
 
