@@ -125,11 +125,21 @@ class OrtEngine(Engine):
     provider = "CPUExecutionProvider"
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
-                 onnx_file: str | None = None, **options):
+                 onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
+                 **options):
+        from layerscope.export.variants import variant_onnx_file
+
         handle = model.ensure_export()
         super().__init__(handle)
         self.options = options
+        self.variant = variant if variant not in (None, "", "fp32") else None
+        onnx_file = onnx_file or variant_onnx_file(handle.manifest, self.variant)
+        self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
+        if not path.exists():
+            from layerscope.errors import ManifestError
+
+            raise ManifestError(f"{path} does not exist; re-make it with inspect optimize {handle.export_dir}")
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -138,7 +148,10 @@ class OrtEngine(Engine):
         self.pooled_layers: list[str] = list(self.manifest.get("pooled_layers", []))
         self.info.provider = self.session.get_providers()[0]
         self.info.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
-        self.info.precision = self.manifest.get("precision", "fp32")
+        self.info.precision = (self.manifest.get("variants", {}).get(self.variant, {}).get("precision", "fp32")
+                               if self.variant else self.manifest.get("precision", "fp32"))
+        if self.variant:
+            self.info.notes.append(f"variant {self.variant} ({path.name})")
 
     def provider_options(self) -> dict:
         return {}
@@ -167,7 +180,7 @@ class OrtEngine(Engine):
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
-        in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names]
+        in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names] if self.in_graph_pooling else []
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]
             outs = self._run(batch, [f"pooled.{p}" for p in in_graph])

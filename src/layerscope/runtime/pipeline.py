@@ -382,13 +382,72 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     manifest = eng.manifest
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    encoder = eng.encoder(max_length)
-    lengths = encoder.token_lengths(texts)
     out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
-    for rows in plan_batches(lengths, batch_tokens=batch_tokens, max_length=encoder.max_length):
-        batch = encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
-        pooled = eng.run(batch, layer_list, pool_list)
+    for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
+                                        max_length=max_length):
         for p in pool_list:
             for li, layer in enumerate(layer_list):
-                out[p, layer][rows] = pooled[p][li]
+                out[p, layer][batch.index] = pooled[p][li]
     return out
+
+
+def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
+                batch_tokens: int = DEFAULT_BATCH_TOKENS, max_batch: int = DEFAULT_MAX_BATCH,
+                max_length: int | None = None, background: bool = True, depth: int = 4
+                ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
+    """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
+    tokenized on a background thread (``background``) so tokenization overlaps the engine."""
+    encoder = eng.encoder(max_length)
+    lengths = encoder.token_lengths(texts)
+    plan = plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch, max_length=encoder.max_length)
+
+    def make(rows):
+        return encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
+
+    if not background:
+        for rows in plan:
+            batch = make(rows)
+            t = time.perf_counter()
+            pooled = eng.run(batch, layers, poolings)
+            yield batch, pooled, time.perf_counter() - t
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    box: dict[str, BaseException] = {}
+    end = object()
+
+    def work():
+        try:
+            for rows in plan:
+                item = make(rows)
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+        q.put(end)
+
+    thread = threading.Thread(target=work, name="layerscope-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch = q.get()
+            if batch is end:
+                if "error" in box:
+                    raise box["error"]
+                return
+            t = time.perf_counter()
+            pooled = eng.run(batch, layers, poolings)
+            yield batch, pooled, time.perf_counter() - t
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.1)
