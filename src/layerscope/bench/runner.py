@@ -85,7 +85,7 @@ class BenchConfig:
     corpus: str
     layers: str = "all-hidden"
     pooling: str = "mean"
-    batch_tokens: int = 16384
+    batch_tokens: int | None = None  # None: each engine's preferred budget
     max_batch: int = 256
     hf_batch_size: int = 64
     st_batch_size: int = 32
@@ -373,6 +373,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
     run.result["provider"] = eng.info.provider
     run.result["precision"] = eng.info.precision
     run.result["engine_notes"] = list(eng.info.notes)
+    run.result["batch_tokens"] = int(cfg.batch_tokens or eng.preferred_batch_tokens)
 
     def sts_encode(sentences: list[str]) -> np.ndarray:
         out = np.zeros((len(layers), len(sentences), cfg.extra["hidden_size"]), np.float32)

@@ -20,7 +20,7 @@ def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: st
               layers: str = "all", pooling: str = "mean", profile: str = "short", seed: int = 0,
               dtype: str = "float16", batch_tokens: int = 16384, threads: int | None = None) -> dict[str, Any]:
     from layerscope.bench.corpus import iter_synthetic
-    from layerscope.bench.machine import PeakMemory, describe_machine
+    from layerscope.bench.machine import PeakMemory, current_rss, describe_machine
     from layerscope.runtime.pipeline import extract
 
     out = Path(out)
@@ -31,11 +31,18 @@ def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: st
         for text in iter_synthetic(n, seed=seed, profile=profile):
             fh.write(text + "\n")
     write_s = time.perf_counter() - t0
-    checkpoints = [c for c in (10_000, 100_000, 1_000_000, 10_000_000) if c <= n] or [n]
+    checkpoints = [c for c in (10_000, 100_000, 250_000, 500_000, 1_000_000, 10_000_000) if c <= n] or [n]
     if checkpoints[-1] != n:
         checkpoints.append(n)
     marks: list[dict[str, Any]] = []
     mem = PeakMemory(interval=0.05)
+    head = {"kind": "layerscope-scale", "model": model, "engine": engine, "variant": variant, "texts": n,
+            "profile": profile, "layers": layers, "pooling": pooling, "store_dtype": dtype,
+            "corpus_write_s": round(write_s, 2)}
+
+    def save_partial():  # a run stopped early still leaves its checkpoints on disk
+        (out / "scale.json").write_text(json.dumps({**head, "complete": False, "checkpoints": marks}, indent=2)
+                                        + "\n", encoding="utf-8")
 
     class Bar:
         def __init__(self, total_rows, total_tokens):
@@ -49,7 +56,9 @@ def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: st
                 marks.append({"rows": checkpoints[len(marks)], "rows_done": self.rows,
                               "seconds": round(time.perf_counter() - self.t0, 2),
                               "peak_rss_mib": round(mem.peak_rss / 2**20, 1),
-                              "peak_anon_rss_mib": None if mem.peak_anon is None else round(mem.peak_anon / 2**20, 1)})
+                              "peak_anon_rss_mib": None if mem.peak_anon is None else round(mem.peak_anon / 2**20, 1),
+                              "current_rss_mib": round(current_rss() / 2**20, 1)})
+                save_partial()
 
         def close(self):
             pass
@@ -60,9 +69,8 @@ def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: st
                          dtype=dtype, batch_tokens=batch_tokens, force=True, progress=Bar,
                          engine_options=options or None)
     result = {
-        "kind": "layerscope-scale", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": model,
-        "engine": engine, "variant": variant, "texts": report.n, "tokens": report.tokens, "profile": profile,
-        "layers": layers, "pooling": pooling, "store_dtype": dtype, "corpus_write_s": round(write_s, 2),
+        **head, "complete": True, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tokens": report.tokens,
+        "batch_tokens": report.store.settings.get("batch_tokens"),
         "seconds": round(report.seconds, 2), "texts_per_s": report.n / report.seconds,
         "checkpoints": marks, "peak_rss_mib": round(mem.peak_rss / 2**20, 1),
         "peak_anon_rss_mib": None if mem.peak_anon is None else round(mem.peak_anon / 2**20, 1),

@@ -118,6 +118,15 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
     return session
 
 
+def physical_cores() -> int | None:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+    except ImportError:
+        return None
+
+
 class OrtEngine(Engine):
     """Shared session logic; subclasses choose the provider and how outputs come back."""
 
@@ -158,6 +167,7 @@ class OrtEngine(Engine):
 
     def session_entries(self) -> dict:
         return {}
+
 
     def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
         feed = {}
@@ -202,8 +212,26 @@ class OrtEngine(Engine):
 
 @register("ort")
 class CpuEngine(OrtEngine):
+    """CPU EP, tuned from measurements on a 2-core AVX-512 machine (see benchmarks/README.md):
+
+    - intra-op threads = physical cores (hyper-threads add nothing to GEMM-bound work);
+    - no spin-waiting between ops (``spinning=False``): spinning threads burn the cores the
+      tokenizer thread and other processes need; on a loaded machine it cost ~2x;
+    - batches of about 2,048 padded tokens: the stacked ``[layers, batch, seq, hidden]``
+      states of the in-graph pooling then stay in cache; 16,384 was ~1.5x slower per CPU-second.
+    """
+
     name = "ort"
     provider = "CPUExecutionProvider"
+    preferred_batch_tokens = 2048
+
+    def __init__(self, model, *, threads: int | None = None, spinning: bool = False, **options):
+        self.spinning = bool(spinning)
+        super().__init__(model, threads=threads or physical_cores(), **options)
+
+    def session_entries(self) -> dict:
+        flag = "1" if self.spinning else "0"
+        return {"session.intra_op.allow_spinning": flag, "session.inter_op.allow_spinning": flag}
 
 
 @register("cuda")

@@ -17,9 +17,11 @@ tolerance is not written.
   those is what drops layers' cosine to ~0.9.
 - ``fp16``: weights and compute in fp16, inputs/outputs fp32, with
   LayerNormalization/Softmax/reductions/pooling kept in fp32.
-- ``bf16``: ONNX Runtime's CPU execution provider has no bf16 MatMul kernels;
-  asking for it raises a clear error instead of writing a model that falls
-  back to slow casts.
+- ``bf16``: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add
+  kernels (checked with onnxruntime 1.31: a bf16 MatMul graph fails with
+  NOT_IMPLEMENTED); asking for it raises a clear error.
+- ``opt`` then ``int8`` is refused: the dynamic quantizer cannot infer the
+  types of the optimizer's com.microsoft ops.
 """
 
 from __future__ import annotations
@@ -66,9 +68,9 @@ def check_kind(kind: str) -> str:
             "fuses the quantized graph at session start)")
     if kind == "bf16":
         raise InputError(
-            "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul/attention "
-            "kernels (a bf16 graph runs as casts around fp32 kernels, slower than fp32); use int8 on CPU, "
-            "fp16 on GPU")
+            "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add "
+            "kernels (a bf16 graph fails with NOT_IMPLEMENTED), although this CPU has avx512_bf16; use int8 on "
+            "CPU, fp16 on GPU")
     if kind not in VARIANT_KINDS:
         from difflib import get_close_matches
 

@@ -210,7 +210,7 @@ _MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input"
 
 
 def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
-            poolings=("mean",), dtype: str = "float32", batch_tokens: int = DEFAULT_BATCH_TOKENS,
+            poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
             max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
             force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | Callable = False,
@@ -259,6 +259,8 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             log.info("store already complete")
     if eng is None:
         eng = create_engine(engine, handle, **(engine_options or {}))
+    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
+    settings["batch_tokens"] = batch_tokens
     encoder = eng.encoder(max_len)
     if store is None:
         records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
@@ -370,7 +372,7 @@ def _progress_bar(progress, total_rows: int, total_tokens: int):
 # ---------------------------------------------------------------- in-memory convenience
 
 def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all", poolings=("mean",),
-          batch_tokens: int = DEFAULT_BATCH_TOKENS, max_length: int | None = None,
+          batch_tokens: int | None = None, max_length: int | None = None,
           engine_options: dict | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Pooled vectors of a small list of texts, in memory: ``{(pooling, layer): [n, hidden]}``."""
     from layerscope.export.manifest import ModelHandle
@@ -392,13 +394,14 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
 
 def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
-                batch_tokens: int = DEFAULT_BATCH_TOKENS, max_batch: int = DEFAULT_MAX_BATCH,
+                batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
                 max_length: int | None = None, background: bool = True, depth: int = 4
                 ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
     """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
     tokenized on a background thread (``background``) so tokenization overlaps the engine."""
     encoder = eng.encoder(max_length)
     lengths = encoder.token_lengths(texts)
+    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
     plan = plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch, max_length=encoder.max_length)
 
     def make(rows):
