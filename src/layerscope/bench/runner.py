@@ -298,7 +298,7 @@ class _Clock:
 def _timing(n: int, tokens: int, clock: "_Clock", lat: list[float], setup: float, mem) -> dict[str, Any]:
     seconds = clock.seconds
     return {
-        "texts": n, "tokens": tokens, "seconds": round(seconds, 4),
+        "texts": n, "tokens": tokens, "seconds": seconds,
         "texts_per_s": n / seconds, "tokens_per_s": tokens / seconds,
         "cpu_s": round(clock.cpu, 3), "texts_per_cpu_s": n / clock.cpu if clock.cpu > 0 else None,
         "load_avg_1m": [clock.load_before, clock.load_after],
