@@ -206,7 +206,7 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
     }
 
 
-_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input")
+_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant")
 
 
 def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
@@ -244,6 +244,8 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     source_desc = source if isinstance(source, (str, Path)) else f"<{len(source)} texts in memory>"
     settings = _settings(handle, engine if isinstance(engine, str) else engine.name, layer_list, pool_list,
                          dtype, batch_tokens, max_batch, max_len, str(source_desc))
+    variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
+    settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     store: LayerStore | None = None
