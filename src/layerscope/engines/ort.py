@@ -145,10 +145,14 @@ class OrtEngine(Engine):
         onnx_file = onnx_file or variant_onnx_file(handle.manifest, self.variant)
         self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
-        if not path.exists():
+        if self.variant:
             from layerscope.errors import ManifestError
+            from layerscope.export.manifest import file_sha256
 
-            raise ManifestError(f"{path} does not exist; re-make it with inspect optimize {handle.export_dir}")
+            entry = handle.manifest["variants"][self.variant]
+            if not path.exists() or file_sha256(path) != entry["sha256"]:
+                raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
+                                    f"inspect optimize {handle.export_dir} --variant {self.variant} --force")
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
