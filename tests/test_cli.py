@@ -153,3 +153,16 @@ def test_run_refuses_to_replace_a_directory_that_is_not_a_result(capsys, tmp_pat
     code, text = run_cli(["run", "compositionality", "--model", "minilm", "--out", str(precious)], capsys)
     assert_one_error_line(code, text, "not a layerscope result directory")
     assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_usage_errors_and_unexpected_errors_are_one_line(capsys):
+    code, text = run_cli(["extract", "--bogus"], capsys)
+    assert code == 2 and "No such option: --bogus" in text and "Traceback" not in text
+    import layerscope.cli as cli
+
+    def boom():
+        raise RuntimeError("boom")
+
+    cli.app.command("boom-for-test")(boom)
+    code, text = run_cli(["boom-for-test"], capsys)
+    assert code == 1 and "internal error: RuntimeError: boom" in text and "Traceback" not in text

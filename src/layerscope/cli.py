@@ -115,7 +115,8 @@ def extract(
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
     pooling: str = typer.Option("mean", help="Comma list: mean, cls, last, max, eos, mean-nobos."),
     dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
-    batch_tokens: int = typer.Option(16384, help="Token budget per batch (padded tokens)."),
+    batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
+                                                          "the engine's, 2048 on CPU, 16384 on GPU)."),
     max_batch: int = typer.Option(256, help="Most texts per batch."),
     max_length: Optional[int] = typer.Option(None, help="Truncate texts to this many tokens."),
     text_field: Optional[str] = typer.Option(None, "--text-field", help="JSONL field with the text."),
@@ -125,6 +126,7 @@ def extract(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted extraction."),
     force: bool = typer.Option(False, "--force", help="Replace an existing store."),
     threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.report.console import print_extract_summary
@@ -135,7 +137,7 @@ def extract(
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
-                         engine_options={"threads": threads} if threads else None)
+                         engine_options=_engine_options(threads=threads, variant=variant))
     print_extract_summary(c, report)
 
 
@@ -271,6 +273,85 @@ def search(
     c.print(f"[dim]{meta['backend_used']}[/dim]")
 
 
+def _engine_options(**options) -> dict | None:
+    kept = {k: v for k, v in options.items() if v}
+    return kept or None
+
+
+# ---------------------------------------------------------------- variants and bench
+
+@app.command()
+def optimize(
+    export_dir: Path = typer.Argument(..., help="An export dir made by inspect export."),
+    variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU)."),
+    force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
+):
+    """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
+    from layerscope.export.variants import check_kind, make_variant
+    from layerscope.report.console import print_variant
+
+    kinds = [check_kind(k) for k in split_list(variant) or []]
+    c = console()
+    for kind in kinds:
+        entry = make_variant(export_dir, kind, force=force, progress=lambda msg: c.print(f"[dim]- {msg}[/dim]"))
+        print_variant(c, kind, entry)
+
+
+@app.command()
+def bench(
+    model: str = typer.Option("minilm", "--model", "-m", help="Export dir (or a model, exported on first use)."),
+    engines: str = typer.Option("torch,ort,ort-int8", "--engines", "-e",
+                                help="Comma list: torch, ort, ort-tokens, ort-noopt, ort-opt, ort-int8, ort-fp16, "
+                                     "ort-bf16, cuda, cuda-fp16, trt, trt-fp16 (hf-eager and "
+                                     "sentence-transformers always run)."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus file (.txt, .jsonl, .csv, ...)."),
+    synthetic: Optional[int] = typer.Option(None, "--synthetic", help="Use N seeded synthetic texts instead."),
+    profile: str = typer.Option("mixed", help="Synthetic length profile: mixed, short, long."),
+    seed: int = typer.Option(0, help="Synthetic corpus seed."),
+    batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch for layerscope engines "
+                                                          "(default: each engine's own, 2048 on CPU)."),
+    max_batch: int = typer.Option(256, help="Most texts per batch for layerscope engines."),
+    pooling: str = typer.Option("mean", help="Pooling applied to every layer."),
+    layers: str = typer.Option("all-hidden", help="all-hidden (0..L), all (with raw), or e.g. 0,3,-1."),
+    sts: Optional[str] = typer.Option(None, "--sts", help="STS Benchmark file: Spearman per layer per engine."),
+    threads: Optional[int] = typer.Option(None, help="Threads for every engine (default: each engine's own)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results dir (default benchmarks/results/<time>)."),
+    no_st: bool = typer.Option(False, "--no-sentence-transformers", help="Skip the sentence-transformers baseline."),
+    no_plot: bool = typer.Option(False, "--no-plot", help="Skip the PNG bar plot."),
+):
+    """Every engine over the same texts: texts/s, latency, memory, speed-ups and per-layer accuracy."""
+    import shlex
+    import time as _time
+
+    from layerscope.bench.report import markdown_table, write_results
+    from layerscope.bench.runner import BenchConfig, parse_engines, run_bench
+    from layerscope.errors import InputError
+
+    if (corpus is None) == (synthetic is None):
+        raise InputError("give exactly one of --corpus FILE or --synthetic N")
+    names = parse_engines(engines)
+    if synthetic is not None:
+        from layerscope.bench.corpus import synthetic_texts
+
+        texts = synthetic_texts(synthetic, seed=seed, profile=profile)
+        corpus_name = f"synthetic-{profile} (seed {seed})"
+    else:
+        from layerscope.runtime.corpus import iter_corpus
+
+        texts = [r.text for r in iter_corpus(corpus)]
+        corpus_name = Path(corpus).name
+    c = console()
+    cfg = BenchConfig(model=model, engines=names, texts=texts, corpus=corpus_name, layers=layers, pooling=pooling,
+                      batch_tokens=batch_tokens, max_batch=max_batch, sts=sts, include_st=not no_st,
+                      threads=threads, progress=lambda msg: c.print(f"[dim]- {msg}[/dim]"))
+    result = run_bench(cfg)
+    result["command"] = "inspect " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out = out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S")
+    paths = write_results(result, out, plot=not no_plot)
+    c.print(markdown_table(result))
+    c.print(f"saved {', '.join(str(p) for p in paths.values())}")
+
+
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,15 +368,20 @@ def main(argv: list[str] | None = None) -> None:
         err_console().print("[yellow]interrupted[/yellow]: work written so far is kept; "
                             "re-run with --resume to continue")
         sys.exit(130)
-    except Exception as exc:  # click usage errors and the unexpected
-        import click
+    except Exception as exc:  # usage errors and the unexpected
+        # typer >= 0.29 carries its own click; older typer uses the click package
+        exit_cls, abort_cls = getattr(typer, "Exit", None), getattr(typer, "Abort", None)
+        try:
+            from typer._click import ClickException
+        except ImportError:  # typer < 0.29
+            from click import ClickException
 
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
+        if exit_cls is not None and isinstance(exc, exit_cls):
+            sys.exit(getattr(exc, "exit_code", 0))
+        if isinstance(exc, ClickException):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if abort_cls is not None and isinstance(exc, abort_cls):
             sys.exit(130)
         if STATE["debug"]:
             raise

@@ -175,6 +175,7 @@ class Engine(ABC):
     """One backend that runs a model and hands back per-layer outputs as numpy arrays."""
 
     name: str = ""
+    preferred_batch_tokens: int = 16384  # padded tokens per batch when the caller does not say
 
     def __init__(self, model):
         from layerscope.export.manifest import ModelHandle

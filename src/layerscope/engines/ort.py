@@ -135,6 +135,15 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
     return session
 
 
+def physical_cores() -> int | None:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+    except ImportError:
+        return None
+
+
 class OrtEngine(Engine):
     """Shared session logic; subclasses choose the provider and how outputs come back."""
 
@@ -142,11 +151,25 @@ class OrtEngine(Engine):
     provider = "CPUExecutionProvider"
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
-                 onnx_file: str | None = None, **options):
+                 onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
+                 **options):
+        from layerscope.export.variants import variant_onnx_file
+
         handle = model.ensure_export()
         super().__init__(handle)
         self.options = options
+        self.variant = variant if variant not in (None, "", "fp32") else None
+        onnx_file = onnx_file or variant_onnx_file(handle.manifest, self.variant)
+        self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
+        if self.variant:
+            from layerscope.errors import ManifestError
+            from layerscope.export.manifest import file_sha256
+
+            entry = handle.manifest["variants"][self.variant]
+            if not path.exists() or file_sha256(path) != entry["sha256"]:
+                raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
+                                    f"inspect optimize {handle.export_dir} --variant {self.variant} --force")
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -155,13 +178,17 @@ class OrtEngine(Engine):
         self.pooled_layers: list[str] = list(self.manifest.get("pooled_layers", []))
         self.info.provider = self.session.get_providers()[0]
         self.info.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
-        self.info.precision = self.manifest.get("precision", "fp32")
+        self.info.precision = (self.manifest.get("variants", {}).get(self.variant, {}).get("precision", "fp32")
+                               if self.variant else self.manifest.get("precision", "fp32"))
+        if self.variant:
+            self.info.notes.append(f"variant {self.variant} ({path.name})")
 
     def provider_options(self) -> dict:
         return {}
 
     def session_entries(self) -> dict:
         return {}
+
 
     def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
         feed = {}
@@ -191,7 +218,7 @@ class OrtEngine(Engine):
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
-        in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names]
+        in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names] if self.in_graph_pooling else []
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]
             outs = self._run(batch, [f"pooled.{p}" for p in in_graph])
@@ -220,8 +247,26 @@ class OrtEngine(Engine):
 
 @register("ort")
 class CpuEngine(OrtEngine):
+    """CPU EP, tuned from measurements on a 2-core AVX-512 machine (see benchmarks/README.md):
+
+    - intra-op threads = physical cores (hyper-threads add nothing to GEMM-bound work);
+    - no spin-waiting between ops (``spinning=False``): spinning threads burn the cores the
+      tokenizer thread and other processes need; on a loaded machine it cost ~2x;
+    - batches of about 2,048 padded tokens: the stacked ``[layers, batch, seq, hidden]``
+      states of the in-graph pooling then stay in cache; 16,384 was ~1.5x slower per CPU-second.
+    """
+
     name = "ort"
     provider = "CPUExecutionProvider"
+    preferred_batch_tokens = 2048
+
+    def __init__(self, model, *, threads: int | None = None, spinning: bool = False, **options):
+        self.spinning = bool(spinning)
+        super().__init__(model, threads=threads or physical_cores(), **options)
+
+    def session_entries(self) -> dict:
+        flag = "1" if self.spinning else "0"
+        return {"session.intra_op.allow_spinning": flag, "session.inter_op.allow_spinning": flag}
 
 
 @register("cuda")

@@ -97,3 +97,23 @@ def layer_by_pooling_table(title: str, rows: list[dict], column: str, cell) -> "
     for layer in dict.fromkeys(r["layer"] for r in rows):
         table.add_row(layer, *("-" if (layer, p) not in by_key else cell(by_key[layer, p]) for p in pools))
     return table
+
+
+def print_variant(console, kind: str, entry: dict) -> None:
+    """One variant's file, fusions and per-output parity against PyTorch fp32."""
+    from rich.table import Table
+
+    tol = entry["tolerance"]
+    console.print(f"variant [bold]{kind}[/bold] -> {entry['file']} ({entry['bytes'] / 2**20:.1f} MiB, "
+                  f"{entry['precision']}, built in {entry['build_seconds']:.1f} s)")
+    if entry.get("fusions") is not None:
+        fused = ", ".join(f"{k} x{v}" for k, v in entry["fusions"].items()) or "none"
+        console.print(f"fusions applied: {fused}")
+    table = Table(title=f"parity against PyTorch fp32 (tolerance: max abs {tol.get('max_abs')}, "
+                        f"min cosine {tol.get('min_cos')})")
+    table.add_column("output")
+    table.add_column("max abs diff", justify="right")
+    table.add_column("min cosine", justify="right")
+    for name, s in entry["parity"]["outputs"].items():
+        table.add_row(name, f"{s['max_abs']:.2e}", f"{s['min_cos']:.6f}")
+    console.print(table)

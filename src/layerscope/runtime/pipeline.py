@@ -213,11 +213,11 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
     }
 
 
-_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input")
+_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant")
 
 
 def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
-            poolings=("mean",), dtype: str = "float32", batch_tokens: int = DEFAULT_BATCH_TOKENS,
+            poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
             max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
             force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | Callable = False,
@@ -251,6 +251,8 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     source_desc = source if isinstance(source, (str, Path)) else f"<{len(source)} texts in memory>"
     settings = _settings(handle, engine if isinstance(engine, str) else engine.name, layer_list, pool_list,
                          dtype, batch_tokens, max_batch, max_len, str(source_desc))
+    variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
+    settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     store: LayerStore | None = None
@@ -269,6 +271,8 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         # of at most max_len tokens (other engines ignore these).
         options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
         eng = create_engine(engine, handle, **options)
+    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
+    settings["batch_tokens"] = batch_tokens
     encoder = eng.encoder(max_len)
     if store is None:
         records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
@@ -382,7 +386,7 @@ def _progress_bar(progress, total_rows: int, total_tokens: int):
 # ---------------------------------------------------------------- in-memory convenience
 
 def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all", poolings=("mean",),
-          batch_tokens: int = DEFAULT_BATCH_TOKENS, max_length: int | None = None,
+          batch_tokens: int | None = None, max_length: int | None = None,
           engine_options: dict | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Pooled vectors of a small list of texts, in memory: ``{(pooling, layer): [n, hidden]}``."""
     from layerscope.export.manifest import ModelHandle
@@ -394,13 +398,73 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     manifest = eng.manifest
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    encoder = eng.encoder(max_length)
-    lengths = encoder.token_lengths(texts)
     out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
-    for rows in plan_batches(lengths, batch_tokens=batch_tokens, max_length=encoder.max_length):
-        batch = encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
-        pooled = eng.run(batch, layer_list, pool_list)
+    for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
+                                        max_length=max_length):
         for p in pool_list:
             for li, layer in enumerate(layer_list):
-                out[p, layer][rows] = pooled[p][li]
+                out[p, layer][batch.index] = pooled[p][li]
     return out
+
+
+def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
+                batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                max_length: int | None = None, background: bool = True, depth: int = 4
+                ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
+    """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
+    tokenized on a background thread (``background``) so tokenization overlaps the engine."""
+    encoder = eng.encoder(max_length)
+    lengths = encoder.token_lengths(texts)
+    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
+    plan = plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch, max_length=encoder.max_length)
+
+    def make(rows):
+        return encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
+
+    if not background:
+        for rows in plan:
+            batch = make(rows)
+            t = time.perf_counter()
+            pooled = eng.run(batch, layers, poolings)
+            yield batch, pooled, time.perf_counter() - t
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    box: dict[str, BaseException] = {}
+    end = object()
+
+    def work():
+        try:
+            for rows in plan:
+                item = make(rows)
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+        q.put(end)
+
+    thread = threading.Thread(target=work, name="layerscope-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch = q.get()
+            if batch is end:
+                if "error" in box:
+                    raise box["error"]
+                return
+            t = time.perf_counter()
+            pooled = eng.run(batch, layers, poolings)
+            yield batch, pooled, time.perf_counter() - t
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.1)

@@ -41,6 +41,20 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _release_pages(arr: np.ndarray) -> None:
+    """madvise(DONTNEED) a flushed, shared, file-backed memmap (a no-op where unsupported)."""
+    import mmap
+
+    mm = getattr(arr, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is None or advice is None or not hasattr(mm, "madvise"):
+        return
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
+
+
 def _pool_dir(pooling: str) -> str:
     return pooling  # pooling names are already file-safe (mean, cls, mean-nobos, ...)
 
@@ -180,9 +194,15 @@ class LayerStore:
                 self[pooling, layer][index] = arr[li]
 
     def commit(self, index: np.ndarray) -> None:
-        """Flush the arrays, then mark rows done (in that order)."""
+        """Flush the arrays, then mark rows done (in that order).
+
+        Once flushed, the written pages are released from this process's mapping
+        (they stay in the file and the page cache), so the resident memory of a long
+        extraction stays flat instead of growing with the store.
+        """
         for arr in self._arrays.values():
             arr.flush()
+            _release_pages(arr)
         done = self.done_mask()
         done[index] = 1
         done.flush()

@@ -1,0 +1,1 @@
+"""``inspect bench``: every engine over the same texts in one process, speed and accuracy side by side."""

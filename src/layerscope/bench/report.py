@@ -1,0 +1,103 @@
+"""Bench results on disk: ``bench.json``, ``bench.md`` (the table) and ``bench.png`` (bar plot)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _f(value, fmt: str, none: str = "-") -> str:
+    return none if value is None else format(value, fmt)
+
+
+def worst_accuracy(result: dict[str, Any]) -> tuple[float | None, float | None, str | None]:
+    """(max |diff| over layers, min cosine over layers, the layer with the min cosine)."""
+    acc = result.get("accuracy") or {}
+    if not acc:
+        return None, None, None
+    abs_vals = [a["max_abs"] for a in acc.values() if a.get("max_abs") is not None]
+    layer = min(acc, key=lambda k: acc[k]["min_cos"])
+    return (max(abs_vals) if abs_vals else None), acc[layer]["min_cos"], layer
+
+
+def _load(r: dict[str, Any]) -> str:
+    vals = [v for v in (r.get("load_avg_1m") or []) if v is not None]
+    return "-" if not vals else "/".join(f"{v:.1f}" for v in vals)
+
+
+def markdown_table(bench: dict[str, Any]) -> str:
+    s = bench["settings"]
+    m = bench["machine"]
+    final = s["layers"][-1]
+    lines = [
+        f"Model `{bench['model']['source']}` ({bench['model']['family']}, {bench['model']['num_layers']} layers), "
+        f"corpus {bench['corpus']['name']} ({bench['corpus']['texts']:,} texts, "
+        f"{_f(bench['corpus']['tokens_unpadded'], ',')} tokens), layers {s['layers'][0]}..{final}, "
+        f"pooling {s['pooling']}; {m['cpu_model']}, {m['usable_cores']} cores, GPU: {m['gpu']}.",
+        "",
+        "| engine | texts/s | tokens/s | p50 ms | p95 ms | peak RSS MiB | setup s | x hf-eager | x sent-tr "
+        "| texts/CPU-s | x hf-eager (CPU) | load 1m | worst max abs | worst min cos (layer) | STS final "
+        "| STS worst drop (layer) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in bench["results"]:
+        if not r.get("available"):
+            continue
+        max_abs, min_cos, layer = worst_accuracy(r)
+        sts = r.get("sts_spearman") or {}
+        delta = r.get("sts_spearman_delta") or {}
+        worst_drop = min(delta.items(), key=lambda kv: kv[1]) if delta else None
+        lines.append(
+            f"| {r['engine']} | {r['texts_per_s']:,.1f} | {r['tokens_per_s']:,.0f} | "
+            f"{_f(r.get('latency_p50_ms'), '.1f')} | {_f(r.get('latency_p95_ms'), '.1f')} | "
+            f"{r['peak_rss_mib']:,.0f} | {r['setup_s']:.2f} | {_f(r.get('speedup_vs_hf_eager'), '.2f')} | "
+            f"{_f(r.get('speedup_vs_sentence_transformers'), '.2f')} | {_f(r.get('texts_per_cpu_s'), ',.1f')} | "
+            f"{_f(r.get('cpu_speedup_vs_hf_eager'), '.2f')} | {_load(r)} | {_f(max_abs, '.2e')} | "
+            f"{_f(min_cos, '.6f')}{f' ({layer})' if layer else ''} | {_f(sts.get(final), '.2f')} | "
+            + (f"{worst_drop[1]:+.2f} ({worst_drop[0]})" if worst_drop else "-") + " |")
+    missing = [r for r in bench["results"] if not r.get("available")]
+    if missing:
+        lines += ["", "Not run here:", ""]
+        lines += [f"- `{r['engine']}`: {r['reason']}" for r in missing]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(bench: dict[str, Any], out_dir: str | Path, *, plot: bool = True) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
+    paths["json"].write_text(json.dumps(bench, indent=2) + "\n", encoding="utf-8")
+    command = bench.get("command")
+    md = f"# layerscope bench\n\n{'Command: `' + command + '`' + chr(10) + chr(10) if command else ''}"
+    paths["markdown"].write_text(md + markdown_table(bench), encoding="utf-8")
+    if plot:
+        paths["plot"] = out / "bench.png"
+        bar_plot(bench, paths["plot"])
+    return paths
+
+
+def bar_plot(bench: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in bench["results"] if r.get("available")]
+    names = [r["engine"] for r in rows]
+    speeds = [r["texts_per_s"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
+    colors = ["#999999" if r["kind"] == "baseline" else "#3b6ea5" for r in rows]
+    bars = ax.bar(names, speeds, color=colors)
+    for bar, r in zip(bars, rows):
+        x = r.get("speedup_vs_hf_eager")
+        ax.annotate(f"{r['texts_per_s']:,.0f}" + (f"\n{x:.1f}x" if x else ""),
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("texts / s")
+    ax.set_title(f"{bench['model']['source']}: {bench['corpus']['texts']:,} texts, "
+                 f"{len(bench['settings']['layers'])} layers {bench['settings']['pooling']}-pooled")
+    ax.tick_params(axis="x", rotation=30)
+    ax.margins(y=0.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

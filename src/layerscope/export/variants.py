@@ -1,0 +1,329 @@
+"""Optimized and reduced-precision variants of an export: ``opt``, ``int8``, ``fp16``, ``bf16``.
+
+Each variant is another ``.onnx`` file in the same export dir (``model.<kind>.onnx``)
+whose outputs are exactly the fp32 export's outputs (every hidden state,
+``raw_embeddings``, ``pooled.*``).  It is checked against PyTorch fp32 on the
+same validation batches as the export itself, and recorded in
+``manifest.json`` under ``variants``: file, sha256, per-output parity,
+fusions that applied, the tolerance it was held to.  A variant outside its
+tolerance is not written.
+
+- ``opt``: ONNX Runtime's offline transformer optimizer (attention, LayerNorm,
+  GELU, embedding fusion).  Fusion counts come from the optimizer itself, so
+  an extra graph output that blocks a fusion shows up as a missing count.
+- ``int8``: dynamic quantization of the weight MatMuls only (per-channel int8
+  weights, uint8 activations quantized per batch).  Activation x activation
+  MatMuls (attention scores, the in-graph pooling) stay in fp32: quantizing
+  those is what drops layers' cosine to ~0.9.
+- ``fp16``: weights and compute in fp16, inputs/outputs fp32, with
+  LayerNormalization/Softmax/reductions/pooling kept in fp32.
+- ``bf16``: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add
+  kernels (checked with onnxruntime 1.31: a bf16 MatMul graph fails with
+  NOT_IMPLEMENTED); asking for it raises a clear error.
+- ``opt`` then ``int8`` is refused: the dynamic quantizer cannot infer the
+  types of the optimizer's com.microsoft ops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import ExportError, InputError
+from layerscope.export.manifest import MANIFEST, ONNX_FILE, file_sha256, read_manifest
+
+VARIANT_KINDS = ("opt", "int8", "fp16", "bf16")
+
+# Held per output against fp32 PyTorch.  max_abs None means "recorded, not a limit":
+# reduced precision is judged by direction (cosine), since hidden-state magnitudes differ by layer.
+TOLERANCES: dict[str, dict[str, float | None]] = {
+    "opt": {"max_abs": 1e-4, "min_cos": 0.99999},
+    "int8": {"max_abs": None, "min_cos": 0.96},
+    "fp16": {"max_abs": None, "min_cos": 0.999},
+}
+
+INT8_KEEP_DOWN_PROJ = False
+
+_OPTIMIZER_MODEL_TYPE = {"bert": "bert", "roberta": "bert", "deberta-v2": "bert", "clip-text": "clip",
+                         "gpt2": "gpt2", "t5-encoder": "t5", "qwen2": "bert", "qwen3": "bert"}
+
+# fp16: ops kept in fp32 (numerically sensitive: DeBERTa and T5 overflow otherwise)
+FP16_BLOCK_LIST = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+                   "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "Softmax", "ReduceMean",
+                   "Pow", "Sqrt", "Erf"]
+
+
+def variant_file(kind: str) -> str:
+    return f"model.{kind}.onnx"
+
+
+def check_kind(kind: str) -> str:
+    if kind == "opt-int8":
+        raise InputError(
+            "variant 'opt-int8' is not supported: onnxruntime 1.31's dynamic quantizer cannot infer the types of "
+            "the optimizer's com.microsoft ops (Attention, SkipLayerNormalization); use 'int8' (ONNX Runtime "
+            "fuses the quantized graph at session start)")
+    if kind == "bf16":
+        raise InputError(
+            "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add "
+            "kernels (a bf16 graph fails with NOT_IMPLEMENTED), although this CPU has avx512_bf16; use int8 on "
+            "CPU, fp16 on GPU")
+    if kind not in VARIANT_KINDS:
+        from difflib import get_close_matches
+
+        hint = get_close_matches(kind, VARIANT_KINDS, n=1)
+        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise InputError(f"unknown variant '{kind}'{extra}; choose from {', '.join(k for k in VARIANT_KINDS if k != 'bf16')}")
+    return kind
+
+
+def _num_heads(export_dir: Path, manifest: dict[str, Any]) -> int:
+    cfg_path = export_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    cfg = cfg.get("text_config", cfg) if manifest.get("family") == "clip-text" else cfg
+    return int(cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads") or 0)
+
+
+# ---------------------------------------------------------------- the three transforms
+
+def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: int) -> dict[str, int]:
+    """Offline transformer fusion; returns the optimizer's own fused-operator counts (non-zero ones)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type = _OPTIMIZER_MODEL_TYPE.get(manifest.get("family", ""), "bert")
+    options = FusionOptions(model_type)
+    with _quiet():
+        opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
+                             hidden_size=int(manifest["hidden_size"]), opt_level=0, use_gpu=False,
+                             optimization_options=options)
+    stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
+    if any(n.domain == "com.microsoft" for n in opt.model.graph.node) and \
+            not any(o.domain == "com.microsoft" for o in opt.model.opset_import):
+        from onnx import helper  # the optimizer forgets this; the quantizer's shape inference needs it
+
+        opt.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _save(opt.model, dst)
+    return stats
+
+
+def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN_PROJ) -> dict[str, Any]:
+    """Dynamic int8 of the weight MatMuls (and fused Attention weights); everything else stays fp32.
+
+    With ``keep_down_proj`` the feed-forward down-projections (weight ``[k, n]`` with ``k > n``)
+    stay fp32: their input is the post-GELU activation whose outliers make one per-tensor
+    uint8 scale coarse for every other value.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(src))
+    weights = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    targets = []
+    skipped = 0
+    kept_down = 0
+    for node in model.graph.node:
+        if node.name.startswith("layerscope/"):
+            continue  # in-graph pooling and raw embeddings: exact fp32
+        if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in weights:
+            shape = weights[node.input[1]]
+            if keep_down_proj and len(shape) == 2 and shape[0] > shape[1]:
+                kept_down += 1
+                continue
+            targets.append(node.name)
+        elif node.op_type == "Attention":
+            targets.append(node.name)
+        elif node.op_type in ("MatMul", "Gemm"):
+            skipped += 1
+    if not targets:
+        raise ExportError(f"{src.name} has no weight MatMul to quantize")
+    with _quiet():
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+                         nodes_to_quantize=targets, op_types_to_quantize=["MatMul", "Attention"],
+                         extra_options={"MatMulConstBOnly": True})
+    return {"quantized_nodes": len(targets), "activation_matmuls_fp32": skipped,
+            "down_projections_fp32": kept_down, "weight_type": "int8 per-channel",
+            "activations": "uint8 dynamic per batch"}
+
+
+def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(src))
+    keep = [n.name for n in model.graph.node if n.name.startswith("layerscope/")]
+    with _quiet():
+        half = convert_float_to_float16(model, keep_io_types=True, op_block_list=FP16_BLOCK_LIST,
+                                        node_block_list=keep)
+    # The converter inserts one identical Cast per consumer of a blocked Cast node (same name, same
+    # output), which ONNX Runtime rejects as a duplicate definition: keep the first of each.
+    seen: set[bytes] = set()
+    nodes = []
+    for node in half.graph.node:
+        key = node.SerializeToString()
+        if key not in seen:
+            seen.add(key)
+            nodes.append(node)
+    dropped = len(half.graph.node) - len(nodes)
+    del half.graph.node[:]
+    half.graph.node.extend(nodes)
+    _save(half, dst)
+    return {"kept_fp32_ops": FP16_BLOCK_LIST, "kept_fp32_nodes": len(keep), "duplicate_casts_dropped": dropped}
+
+
+def _save(model, dst: Path) -> None:
+    import onnx
+
+    tmp = dst.with_name(dst.name + ".tmp")
+    big = model.ByteSize() >= 1_800_000_000
+    onnx.save(model, str(tmp), save_as_external_data=big, all_tensors_to_one_file=True,
+              location=dst.name + "_data" if big else None)
+    os.replace(tmp, dst)
+
+
+class _quiet:
+    """Silence the optimizer's and quantizer's logging and warnings while they run."""
+
+    def __enter__(self):
+        import logging
+        import warnings
+
+        self._warn = warnings.catch_warnings()
+        self._warn.__enter__()
+        warnings.simplefilter("ignore")
+        self._levels = {}
+        for name in ("onnxruntime", "root", "fusion_base", "onnx_model", "optimizer"):
+            lg = logging.getLogger(None if name == "root" else name)
+            self._levels[name] = lg.level
+            lg.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        import logging
+
+        for name, level in self._levels.items():
+            logging.getLogger(None if name == "root" else name).setLevel(level)
+        self._warn.__exit__(*exc)
+        return False
+
+
+# ---------------------------------------------------------------- make + check + record
+
+def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
+                 tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
+    """Write ``model.<kind>.onnx`` next to ``model.onnx``, check it against torch, record it; return its entry."""
+    from layerscope.export.manifest import verify_export
+
+    check_kind(kind)
+    say = progress or (lambda msg: None)
+    export_dir = Path(export_dir)
+    manifest = read_manifest(export_dir)
+    verify_export(export_dir, manifest)
+    existing = manifest.get("variants", {}).get(kind)
+    if existing and not force and (export_dir / existing["file"]).exists() \
+            and file_sha256(export_dir / existing["file"]) == existing["sha256"]:
+        return existing
+    if manifest.get("external_data"):
+        raise InputError(f"{export_dir} keeps its weights in external data (> 1.8 GB); variants are "
+                         "made for single-file exports only")
+    src = export_dir / manifest.get("onnx_file", ONNX_FILE)
+    dst = export_dir / variant_file(kind)
+    t0 = time.perf_counter()
+    details: dict[str, Any] = {}
+    fusions: dict[str, int] | None = None
+    try:
+        if kind == "opt":
+            say("fusing with the ONNX Runtime transformer optimizer")
+            fusions = optimize_graph(src, dst, manifest, _num_heads(export_dir, manifest))
+        elif kind == "int8":
+            say("quantizing weight MatMuls to int8")
+            details = quantize_int8(src, dst)
+        elif kind == "fp16":
+            say("converting to fp16 (LayerNorm, Softmax, reductions and pooling kept in fp32)")
+            details = convert_fp16(src, dst)
+    except (InputError, ExportError):
+        dst.unlink(missing_ok=True)
+        raise
+    except Exception as exc:  # the optimizer and quantizer raise untyped errors
+        dst.unlink(missing_ok=True)
+        raise ExportError(f"could not make variant '{kind}': {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
+    build_s = time.perf_counter() - t0
+    try:
+        _check_outputs(src, dst)
+        say("checking every output against PyTorch fp32")
+        parity = variant_parity(export_dir, manifest, dst)
+        tol = dict(TOLERANCES[kind], **(tolerance or {}))
+        worst = _worst(parity["outputs"], tol)
+        if worst:
+            raise ExportError(f"variant '{kind}' is outside its tolerance: {worst}; nothing was written")
+    except BaseException:
+        dst.unlink(missing_ok=True)
+        raise
+    entry = {
+        "file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size,
+        "precision": {"opt": "fp32", "int8": "int8", "fp16": "fp16"}[kind],
+        "build_seconds": round(build_s, 2), "fusions": fusions, "details": details,
+        "tolerance": tol, "parity": parity,
+    }
+    _record(export_dir, kind, entry)
+    return entry
+
+
+def _check_outputs(src: Path, dst: Path) -> None:
+    import onnx
+
+    want = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
+    got = [o.name for o in onnx.load(str(dst), load_external_data=False).graph.output]
+    if want != got:
+        missing = sorted(set(want) - set(got))
+        raise ExportError(f"{dst.name} lost outputs {missing or '-'} (order or names changed); the transform "
+                          "must keep every hidden-state and pooled output")
+
+
+def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path) -> dict[str, Any]:
+    """The export's own parity check (same texts, same batches) run on a variant file."""
+    from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
+    from layerscope.models import FAMILIES, ModelSource, load_torch_model
+
+    src = manifest["source"]
+    source = ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))
+    family = FAMILIES[manifest["family"]]
+    net = load_torch_model(source, family)
+    return compare_outputs(net, family, onnx_path, manifest, VALIDATION_TEXTS, manifest.get("pooled_modes", []),
+                           manifest.get("pooled_layers", []))
+
+
+def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -> str | None:
+    """A description of the first output outside ``tol``, or None."""
+    import math
+
+    for name, s in outputs.items():
+        if tol.get("max_abs") is not None and not s["max_abs"] <= tol["max_abs"]:
+            return f"{name} max |diff| {s['max_abs']:.3g} > {tol['max_abs']:g}"
+        if tol.get("min_cos") is not None and not (s["min_cos"] >= tol["min_cos"] and not math.isnan(s["min_cos"])):
+            return f"{name} min cosine {s['min_cos']:.6f} < {tol['min_cos']:g}"
+    return None
+
+
+def _record(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
+    from layerscope.runtime.store import write_json_atomic
+
+    manifest = read_manifest(export_dir)
+    manifest.setdefault("variants", {})[kind] = entry
+    write_json_atomic(export_dir / MANIFEST, manifest)
+
+
+def variant_onnx_file(manifest: dict[str, Any], kind: str | None) -> str | None:
+    """The file an engine should load for ``kind`` (None: the fp32 export)."""
+    if kind in (None, "", "fp32"):
+        return None
+    check_kind(kind)
+    entry = manifest.get("variants", {}).get(kind)
+    if not entry:
+        raise InputError(f"this export has no '{kind}' variant yet; make it with: inspect optimize EXPORT_DIR "
+                         f"--variant {kind}")
+    return entry["file"]
