@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from perf_tiny_bert import build_tiny_bert  # noqa: E402
-
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
+def export_dir(tiny_model, tmp_path_factory):
     from layerscope.export.exporter import export_model
 
-    model = build_tiny_bert(tmp_path_factory.mktemp("tiny-bert-bench"))
+    model = tiny_model("bert")
     out = tmp_path_factory.mktemp("export-bench") / "tiny"
     export_model(str(model), out)
     return out
