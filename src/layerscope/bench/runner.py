@@ -255,9 +255,9 @@ def _sentence_transformers(cfg: BenchConfig, source, n_acc: int):
     if cfg.max_length:
         model.max_seq_length = cfg.max_length
     setup = time.perf_counter() - t0
-    model.encode(cfg.texts[:8], batch_size=cfg.st_batch_size)  # warm-up
+    model.encode(cfg.texts[:8], batch_size=cfg.st_batch_size, show_progress_bar=False)  # warm-up
     with PeakMemory() as mem, _Clock() as clock:
-        vecs = model.encode(cfg.texts, batch_size=cfg.st_batch_size, convert_to_numpy=True)
+        vecs = model.encode(cfg.texts, batch_size=cfg.st_batch_size, convert_to_numpy=True, show_progress_bar=False)
     tokens = int(sum(len(ids) for ids in model.tokenizer(cfg.texts, truncation=True,
                                                          max_length=model.max_seq_length)["input_ids"]))
     run.result.update(_timing(len(cfg.texts), tokens, clock, [], setup, mem))
@@ -266,7 +266,8 @@ def _sentence_transformers(cfg: BenchConfig, source, n_acc: int):
     run.result["layers"] = "final only"
 
     def sts_encode(sentences: list[str]) -> np.ndarray:
-        return model.encode(sentences, batch_size=cfg.st_batch_size, convert_to_numpy=True)[None]
+        return model.encode(sentences, batch_size=cfg.st_batch_size, convert_to_numpy=True,
+                            show_progress_bar=False)[None]
 
     return run, vecs[:n_acc][None].astype(np.float32), sts_encode
 
