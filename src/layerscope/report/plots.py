@@ -34,6 +34,23 @@ def _layer_order(series) -> list[str]:
     return sorted(names, key=key)
 
 
+def _finish(plt, fig, ax, path: Path, *, title: str, xlabel: str, ylabel: str, hline: float | None,
+            legend: bool) -> str:
+    """The common end of a line plot: reference line, labels, grid, legend, save, close."""
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path).name
+
+
 def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[float | None]]], *, title: str,
                 ylabel: str, xlabel: str = "layer", hline: float | None = None) -> str:
     """One line per series over layer names; None values leave gaps (undefined figures).
@@ -51,18 +68,8 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
         ax.plot(xs, ys, marker="o", label=label)
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(order)
-    if hline is not None:
-        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path).name
+    return _finish(plt, fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel, hline=hline,
+                   legend=bool(series))
 
 
 def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float | None]]], *, title: str,
@@ -77,18 +84,8 @@ def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float
         ticks = sorted({x for xs, _ in series.values() for x in xs})
         ax.set_xticks(ticks)
         ax.set_xticklabels([str(int(t)) for t in ticks])
-    if hline is not None:
-        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if series:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path).name
+    return _finish(plt, fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel, hline=hline,
+                   legend=bool(series))
 
 
 def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, ylabel: str) -> str:
