@@ -5,7 +5,6 @@ Each expected number is worked out in the comment next to it.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np

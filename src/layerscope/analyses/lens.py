@@ -112,7 +112,7 @@ class Lens(Analysis):
         from layerscope.decoding.lens import LensBatch
 
         if run.engine.info.name == "torch":
-            from layerscope.decoding.heads import load_decoding_model, model_inputs
+            from layerscope.decoding.heads import load_decoding_model
             from layerscope.decoding.lens import torch_lens
 
             model = load_decoding_model(run.handle)

@@ -283,8 +283,6 @@ class Similarity(Analysis):
         return files
 
     def report(self, results) -> str:
-        from layerscope.report.writer import md_table
-
         parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; pooling "
                  f"{results.get('combined', {}).get('data', {}).get('pooling')}."]
         for model, fig in results["per_model"].items():

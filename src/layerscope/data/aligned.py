@@ -16,7 +16,6 @@ Duplicate pairs are kept and counted (``PairSet.duplicates``).
 from __future__ import annotations
 
 import csv
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,11 +74,15 @@ def pairs_from_records(rows: list[tuple[int, str | None, str | None, str | None,
                    duplicates=dup, notes=notes)
 
 
-def _read_text(path: Path) -> str:
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path} is a directory; give a file")
+
+
+def _read_text(path: Path) -> str:
+    _check_file(path)
     raw = path.read_bytes()
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
@@ -114,18 +117,13 @@ def read_pairs(path: str | Path, *, source: str = "source", target: str = "targe
     if suffix not in (".tsv", ".csv", ".jsonl", ".ndjson"):
         raise InputError(f"{path}: pairs are read from .tsv, .csv or .jsonl files with '{source}' and '{target}' "
                          "columns, or from two line-aligned files via --source-file/--target-file")
-    text = _read_text(path)
     rows: list[tuple[int, str | None, str | None, str | None, str | None]] = []
     if suffix in (".jsonl", ".ndjson"):
-        for ln, line in enumerate(_lines(text), start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {ln} is not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}: line {ln} is not a JSON object with '{source}' and '{target}' fields")
+        from layerscope.data.jsonl import iter_json_objects
+
+        _check_file(path)
+
+        for ln, obj in iter_json_objects(path, f"with '{source}' and '{target}' fields"):
             for key, flag in ((source, "--source-column"), (target, "--target-column")):
                 if key not in obj:
                     raise InputError(f"{path}: line {ln} has no field '{key}' (fields: {', '.join(obj)}); "
@@ -136,6 +134,7 @@ def read_pairs(path: str | Path, *, source: str = "source", target: str = "targe
             rows.append((ln, obj[source], obj[target], None if cat is None else str(cat),
                          None if obj.get(id_column) is None else str(obj.get(id_column))))
     else:
+        text = _read_text(path)
         if suffix == ".tsv":
             table = [(ln, line.split("\t")) for ln, line in enumerate(_lines(text), start=1)]
         else:

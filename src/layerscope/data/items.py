@@ -9,7 +9,6 @@ naming the file and line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,20 +57,10 @@ def read_items(path: str | Path | None = None) -> list[Item]:
         raise InputError(f"{path} is a directory; give a JSONL file of items")
     items: list[Item] = []
     seen: dict[str, int] = {}
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    from layerscope.data.jsonl import iter_json_objects
+
+    for lineno, obj in iter_json_objects(path, "with positive, negative and paraphrases"):
         where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise InputError(f"{where}: each line must be a JSON object with positive, negative and paraphrases")
         positive = _text(obj, "positive", where)
         negative = _text(obj, "negative", where)
         paras = obj.get("paraphrases")

@@ -19,7 +19,6 @@ fewer than 3 pairs in all is an error too.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -223,26 +222,19 @@ def _read_table(path: Path, fmt: str, sentence1, sentence2, score) -> tuple[list
 def _read_jsonl(path: Path, sentence1, sentence2, score) -> tuple[list, list, list, list, list]:
     s1, s2, scores, ids = [], [], [], []
     k1 = k2 = ks = None
-    with open(path, "r", encoding="utf-8-sig") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{where}: each line must be a JSON object with the two sentences and a score")
-            if k1 is None:
-                keys = list(obj)
-                k1 = _pick(keys, sentence1, _S1_NAMES, "first-sentence", "--sentence1", where)
-                k2 = _pick(keys, sentence2, _S2_NAMES, "second-sentence", "--sentence2", where)
-                ks = _pick(keys, score, _SCORE_NAMES, "score", "--score", where)
-            scores.append(_score(obj.get(ks), where))
-            s1.append(_sentence(obj.get(k1), k1, where))
-            s2.append(_sentence(obj.get(k2), k2, where))
-            ids.append(str(obj.get("id", lineno)))
+    from layerscope.data.jsonl import iter_json_objects
+
+    for lineno, obj in iter_json_objects(path, "with the two sentences and a score"):
+        where = f"{path}:{lineno}"
+        if k1 is None:
+            keys = list(obj)
+            k1 = _pick(keys, sentence1, _S1_NAMES, "first-sentence", "--sentence1", where)
+            k2 = _pick(keys, sentence2, _S2_NAMES, "second-sentence", "--sentence2", where)
+            ks = _pick(keys, score, _SCORE_NAMES, "score", "--score", where)
+        scores.append(_score(obj.get(ks), where))
+        s1.append(_sentence(obj.get(k1), k1, where))
+        s2.append(_sentence(obj.get(k2), k2, where))
+        ids.append(str(obj.get("id", lineno)))
     return s1, s2, scores, ids, []
 
 

@@ -26,7 +26,7 @@ import layerscope
 from layerscope.engines.base import Batch, Encoder, Engine, create_engine, resolve_layers
 from layerscope.errors import InputError, StoreError
 from layerscope.runtime.pooling import check_poolings
-from layerscope.runtime.store import DONE, STORE_JSON, TEXTS, LayerStore
+from layerscope.runtime.store import STORE_JSON, TEXTS, LayerStore
 
 log = logging.getLogger("layerscope")
 
