@@ -23,9 +23,13 @@ STATE = {"debug": False}
 
 
 def console():
+    import shutil
+
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    # Wide enough for the per-layer tables when the output goes to a pipe or a log file.
+    width = None if sys.stdout.isatty() else max(120, shutil.get_terminal_size((120, 24)).columns)
+    return Console(stderr=False, highlight=False, width=width)
 
 
 def err_console():
@@ -44,6 +48,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.ERROR)
     if not debug:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # no retry warnings before our one error line
         import warnings
 
         warnings.filterwarnings("ignore")
