@@ -114,3 +114,37 @@ def test_eos_pooling_reads_the_clip_eos_position(exported):
     for row in range(2):
         pos = int(np.argmax(batch.input_ids[row] == eos_id))
         np.testing.assert_allclose(pooled[row], states[row, pos], atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tokenizers_only_path_is_verified_and_identical(family, exported):
+    from layerscope.engines.base import Encoder
+    from layerscope.runtime.fast_tokenizer import FastTokenizer
+
+    handle = ModelHandle.resolve(exported(family))
+    info = handle.manifest["tokenizer"]
+    assert info["fast"] is True, family  # every tiny tokenizer is a fast one, so the check must pass
+    fast = handle.encoding_tokenizer()
+    assert isinstance(fast, FastTokenizer)
+    texts = TEXTS + ["word " * 300, "   "]
+    for max_length in (5, handle.manifest["max_length"]):
+        a = Encoder(fast, handle.manifest["inputs"], max_length)(texts)
+        b = Encoder(handle.tokenizer(), handle.manifest["inputs"], max_length)(texts)
+        assert a.inputs.keys() == b.inputs.keys()
+        for key in a.inputs:
+            np.testing.assert_array_equal(a.inputs[key], b.inputs[key], err_msg=f"{family} {key} {max_length}")
+        np.testing.assert_array_equal(a.truncated, b.truncated)
+
+
+def test_a_tokenizer_the_fast_path_cannot_reproduce_is_not_used(exported, tmp_path):
+    import shutil
+
+    from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf
+
+    handle = ModelHandle.resolve(exported("bert"))
+    hf = handle.tokenizer()
+    broken = tmp_path / "tokenizer.json"
+    shutil.copy(handle.export_dir / "tokenizer.json", broken)
+    fast = FastTokenizer(broken, handle.manifest["tokenizer"]["special_ids"])
+    fast.tokenizer.post_processor = None  # drops [CLS]/[SEP]: no longer what Hugging Face gives
+    assert not matches_hf(fast, hf, TEXTS, (8,))

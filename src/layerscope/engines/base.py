@@ -192,7 +192,7 @@ class Engine(ABC):
         return layer_names(self.manifest["num_layers"])
 
     def encoder(self, max_length: int | None = None) -> Encoder:
-        return Encoder(self.model.tokenizer(), self.manifest["inputs"],
+        return Encoder(self.model.encoding_tokenizer(), self.manifest["inputs"],
                        max_length or self.manifest["max_length"])
 
     @abstractmethod

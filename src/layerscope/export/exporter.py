@@ -75,12 +75,13 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         _optimum_export(model, work, onnx_cfg, opset)
         say("adding raw embeddings and in-graph pooling")
         onnx_info = _postprocess(work, info, pooled_modes)
-        _save_tokenizer(source, work, trust_remote_code)
+        tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
         say("checking every output against PyTorch")
         parity = compare_outputs(model, family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"])
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
+        manifest["tokenizer"] = tokenizer_info
         worst_name, worst = max(parity["outputs"].items(), key=lambda kv: kv[1]["max_abs"])
         if not worst["max_abs"] <= atol:  # also catches NaN
             raise ExportError(
@@ -164,11 +165,23 @@ def _output_dim(model, name: str) -> int | None:
     return None
 
 
-def _save_tokenizer(source, work: Path, trust_remote_code: bool) -> None:
+def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
+    """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
     from layerscope.models import load_tokenizer
+    from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf, special_ids
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     tok.save_pretrained(str(work))
+    ids = special_ids(tok)
+    fast_ok = False
+    if (work / "tokenizer.json").exists() and getattr(tok, "is_fast", False):
+        try:
+            fast = FastTokenizer(work / "tokenizer.json", ids)
+            texts = VALIDATION_TEXTS + ["", "   ", "x " * (max_length + 10)]
+            fast_ok = matches_hf(fast, tok, texts, (8, max_length))
+        except Exception:  # any doubt keeps the Hugging Face tokenizer at run time
+            fast_ok = False
+    return {"fast": fast_ok, "special_ids": ids}
 
 
 def _manifest(info, onnx_info, pooled_modes, parity, opset, atol, seconds, work: Path) -> dict[str, Any]:

@@ -82,6 +82,7 @@ class ModelHandle:
     manifest: dict[str, Any] = field(default_factory=dict)
     trust_remote_code: bool = False
     _tokenizer: Any = None
+    _fast: Any = None
 
     @property
     def is_export(self) -> bool:
@@ -136,6 +137,18 @@ class ModelHandle:
             else:
                 self._tokenizer = load_tokenizer(self.source(), trust_remote_code=self.trust_remote_code)
         return self._tokenizer
+
+    def encoding_tokenizer(self):
+        """What the engines tokenize with: the ``tokenizers``-only path when the export verified it
+        gives exactly Hugging Face's ids (no transformers import), else the Hugging Face tokenizer."""
+        info = self.manifest.get("tokenizer") or {}
+        if self.export_dir is not None and info.get("fast") and (self.export_dir / "tokenizer.json").exists():
+            if self._fast is None:
+                from layerscope.runtime.fast_tokenizer import FastTokenizer
+
+                self._fast = FastTokenizer(self.export_dir / "tokenizer.json", info["special_ids"])
+            return self._fast
+        return self.tokenizer()
 
     def ensure_export(self, **export_options) -> "ModelHandle":
         """This handle if it is an export; else the cached export of the model (made on first use)."""
