@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -288,20 +285,13 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
 
 def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> None:
     """Write results.json, CSV tables, plots and report.md into ``out`` atomically (staging dir + rename)."""
+    from layerscope.atomic import staged_dir
+
     analysis = analysis or get_analysis(results["analysis"])()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
+    with staged_dir(Path(out)) as stage:
         (stage / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
                                             encoding="utf-8")
         render(stage, results, analysis)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(stage, out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> list[str]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -68,9 +66,9 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     model = load_torch_model(source, family, trust_remote_code=trust_remote_code)
     onnx_cfg = make_onnx_config(config, family, info["num_layers"])
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-    try:
+    from layerscope.atomic import staged_dir
+
+    with staged_dir(output) as work:
         say("exporting with optimum")
         _optimum_export(model, work, onnx_cfg, opset)
         say("adding raw embeddings and in-graph pooling")
@@ -89,12 +87,6 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
                 f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
                 "nothing was written. Try --opset 17, or report the model")
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(work, output)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return manifest
 
 

@@ -310,7 +310,7 @@ def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -
 
 
 def _record(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
-    from layerscope.runtime.store import write_json_atomic
+    from layerscope.atomic import write_json_atomic
 
     manifest = read_manifest(export_dir)
     manifest.setdefault("variants", {})[kind] = entry

@@ -266,7 +266,7 @@ class VectorIndex:
         tmp.replace(out / INDEX_FILE)
         full = {"format": INDEX_FORMAT, "kind": self.kind, "n": self.n, "dim": self.dim, "normalized": True,
                 "params": self.params, "backend": self.backend.name, **meta}
-        from layerscope.runtime.store import write_json_atomic
+        from layerscope.atomic import write_json_atomic
 
         write_json_atomic(out / META_FILE, full)
         self.meta = full

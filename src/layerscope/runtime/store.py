@@ -23,22 +23,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from layerscope.atomic import write_json_atomic
 from layerscope.errors import StoreError
 
 STORE_JSON = "store.json"
 TEXTS = "texts.jsonl"
 DONE = "done.npy"
 FORMAT_VERSION = 1
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _release_pages(arr: np.ndarray) -> None:
