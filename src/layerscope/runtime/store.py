@@ -25,6 +25,7 @@ import numpy as np
 
 from layerscope.atomic import write_json_atomic
 from layerscope.errors import StoreError
+from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
 
 STORE_JSON = "store.json"
 TEXTS = "texts.jsonl"
@@ -74,6 +75,11 @@ class LayerStore:
         if meta.get("format_version") != FORMAT_VERSION:
             raise StoreError(f"{path} has store format {meta.get('format_version')}, this layerscope reads "
                              f"{FORMAT_VERSION}; re-run inspect extract")
+        problems = layout_problems(path, meta)
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise StoreError(f"{path} is damaged: {problems[0]}{more}; re-run inspect extract --force "
+                             f"(inspect verify {path} lists every problem)")
         store = cls(path, meta, "r")
         if not meta.get("complete") and not allow_incomplete:
             done = int(store.done_mask().sum())
@@ -106,6 +112,9 @@ class LayerStore:
             "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest,
             "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        meta["structure_sha256"] = structure_sha256(meta)
+        if (path / TEXTS).is_file():
+            meta["texts_bytes"] = (path / TEXTS).stat().st_size
         write_json_atomic(path / STORE_JSON, meta)
         return cls(path, meta, "r+")
 
@@ -202,6 +211,8 @@ class LayerStore:
         self.meta.update(extra)
         self.meta["complete"] = True
         self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.close()
+        self.meta["checksums"] = checksums(self.path, self.meta)
         write_json_atomic(self.path / STORE_JSON, self.meta)
 
     def update_meta(self, extra: dict[str, Any]) -> None:
@@ -214,6 +225,18 @@ class LayerStore:
                 arr.flush()
         self._arrays.clear()
         self._done = None
+
+    @staticmethod
+    def verify(path: str | Path) -> tuple[int, list[str]]:
+        """Re-hash every file of the store at ``path``: (files checked, one line per problem)."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / STORE_JSON).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            return 0, [f"{STORE_JSON} cannot be read ({exc})"]
+        from layerscope.runtime.store_check import verify
+
+        return verify(path, meta)
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"
