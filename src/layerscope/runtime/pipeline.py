@@ -9,7 +9,6 @@ Tokenization runs on a background thread so it overlaps the engine.
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import json
@@ -230,21 +229,19 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
 _MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant")
 
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def _one_writer(fn: Callable) -> Callable:
     """Run ``fn`` holding the store's write lock; a full disk (or file-size limit) becomes one line."""
 
     @functools.wraps(fn)
     def wrapper(model, source, out, *args, **kwargs):
         from layerscope.runtime.store_lock import store_lock
+        from layerscope.runtime.store_space import FULL
 
         with store_lock(out):
             try:
                 return fn(model, source, out, *args, **kwargs)
             except OSError as exc:
-                if exc.errno not in _DISK_FULL:
+                if exc.errno not in FULL:
                     raise
                 where = f" ({exc.filename})" if exc.filename else ""
                 raise StoreError(f"no space left writing {out}{where}: {exc.strerror}; free some space and "

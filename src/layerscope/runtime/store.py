@@ -26,6 +26,7 @@ import numpy as np
 from layerscope.atomic import write_json_atomic
 from layerscope.errors import StoreError
 from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
+from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
 
 STORE_JSON = "store.json"
 TEXTS = "texts.jsonl"
@@ -95,14 +96,19 @@ class LayerStore:
         staging = path / "arrays.partial"
         if staging.exists():
             shutil.rmtree(staging)
-        for pooling in poolings:
-            (staging / _pool_dir(pooling)).mkdir(parents=True)
-            for layer in layers:
-                arr = np.lib.format.open_memmap(staging / _pool_dir(pooling) / f"{layer}.npy", mode="w+",
-                                                dtype=np.dtype(dtype), shape=(n, hidden_size))
-                del arr
-        done = np.lib.format.open_memmap(staging / DONE, mode="w+", dtype=np.uint8, shape=(n,))
-        del done
+        needed = n * hidden_size * np.dtype(dtype).itemsize * len(layers) * len(poolings) + n
+        check_free(path, needed)
+        try:
+            for pooling in poolings:
+                (staging / _pool_dir(pooling)).mkdir(parents=True)
+                for layer in layers:
+                    allocate_npy(staging / _pool_dir(pooling) / f"{layer}.npy", np.dtype(dtype), (n, hidden_size))
+            allocate_npy(staging / DONE, np.dtype(np.uint8), (n,))
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in FULL:
+                raise no_space(path, needed, exc) from None
+            raise
         os.replace(staging / DONE, path / DONE)
         if (path / "arrays").exists():
             shutil.rmtree(path / "arrays")
