@@ -34,6 +34,7 @@ def structure_sha256(meta: dict[str, Any]) -> str:
     """Hash of the fields that say what the arrays hold; recorded at creation, checked on every open."""
     fields = {k: meta.get(k) for k in STRUCTURE_KEYS}
     fields["corpus_sha256"] = (meta.get("settings") or {}).get("corpus_sha256")
+    fields = json.loads(json.dumps(fields))  # as store.json will hold them (keys as strings, tuples as lists)
     blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
