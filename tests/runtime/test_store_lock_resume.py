@@ -151,3 +151,29 @@ def test_resume_of_an_incomplete_store_refuses_a_changed_input(bert_export, tmp_
     path.write_text("a b\nc d\ne f\n", encoding="utf-8")  # the same content again: resumes
     report = extract(bert_export, str(path), tmp_path / "s", engine="ort", poolings=["mean"], resume=True)
     assert report.resumed_rows == 1 and report.store.complete
+
+
+def test_an_analysis_cache_entry_being_written_elsewhere_is_computed_in_memory(bert_export, tmp_path, monkeypatch):
+    import shutil
+
+    from layerscope.analyses.base import ModelRun
+    from layerscope.analyses.cache import cached_vectors
+    from layerscope.engines.base import create_engine
+    from layerscope.export.manifest import ModelHandle
+
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    handle = ModelHandle.resolve(bert_export)
+    run = ModelRun(str(bert_export), handle, create_engine("ort", handle))
+    texts = ["a cat", "a dog runs", "the river"]
+    said: list[str] = []
+    first = cached_vectors(run, texts, layers=["1"], poolings=["mean"], say=said.append)
+    (entry,) = (tmp_path / "home" / "stores").iterdir()
+    shutil.rmtree(entry)
+    fd = acquire(entry)  # another run is filling this entry right now
+    try:
+        again = cached_vectors(run, texts, layers=["1"], poolings=["mean"], say=said.append)
+    finally:
+        release(entry, fd)
+    assert "computing these vectors in memory" in said[-1]
+    np.testing.assert_allclose(again["mean", "1"], first["mean", "1"], atol=1e-5)
+    assert not entry.exists()

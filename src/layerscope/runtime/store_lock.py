@@ -22,6 +22,10 @@ from typing import Iterator
 from layerscope.errors import StoreError
 
 
+class StoreLockedError(StoreError):
+    """Another process is writing this store right now."""
+
+
 def lock_path(store_dir: Path) -> Path:
     store_dir = Path(store_dir).absolute()
     return store_dir.parent / f".{store_dir.name}.lock"
@@ -54,7 +58,7 @@ def acquire(store_dir: Path) -> int:
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise StoreError(f"{store_dir} is being written by another process ({_holder(path)}); "
+                raise StoreLockedError(f"{store_dir} is being written by another process ({_holder(path)}); "
                                  "wait for it or choose another --out") from None
             raise StoreError(f"cannot lock {store_dir}: {exc.strerror} ({path})") from None
         try:
