@@ -155,7 +155,7 @@ def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or a
 
     checked, problems = verify_path(path)
     for line in problems:
-        err_console().print(f"[bold red]damaged:[/bold red] {escape(line)}", soft_wrap=True)
+        err_console().print(f"[bold red]problem:[/bold red] {escape(line)}", soft_wrap=True)
     if problems:
         sys.exit(2)  # not typer.Exit: with standalone_mode=False its code would be returned, not used
     console().print(f"ok: {checked} files verified")
