@@ -149,3 +149,20 @@ def test_an_edited_num_layers_is_refused_on_open(store):
 def test_verify_refuses_a_path_that_is_neither(tmp_path, capsys):
     code, _, err = verify_cli(tmp_path, capsys)
     assert code == 2 and "neither a layer store" in err
+
+
+def test_a_store_from_before_checksums_still_opens_and_verify_says_what_it_lacks(store, capsys):
+    edit_meta(store, lambda m: [m.pop(k) for k in ("structure_sha256", "texts_bytes", "checksums")])
+    assert LayerStore.open(store).n == 40  # headers and sizes still checked, nothing else required
+    code, _, err = verify_cli(store, capsys)
+    assert code == 2 and "records no checksums" in err and len(err.strip().splitlines()) == 1
+    target = store / "texts.jsonl"
+    target.write_text("".join(target.read_text().splitlines(keepends=True)[:-1]))
+    code, _, err = verify_cli(store, capsys)
+    assert code == 2 and "texts.jsonl has 39 lines, the store has 40 rows" in err
+
+
+def test_an_incomplete_store_is_reported_by_verify(store, capsys):
+    edit_meta(store, lambda m: m.update(complete=False))
+    code, _, err = verify_cli(store, capsys)
+    assert code == 2 and "the store is incomplete" in err

@@ -177,3 +177,12 @@ def test_an_analysis_cache_entry_being_written_elsewhere_is_computed_in_memory(b
     assert "computing these vectors in memory" in said[-1]
     np.testing.assert_allclose(again["mean", "1"], first["mean", "1"], atol=1e-5)
     assert not entry.exists()
+
+
+def test_a_failed_run_releases_its_lock(bert_export, tmp_path):
+    from layerscope.errors import InputError
+
+    with pytest.raises(InputError):
+        extract(bert_export, ["a b"], tmp_path / "s", engine="ort", layers="99")
+    assert not lock_path(tmp_path / "s").exists()
+    release(tmp_path / "s", acquire(tmp_path / "s"))  # nobody holds it
