@@ -146,6 +146,21 @@ def extract(
     print_extract_summary(c, report)
 
 
+@app.command()
+def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or an export dir (inspect export).")):
+    """Re-hash every file of a store or an export against its recorded checksums."""
+    from rich.markup import escape
+
+    from layerscope.integrity import verify_path
+
+    checked, problems = verify_path(path)
+    for line in problems:
+        err_console().print(f"[bold red]problem:[/bold red] {escape(line)}", soft_wrap=True)
+    if problems:
+        sys.exit(2)  # not typer.Exit: with standalone_mode=False its code would be returned, not used
+    console().print(f"ok: {checked} files verified")
+
+
 # ---------------------------------------------------------------- analyses
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -22,6 +22,7 @@ from layerscope.errors import ExportError, InputError
 from layerscope.export.describe import describe_model, make_onnx_config
 from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE, file_sha256
+from layerscope.export.manifest_check import file_records
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.runtime.pooling import check_poolings
 
@@ -86,6 +87,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
                 f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
                 f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
                 "nothing was written. Try --opset 17, or report the model")
+        manifest["files"] = file_records(work)  # every file's sha256: inspect verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 

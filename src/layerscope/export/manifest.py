@@ -41,21 +41,27 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
 
 
 def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: bool = True) -> None:
-    """Check that model.onnx is the graph the manifest describes."""
-    onnx_path = Path(export_dir) / manifest.get("onnx_file", ONNX_FILE)
+    """Check that model.onnx is the graph the manifest describes (see manifest_check for what is checked)."""
+    from layerscope.export.manifest_check import check_external_data, check_graph, check_paths
+
+    onnx_path = check_paths(Path(export_dir), manifest)
     if not onnx_path.exists():
         raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run inspect export")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ManifestError(
             f"{export_dir} was written by a different layerscope export format "
             f"({manifest.get('format_version')}, this version reads {FORMAT_VERSION}); re-run inspect export")
-    if check_hash and manifest.get("onnx_sha256") and file_sha256(onnx_path) != manifest["onnx_sha256"]:
+    if not manifest.get("onnx_sha256"):
+        raise ManifestError(f"{Path(export_dir) / MANIFEST} has no onnx_sha256, so {onnx_path.name} cannot be "
+                            "checked; re-export with inspect export --force")
+    if check_hash and file_sha256(onnx_path) != manifest["onnx_sha256"]:
         raise ManifestError(
             f"{onnx_path} does not match its manifest (sha256 differs): the file was replaced or "
             "damaged after export; re-run inspect export")
     import onnx
 
-    graph_outputs = [o.name for o in onnx.load(str(onnx_path), load_external_data=False).graph.output]
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph_outputs = [o.name for o in graph.output]
     listed = list(manifest.get("outputs", {}))
     if graph_outputs != listed:
         missing = sorted(set(listed) - set(graph_outputs))
@@ -63,6 +69,8 @@ def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: boo
         raise ManifestError(
             f"{onnx_path} does not match its manifest: outputs missing from the graph {missing or '-'}, "
             f"not in the manifest {extra or '-'}; re-run inspect export")
+    check_graph(Path(export_dir), manifest, graph)
+    check_external_data(Path(export_dir), manifest, graph)
 
 
 def _slug(text: str) -> str:

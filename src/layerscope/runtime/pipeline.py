@@ -9,6 +9,7 @@ Tokenization runs on a background thread so it overlaps the engine.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -104,7 +105,7 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
 
     with open(texts_tmp, "w", encoding="utf-8") as fh:
         for rec in records:
-            line = json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False)
+            line = _record_line(rec)
             fh.write(line + "\n")
             h.update(line.encode("utf-8") + b"\n")
             n += 1
@@ -123,6 +124,18 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
     np.save(out / "lengths.npy", all_lengths)
     os.replace(texts_tmp, out / TEXTS)
     return {"n": n, "empty": empty, "sha256": h.hexdigest()}
+
+
+def _record_line(rec) -> str:
+    return json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False)
+
+
+def _corpus_sha256(records: Iterable) -> str:
+    """The hash ``_spool_corpus`` records for these records, without writing anything."""
+    h = hashlib.sha256()
+    for rec in records:
+        h.update(_record_line(rec).encode("utf-8") + b"\n")
+    return h.hexdigest()
 
 
 def _records_from(source, *, text_field=None, column=None, id_field=None, fmt=None):
@@ -216,6 +229,28 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
 _MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant")
 
 
+def _one_writer(fn: Callable) -> Callable:
+    """Run ``fn`` holding the store's write lock; a full disk (or file-size limit) becomes one line."""
+
+    @functools.wraps(fn)
+    def wrapper(model, source, out, *args, **kwargs):
+        from layerscope.runtime.store_lock import store_lock
+        from layerscope.runtime.store_space import FULL
+
+        with store_lock(out):
+            try:
+                return fn(model, source, out, *args, **kwargs)
+            except OSError as exc:
+                if exc.errno not in FULL:
+                    raise
+                where = f" ({exc.filename})" if exc.filename else ""
+                raise StoreError(f"no space left writing {out}{where}: {exc.strerror}; free some space and "
+                                 "re-run with --resume") from None
+
+    return wrapper
+
+
+@_one_writer
 def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
             poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
             max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
@@ -264,6 +299,11 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             if store.settings.get(key) != settings.get(key):
                 raise StoreError(f"{out} was made with {key}={store.settings.get(key)!r}, this run asks for "
                                  f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
+        recorded = store.settings.get("corpus_sha256")
+        records, _ = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+        if recorded and _corpus_sha256(records) != recorded:
+            raise StoreError(f"{out} was made from another version of {source_desc} (its texts or ids changed "
+                             "since); drop --resume and use --force, or choose another --out")
         if store.complete:
             log.info("store already complete")
     if eng is None:

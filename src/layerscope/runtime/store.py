@@ -25,6 +25,8 @@ import numpy as np
 
 from layerscope.atomic import write_json_atomic
 from layerscope.errors import StoreError
+from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
+from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
 
 STORE_JSON = "store.json"
 TEXTS = "texts.jsonl"
@@ -74,6 +76,11 @@ class LayerStore:
         if meta.get("format_version") != FORMAT_VERSION:
             raise StoreError(f"{path} has store format {meta.get('format_version')}, this layerscope reads "
                              f"{FORMAT_VERSION}; re-run inspect extract")
+        problems = layout_problems(path, meta)
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise StoreError(f"{path} is damaged: {problems[0]}{more}; re-run inspect extract --force "
+                             f"(inspect verify {path} lists every problem)")
         store = cls(path, meta, "r")
         if not meta.get("complete") and not allow_incomplete:
             done = int(store.done_mask().sum())
@@ -89,14 +96,19 @@ class LayerStore:
         staging = path / "arrays.partial"
         if staging.exists():
             shutil.rmtree(staging)
-        for pooling in poolings:
-            (staging / _pool_dir(pooling)).mkdir(parents=True)
-            for layer in layers:
-                arr = np.lib.format.open_memmap(staging / _pool_dir(pooling) / f"{layer}.npy", mode="w+",
-                                                dtype=np.dtype(dtype), shape=(n, hidden_size))
-                del arr
-        done = np.lib.format.open_memmap(staging / DONE, mode="w+", dtype=np.uint8, shape=(n,))
-        del done
+        needed = n * hidden_size * np.dtype(dtype).itemsize * len(layers) * len(poolings) + n
+        check_free(path, needed)
+        try:
+            for pooling in poolings:
+                (staging / _pool_dir(pooling)).mkdir(parents=True)
+                for layer in layers:
+                    allocate_npy(staging / _pool_dir(pooling) / f"{layer}.npy", np.dtype(dtype), (n, hidden_size))
+            allocate_npy(staging / DONE, np.dtype(np.uint8), (n,))
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in FULL:
+                raise no_space(path, needed, exc) from None
+            raise
         os.replace(staging / DONE, path / DONE)
         if (path / "arrays").exists():
             shutil.rmtree(path / "arrays")
@@ -106,6 +118,9 @@ class LayerStore:
             "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest,
             "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        meta["structure_sha256"] = structure_sha256(meta)
+        if (path / TEXTS).is_file():
+            meta["texts_bytes"] = (path / TEXTS).stat().st_size
         write_json_atomic(path / STORE_JSON, meta)
         return cls(path, meta, "r+")
 
@@ -202,6 +217,8 @@ class LayerStore:
         self.meta.update(extra)
         self.meta["complete"] = True
         self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.close()
+        self.meta["checksums"] = checksums(self.path, self.meta)
         write_json_atomic(self.path / STORE_JSON, self.meta)
 
     def update_meta(self, extra: dict[str, Any]) -> None:
@@ -214,6 +231,18 @@ class LayerStore:
                 arr.flush()
         self._arrays.clear()
         self._done = None
+
+    @staticmethod
+    def verify(path: str | Path) -> tuple[int, list[str]]:
+        """Re-hash every file of the store at ``path``: (files checked, one line per problem)."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / STORE_JSON).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            return 0, [f"{STORE_JSON} cannot be read ({exc})"]
+        from layerscope.runtime.store_check import verify
+
+        return verify(path, meta)
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"

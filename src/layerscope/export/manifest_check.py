@@ -1,0 +1,219 @@
+"""Is an export dir what its ``manifest.json`` says?  Checks at load, and ``inspect verify``.
+
+At load (every ``ModelHandle.resolve``), cheap enough to run each time:
+
+* every path the manifest names (``onnx_file``, variants, ``files``) and every external-data
+  location inside the graph stays inside the export dir: no absolute path, no ``..``, no
+  symlink that leads out;
+* ``onnx_sha256`` is present and ``model.onnx`` hashes to it (done in ``manifest.verify_export``);
+* the manifest's ``outputs`` (names and shapes), ``num_layers``, ``hidden_size`` and the order of
+  ``pooled_layers`` agree with the graph itself: the pooled outputs' layer order is read off the
+  ``Concat`` that stacks the layers in the graph;
+* external data files exist and are as large as the graph's references into them and as
+  recorded; they are *not* hashed at load (they can be many GB), ``inspect verify`` does that.
+
+``inspect verify EXPORT_DIR`` re-hashes every file recorded in the manifest's ``files`` (written
+at export: model.onnx, its external data, tokenizer and config files), every variant and every
+lens graph against its sidecar.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import ManifestError
+
+MANIFEST = "manifest.json"
+
+
+def member(export_dir: Path, rel: Any, what: str) -> Path:
+    """``export_dir / rel`` if that stays inside ``export_dir`` (symlinks followed); else ManifestError."""
+    bad = None
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        bad = "is not a file name"
+    elif os.path.isabs(rel) or rel.startswith("\\") or (len(rel) > 1 and rel[1] == ":"):
+        bad = "is an absolute path"
+    elif ".." in Path(rel).parts or ".." in rel.replace("\\", "/").split("/"):
+        bad = "climbs out with '..'"
+    else:
+        root = Path(export_dir).resolve()
+        target = (root / rel).resolve()
+        if target != root and root not in target.parents:
+            bad = f"leads outside the export dir (to {target})"
+    if bad:
+        raise ManifestError(f"{Path(export_dir) / MANIFEST}: {what} {rel!r} {bad}; a manifest may only name "
+                            "files inside its export dir; re-run inspect export")
+    return Path(export_dir) / rel
+
+
+def _dims(value_info) -> list:
+    return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
+
+
+def _stacked_layers(graph, layer_of: dict[str, str]) -> list[str] | None:
+    """The layer order the graph's pooled outputs stack (from the Concat of Unsqueezed layer tensors)."""
+    made_by = {out: node for node in graph.node for out in node.output}
+    for node in graph.node:
+        if node.op_type != "Concat" or not node.input:
+            continue
+        order = []
+        for name in node.input:
+            src = made_by.get(name)
+            if src is None or src.op_type != "Unsqueeze" or src.input[0] not in layer_of:
+                break
+            order.append(layer_of[src.input[0]])
+        else:
+            return order
+    return None
+
+
+def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
+    """The manifest's structural fields against the graph (loaded without external data)."""
+    from layerscope.export.graph import PREFIX, RAW
+
+    where = Path(export_dir) / MANIFEST
+
+    def refuse(what: str) -> None:
+        raise ManifestError(f"{where} does not match its graph: {what}; re-run inspect export")
+
+    outputs = {o.name: _dims(o) for o in graph.output}
+    listed = manifest.get("outputs")
+    if isinstance(listed, dict) and list(listed) == list(outputs):
+        for name, dims in outputs.items():
+            if list(listed[name]) != dims:
+                refuse(f"output {name} is {dims} in the graph, {listed[name]} in the manifest")
+    hidden = sorted((n for n in outputs if n.startswith("hidden_states.")), key=lambda n: int(n.split(".")[1]))
+    try:
+        num_layers, hidden_size = int(manifest["num_layers"]), int(manifest["hidden_size"])
+    except (KeyError, TypeError, ValueError):
+        refuse("num_layers or hidden_size is missing or not a number")
+    if len(hidden) != num_layers + 1:
+        refuse(f"num_layers is {num_layers}, the graph has {len(hidden)} hidden-state outputs")
+    for name in hidden:
+        last = outputs[name][-1] if outputs[name] else None
+        if isinstance(last, int) and last and last != hidden_size:
+            refuse(f"hidden_size is {hidden_size}, the graph's {name} has {last}")
+    pooled = [n for n in outputs if n.startswith(PREFIX)]
+    if not pooled:
+        return
+    layer_of = {RAW: "raw", **{name: name.split(".")[1] for name in hidden}}
+    stacked = _stacked_layers(graph, layer_of)
+    claimed = [str(x) for x in manifest.get("pooled_layers") or []]
+    if stacked is None:
+        refuse("its pooled outputs do not stack the layer outputs the way layerscope builds them")
+    if claimed != stacked:
+        refuse(f"pooled_layers {claimed} are not the layers the pooled outputs stack ({stacked})")
+    for name in pooled:
+        first = outputs[name][0] if outputs[name] else None
+        if isinstance(first, int) and first and first != len(stacked):
+            refuse(f"{name} stacks {first} layers, pooled_layers lists {len(stacked)}")
+
+
+def check_external_data(export_dir: Path, manifest: dict[str, Any], graph) -> None:
+    """Every external-data location inside the dir, present, and as large as the graph needs (no hashing)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    needed: dict[str, int] = {}
+    tensors = list(graph.initializer)
+    for t in tensors:
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        end = int(info.offset or 0) + int(info.length or 0)
+        needed[info.location] = max(needed.get(info.location, 0), end)
+    files = manifest.get("files") or {}
+    for location, end in needed.items():
+        path = member(export_dir, location, "the graph's external data file")
+        if not path.is_file():
+            raise ManifestError(f"{export_dir} is missing {location}, the external data of its graph; "
+                                "re-run inspect export")
+        size = path.stat().st_size
+        recorded = (files.get(location) or {}).get("bytes")
+        if size < end or (recorded is not None and size != int(recorded)):
+            raise ManifestError(f"{path} is {size:,} bytes, the export wrote "
+                                f"{int(recorded) if recorded is not None else end:,} (truncated or replaced); "
+                                "re-run inspect export")
+
+
+def check_paths(export_dir: Path, manifest: dict[str, Any]) -> Path:
+    """Check every path the manifest names; return the main graph's path."""
+    onnx_path = member(export_dir, manifest.get("onnx_file", "model.onnx"), "onnx_file")
+    for kind, entry in (manifest.get("variants") or {}).items():
+        member(export_dir, (entry or {}).get("file"), f"variant {kind!r} file")
+    for rel in manifest.get("files") or {}:
+        member(export_dir, rel, "file")
+    return onnx_path
+
+
+# ---------------------------------------------------------------- recording and verifying
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_records(export_dir: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "bytes"}}`` of every file in the export dir but the manifest."""
+    root = Path(export_dir)
+    out = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        if rel != MANIFEST:
+            out[rel] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+    return out
+
+
+def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
+    """Re-hash every file the export recorded: (files verified, one line per problem)."""
+    from layerscope.export.manifest import read_manifest, verify_export
+
+    export_dir = Path(export_dir)
+    try:
+        manifest = read_manifest(export_dir)
+    except ManifestError as exc:
+        return 0, [str(exc)]
+    problems: list[str] = []
+    try:
+        verify_export(export_dir, manifest, check_hash=False)  # paths, graph and sizes; hashes below
+    except ManifestError as exc:
+        problems.append(str(exc))
+    expected: dict[str, str] = {}
+    for rel, rec in (manifest.get("files") or {}).items():
+        expected[rel] = (rec or {}).get("sha256")
+    if not expected:
+        problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
+                        "re-export with inspect export --force")
+    expected.setdefault(manifest.get("onnx_file", "model.onnx"), manifest.get("onnx_sha256"))
+    for kind, entry in (manifest.get("variants") or {}).items():
+        expected[(entry or {}).get("file")] = (entry or {}).get("sha256")
+    for sidecar in sorted(export_dir.glob("lens-k*.json")):
+        try:
+            meta = json.loads(sidecar.read_text(encoding="utf-8"))
+            expected[meta["file"]] = meta["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            problems.append(f"{sidecar.name} (a lens graph's sidecar) cannot be read")
+    checked = 0
+    for rel, digest in expected.items():
+        try:
+            path = member(export_dir, rel, "file")
+        except ManifestError as exc:
+            problems.append(str(exc))
+            continue
+        if any(f"/{rel} " in p or p.startswith(f"{rel} ") for p in problems):
+            continue  # already reported by the load checks
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif not digest:
+            problems.append(f"{rel} has no recorded sha256")
+        elif _sha256(path) != digest:
+            problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed after export")
+        else:
+            checked += 1
+    return checked, problems

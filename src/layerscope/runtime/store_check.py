@@ -1,0 +1,181 @@
+"""Is a LayerStore what its ``store.json`` says?  Cheap checks on open, checksums when a run completes.
+
+On open (``layout_problems``), from headers and file sizes only, nothing read in full:
+
+* ``store.json``'s structural fields (n, layers, poolings, hidden size, dtype, model manifest,
+  corpus hash) still hash to what was recorded when the store was created (an edited ``n`` or
+  ``num_layers`` is caught here);
+* every array file exists, is a ``.npy`` of shape ``[n, hidden_size]`` and the store's dtype, and
+  its size is exactly its header plus ``n * hidden_size`` items (a truncated array is caught here);
+* ``done.npy`` is ``uint8 [n]``; ``texts.jsonl`` has the size recorded when it was written.
+
+When a run completes (``checksums``) every file gets a sha256 and a size in ``store.json``;
+``verify`` re-hashes them all (flipped bytes are caught here) and counts the lines of ``texts.jsonl``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TEXTS = "texts.jsonl"
+DONE = "done.npy"
+LENGTHS = "lengths.npy"
+STRUCTURE_KEYS = ("format_version", "n", "layers", "poolings", "hidden_size", "dtype", "manifest")
+
+
+def structure_sha256(meta: dict[str, Any]) -> str:
+    """Hash of the fields that say what the arrays hold; recorded at creation, checked on every open."""
+    fields = {k: meta.get(k) for k in STRUCTURE_KEYS}
+    fields["corpus_sha256"] = (meta.get("settings") or {}).get("corpus_sha256")
+    fields = json.loads(json.dumps(fields))  # as store.json will hold them (keys as strings, tuples as lists)
+    blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def array_files(meta: dict[str, Any]) -> list[str]:
+    return [f"arrays/{p}/{layer}.npy" for p in meta["poolings"] for layer in meta["layers"]]
+
+
+def _npy_header(path: Path) -> tuple[tuple, np.dtype, bool, int]:
+    """(shape, dtype, fortran_order, data offset) of a .npy file, from its header alone."""
+    with open(path, "rb") as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+        return shape, dtype, fortran, fh.tell()
+
+
+def _check_npy(root: Path, rel: str, shape: tuple, dtype: np.dtype) -> str | None:
+    path = root / rel
+    if not path.is_file():
+        return f"{rel} is missing"
+    try:
+        got_shape, got_dtype, fortran, offset = _npy_header(path)
+    except (ValueError, OSError, SyntaxError) as exc:
+        return f"{rel} is not a valid .npy file ({exc})"
+    if tuple(got_shape) != shape or got_dtype != dtype or fortran:
+        return f"{rel} holds {got_dtype} {list(got_shape)}, the store says {dtype} {list(shape)}"
+    want = offset + int(np.prod(shape)) * dtype.itemsize
+    size = path.stat().st_size
+    if size != want:
+        return f"{rel} is {size:,} bytes, a {dtype} {list(shape)} array is {want:,} (truncated or padded)"
+    return None
+
+
+def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
+    """Everything the headers and sizes say is wrong with the store at ``root`` (empty when none)."""
+    root = Path(root)
+    try:
+        n, hidden = int(meta["n"]), int(meta["hidden_size"])
+        layers, poolings = list(meta["layers"]), list(meta["poolings"])
+        dtype = np.dtype(meta["dtype"])
+        num_layers = int(meta["manifest"]["num_layers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"store.json lacks or garbles a field the store needs ({exc})"]
+    problems: list[str] = []
+    recorded = meta.get("structure_sha256")
+    if recorded and recorded != structure_sha256(meta):
+        problems.append("store.json was edited after the store was made (n, layers, poolings, hidden size, "
+                        "dtype or model manifest no longer match their recorded hash)")
+    bad = [name for name in layers if name != "raw" and not (name.isdigit() and int(name) <= num_layers)]
+    if bad:
+        problems.append(f"store.json lists layers {bad} that a {num_layers}-layer model does not have")
+    if int(meta["manifest"].get("hidden_size", hidden)) != hidden:
+        problems.append(f"store.json says hidden_size {hidden}, its model manifest "
+                        f"{meta['manifest'].get('hidden_size')}")
+    for rel in array_files(meta):
+        problem = _check_npy(root, rel, (n, hidden), dtype)
+        if problem:
+            problems.append(problem)
+    problem = _check_npy(root, DONE, (n,), np.dtype(np.uint8))
+    if problem:
+        problems.append(problem)
+    texts = root / TEXTS
+    if not texts.is_file():
+        problems.append(f"{TEXTS} is missing")
+    elif meta.get("texts_bytes") is not None and texts.stat().st_size != int(meta["texts_bytes"]):
+        problems.append(f"{TEXTS} is {texts.stat().st_size:,} bytes, {meta['texts_bytes']:,} were written "
+                        "(cut or edited)")
+    for rel, rec in (meta.get("checksums") or {}).items():
+        path = root / rel
+        if path.is_file() and path.stat().st_size != int(rec.get("bytes", -1)) and not _names(problems, rel):
+            problems.append(f"{rel} is {path.stat().st_size:,} bytes, {int(rec.get('bytes', -1)):,} were "
+                            "recorded when the store was completed")
+    return problems
+
+
+def _names(problems: list[str], rel: str) -> bool:
+    return any(p.startswith(rel + " ") for p in problems)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checksum_files(meta: dict[str, Any], root: Path) -> list[str]:
+    rels = array_files(meta) + [DONE, TEXTS]
+    return rels + ([LENGTHS] if (Path(root) / LENGTHS).is_file() else [])
+
+
+def checksums(root: Path, meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "bytes"}}`` of every file of the store (hashed on a few threads)."""
+    root = Path(root)
+    rels = checksum_files(meta, root)
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:  # hashlib drops the GIL
+        digests = list(pool.map(lambda rel: _sha256(root / rel), rels))
+    return {rel: {"sha256": d, "bytes": (root / rel).stat().st_size} for rel, d in zip(rels, digests)}
+
+
+def _count_lines(path: Path) -> int:
+    count = 0
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            count += chunk.count(b"\n")
+    return count
+
+
+def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
+    """Re-hash every file against the checksums in ``store.json``: (files checked, problems)."""
+    root = Path(root)
+    problems = layout_problems(root, meta)
+    recorded = meta.get("checksums") or {}
+    if not meta.get("complete"):
+        problems.append("the store is incomplete (no checksums until it completes); finish it with "
+                        "inspect extract ... --resume")
+    elif not recorded:
+        problems.append("store.json records no checksums (made by an older layerscope); re-run inspect "
+                        "extract --force to get them")
+    checked = 0
+    rels = [rel for rel in recorded if (root / rel).is_file()]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        digests = dict(zip(rels, pool.map(lambda rel: _sha256(root / rel), rels)))
+    for rel, rec in recorded.items():
+        if rel not in digests:
+            if not _names(problems, rel):
+                problems.append(f"{rel} is missing")
+            continue
+        checked += 1
+        if digests[rel] != rec.get("sha256") and not _names(problems, rel):
+            problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed "
+                            "after the store was completed")
+    texts = root / TEXTS
+    if texts.is_file() and not _names(problems, TEXTS):
+        lines = _count_lines(texts)
+        if lines != int(meta.get("n", -1)):
+            problems.append(f"{TEXTS} has {lines:,} lines, the store has {meta.get('n')} rows")
+    return checked, problems
