@@ -176,7 +176,17 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
         else:
             model = cls.from_pretrained(source.path_or_id, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own untyped SafetensorError
+        damaged = _damaged_weights(source) if type(exc).__name__ == "SafetensorError" or source.is_local else None
+        if damaged:
+            raise ModelNotFoundError(
+                f"the weights file {damaged[0]} is damaged or truncated ({damaged[1]}); copy or download it "
+                "again, or re-save the model with save_pretrained") from exc
+        if type(exc).__name__ == "SafetensorError":
+            raise ModelNotFoundError(f"the safetensors weights of {source.spec} cannot be read "
+                                     f"({str(exc).splitlines()[0][:200]}); copy or download them again") from exc
+        if not isinstance(exc, (OSError, ValueError)):
+            raise
         msg = str(exc)
         if "safetensors" in msg.lower() or "model.safetensors" in msg:
             raise ModelNotFoundError(
@@ -191,16 +201,46 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     return (model, info) if output_loading_info else model
 
 
+def _damaged_weights(source: ModelSource) -> tuple[str, str] | None:
+    """(file, reason) of the first local safetensors file whose header cannot be read, else None."""
+    if not source.is_local:
+        return None
+    from safetensors import safe_open
+
+    for f in sorted(Path(source.path_or_id).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="numpy"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - SafetensorError is not importable as a stable name
+            return str(f), (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    return None
+
+
+# Files one of which every saved Hugging Face tokenizer has.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
 def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    if source.is_local and not any((Path(source.path_or_id) / f).exists() for f in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"{source.spec} has no tokenizer files (none of {', '.join(TOKENIZER_FILES[:4])}, ...); save the "
+            f"model's tokenizer into it with tokenizer.save_pretrained('{source.path_or_id}')")
     try:
         tok = AutoTokenizer.from_pretrained(source.path_or_id, revision=source.revision,
-                                            trust_remote_code=trust_remote_code)
+                                            trust_remote_code=bool(trust_remote_code))
     except (OSError, ValueError) as exc:
         if source.is_local:
-            raise ModelNotFoundError(f"cannot load the tokenizer of {source.spec}: {exc}") from exc
+            raise ModelNotFoundError(f"cannot load the tokenizer of {source.spec}: "
+                                     f"{(str(exc).splitlines() or [''])[0][:300]}") from exc
         raise _hub_error(source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - transformers fails on odd tokenizer files with any error type
+        raise ModelNotFoundError(
+            f"cannot load the tokenizer of {source.spec} ({type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0][:200]}); check its tokenizer files or save them again "
+            "with tokenizer.save_pretrained") from exc
     prepare_tokenizer(tok)
     return tok
 
