@@ -134,12 +134,18 @@ def extract(
     force: bool = typer.Option(False, "--force", help="Replace an existing store."),
     threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
     variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow code from the model repo to run (off by default)."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.report.console import print_extract_summary
     from layerscope.runtime.pipeline import extract as run_extract
 
     c = console()
+    if trust_remote_code:
+        from layerscope.export.manifest import ModelHandle
+
+        model = ModelHandle.resolve(model, trust_remote_code=True)
     report = run_extract(model, input, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
@@ -162,6 +168,8 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Result directory (default results/<analysis>)."),
     seed: int = typer.Option(0, help="Seed for every random choice."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow code from the model repo to run (off by default)."),
 ):
     """Run an analysis over one or more models; write results.json, tables, plots and report.md.
 
@@ -175,7 +183,7 @@ def run(
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
                       out=out or Path("results") / analysis, seed=seed, options=options, cache=not no_cache,
-                      console=c)
+                      console=c, trust_remote_code=trust_remote_code)
     result_dir, results = run_analysis(analysis, context)
     cls().console_summary(results, c)
     c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")

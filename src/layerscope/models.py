@@ -138,13 +138,33 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(
-            source.path_or_id, revision=source.revision, trust_remote_code=trust_remote_code
+        config = AutoConfig.from_pretrained(
+            source.path_or_id, revision=source.revision, trust_remote_code=bool(trust_remote_code)
         )
     except (OSError, ValueError) as exc:
         if source.is_local:
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
+    if not trust_remote_code:
+        warn_ignored_code(source, getattr(config, "auto_map", None) or {}, "config.json")
+    return config
+
+
+_WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader
+
+
+def warn_ignored_code(source: ModelSource, auto_map: dict | list, where: str) -> None:
+    """One warning that a model's own code (``auto_map``) was not run because --trust-remote-code is off."""
+    import logging
+
+    if not auto_map or (source.path_or_id, where) in _WARNED_CODE:
+        return
+    _WARNED_CODE.add((source.path_or_id, where))
+    classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else "its tokenizer"
+    logging.getLogger("layerscope").warning(
+        "warning: %s ships its own code (auto_map in %s: %s); it was ignored and the built-in transformers "
+        "implementation is used. Pass --trust-remote-code to run the model's own code (only if you trust it)",
+        source.spec, where, classes)
 
 
 def _loader_class(name: str):
@@ -232,6 +252,11 @@ def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
         tok = AutoTokenizer.from_pretrained(source.path_or_id, revision=source.revision,
                                             trust_remote_code=bool(trust_remote_code))
     except (OSError, ValueError) as exc:
+        custom = not trust_remote_code and _tokenizer_auto_map(source)
+        if custom:
+            raise ModelNotFoundError(
+                f"the tokenizer of {source.spec} is the model's own code (auto_map in tokenizer_config.json: "
+                f"{custom}), which runs only with --trust-remote-code (pass it only if you trust that code)") from exc
         if source.is_local:
             raise ModelNotFoundError(f"cannot load the tokenizer of {source.spec}: "
                                      f"{(str(exc).splitlines() or [''])[0][:300]}") from exc
@@ -241,8 +266,28 @@ def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
             f"cannot load the tokenizer of {source.spec} ({type(exc).__name__}: "
             f"{(str(exc).splitlines() or [''])[0][:200]}); check its tokenizer files or save them again "
             "with tokenizer.save_pretrained") from exc
+    if not trust_remote_code and _tokenizer_auto_map(source):
+        warn_ignored_code(source, ["AutoTokenizer"], "tokenizer_config.json")
     prepare_tokenizer(tok)
     return tok
+
+
+def _tokenizer_auto_map(source: ModelSource) -> str | None:
+    """The custom tokenizer class a local model's tokenizer_config.json names, if any."""
+    import json
+
+    if not source.is_local:
+        return None
+    try:
+        cfg = json.loads((Path(source.path_or_id) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    auto = cfg.get("auto_map") if isinstance(cfg, dict) else None
+    if isinstance(auto, dict):
+        auto = auto.get("AutoTokenizer")
+    if not auto:
+        return None
+    return ", ".join(str(a) for a in auto if a) if isinstance(auto, (list, tuple)) else str(auto)
 
 
 def prepare_tokenizer(tok) -> None:

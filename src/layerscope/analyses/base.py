@@ -84,6 +84,7 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
     cache: bool = True
     console: Any = None
+    trust_remote_code: bool = False  # run the model repo's own code (off unless asked)
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -248,7 +249,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         handles = []
     else:
         per_model, models_meta = {}, {}
-        handles = [ModelHandle.resolve(spec) for spec in ctx.models]
+        handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
         for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
             check_layers(ctx.layers, handle, spec)
     for spec, handle in zip(ctx.models, handles):

@@ -26,6 +26,7 @@ def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: 
         "engine": info.name, "provider": info.provider, "precision": info.precision,
         "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),
         "max_length": run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
+        "remote_code": bool(getattr(run.handle, "trust_remote_code", False)),
     }
     if layers is not None or poolings is not None:
         ident.update({"layers": layers, "poolings": poolings})

@@ -76,7 +76,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
         say("checking every output against PyTorch")
         parity = compare_outputs(model, family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
-                                 pooled_modes, onnx_info["pooled_layers"])
+                                 pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info

@@ -127,13 +127,12 @@ class ModelHandle:
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from layerscope.models import load_tokenizer, prepare_tokenizer
+            from layerscope.models import ModelSource, load_tokenizer
 
             if self.export_dir is not None:
-                from transformers import AutoTokenizer
-
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self.export_dir))
-                prepare_tokenizer(self._tokenizer)
+                where = str(self.export_dir)
+                self._tokenizer = load_tokenizer(ModelSource(self.spec, where, True),
+                                                 trust_remote_code=self.trust_remote_code)
             else:
                 self._tokenizer = load_tokenizer(self.source(), trust_remote_code=self.trust_remote_code)
         return self._tokenizer
