@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import layerscope
 from tiny_models import build_tiny_model
 
 PAIRS = [
@@ -73,8 +74,11 @@ def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
     new_torch, _ = _final_sts_spearman(model_dir, tmp_path, "new-torch", "torch", pairs)
     assert new_ort == pytest.approx(new_torch, abs=1e-6)
     assert new_ort != pytest.approx(old_figures, abs=1e-6)
-    ran = next(iter(res["models"].values()))["export"]
+    ran = next(iter(res["models"].values()))["export"]  # results.json says which export ran
     assert Path(ran["dir"]) == second.export_dir
+    assert ran["onnx_sha256"] == second.manifest["onnx_sha256"]
+    assert ran["cache_key"] == second.manifest["export_cache"]["key"]
+    assert ran["made_by"] == layerscope.__version__
     # the old entry stays as it was and is not handed out for the new weights again
     assert (first.export_dir / "manifest.json").exists()
     assert ModelHandle.resolve(model_dir).ensure_export().export_dir == second.export_dir

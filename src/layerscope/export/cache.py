@@ -84,8 +84,8 @@ def _reusable(target: Path, key: str, trust_remote_code: bool):
         return None
     try:
         handle = ModelHandle.resolve(target, trust_remote_code=trust_remote_code)
-    except ManifestError as exc:
-        log.warning("cached export %s is damaged (%s); exporting it again", target, exc)
+    except (ManifestError, OSError) as exc:  # OSError: another process is replacing it right now
+        log.warning("cached export %s is damaged or being replaced (%s); exporting it again", target, exc)
         return None
     if (handle.manifest.get("export_cache") or {}).get("key") != key:
         log.warning("cached export %s was made from other files or settings; exporting it again", target)
