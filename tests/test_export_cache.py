@@ -94,6 +94,14 @@ def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused
     assert base["key"] != cache.export_key(handle, {"pooled": ["mean"]})["key"]
     assert base["key"] != cache.export_key(handle, {"opset": 17})["key"]
     assert set(base["versions"]) >= {"layerscope", "optimum", "onnx", "onnxruntime", "torch", "transformers"}
+    (model_dir / "README.md").write_text("a model card edit changes no export")
+    assert cache.export_key(ModelHandle.resolve(model_dir))["key"] == base["key"]
+    original = (model_dir / "tokenizer_config.json").read_bytes()
+    cfg = json.loads(original)
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({**cfg, "model_max_length": 64}))
+    changed_tokenizer = cache.export_key(ModelHandle.resolve(model_dir))["key"]
+    assert changed_tokenizer != base["key"]  # same weights, other tokenizer settings: another export
+    (model_dir / "tokenizer_config.json").write_bytes(original)
     with monkeypatch.context() as m:  # another virtual environment sharing the cache
         m.setattr(cache, "tool_versions", lambda: {**base["versions"], "onnxruntime": "0.0-other-venv"})
         assert cache.export_key(handle)["key"] != base["key"]

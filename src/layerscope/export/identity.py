@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Weight formats layerscope never loads (safetensors only): they do not change what an export holds.
-IGNORED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data", ".gguf", ".lock")
+# Weight formats layerscope never loads (safetensors only) and model cards: they do not change an export.
+# Every other top-level file counts (config, tokenizer, vocab, custom code), known to matter or not.
+IGNORED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data", ".gguf", ".lock",
+                    ".md")
 RACY_SECONDS = 2.0
 
 
@@ -76,7 +78,8 @@ def local_identity(model_dir: Path) -> dict[str, Any]:
     model_dir = Path(model_dir)
     weights = weights_files(model_dir)
     others = sorted(p for p in model_dir.iterdir()
-                    if p.is_file() and p.suffix != ".safetensors" and not p.name.endswith(IGNORED_SUFFIXES))
+                    if p.is_file() and p.suffix != ".safetensors" and not p.name.startswith(".")
+                    and not p.name.endswith(IGNORED_SUFFIXES))
     h = hashlib.sha256()
     for p in others:
         h.update(f"{p.name}\0{hash_files([p])}\n".encode())
