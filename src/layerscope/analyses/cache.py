@@ -22,9 +22,11 @@ def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: 
         h.update(b"\x00")
     info = run.engine.info
     ident = {
-        "model": run.handle.key, "engine": info.name, "provider": info.provider, "precision": info.precision,
+        "model": run.handle.key, "files": run.handle.manifest.get("source", {}).get("files_sha256"),
+        "engine": info.name, "provider": info.provider, "precision": info.precision,
         "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),
         "max_length": run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
+        "remote_code": bool(getattr(run.handle, "trust_remote_code", False)),
     }
     if layers is not None or poolings is not None:
         ident.update({"layers": layers, "poolings": poolings})

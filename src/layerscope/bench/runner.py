@@ -179,8 +179,9 @@ def _hf_eager(cfg: BenchConfig, source, family, num_layers: int, layers: list[st
 
     run = _Run(HF_EAGER, "baseline", f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order")
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(source.path_or_id)
-    net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(source.path_or_id, trust_remote_code=False)  # never a prompt
+    net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32,
+                                    trust_remote_code=False).eval()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     max_len = cfg.max_length or cfg.extra["max_length"]

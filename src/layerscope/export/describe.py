@@ -98,6 +98,10 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     text_cfg = config.text_config if family.name == "clip-text" and hasattr(config, "text_config") else config
     src = source.to_dict()
     src["weights_sha256"] = weights_hash(source) if with_hash else None
+    if with_hash and source.is_local:  # config and tokenizer files too: they change the vectors as well
+        from layerscope.export.identity import local_identity
+
+        src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type
     return {
         "format_version": None,

@@ -45,7 +45,7 @@ def default_pooled(family_name: str) -> list[str]:
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
                  atol: float = 1e-4, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
-                 progress=None) -> dict[str, Any]:
+                 progress=None, cache_entry: dict[str, Any] | None = None) -> dict[str, Any]:
     """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure."""
     output = Path(output)
     if output.exists() and any(output.iterdir()):
@@ -77,10 +77,12 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
         say("checking every output against PyTorch")
         parity = compare_outputs(model, family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
-                                 pooled_modes, onnx_info["pooled_layers"])
+                                 pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info
+        if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
+            manifest["export_cache"] = cache_entry
         worst_name, worst = max(parity["outputs"].items(), key=lambda kv: kv[1]["max_abs"])
         if not worst["max_abs"] <= atol:  # also catches NaN
             raise ExportError(

@@ -135,13 +135,12 @@ class ModelHandle:
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from layerscope.models import load_tokenizer, prepare_tokenizer
+            from layerscope.models import ModelSource, load_tokenizer
 
             if self.export_dir is not None:
-                from transformers import AutoTokenizer
-
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self.export_dir))
-                prepare_tokenizer(self._tokenizer)
+                where = str(self.export_dir)
+                self._tokenizer = load_tokenizer(ModelSource(self.spec, where, True),
+                                                 trust_remote_code=self.trust_remote_code)
             else:
                 self._tokenizer = load_tokenizer(self.source(), trust_remote_code=self.trust_remote_code)
         return self._tokenizer
@@ -159,16 +158,13 @@ class ModelHandle:
         return self.tokenizer()
 
     def ensure_export(self, **export_options) -> "ModelHandle":
-        """This handle if it is an export; else the cached export of the model (made on first use)."""
+        """This handle if it is an export; else the cached export of the model, keyed by its content
+        (see export/cache.py), made on first use."""
         if self.export_dir is not None:
             return self
-        from layerscope.export.exporter import export_model
+        from layerscope.export.cache import cached_export
 
-        target = cache_root() / "exports" / _slug(self.manifest["source"].get("alias") or self.spec)
-        if (target / MANIFEST).exists():
-            return ModelHandle.resolve(target)
-        export_model(self.spec, target, trust_remote_code=self.trust_remote_code, **export_options)
-        return ModelHandle.resolve(target)
+        return cached_export(self, export_options)
 
     @property
     def key(self) -> str:

@@ -40,18 +40,17 @@ def _max_abs_and_min_cos(ref: np.ndarray, got: np.ndarray, valid: np.ndarray | N
 
 
 def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: list[str],
-                    pooled_modes: list[str], pooled_layers: list[str]) -> dict[str, Any]:
+                    pooled_modes: list[str], pooled_layers: list[str], *,
+                    trust_remote_code: bool = False) -> dict[str, Any]:
     """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output."""
-    from transformers import AutoTokenizer
-
     from layerscope.engines.base import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
-    from layerscope.models import get_submodule, prepare_tokenizer
+    from layerscope.models import ModelSource, get_submodule, load_tokenizer
     from layerscope.runtime.pooling import pool
 
-    tok = AutoTokenizer.from_pretrained(str(onnx_path.parent))
-    prepare_tokenizer(tok)
+    export_dir = str(onnx_path.parent)  # the tokenizer as saved into the export, loaded the way engines load it
+    tok = load_tokenizer(ModelSource(export_dir, export_dir, True), trust_remote_code=trust_remote_code)
     session = make_session(onnx_path, "CPUExecutionProvider")
     output_names = [o.name for o in session.get_outputs()]
     encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], 128))

@@ -117,3 +117,22 @@ def print_variant(console, kind: str, entry: dict) -> None:
     for name, s in entry["parity"]["outputs"].items():
         table.add_row(name, f"{s['max_abs']:.2e}", f"{s['min_cos']:.6f}")
     console.print(table)
+
+
+def print_cache(console, root: Path, entries, skipped) -> None:
+    from rich.table import Table
+
+    from layerscope.cachedir import human_size
+
+    table = Table(title=f"layerscope cache: {root}")
+    for col, just in (("kind", "left"), ("model", "left"), ("size", "right"), ("age (days)", "right"),
+                      ("made by layerscope", "left"), ("entry", "left")):
+        table.add_column(col, justify=just)
+    for e in entries:
+        table.add_row(e.kind, e.model, human_size(e.size), f"{e.age_days:.1f}", e.made_by or "?", e.path.name)
+    console.print(table)
+    console.print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
+                  f"{human_size(sum(e.size for e in entries))}; clear with: inspect cache clear "
+                  "[--exports|--stores] [--older-than DAYS]")
+    for s in skipped:
+        console.print(f"[yellow]not layerscope's[/yellow] {s.path}: {s.reason}", soft_wrap=True)

@@ -15,6 +15,13 @@ def _plt():
     return plt
 
 
+def _target(path) -> Path:
+    """Where a plot goes: a plain name inside its result dir, a symlink there replaced, not followed."""
+    from layerscope.report.writer import output_path
+
+    return output_path(Path(path).parent, Path(path).name)
+
+
 def _layer_order(series) -> list[str]:
     """All layer names of every series, in model order (raw, 0, 1, ...; unknown names keep first-seen order)."""
     names: list[str] = []
@@ -46,7 +53,7 @@ def _finish(plt, fig, ax, path: Path, *, title: str, xlabel: str, ylabel: str, h
     if legend:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(_target(path))
     plt.close(fig)
     return Path(path).name
 
@@ -116,7 +123,7 @@ def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, 
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(_target(path))
     plt.close(fig)
     return Path(path).name
 
@@ -144,6 +151,6 @@ def heatmap(path: Path, matrix, row_labels: Sequence[str], col_labels: Sequence[
     ax.set_ylabel(ylabel)
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(_target(path))
     plt.close(fig)
     return Path(path).name

@@ -68,5 +68,7 @@ def write_saliency_html(path: Path, results: dict[str, Any]) -> str:
                              f"{_row(t['tokens'], t['scores'][method], t['special'])}</td></tr>")
             parts.append("</table></details>")
     parts.append("</body></html>")
-    Path(path).write_text("\n".join(parts), encoding="utf-8")
+    from layerscope.report.writer import write_text
+
+    write_text(Path(path), "\n".join(parts))
     return Path(path).name

@@ -3,8 +3,52 @@
 from __future__ import annotations
 
 import csv
+import io
+import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
+
+from layerscope.errors import InputError
+
+log = logging.getLogger("layerscope")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_file_name(name: str, used: set[str] | None = None) -> str:
+    """A plain file name made from a name read out of results.json (a table name may say ``../../x``)."""
+    clean = _UNSAFE.sub("_", str(name)).strip("._-")[:120] or "table"
+    if used is not None:
+        base, i = clean, 2
+        while clean.lower() in used:
+            clean, i = f"{base}_{i}", i + 1
+        used.add(clean.lower())
+    if clean != str(name):
+        log.warning("table name %r in results.json is not a plain file name; written as %s", name, clean)
+    return clean
+
+
+def output_path(out: Path, file_name: str) -> Path:
+    """``out/file_name`` ready to be (re)written: the name must be a plain file name, and a symlink found
+    there is removed rather than written through (so nothing outside ``out`` changes)."""
+    if not file_name or file_name in (".", "..") or Path(file_name).name != file_name or "\\" in file_name:
+        raise InputError(f"refusing to write {file_name!r}: not a plain file name inside {out}")
+    path = Path(out) / file_name
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists() and not path.is_file():
+        raise InputError(f"{path} exists and is not a file; move it away and re-run")
+    return path
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write beside and rename over: never through a link, never half a file."""
+    path = output_path(path.parent, path.name)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
@@ -15,7 +59,8 @@ def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
             merged.setdefault(name, []).extend({"model": model, **row} for row in rows)
     for name, rows in (results.get("combined", {}).get("tables") or {}).items():
         merged.setdefault(name, []).extend(rows)
-    written = []
+    written: list[str] = []
+    used: set[str] = set()
     for name, rows in merged.items():
         if not rows:
             continue
@@ -24,12 +69,13 @@ def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
             for k in row:
                 if k not in columns:
                     columns.append(k)
-        path = Path(out) / f"{name}.csv"
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=columns)
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+        path = output_path(Path(out), f"{safe_file_name(name, used)}.csv")
+        buf = io.StringIO(newline="")
+        writer = csv.DictWriter(buf, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+        write_text(path, buf.getvalue())
         written.append(path.name)
     return written
 
@@ -74,5 +120,5 @@ def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str
     if tables:
         lines += ["## Tables", ""] + [f"- [{t}]({t})" for t in tables] + [""]
     path = Path(out) / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_text(path, "\n".join(lines))
     return path

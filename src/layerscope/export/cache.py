@@ -1,0 +1,128 @@
+"""The export cache: ONNX exports of plain models made on first use, keyed by content.
+
+An entry is ``<cache root>/exports/<name>-<key>`` where the key hashes everything
+that shapes the export: the model's files (weights sha256, config and tokenizer
+files; the snapshot commit for hub models), the revision, the trust-remote-code
+setting, the versions of layerscope and of the libraries that trace and check
+the graph, and the export options.  The key is also written into the entry's
+manifest, and an entry is reused only when its manifest carries the same key and
+its graph still matches its hash; anything else is exported again.
+
+Entries are built in a staging directory and renamed into place, so a reader
+never sees half an export; a file lock per entry makes a second process wait for
+the first one's export instead of repeating it (the OS releases the lock if the
+exporting process dies).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("layerscope")
+
+# The packages whose versions change what an export holds (graph tracing, conversion, parity check).
+EXPORT_PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
+NOT_KEYED = ("progress", "force")  # options that do not change the export
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ((name, name + "-gpu") if name == "onnxruntime" else (name,)):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def tool_versions() -> dict[str, str | None]:
+    import layerscope
+
+    return {"layerscope": layerscope.__version__, **{name: _dist_version(name) for name in EXPORT_PACKAGES}}
+
+
+def export_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The export options with their defaults filled in, so that equal exports get equal keys."""
+    from layerscope.export.exporter import DEFAULT_OPSET
+
+    opts: dict[str, Any] = {"pooled": None, "opset": DEFAULT_OPSET, "atol": 1e-4}
+    opts.update({k: v for k, v in options.items() if k not in NOT_KEYED})
+    return opts
+
+
+def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"key": hex, ...what it hashes}`` for the export of a plain-model handle."""
+    from layerscope.export.identity import model_identity
+
+    source = handle.source()
+    parts = {"model": model_identity(source), "revision": source.revision,
+             "trust_remote_code": bool(handle.trust_remote_code), "versions": tool_versions(),
+             "options": export_options(options or {})}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return {"key": key, **parts}
+
+
+def entry_name(handle, key: str) -> str:
+    from layerscope.export.manifest import _slug
+
+    src = handle.manifest.get("source", {})
+    name = src.get("alias") or Path(str(src.get("path_or_id") or handle.spec)).name
+    return f"{_slug(name)}-{key[:16]}"
+
+
+def _reusable(target: Path, key: str, trust_remote_code: bool):
+    """The handle of a complete entry made for ``key``, else None."""
+    from layerscope.errors import ManifestError
+    from layerscope.export.manifest import MANIFEST, ModelHandle
+
+    if not (target / MANIFEST).exists():
+        return None
+    try:
+        handle = ModelHandle.resolve(target, trust_remote_code=trust_remote_code)
+    except (ManifestError, OSError) as exc:  # OSError: another process is replacing it right now
+        log.warning("cached export %s is damaged or being replaced (%s); exporting it again", target, exc)
+        return None
+    if (handle.manifest.get("export_cache") or {}).get("key") != key:
+        log.warning("cached export %s was made from other files or settings; exporting it again", target)
+        return None
+    return handle
+
+
+def cached_export(handle, options: dict[str, Any] | None = None):
+    """The cached export of a plain-model handle, made (under a lock) when no valid entry exists."""
+    from filelock import FileLock
+
+    from layerscope.export.exporter import export_model
+    from layerscope.export.manifest import ModelHandle, cache_root
+
+    options = dict(options or {})
+    ident = export_key(handle, options)
+    root = cache_root() / "exports"
+    target = root / entry_name(handle, ident["key"])
+    found = _reusable(target, ident["key"], handle.trust_remote_code)
+    if found is not None:
+        return found
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f".{target.name}.lock")):
+        found = _reusable(target, ident["key"], handle.trust_remote_code)  # made while we waited?
+        if found is not None:
+            return found
+        log.info("exporting %s to the cache: %s", handle.spec, target)
+        options.pop("force", None)
+        export_model(handle.spec, target, trust_remote_code=handle.trust_remote_code,
+                     revision=handle.source().revision, force=True, cache_entry=ident, **options)
+    return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
+
+
+def export_record(handle) -> dict[str, Any] | None:
+    """Which export ran, for results.json: its directory, graph hash, cache key and maker (None: no export)."""
+    if handle is None or getattr(handle, "export_dir", None) is None:
+        return None
+    man = handle.manifest
+    return {"dir": str(handle.export_dir), "onnx_sha256": man.get("onnx_sha256"),
+            "cache_key": (man.get("export_cache") or {}).get("key"), "made_by": man.get("layerscope_version")}

@@ -1,0 +1,120 @@
+"""``inspect cache list`` / ``inspect cache clear``: only what layerscope made, never through a symlink."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from layerscope.cli import main
+
+
+def cli(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _export_entry(root: Path, name: str, model: str, version: str, age_days: float = 0.0) -> Path:
+    d = root / "exports" / name
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(b"x" * 2048)
+    marker = d / "manifest.json"
+    marker.write_text(json.dumps({"layerscope_version": version, "source": {"alias": model}}))
+    if age_days:
+        t = time.time() - age_days * 86400
+        os.utime(marker, (t, t))
+    return d
+
+
+def _store_entry(root: Path, name: str, model: str) -> Path:
+    d = root / "stores" / name
+    (d / "arrays").mkdir(parents=True)
+    (d / "store.json").write_text(json.dumps({"manifest": {"layerscope_version": "0.0.9",
+                                                           "source": {"path_or_id": model}}}))
+    (d / "arrays" / "a.npy").write_bytes(b"y" * 100)
+    return d
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    root = tmp_path / "home"
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(root))
+    return root
+
+
+def test_list_shows_kind_model_size_age_and_maker(home, capsys):
+    _export_entry(home, "minilm-abc", "minilm", "0.1.0", age_days=3)
+    _store_entry(home, "sts-123", "/models/mine")
+    (home / "exports" / "notes").mkdir()
+    code, out = cli(["cache", "list"], capsys)
+    assert code == 0
+    lines = [line for line in out.splitlines() if "minilm-abc" in line or "sts-123" in line]
+    assert len(lines) == 2
+    export_line = next(line for line in lines if "minilm-abc" in line)
+    assert "exports" in export_line and "minilm" in export_line and "0.1.0" in export_line
+    assert "3.0" in export_line and "2.1 KB" in export_line
+    store_line = next(line for line in lines if "sts-123" in line)
+    assert "stores" in store_line and "/models/mine" in store_line and "0.0.9" in store_line
+    assert "notes" in out and "not made by layerscope" in out
+
+
+def test_clear_removes_only_layerscope_entries_and_never_follows_links(home, tmp_path, capsys):
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "manifest.json").write_text("{}")  # looks like an export, but lives outside the cache
+    (outside / "data.txt").write_text("keep me")
+    ours = _export_entry(home, "tiny-1", "tiny", "0.1.0")
+    (ours / "link-out").symlink_to(outside, target_is_directory=True)  # a link inside an entry
+    (home / "exports" / "linked-entry").symlink_to(outside, target_is_directory=True)
+    (home / "exports" / "user-notes").mkdir()
+    (home / "exports" / "user-notes" / "n.md").write_text("mine")
+    store = _store_entry(home, "s1", "tiny")
+    code, out = cli(["cache", "clear", "--exports"], capsys)
+    assert code == 0, out
+    assert not ours.exists() and store.exists()  # --exports leaves stores
+    assert (outside / "data.txt").read_text() == "keep me" and (outside / "manifest.json").exists()
+    assert (home / "exports" / "linked-entry").is_symlink()
+    assert (home / "exports" / "user-notes" / "n.md").read_text() == "mine"
+    assert "removed 1 cache entry" in out
+    code, out = cli(["cache", "clear", "--stores"], capsys)
+    assert code == 0 and not store.exists()
+
+
+def test_a_linked_kind_dir_is_not_followed(home, tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    _store_entry(tmp_path / "x", "s", "m")
+    (tmp_path / "x" / "stores").rename(elsewhere)
+    home.mkdir()
+    (home / "stores").symlink_to(elsewhere, target_is_directory=True)
+    code, out = cli(["cache", "clear"], capsys)
+    assert code == 0
+    assert (elsewhere / "s" / "store.json").exists()
+    assert "symlink" in out
+
+
+def test_older_than_keeps_recent_entries(home, capsys):
+    old = _export_entry(home, "old", "m", "0.1.0", age_days=10)
+    new = _export_entry(home, "new", "m", "0.1.0", age_days=1)
+    code, out = cli(["cache", "clear", "--older-than", "5"], capsys)
+    assert code == 0 and not old.exists() and new.exists()
+    code, out = cli(["cache", "clear", "--older-than", "-1"], capsys)
+    assert code == 2 and "--older-than" in out and "Traceback" not in out
+
+
+def test_a_recent_unfinished_export_is_left_for_its_writer(home, capsys):
+    partial = home / "exports" / ".tiny-1.partial-abcd"
+    partial.mkdir(parents=True)
+    code, out = cli(["cache", "clear"], capsys)
+    assert code == 0 and partial.exists() and "another process" in out
+    t = time.time() - 2 * 86400
+    os.utime(partial, (t, t))
+    cli(["cache", "clear"], capsys)
+    assert not partial.exists()
