@@ -163,3 +163,28 @@ def test_a_second_caller_waits_for_the_first_export_and_reuses_it(model_dir, tmp
     assert len(calls) == 1
     entries = [p.name for p in (tmp_path / "home" / "exports").iterdir() if not p.name.endswith(".lock")]
     assert entries == [got[0].name]  # one entry, no staging dir left
+
+
+def test_a_hub_model_is_keyed_by_its_cached_snapshot(tmp_path, monkeypatch):
+    """A hub id's identity is the commit its 'main' points at in the local HF cache, plus its files."""
+    from huggingface_hub import constants
+
+    from layerscope.export.identity import model_identity
+    from layerscope.models import ModelSource
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    for commit, weights in (("a" * 40, b"old"), ("b" * 40, b"new")):
+        snap = repo / "snapshots" / commit
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+        (snap / "model.safetensors").write_bytes(weights)
+    (repo / "refs").mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    source = ModelSource("org/tiny", "org/tiny", False)
+    (repo / "refs" / "main").write_text("a" * 40)
+    old = model_identity(source)
+    (repo / "refs" / "main").write_text("b" * 40)  # the hub's main moved on and was downloaded
+    new = model_identity(source)
+    assert old["commit"] == "a" * 40 and new["commit"] == "b" * 40
+    assert new["weights_sha256"] == hashlib.sha256(b"new").hexdigest() != old["weights_sha256"]
+    assert model_identity(ModelSource("org/absent", "org/absent", False))["commit"] is None
