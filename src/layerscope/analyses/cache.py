@@ -69,6 +69,11 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         extra = [layer for layer in layers if layer not in all_layers]
         path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings)[:8]}"
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
-        store = extract(run.handle, list(texts), path, engine=run.engine, layers=all_layers + extra,
-                        poolings=poolings, force=True).store
+        from layerscope.errors import Interrupted
+
+        try:
+            store = extract(run.handle, list(texts), path, engine=run.engine, layers=all_layers + extra,
+                            poolings=poolings, force=True).store
+        except Interrupted:  # the cache store is not the user's to --resume; a rerun rebuilds it
+            raise Interrupted("interrupted") from None
     return {(p, layer): np.asarray(store[p, layer], dtype=np.float32) for p in poolings for layer in layers}
