@@ -35,7 +35,7 @@ def model_name(spec: str, manifest: dict) -> str:
     """A folder name for a model: its alias, its hub id with ``/`` as ``__``, or its directory's name."""
     src = manifest.get("source", {}) or {}
     if src.get("alias"):
-        return _slug(src["alias"])
+        return _slug(str(src["alias"]).replace("/", "__"))
     if src.get("is_local") is False and src.get("path_or_id"):
         return _slug(str(src["path_or_id"]).replace("/", "__"))
     path = src.get("path_or_id") or spec
