@@ -136,6 +136,8 @@ def test_changed_data_file_is_not_reused(two_models, tmp_path, capsys):
     items.write_text("\n".join(lines[:20]) + "\n", encoding="utf-8")
     assert len(read_items(str(items))) == 20
     assert cli(RUN + ["--model", base, "--data", items, "--out", "r"], capsys)[0] == 0
+    code, text = cli(RUN + ["--model", base, "--data", items.resolve(), "--out", "r"], capsys)
+    assert code == 0 and "reused" in text  # the same file named another way is the same data
     items.write_text("\n".join(lines[:24]) + "\n", encoding="utf-8")
     code, text = cli(RUN + ["--model", base, "--data", items, "--out", "r"], capsys)
     assert code == 2 and "differs in data" in text, text

@@ -72,10 +72,16 @@ def _file_sha256(path: str | None) -> str | None:
 
 def result_identity(analysis: str, settings: dict[str, Any], sources: list[tuple[str, dict, str]],
                     data: str | None) -> dict[str, Any]:
-    """What makes two runs the same: analysis, each model's identity, the settings, the data's content."""
-    return {"analysis": analysis, "models": [key for _, _, key in sources],
-            "settings": json.loads(json.dumps(settings, sort_keys=True, default=str)),
-            "data_sha256": _file_sha256(data)}
+    """What makes two runs the same: analysis, each model's identity, the settings, the data's content.
+
+    A data file counts by its content (the same file named by another relative path is the same data).
+    """
+    settings = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    digest = _file_sha256(data)
+    if digest is not None and "data" in settings:
+        settings["data"] = Path(str(data)).name
+    return {"analysis": analysis, "models": [key for _, _, key in sources], "settings": settings,
+            "data_sha256": digest}
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -309,13 +309,18 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
     t0 = time.perf_counter()
     with _cleanup_on_failure(out, where) as state:
-        return _extract_into(out, state, existing, resume, handle, eng, engine, engine_options, manifest, settings,
-                             layer_list, pool_list, dtype, batch_tokens, max_batch, max_len, source, window,
-                             dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt), progress, t0)
+        return _extract_into(
+            out, state, existing=existing, resume=resume, handle=handle, eng=eng, engine=engine,
+            engine_options=engine_options, manifest=manifest, settings=settings, layer_list=layer_list,
+            pool_list=pool_list, dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_len=max_len,
+            source=source, window=window, progress=progress, t0=t0,
+            reader=dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt))
 
 
-def _extract_into(out, state, existing, resume, handle, eng, engine, engine_options, manifest, settings, layer_list,
-                  pool_list, dtype, batch_tokens, max_batch, max_len, source, window, reader, progress, t0):
+def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engine, engine_options, manifest,
+                  settings, layer_list, pool_list, dtype, batch_tokens, max_batch, max_len, source, window,
+                  progress, t0, reader) -> ExtractReport:
+    """The run itself, inside the directory ``_cleanup_on_failure`` prepared (``state['store']``: the store)."""
     store: LayerStore | None = None
     stats = None
     if existing.exists() and resume:
