@@ -268,3 +268,19 @@ def test_ownership_is_one_rule(tmp_path):
         others = [k for k in ("export", "store", "result", "index") if k != kind]
         with pytest.raises(InputError, match="not"):
             claim(d, others[0], force=True)
+
+
+def test_the_final_swap_rechecks_the_target(tmp_path):
+    """A file that appears in the target while a result is computed is not deleted by the swap."""
+    from layerscope.atomic import staged_dir
+
+    target = tmp_path / "res"
+    target.mkdir()
+    (target / "results.json").write_text("{}")
+    with pytest.raises(InputError, match="changed while this command ran"):
+        with staged_dir(target, kind="result") as stage:
+            (stage / "results.json").write_text('{"new": 1}')
+            (target / "notes.md").write_text("written meanwhile")
+    assert (target / "notes.md").read_text() == "written meanwhile"
+    assert (target / "results.json").read_text() == "{}"
+    assert [p.name for p in tmp_path.iterdir()] == ["res"]  # no staging folder left

@@ -41,7 +41,12 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
             write_marker(stage, kind)
         yield stage
         if target.exists():
-            shutil.rmtree(target)
+            if kind is not None and any(target.iterdir()):
+                from layerscope.ownership import remove
+
+                remove(target, kind)  # re-checked: only layerscope's own directory of this kind is deleted
+            else:
+                shutil.rmtree(target)
         os.replace(stage, target)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
