@@ -150,7 +150,7 @@ def test_run_refuses_to_replace_a_directory_that_is_not_a_result(capsys, tmp_pat
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
     code, text = run_cli(["run", "compositionality", "--model", "minilm", "--out", str(precious)], capsys)
-    assert_one_error_line(code, text, "not a layerscope result directory")
+    assert_one_error_line(code, text, "layerscope did not make", "notes.txt")
     assert (precious / "notes.txt").read_text() == "keep me"
 
 

@@ -23,18 +23,30 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(target: Path) -> Iterator[Path]:
+def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     """Yield an empty staging directory beside ``target``; on success it replaces ``target``.
 
+    ``kind`` (export, result, ...): the ownership marker written into the staging directory, so
+    the directory is marked from the moment it appears. The caller checks with
+    :func:`layerscope.ownership.claim` that ``target`` may be replaced before calling this.
     On any error (or Ctrl-C) the staging directory is removed and ``target`` is left as it was.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
+        if kind is not None:
+            from layerscope.ownership import write_marker
+
+            write_marker(stage, kind)
         yield stage
         if target.exists():
-            shutil.rmtree(target)
+            if kind is not None and any(target.iterdir()):
+                from layerscope.ownership import remove
+
+                remove(target, kind)  # re-checked: only layerscope's own directory of this kind is deleted
+            else:
+                shutil.rmtree(target)
         os.replace(stage, target)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)

@@ -180,11 +180,14 @@ def run(
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1."),
     pooling: Optional[str] = typer.Option(None, help="Comma list of poolings (default: the analysis's)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Data file (default: the analysis's own)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Result directory (default results/<analysis>)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Result directory (default results/<model>/<revision>/<analysis>)."),
     seed: int = typer.Option(0, help="Seed for every random choice."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
+    recompute: bool = typer.Option(False, "--recompute", help="Run again even if this result is already there."),
+    force: bool = typer.Option(False, "--force", help="Replace a result dir that holds a different run."),
 ):
     """Run an analysis over one or more models; write results.json, tables, plots and report.md.
 
@@ -197,11 +200,15 @@ def run(
     c = console()
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
-                      out=out or Path("results") / analysis, seed=seed, options=options, cache=not no_cache,
-                      console=c, trust_remote_code=trust_remote_code)
+                      out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
+                      force=force, trust_remote_code=trust_remote_code)
     result_dir, results = run_analysis(analysis, context)
     cls().console_summary(results, c)
-    c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")
+    if context.reused:
+        c.print(f"[bold green]reused[/bold green] {result_dir}/ (same models, data and options; "
+                "--recompute runs it again)")
+    else:
+        c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")
 
 
 @app.command()
@@ -304,7 +311,7 @@ def search(
 
 
 def _engine_options(**options) -> dict | None:
-    kept = {k: v for k, v in options.items() if v}
+    kept = {k: v for k, v in options.items() if v is not None}  # an explicit --threads 0 is refused, not dropped
     return kept or None
 
 
@@ -356,7 +363,12 @@ def bench(
     from layerscope.bench.report import markdown_table, write_results
     from layerscope.bench.runner import BenchConfig, parse_engines, run_bench
     from layerscope.errors import InputError
+    from layerscope.limits import check_limits
+    from layerscope.ownership import check_output_path
 
+    check_limits(batch_tokens=batch_tokens, max_batch=max_batch, threads=threads)
+    if out is not None:
+        check_output_path(out)
     if (corpus is None) == (synthetic is None):
         raise InputError("give exactly one of --corpus FILE or --synthetic N")
     names = parse_engines(engines)
@@ -417,16 +429,22 @@ def cache_clear(
 def main(argv: list[str] | None = None) -> None:
     from layerscope.errors import LayerscopeError
 
+    from layerscope.errors import Interrupted
+
     try:
-        app(args=argv, standalone_mode=False)
+        # With standalone_mode=False typer turns Ctrl-C into Exit(130) and *returns* that code instead of
+        # exiting, so the code must be passed on here (dropping it made Ctrl-C exit 0).
+        code = app(args=argv, standalone_mode=False)
+    except Interrupted as exc:  # the library's own Ctrl-C message: how much was kept, how to continue
+        err_console().print(f"[yellow]{exc}[/yellow]", soft_wrap=True)
+        sys.exit(exc.exit_code)
     except LayerscopeError as exc:
         if STATE["debug"]:
             raise
         err_console().print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console().print("[yellow]interrupted[/yellow]: work written so far is kept; "
-                            "re-run with --resume to continue")
+    except KeyboardInterrupt:  # outside typer's own handling (e.g. while it starts)
+        err_console().print("[yellow]interrupted[/yellow]")
         sys.exit(130)
     except Exception as exc:  # usage errors and the unexpected
         # typer >= 0.29 carries its own click; older typer uses the click package
@@ -448,3 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         err_console().print(f"[bold red]internal error:[/bold red] {type(exc).__name__}: {exc} "
                             "(re-run with --debug for the traceback, and please report it)", soft_wrap=True)
         sys.exit(1)
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        if code == 130:
+            err_console().print("[yellow]interrupted[/yellow]")
+        sys.exit(code)

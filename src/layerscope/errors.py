@@ -36,6 +36,12 @@ class StoreError(LayerscopeError):
     """A LayerStore that is missing, incomplete or does not match the request."""
 
 
+class Interrupted(LayerscopeError):
+    """Ctrl-C: the message says how much work was kept and how to continue."""
+
+    exit_code = 130
+
+
 class MissingExtraError(LayerscopeError):
     """An optional package is not installed."""
 

@@ -27,8 +27,10 @@ def test_existing_output_needs_force(tiny_model, tmp_path):
     out = tmp_path / "onnx"
     out.mkdir()
     (out / "something").write_text("x")
-    with pytest.raises(InputError, match="--force"):
-        exporter.export_model(str(tiny_model("bert")), out)
+    for force in (False, True):  # a folder layerscope did not make is never replaced
+        with pytest.raises(InputError, match=r"layerscope did not make \(something\)"):
+            exporter.export_model(str(tiny_model("bert")), out, force=force)
+    assert (out / "something").read_text() == "x"
 
 
 def test_external_data_when_the_model_is_big(tiny_model, tmp_path, monkeypatch):

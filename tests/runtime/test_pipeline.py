@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from layerscope.engines.base import create_engine
-from layerscope.errors import InputError, StoreError
+from layerscope.errors import InputError, Interrupted, StoreError
 from layerscope.export.exporter import export_model
 from layerscope.export.manifest import ModelHandle
 from layerscope.runtime.pipeline import embed, extract, plan_batches
@@ -99,7 +99,7 @@ def test_interrupted_extraction_resumes_to_an_identical_store(bert_export, tmp_p
         def close(self):
             pass
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match=r"interrupted: \d+ of 400 rows done; continue with --resume"):
         extract(bert_export, str(path), tmp_path / "part", engine="ort", poolings=["mean", "max"],
                 batch_tokens=128, progress=Interrupt)
     with pytest.raises(StoreError, match="incomplete"):
@@ -107,7 +107,7 @@ def test_interrupted_extraction_resumes_to_an_identical_store(bert_export, tmp_p
     partial = LayerStore.open(tmp_path / "part", allow_incomplete=True)
     kept = int(partial.done_mask().sum())
     assert 0 < kept < 400
-    with pytest.raises(StoreError, match="--resume"):
+    with pytest.raises(InputError, match="--resume"):
         extract(bert_export, str(path), tmp_path / "part", engine="ort", poolings=["mean", "max"])
     report = extract(bert_export, str(path), tmp_path / "part", engine="ort", poolings=["mean", "max"],
                      batch_tokens=128, resume=True)

@@ -79,12 +79,15 @@ class Context:
     layers: str = "all"
     poolings: list[str] | None = None
     data: str | None = None
-    out: Path = Path("results")
+    out: Path | None = None  # None: results/<model>/<revision>/<analysis> (see analyses/layout.py)
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
     cache: bool = True
     console: Any = None
     trust_remote_code: bool = False  # run the model repo's own code (off unless asked)
+    recompute: bool = False  # run again even when the result dir holds this very run
+    force: bool = False  # replace a result dir holding a different run
+    reused: bool = False  # set by run_analysis: the saved result was reused, nothing was computed
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -109,6 +112,13 @@ class Analysis(ABC):
     @abstractmethod
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""
+
+    def stored_sources(self, ctx: Context, data: Any) -> list[tuple[str, dict, str]] | None:
+        """For a run made from LayerStores instead of models: ``(path, manifest, identity)`` per store.
+
+        None (the default): the run uses ``--model``. Analyses that override ``offline`` override this too.
+        """
+        return None
 
     def offline(self, ctx: Context, data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
         """Figures made without loading any model (e.g. from LayerStores): ``(per_model, models_meta)``.
@@ -238,20 +248,32 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
                          f"drop --engine {ctx.engine} or use --engine torch")
     t0 = time.perf_counter()
+    from layerscope.analyses.layout import claim_result_dir, default_result_dir, result_identity
+
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
-    out = Path(ctx.out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "results.json").exists())):
-        # An earlier result directory is replaced; anything else is never deleted.
-        raise InputError(f"{out} exists and is not a layerscope result directory; choose another --out")
-    offline = analysis.offline(ctx, data)  # analyses that work from stores alone run no model
-    if offline is not None:
-        per_model, models_meta = offline
-        handles = []
-    else:
-        per_model, models_meta = {}, {}
+    handles = []
+    sources = analysis.stored_sources(ctx, data)
+    if sources is None:
         handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
         for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
             check_layers(ctx.layers, handle, spec)
+        sources = [(spec, h.manifest, h.key) for spec, h in zip(ctx.models, handles)]
+    settings = _jsonable({"engine": ctx.engine, "layers": ctx.layers, "poolings": ctx.poolings, "data": ctx.data,
+                          "seed": ctx.seed, "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}})
+    identity = result_identity(name, settings, sources, ctx.data)
+    out = Path(ctx.out) if ctx.out is not None else default_result_dir(name, sources)
+    action, earlier = claim_result_dir(out, identity, recompute=ctx.recompute, force=ctx.force,
+                                       inputs=[ctx.data, *ctx.models])
+    if action == "reuse":
+        ctx.reused = True
+        ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
+                "(--recompute to run again)")
+        return out, earlier
+    offline = analysis.offline(ctx, data) if handles == [] else None  # from stores alone: no model runs
+    if offline is not None:
+        per_model, models_meta = offline
+    else:
+        per_model, models_meta = {}, {}
     for spec, handle in zip(ctx.models, handles):
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
@@ -278,6 +300,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
                      "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
                      "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
+        "identity": identity,
         "models": models_meta,
         "per_model": per_model,
         "combined": combined,
@@ -292,7 +315,7 @@ def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None 
     from layerscope.atomic import staged_dir
 
     analysis = analysis or get_analysis(results["analysis"])()
-    with staged_dir(Path(out)) as stage:
+    with staged_dir(Path(out), kind="result") as stage:
         (stage / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
                                             encoding="utf-8")
         render(stage, results, analysis)

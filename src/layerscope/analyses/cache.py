@@ -71,6 +71,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         extra = [layer for layer in layers if layer not in all_layers]
         path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings)[:8]}"
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
+        from layerscope.errors import Interrupted
         from layerscope.runtime.store_lock import StoreLockedError
 
         try:
@@ -79,4 +80,6 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         except StoreLockedError:  # another run is filling this cache entry: do not wait for it, nor race it
             say(f"{path} is being written by another run; computing these vectors in memory")
             return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)
+        except Interrupted:  # the cache store is not the user's to --resume; a rerun rebuilds it
+            raise Interrupted("interrupted") from None
     return {(p, layer): np.asarray(store[p, layer], dtype=np.float32) for p in poolings for layer in layers}

@@ -209,6 +209,12 @@ class Similarity(Analysis):
                 "layers": layers, "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn,
                 "tables": {"similarity_layers": matrix_rows(lin, unb, knn, layers, layers)}}
 
+    def stored_sources(self, ctx: Context, data):
+        if data["mode"] != "stores":
+            return None
+        return [(str(st.path), st.manifest, f"{st.settings.get('model_key')}|{st.settings.get('corpus_sha256')}|"
+                 f"{st.meta.get('created')}") for st in (data["a"], data["b"]) if st is not None]
+
     def offline(self, ctx: Context, data):
         if data["mode"] != "stores":
             return None

@@ -393,7 +393,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.engines.base import resolve_layers
     from layerscope.export.manifest import ModelHandle
 
+    from layerscope.limits import check_limits, check_max_length
+
     say = cfg.progress or (lambda msg: None)
+    check_limits(batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch, max_length=cfg.max_length,
+                 threads=cfg.threads)
     if not cfg.texts:
         raise InputError("the bench corpus has no texts")
     handle = ModelHandle.resolve(cfg.model)
@@ -401,6 +405,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         say("exporting the model (first use)")
         handle = handle.ensure_export()
     manifest = handle.manifest
+    check_max_length(cfg.max_length, manifest, cfg.model)
     num_layers = int(manifest["num_layers"])
     if cfg.layers == "all-hidden":
         layers = [str(i) for i in range(num_layers + 1)]

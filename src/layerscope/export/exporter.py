@@ -47,10 +47,10 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None) -> dict[str, Any]:
     """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure."""
+    from layerscope.ownership import claim
+
     output = Path(output)
-    if output.exists() and any(output.iterdir()):
-        if not force:
-            raise InputError(f"{output} already exists and is not empty; pass --force to replace it")
+    claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
@@ -69,7 +69,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
     from layerscope.atomic import staged_dir
 
-    with staged_dir(output) as work:
+    with staged_dir(output, kind="export") as work:
         say("exporting with optimum")
         _optimum_export(model, work, onnx_cfg, opset)
         say("adding raw embeddings and in-graph pooling")

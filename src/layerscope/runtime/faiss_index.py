@@ -256,8 +256,12 @@ class VectorIndex:
     # -- saving ----------------------------------------------------------
     def save(self, out: str | Path, meta: dict[str, Any]) -> Path:
         faiss = _faiss()
+        from layerscope.ownership import MARKER, write_marker
+
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        if not (out / MARKER).exists():
+            write_marker(out, "index")
         tmp = out / (INDEX_FILE + ".partial")
         if self.kind == "binary":
             faiss.write_index_binary(self.index, str(tmp))
@@ -357,9 +361,10 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
     """Build an index over one (pooling, layer) of a LayerStore and save it with its metadata."""
     from layerscope.runtime.store import LayerStore
 
+    from layerscope.ownership import claim, remove
+
     out = Path(out)
-    if (out / META_FILE).exists() and not force:
-        raise InputError(f"{out} already holds an index; choose another --out or add --force")
+    where = claim(out, "index", force=force, inputs=[store_path])  # never a folder layerscope did not make
     store = LayerStore.open(store_path)
     layer_name = store.resolve_layer(layer)
     arr = store[pooling, layer_name]
@@ -392,6 +397,8 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
         "backend_detail": vi.backend.describe(),
         "created": _iso_now(),
     }
+    if where.replace:
+        remove(out, "index")
     vi.save(out, meta)
     return vi.meta
 

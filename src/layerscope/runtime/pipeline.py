@@ -9,6 +9,7 @@ Tokenization runs on a background thread so it overlaps the engine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -95,7 +96,7 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
     texts_tmp = out / (TEXTS + ".partial")
     lengths: list[np.ndarray] = []
     h = hashlib.sha256()
-    n = empty = 0
+    n = empty = nul = 0
     chunk: list[str] = []
 
     def flush_chunk():
@@ -111,6 +112,8 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
             n += 1
             if not rec.text.strip():
                 empty += 1
+            if "\x00" in rec.text:
+                nul += 1
             chunk.append(rec.text)
             if len(chunk) >= LENGTH_CHUNK:
                 flush_chunk()
@@ -123,7 +126,7 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
     all_lengths = np.concatenate(lengths).astype(np.int32)
     np.save(out / "lengths.npy", all_lengths)
     os.replace(texts_tmp, out / TEXTS)
-    return {"n": n, "empty": empty, "sha256": h.hexdigest()}
+    return {"n": n, "empty": empty, "nul": nul, "sha256": h.hexdigest()}
 
 
 def _record_line(rec) -> str:
@@ -217,6 +220,55 @@ class _Prefetcher:
 
 # ---------------------------------------------------------------- the run
 
+def _drops_nul(encoder: Encoder) -> bool:
+    """Whether this tokenizer ignores NUL bytes (BERT-style cleaning) or encodes them (byte-level BPE)."""
+    with_nul, without = encoder.token_lengths(["a\x00\x00\x00b c", "ab c"])
+    return bool(with_nul == without)
+
+
+@contextlib.contextmanager
+def _cleanup_on_failure(out: Path, where) -> Iterator[dict]:
+    """Make (or replace) the store directory; if the run fails before any row is stored, remove what it
+    made (the directory too when it made it), so no empty store or ``.partial`` file is left behind.
+    A store with rows done, or one this run resumed, is kept. Ctrl-C becomes ``Interrupted`` with the count.
+    """
+    from layerscope.errors import Interrupted
+    from layerscope.ownership import MARKER, clear_own, remove, remove_if_empty, write_marker
+
+    earlier = where.kind is not None and not where.replace  # a store that was there before: never removed
+    if where.replace:
+        remove(out, "store")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).exists():
+        write_marker(out, "store")
+    state: dict[str, Any] = {"store": None}
+    try:
+        yield state
+    except BaseException as exc:
+        store = state["store"]
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        rows = 0
+        if store is not None:
+            try:
+                rows = int(store.done_mask().sum())
+            except Exception:  # a store that cannot be read counts as no rows
+                rows = 0
+        keep = earlier or rows > 0 or (interrupted and store is not None)
+        if not keep:
+            if store is not None:
+                store.close()
+            clear_own(out, "store")
+            if created:
+                remove_if_empty(out)
+        if not interrupted:
+            raise
+        if store is None or not keep:
+            raise Interrupted("interrupted before the corpus was stored; nothing was kept" if not keep else
+                              "interrupted; the store is as it was") from None
+        raise Interrupted(f"interrupted: {rows:,} of {store.n:,} rows done; continue with --resume") from None
+
+
 def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_batch, max_length, source_desc):
     return {
         "model": handle.spec, "model_key": handle.key, "engine_requested": engine_name,
@@ -259,17 +311,18 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             engine_options: dict | None = None) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``."""
     from layerscope.export.manifest import ModelHandle
+    from layerscope.limits import check_engine_options, check_limits, check_max_length
+    from layerscope.ownership import claim
 
     if dtype not in ("float32", "float16"):
         raise InputError(f"--dtype must be float32 or float16, not {dtype}")
+    check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
+    check_engine_options(engine_options)
     out = Path(out)
     existing = out / STORE_JSON
-    if existing.exists() and not resume and not force:
-        raise StoreError(f"{out} already holds a store; pass --resume to continue it or --force to replace it")
-    if out.exists() and force and not resume:
-        import shutil
-
-        shutil.rmtree(out)
+    # --force replaces only a store layerscope made that does not hold the corpus; nothing is deleted yet
+    where = claim(out, "store", force=force and not resume, keep=resume,
+                  inputs=[source] if isinstance(source, (str, Path)) else [])
     if isinstance(engine, Engine):
         eng = engine
         handle = eng.model
@@ -277,6 +330,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
         eng = None
     manifest = handle.manifest
+    check_max_length(max_length, manifest, handle.spec)
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     if "eos" in pool_list and not manifest.get("pooled_output"):
@@ -289,7 +343,19 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
     settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
+    with _cleanup_on_failure(out, where) as state:
+        return _extract_into(
+            out, state, existing=existing, resume=resume, handle=handle, eng=eng, engine=engine,
+            engine_options=engine_options, manifest=manifest, settings=settings, layer_list=layer_list,
+            pool_list=pool_list, dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_len=max_len,
+            source=source, window=window, progress=progress, t0=t0,
+            reader=dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt))
+
+
+def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engine, engine_options, manifest,
+                  settings, layer_list, pool_list, dtype, batch_tokens, max_batch, max_len, source, window,
+                  progress, t0, reader) -> ExtractReport:
+    """The run itself, inside the directory ``_cleanup_on_failure`` prepared (``state['store']``: the store)."""
     store: LayerStore | None = None
     stats = None
     if existing.exists() and resume:
@@ -300,12 +366,13 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
                 raise StoreError(f"{out} was made with {key}={store.settings.get(key)!r}, this run asks for "
                                  f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
         recorded = store.settings.get("corpus_sha256")
-        records, _ = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+        records, _ = _records_from(source, **reader)
         if recorded and _corpus_sha256(records) != recorded:
-            raise StoreError(f"{out} was made from another version of {source_desc} (its texts or ids changed "
+            raise StoreError(f"{out} was made from another version of {settings['input']} (its texts or ids changed "
                              "since); drop --resume and use --force, or choose another --out")
         if store.complete:
             log.info("store already complete")
+        state["store"] = store
     if eng is None:
         # TensorRT builds its optimization profile from the batching plan: at most max_batch texts
         # of at most max_len tokens (other engines ignore these).
@@ -315,13 +382,16 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     settings["batch_tokens"] = batch_tokens
     encoder = eng.encoder(max_len)
     if store is None:
-        records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+        records, stats = _records_from(source, **reader)
         spool = _spool_corpus(records, out, encoder)
         settings["corpus_sha256"] = spool["sha256"]
         store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
                                   hidden_size=int(manifest["hidden_size"]), dtype=dtype,
                                   manifest=manifest, settings=settings)
-        store.update_meta({"empty_texts": spool["empty"], "engine": eng.info.to_dict()})
+        state["store"] = store
+        store.update_meta({"empty_texts": spool["empty"], "engine": eng.info.to_dict(),
+                           "nul_texts": spool["nul"],
+                           "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
     lengths = np.load(out / "lengths.npy")
     done = store.done_mask()
     already = int(done.sum())
@@ -334,6 +404,12 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     if truncated:
         warnings.append(f"{truncated:,} of {store.n:,} texts are longer than {max_len} tokens and were "
                         f"truncated to {max_len}")
+    nul = int(store.meta.get("nul_texts", 0))
+    if nul:
+        fate = ("drops them, so they do not change the vectors" if store.meta.get("nul_dropped_by_tokenizer")
+                else "encodes them as tokens, so they change the vectors")
+        warnings.append(f"{nul:,} of {store.n:,} texts contain NUL bytes (\\x00); they are kept as is in "
+                        f"texts.jsonl, and this model's tokenizer {fate}")
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
     rows_done = 0
@@ -430,12 +506,16 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
           engine_options: dict | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Pooled vectors of a small list of texts, in memory: ``{(pooling, layer): [n, hidden]}``."""
     from layerscope.export.manifest import ModelHandle
+    from layerscope.limits import check_engine_options, check_limits, check_max_length
 
     if not texts:
         raise InputError("no texts given")
+    check_limits(batch_tokens=batch_tokens, max_length=max_length)
+    check_engine_options(engine_options)
     eng = engine if isinstance(engine, Engine) else create_engine(
         engine, model if isinstance(model, ModelHandle) else ModelHandle.resolve(model), **(engine_options or {}))
     manifest = eng.manifest
+    check_max_length(max_length, manifest, str(getattr(eng.model, "spec", "the model")))
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
