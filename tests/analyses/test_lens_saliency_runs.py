@@ -49,7 +49,8 @@ def test_saliency_probe_end_to_end(tiny_model, tmp_path, data):
     """Smoke test: the probe objective runs end to end and writes every file, with one curve value per
     k for every method. Its figures are checked in tests/decoding/test_saliency.py (decoded saliency and
     grad x input against hand computations, integrated gradients against completeness and captum, the
-    hiding/revealing games and their curves by hand, the probe on a separable problem)."""
+    hiding/revealing games and their curves by hand, the probe on a separable problem) and
+    tests/decoding/test_saliency_analysis_values.py (the analysis's objective and reference figures)."""
     ctx = _ctx(tiny_model, tmp_path, data=data, layers="0,1,2",
                options={"k": 3, "ig_steps": 4, "random_draws": 2, "objective": "probe", "eval_fraction": 0.5,
                         "decode": "probs", "show": 5, "target": "predicted"})
@@ -70,7 +71,7 @@ def test_saliency_probe_end_to_end(tiny_model, tmp_path, data):
 @pytest.mark.smoke
 def test_saliency_similarity_end_to_end(tiny_model, tmp_path, data):
     """Smoke test: the similarity objective runs end to end; its figures are checked in
-    tests/decoding/test_saliency.py, as for the probe objective."""
+    tests/decoding/test_saliency_analysis_values.py and tests/decoding/test_saliency.py."""
     ctx = _ctx(tiny_model, tmp_path, data=data, layers="1,2",
                options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
                         "reference": "a lovely day in the park", "decode": "logits", "eval_fraction": 0.5})
