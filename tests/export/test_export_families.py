@@ -161,9 +161,9 @@ def test_every_token_level_output_matches_plain_hugging_face(family, exported, t
     """Every token-level output (raw and every hidden state, not only pooled ones) against plain Hugging
     Face, masked to real tokens, through layerscope's own tokenization and ONNX Runtime engine.
 
-    Catches: decoder position ids off by one (``np.cumsum(mask, axis=1)`` without ``- 1`` in
+    Catches: decoder position ids left at zero (``np.zeros_like(mask)`` for ``position_ids`` in
     engines/base.py ``Encoder``): the export, its own parity check and the torch engine all get the
-    same shifted positions, so every other test here sees them agree with one another."""
+    same wrong positions, so every other test here sees them agree with one another."""
     handle = ModelHandle.resolve(exported(family))
     assert handle.manifest["num_layers"] == 2
     check_engine(create_engine("ort", handle), hf_reference(tiny_model(family), family), HF_MAX_ABS, family)
