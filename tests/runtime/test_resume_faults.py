@@ -86,6 +86,11 @@ def assert_same_store(got: LayerStore, want: LayerStore) -> None:
             # no row left as the zeros the store was created with
             assert (np.abs(arr).max(axis=1) > 0).all(), f"all-zero rows in {p}/{layer}"
             np.testing.assert_array_equal(arr, want[p, layer], err_msg=f"{p} layer {layer}")
+            # and the files themselves, byte for byte
+            name = f"arrays/{p}/{layer}.npy"
+            assert (got.path / name).read_bytes() == (want.path / name).read_bytes(), name
+    for name in ("texts.jsonl", "done.npy", "lengths.npy"):
+        assert (got.path / name).read_bytes() == (want.path / name).read_bytes(), name
 
 
 def _resume(bert_export, corpus_file, out, **kw):
