@@ -1,5 +1,12 @@
-"""The real model: minilm exported and extracted over the STS Benchmark test sentences
-must give final-layer mean vectors with cosine >= 0.9999 to sentence-transformers' own embeddings."""
+"""The real model: minilm exported and extracted over the STS Benchmark test sentences must give the
+final-layer mean vectors sentence-transformers' own pipeline gives, to float32 rounding.
+
+Agreement reached (issue 16's measurement; onnxruntime 1.31 CPU, torch 2.13): max |diff| of the unit
+vectors 2.8e-7, 1 - cosine 1.2e-12. The bound below (atol 1e-5) leaves a ~35x margin for another CPU or
+BLAS, and still fails on differences a cosine >= 0.9999 bound let through.
+
+Catches: storing float16 by default (``dtype="float16"`` in runtime/pipeline.py ``extract``): every
+cosine stays above 0.9999 (the old bound), the vectors differ by ~1e-4."""
 
 from __future__ import annotations
 
@@ -40,5 +47,6 @@ def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
     # sentence-transformers' all-MiniLM-L6-v2 pipeline ends with a Normalize module
     ours_unit = ours / np.linalg.norm(ours, axis=1, keepdims=True)
     theirs_unit = theirs / np.linalg.norm(theirs, axis=1, keepdims=True)
-    cos = (ours_unit * theirs_unit).sum(1)
-    assert cos.min() >= 0.9999, f"min cosine {cos.min():.6f} at row {cos.argmin()}"
+    worst = int(np.abs(ours_unit - theirs_unit).max(axis=1).argmax())
+    np.testing.assert_allclose(ours_unit, theirs_unit, rtol=0, atol=1e-5,
+                               err_msg=f"worst row {worst}: {texts[worst]!r}")

@@ -1,9 +1,8 @@
-"""Optimized and reduced-precision variants stay within the tolerance recorded in their manifest."""
+"""Optimized and reduced-precision variants against plain Hugging Face, and what their manifest records."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -23,8 +22,27 @@ def _manifest(export_dir):
     return json.loads((export_dir / "manifest.json").read_text())
 
 
+# max |variant - plain Hugging Face fp32| over the real tokens of every hidden state of the tiny BERT.
+# Observed on this machine (onnxruntime 1.31 CPU): opt 7.2e-7, int8 5.6e-3, fp16 2.0e-3. The bounds
+# leave 5-14x for another CPU (int8 kernels differ between CPUs with and without VNNI) and stay below
+# what separates neighbouring layers here (max |layer 1 - layer 0| 0.049, cosine 0.9998, which a cosine
+# bound of 0.96 or 0.999 lets through).
+VARIANT_MAX_ABS = {"opt": 1e-5, "int8": 3e-2, "fp16": 1e-2}
+
+
 @pytest.mark.parametrize("kind", ["opt", "int8", "fp16"])
-def test_variant_within_recorded_tolerance(export_dir, kind):
+def test_variant_matches_plain_hugging_face(export_dir, tiny_model, kind):
+    """Each variant run on its own ONNX Runtime session against plain Hugging Face fp32: every hidden
+    state within the variant's max-abs bound, layer i nearest reference layer i, the pooled mean too;
+    and the manifest entry records the file and every output.
+
+    Catches: a variant whose layers are shifted by one (hidden_states.1 and .2 swapped in the graph
+    ``convert_fp16`` writes in export/variants.py: cosine to the neighbouring layer is 0.9998, inside the
+    recorded cosine tolerance, so the variant was written and the old test passed). Both the max-abs
+    bound and, with the bound lifted, the nearest-layer check fail on it on their own."""
+    from hf_reference import check_engine, hf_reference
+
+    from layerscope.engines.base import create_engine
     from layerscope.export.manifest import file_sha256
     from layerscope.export.variants import make_variant
 
@@ -32,16 +50,12 @@ def test_variant_within_recorded_tolerance(export_dir, kind):
     recorded = _manifest(export_dir)["variants"][kind]
     assert recorded["file"] == f"model.{kind}.onnx"
     assert recorded["sha256"] == file_sha256(export_dir / recorded["file"])
-    tol = recorded["tolerance"]
-    outputs = recorded["parity"]["outputs"]
-    # every output of the fp32 export is checked, none lost
-    assert set(outputs) == set(_manifest(export_dir)["outputs"])
-    for name, stats in outputs.items():
-        assert not math.isnan(stats["min_cos"]), name
-        if tol["max_abs"] is not None:
-            assert stats["max_abs"] <= tol["max_abs"], name
-        assert stats["min_cos"] >= tol["min_cos"], name
+    assert set(recorded["parity"]["outputs"]) == set(_manifest(export_dir)["outputs"])  # none lost
     assert entry["parity"] == recorded["parity"]
+
+    engine = create_engine("ort", str(export_dir), variant=kind)
+    assert engine.info.notes and kind in engine.info.notes[0]
+    check_engine(engine, hf_reference(tiny_model("bert"), "bert"), VARIANT_MAX_ABS[kind], f"variant {kind}")
 
 
 def test_opt_keeps_every_output_and_reports_fusions(export_dir):

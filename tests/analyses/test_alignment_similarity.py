@@ -94,7 +94,30 @@ def test_similarity_cka_heatmap_and_values(tmp_path, tiny_model):
     assert (out / "linear_cka.png").exists() and (out / "mutual_knn.png").exists()
 
 
+def _direct_linear_cka(x, y):
+    """Kornblith et al. (2019), features centred: ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)."""
+    x, y = x - x.mean(0), y - y.mean(0)
+    return np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y))
+
+
+def _direct_unbiased_cka(x, y):
+    """Song et al. (2012) unbiased HSIC on linear kernels with zeroed diagonals, normalised like CKA."""
+    def hsic1(k, l_):
+        n = k.shape[0]
+        one = np.ones(n)
+        return (np.trace(k @ l_) + (one @ k @ one) * (one @ l_ @ one) / ((n - 1) * (n - 2))
+                - 2 / (n - 2) * (one @ k @ l_ @ one)) / (n * (n - 3))
+
+    k, l_ = x @ x.T, y @ y.T
+    np.fill_diagonal(k, 0)
+    np.fill_diagonal(l_, 0)
+    return hsic1(k, l_) / np.sqrt(hsic1(k, k) * hsic1(l_, l_))
+
+
 def test_store_similarity_index_and_search(tmp_path, tiny_model):
+    """Catches (cross-model part): the second model's vectors replaced by the first's, or the matrix
+    transposed, in analyses/similarity.py ``combine`` (``cka_matrix(get_a, la, get_a, la, ...)``): both
+    keep the matrix's shape, which was all the test checked."""
     from layerscope.runtime.faiss_index import build_store_index, search_index
     from layerscope.runtime.pipeline import extract
 
@@ -110,6 +133,15 @@ def test_store_similarity_index_and_search(tmp_path, tiny_model):
     _, res = run_analysis("similarity", ctx)
     cross = res["combined"]["cross"]
     assert len(cross["linear_cka"]) == len(sa.layers) and len(cross["linear_cka"][0]) == len(sb.layers)
+    # every value of the cross-model matrices against CKA written out directly (Gram form, n x n)
+    assert cross["layers_a"] == sa.layers and cross["layers_b"] == sb.layers
+    lin, unb = np.array(cross["linear_cka"], dtype=float), np.array(cross["unbiased_cka"], dtype=float)
+    for i, la in enumerate(sa.layers):
+        for j, lb in enumerate(sb.layers):
+            a, b = np.asarray(sa["mean", la], np.float64), np.asarray(sb["mean", lb], np.float64)
+            assert lin[i, j] == pytest.approx(_direct_linear_cka(a, b), abs=1e-6), (la, lb)
+            assert unb[i, j] == pytest.approx(_direct_unbiased_cka(a, b), abs=1e-6), (la, lb)
+    assert np.ptp(lin) > 0.05  # the layers differ: a matrix of one value would not test the indexing
     assert res["settings"]["models"] == list(res["per_model"])  # no model was loaded
     other = tmp_path / "c2.txt"
     other.write_text("\n".join(reversed(texts)) + "\n")

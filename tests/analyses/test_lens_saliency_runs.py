@@ -1,4 +1,7 @@
-"""``inspect run lens`` / ``inspect run saliency`` end to end on a tiny BERT, and every bad input."""
+"""``inspect run lens`` / ``inspect run saliency`` end to end on a tiny BERT, and every bad input.
+
+The end-to-end runs are smoke tests (marked ``smoke``): they prove the commands complete and write their
+outputs; the values are checked against independent computations in tests/decoding/."""
 
 from __future__ import annotations
 
@@ -41,7 +44,13 @@ def _ctx(tiny_model, tmp_path, **kw):
                    poolings=["mean"], cache=False, options=options, **kw)
 
 
+@pytest.mark.smoke
 def test_saliency_probe_end_to_end(tiny_model, tmp_path, data):
+    """Smoke test: the probe objective runs end to end and writes every file, with one curve value per
+    k for every method. Its figures are checked in tests/decoding/test_saliency.py (decoded saliency and
+    grad x input against hand computations, integrated gradients against completeness and captum, the
+    hiding/revealing games and their curves by hand, the probe on a separable problem) and
+    tests/decoding/test_saliency_analysis_values.py (the analysis's objective and reference figures)."""
     ctx = _ctx(tiny_model, tmp_path, data=data, layers="0,1,2",
                options={"k": 3, "ig_steps": 4, "random_draws": 2, "objective": "probe", "eval_fraction": 0.5,
                         "decode": "probs", "show": 5, "target": "predicted"})
@@ -59,7 +68,10 @@ def test_saliency_probe_end_to_end(tiny_model, tmp_path, data):
     assert "decoded@1" in page and "[MASK]" in page and "<style>" in page
 
 
+@pytest.mark.smoke
 def test_saliency_similarity_end_to_end(tiny_model, tmp_path, data):
+    """Smoke test: the similarity objective runs end to end; its figures are checked in
+    tests/decoding/test_saliency_analysis_values.py and tests/decoding/test_saliency.py."""
     ctx = _ctx(tiny_model, tmp_path, data=data, layers="1,2",
                options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
                         "reference": "a lovely day in the park", "decode": "logits", "eval_fraction": 0.5})
@@ -69,7 +81,11 @@ def test_saliency_similarity_end_to_end(tiny_model, tmp_path, data):
     assert -1.0 <= fig["summary"]["mean_full"] <= 1.0
 
 
+@pytest.mark.smoke
 def test_lens_end_to_end_torch(tiny_model, tmp_path):
+    """Smoke test: the lens runs end to end and writes its table and plot. Its figures are checked in
+    tests/decoding/test_lens_analysis_values.py (the table against a logit lens written out by hand) and
+    tests/decoding/test_heads_lens.py (heads, ranks, top-k, the accumulator, the ONNX lens graph)."""
     texts = tmp_path / "t.txt"
     texts.write_text("the cat sat on the mat\nwater boils at sea level\n", encoding="utf-8")
     ctx = _ctx(tiny_model, tmp_path, data=str(texts), layers="all", options={"top_k": 3, "show": 1, "batch": 1})

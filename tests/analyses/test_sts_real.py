@@ -1,5 +1,11 @@
 """The `sts` analysis on the real model: final-layer mean-pooling Spearman on the STS Benchmark test
-split equals what sentence-transformers' own all-MiniLM-L6-v2 embeddings give, within 0.0005."""
+split equals what sentence-transformers' own all-MiniLM-L6-v2 embeddings give.
+
+Agreement reached (issue 16's measurement; onnxruntime 1.31 CPU, torch 2.13): |difference| 9.4e-10. The
+bound (1e-6) leaves a 1000x margin for another CPU or BLAS.
+
+Catches: storing float16 by default (``dtype="float16"`` in runtime/pipeline.py ``extract``), which the
+old 5e-4 bound let through."""
 
 from __future__ import annotations
 
@@ -27,5 +33,5 @@ def test_sts_minilm_final_layer_matches_sentence_transformers(sts_dir, tmp_path,
     a = model.encode(pairs.s1, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
     b = model.encode(pairs.s2, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
     theirs = spearmanr((a.astype(np.float64) * b).sum(1), pairs.scores)[0]
-    assert ours["final_spearman"] == pytest.approx(theirs, abs=5e-4)
+    assert ours["final_spearman"] == pytest.approx(theirs, abs=1e-6)
     assert ours["final_spearman"] > 0.8  # the published all-MiniLM-L6-v2 figure is ~0.82

@@ -119,18 +119,60 @@ def test_interrupted_extraction_resumes_to_an_identical_store(bert_export, tmp_p
             np.testing.assert_array_equal(resumed[p, layer], full[p, layer])
 
 
+# The child runs the real CLI; its engine is the real ORT engine wrapped so that, once 70 batches came
+# back (the pipeline commits at 64 pending batches, or every 2 s), the next batch stalls until the child
+# is killed. The kill therefore always lands mid-run, after a commit, with written but uncommitted rows.
+_CHILD = """
+import sys, time
+import layerscope.runtime.pipeline as pipeline
+from layerscope.engines.base import Engine
+
+real_create = pipeline.create_engine
+
+class StallAfter70(Engine):
+    def __init__(self, inner):
+        super().__init__(inner.model)
+        self.inner, self.name, self.info = inner, inner.name, inner.info
+        self.preferred_batch_tokens = inner.preferred_batch_tokens
+        self.calls = 0
+
+    def encoder(self, max_length=None):
+        return self.inner.encoder(max_length)
+
+    def run(self, batch, layers, poolings):
+        self.calls += 1
+        if self.calls > 70:
+            time.sleep(600)  # killed long before this returns
+        return self.inner.run(batch, layers, poolings)
+
+    def run_tokens(self, batch, layers):
+        return self.inner.run_tokens(batch, layers)
+
+pipeline.create_engine = lambda *a, **k: StallAfter70(real_create(*a, **k))
+from layerscope.cli import main
+main(sys.argv[1:])
+"""
+
+
 def test_killed_process_resumes_to_an_identical_store(bert_export, tmp_path):
+    """SIGKILL mid-run, then --resume: no row lost, duplicated or shifted.
+
+    Catches: dropping the pipeline's periodic commit in runtime/pipeline.py (``len(pending) >= 64`` /
+    2 s timer: a killed run then keeps nothing, so ``0 < kept`` fails), and the test's own old hole: a
+    child killed before its first commit or after its last passed vacuously (now 0 < kept < n and the
+    resumed run must report ``resumed_rows == kept``)."""
     texts = corpus(3000, seed=2)
     path = tmp_path / "c.txt"
     path.write_text("\n".join(texts) + "\n", encoding="utf-8")
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "layerscope", "extract", "--model", str(bert_export), "--engine", "ort",
+    cmd = [sys.executable, "-c", _CHILD, "extract", "--model", str(bert_export), "--engine", "ort",
            "--input", str(path), "--out", str(out), "--batch-tokens", "64", "--pooling", "mean"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 180
+    marked = 0
     try:
-        while time.time() < deadline:
+        while time.time() < deadline and proc.poll() is None:
             done = out / "done.npy"
             if done.exists():
                 try:
@@ -139,21 +181,25 @@ def test_killed_process_resumes_to_an_identical_store(bert_export, tmp_path):
                     marked = 0
                 if marked > 0:
                     break
-            if proc.poll() is not None:
-                break
             time.sleep(0.05)
     finally:
-        if proc.poll() is None:
+        alive = proc.poll() is None
+        if alive:
             proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _, err = proc.communicate()
+    assert alive, f"the child exited by itself (rc {proc.returncode}): {err.decode()[-500:]}"
     partial = LayerStore.open(out, allow_incomplete=True)
-    assert int(partial.done_mask().sum()) < 3000, "the run finished before it could be killed"
-    extract(bert_export, str(path), out, engine="ort", poolings=["mean"], batch_tokens=64, resume=True)
+    kept = int(partial.done_mask().sum())
+    assert 0 < kept < 3000, kept
+    report = extract(bert_export, str(path), out, engine="ort", poolings=["mean"], batch_tokens=64, resume=True)
+    assert report.resumed_rows == kept
     reference = extract(bert_export, str(path), tmp_path / "ref", engine="ort", poolings=["mean"],
                         batch_tokens=64).store
     resumed = LayerStore.open(out)
     for layer in reference.layers:
-        np.testing.assert_array_equal(resumed["mean", layer], reference["mean", layer])
+        arr = np.asarray(resumed["mean", layer])
+        assert (np.abs(arr).max(axis=1) > 0).all(), f"all-zero rows at layer {layer}"
+        np.testing.assert_array_equal(arr, reference["mean", layer])
 
 
 def test_resume_refuses_a_store_made_with_other_settings(bert_export, tmp_path):

@@ -142,7 +142,7 @@ def add_pooled_outputs(model, modes: list[str], layer_tensors: list[str], hidden
         if mode == "mean":
             out = weighted(normalized(maskf, "mean_w"), mode)
         elif mode == "cls":
-            out = b.node("Gather", [stacked, zero_i], "cls_out", axis=2)
+            out = weighted(onehot(first_idx(), "cls_onehot"), mode)  # first real token, either padding side
         elif mode == "last":
             out = weighted(onehot(last_idx(), "last_onehot"), mode)
         elif mode == "mean-nobos":

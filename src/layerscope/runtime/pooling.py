@@ -59,8 +59,8 @@ def pooling_weights(mode: str, mask: np.ndarray, input_ids: np.ndarray | None = 
     w = np.zeros_like(mask)
     if mode == "mean":
         w = mask / np.maximum(mask.sum(1, keepdims=True), 1.0)
-    elif mode == "cls":
-        w[:, 0] = 1.0
+    elif mode == "cls":  # the first real token, wherever the padding is
+        w[rows, first_index(mask)] = 1.0
     elif mode == "last":
         w[rows, last_index(mask)] = 1.0
     elif mode == "mean-nobos":

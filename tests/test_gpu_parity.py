@@ -1,0 +1,79 @@
+"""GPU engines (``cuda``, ``trt``, and the fp16 variant on ``cuda``) against plain Hugging Face.
+
+Marked ``gpu``: each test skips, with the reason ONNX Runtime gave, where its provider does not start
+(no GPU, no CUDA/TensorRT libraries). The checks are the CPU parity tests' own
+(:func:`hf_reference.check_engine`: same texts, same tokenization check, every token-level layer within
+a max-abs bound and nearest its own reference layer, pooled mean), only the bounds differ.
+
+Meant to catch, where a GPU is present (not demonstrated by a mutation: issue 16's session had no
+GPU): IO binding that hands back another output than asked for (engines/ort.py ``CudaEngine._run``),
+a TensorRT optimization profile that cuts sequences, fp16 overflow in the GPU kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_reference import check_engine, hf_reference
+from tiny_models import FAMILIES
+
+pytestmark = pytest.mark.gpu
+
+# fp32 on the GPU: ONNX Runtime's CUDA EP (and TensorRT) may run fp32 MatMuls in TF32 (10-bit mantissa)
+# on Ampere and later; hidden states of the tiny models are O(1). Not yet measured on a GPU (issue 16
+# was closed on a CPU-only machine): tighten to ~10x the agreement a GPU run shows.
+GPU_FP32_MAX_ABS = 5e-3
+GPU_FP16_MAX_ABS = 1e-2  # the CPU fp16 variant's bound (tests/test_variants.py)
+
+
+@pytest.fixture(scope="module")
+def providers():
+    from layerscope.engines.ort import probe_providers
+
+    return probe_providers()
+
+
+def need(providers, engine: str) -> None:
+    ok, reason = providers[engine]
+    if not ok:
+        pytest.skip(f"engine {engine!r} does not start here: {reason}")
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_model, tmp_path_factory):
+    from layerscope.export.exporter import export_model
+
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            out = tmp_path_factory.mktemp(f"gpu-{family}") / "onnx"
+            export_model(str(tiny_model(family)), out, pooled=["mean"])
+            cache[family] = out
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("engine_name", ["cuda", "trt"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_engine_matches_plain_hugging_face(providers, exported, tiny_model, engine_name, family):
+    from layerscope.engines.base import create_engine
+    from layerscope.export.manifest import ModelHandle
+
+    need(providers, engine_name)
+    engine = create_engine(engine_name, ModelHandle.resolve(exported(family)))
+    assert engine.info.device == "cuda"
+    check_engine(engine, hf_reference(tiny_model(family), family), GPU_FP32_MAX_ABS, f"{engine_name} {family}")
+
+
+def test_fp16_variant_on_cuda_matches_plain_hugging_face(providers, exported, tiny_model):
+    from layerscope.engines.base import create_engine
+    from layerscope.export.variants import make_variant
+
+    need(providers, "cuda")
+    export_dir = exported("bert")
+    make_variant(export_dir, "fp16")
+    engine = create_engine("cuda", str(export_dir), variant="fp16")
+    assert engine.info.precision == "fp16"
+    check_engine(engine, hf_reference(tiny_model("bert"), "bert"), GPU_FP16_MAX_ABS, "cuda fp16")
