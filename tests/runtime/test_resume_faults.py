@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from layerscope.errors import Interrupted
 from layerscope.engines.base import Engine, create_engine
 from layerscope.export.exporter import export_model
 from layerscope.export.manifest import ModelHandle
@@ -104,7 +105,7 @@ def test_interrupt_inside_engine_run_resumes_to_an_identical_store(bert_export, 
     commit of pending rows in the pipeline's ``except`` branch (kept would not equal the rows computed)."""
     engine = InterruptingEngine(create_engine("ort", ModelHandle.resolve(bert_export)), interrupt_at=7)
     out = tmp_path / "store"
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):  # extract turns Ctrl-C into Interrupted with the row count
         extract(bert_export, str(corpus_file), out, engine=engine, layers="all", poolings=POOLINGS,
                 batch_tokens=128)
     partial = LayerStore.open(out, allow_incomplete=True)
@@ -135,7 +136,7 @@ def test_interrupt_inside_store_write_resumes_to_an_identical_store(bert_export,
 
     monkeypatch.setattr(LayerStore, "write", write_then_interrupt)
     out = tmp_path / "store"
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):  # extract turns Ctrl-C into Interrupted with the row count
         extract(bert_export, str(corpus_file), out, engine="ort", layers="all", poolings=POOLINGS,
                 batch_tokens=128)
     monkeypatch.setattr(LayerStore, "write", real_write)
@@ -174,7 +175,7 @@ def test_interrupted_windowed_run_resumes_to_an_identical_store(bert_export, cor
                    poolings=POOLINGS, batch_tokens=128, window=64).store
     engine = InterruptingEngine(create_engine("ort", ModelHandle.resolve(bert_export)), interrupt_at=70)
     out = tmp_path / "part"
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted):  # extract turns Ctrl-C into Interrupted with the row count
         extract(bert_export, str(corpus_file), out, engine=engine, layers="all", poolings=POOLINGS,
                 batch_tokens=128, window=64)
     kept = int(LayerStore.open(out, allow_incomplete=True).done_mask().sum())
