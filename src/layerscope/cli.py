@@ -132,12 +132,25 @@ def extract(
     force: bool = typer.Option(False, "--force", help="Replace an existing store."),
     threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
     variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: 'local', 'auto' or an address "
+                                                          "(needs layerscope[ray]; --out on shared storage)."),
+    ray_workers: int = typer.Option(2, "--ray-workers", help="Actors (engine sessions) for --ray."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.report.console import print_extract_summary
     from layerscope.runtime.pipeline import extract as run_extract
 
     c = console()
+    if ray is not None:
+        from layerscope.runtime.ray_extract import extract_ray
+
+        report = extract_ray(model, input, out, address=ray, workers=ray_workers, engine=engine, layers=layers,
+                             poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
+                             max_batch=max_batch, max_length=max_length, resume=resume, force=force,
+                             text_field=text_field, column=column, id_field=id_column, fmt=fmt,
+                             engine_options=_engine_options(threads=threads, variant=variant))
+        print_extract_summary(c, report)
+        return
     report = run_extract(model, input, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
