@@ -147,7 +147,7 @@ def extract(
         report = extract_ray(model, input, out, address=ray, workers=ray_workers, engine=engine, layers=layers,
                              poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                              max_batch=max_batch, max_length=max_length, resume=resume, force=force,
-                             text_field=text_field, column=column, id_field=id_column, fmt=fmt,
+                             text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=True,
                              engine_options=_engine_options(threads=threads, variant=variant))
         print_extract_summary(c, report)
         return

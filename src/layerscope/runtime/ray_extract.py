@@ -61,6 +61,8 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
     Returns True when this call started the connection (the caller then shuts it down).
     """
     ray = require_ray()
+    if not log.isEnabledFor(logging.DEBUG):  # Ray Data's per-run INFO lines drown our summary
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
@@ -87,19 +89,23 @@ def _spool(records, out: Path) -> dict[str, Any]:
     h = hashlib.sha256()
     offsets: list[int] = []
     n = empty = pos = 0
-    with open(tmp, "wb") as fh:
-        for rec in records:
-            if n % GRANULE == 0:
-                offsets.append(pos)
-            line = json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False).encode("utf-8") + b"\n"
-            fh.write(line)
-            h.update(line)
-            pos += len(line)
-            n += 1
-            if not rec.text.strip():
-                empty += 1
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            for rec in records:
+                if n % GRANULE == 0:
+                    offsets.append(pos)
+                line = json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False).encode("utf-8") + b"\n"
+                fh.write(line)
+                h.update(line)
+                pos += len(line)
+                n += 1
+                if not rec.text.strip():
+                    empty += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if n == 0:
         tmp.unlink()
         raise InputError("the corpus has no texts: nothing to extract")
@@ -183,17 +189,25 @@ class ShardWorker:
             os.kill(os.getpid(), signal.SIGKILL)
         t0 = time.perf_counter()
         texts = self._read(start, stop, offset)
+        t_read = time.perf_counter()
         lengths = self.encoder.token_lengths(texts)
+        t_tok = time.perf_counter() - t_read
+        t_engine = 0.0
         hidden = int(self.eng.manifest["hidden_size"])
         out = {p: np.zeros((len(self.layers), stop - start, hidden), dtype=self.dtype) for p in self.poolings}
         tokens = 0
         for rows in plan_batches(lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch,
                                  max_length=self.encoder.max_length):
+            t = time.perf_counter()
             b = self.encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
+            t_run = time.perf_counter()
             pooled = self.eng.run(b, self.layers, self.poolings)
+            t_engine += time.perf_counter() - t_run
+            t_tok += t_run - t
             for p in self.poolings:
                 out[p][:, rows] = pooled[p]
             tokens += b.n_tokens
+        t_write = time.perf_counter()
         tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -202,7 +216,9 @@ class ShardWorker:
             np.save(tmp / f"{p}.npy", out[p])
         np.save(tmp / "lengths.npy", lengths.astype(np.int32))
         meta = {"shard": k, "start": start, "stop": stop, "tokens": int(tokens), "pid": os.getpid(),
-                "seconds": round(time.perf_counter() - t0, 4), "batch_tokens": self.batch_tokens,
+                "seconds": round(time.perf_counter() - t0, 4), "read_s": round(t_read - t0, 4),
+                "tokenize_s": round(t_tok, 4), "engine_s": round(t_engine, 4),
+                "write_s": round(time.perf_counter() - t_write, 4), "batch_tokens": self.batch_tokens,
                 "engine": json.dumps(self.eng.info.to_dict())}
         (tmp / "shard.json").write_text(json.dumps(meta), encoding="utf-8")
         try:
@@ -214,8 +230,12 @@ class ShardWorker:
 
 # ---------------------------------------------------------------- the driver
 
-def _merge(store, k: int, lengths_out: np.ndarray) -> tuple[int, int]:
+_TIMES = ("read_s", "tokenize_s", "engine_s", "write_s")
+
+
+def _merge(store, k: int, lengths_out: np.ndarray, timing: dict[str, float]) -> tuple[int, int]:
     """Copy shard ``k`` into the store at its rows, mark them done, delete the shard."""
+    t0 = time.perf_counter()
     d = _shard_dir(store.path, k)
     meta = json.loads((d / "shard.json").read_text(encoding="utf-8"))
     start, stop = int(meta["start"]), int(meta["stop"])
@@ -229,6 +249,9 @@ def _merge(store, k: int, lengths_out: np.ndarray) -> tuple[int, int]:
     lengths_out.flush()
     store.commit(np.arange(start, stop))
     shutil.rmtree(d)
+    for key in _TIMES:  # where the workers' time went, summed over shards
+        timing[key] = round(timing.get(key, 0.0) + float(meta.get(key, 0.0)), 4)
+    timing["merge_s"] = round(timing.get("merge_s", 0.0) + time.perf_counter() - t0, 4)
     return stop - start, int(meta["tokens"])
 
 
@@ -238,7 +261,8 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
                 resume: bool = False, force: bool = False, text_field=None, column=None, id_field=None,
                 fmt=None, engine_options: dict | None = None, shard_rows: int | None = None,
                 cpus_per_worker: float | None = None, gpus_per_worker: float | None = None,
-                on_shard: Callable[[dict], None] | None = None, _kill_once: dict | None = None):
+                on_shard: Callable[[dict], None] | None = None, progress: bool | Callable = False,
+                _kill_once: dict | None = None):
     """``extract`` on a Ray cluster (``address``: ``local``, ``auto``, ``HOST:6379``, ``ray://HOST:10001``).
 
     ``out`` must be on storage every node sees at the same path. ``on_shard`` is called with each
@@ -246,7 +270,7 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     """
     from layerscope.engines.base import check_engine_name, resolve_layers
     from layerscope.export.manifest import ModelHandle
-    from layerscope.runtime.pipeline import _MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _settings
+    from layerscope.runtime.pipeline import _MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _progress_bar, _settings
     from layerscope.runtime.pooling import check_poolings
     from layerscope.runtime.store import STORE_JSON, LayerStore
 
@@ -271,7 +295,8 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
                          f"{manifest['family']} has none: use 'last' or 'mean'")
     max_len = int(max_length or manifest["max_length"])
-    source_desc = source if isinstance(source, (str, Path)) else f"<{len(source)} texts in memory>"
+    source_desc = source if isinstance(source, (str, Path)) else (
+        f"<{len(source)} texts in memory>" if hasattr(source, "__len__") else "<iterable of texts>")
     settings = _settings(handle, engine, layer_list, pool_list, dtype, batch_tokens, max_batch, max_len,
                          str(source_desc))
     variant = (engine_options or {}).get("variant")
@@ -316,12 +341,13 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     counts = {"computed": 0, "reused": 0, "merged_before": 0}
     todo: list[dict[str, int]] = []
     tokens = 0
+    timing: dict[str, float] = {}
     for k in range(n_shards):
         start, stop = k * rows_per_shard, min(n, (k + 1) * rows_per_shard)
         if done[start:stop].all():
             counts["merged_before"] += 1
         elif _shard_ready(out, k):  # finished before the driver died, never merged
-            tokens += _merge(store, k, lengths)[1]
+            tokens += _merge(store, k, lengths, timing)[1]
             counts["reused"] += 1
         else:
             todo.append({"shard": k, "start": start, "stop": stop, "offset": int(offsets[start // GRANULE])})
@@ -332,6 +358,9 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     t_run = time.perf_counter()
     if todo:
         started = connect(address, num_cpus=None)
+        timing["start_s"] = round(time.perf_counter() - t_run, 4)  # joining or starting the cluster
+        t_run = time.perf_counter()
+        bar = _progress_bar(progress, sum(t["stop"] - t["start"] for t in todo), 0)
         try:
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker)
             options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
@@ -350,15 +379,17 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
                     "kill_once": _kill_once})
             for row in ds.iter_rows():
                 k = int(row["shard"])
-                rows, shard_tokens = _merge(store, k, lengths)
+                rows, shard_tokens = _merge(store, k, lengths, timing)
                 tokens += shard_tokens
                 counts["computed" if bool(row["computed"]) else "reused"] += 1
                 engine_info = engine_info or json.loads(str(row["engine"]))
+                bar.advance(rows, shard_tokens)
                 used_batch_tokens = int(row["batch_tokens"])
                 if on_shard is not None:
                     on_shard({"shard": k, "rows": rows, "tokens": shard_tokens, "pid": int(row["pid"]),
                               "seconds": float(row["seconds"]), "computed": bool(row["computed"])})
         finally:
+            bar.close()
             if started:
                 ray.shutdown()
     missing = n - int(store.done_mask().sum())
@@ -379,7 +410,8 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     seconds = time.perf_counter() - t0
     store.finish({"engine": engine_info, "truncated_texts": truncated, "warnings": warnings,
                   "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
-                  "ray": {"shard_rows": rows_per_shard, "shards": n_shards, "workers": workers, **counts}})
+                  "ray": {"shard_rows": rows_per_shard, "shards": n_shards, "workers": workers, **counts,
+                          "address": address or "local", "seconds": timing}})
     return ExtractReport(store=store, n=n, empty=empty, truncated=truncated, tokens=tokens, seconds=seconds,
                          run_seconds=run_seconds, engine=engine_info, resumed_rows=already, warnings=warnings)
 
@@ -387,14 +419,25 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
 def _records(source, **kw):
     from layerscope.runtime.corpus import Record, iter_corpus
 
-    if isinstance(source, (list, tuple)):
-        if not source:
-            raise InputError("no texts given: nothing to extract")
+    if isinstance(source, (str, os.PathLike)):
+        return iter_corpus(source, **kw)
+    field = kw.get("text_field") or "text"
+    if hasattr(source, "column_names"):  # a Hugging Face dataset: its text column, ids by row
+        if field not in source.column_names:
+            raise InputError(f"the dataset has no column '{field}' (it has {', '.join(source.column_names)}); "
+                             "name one with text_field=")
+        source = source[field] if len(source) < 1_000_000 else (row[field] for row in source)
+
+    def gen():
+        i = -1
         for i, t in enumerate(source):
             if not isinstance(t, str):
                 raise InputError(f"text {i} is a {type(t).__name__}, not a string")
-        return (Record(str(i), t, i + 1) for i, t in enumerate(source))
-    return iter_corpus(source, **kw)
+            yield Record(str(i), t, i + 1)
+        if i < 0:
+            raise InputError("no texts given: nothing to extract")
+
+    return gen()
 
 
 def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float | None) -> tuple[float, float]:
