@@ -44,7 +44,7 @@ def test_missing_ray_is_one_line(monkeypatch):
 
 
 def test_shard_rows_are_granule_multiples():
-    from layerscope.runtime.ray_extract import GRANULE, MAX_SHARD_ROWS, default_shard_rows
+    from layerscope.runtime.ray_shards import GRANULE, MAX_SHARD_ROWS, default_shard_rows
 
     assert default_shard_rows(10, 2) == GRANULE
     assert default_shard_rows(2758, 2) == 512  # 8 shards of at most 345 rows, rounded up
