@@ -191,3 +191,48 @@ def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, 
     assert ray_store.n == 2758 and ray_store.meta["ray"]["computed"] == ray_store.meta["ray"]["shards"] > 1
     assert ray_store.meta["engine"]["provider"] == "CPUExecutionProvider"
     assert_same_store(plain, ray_store)
+
+
+DRIVER = """
+import sys, time
+from layerscope.runtime.ray_extract import extract_ray
+
+def hang(info):  # the first shard is merged; then the driver stalls until it is killed
+    print("merged", info["shard"], flush=True)
+    time.sleep(600)
+
+extract_ray(sys.argv[1], sys.argv[2], sys.argv[3], address="local", engine="ort", layers="all",
+            poolings=["mean", "cls"], text_field="body", id_field="doc", workers=2, shard_rows=256, on_shard=hang)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_driver_sigkilled_mid_run_resumes(ray_cluster, bert_export, small_corpus, tmp_path):
+    """A real driver process (with the local cluster it started) SIGKILLed after its first merge."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    import layerscope
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, plain = small_corpus
+    env = {**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(bert_export), str(path), str(tmp_path / "store")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the first shard is merged (or the driver dies)
+        assert line.startswith("merged"), line
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        proc.wait(timeout=60)
+    half = LayerStore.open(tmp_path / "store", allow_incomplete=True)
+    assert 0 < int(np.asarray(half.done_mask()).sum()) < 1100 and not half.complete
+    report = extract_ray(bert_export, str(path), tmp_path / "store", resume=True, **_ray_kw())
+    ray_meta = report.store.meta["ray"]
+    assert ray_meta["merged_before"] >= 1
+    assert ray_meta["merged_before"] + ray_meta["computed"] + ray_meta["reused"] == ray_meta["shards"] == 5
+    assert_same_store(plain, LayerStore.open(tmp_path / "store"))
