@@ -53,6 +53,20 @@ def test_shard_rows_are_granule_multiples():
         assert default_shard_rows(n, w) % GRANULE == 0
 
 
+def test_unreachable_cluster_is_one_line_and_reads_nothing(tmp_path):
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster is already connected in this process")
+    from layerscope.runtime.ray_extract import extract_ray
+
+    (tmp_path / "c.txt").write_text("a\nb\n", encoding="utf-8")
+    with pytest.raises(InputError, match="cannot reach the Ray cluster at '127.0.0.1:9'"):
+        extract_ray("no-model-needed", str(tmp_path / "c.txt"), tmp_path / "store", address="127.0.0.1:9")
+    assert not (tmp_path / "store").exists()  # the cluster is joined before the corpus is spooled
+    assert not ray.is_initialized()
+
+
 # ---------------------------------------------------------------- on a local cluster
 
 @pytest.fixture(scope="module")

@@ -66,6 +66,7 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
         kwargs["num_cpus"] = num_cpus
     else:
         kwargs["address"] = address
+        _check_reachable(address)
     try:
         ray.init(**kwargs)
     except ConnectionError as exc:
@@ -74,24 +75,33 @@ def connect(address: str | None, *, num_cpus: int | None = None) -> bool:
     return True
 
 
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, not minutes, on a HOST:PORT nobody listens on (Ray itself retries for long)."""
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise InputError(f"cannot reach the Ray cluster at {address!r} ({exc}); check the address "
+                         "(ray://HOST:10001 or HOST:6379) or use --ray local") from None
+
+
 def extract_ray(model, source, out: str | Path, *, address: str | None = "local", workers: int = 2,
-                engine: str = "auto", layers="all", poolings=("mean",), dtype: str = "float32",
-                batch_tokens: int | None = None, max_batch: int | None = None, max_length: int | None = None,
-                resume: bool = False, force: bool = False, text_field=None, column=None, id_field=None,
-                fmt=None, engine_options: dict | None = None, shard_rows: int | None = None,
-                cpus_per_worker: float | None = None, gpus_per_worker: float | None = None,
-                on_shard: Callable[[dict], None] | None = None, progress: bool | Callable = False,
-                _kill_once: dict | None = None):
+                engine: str = "auto", dtype: str = "float32", **options):
     """``extract`` on a Ray cluster (``address``: ``local``, ``auto``, ``HOST:6379``, ``ray://HOST:10001``).
 
-    ``out`` must be on storage every node sees at the same path. ``on_shard`` is called with each
-    merged shard's report (for progress). Returns the same ``ExtractReport`` as ``extract``.
+    ``out`` must be on storage every node sees at the same path. Options are ``extract``'s (layers,
+    poolings, batch_tokens, max_batch, max_length, resume, force, text_field, column, id_field, fmt,
+    engine_options, progress) plus ``shard_rows``, ``cpus_per_worker``, ``gpus_per_worker`` and
+    ``on_shard`` (called with each merged shard's report). Returns the same ``ExtractReport``.
+    The cluster is joined before the corpus is read, so a wrong address costs nothing; a cluster
+    this call started is stopped at the end.
     """
-    from layerscope.engines.base import check_engine_name, resolve_layers
-    from layerscope.export.manifest import ModelHandle
-    from layerscope.runtime.pipeline import _MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _progress_bar, _settings
-    from layerscope.runtime.pooling import check_poolings
-    from layerscope.runtime.store import STORE_JSON, LayerStore
+    from layerscope.engines.base import check_engine_name
 
     ray = require_ray()
     if workers < 1:
@@ -99,6 +109,30 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     if dtype not in ("float32", "float16"):
         raise InputError(f"--dtype must be float32 or float16, not {dtype}")
     check_engine_name(engine)
+    t0 = time.perf_counter()
+    started = connect(address)
+    try:
+        return _extract(model, source, out, address=address, workers=workers, engine=engine, dtype=dtype,
+                        start_s=time.perf_counter() - t0, **options)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _extract(model, source, out: str | Path, *, address: str | None, workers: int, engine: str, dtype: str,
+             layers="all", poolings=("mean",), batch_tokens: int | None = None, max_batch: int | None = None,
+             max_length: int | None = None, resume: bool = False, force: bool = False, text_field=None,
+             column=None, id_field=None, fmt=None, engine_options: dict | None = None,
+             shard_rows: int | None = None, cpus_per_worker: float | None = None,
+             gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
+             progress: bool | Callable = False, _kill_once: dict | None = None, start_s: float = 0.0):
+    """The run itself, on a connected cluster (see ``extract_ray``)."""
+    from layerscope.engines.base import resolve_layers
+    from layerscope.export.manifest import ModelHandle
+    from layerscope.runtime.pipeline import _MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _progress_bar, _settings
+    from layerscope.runtime.pooling import check_poolings
+    from layerscope.runtime.store import STORE_JSON, LayerStore
+
     max_batch = int(max_batch or DEFAULT_MAX_BATCH)
     out = Path(out).resolve()
     existing = out / STORE_JSON
@@ -173,14 +207,13 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
 
     engine_info: dict[str, Any] = dict(store.meta.get("engine") or {})
     used_batch_tokens = batch_tokens
-    started = False
+    timing["start_s"] = round(start_s, 4)  # joining or starting the cluster
     t_run = time.perf_counter()
     if todo:
-        started = connect(address, num_cpus=None)
-        timing["start_s"] = round(time.perf_counter() - t_run, 4)  # joining or starting the cluster
-        t_run = time.perf_counter()
         bar = _progress_bar(progress, sum(t["stop"] - t["start"] for t in todo), 0)
         try:
+            import ray
+
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker)
             options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
             if not gpus and "threads" not in options and engine in ("auto", "ort", "torch"):
@@ -209,8 +242,6 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
                               "seconds": float(row["seconds"]), "computed": bool(row["computed"])})
         finally:
             bar.close()
-            if started:
-                ray.shutdown()
     missing = n - int(store.done_mask().sum())
     if missing:
         raise StoreError(f"{out}: {missing} rows are missing after the run; run again with --resume")
