@@ -43,6 +43,22 @@ def test_missing_ray_is_one_line(monkeypatch):
         require_ray()
 
 
+def test_cli_ray_errors_are_one_line(monkeypatch, tmp_path, capsys):
+    from layerscope.cli import main
+
+    (tmp_path / "c.txt").write_text("a\n", encoding="utf-8")
+    base = ["extract", "--input", str(tmp_path / "c.txt"), "--out", str(tmp_path / "store")]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--ray-workers", "3"])
+    assert exc.value.code == 2 and "--ray-workers needs --ray" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--ray", "local"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "pip install 'layerscope[ray]'" in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
+
+
 def test_shard_rows_are_granule_multiples():
     from layerscope.runtime.ray_shards import GRANULE, MAX_SHARD_ROWS, default_shard_rows
 
