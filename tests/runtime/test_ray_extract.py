@@ -216,6 +216,11 @@ def test_resume_refuses_other_settings(ray_cluster, bert_export, small_corpus, t
         extract_ray(bert_export, str(path), tmp_path / "store", resume=True, **kw)
     with pytest.raises(InputError, match="ray-workers"):
         extract_ray(bert_export, str(path), tmp_path / "other", **{**kw, "workers": 0})
+    # 3 actors of 1 CPU do not fit the 2-CPU cluster: an error instead of a pool waiting forever
+    with pytest.raises(InputError, match="needs 3 CPUs"):
+        extract_ray(bert_export, str(path), tmp_path / "other", **{**kw, "workers": 3})
+    with pytest.raises(InputError, match="needs GPUs"):
+        extract_ray(bert_export, str(path), tmp_path / "other2", **{**kw, "engine": "cuda"})
 
 
 @pytest.mark.ray

@@ -214,7 +214,8 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
         try:
             import ray
 
-            cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker)
+            cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
+                                    local=address in (None, "", "local"))
             options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
             if not gpus and "threads" not in options and engine in ("auto", "ort", "torch"):
                 options["threads"] = max(1, int(cpus))
@@ -223,7 +224,9 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
             ds = ray.data.from_items(todo, override_num_blocks=len(todo))
             ds = ds.map_batches(
                 ShardWorker, batch_size=1, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
-                num_cpus=cpus, num_gpus=gpus or None,  # Ray Data's actors default to max_restarts=-1, max_task_retries=-1
+                # Ray Data's actors default to max_restarts=-1 and max_task_retries=-1: a killed actor is
+                # restarted and its shard retried
+                num_cpus=cpus, num_gpus=gpus or None,
                 fn_constructor_kwargs={
                     "model": str(handle.export_dir or handle.spec), "engine": engine, "engine_options": options,
                     "layers": layer_list, "poolings": pool_list, "dtype": dtype, "max_length": max_len,
@@ -266,9 +269,11 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
                          run_seconds=run_seconds, engine=engine_info, resumed_rows=already, warnings=warnings)
 
 
-def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float | None) -> tuple[float, float]:
+def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float | None, *,
+               local: bool = False) -> tuple[float, float]:
     """CPUs and GPUs per actor: a GPU each when the cluster has GPUs and the engine can use one;
-    else an even share of the largest node's CPUs."""
+    else an even share of the largest node's CPUs. A pool the cluster cannot hold would wait
+    forever: on a local cluster that is an error, elsewhere (an autoscaler may add nodes) a warning."""
     total = ray.cluster_resources()
     if gpus is None:
         gpus = 1.0 if total.get("GPU", 0) >= 1 and engine in ("auto", "cuda", "trt", "torch") else 0.0
@@ -279,4 +284,11 @@ def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float |
     if cpus is None:
         node_cpus = max((float(nd["Resources"].get("CPU", 0)) for nd in ray.nodes() if nd.get("Alive")), default=1.0)
         cpus = max(1.0, min(node_cpus, math.floor(float(total.get("CPU", 1)) / workers)))
+    for name, each, have in (("CPU", cpus, total.get("CPU", 0)), ("GPU", gpus, total.get("GPU", 0))):
+        if each and workers * each > have:
+            msg = (f"--ray-workers {workers} needs {workers * each:g} {name}s ({each:g} per worker) and the Ray "
+                   f"cluster has {have:g}; use fewer workers")
+            if local:
+                raise InputError(msg)
+            log.warning("%s (waiting for the cluster to grow)", msg)
     return float(cpus), float(gpus)
