@@ -223,7 +223,8 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
             ctx.enable_progress_bars = False
             ds = ray.data.from_items(todo, override_num_blocks=len(todo))
             ds = ds.map_batches(
-                ShardWorker, batch_size=1, batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
+                ShardWorker, batch_size=1, batch_format="numpy",
+                compute=ray.data.ActorPoolStrategy(size=min(workers, len(todo))),  # no idle actors on a short resume
                 # Ray Data's actors default to max_restarts=-1 and max_task_retries=-1: a killed actor is
                 # restarted and its shard retried
                 num_cpus=cpus, num_gpus=gpus or None,
