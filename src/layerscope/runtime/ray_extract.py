@@ -261,7 +261,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     if used_batch_tokens:
         store.settings["batch_tokens"] = used_batch_tokens
     shutil.rmtree(shard_root, ignore_errors=True)
-    seconds = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 + start_s  # the whole call, joining the cluster included
     store.finish({"engine": engine_info, "truncated_texts": truncated, "warnings": warnings,
                   "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
                   "ray": {"shard_rows": rows_per_shard, "shards": n_shards, "workers": workers, **counts,
