@@ -136,6 +136,10 @@ def extract(
     variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: 'local', 'auto' or an address "
+                                                          "(needs layerscope[ray]; --out on shared storage)."),
+    ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Actors (engine sessions) for --ray "
+                                                                          "(default 2)."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.report.console import print_extract_summary
@@ -146,6 +150,21 @@ def extract(
         from layerscope.export.manifest import ModelHandle
 
         model = ModelHandle.resolve(model, trust_remote_code=True)
+    if ray is None and ray_workers is not None:
+        from layerscope.errors import InputError
+
+        raise InputError("--ray-workers needs --ray (local, auto or a cluster address)")
+    if ray is not None:
+        from layerscope.runtime.ray_extract import extract_ray
+
+        report = extract_ray(model, input, out, address=ray, workers=2 if ray_workers is None else ray_workers,
+                             engine=engine, layers=layers,
+                             poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
+                             max_batch=max_batch, max_length=max_length, resume=resume, force=force,
+                             text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=True,
+                             engine_options=_engine_options(threads=threads, variant=variant))
+        print_extract_summary(c, report)
+        return
     report = run_extract(model, input, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
@@ -427,6 +446,8 @@ def cache_clear(
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> None:
+    from rich.markup import escape
+
     from layerscope.errors import LayerscopeError
 
     from layerscope.errors import Interrupted
@@ -441,7 +462,8 @@ def main(argv: list[str] | None = None) -> None:
     except LayerscopeError as exc:
         if STATE["debug"]:
             raise
-        err_console().print(f"[bold red]error:[/bold red] {exc}", soft_wrap=True)
+        # escaped: "pip install 'layerscope[ray]'" must not lose "[ray]" to rich's markup
+        err_console().print(f"[bold red]error:[/bold red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:  # outside typer's own handling (e.g. while it starts)
         err_console().print("[yellow]interrupted[/yellow]")
@@ -463,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(130)
         if STATE["debug"]:
             raise
-        err_console().print(f"[bold red]internal error:[/bold red] {type(exc).__name__}: {exc} "
+        err_console().print(f"[bold red]internal error:[/bold red] {type(exc).__name__}: {escape(str(exc))} "
                             "(re-run with --debug for the traceback, and please report it)", soft_wrap=True)
         sys.exit(1)
     if isinstance(code, int) and not isinstance(code, bool) and code != 0:

@@ -39,7 +39,7 @@ LAYOUT = {
                "merges.txt", "spiece.model", "sentencepiece.bpe.model", "config.json", "chat_template.jinja",
                "trt_cache", "*.tmp*"),
     "store": ("store.json", "texts.jsonl", "texts.jsonl.partial", "lengths.npy", "done.npy", "arrays",
-              "arrays.partial", "index-*", "*.lock", "*.tmp*", "checksums*"),
+              "arrays.partial", "index-*", "*.lock", "*.tmp*", "checksums*", "shards", "ray-offsets.npy"),
     "result": ("results.json", "report.md", "*.csv", "*.png", "*.html", "*.tmp*"),
     "index": ("index.json", "index.faiss", "index.faiss.partial", "*.tmp*"),
 }

@@ -1,0 +1,336 @@
+"""Extraction on a local Ray cluster equals a single-process extract: ids, order and every array.
+
+One Ray cluster (2 CPUs) is started per module, so its start-up cost is paid once.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from layerscope.errors import InputError, MissingExtraError
+from layerscope.runtime.store import LayerStore
+
+WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(0, 40)))) for _ in range(n)]
+    texts[3] = "   "  # whitespace-only and empty rows stay rows
+    return texts
+
+
+def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
+    assert a.complete and b.complete
+    assert a.ids() == b.ids() and a.texts() == b.texts()
+    assert a.layers == b.layers and a.poolings == b.poolings and a.n == b.n
+    for p in a.poolings:
+        for layer in a.layers:
+            x, y = np.asarray(a[p, layer]), np.asarray(b[p, layer])
+            assert x.shape == y.shape and x.dtype == y.dtype
+            assert np.abs(x.astype(np.float64) - y).max() <= atol, (p, layer)
+    assert bool(np.asarray(b.done_mask()).all())
+
+
+def test_missing_ray_is_one_line(monkeypatch):
+    from layerscope.runtime.ray_extract import require_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(MissingExtraError, match=r"pip install 'layerscope\[ray\]'"):
+        require_ray()
+
+
+def test_cli_ray_errors_are_one_line(monkeypatch, tmp_path, capsys):
+    from layerscope.cli import main
+
+    (tmp_path / "c.txt").write_text("a\n", encoding="utf-8")
+    base = ["extract", "--input", str(tmp_path / "c.txt"), "--out", str(tmp_path / "store")]
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--ray-workers", "3"])
+    assert exc.value.code == 2 and "--ray-workers needs --ray" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(SystemExit) as exc:
+        main([*base, "--ray", "local"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "pip install 'layerscope[ray]'" in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()
+
+
+def test_sources_other_than_files_keep_order_and_empty_rows():
+    from layerscope.runtime.ray_shards import corpus_records
+
+    texts = ["a b", "", "  ", "c"]
+    for source in (texts, iter(texts)):
+        recs = list(corpus_records(source))
+        assert [(r.id, r.text) for r in recs] == [("0", "a b"), ("1", ""), ("2", "  "), ("3", "c")]
+    with pytest.raises(InputError, match="no texts"):
+        list(corpus_records(iter([])))
+    with pytest.raises(InputError, match="text 1 is a int"):
+        list(corpus_records(["a", 3]))
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"body": texts, "label": [0, 1, 0, 1]})
+    assert [r.text for r in corpus_records(ds, text_field="body")] == texts
+    with pytest.raises(InputError, match="no column 'text'"):
+        list(corpus_records(ds))
+
+
+def test_shard_rows_are_granule_multiples():
+    from layerscope.runtime.ray_shards import GRANULE, MAX_SHARD_ROWS, default_shard_rows
+
+    assert default_shard_rows(10, 2) == GRANULE
+    assert default_shard_rows(2758, 2) == 512  # 8 shards of at most 345 rows, rounded up
+    assert default_shard_rows(10**8, 4) == MAX_SHARD_ROWS
+    for n, w in [(1, 1), (2758, 1), (100_000, 3)]:
+        assert default_shard_rows(n, w) % GRANULE == 0
+
+
+def test_unreachable_cluster_is_one_line_and_reads_nothing(tmp_path):
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    if ray.is_initialized():
+        pytest.skip("a Ray cluster is already connected in this process")
+    from layerscope.runtime.ray_extract import extract_ray
+
+    (tmp_path / "c.txt").write_text("a\nb\n", encoding="utf-8")
+    with pytest.raises(InputError, match="cannot reach the Ray cluster at '127.0.0.1:9'"):
+        extract_ray("no-model-needed", str(tmp_path / "c.txt"), tmp_path / "store", address="127.0.0.1:9")
+    assert not (tmp_path / "store").exists()  # the cluster is joined before the corpus is spooled
+    assert not ray.is_initialized()
+
+
+# ---------------------------------------------------------------- on a local cluster
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    import logging
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bert_export(tiny_model, tmp_path_factory):
+    from layerscope.export.exporter import export_model
+
+    out = tmp_path_factory.mktemp("bert-export") / "onnx"
+    export_model(str(tiny_model("bert")), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_corpus(bert_export, tmp_path_factory):
+    """1,100 texts as JSONL with user ids, and the plain single-process store of them."""
+    import json
+
+    from layerscope.runtime.pipeline import extract
+
+    root = tmp_path_factory.mktemp("ray-small")
+    texts = corpus(1100)
+    path = root / "c.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, t in enumerate(texts):
+            fh.write(json.dumps({"doc": f"d{i:05d}", "body": t}) + "\n")
+    plain = extract(bert_export, str(path), root / "plain", engine="ort", layers="all", poolings=["mean", "cls"],
+                    text_field="body", id_field="doc").store
+    return path, plain
+
+
+def _ray_kw():
+    return dict(engine="ort", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
+                workers=2, shard_rows=256)
+
+
+@pytest.mark.ray
+def test_actor_killed_mid_run_gives_the_same_store(ray_cluster, bert_export, small_corpus, tmp_path):
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, plain = small_corpus
+    marker = tmp_path / "killed"
+    seen: list[dict] = []
+    report = extract_ray(bert_export, str(path), tmp_path / "store", on_shard=seen.append,
+                         _kill_once={"shard": 2, "marker": str(marker)}, **_ray_kw())
+    assert marker.exists(), "the fault was never injected"
+    killed_pid = int(marker.read_text())
+    shard2 = [s for s in seen if s["shard"] == 2]
+    assert len(shard2) == 1 and shard2[0]["pid"] != killed_pid  # retried on a restarted actor
+    assert sorted(s["shard"] for s in seen) == [0, 1, 2, 3, 4]
+    assert report.n == 1100 and report.empty == plain.meta["empty_texts"] >= 1
+    assert_same_store(plain, LayerStore.open(tmp_path / "store"))
+    assert not (tmp_path / "store" / "shards").exists()
+
+
+@pytest.mark.ray
+def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_export, small_corpus, tmp_path):
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, plain = small_corpus
+
+    class DriverDied(Exception):
+        pass
+
+    def die_after_two(info):
+        if die_after_two.count == 1:
+            raise DriverDied
+        die_after_two.count += 1
+
+    die_after_two.count = 0
+    with pytest.raises(DriverDied):
+        extract_ray(bert_export, str(path), tmp_path / "store", on_shard=die_after_two, **_ray_kw())
+    half = LayerStore.open(tmp_path / "store", allow_incomplete=True)
+    merged = int(np.asarray(half.done_mask()).sum())
+    assert merged == 512 and not half.complete  # shards 0 and 1 are in; the rest is not
+    with pytest.raises(Exception, match="already holds a store"):
+        extract_ray(bert_export, str(path), tmp_path / "store", **_ray_kw())
+    seen: list[dict] = []
+    report = extract_ray(bert_export, str(path), tmp_path / "store", resume=True, on_shard=seen.append, **_ray_kw())
+    ray_meta = report.store.meta["ray"]
+    assert ray_meta["merged_before"] == 2
+    assert ray_meta["computed"] + ray_meta["reused"] == 3  # the two merged shards were not run again
+    assert all(s["shard"] >= 2 for s in seen)
+    assert report.resumed_rows == 512
+    assert_same_store(plain, LayerStore.open(tmp_path / "store"))
+    # the merged store is an ordinary one: a FAISS index builds from its memory-mapped arrays
+    from layerscope.runtime.faiss_index import build_store_index
+
+    meta = build_store_index(tmp_path / "store", tmp_path / "index", layer="-1", pooling="mean", kind="flat",
+                             device="cpu")
+    assert meta["n"] == 1100
+
+
+@pytest.mark.ray
+def test_resume_refuses_other_settings(ray_cluster, bert_export, small_corpus, tmp_path):
+    from layerscope.errors import StoreError
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, _ = small_corpus
+    kw = _ray_kw()
+    extract_ray(bert_export, str(path), tmp_path / "store", **kw)
+    kw["layers"] = "-1"
+    with pytest.raises(StoreError, match="layers"):
+        extract_ray(bert_export, str(path), tmp_path / "store", resume=True, **kw)
+    with pytest.raises(InputError, match="ray-workers"):
+        extract_ray(bert_export, str(path), tmp_path / "other", **{**kw, "workers": 0})
+    # 3 actors of 1 CPU do not fit the 2-CPU cluster: an error instead of a pool waiting forever
+    with pytest.raises(InputError, match="needs 3 CPUs"):
+        extract_ray(bert_export, str(path), tmp_path / "other", **{**kw, "workers": 3})
+    with pytest.raises(InputError, match="needs GPUs"):
+        extract_ray(bert_export, str(path), tmp_path / "other2", **{**kw, "engine": "cuda"})
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, tmp_path):
+    """Done means: inspect extract --ray local over the 2,758 STS test sentences equals the plain run."""
+    from layerscope.cli import main
+    from layerscope.export.exporter import export_model
+
+    sentences = []
+    with open(sts_dir / "sts-test.csv", encoding="utf-8", newline="") as fh:
+        for line in fh:
+            cols = line.rstrip("\r\n").split("\t")
+            sentences.extend([cols[5], cols[6]])
+    assert len(sentences) == 2758
+    corpus_path = tmp_path / "sts.txt"
+    corpus_path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    export_model("minilm", tmp_path / "minilm")
+    common = ["extract", "--model", str(tmp_path / "minilm"), "--input", str(corpus_path), "--engine", "ort",
+              "--layers", "all", "--pooling", "mean,cls"]
+    for extra, out in (([], "plain"), (["--ray", "local", "--ray-workers", "2"], "ray")):
+        try:
+            main(["-q", *common, "--out", str(tmp_path / out), *extra])
+        except SystemExit as exc:
+            assert exc.code in (None, 0), out
+    plain, ray_store = LayerStore.open(tmp_path / "plain"), LayerStore.open(tmp_path / "ray")
+    assert ray_store.n == 2758 and ray_store.meta["ray"]["computed"] == ray_store.meta["ray"]["shards"] > 1
+    assert ray_store.meta["engine"]["provider"] == "CPUExecutionProvider"
+    assert_same_store(plain, ray_store)
+
+
+DRIVER = """
+import sys, time
+from layerscope.runtime.ray_extract import extract_ray
+
+def hang(info):  # the first shard is merged; then the driver stalls until it is killed
+    print("merged", info["shard"], flush=True)
+    time.sleep(600)
+
+extract_ray(sys.argv[1], sys.argv[2], sys.argv[3], address="local", engine="ort", layers="all",
+            poolings=["mean", "cls"], text_field="body", id_field="doc", workers=2, shard_rows=256, on_shard=hang)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_driver_sigkilled_mid_run_resumes(ray_cluster, bert_export, small_corpus, tmp_path):
+    """A real driver process (with the local cluster it started) SIGKILLed after its first merge."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    import layerscope
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, plain = small_corpus
+    env = {**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(bert_export), str(path), str(tmp_path / "store")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the first shard is merged (or the driver dies)
+        assert line.startswith("merged"), line
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and every Ray process it started
+        proc.wait(timeout=60)
+    half = LayerStore.open(tmp_path / "store", allow_incomplete=True)
+    assert 0 < int(np.asarray(half.done_mask()).sum()) < 1100 and not half.complete
+    report = extract_ray(bert_export, str(path), tmp_path / "store", resume=True, **_ray_kw())
+    ray_meta = report.store.meta["ray"]
+    assert ray_meta["merged_before"] >= 1
+    assert ray_meta["merged_before"] + ray_meta["computed"] + ray_meta["reused"] == ray_meta["shards"] == 5
+    assert_same_store(plain, LayerStore.open(tmp_path / "store"))
+
+
+@pytest.mark.ray
+def test_ray_force_and_resume_follow_the_plain_extract_rules(ray_cluster, bert_export, small_corpus, tmp_path):
+    """Catches: extract_ray deleting --out on --force whatever it holds (it did shutil.rmtree(out)), and
+    --resume reusing a store whose input file changed since."""
+    import shutil
+
+    from layerscope.errors import StoreError
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, plain = small_corpus
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "ideas.md").write_text("mine\n", encoding="utf-8")
+    with pytest.raises(InputError, match="did not make"):
+        extract_ray(bert_export, str(path), notes, force=True, **_ray_kw())
+    assert (notes / "ideas.md").read_text(encoding="utf-8") == "mine\n"
+
+    inside = tmp_path / "holds-input"
+    inside.mkdir()
+    corpus_copy = inside / "c.jsonl"
+    shutil.copy(path, corpus_copy)
+    extract_ray(bert_export, str(corpus_copy), inside / "store", **_ray_kw())
+    with pytest.raises(InputError, match="input"):  # the corpus lives in the folder --force would replace
+        extract_ray(bert_export, str(corpus_copy), inside, force=True, **_ray_kw())
+    assert corpus_copy.exists()
+
+    store = tmp_path / "store"
+    mine = tmp_path / "mine.jsonl"
+    shutil.copy(path, mine)
+    extract_ray(bert_export, str(mine), store, **_ray_kw())
+    mine.write_text(path.read_text(encoding="utf-8").replace("d00005", "x00005"), encoding="utf-8")
+    with pytest.raises(StoreError, match="another version"):  # same path, other content
+        extract_ray(bert_export, str(mine), store, resume=True, **_ray_kw())
+    shutil.copy(path, mine)
+    report = extract_ray(bert_export, str(mine), store, force=True, **_ray_kw())  # its own store: replaced
+    assert report.n == plain.n
+    assert_same_store(plain, LayerStore.open(store))
