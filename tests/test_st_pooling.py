@@ -152,3 +152,22 @@ def test_bundled_minilm_st_equals_sentence_transformers():
     assert cosines(got[("st", "6")], ref).min() > 0.9999
     np.testing.assert_allclose(np.linalg.norm(got[("st", "6")], axis=1), 1.0, rtol=1e-5)
     assert np.linalg.norm(got[("mean", "6")], axis=1).min() > 1.5  # mean stays the raw mean
+
+
+def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_model, tmp_path):
+    from layerscope.cli import main
+    from layerscope.runtime.store import LayerStore
+
+    ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True,
+                              prompts={"query": "query: "})
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    try:
+        main(["extract", "--model", str(ckpt), "--engine", "torch", "--input", str(corpus), "--out",
+              str(tmp_path / "s"), "--layers", "-1", "--prompt-name", "query"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    store = LayerStore.open(tmp_path / "s")
+    assert store.poolings == ["st"]
+    assert store.settings["prompt"] == "query: "
+    assert cosines(store["st", -1], st_encode(ckpt, TEXTS, prompt_name="query")).min() > 0.9999

@@ -114,11 +114,20 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
 @app.command()
 def extract(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir, model dir, hub id or 'minilm'."),
-    input: str = typer.Option(..., "--input", "-i", help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, or - for stdin."),
+    input: Optional[str] = typer.Option(None, "--input", "-i",
+                                        help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, or - for stdin."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Hugging Face dataset instead of --input: a hub "
+                                          "name, a save_to_disk directory or .arrow file(s) (text in --column)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Dataset split, e.g. train or test (with --dataset)."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
     engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
-    pooling: str = typer.Option("mean", help="Comma list: mean, cls, last, max, eos, mean-nobos."),
+    pooling: Optional[str] = typer.Option(None, help="Comma list: mean, cls, last, max, eos, mean-nobos, st "
+                                          "(default: st for a sentence-transformers checkpoint, else the family's)."),
+    prompt_name: Optional[str] = typer.Option(None, "--prompt-name", help="One of the checkpoint's prompts "
+                                              "(default: its default_prompt_name, if any)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Text put before every input (overrides --prompt-name)."),
     dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
                                                           "the engine's, 2048 on CPU, 16384 on GPU)."),
@@ -137,13 +146,33 @@ def extract(
     from layerscope.report.console import print_extract_summary
     from layerscope.runtime.pipeline import extract as run_extract
 
+    source = _data_source(input, dataset, config, split, "--input")
     c = console()
-    report = run_extract(model, input, out, engine=engine, layers=layers, poolings=split_list(pooling),
+    report = run_extract(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
-                         engine_options=_engine_options(threads=threads, variant=variant))
+                         engine_options=_engine_options(threads=threads, variant=variant),
+                         prompt_name=prompt_name, prompt=prompt)
     print_extract_summary(c, report)
+
+
+def _data_source(path: str | None, dataset: str | None, config: str | None, split: str | None,
+                 flag: str, required: bool = True) -> str | None:
+    """A file path, or the one-string form of --dataset/--config/--split."""
+    from layerscope.errors import InputError
+
+    if dataset is None:
+        if config or split:
+            raise InputError("--config and --split go with --dataset")
+        if path is None and required:
+            raise InputError(f"give {flag} FILE or --dataset NAME")
+        return path
+    if path is not None:
+        raise InputError(f"give {flag} or --dataset, not both")
+    from layerscope.runtime.hf_dataset import dataset_spec
+
+    return dataset_spec(dataset, config, split)
 
 
 # ---------------------------------------------------------------- analyses
@@ -157,6 +186,10 @@ def run(
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1."),
     pooling: Optional[str] = typer.Option(None, help="Comma list of poolings (default: the analysis's)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Data file (default: the analysis's own)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Hugging Face dataset instead of --data: a hub "
+                                          "name, a save_to_disk directory or .arrow file(s)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Dataset split (with --dataset)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Result directory (default results/<analysis>)."),
     seed: int = typer.Option(0, help="Seed for every random choice."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors."),
@@ -169,6 +202,7 @@ def run(
 
     cls = get_analysis(analysis)
     options = parse_options(cls.metadata, list(ctx.args))
+    data = _data_source(data, dataset, config, split, "--data", required=False)
     c = console()
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,

@@ -244,6 +244,10 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         eng = None
     manifest = handle.manifest
     layer_list = resolve_layers(layers, manifest["num_layers"])
+    if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
+        from layerscope.runtime.pooling import default_poolings
+
+        poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     if "eos" in pool_list and not manifest.get("pooled_output"):
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
