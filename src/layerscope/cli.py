@@ -175,6 +175,20 @@ def _data_source(path: str | None, dataset: str | None, config: str | None, spli
     return dataset_spec(dataset, config, split)
 
 
+@app.command("export-store")
+def export_store(
+    store: Path = typer.Argument(..., help="A LayerStore made by inspect extract."),
+    fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+):
+    """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
+    from layerscope.runtime.store_export import export_store as run_export
+
+    path = run_export(store, fmt, out, force=force)
+    console().print(f"[bold green]wrote[/bold green] {path}")
+
+
 # ---------------------------------------------------------------- analyses
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
