@@ -56,6 +56,13 @@ class EmbeddingModel:
         handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
         self.engine = create_engine(engine, handle, **engine_options)
 
+    @classmethod
+    def from_engine(cls, engine) -> "EmbeddingModel":
+        """Wrap an engine that is already running (it is not closed by this object's owner)."""
+        obj = cls.__new__(cls)
+        obj.engine = engine
+        return obj
+
     # -- what the model is --------------------------------------------------
     @property
     def manifest(self) -> dict[str, Any]:
