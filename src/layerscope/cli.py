@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="layerscope: look inside embedding models layer by layer, fast.")
+                  help="layerscope: look inside embedding models layer by layer, fast. "
+                       "(`inspect` is the same command, kept as an alias; it collides with inspect-ai's CLI.)")
 index_app = typer.Typer(no_args_is_help=True, help="FAISS indexes over a layer store.")
 app.add_typer(index_app, name="index")
 
@@ -106,7 +107,14 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     from layerscope.engines.probe import probe_all
     from layerscope.report.console import print_engines
 
-    print_engines(console(), probe_all(model))
+    from layerscope.engines.ort_packages import ort_packages
+
+    c = console()
+    print_engines(c, probe_all(model))
+    packages = ort_packages()
+    c.print(f"ONNX Runtime: {packages.line()}")
+    for w in packages.warnings:
+        c.print(f"[yellow]warning:[/yellow] {w}")
 
 
 # ---------------------------------------------------------------- extract
@@ -411,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     from layerscope.errors import LayerscopeError
 
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, standalone_mode=False, prog_name="layerscope")
     except LayerscopeError as exc:
         if STATE["debug"]:
             raise
