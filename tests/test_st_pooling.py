@@ -171,3 +171,18 @@ def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_mode
     assert store.poolings == ["st"]
     assert store.settings["prompt"] == "query: "
     assert cosines(store["st", -1], st_encode(ckpt, TEXTS, prompt_name="query")).min() > 0.9999
+
+
+def test_an_export_cached_before_st_support_is_made_again(tiny_model, tmp_path, monkeypatch):
+    from layerscope.export.manifest import ModelHandle
+
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True)
+    first = ModelHandle.resolve(str(ckpt)).ensure_export()
+    path = first.export_dir / "manifest.json"
+    old = json.loads(path.read_text())
+    del old["sentence_transformers"]  # what an older layerscope wrote
+    path.write_text(json.dumps(old))
+    again = ModelHandle.resolve(str(ckpt)).ensure_export()
+    assert again.export_dir == first.export_dir
+    assert again.manifest["sentence_transformers"]["pooling"] == "cls"

@@ -157,9 +157,14 @@ class ModelHandle:
         from layerscope.export.exporter import export_model
 
         target = cache_root() / "exports" / _slug(self.manifest["source"].get("alias") or self.spec)
+        stale = False
         if (target / MANIFEST).exists():
-            return ModelHandle.resolve(target)
-        export_model(self.spec, target, trust_remote_code=self.trust_remote_code, **export_options)
+            cached = ModelHandle.resolve(target)
+            # an export cached before layerscope read sentence-transformers modules is made again
+            stale = "sentence_transformers" not in cached.manifest and bool(self.manifest.get("sentence_transformers"))
+            if not stale:
+                return cached
+        export_model(self.spec, target, trust_remote_code=self.trust_remote_code, force=stale, **export_options)
         return ModelHandle.resolve(target)
 
     @property
