@@ -11,7 +11,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from layerscope.cli import main  # noqa: E402
-from layerscope.errors import InputError, MissingExtraError  # noqa: E402
+from layerscope.errors import InputError  # noqa: E402
 from layerscope.runtime.corpus import read_corpus  # noqa: E402
 
 S1 = ["a cat sits", "a dog runs", "the sun is hot", "rain falls down", "the river flows", "he reads books"]
@@ -90,5 +90,5 @@ def test_dataset_errors_are_one_line(saved, capsys, tmp_path, monkeypatch):
                           str(tmp_path / "s")], capsys)
     assert code == 2 and "not both" in text and "Traceback" not in text
     monkeypatch.setitem(sys.modules, "datasets", None)
-    with pytest.raises(MissingExtraError, match=r"layerscope\[datasets\]"):
+    with pytest.raises(InputError, match=r"needs the 'datasets' package: pip install 'layerscope\[datasets\]'"):
         read_corpus(f"hf:{saved['single']}", column="sentence1")

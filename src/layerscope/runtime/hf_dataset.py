@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from layerscope.errors import InputError, MissingExtraError
+from layerscope.errors import InputError
 
 PREFIX = "hf:"
 
@@ -64,7 +64,8 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise MissingExtraError("datasets", "datasets") from None
+        raise InputError("reading a Hugging Face dataset needs the 'datasets' package: "
+                         "pip install 'layerscope[datasets]'") from None
     return datasets
 
 
