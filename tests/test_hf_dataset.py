@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
 import pytest
 
 datasets = pytest.importorskip("datasets")

@@ -90,7 +90,7 @@ def _encoder(cache: VectorCache, name: str, revision: str, layer: str, pooling: 
 
 
 def _pairs_dataset(pairs):
-    from datasets import Dataset, DatasetDict
+    from datasets import Dataset
 
     return Dataset.from_dict({"sentence1": list(pairs.s1), "sentence2": list(pairs.s2),
                               "score": [float(s) for s in pairs.scores]})
