@@ -26,5 +26,27 @@ if ! "$py" -c "import torch" >/dev/null 2>&1; then
 fi
 spec="$here"
 [ -n "$extras" ] && spec="$here[$extras]"
-quiet_pip install -q -e "$spec"
+if "$py" -m pip show -q onnxruntime-gpu >/dev/null 2>&1 && ! "$py" -m pip show -q onnxruntime >/dev/null 2>&1; then
+  # The environment runs the GPU build of ONNX Runtime. Plain onnxruntime (a core dependency) would
+  # install over the same module, so install every other requirement and layerscope itself without it.
+  mapfile -t reqs < <("$py" - "$here/pyproject.toml" "$extras" <<'PY'
+import re, sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+reqs = list(project["dependencies"])
+for extra in filter(None, sys.argv[2].split(",")):
+    reqs += project["optional-dependencies"][extra]
+for r in reqs:
+    if re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].strip().lower() not in ("onnxruntime", "onnxruntime-gpu"):
+        print(r)
+PY
+)
+  quiet_pip install -q "${reqs[@]}"
+  quiet_pip install -q --no-deps -e "$here"
+else
+  quiet_pip install -q -e "$spec"
+fi
 echo "$py"

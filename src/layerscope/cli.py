@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="layerscope: look inside embedding models layer by layer, fast.")
+                  help="layerscope: look inside embedding models layer by layer, fast. "
+                       "(`inspect` is the same command, kept as an alias; it collides with inspect-ai's CLI.)")
 index_app = typer.Typer(no_args_is_help=True, help="FAISS indexes over a layer store.")
 app.add_typer(index_app, name="index")
 cache_app = typer.Typer(no_args_is_help=True, help="What layerscope keeps in its cache ($LAYERSCOPE_HOME or ~/.cache/layerscope).")
@@ -108,7 +109,14 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     from layerscope.engines.probe import probe_all
     from layerscope.report.console import print_engines
 
-    print_engines(console(), probe_all(model))
+    from layerscope.engines.ort_packages import ort_packages
+
+    c = console()
+    print_engines(c, probe_all(model))
+    packages = ort_packages()
+    c.print(f"ONNX Runtime: {packages.line()}")
+    for w in packages.warnings:
+        c.print(f"[yellow]warning:[/yellow] {w}")
 
 
 # ---------------------------------------------------------------- extract
@@ -116,11 +124,20 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
 @app.command()
 def extract(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir, model dir, hub id or 'minilm'."),
-    input: str = typer.Option(..., "--input", "-i", help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, or - for stdin."),
+    input: Optional[str] = typer.Option(None, "--input", "-i",
+                                        help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, or - for stdin."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Hugging Face dataset instead of --input: a hub "
+                                          "name, a save_to_disk directory or .arrow file(s) (text in --column)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Dataset split, e.g. train or test (with --dataset)."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
     engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
-    pooling: str = typer.Option("mean", help="Comma list: mean, cls, last, max, eos, mean-nobos."),
+    pooling: Optional[str] = typer.Option(None, help="Comma list: mean, cls, last, max, eos, mean-nobos, st "
+                                          "(default: st for a sentence-transformers checkpoint, else the family's)."),
+    prompt_name: Optional[str] = typer.Option(None, "--prompt-name", help="One of the checkpoint's prompts "
+                                              "(default: its default_prompt_name, if any)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Text put before every input (overrides --prompt-name)."),
     dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
                                                           "the engine's, 2048 on CPU, 16384 on GPU)."),
@@ -145,6 +162,7 @@ def extract(
     from layerscope.report.console import print_extract_summary
     from layerscope.runtime.pipeline import extract as run_extract
 
+    source = _data_source(input, dataset, config, split, "--input")
     c = console()
     if trust_remote_code:
         from layerscope.export.manifest import ModelHandle
@@ -157,7 +175,12 @@ def extract(
     if ray is not None:
         from layerscope.runtime.ray_extract import extract_ray
 
-        report = extract_ray(model, input, out, address=ray, workers=2 if ray_workers is None else ray_workers,
+        if prompt_name or prompt:
+            from layerscope.errors import InputError
+
+            raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
+
+        report = extract_ray(model, source, out, address=ray, workers=2 if ray_workers is None else ray_workers,
                              engine=engine, layers=layers,
                              poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                              max_batch=max_batch, max_length=max_length, resume=resume, force=force,
@@ -165,11 +188,12 @@ def extract(
                              engine_options=_engine_options(threads=threads, variant=variant))
         print_extract_summary(c, report)
         return
-    report = run_extract(model, input, out, engine=engine, layers=layers, poolings=split_list(pooling),
+    report = run_extract(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
-                         engine_options=_engine_options(threads=threads, variant=variant))
+                         engine_options=_engine_options(threads=threads, variant=variant),
+                         prompt_name=prompt_name, prompt=prompt)
     print_extract_summary(c, report)
 
 
@@ -188,6 +212,38 @@ def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or a
     console().print(f"ok: {checked} files verified")
 
 
+def _data_source(path: str | None, dataset: str | None, config: str | None, split: str | None,
+                 flag: str, required: bool = True) -> str | None:
+    """A file path, or the one-string form of --dataset/--config/--split."""
+    from layerscope.errors import InputError
+
+    if dataset is None:
+        if config or split:
+            raise InputError("--config and --split go with --dataset")
+        if path is None and required:
+            raise InputError(f"give {flag} FILE or --dataset NAME")
+        return path
+    if path is not None:
+        raise InputError(f"give {flag} or --dataset, not both")
+    from layerscope.runtime.hf_dataset import dataset_spec
+
+    return dataset_spec(dataset, config, split)
+
+
+@app.command("export-store")
+def export_store(
+    store: Path = typer.Argument(..., help="A LayerStore made by inspect extract."),
+    fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+):
+    """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
+    from layerscope.runtime.store_export import export_store as run_export
+
+    path = run_export(store, fmt, out, force=force)
+    console().print(f"[bold green]wrote[/bold green] {path}")
+
+
 # ---------------------------------------------------------------- analyses
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -199,6 +255,10 @@ def run(
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1."),
     pooling: Optional[str] = typer.Option(None, help="Comma list of poolings (default: the analysis's)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Data file (default: the analysis's own)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Hugging Face dataset instead of --data: a hub "
+                                          "name, a save_to_disk directory or .arrow file(s)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Dataset split (with --dataset)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Result directory (default results/<model>/<revision>/<analysis>)."),
     seed: int = typer.Option(0, help="Seed for every random choice."),
@@ -216,6 +276,7 @@ def run(
 
     cls = get_analysis(analysis)
     options = parse_options(cls.metadata, list(ctx.args))
+    data = _data_source(data, dataset, config, split, "--data", required=False)
     c = console()
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
@@ -455,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # With standalone_mode=False typer turns Ctrl-C into Exit(130) and *returns* that code instead of
         # exiting, so the code must be passed on here (dropping it made Ctrl-C exit 0).
-        code = app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False, prog_name="layerscope")
     except Interrupted as exc:  # the library's own Ctrl-C message: how much was kept, how to continue
         err_console().print(f"[yellow]{exc}[/yellow]", soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -17,7 +17,7 @@ from layerscope.errors import InputError, ModelNotFoundError
 
 Kind = Literal["encoder", "decoder"]
 
-POOLINGS = ("mean", "cls", "last", "max", "eos", "mean-nobos")
+POOLINGS = ("mean", "cls", "last", "max", "eos", "mean-nobos", "st")
 
 
 @dataclass(frozen=True)

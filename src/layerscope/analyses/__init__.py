@@ -1,6 +1,6 @@
 """Analyses: each a class with metadata and one compute method (see base.py); metrics in metrics.py."""
 
-_MODULES = ("sts", "compositionality", "pooling", "alignment", "similarity", "lens", "saliency")
+_MODULES = ("sts", "compositionality", "pooling", "alignment", "similarity", "lens", "saliency", "mteb_layers")
 
 
 def _load_all() -> None:

@@ -247,24 +247,13 @@ def _looks_like_hub_id(spec: str) -> bool:
 
 
 def _read_hub(spec: str, sentence1, sentence2, score) -> tuple[list, list, list, list, list]:
-    name = spec[3:] if spec.startswith("hf:") else spec
-    name, _, split = name.partition(":")
-    split = split or "test"
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        raise InputError(f"'{spec}' looks like a Hugging Face dataset id, and reading one needs the 'datasets' "
-                         "package (pip install datasets); or give a local pairs file") from None
-    from datasets import load_dataset
+    from layerscope.runtime.hf_dataset import DatasetSpec, load, parse_spec
 
-    try:
-        ds = load_dataset(name, split=split)
-    except Exception as exc:  # offline, unknown id, unknown split: one line, the library's reason
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"could not load dataset '{name}' split '{split}' from the hub ({msg}); "
-                         "give a local pairs file with --data") from None
+    parsed = parse_spec(spec)
+    parsed = parsed if parsed.split else DatasetSpec(parsed.name, "test", parsed.config)
+    ds = load(parsed)  # hub name, save_to_disk directory or .arrow files; one clear error otherwise
+    where = f"dataset {parsed}"
     cols = list(ds.column_names)
-    where = f"dataset {name}[{split}]"
     c1 = _pick(cols, sentence1, _S1_NAMES, "first-sentence", "--sentence1", where)
     c2 = _pick(cols, sentence2, _S2_NAMES, "second-sentence", "--sentence2", where)
     cs = _pick(cols, score, _SCORE_NAMES, "score", "--score", where)

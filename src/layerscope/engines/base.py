@@ -105,10 +105,14 @@ class Batch:
 class Encoder:
     """Tokenizes texts into the inputs a model expects, right-padded, truncated at ``max_length``."""
 
-    def __init__(self, tokenizer, input_names: list[str], max_length: int):
+    def __init__(self, tokenizer, input_names: list[str], max_length: int, prompt: str = ""):
         self.tokenizer = tokenizer
         self.input_names = list(input_names)
         self.max_length = int(max_length)
+        self.prompt = prompt or ""  # put before every text, as sentence-transformers' prompts are
+
+    def _prompted(self, texts) -> list[str]:
+        return [self.prompt + t for t in texts] if self.prompt else list(texts)
 
     @property
     def fallback_token_id(self) -> int:
@@ -120,7 +124,7 @@ class Encoder:
 
     def token_lengths(self, texts: list[str]) -> np.ndarray:
         """Token counts without truncation (special tokens included), for sorting and warnings."""
-        enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=False,
+        enc = self.tokenizer(self._prompted(texts), add_special_tokens=True, truncation=False,
                              return_attention_mask=False, return_token_type_ids=False, verbose=False)
         return np.fromiter((max(len(ids), 1) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
 
@@ -129,7 +133,7 @@ class Encoder:
         texts = list(texts)
         if lengths is None:
             lengths = self.token_lengths(texts)
-        enc = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+        enc = self.tokenizer(self._prompted(texts), padding=True, truncation=True, max_length=self.max_length,
                              return_tensors="np", verbose=False)
         enc = {k: np.asarray(v) for k, v in enc.items()}
         if enc["input_ids"].shape[1] == 0:  # every text in the batch tokenized to nothing
@@ -191,9 +195,9 @@ class Engine(ABC):
     def layer_names(self) -> list[str]:
         return layer_names(self.manifest["num_layers"])
 
-    def encoder(self, max_length: int | None = None) -> Encoder:
+    def encoder(self, max_length: int | None = None, prompt: str = "") -> Encoder:
         return Encoder(self.model.encoding_tokenizer(), self.manifest["inputs"],
-                       max_length or self.manifest["max_length"])
+                       max_length or self.manifest["max_length"], prompt)
 
     @abstractmethod
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:

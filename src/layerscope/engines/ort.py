@@ -19,7 +19,7 @@ import numpy as np
 
 from layerscope.engines.base import Batch, Engine, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool
+from layerscope.runtime.pooling import pool, with_st
 
 PROVIDERS = {
     "ort": "CPUExecutionProvider",
@@ -218,6 +218,9 @@ class OrtEngine(Engine):
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
+
+    def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names] if self.in_graph_pooling else []
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]

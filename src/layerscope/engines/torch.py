@@ -6,7 +6,7 @@ import numpy as np
 
 from layerscope.engines.base import Batch, Engine, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool
+from layerscope.runtime.pooling import pool, with_st
 
 
 def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="cpu"):
@@ -60,6 +60,9 @@ class TorchEngine(Engine):
         return self._select(raw, hidden, layers)
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
+
+    def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         states = self.run_tokens(batch, layers)
         eos = self.manifest.get("eos_token_id")
         out = {}

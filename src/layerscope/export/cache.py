@@ -62,7 +62,11 @@ def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
     source = handle.source()
     parts = {"model": model_identity(source), "revision": source.revision,
              "trust_remote_code": bool(handle.trust_remote_code), "versions": tool_versions(),
-             "options": export_options(options or {})}
+             "options": export_options(options or {}),
+             # the checkpoint's own sentence-transformers modules (1_Pooling/, Normalize, prompts) are recorded
+             # in the manifest at export time: a change there, or an entry made before they were read, is a
+             # different export
+             "sentence_transformers": handle.manifest.get("sentence_transformers")}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return {"key": key, **parts}
 

@@ -121,7 +121,25 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
         "eos_token_id": getattr(text_cfg, "eos_token_id", None),
         "pooled_output": family.pooled_output,
         "vocab_size": int(getattr(text_cfg, "vocab_size")),
+        "sentence_transformers": _st_config(source),
     }
+
+
+def _st_config(source: ModelSource) -> dict[str, Any] | None:
+    """The sentence-transformers recipe of a local checkpoint, or of a hub one already reachable."""
+    from layerscope.stconfig import read_st_config
+
+    if source.is_local:
+        return read_st_config(source.path_or_id)
+    try:
+        from huggingface_hub import snapshot_download
+
+        root = snapshot_download(source.path_or_id, revision=source.revision,
+                                 allow_patterns=["modules.json", "config_sentence_transformers.json",
+                                                 "*_Pooling/config.json"])
+    except Exception:  # offline, gated or no such files: the model is then read as a plain one
+        return None
+    return read_st_config(root)
 
 
 __all__ = ["describe_model", "make_onnx_config", "onnx_config_class", "FAMILIES"]

@@ -58,7 +58,9 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
-    pooled_modes = check_poolings(requested) if requested else []  # [] = token-level outputs only
+    from layerscope.export.graph import GRAPH_POOLINGS
+
+    pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     if "eos" in pooled_modes and not family.pooled_output:
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); {family.name} has none")
     source = resolve_source(spec, revision)

@@ -152,6 +152,11 @@ def iter_corpus(
     """
     field = _resolve_field(text_field, column)
     name = str(source)
+    if name.startswith("hf:"):  # a Hugging Face dataset (runtime/hf_dataset.py)
+        from layerscope.runtime.hf_dataset import dataset_rows
+
+        rows, name = dataset_rows(name, field, id_field)
+        return _records(rows, name, id_field, stats if stats is not None else CorpusStats())
     if name == "-":
         name = _STDIN_NAME
         fmt = _resolve_stdin_fmt(fmt)

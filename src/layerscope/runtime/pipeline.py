@@ -278,7 +278,7 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
     }
 
 
-_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant")
+_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant", "prompt")
 
 
 def _one_writer(fn: Callable) -> Callable:
@@ -308,7 +308,8 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
             force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | Callable = False,
-            engine_options: dict | None = None) -> ExtractReport:
+            engine_options: dict | None = None, prompt_name: str | None = None,
+            prompt: str | None = None) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``."""
     from layerscope.export.manifest import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
@@ -332,16 +333,28 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     manifest = handle.manifest
     check_max_length(max_length, manifest, handle.spec)
     layer_list = resolve_layers(layers, manifest["num_layers"])
+    if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
+        from layerscope.runtime.pooling import default_poolings
+
+        poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     if "eos" in pool_list and not manifest.get("pooled_output"):
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
                          f"{manifest['family']} has none: use 'last' or 'mean'")
+    if "st" in pool_list:
+        from layerscope.stconfig import st_recipe
+
+        st_recipe(manifest)  # a clear error before anything is written
+    from layerscope.stconfig import resolve_prompt
+
+    prompt_text = resolve_prompt(manifest, prompt_name, prompt)
     max_len = int(max_length or manifest["max_length"])
     source_desc = source if isinstance(source, (str, Path)) else f"<{len(source)} texts in memory>"
     settings = _settings(handle, engine if isinstance(engine, str) else engine.name, layer_list, pool_list,
                          dtype, batch_tokens, max_batch, max_len, str(source_desc))
     variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
     settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
+    settings["prompt"] = prompt_text or None
     t0 = time.perf_counter()
     with _cleanup_on_failure(out, where) as state:
         return _extract_into(
@@ -380,7 +393,7 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         eng = create_engine(engine, handle, **options)
     batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
     settings["batch_tokens"] = batch_tokens
-    encoder = eng.encoder(max_len)
+    encoder = eng.encoder(max_len, prompt_text)
     if store is None:
         records, stats = _records_from(source, **reader)
         spool = _spool_corpus(records, out, encoder)
@@ -503,8 +516,14 @@ def _progress_bar(progress, total_rows: int, total_tokens: int):
 
 def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all", poolings=("mean",),
           batch_tokens: int | None = None, max_length: int | None = None,
-          engine_options: dict | None = None) -> dict[tuple[str, str], np.ndarray]:
-    """Pooled vectors of a small list of texts, in memory: ``{(pooling, layer): [n, hidden]}``."""
+          engine_options: dict | None = None, prompt_name: str | None = None,
+          prompt: str | None = None) -> dict[tuple[str, str], np.ndarray]:
+    """Pooled vectors of a small list of texts, in memory: ``{(pooling, layer): [n, hidden]}``.
+
+    ``prompt_name``/``prompt`` choose the text put before each input as sentence-transformers does
+    (by default the checkpoint's ``default_prompt_name``, if it has one)."""
+    from layerscope.stconfig import resolve_prompt
+
     from layerscope.export.manifest import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
 
@@ -518,9 +537,14 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     check_max_length(max_length, manifest, str(getattr(eng.model, "spec", "the model")))
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
+    if "st" in pool_list:
+        from layerscope.stconfig import st_recipe
+
+        st_recipe(manifest)
+    prompt_text = resolve_prompt(manifest, prompt_name, prompt)
     out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
-                                        max_length=max_length):
+                                        max_length=max_length, prompt=prompt_text):
         for p in pool_list:
             for li, layer in enumerate(layer_list):
                 out[p, layer][batch.index] = pooled[p][li]
@@ -529,11 +553,11 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
 def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
                 batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                max_length: int | None = None, background: bool = True, depth: int = 4
+                max_length: int | None = None, background: bool = True, depth: int = 4, prompt: str = ""
                 ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
     """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
     tokenized on a background thread (``background``) so tokenization overlaps the engine."""
-    encoder = eng.encoder(max_length)
+    encoder = eng.encoder(max_length, prompt)
     lengths = encoder.token_lengths(texts)
     batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
     plan = plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch, max_length=encoder.max_length)

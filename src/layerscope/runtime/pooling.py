@@ -15,6 +15,8 @@ import numpy as np
 from layerscope.errors import InputError
 from layerscope.models import POOLINGS
 
+ST = "st"  # the model's own sentence-transformers embedding (see layerscope/stconfig.py)
+
 
 def check_poolings(poolings, *, available=POOLINGS) -> list[str]:
     out = []
@@ -87,3 +89,32 @@ def pool(states: np.ndarray, mask: np.ndarray, mode: str, *, input_ids: np.ndarr
     w = pooling_weights(mode, mask, input_ids, eos_token_id)
     out = np.einsum("...bsh,bs->...bh", states.astype(np.float64), w)
     return out.astype(np.float32)
+
+
+def with_st(manifest: dict, poolings: list[str], compute) -> dict[str, np.ndarray]:
+    """Run ``compute(poolings)`` with ``st`` replaced by the checkpoint's own pooling (and its
+    L2 normalization, as sentence-transformers' Normalize module does); other poolings pass through."""
+    if ST not in poolings:
+        return compute(poolings)
+    from layerscope.stconfig import st_recipe
+
+    recipe = st_recipe(manifest)
+    base = recipe["pooling"]
+    needed = [p for p in poolings if p != ST]
+    if base not in needed:
+        needed.append(base)
+    got = dict(compute(needed))
+    vec = got[base]
+    if recipe["normalize"]:
+        norm = np.linalg.norm(vec.astype(np.float64), axis=-1, keepdims=True)
+        vec = (vec / np.maximum(norm, 1e-12)).astype(np.float32)
+    else:
+        vec = vec.copy()
+    got[ST] = vec
+    return {p: got[p] for p in poolings}
+
+
+def default_poolings(manifest: dict) -> list[str]:
+    """``st`` for a sentence-transformers checkpoint layerscope can reproduce, else the family default."""
+    st = manifest.get("sentence_transformers") or {}
+    return [ST] if st.get("supported") else [manifest.get("default_pooling", "mean")]

@@ -152,6 +152,14 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
     manifest = handle.manifest
     check_max_length(max_length, manifest, handle.spec)
+    from layerscope.runtime.pooling import default_poolings
+    from layerscope.stconfig import resolve_prompt
+
+    if poolings is None:  # the model's own, as in a plain extract (st for a sentence-transformers checkpoint)
+        poolings = default_poolings(manifest)
+    if resolve_prompt(manifest, None, None):
+        raise InputError(f"{handle.spec} puts a default prompt before every text, which --ray does not apply yet; "
+                         "run without --ray")
     if where.replace:
         remove(out, "store")
     layer_list = resolve_layers(layers, manifest["num_layers"])

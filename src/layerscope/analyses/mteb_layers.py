@@ -1,0 +1,266 @@
+"""``inspect run mteb``: every layer x pooling evaluated as an embedding model by the ``mteb`` library.
+
+Each (layer, pooling) becomes one MTEB encoder named
+``layerscope/<model>__layer-<L>__<pooling>``; all of them share one vector cache,
+so a text goes through the model once and comes back with every requested layer
+and pooling.  MTEB itself runs the tasks and scores them; its result files
+(``results/<model name>/<revision>/<Task>.json``, the format MTEB's leaderboard and
+``mteb.load_results`` read) are kept in ``results.json`` and written under
+``mteb/`` of the result directory.
+
+No task data is downloaded when it is at hand locally: STSBenchmark reads the STS
+Benchmark test file (``../shared/data/stsbenchmark/sts-test.csv`` or
+``$LAYERSCOPE_STS_DIR``), and ``--data`` gives any single STS-type task its pairs
+(a pairs file or a dataset, as for ``inspect run sts``).  Other tasks load through
+MTEB from the hub as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.common import layers_for, poolings_for
+from layerscope.errors import InputError, MissingExtraError
+
+LOCAL_STS = {"STSBenchmark": "test"}  # MTEB task -> STS Benchmark split we hold locally
+
+
+def _mteb():
+    try:
+        import mteb
+    except ImportError:
+        raise MissingExtraError("mteb", "mteb") from None
+    return mteb
+
+
+class VectorCache:
+    """Every requested layer x pooling of each (prompt, text), computed once."""
+
+    def __init__(self, model, layers: list[str], poolings: list[str]):
+        self.model = model  # a layerscope.session.EmbeddingModel
+        self.layers, self.poolings = layers, poolings
+        self.rows: dict[tuple[str | None, str], int] = {}
+        self.blocks: list[dict[tuple[str, str], np.ndarray]] = []
+        self.offsets: list[int] = []
+        self.texts_run = 0
+
+    def get(self, texts: list[str], pooling: str, layer: str, prompt_name: str | None) -> np.ndarray:
+        todo = list(dict.fromkeys(t for t in texts if (prompt_name, t) not in self.rows))
+        if todo:
+            start = len(self.rows)
+            block = self.model.embed(todo, layers=self.layers, poolings=self.poolings, prompt_name=prompt_name)
+            self.blocks.append(block)
+            self.offsets.append(start)
+            for i, t in enumerate(todo):
+                self.rows[prompt_name, t] = start + i
+            self.texts_run += len(todo)
+        out = np.empty((len(texts), self.model.hidden_size), np.float32)
+        for i, t in enumerate(texts):
+            row = self.rows[prompt_name, t]
+            b = int(np.searchsorted(self.offsets, row, side="right")) - 1
+            out[i] = self.blocks[b][pooling, layer][row - self.offsets[b]]
+        return out
+
+
+def _encoder(cache: VectorCache, name: str, revision: str, layer: str, pooling: str, similarity: str):
+    """One MTEB encoder: the vectors of one layer and pooling."""
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    class LayerEncoder(AbsEncoder):
+        def __init__(self):
+            self.mteb_model_meta = ModelMeta.create_empty({
+                "name": name, "revision": revision, "similarity_fn_name": ScoringFunction(similarity),
+                "embed_dim": cache.model.hidden_size, "framework": ["PyTorch"]})
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            texts = [t for batch in inputs for t in batch["text"]]
+            prompts = cache.model.prompts
+            wanted = getattr(prompt_type, "value", prompt_type)
+            prompt_name = next((p for p in (task_metadata.name, wanted) if p and p in prompts), None)
+            return cache.get(texts, pooling, layer, prompt_name)
+
+    return LayerEncoder()
+
+
+def _pairs_dataset(pairs):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"sentence1": list(pairs.s1), "sentence2": list(pairs.s2),
+                              "score": [float(s) for s in pairs.scores]})
+
+
+@register
+class MtebAnalysis(Analysis):
+    metadata = AnalysisMetadata(
+        name="mteb",
+        description="every layer x pooling as an embedding model, scored by the mteb library (MTEB-format results)",
+        inputs=("engine",),
+        main_score="best_main_score",
+        default_poolings=("mean",),
+        default_data="STSBenchmark: ../shared/data/stsbenchmark/sts-test.csv (local)",
+        options=(Option("tasks", str, "STSBenchmark", "comma list of MTEB task names"),
+                 Option("batch", int, 64, "texts per encode call MTEB hands over"),),
+    )
+
+    def prepare(self, ctx: Context) -> dict[str, Any]:
+        mteb = _mteb()
+        _datasets_or_hint()
+        names = [t.strip() for t in str(ctx.options.get("tasks") or "").split(",") if t.strip()]
+        if not names:
+            raise InputError("--tasks is empty; name MTEB tasks such as STSBenchmark")
+        if ctx.data and len(names) != 1:
+            raise InputError("--data gives the pairs of one STS task; run one task per --data")
+        tasks = {}
+        for name in names:
+            try:
+                task = mteb.get_task(name)
+            except Exception as exc:  # mteb raises KeyError/ValueError with its own suggestions
+                raise InputError(f"MTEB has no task '{name}' ({str(exc).splitlines()[0][:160]})") from None
+            local = self._local_pairs(ctx, name, task)
+            if local is not None:
+                from datasets import DatasetDict
+
+                split = task.metadata.eval_splits[0]
+                task.dataset = DatasetDict({split: _pairs_dataset(local)})
+                task.data_loaded = True  # MTEB skips its own (hub) loading
+                ctx.say(f"{name}: {len(local)} pairs from {local.source} (local, split {split})")
+            tasks[name] = task
+        return {"tasks": tasks}
+
+    @staticmethod
+    def _local_pairs(ctx: Context, name: str, task):
+        from layerscope.data.pairs import default_sts_file, read_pairs
+
+        if ctx.data:
+            if task.metadata.type != "STS":
+                raise InputError(f"--data gives pairs for STS tasks; {name} is a {task.metadata.type} task")
+            return read_pairs(ctx.data)
+        if name in LOCAL_STS:
+            path = default_sts_file(LOCAL_STS[name])
+            if Path(path).exists():
+                return read_pairs(path)
+        return None
+
+    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> dict[str, Any]:
+        import logging
+        import warnings
+
+        mteb = _mteb()
+        from layerscope.session import EmbeddingModel
+
+        layers = layers_for(ctx, run)
+        poolings = poolings_for(ctx, run, allow_eos=True)
+        cache = VectorCache(EmbeddingModel.from_engine(run.engine), layers, poolings)
+        slug = run.name.replace("/", "-")
+        src = run.handle.manifest.get("source", {})
+        revision = (src.get("weights_sha256") or "local")[:12]
+        st = run.handle.manifest.get("sentence_transformers") or {}
+        rows, files = [], {}
+        with tempfile.TemporaryDirectory(prefix="layerscope-mteb-") as tmp:
+            result_cache = mteb.ResultCache(tmp)
+            for task_name, task in data["tasks"].items():
+                for pooling in poolings:
+                    similarity = (st.get("similarity_fn_name") or "cosine") if pooling == "st" else "cosine"
+                    for layer in layers:
+                        name = f"layerscope/{slug}__layer-{layer}__{pooling}"
+                        enc = _encoder(cache, name, revision, layer, pooling, _scoring(similarity))
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            level = logging.getLogger("mteb").level
+                            logging.getLogger("mteb").setLevel(logging.ERROR)
+                            try:
+                                res = mteb.evaluate(enc, task, cache=result_cache, overwrite_strategy="always",
+                                                    show_progress_bar=False, raise_error=True,
+                                                    encode_kwargs={"batch_size": int(ctx.options.get("batch", 64))})
+                            except Exception as exc:  # dataset download refused offline, and the like
+                                raise InputError(f"MTEB could not run {task_name}: "
+                                                 f"{str(exc).splitlines()[0][:200]}; give its data with --data "
+                                                 "(STS tasks) or run where the hub is reachable") from None
+                            finally:
+                                logging.getLogger("mteb").setLevel(level)
+                        for tr in res.task_results:
+                            for split, scores in tr.scores.items():
+                                for s in scores:
+                                    rows.append({"task": task_name, "split": split, "subset": s.get("hf_subset"),
+                                                 "pooling": pooling, "layer": layer, "main_score": s["main_score"],
+                                                 **{k: s[k] for k in ("cosine_spearman", "cosine_pearson")
+                                                    if k in s}})
+            for path in sorted(Path(tmp).rglob("*.json")):
+                files[str(path.relative_to(tmp))] = json.loads(path.read_text(encoding="utf-8"))
+        for r in rows:  # MTEB gives NaN where every text got the same vector (an undefined correlation)
+            if r["main_score"] is None or not np.isfinite(r["main_score"]):
+                r["main_score"] = None
+        defined = [r for r in rows if r["main_score"] is not None]
+        best = max(defined, key=lambda r: r["main_score"]) if defined else None
+        final = str(run.num_layers)
+        summary = {"tasks": list(data["tasks"]), "texts_run": cache.texts_run,
+                   "best_main_score": best["main_score"] if best else None,
+                   "best": {k: best[k] for k in ("task", "pooling", "layer", "main_score")} if best else None,
+                   "final_layer": {f"{r['task']}/{r['pooling']}": r["main_score"] for r in rows if r["layer"] == final}}
+        return {"summary": summary, "tables": {"layers": rows}, "mteb_files": files}
+
+    # ------------------------------------------------------------ rendering (saved results only)
+    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.report.plots import layer_lines
+
+        # MTEB's own result files, re-written from results.json (paths stay inside out_dir/mteb).
+        root = (out_dir / "mteb").resolve()
+        for figures in results.get("per_model", {}).values():
+            for rel, content in figures.get("mteb_files", {}).items():
+                target = (root / rel).resolve()
+                if root not in target.parents:
+                    continue  # a path that would leave the result directory is not written
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        series: dict[str, tuple[list[str], list]] = {}
+        multi = len(results.get("per_model", {})) > 1
+        for model, figures in results.get("per_model", {}).items():
+            for r in figures.get("tables", {}).get("layers", []):
+                label = f"{model + ' ' if multi else ''}{r['task']} {r['pooling']}"
+                xs, ys = series.setdefault(label, ([], []))
+                xs.append(str(r["layer"]))
+                ys.append(r["main_score"])
+        if not series:
+            return []
+        return [layer_lines(out_dir / "mteb_layers.png", series, ylabel="MTEB main score",
+                            title="MTEB main score per layer")]
+
+    def report(self, results: dict[str, Any]) -> str:
+        lines = ["MTEB-format results per layer and pooling are under `mteb/results/`."]
+        for model, figures in results.get("per_model", {}).items():
+            b = figures["summary"].get("best")
+            if b:
+                lines.append(f"- {model}: best {b['task']} main score {b['main_score']:.4f} at layer {b['layer']} "
+                             f"({b['pooling']}); {figures['summary']['texts_run']} texts run once for all layers")
+        return "\n".join(lines)
+
+    def console_summary(self, results: dict[str, Any], console) -> None:
+        from rich.table import Table
+
+        for model, figures in results.get("per_model", {}).items():
+            t = Table(title=f"{model}: MTEB main score per layer")
+            for col in ("task", "pooling", "layer", "main score"):
+                t.add_column(col)
+            for r in figures["tables"]["layers"]:
+                score = r["main_score"]
+                t.add_row(r["task"], r["pooling"], r["layer"], "undefined" if score is None else f"{score:.4f}")
+            console.print(t)
+
+
+def _scoring(name: str) -> str:
+    return {"cosine": "cosine", "dot": "dot", "dot_product": "dot", "euclidean": "euclidean",
+            "manhattan": "manhattan"}.get(name, "cosine")
+
+
+def _datasets_or_hint() -> None:
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        raise MissingExtraError("datasets", "mteb") from None

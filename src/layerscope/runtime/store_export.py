@@ -1,0 +1,114 @@
+"""``inspect export-store``: a LayerStore as one Parquet or safetensors file other tools read.
+
+* Parquet: one row per text with ``id``, ``text`` and one fixed-size float list
+  column per (pooling, layer) named ``<pooling>/layer_<name>`` (e.g. ``mean/layer_6``);
+  the store's settings and model manifest go into the file's key-value metadata
+  under ``layerscope``. Written in row groups, so memory stays bounded.
+* safetensors: one tensor ``<pooling>/layer_<name>`` of shape ``[n, hidden]`` per
+  (pooling, layer); ids, texts and the store's description are JSON strings in the
+  header metadata (``ids``, ``texts``, ``layerscope``), so it suits stores up to a
+  few hundred thousand texts (a larger header is refused: use Parquet).
+
+The file is written beside its final name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import InputError, MissingExtraError
+from layerscope.runtime.store import LayerStore
+
+FORMATS = ("parquet", "safetensors")
+ROW_GROUP = 8192
+MAX_HEADER_BYTES = 90_000_000  # safetensors refuses headers over 100 MB
+
+
+def column_name(pooling: str, layer: str) -> str:
+    return f"{pooling}/layer_{layer}"
+
+
+def _description(store: LayerStore) -> dict[str, Any]:
+    return {"n": store.n, "layers": store.layers, "poolings": store.poolings,
+            "hidden_size": store.meta["hidden_size"], "dtype": store.meta["dtype"],
+            "settings": store.settings, "model": store.manifest.get("source"),
+            "columns": {column_name(p, l): {"pooling": p, "layer": l} for p in store.poolings for l in store.layers}}
+
+
+def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None, *,
+                 force: bool = False) -> Path:
+    """Write the store as ``fmt`` (parquet or safetensors); return the file's path."""
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt}: choose parquet or safetensors")
+    store = LayerStore.open(store_path)
+    out = Path(out) if out else Path(store_path).with_suffix(f".{fmt}")
+    if out.exists() and not force:
+        raise InputError(f"{out} exists; pass --force to replace it, or --out another file")
+    if out.exists() and not _made_by_layerscope(out, fmt):
+        raise InputError(f"{out} exists and was not written by inspect export-store; --force only replaces "
+                         "layerscope's own files: choose another --out")
+    tmp = out.with_name(out.name + ".partial")
+    try:
+        (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def _made_by_layerscope(path: Path, fmt: str) -> bool:
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return b"layerscope" in (pq.read_schema(str(path)).metadata or {})
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as fh:
+            return "layerscope" in (fh.metadata() or {})
+    except Exception:  # unreadable or another format: not ours
+        return False
+
+
+def _parquet(store: LayerStore, path: Path) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingExtraError("pyarrow", "parquet") from None
+    hidden = int(store.meta["hidden_size"])
+    keys = [(p, l) for p in store.poolings for l in store.layers]
+    vec_type = pa.list_(pa.float32() if store.meta["dtype"] == "float32" else pa.float16(), hidden)
+    schema = pa.schema([("id", pa.string()), ("text", pa.string())]
+                       + [(column_name(p, l), vec_type) for p, l in keys],
+                       metadata={"layerscope": json.dumps(_description(store))})
+    records = store.iter_records()
+    with pq.ParquetWriter(str(path), schema) as writer:
+        for start in range(0, store.n, ROW_GROUP):
+            stop = min(store.n, start + ROW_GROUP)
+            rows = [next(records) for _ in range(start, stop)]
+            cols = [pa.array([r["id"] for r in rows], pa.string()), pa.array([r["text"] for r in rows], pa.string())]
+            for p, l in keys:
+                block = store[p, l][start:stop]
+                flat = pa.array(block.reshape(-1), vec_type.value_type)
+                cols.append(pa.FixedSizeListArray.from_arrays(flat, hidden))
+            writer.write_table(pa.Table.from_arrays(cols, schema=schema))
+
+
+def _safetensors(store: LayerStore, path: Path) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    metadata = {"ids": json.dumps(store.ids(), ensure_ascii=False),
+                "texts": json.dumps(store.texts(), ensure_ascii=False),
+                "layerscope": json.dumps(_description(store), ensure_ascii=False)}
+    size = sum(len(v.encode("utf-8")) for v in metadata.values())
+    if size > MAX_HEADER_BYTES:
+        raise InputError(f"{store.path}: its ids and texts take {size / 1e6:.0f} MB, more than a safetensors "
+                         "header holds; use --format parquet")
+    tensors = {column_name(p, l): np.ascontiguousarray(store[p, l]) for p in store.poolings for l in store.layers}
+    save_file(tensors, str(path), metadata=metadata)

@@ -1,0 +1,131 @@
+"""A sentence-transformers checkpoint's own embedding recipe, read from its files.
+
+sentence-transformers describes a model as a list of modules (``modules.json``):
+a Transformer, a Pooling (``1_Pooling/config.json``), often a Normalize, and in
+``config_sentence_transformers.json`` the prompts and the similarity function.
+``read_st_config`` turns those files into a small dict kept in the manifest;
+the ``st`` pooling then means "this model's own embedding": one of the existing
+poolings of the chosen layer, L2-normalized when the checkpoint says so.  A
+checkpoint whose recipe layerscope cannot reproduce exactly (a Dense layer, a
+concatenation of poolings, weighted mean ...) gets ``supported: false`` and the
+reason, so asking for ``st`` is one clear error rather than a silently different
+vector.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import InputError
+
+# sentence-transformers pooling mode -> our pooling name
+ST_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last", "max": "max"}
+_LEGACY = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+           "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+           "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+
+
+def _read_json(root: Path, name: str) -> Any:
+    path = root / name
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+
+
+def _inside(root: Path, sub: str) -> Path:
+    """A module folder named in modules.json, refused if it points outside the checkpoint."""
+    target = (root / sub).resolve()
+    if target != root.resolve() and root.resolve() not in target.parents:
+        raise InputError(f"modules.json of {root} names a module path outside the checkpoint: {sub!r}")
+    return target
+
+
+def _pooling_modes(cfg: dict[str, Any]) -> tuple[list[str], bool]:
+    if "pooling_mode" in cfg:
+        mode = cfg["pooling_mode"]
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    else:
+        modes = [m for key, m in _LEGACY.items() if cfg.get(key)] or ["mean"]
+    return modes, bool(cfg.get("include_prompt", True))
+
+
+def read_st_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's embedding recipe, or None when ``model_dir`` is not a sentence-transformers model."""
+    root = Path(model_dir)
+    modules = _read_json(root, "modules.json")
+    if not isinstance(modules, list):
+        return None
+    extra = _read_json(root, "config_sentence_transformers.json") or {}
+    out: dict[str, Any] = {
+        "modules": [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules],
+        "pooling": None, "normalize": False, "include_prompt": True,
+        "prompts": {str(k): str(v) for k, v in (extra.get("prompts") or {}).items()},
+        "default_prompt_name": extra.get("default_prompt_name"),
+        "similarity_fn_name": extra.get("similarity_fn_name") or "cosine",
+        "supported": True, "reason": "",
+    }
+    problems = []
+    for module, kind in zip(modules, out["modules"]):
+        if kind == "Transformer":
+            if module.get("path") not in ("", None, "."):
+                problems.append("its Transformer module is not at the checkpoint root")
+        elif kind == "Pooling":
+            cfg = _read_json(_inside(root, str(module.get("path", ""))), "config.json") or {}
+            modes, include_prompt = _pooling_modes(cfg)
+            out["include_prompt"] = include_prompt
+            if len(modes) != 1 or modes[0] not in ST_MODES:
+                problems.append(f"its pooling {'+'.join(modes)} has no layerscope equivalent "
+                                f"(supported: {', '.join(ST_MODES)})")
+            else:
+                out["pooling"] = ST_MODES[modes[0]]
+        elif kind == "Normalize":
+            out["normalize"] = True
+        else:
+            problems.append(f"its {kind or 'unnamed'} module is not reproduced by layerscope")
+    if out["pooling"] is None and not problems:
+        problems.append("it has no Pooling module")
+    if not out["include_prompt"] and out["prompts"]:
+        problems.append("its pooling excludes prompt tokens (include_prompt=false)")
+    if problems:
+        out["supported"], out["reason"] = False, "; ".join(problems)
+    return out
+
+
+def st_recipe(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's recipe for the ``st`` pooling, or a clear error when there is none."""
+    if "sentence_transformers" not in manifest and manifest.get("format_version"):
+        raise InputError("pooling 'st' needs the export to record the checkpoint's sentence-transformers "
+                         "modules, and this export was made before layerscope did: re-run inspect export --force")
+    st = manifest.get("sentence_transformers")
+    if not st:
+        raise InputError("pooling 'st' needs a sentence-transformers checkpoint (modules.json with a Pooling "
+                         "module); this model has none: use mean, cls or last")
+    if not st.get("supported"):
+        raise InputError(f"pooling 'st' cannot reproduce this checkpoint: {st.get('reason')}; "
+                         "use mean, cls or last")
+    return st
+
+
+def resolve_prompt(manifest: dict[str, Any], prompt_name: str | None = None, prompt: str | None = None) -> str:
+    """The text put before every input, as sentence-transformers' ``encode`` chooses it.
+
+    An explicit ``prompt`` wins; else ``prompt_name`` from the checkpoint's prompts; else the
+    checkpoint's ``default_prompt_name``; else nothing.
+    """
+    if prompt is not None:
+        return prompt
+    st = manifest.get("sentence_transformers") or {}
+    prompts = st.get("prompts") or {}
+    name = prompt_name if prompt_name is not None else st.get("default_prompt_name")
+    if name is None:
+        return ""
+    if name not in prompts:
+        have = ", ".join(prompts) or "none"
+        raise InputError(f"prompt name '{name}' is not one of this model's prompts ({have}); "
+                         "use --prompt TEXT for your own")
+    return prompts[name]

@@ -1,0 +1,86 @@
+"""inspect export-store: a store as Parquet or safetensors, read back by pyarrow and safetensors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from layerscope.cli import main
+from layerscope.errors import InputError
+
+TEXTS = ["a cat sat on the mat", "", "the weather today is sunny", "water boils at 100 degrees",
+         "neural networks learn"]
+
+
+@pytest.fixture(scope="module")
+def store(tiny_model, tmp_path_factory):
+    from layerscope.runtime.pipeline import extract
+
+    out = tmp_path_factory.mktemp("export-store") / "store"
+    extract(str(tiny_model("bert")), TEXTS, out, engine="torch", layers="0,-1", poolings=["mean", "cls"])
+    from layerscope.runtime.store import LayerStore
+
+    return LayerStore.open(out)
+
+
+def cli(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_parquet_holds_ids_texts_and_every_vector(store, tmp_path, capsys, monkeypatch):
+    import pyarrow.parquet as pq
+
+    import layerscope.runtime.store_export as se
+
+    monkeypatch.setattr(se, "ROW_GROUP", 2)  # several row groups, as in a large store
+    path = tmp_path / "s.parquet"
+    code, text = cli(["export-store", str(store.path), "--format", "parquet", "--out", str(path)], capsys)
+    assert code == 0, text
+    table = pq.read_table(path)
+    assert table.column("text").to_pylist() == TEXTS
+    assert table.column("id").to_pylist() == store.ids()
+    for p in ("mean", "cls"):
+        for layer in ("0", "2"):
+            got = np.asarray(table.column(f"{p}/layer_{layer}").to_pylist(), dtype=np.float32)
+            np.testing.assert_array_equal(got, store[p, layer])
+    meta = json.loads(table.schema.metadata[b"layerscope"])
+    assert meta["layers"] == ["0", "2"] and meta["n"] == len(TEXTS)
+
+
+def test_safetensors_holds_ids_texts_and_every_vector(store, tmp_path, capsys):
+    from safetensors import safe_open
+
+    path = tmp_path / "s.safetensors"
+    code, text = cli(["export-store", str(store.path), "--format", "safetensors", "--out", str(path)], capsys)
+    assert code == 0, text
+    with safe_open(str(path), framework="numpy") as fh:
+        meta = fh.metadata()
+        assert json.loads(meta["texts"]) == TEXTS
+        assert json.loads(meta["ids"]) == store.ids()
+        assert sorted(fh.keys()) == ["cls/layer_0", "cls/layer_2", "mean/layer_0", "mean/layer_2"]
+        np.testing.assert_array_equal(fh.get_tensor("mean/layer_2"), store["mean", -1])
+
+
+def test_force_replaces_only_layerscopes_own_file(store, tmp_path):
+    from layerscope.runtime.store_export import export_store
+
+    path = tmp_path / "x.parquet"
+    path.write_text("someone else's file")
+    with pytest.raises(InputError, match="exists; pass --force"):
+        export_store(store.path, "parquet", path)
+    with pytest.raises(InputError, match="not written by inspect export-store"):
+        export_store(store.path, "parquet", path, force=True)
+    assert path.read_text() == "someone else's file"
+    path.unlink()
+    export_store(store.path, "parquet", path)
+    export_store(store.path, "parquet", path, force=True)  # our own file: replaced
+    with pytest.raises(InputError, match="choose parquet or safetensors"):
+        export_store(store.path, "csv", tmp_path / "x.csv")
