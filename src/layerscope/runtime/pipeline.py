@@ -393,7 +393,7 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         eng = create_engine(engine, handle, **options)
     batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
     settings["batch_tokens"] = batch_tokens
-    encoder = eng.encoder(max_len, prompt_text)
+    encoder = eng.encoder(max_len, settings["prompt"] or "")
     if store is None:
         records, stats = _records_from(source, **reader)
         spool = _spool_corpus(records, out, encoder)
