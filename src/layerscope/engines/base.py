@@ -15,7 +15,7 @@ import numpy as np
 
 from layerscope.errors import EngineUnavailableError, InputError
 
-ENGINE_NAMES = ("torch", "ort", "cuda", "trt", "auto")
+ENGINE_NAMES = ("torch", "ort", "ov", "cuda", "trt", "auto")
 
 
 # ---------------------------------------------------------------- layer names
@@ -221,6 +221,7 @@ def register(name: str):
 def _ensure_registered() -> None:
     # Importing the modules fills the registry; they import torch/onnxruntime lazily themselves.
     from layerscope.engines import ort as _ort  # noqa: F401
+    from layerscope.engines import ov as _ov  # noqa: F401
     from layerscope.engines import torch as _torch  # noqa: F401
 
 

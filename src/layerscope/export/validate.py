@@ -40,8 +40,11 @@ def _max_abs_and_min_cos(ref: np.ndarray, got: np.ndarray, valid: np.ndarray | N
 
 
 def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: list[str],
-                    pooled_modes: list[str], pooled_layers: list[str]) -> dict[str, Any]:
-    """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output."""
+                    pooled_modes: list[str], pooled_layers: list[str], *, session=None) -> dict[str, Any]:
+    """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output.
+
+    ``session``: another runtime with ONNX Runtime's ``get_inputs/get_outputs/run`` (OpenVINO's).
+    """
     from transformers import AutoTokenizer
 
     from layerscope.engines.base import Encoder
@@ -52,7 +55,7 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
 
     tok = AutoTokenizer.from_pretrained(str(onnx_path.parent))
     prepare_tokenizer(tok)
-    session = make_session(onnx_path, "CPUExecutionProvider")
+    session = session or make_session(onnx_path, "CPUExecutionProvider")
     output_names = [o.name for o in session.get_outputs()]
     encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], 128))
     word_emb = get_submodule(net, family.word_embeddings)
