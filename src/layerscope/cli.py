@@ -116,7 +116,7 @@ def extract(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir, model dir, hub id or 'minilm'."),
     input: str = typer.Option(..., "--input", "-i", help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, or - for stdin."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, ov, cuda, trt or auto."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
     pooling: str = typer.Option("mean", help="Comma list: mean, cls, last, max, eos, mean-nobos."),
     dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
@@ -131,7 +131,10 @@ def extract(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted extraction."),
     force: bool = typer.Option(False, "--force", help="Replace an existing store."),
     threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
-    variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16 "
+                                                                  "(with --engine ov: fp32, bf16, int8)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="With --engine auto: the fastest engine "
+                                               "whose recorded cosine to torch fp32 is at least this (0.9999)."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.report.console import print_extract_summary
@@ -142,7 +145,7 @@ def extract(
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
-                         engine_options=_engine_options(threads=threads, variant=variant))
+                         engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine))
     print_extract_summary(c, report)
 
 
