@@ -259,6 +259,7 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
     return dict(
         base, available=True, texts=n, provider=first.get("provider"), precision=first.get("precision"),
         engine_notes=first.get("notes", []), layers=first.get("layers"), pids=[r.get("pid") for r in ok],
+        started=[r.get("started") for r in ok],
         rounds=len(ok), passes=len(seconds), best_s=min(seconds), median_s=float(np.median(seconds)),
         texts_per_s=n / min(seconds), median_texts_per_s=n / float(np.median(seconds)),
         round_best_texts_per_s=[n / s for s in round_best],

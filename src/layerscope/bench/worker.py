@@ -202,7 +202,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     out_dir = Path(job["out_dir"])
     texts = json.loads(Path(job["texts_file"]).read_text(encoding="utf-8"))
     result: dict[str, Any] = {"engine": job["name"], "kind": job["row_kind"], "available": True,
-                              "pid": os.getpid(), "round": job.get("round")}
+                              "pid": os.getpid(), "round": job.get("round"), "started": time.time()}
     t0 = time.perf_counter()
     try:
         row = RUNNERS[job["kind"]](job)
