@@ -67,6 +67,7 @@ def isolated_table(bench: dict[str, Any]) -> str:
     lines += ["", "Accuracy: min cosine to the fp32 torch loop (hf-eager) over the first "
               f"{s['accuracy_rows']:,} texts and every layer the row produced (peers: the final layer). "
               "'x best peer as accurate': against the fastest sentence-transformers row whose min cosine "
-              "reaches this row's class. Split: one sequential pass (no tokenizer thread); peers' engine "
-              "time includes their pooling, and they write nothing."]
+              "reaches this row's class. Split: layerscope rows, one extra sequential pass (no tokenizer thread) "
+              "writing a LayerStore; hf-eager, inside its last timed pass; peers, a tokenize-only pass, the rest "
+              "of the best pass counted as engine (with their pooling); hf-eager and peers write nothing."]
     return "\n".join(lines) + "\n"
