@@ -180,3 +180,20 @@ def test_auto_passes_over_unrecorded_engines(export_dir, tmp_path):
     eng = create_engine("auto", str(bare))
     note = next(n for n in eng.info.notes if n.startswith("auto picked"))
     assert eng.name == "ort" and "ov: accuracy not recorded" in note
+
+
+def test_engines_table_lists_ov_and_what_auto_picks(export_dir, tmp_path):
+    from layerscope.engines.probe import probe_all
+    from layerscope.export.variants import make_variant
+
+    make_variant(export_dir, "ov-fp32")
+    bare, _ = _copy_with_variants(export_dir, tmp_path / "bare", set())
+    only_ov, manifest = _copy_with_variants(export_dir, tmp_path / "ov", {"ov-fp32"})
+    by = {s.name: s for s in probe_all(str(bare))}
+    assert by["ov"].works and "OpenVINO" in by["ov"].detail
+    if by["trt"].works or by["cuda"].works:
+        pytest.skip("a GPU engine starts here: auto picks it")
+    assert by["auto"].detail == "picks ort here (recorded min cosine " + \
+        f"{min(s['min_cos'] for n, s in manifest['parity']['outputs'].items() if n.startswith(('hidden_states.', 'pooled.'))):.6f})"
+    by = {s.name: s for s in probe_all(str(only_ov))}
+    assert by["auto"].detail.startswith("picks ov here (recorded min cosine")
