@@ -291,7 +291,8 @@ def _engine_options(**options) -> dict | None:
 @app.command()
 def optimize(
     export_dir: Path = typer.Argument(..., help="An export dir made by inspect export."),
-    variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU)."),
+    variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU); "
+                                                       "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions)."),
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
