@@ -197,3 +197,27 @@ def test_engines_table_lists_ov_and_what_auto_picks(export_dir, tmp_path):
         f"{min(s['min_cos'] for n, s in manifest['parity']['outputs'].items() if n.startswith(('hidden_states.', 'pooled.'))):.6f})"
     by = {s.name: s for s in probe_all(str(only_ov))}
     assert by["auto"].detail.startswith("picks ov here (recorded min cosine")
+
+
+def test_auto_records_its_pick_so_resume_never_mixes_precisions(export_dir, tmp_path):
+    from layerscope.engines.auto import recorded_min_cosine
+    from layerscope.errors import StoreError
+    from layerscope.export.variants import make_variant
+    from layerscope.runtime.pipeline import extract
+    from layerscope.runtime.store import LayerStore
+
+    make_variant(export_dir, "int8")
+    make_variant(export_dir, "ov-fp32")
+    export, manifest = _copy_with_variants(export_dir, tmp_path / "e", {"int8", "ov-fp32"})
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    int8_cos = recorded_min_cosine(manifest, "int8")
+    out = tmp_path / "store"
+    extract(str(export), str(corpus), out, engine="auto", engine_options={"min_cosine": int8_cos})
+    assert LayerStore.open(out).settings["variant"] == "int8"
+    # a resume where auto would now pick fp32 (a stricter bar) is refused instead of mixing precisions
+    bar = min(1.0, (int8_cos + recorded_min_cosine(manifest, "ov-fp32")) / 2)
+    with pytest.raises(StoreError, match="auto picked None"):
+        extract(str(export), str(corpus), out, engine="auto", resume=True, engine_options={"min_cosine": bar})
+    # the same bar resumes (nothing left to do)
+    extract(str(export), str(corpus), out, engine="auto", resume=True, engine_options={"min_cosine": int8_cos})
