@@ -131,7 +131,7 @@ def extract(
     config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
     split: Optional[str] = typer.Option(None, "--split", help="Dataset split, e.g. train or test (with --dataset)."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, ov, cuda, trt or auto."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
     pooling: Optional[str] = typer.Option(None, help="Comma list: mean, cls, last, max, eos, mean-nobos, st "
                                           "(default: st for a sentence-transformers checkpoint, else the family's)."),
@@ -150,7 +150,10 @@ def extract(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted extraction."),
     force: bool = typer.Option(False, "--force", help="Replace an existing store."),
     threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
-    variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16 "
+                                                                  "(with --engine ov: fp32, bf16, int8)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="With --engine auto: the fastest engine "
+                                               "whose recorded cosine to torch fp32 is at least this (0.9999)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: 'local', 'auto' or an address "
@@ -185,14 +188,14 @@ def extract(
                              poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                              max_batch=max_batch, max_length=max_length, resume=resume, force=force,
                              text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=True,
-                             engine_options=_engine_options(threads=threads, variant=variant))
+                             engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine))
         print_extract_summary(c, report)
         return
     report = run_extract(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
-                         engine_options=_engine_options(threads=threads, variant=variant),
+                         engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
                          prompt_name=prompt_name, prompt=prompt)
     print_extract_summary(c, report)
 
@@ -400,7 +403,8 @@ def _engine_options(**options) -> dict | None:
 @app.command()
 def optimize(
     export_dir: Path = typer.Argument(..., help="An export dir made by inspect export."),
-    variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU)."),
+    variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU); "
+                                                       "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions)."),
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
@@ -417,31 +421,38 @@ def optimize(
 @app.command()
 def bench(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir (or a model, exported on first use)."),
-    engines: str = typer.Option("torch,ort,ort-int8", "--engines", "-e",
+    engines: str = typer.Option("ort,ort-int8,ov", "--engines", "-e",
                                 help="Comma list: torch, ort, ort-tokens, ort-noopt, ort-opt, ort-int8, ort-fp16, "
-                                     "ort-bf16, cuda, cuda-fp16, trt, trt-fp16 (hf-eager and "
-                                     "sentence-transformers always run)."),
+                                     "ort-bf16, ov, ov-bf16, ov-int8, cuda, cuda-fp16, trt, trt-fp16 (hf-eager "
+                                     "always runs)."),
+    peers: str = typer.Option("all", "--peers", help="sentence-transformers rows: all, none, or a comma list of "
+                                                     "st-torch, st-onnx, st-onnx-O3, st-onnx-qint8, st-openvino."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus file (.txt, .jsonl, .csv, ...)."),
+    sts_texts: bool = typer.Option(False, "--sts-texts", help="The corpus is every sentence of the --sts file, "
+                                                               "both sides of each pair (2,758 for sts-test)."),
     synthetic: Optional[int] = typer.Option(None, "--synthetic", help="Use N seeded synthetic texts instead."),
     profile: str = typer.Option("mixed", help="Synthetic length profile: mixed, short, long."),
     seed: int = typer.Option(0, help="Synthetic corpus seed."),
+    rounds: int = typer.Option(2, help="Rounds; each starts a fresh process per row, odd rounds in reverse."),
+    passes: int = typer.Option(3, help="Warm passes per process (best and median are reported)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch for layerscope engines "
                                                           "(default: each engine's own, 2048 on CPU)."),
     max_batch: int = typer.Option(256, help="Most texts per batch for layerscope engines."),
     pooling: str = typer.Option("mean", help="Pooling applied to every layer."),
-    layers: str = typer.Option("all-hidden", help="all-hidden (0..L), all (with raw), or e.g. 0,3,-1."),
+    layers: str = typer.Option("all-hidden", help="all-hidden (0..L), or e.g. 0,3,-1."),
     sts: Optional[str] = typer.Option(None, "--sts", help="STS Benchmark file: Spearman per layer per engine."),
     threads: Optional[int] = typer.Option(None, help="Threads for every engine (default: each engine's own)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results dir (default benchmarks/results/<time>)."),
-    no_st: bool = typer.Option(False, "--no-sentence-transformers", help="Skip the sentence-transformers baseline."),
+    in_process: bool = typer.Option(False, "--in-process", help="The older one-process bench (engines share "
+                                                                "thread pools; kept for comparison)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Skip the PNG bar plot."),
 ):
-    """Every engine over the same texts: texts/s, latency, memory, speed-ups and per-layer accuracy."""
+    """Every engine and peer over the same texts, each in its own process: speed, accuracy, peak, time split."""
     import shlex
     import time as _time
 
     from layerscope.bench.report import markdown_table, write_results
-    from layerscope.bench.runner import BenchConfig, parse_engines, run_bench
+    from layerscope.bench.runner import parse_engines
     from layerscope.errors import InputError
     from layerscope.limits import check_limits
     from layerscope.ownership import check_output_path
@@ -449,28 +460,47 @@ def bench(
     check_limits(batch_tokens=batch_tokens, max_batch=max_batch, threads=threads)
     if out is not None:
         check_output_path(out)
-    if (corpus is None) == (synthetic is None):
-        raise InputError("give exactly one of --corpus FILE or --synthetic N")
+    if (corpus is not None) + (synthetic is not None) + sts_texts != 1:
+        raise InputError("give exactly one of --corpus FILE, --synthetic N or --sts-texts (with --sts FILE)")
     names = parse_engines(engines)
     if synthetic is not None:
         from layerscope.bench.corpus import synthetic_texts
 
         texts = synthetic_texts(synthetic, seed=seed, profile=profile)
         corpus_name = f"synthetic-{profile} (seed {seed})"
+    elif sts_texts:
+        from layerscope.bench.runner import read_sts
+
+        if not sts:
+            raise InputError("--sts-texts reads the sentences of --sts FILE: give --sts too")
+        s1, s2, _ = read_sts(sts)
+        texts = [t for pair in zip(s1, s2) for t in pair]
+        corpus_name = f"{Path(sts).name} sentences (both sides of each pair)"
     else:
         from layerscope.runtime.corpus import iter_corpus
 
         texts = [r.text for r in iter_corpus(corpus)]
         corpus_name = Path(corpus).name
     c = console()
-    cfg = BenchConfig(model=model, engines=names, texts=texts, corpus=corpus_name, layers=layers, pooling=pooling,
-                      batch_tokens=batch_tokens, max_batch=max_batch, sts=sts, include_st=not no_st,
-                      threads=threads, progress=lambda msg: c.print(f"[dim]- {msg}[/dim]"))
-    result = run_bench(cfg)
+    say = lambda msg: c.print(f"[dim]- {msg}[/dim]")  # noqa: E731
+    if in_process:
+        from layerscope.bench.runner import BenchConfig, run_bench
+
+        result = run_bench(BenchConfig(model=model, engines=names, texts=texts, corpus=corpus_name, layers=layers,
+                                       pooling=pooling, batch_tokens=batch_tokens, max_batch=max_batch, sts=sts,
+                                       include_st=peers != "none", threads=threads, progress=say))
+    else:
+        from layerscope.bench.isolated import IsolatedConfig, parse_peers, run_isolated
+
+        result = run_isolated(IsolatedConfig(model=model, engines=names, texts=texts, corpus=corpus_name,
+                                             peers=parse_peers(peers), layers=layers, pooling=pooling,
+                                             rounds=rounds, passes=passes, batch_tokens=batch_tokens,
+                                             max_batch=max_batch, sts=sts, threads=threads, progress=say))
     result["command"] = "inspect " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S")
     paths = write_results(result, out, plot=not no_plot)
-    c.print(markdown_table(result))
+    c.print(paths["markdown"].read_text(encoding="utf-8") if not in_process else markdown_table(result),
+            soft_wrap=True)
     c.print(f"saved {', '.join(str(p) for p in paths.values())}")
 
 

@@ -60,7 +60,7 @@ def _versions() -> dict[str, str]:
 
     out = {"layerscope": layerscope.__version__}
     for name in ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-gpu", "optimum-onnx",
-                 "sentence-transformers", "tokenizers", "numpy"):
+                 "sentence-transformers", "tokenizers", "numpy", "openvino", "optimum", "optimum-intel"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:

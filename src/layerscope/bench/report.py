@@ -70,7 +70,12 @@ def write_results(bench: dict[str, Any], out_dir: str | Path, *, plot: bool = Tr
     paths["json"].write_text(json.dumps(bench, indent=2) + "\n", encoding="utf-8")
     command = bench.get("command")
     md = f"# layerscope bench\n\n{'Command: `' + command + '`' + chr(10) + chr(10) if command else ''}"
-    paths["markdown"].write_text(md + markdown_table(bench), encoding="utf-8")
+    if bench.get("kind") == "layerscope-bench-isolated":
+        from layerscope.bench.isolated_report import isolated_table
+
+        paths["markdown"].write_text(md + isolated_table(bench), encoding="utf-8")
+    else:
+        paths["markdown"].write_text(md + markdown_table(bench), encoding="utf-8")
     if plot:
         paths["plot"] = out / "bench.png"
         bar_plot(bench, paths["plot"])
@@ -90,7 +95,7 @@ def bar_plot(bench: dict[str, Any], path: Path) -> None:
     colors = ["#999999" if r["kind"] == "baseline" else "#3b6ea5" for r in rows]
     bars = ax.bar(names, speeds, color=colors)
     for bar, r in zip(bars, rows):
-        x = r.get("speedup_vs_hf_eager")
+        x = r.get("speedup_vs_hf_eager", r.get("x_hf_eager"))
         ax.annotate(f"{r['texts_per_s']:,.0f}" + (f"\n{x:.1f}x" if x else ""),
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("texts / s")

@@ -15,7 +15,7 @@ import numpy as np
 
 from layerscope.errors import EngineUnavailableError, InputError
 
-ENGINE_NAMES = ("torch", "ort", "cuda", "trt", "auto")
+ENGINE_NAMES = ("torch", "ort", "ov", "cuda", "trt", "auto")
 
 
 # ---------------------------------------------------------------- layer names
@@ -225,6 +225,7 @@ def register(name: str):
 def _ensure_registered() -> None:
     # Importing the modules fills the registry; they import torch/onnxruntime lazily themselves.
     from layerscope.engines import ort as _ort  # noqa: F401
+    from layerscope.engines import ov as _ov  # noqa: F401
     from layerscope.engines import torch as _torch  # noqa: F401
 
 
@@ -245,22 +246,14 @@ def create_engine(name: str, model: str | Any, **options) -> Engine:
     check_engine_name(name)
     _ensure_registered()
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
+    if name != "auto" and options.pop("min_cosine", None) is not None:
+        raise InputError("--min-cosine chooses among engines: use it with --engine auto")
     if name == "auto":
         return _auto(handle, **options)
     return _REGISTRY[name](handle, **options)
 
 
 def _auto(handle, **options) -> Engine:
-    tried = []
-    order = ["trt", "cuda", "ort"] if handle.is_export or handle.can_export else []
-    for name in order:
-        try:
-            engine = _REGISTRY[name](handle, **options)
-        except EngineUnavailableError as exc:
-            tried.append(f"{name}: {exc}")
-            continue
-        engine.info.notes.append(f"auto picked {name}" + (f" after {'; '.join(tried)}" if tried else ""))
-        return engine
-    engine = _REGISTRY["torch"](handle, **options)
-    engine.info.notes.append("auto picked torch" + (f" after {'; '.join(tried)}" if tried else ""))
-    return engine
+    from layerscope.engines.auto import pick_engine
+
+    return pick_engine(handle, _REGISTRY, **options)

@@ -35,7 +35,42 @@ def probe_all(model: str | None = None) -> list[EngineStatus]:
     statuses = _torch_status()
     for name, (works, detail) in probe_providers(export_dir).items():
         statuses.append(EngineStatus(name, works, detail))
-    order = ["trt", "cuda", "ort"]
-    picked = next((s.name for n in order for s in statuses if s.name == n and s.works), "torch")
-    statuses.append(EngineStatus("auto", True, f"picks {picked} here"))
+    statuses.append(_ov_status())
+    statuses.append(EngineStatus("auto", True, _auto_detail(statuses, export_dir)))
     return statuses
+
+
+def _ov_status() -> EngineStatus:
+    from layerscope.errors import EngineUnavailableError
+
+    try:
+        from layerscope.engines.ov import cpu_capabilities, ov_module
+
+        version = ov_module().__version__.split("-")[0]
+        caps = cpu_capabilities()
+    except EngineUnavailableError as exc:
+        return EngineStatus("ov", False, str(exc))
+    bf16 = "bf16 too" if "BF16" in caps else "no bf16 on this CPU"
+    return EngineStatus("ov", True, f"OpenVINO {version} on CPU ({', '.join(caps)}; {bf16})")
+
+
+def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
+    from layerscope.engines.auto import CPU_RANK, DEFAULT_MIN_COSINE, GPU_ORDER, recorded_min_cosine
+
+    works = {s.name: s.works for s in statuses}
+    gpu = next((n for n in GPU_ORDER if works.get(n)), None)
+    if gpu:
+        return f"picks {gpu} here"
+    if export_dir is None:
+        return ("picks ort here for a fresh export; the fastest CPU engine whose recorded cosine to fp32 meets "
+                f"--min-cosine ({DEFAULT_MIN_COSINE:g}) once variants are recorded (give --model to see which)")
+    from layerscope.export.manifest import read_manifest
+
+    manifest = read_manifest(export_dir)
+    ov_bf16 = "no bf16" not in next((s.detail for s in statuses if s.name == "ov"), "no bf16")
+    for name, variant, key in CPU_RANK:
+        cos = recorded_min_cosine(manifest, key)
+        if not works.get(name) or cos is None or cos < DEFAULT_MIN_COSINE or (variant == "bf16" and not ov_bf16):
+            continue
+        return f"picks {name}{' ' + variant if variant else ''} here (recorded min cosine {cos:.6f})"
+    return "picks torch here"

@@ -40,9 +40,12 @@ def _max_abs_and_min_cos(ref: np.ndarray, got: np.ndarray, valid: np.ndarray | N
 
 
 def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: list[str],
-                    pooled_modes: list[str], pooled_layers: list[str], *,
+                    pooled_modes: list[str], pooled_layers: list[str], *, session=None,
                     trust_remote_code: bool = False) -> dict[str, Any]:
-    """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output."""
+    """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output.
+
+    ``session``: another runtime with ONNX Runtime's ``get_inputs/get_outputs/run`` (OpenVINO's).
+    """
     from layerscope.engines.base import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
@@ -51,7 +54,7 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
 
     export_dir = str(onnx_path.parent)  # the tokenizer as saved into the export, loaded the way engines load it
     tok = load_tokenizer(ModelSource(export_dir, export_dir, True), trust_remote_code=trust_remote_code)
-    session = make_session(onnx_path, "CPUExecutionProvider")
+    session = session or make_session(onnx_path, "CPUExecutionProvider")
     output_names = [o.name for o in session.get_outputs()]
     encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], 128))
     word_emb = get_submodule(net, family.word_embeddings)

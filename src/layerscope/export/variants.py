@@ -36,6 +36,7 @@ from layerscope.errors import ExportError, InputError
 from layerscope.export.manifest import MANIFEST, ONNX_FILE, file_sha256, read_manifest
 
 VARIANT_KINDS = ("opt", "int8", "fp16", "bf16")
+OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
 
 # Held per output against fp32 PyTorch.  max_abs None means "recorded, not a limit":
 # reduced precision is judged by direction (cosine), since hidden-state magnitudes differ by layer.
@@ -71,12 +72,14 @@ def check_kind(kind: str) -> str:
             "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add "
             "kernels (a bf16 graph fails with NOT_IMPLEMENTED), although this CPU has avx512_bf16; use int8 on "
             "CPU, fp16 on GPU")
+    if kind in OV_KINDS:
+        return kind
     if kind not in VARIANT_KINDS:
         from difflib import get_close_matches
 
         hint = get_close_matches(kind, VARIANT_KINDS, n=1)
         extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown variant '{kind}'{extra}; choose from {', '.join(k for k in VARIANT_KINDS if k != 'bf16')}")
+        raise InputError(f"unknown variant '{kind}'{extra}; choose from {', '.join([k for k in VARIANT_KINDS if k != 'bf16'] + list(OV_KINDS))}")
     return kind
 
 
@@ -218,6 +221,10 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     from layerscope.export.manifest import verify_export
 
     check_kind(kind)
+    if kind in OV_KINDS:
+        from layerscope.export.ov_variant import make_ov_variant
+
+        return make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
     say = progress or (lambda msg: None)
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
@@ -284,7 +291,7 @@ def _check_outputs(src: Path, dst: Path) -> None:
                           "must keep every hidden-state and pooled output")
 
 
-def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path) -> dict[str, Any]:
+def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path, *, session=None) -> dict[str, Any]:
     """The export's own parity check (same texts, same batches) run on a variant file."""
     from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
     from layerscope.models import FAMILIES, ModelSource, load_torch_model
@@ -294,7 +301,7 @@ def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path) 
     family = FAMILIES[manifest["family"]]
     net = load_torch_model(source, family)
     return compare_outputs(net, family, onnx_path, manifest, VALIDATION_TEXTS, manifest.get("pooled_modes", []),
-                           manifest.get("pooled_layers", []))
+                           manifest.get("pooled_layers", []), session=session)
 
 
 def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -> str | None:
@@ -322,6 +329,8 @@ def variant_onnx_file(manifest: dict[str, Any], kind: str | None) -> str | None:
     if kind in (None, "", "fp32"):
         return None
     check_kind(kind)
+    if kind in OV_KINDS:
+        raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
     entry = manifest.get("variants", {}).get(kind)
     if not entry:
         raise InputError(f"this export has no '{kind}' variant yet; make it with: inspect optimize EXPORT_DIR "

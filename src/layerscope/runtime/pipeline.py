@@ -375,6 +375,8 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         store = LayerStore.open(out, allow_incomplete=True)
         store.mode = "r+"
         for key in _MATCH_KEYS:
+            if key == "variant" and eng is None and engine == "auto":
+                continue  # what auto picks is known once it has picked (checked below)
             if store.settings.get(key) != settings.get(key):
                 raise StoreError(f"{out} was made with {key}={store.settings.get(key)!r}, this run asks for "
                                  f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
@@ -391,6 +393,13 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         # of at most max_len tokens (other engines ignore these).
         options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
         eng = create_engine(engine, handle, **options)
+        if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
+            picked = getattr(eng, "variant", None)
+            settings["variant"] = picked if picked not in ("", "fp32") else None
+            if store is not None and store.settings.get("variant") != settings["variant"]:
+                raise StoreError(f"{out} was made with variant={store.settings.get('variant')!r}, --engine auto "
+                                 f"picked {settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
+                                 "; pass the same --min-cosine, or use another --out")
     batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
     settings["batch_tokens"] = batch_tokens
     encoder = eng.encoder(max_len, settings["prompt"] or "")

@@ -1,0 +1,312 @@
+"""``inspect bench``: every row in its own process, rounds alternating the order, best and median.
+
+Rows: the plain Hugging Face loop (``hf-eager``, also the fp32 reference every
+accuracy is measured against), the layerscope engines asked for, and the
+sentence-transformers backends a user would pick instead (final layer only,
+where installed).  Each round starts one fresh process per row
+(``layerscope.bench.worker``); odd rounds run the rows in reverse order so
+that no row always runs right after the same neighbour.  Each process does
+``passes`` warm passes; a row reports its best and median pass over all rounds,
+whether the rounds' bests agree within 10%, its accuracy class (min cosine to
+fp32 over the layers it produced), the fraction of this CPU's fp32 peak it
+reached, and the split of one sequential pass into tokenize / engine /
+pool-copy / write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, read_sts, sts_spearman
+from layerscope.errors import InputError
+
+ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other
+
+
+@dataclass
+class IsolatedConfig:
+    model: str
+    engines: list[str]
+    texts: list[str]
+    corpus: str
+    peers: list[str] = field(default_factory=list)
+    layers: str = "all-hidden"
+    pooling: str = "mean"
+    rounds: int = 2
+    passes: int = 3
+    batch_tokens: int | None = None
+    max_batch: int = 256
+    hf_batch_size: int = 64
+    st_batch_size: int = 32
+    max_length: int | None = None
+    threads: int | None = None
+    sts: str | None = None
+    accuracy_rows: int = 4096
+    timeout_s: float = 3600.0
+    progress: Callable[[str], None] | None = None
+
+
+def parse_peers(spec: str) -> list[str]:
+    from layerscope.bench.peers import PEERS
+
+    if spec.strip() in ("", "none"):
+        return []
+    if spec.strip() == "all":
+        return list(PEERS)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    for name in names:
+        if name not in PEERS:
+            from difflib import get_close_matches
+
+            hint = get_close_matches(name, PEERS, n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise InputError(f"unknown peer '{name}'{extra}; choose from all, none, {', '.join(PEERS)}")
+    return list(dict.fromkeys(names))
+
+
+def accuracy_class(min_cos: float | None) -> str:
+    if min_cos is None:
+        return "-"
+    for bar in (0.9999, 0.999, 0.99):
+        if min_cos >= bar:
+            return f">= {bar:g}"
+    return "< 0.99"
+
+
+def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]]:
+    from layerscope.bench.peers import PEERS, missing
+
+    common = {"export_dir": str(handle.export_dir), "layers": layers, "pooling": cfg.pooling,
+              "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch, "max_length": cfg.max_length,
+              "threads": cfg.threads, "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
+              "passes": cfg.passes}
+    rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline",
+                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
+    for name in cfg.engines:
+        spec = BENCH_ENGINES[name]
+        rows.append(dict(common, name=name, kind="engine", row_kind="engine", engine=spec.engine,
+                         variant=spec.variant, options=dict(spec.options), note=spec.note))
+    for peer in cfg.peers:
+        rows.append(dict(common, name=peer, kind="st", row_kind="peer", backend=PEERS[peer]["backend"],
+                         precision=PEERS[peer]["precision"], skip=missing(peer),
+                         note=f"SentenceTransformer.encode ({PEERS[peer]['backend']}), batch {cfg.st_batch_size}, "
+                              "final layer only"))
+    return rows
+
+
+def _prepare_peers(cfg: IsolatedConfig, handle, rows: list[dict[str, Any]], say) -> None:
+    from layerscope.bench.machine import describe_machine
+    from layerscope.bench.peers import PEER_DIR, PEERS, quant_config, quantized_file
+
+    st_rows = [r for r in rows if r["kind"] == "st" and not r["skip"]]
+    if not st_rows:
+        return
+    source = handle.source()
+    model_dir = Path(source.path_or_id)
+    if not (source.is_local and (model_dir / "modules.json").exists()):
+        for r in st_rows:
+            r["skip"] = f"{source.spec} is not a local sentence-transformers model (no modules.json)"
+        return
+    peer_dir = Path(handle.export_dir) / PEER_DIR
+    if any(PEERS[r["name"]]["backend"] == "onnx" for r in st_rows):
+        flags = set(describe_machine()["cpu_flags"])
+        say(f"sentence-transformers ONNX files (plain, O3, int8 {quant_config(flags)}) in {peer_dir}")
+        proc = subprocess.run([sys.executable, "-m", "layerscope.bench.peers", str(model_dir), str(peer_dir),
+                               quant_config(flags)], capture_output=True, text=True, timeout=cfg.timeout_s)
+        if proc.returncode != 0:
+            why = (proc.stderr.strip().splitlines() or ["no message"])[-1][:200]
+            for r in st_rows:
+                if PEERS[r["name"]]["backend"] == "onnx":
+                    r["skip"] = f"its ONNX files could not be made: {why}"
+    for r in st_rows:
+        r["model_dir"] = str(peer_dir if PEERS[r["name"]]["backend"] == "onnx" else model_dir)
+        file = PEERS[r["name"]]["file"]
+        if file == "quantized":
+            file = quantized_file(peer_dir)
+            r["precision"] = f"int8 ({file})" if file else r["precision"]
+        r["file_name"] = file
+
+
+def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, Any]:
+    out = Path(job["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    job_file = out / "job.json"
+    job_file.write_text(json.dumps(job), encoding="utf-8")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "layerscope.bench.worker", str(job_file)],
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"engine": job["name"], "kind": job["row_kind"], "available": False,
+                "reason": f"its process ran past {timeout_s:.0f} s"}
+    result_file = out / "result.json"
+    if proc.returncode != 0 or not result_file.exists():
+        tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1][:200]
+        return {"engine": job["name"], "kind": job["row_kind"], "available": False,
+                "reason": f"its process failed: {tail}"}
+    return json.loads(result_file.read_text(encoding="utf-8"))
+
+
+def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
+    from layerscope.bench.machine import describe_machine
+    from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
+    from layerscope.engines.base import resolve_layers
+    from layerscope.export.manifest import ModelHandle
+
+    say = cfg.progress or (lambda msg: None)
+    if not cfg.texts:
+        raise InputError("the bench corpus has no texts")
+    if cfg.rounds < 1 or cfg.passes < 1:
+        raise InputError("--rounds and --passes must be at least 1")
+    handle = ModelHandle.resolve(cfg.model).ensure_export()
+    manifest = handle.manifest
+    num_layers = int(manifest["num_layers"])
+    layers = ([str(i) for i in range(num_layers + 1)] if cfg.layers == "all-hidden"
+              else resolve_layers(cfg.layers, num_layers, with_raw=False))
+    n_acc = min(len(cfg.texts), cfg.accuracy_rows)
+    rows = _rows(cfg, handle, layers)
+    _prepare_peers(cfg, handle, rows, say)
+    sts = None
+    with tempfile.TemporaryDirectory(prefix="layerscope-bench-") as tmp:
+        work = Path(tmp)
+        texts_file = work / "texts.json"
+        texts_file.write_text(json.dumps(cfg.texts), encoding="utf-8")
+        if cfg.sts:
+            s1, s2, gold = read_sts(cfg.sts)
+            uniq = sorted(set(s1) | set(s2))
+            pos = {s: i for i, s in enumerate(uniq)}
+            sts = (np.array([pos[s] for s in s1]), np.array([pos[s] for s in s2]), gold)
+            (work / "sts.json").write_text(json.dumps(uniq), encoding="utf-8")
+        per_row: dict[str, list[dict[str, Any]]] = {r["name"]: [] for r in rows}
+        loads = []
+        for rnd in range(cfg.rounds):
+            order = rows if rnd % 2 == 0 else rows[::-1]
+            for row in order:
+                if row.get("skip"):
+                    continue
+                say(f"round {rnd + 1}/{cfg.rounds}: {row['name']} in its own process")
+                loads.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+                out_dir = work / f"r{rnd}-{row['name']}"
+                job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_file), n_acc=n_acc,
+                           sts_file=str(work / "sts.json") if sts and rnd == 0 else None)
+                res = _run_worker(job, work, cfg.timeout_s)
+                if res.get("available") and rnd == 0:
+                    res["_vectors"] = np.load(out_dir / "vectors.npy")
+                    if sts and (out_dir / "sts.npy").exists():
+                        res["_sts"] = np.load(out_dir / "sts.npy")
+                per_row[row["name"]].append(res)
+    lengths = _token_lengths(handle, cfg)
+    shapes = model_shapes(handle.export_dir)
+    peak = machine_peak()
+    flops = corpus_flops(shapes, lengths) if shapes else None
+    results = [_summarize(row, per_row[row["name"]], layers) for row in rows]
+    ref = next((r for r in results if r["engine"] == HF_EAGER and r.get("available")), None)
+    for r in results:
+        _finish(r, ref, layers, sts, flops, peak)
+    if ref is not None:
+        ref.pop("_ref", None)
+    _ratios(results)
+    return {
+        "kind": "layerscope-bench-isolated",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {"spec": cfg.model, "export_dir": str(handle.export_dir), "family": manifest["family"],
+                  "num_layers": num_layers, "hidden_size": int(manifest["hidden_size"]), "shapes": shapes,
+                  "source": manifest["source"].get("alias") or manifest["source"].get("path_or_id")},
+        "corpus": {"name": cfg.corpus, "texts": len(cfg.texts), "tokens_unpadded": int(lengths.sum()),
+                   "flops": flops},
+        "settings": {"layers": layers, "pooling": cfg.pooling, "rounds": cfg.rounds, "passes": cfg.passes,
+                     "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch,
+                     "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
+                     "threads": cfg.threads, "accuracy_rows": n_acc, "sts": cfg.sts,
+                     "reference": f"{HF_EAGER} (fp32 torch)", "isolation": "one process per row per round"},
+        "machine": dict(describe_machine(), peak=peak,
+                        load_avg_1m_at_starts=[round(v, 2) for v in loads if v is not None]),
+        "results": results,
+    }
+
+
+def _token_lengths(handle, cfg: IsolatedConfig) -> np.ndarray:
+    from layerscope.engines.base import Encoder
+
+    max_length = int(cfg.max_length or handle.manifest["max_length"])
+    enc = Encoder(handle.encoding_tokenizer(), handle.manifest["inputs"], max_length)
+    return np.minimum(enc.token_lengths(cfg.texts), max_length)
+
+
+def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str]) -> dict[str, Any]:
+    base = {"engine": row["name"], "kind": row["row_kind"], "note": row.get("note", "")}
+    if row.get("skip"):
+        return dict(base, available=False, reason=row["skip"])
+    ok = [r for r in runs if r.get("available")]
+    if not ok:
+        reason = next((r.get("reason") for r in runs if r.get("reason")), "no result")
+        return dict(base, available=False, reason=reason)
+    first = ok[0]
+    seconds = [s for r in ok for s in r["pass_seconds"]]
+    round_best = [min(r["pass_seconds"]) for r in ok]
+    n = first["texts"]
+    fastest = min(ok, key=lambda r: min(r["pass_seconds"]))
+    return dict(
+        base, available=True, texts=n, provider=first.get("provider"), precision=first.get("precision"),
+        engine_notes=first.get("notes", []), layers=first.get("layers"), pids=[r.get("pid") for r in ok],
+        started=[r.get("started") for r in ok],
+        rounds=len(ok), passes=len(seconds), best_s=min(seconds), median_s=float(np.median(seconds)),
+        texts_per_s=n / min(seconds), median_texts_per_s=n / float(np.median(seconds)),
+        round_best_texts_per_s=[n / s for s in round_best],
+        rounds_agree=bool(max(round_best) <= min(round_best) * (1 + ROUND_AGREEMENT)),
+        texts_per_cpu_s=n / min(c for r in ok for c in r["pass_cpu_s"]),
+        setup_s=first.get("setup_s"), peak_rss_mib=max(r["peak_rss_mib"] for r in ok),
+        load_avg_1m=[r.get("load_avg_1m") for r in ok], split=fastest.get("split"),
+        _vectors=first.get("_vectors"), _sts=first.get("_sts"))
+
+
+def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak) -> None:
+    vectors, sts_vec = r.pop("_vectors", None), r.pop("_sts", None)
+    if not r.get("available"):
+        return
+    produced = r["layers"]
+    idx = [layers.index(x) for x in produced]
+    if ref is not None and ref.get("_ref") is not None:
+        acc = _accuracy(ref["_ref"][idx], vectors, produced)
+        if produced != layers:  # final-layer-only peers normalize: only the direction compares
+            for a in acc.values():
+                a["max_abs"] = None
+        r["accuracy"] = acc
+    elif r["engine"] == HF_EAGER:
+        r["_ref"] = vectors
+        r["accuracy"] = _accuracy(vectors, vectors, produced)
+    worst = min((a["min_cos"] for a in (r.get("accuracy") or {}).values()), default=None)
+    r["min_cos"] = worst
+    r["accuracy_class"] = accuracy_class(worst)
+    if sts is not None and sts_vec is not None:
+        r["sts_spearman"] = {layer: sts_spearman(sts_vec[i], *sts) for i, layer in enumerate(produced)}
+        if ref is not None and ref.get("sts_spearman"):
+            r["sts_spearman_delta"] = {k: v - ref["sts_spearman"][k] for k, v in r["sts_spearman"].items()}
+    if flops and peak:
+        r["gflops_per_s"] = flops / r["best_s"] / 1e9
+        r["peak_fraction"] = r["gflops_per_s"] / peak["gflops"]
+
+
+def _ratios(results: list[dict[str, Any]]) -> None:
+    """Speed against the fastest peer at least as accurate (its min cosine >= this row's class bar)."""
+    peers = [r for r in results if r["kind"] == "peer" and r.get("available") and r.get("min_cos") is not None]
+    base = next((r for r in results if r["engine"] == HF_EAGER and r.get("available")), None)
+    for r in results:
+        if not r.get("available"):
+            continue
+        r["x_hf_eager"] = r["texts_per_s"] / base["texts_per_s"] if base else None
+        bar = next((b for b in (0.9999, 0.999, 0.99) if (r.get("min_cos") or 0) >= b), 0.0)
+        fair = [p for p in peers if p["min_cos"] >= bar and p is not r]
+        best = max(fair, key=lambda p: p["texts_per_s"], default=None)
+        r["best_peer_as_accurate"] = best["engine"] if best else None
+        r["x_best_peer_as_accurate"] = r["texts_per_s"] / best["texts_per_s"] if best else None

@@ -1,0 +1,73 @@
+"""The table of a process-isolated bench (``bench.md``): speed, accuracy class, peak fraction, time split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(value, fmt: str, none: str = "-") -> str:
+    return none if value is None else format(value, fmt)
+
+
+def _split(split: dict[str, Any] | None) -> str:
+    if not split:
+        return "-"
+    keys = ("tokenize_s", "engine_s", "pool_copy_s", "write_s")
+    return " / ".join(_f(split.get(k), ".2f") for k in keys)
+
+
+def isolated_table(bench: dict[str, Any]) -> str:
+    s, m = bench["settings"], bench["machine"]
+    peak = m.get("peak")
+    final = s["layers"][-1]
+    loads = m.get("load_avg_1m_at_starts") or []
+    lines = [
+        f"Model `{bench['model']['source']}` ({bench['model']['family']}, {bench['model']['num_layers']} layers, "
+        f"shapes {bench['model'].get('shapes')}), corpus {bench['corpus']['name']} ({bench['corpus']['texts']:,} "
+        f"texts, {bench['corpus']['tokens_unpadded']:,} tokens), layers {s['layers'][0]}..{final} "
+        f"{s['pooling']}-pooled; {m['cpu_model']}, {m['usable_cores']} cores; each row in its own process, "
+        f"{s['rounds']} rounds (alternating order) x {s['passes']} warm passes.",
+        "",
+        f"Compute peak: {peak['text'] if peak else 'unknown (no /proc/cpuinfo)'}; "
+        f"useful work {_f(bench['corpus'].get('flops') and bench['corpus']['flops'] / 1e9, ',.1f')} GFLOP per pass "
+        "(matmuls and attention of every layer, no padding).",
+        f"Load average (1 min) at each process start: {', '.join(f'{v:.1f}' for v in loads) or '-'}.",
+        "",
+        "| row | layers | texts/s best | texts/s median | rounds agree (bests) | x best peer as accurate | "
+        "x hf-eager | accuracy class (min cos, layer) | % of peak | split s: tokenize / engine / pool-copy / write "
+        "| STS final | STS worst drop (layer) | peak RSS MiB |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|---|---:|---:|---:|",
+    ]
+    for r in bench["results"]:
+        if not r.get("available"):
+            continue
+        acc = r.get("accuracy") or {}
+        worst_layer = min(acc, key=lambda k: acc[k]["min_cos"]) if acc else None
+        layers = r.get("layers") or []
+        layer_text = "all" if layers == s["layers"] else ",".join(layers)
+        bests = "/".join(f"{v:,.0f}" for v in r.get("round_best_texts_per_s") or [])
+        sts = r.get("sts_spearman") or {}
+        delta = r.get("sts_spearman_delta") or {}
+        drop = min(delta.items(), key=lambda kv: kv[1]) if delta else None
+        peer = r.get("best_peer_as_accurate")
+        lines.append(
+            f"| {r['engine']} | {layer_text} | {r['texts_per_s']:,.0f} | {r['median_texts_per_s']:,.0f} | "
+            f"{'yes' if r['rounds_agree'] else 'no'} ({bests}) | "
+            f"{_f(r.get('x_best_peer_as_accurate'), '.2f')}{f' ({peer})' if peer else ''} | "
+            f"{_f(r.get('x_hf_eager'), '.2f')} | {r.get('accuracy_class', '-')} "
+            f"({_f(r.get('min_cos'), '.6f')}{f', {worst_layer}' if worst_layer else ''}) | "
+            f"{_f(r.get('peak_fraction') and 100 * r['peak_fraction'], '.1f')} | {_split(r.get('split'))} | "
+            f"{_f(sts.get(final), '.2f')} | "
+            + (f"{drop[1]:+.2f} ({drop[0]})" if drop else "-")
+            + f" | {r['peak_rss_mib']:,.0f} |")
+    missing = [r for r in bench["results"] if not r.get("available")]
+    if missing:
+        lines += ["", "Not run here:", ""]
+        lines += [f"- `{r['engine']}`: {r['reason']}" for r in missing]
+    lines += ["", "Accuracy: min cosine to the fp32 torch loop (hf-eager) over the first "
+              f"{s['accuracy_rows']:,} texts and every layer the row produced (peers: the final layer). "
+              "'x best peer as accurate': against the fastest sentence-transformers row whose min cosine "
+              "reaches this row's class. Split: layerscope rows, one extra sequential pass (no tokenizer thread) "
+              "writing a LayerStore; hf-eager, inside its last timed pass; peers, a tokenize-only pass, the rest "
+              "of the best pass counted as engine (with their pooling); hf-eager and peers write nothing."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,179 @@
+"""OpenVINO Runtime engine ``ov``: the same ONNX export, compiled for the CPU by OpenVINO.
+
+Precisions (``variant``):
+
+- ``fp32`` (default): the fp32 export, fp32 inference precision.
+- ``bf16``: the fp32 export with OpenVINO's bf16 inference precision; only where
+  OpenVINO itself reports BF16 among the CPU's optimization capabilities
+  (AVX-512 BF16 or AMX).  On a CPU without it OpenVINO would quietly run fp32,
+  so asking for it here is one clear error instead.
+- ``int8``: OpenVINO reading the export's ``int8`` variant (the ONNX Runtime
+  dynamic-quantized graph: DynamicQuantizeLinear + MatMulInteger).
+
+Each is recorded in the manifest (``inspect optimize --variant ov-fp32,ov-bf16,ov-int8``)
+with per-output parity against PyTorch fp32, like the ONNX Runtime variants.
+The in-graph pooled outputs and every hidden state come from the same graph,
+so ``run``/``run_tokens`` are the ONNX Runtime engine's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.engines.base import Batch, Engine, register
+from layerscope.engines.ort import OrtEngine, physical_cores
+from layerscope.errors import EngineUnavailableError, InputError
+
+OV_PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def ov_module():
+    try:
+        import openvino
+    except ImportError as exc:
+        raise EngineUnavailableError("openvino is not installed: pip install 'layerscope[openvino]'") from exc
+    return openvino
+
+
+_CORE = None
+
+
+def ov_core():
+    global _CORE
+    if _CORE is None:
+        _CORE = ov_module().Core()
+    return _CORE
+
+
+def cpu_capabilities() -> list[str]:
+    """What OpenVINO says the CPU can compute in (``FP32``, ``BF16``, ``INT8``, ``FP16`` ...)."""
+    return [str(c) for c in ov_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if this CPU runs it in OpenVINO, else EngineUnavailableError saying why."""
+    if precision not in OV_PRECISIONS:
+        raise InputError(f"unknown ov precision '{precision}'; choose from {', '.join(OV_PRECISIONS)}")
+    caps = cpu_capabilities()
+    if precision == "bf16" and "BF16" not in caps:
+        raise EngineUnavailableError(
+            f"this CPU has no bf16 compute (OpenVINO reports {', '.join(caps)}; bf16 needs AVX-512 BF16 or AMX): "
+            "use ov fp32 or int8")
+    return precision
+
+
+class _Port:
+    def __init__(self, name: str, type_: str = ""):
+        self.name = name
+        self.type = type_
+
+
+class OvSession:
+    """A compiled OpenVINO model behind the few calls layerscope makes on an ONNX Runtime session."""
+
+    def __init__(self, model_path: Path, precision: str = "fp32", threads: int | None = None):
+        ov = ov_module()
+        check_precision(precision)
+        core = ov_core()
+        config: dict[str, Any] = {
+            "PERFORMANCE_HINT": "LATENCY",  # one stream: batches come one at a time
+            "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+        }
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = int(threads)
+        graph_outputs = _onnx_output_names(model_path)
+        try:
+            model = core.read_model(str(model_path))
+            self.compiled = core.compile_model(model, "CPU", config)
+        except Exception as exc:  # OpenVINO raises its own untyped errors
+            raise EngineUnavailableError(
+                f"OpenVINO could not compile {Path(model_path).name}: {str(exc).strip().splitlines()[0][:200]}"
+            ) from exc
+        self.request = self.compiled.create_infer_request()
+        self._inputs = [_Port(p.any_name, "tensor(int64)") for p in self.compiled.inputs]
+        self._outputs = [_Port(_graph_name(p, graph_outputs)) for p in self.compiled.outputs]
+        self._index = {p.name: i for i, p in enumerate(self._outputs)}
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        self.precision = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+        self.version = ov.__version__
+
+    def get_inputs(self):
+        return self._inputs
+
+    def get_outputs(self):
+        return self._outputs
+
+    def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        results = self.request.infer(feed, share_inputs=True)
+        # infer() returns views into the request's own buffers: copy what is kept past the next call
+        return [np.array(results[self._index[n]], copy=True) for n in names]
+
+
+def _onnx_output_names(path: Path) -> list[str]:
+    import onnx
+
+    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+
+
+def _graph_name(port, graph_outputs: list[str]) -> str:
+    """The ONNX output name of a compiled port (a port carries every name its tensor had in the graph)."""
+    names = port.get_names()
+    for name in graph_outputs:
+        if name in names:
+            return name
+    return port.any_name
+
+
+def ov_variant_key(precision: str) -> str:
+    return f"ov-{precision}"
+
+
+@register("ov")
+class OvEngine(OrtEngine):
+    """OpenVINO on the CPU; ``variant`` is its precision (fp32, bf16, int8)."""
+
+    name = "ov"
+    preferred_batch_tokens = 2048
+
+    def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
+                 in_graph_pooling: bool = True, **options):
+        handle = model.ensure_export()
+        Engine.__init__(self, handle)
+        self.options = options
+        precision = variant if variant not in (None, "", "ov-fp32") else "fp32"
+        precision = precision[3:] if precision.startswith("ov-") else precision
+        if precision not in OV_PRECISIONS:
+            raise InputError(f"the ov engine runs variants {', '.join(OV_PRECISIONS)}, not '{variant}'")
+        self.variant = precision
+        path = handle.onnx_path
+        if precision == "int8":
+            from layerscope.export.variants import variant_onnx_file
+
+            path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
+            _check_sha(handle, "int8", path)
+        self.in_graph_pooling = bool(in_graph_pooling)
+        self.session = OvSession(path, precision, threads or physical_cores())
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.input_types = {i.name: i.type for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.pooled_layers = list(self.manifest.get("pooled_layers", []))
+        self.info.provider = f"openvino {self.session.version} CPU ({self.session.precision})"
+        self.info.device = "cpu"
+        self.info.precision = precision
+        recorded = self.manifest.get("variants", {}).get(ov_variant_key(precision))
+        if recorded is None:
+            self.info.notes.append(f"accuracy of ov {precision} not recorded yet (inspect optimize "
+                                   f"{handle.export_dir} --variant {ov_variant_key(precision)})")
+
+
+def _check_sha(handle, kind: str, path: Path) -> None:
+    from layerscope.errors import ManifestError
+    from layerscope.export.manifest import file_sha256
+
+    entry = handle.manifest["variants"][kind]
+    if not path.exists() or file_sha256(path) != entry["sha256"]:
+        raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
+                            f"inspect optimize {handle.export_dir} --variant {kind} --force")

@@ -1,0 +1,120 @@
+"""The process-isolated bench: one process per row per round, alternating order, and every table field computed."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def export_dir(tiny_model, tmp_path_factory):
+    from layerscope.export.exporter import export_model
+
+    out = tmp_path_factory.mktemp("iso-export") / "tiny"
+    export_model(str(tiny_model("bert")), out)
+    return out
+
+
+def test_peak_and_flops_from_shapes(tmp_path):
+    from layerscope.bench.peak import corpus_flops, flops_per_cycle, machine_peak, model_shapes
+
+    assert flops_per_cycle({"avx512f", "avx2", "fma"})[0] == 64
+    assert flops_per_cycle({"avx2", "fma", "avx"})[0] == 32
+    assert flops_per_cycle({"avx"})[0] == 16
+    assert flops_per_cycle(set())[0] == 8
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    peak = machine_peak(str(info), cores=3)
+    if peak["clock_source"] == "cpu MHz in /proc/cpuinfo":  # no cpufreq on this machine: the file's clock
+        assert peak["gflops"] == pytest.approx(3 * 2.5 * 32)
+    else:
+        assert peak["gflops"] == pytest.approx(3 * peak["ghz"] * 32, rel=1e-3)
+    assert "32 fp32 FLOPs/cycle" in peak["text"]
+    (tmp_path / "config.json").write_text('{"hidden_size": 4, "num_hidden_layers": 2, "intermediate_size": 8}')
+    shapes = model_shapes(tmp_path)
+    assert shapes == {"layers": 2, "hidden": 4, "intermediate": 8}
+    # one text of 3 tokens: per layer 2*3*(4*16 + 2*32) matmul FLOPs + 4*9*4 attention FLOPs
+    assert corpus_flops(shapes, np.array([3])) == 2 * (2 * 3 * (64 + 64) + 4 * 9 * 4)
+    assert corpus_flops(shapes, np.array([3, 3])) == 2 * corpus_flops(shapes, np.array([3]))
+
+
+def test_accuracy_class_and_peer_names():
+    from layerscope.bench.isolated import accuracy_class, parse_peers
+    from layerscope.errors import InputError
+
+    assert accuracy_class(0.99995) == ">= 0.9999"
+    assert accuracy_class(0.99989) == ">= 0.999"
+    assert accuracy_class(0.995) == ">= 0.99"
+    assert accuracy_class(0.974) == "< 0.99"
+    assert accuracy_class(None) == "-"
+    assert parse_peers("none") == []
+    assert "st-onnx-qint8" in parse_peers("all")
+    with pytest.raises(InputError, match="did you mean 'st-onnx'"):
+        parse_peers("st-onx")
+
+
+def test_each_row_runs_in_its_own_process_rounds_alternate(export_dir, tmp_path):
+    from layerscope.bench.corpus import synthetic_texts
+    from layerscope.bench.isolated import IsolatedConfig, run_isolated
+    from layerscope.bench.isolated_report import isolated_table
+    from layerscope.bench.report import write_results
+
+    engines = ["ort"]  # two rows x two rounds: four processes keep this test short
+    texts = synthetic_texts(24, seed=3)
+    cfg = IsolatedConfig(model=str(export_dir), engines=engines, texts=texts, corpus="synthetic",
+                         peers=["st-torch", "st-onnx"], rounds=2, passes=2, batch_tokens=256, hf_batch_size=8)
+    bench = run_isolated(cfg)
+    by = {r["engine"]: r for r in bench["results"]}
+    assert list(by) == ["hf-eager", *engines, "st-torch", "st-onnx"]
+    # the tiny model is not a sentence-transformers model: the peers say so instead of running
+    for peer in ("st-torch", "st-onnx"):
+        assert by[peer]["available"] is False and by[peer]["reason"]
+    rows = [by[n] for n in ["hf-eager", *engines]]
+    pids = [p for r in rows for p in r["pids"]]
+    assert len(pids) == 2 * len(rows) and len(set(pids)) == len(pids) and os.getpid() not in pids
+    # round 1 in the given order, round 2 reversed
+    first = [r["started"][0] for r in rows]
+    second = [r["started"][1] for r in rows]
+    assert first == sorted(first) and second == sorted(second, reverse=True)
+    assert max(first) < min(second)
+    peak = bench["machine"]["peak"]
+    flops = bench["corpus"]["flops"]
+    assert flops > 0 and bench["corpus"]["tokens_unpadded"] > len(texts)
+    layers = bench["settings"]["layers"]
+    for r in rows:
+        assert r["rounds"] == 2 and r["passes"] == 4 and r["texts"] == len(texts)
+        assert math.isclose(r["texts_per_s"], len(texts) / r["best_s"])
+        assert r["median_texts_per_s"] <= r["texts_per_s"]
+        assert len(r["round_best_texts_per_s"]) == 2 and max(r["round_best_texts_per_s"]) == r["texts_per_s"]
+        assert r["rounds_agree"] == (max(r["round_best_texts_per_s"]) <= 1.1 * min(r["round_best_texts_per_s"]))
+        assert set(r["accuracy"]) == set(layers) and r["layers"] == layers
+        assert r["min_cos"] == min(a["min_cos"] for a in r["accuracy"].values())
+        assert math.isclose(r["peak_fraction"], flops / r["best_s"] / 1e9 / peak["gflops"])
+        assert set(r["split"]) == {"tokenize_s", "engine_s", "pool_copy_s", "write_s"}
+        assert all(v >= 0 for v in r["split"].values()) and r["split"]["engine_s"] > 0
+        assert math.isclose(r["x_hf_eager"], r["texts_per_s"] / by["hf-eager"]["texts_per_s"])
+    for name in engines:  # fp32 engines against the fp32 torch loop
+        assert by[name]["accuracy_class"] == ">= 0.9999", by[name]["min_cos"]
+        assert by[name]["split"]["write_s"] > 0  # the layerscope rows write a store
+    paths = write_results(bench, tmp_path / "out", plot=False)
+    table = isolated_table(bench)
+    assert paths["markdown"].read_text().endswith(table)
+    assert f"= {peak['gflops']:.1f} GFLOP/s" in table
+    for name in ["hf-eager", *engines]:
+        assert f"| {name} | all |" in table
+    assert "- `st-torch`:" in table
+
+
+def test_a_failing_row_reports_its_reason(tmp_path):
+    from layerscope.bench.isolated import _run_worker
+
+    texts = tmp_path / "texts.json"
+    texts.write_text('["a", "b"]')
+    job = {"name": "ort", "kind": "engine", "row_kind": "engine", "engine": "ort", "variant": None,
+           "export_dir": str(tmp_path / "missing"), "texts_file": str(texts), "out_dir": str(tmp_path / "o"),
+           "layers": ["0"], "pooling": "mean", "passes": 1, "n_acc": 2, "max_batch": 8}
+    res = _run_worker(job, tmp_path, 300)
+    assert res["available"] is False and "missing" in res["reason"]
