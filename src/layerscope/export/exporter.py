@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import warnings
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 import layerscope
 from layerscope.errors import ExportError, InputError
+from layerscope.export import external
 from layerscope.export.describe import describe_model, make_onnx_config
 from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE, file_sha256
@@ -28,7 +28,6 @@ from layerscope.runtime.pooling import check_poolings
 log = logging.getLogger("layerscope")
 
 DEFAULT_OPSET = 18
-EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay under it with headroom
 
 
 def default_pooled(family_name: str) -> list[str]:
@@ -97,6 +96,8 @@ def opset_of_file(path: Path) -> int:
 
 
 def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
+    from unittest.mock import patch
+
     from optimum.exporters.onnx import onnx_export_from_model
 
     with warnings.catch_warnings():
@@ -104,11 +105,14 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
         prev = logging.getLogger("optimum").level
         logging.getLogger("optimum").setLevel(logging.ERROR)
         try:
-            onnx_export_from_model(
-                model, work, opset=opset, task="feature-extraction", do_validation=False,
-                custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
-                no_post_process=True,
-            )
+            # Optimum gathers torch's per-tensor external files by loading the whole model into one
+            # proto (a second copy of the weights); we stream them into one file ourselves instead.
+            with patch("optimum.exporters.onnx.convert.check_model_uses_external_data", return_value=False):
+                onnx_export_from_model(
+                    model, work, opset=opset, task="feature-extraction", do_validation=False,
+                    custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
+                    no_post_process=True,
+                )
         except Exception as exc:  # optimum and torch.onnx raise many untyped errors
             raise ExportError(f"optimum could not export this model: {str(exc).splitlines()[0][:300]}") from exc
         finally:
@@ -116,13 +120,15 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
     produced = list(work.glob("*.onnx"))
     if not (work / ONNX_FILE).exists():
         raise ExportError(f"optimum wrote {[p.name for p in produced]} instead of {ONNX_FILE}")
+    external.consolidate(work / ONNX_FILE)
 
 
 def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> dict[str, Any]:
     import onnx
 
     path = work / ONNX_FILE
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)  # the structure only: weights stay on disk
+    was_external = external.uses_external_data(model)
     hidden_names = hidden_output_names(model)
     expected = [f"hidden_states.{i}" for i in range(info["num_layers"] + 1)]
     if hidden_names != expected:
@@ -133,14 +139,10 @@ def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> d
     pooled_layers = (["raw"] if layer_tensors[0] == RAW else []) + [str(i) for i in range(len(hidden_names))]
     if pooled_modes:
         add_pooled_outputs(model, pooled_modes, layer_tensors, info["hidden_size"], info.get("eos_token_id"))
-    onnx.checker.check_model(model, full_check=False) if model.ByteSize() < EXTERNAL_DATA_BYTES else None
-    big = model.ByteSize() >= EXTERNAL_DATA_BYTES
-    for stale in work.glob("*.onnx_data"):
-        stale.unlink()
-    tmp = work / (ONNX_FILE + ".tmp")
-    onnx.save(model, str(tmp), save_as_external_data=big, all_tensors_to_one_file=True,
-              location=ONNX_FILE + "_data" if big else None)
-    os.replace(tmp, path)
+    # Without its weights the proto is small, so ByteSize is safe; with them it is < 2 GiB or external.
+    big = was_external or model.ByteSize() >= external.EXTERNAL_DATA_BYTES
+    external.save_graph(model, path, external=big)
+    external.check_graph(path)
     outputs = {}
     for o in model.graph.output:
         dims = [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
