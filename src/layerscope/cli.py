@@ -73,6 +73,8 @@ def export(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing export dir."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Weights: fp32, or fp16 (half the size; LayerNorm/"
+                              "Softmax kept fp32; held to a depth-scaled cosine against torch fp32)."),
     lens_k: Optional[int] = typer.Option(None, "--lens-k",
                                          help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
 ):
@@ -84,7 +86,7 @@ def export(
     modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
     c = console()
     manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, revision=revision,
-                            trust_remote_code=trust_remote_code, force=force,
+                            trust_remote_code=trust_remote_code, force=force, dtype=dtype,
                             progress=lambda msg: c.print(f"[dim]- {msg}[/dim]"))
     from layerscope.report.console import print_export_summary
 

@@ -7,6 +7,7 @@ directory that looks valid.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import time
@@ -43,8 +44,15 @@ def default_pooled(family_name: str) -> list[str]:
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
                  atol: float = 1e-4, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
-                 progress=None) -> dict[str, Any]:
-    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure."""
+                 progress=None, dtype: str = "fp32") -> dict[str, Any]:
+    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
+
+    ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
+    to a depth-scaled cosine against torch fp32 instead of ``atol``.
+    """
+    from layerscope.export.half import check_dtype
+
+    dtype = check_dtype(dtype)
     output = Path(output)
     if output.exists() and any(output.iterdir()):
         if not force:
@@ -62,7 +70,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     source = resolve_source(spec, revision)
     say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
     config = load_config(source, trust_remote_code=trust_remote_code)
-    model = load_torch_model(source, family, trust_remote_code=trust_remote_code)
+    model = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype=dtype)
     onnx_cfg = make_onnx_config(config, family, info["num_layers"])
 
     from layerscope.atomic import staged_dir
@@ -70,23 +78,51 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     with staged_dir(output) as work:
         say("exporting with optimum")
         _optimum_export(model, work, onnx_cfg, opset)
+        del model  # the ONNX check runs first and torch is reloaded after: never both in memory
+        gc.collect()
         say("adding raw embeddings and in-graph pooling")
-        onnx_info = _postprocess(work, info, pooled_modes)
+        onnx_info = _postprocess(work, info, pooled_modes, half=dtype == "fp16")
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
-        say("checking every output against PyTorch")
-        parity = compare_outputs(model, family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
+        say("checking every output against PyTorch (fp32)")
+        parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
+                                 family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"])
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info
+        manifest["export_peak_rss_bytes"] = _peak_rss()
+        if dtype == "fp16":
+            manifest["fp16_nodes_kept_fp32"] = onnx_info["fp16_nodes_kept_fp32"]
+            _check_half(spec, manifest, parity, info["num_layers"])
         worst_name, worst = max(parity["outputs"].items(), key=lambda kv: kv[1]["max_abs"])
-        if not worst["max_abs"] <= atol:  # also catches NaN
+        if dtype == "fp32" and not worst["max_abs"] <= atol:  # also catches NaN
             raise ExportError(
                 f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
                 f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
                 "nothing was written. Try --opset 17, or report the model")
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far (bytes): what the export needed at most."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num_layers: int) -> None:
+    from layerscope.export.half import fp16_failures, fp16_tolerance
+
+    tolerance = fp16_tolerance(list(parity["outputs"]), num_layers)
+    manifest["precision"] = "fp16"
+    manifest["parity"]["tolerance_abs"] = None
+    manifest["parity"]["tolerance_fp16"] = tolerance
+    bad = fp16_failures(parity["outputs"], tolerance)
+    if bad:
+        raise ExportError(f"fp16 export of {spec} drifts from PyTorch fp32: {bad[0]}"
+                          f"{f' (and {len(bad) - 1} more outputs)' if len(bad) > 1 else ''}; nothing was written. "
+                          "Export in fp32 (--dtype fp32)")
 
 
 def opset_of_file(path: Path) -> int:
@@ -123,12 +159,19 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
     external.consolidate(work / ONNX_FILE)
 
 
-def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> dict[str, Any]:
+def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, half: bool = False) -> dict[str, Any]:
     import onnx
 
     path = work / ONNX_FILE
     model = onnx.load(str(path), load_external_data=False)  # the structure only: weights stay on disk
     was_external = external.uses_external_data(model)
+    kept_fp32 = 0
+    if half:
+        from layerscope.export.half import cast_outputs_fp32, keep_sensitive_ops_fp32
+        from layerscope.export.variants import FP16_BLOCK_LIST
+
+        kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
+        cast_outputs_fp32(model, [o.name for o in model.graph.output])
     hidden_names = hidden_output_names(model)
     expected = [f"hidden_states.{i}" for i in range(info["num_layers"] + 1)]
     if hidden_names != expected:
@@ -147,7 +190,7 @@ def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> d
     for o in model.graph.output:
         dims = [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
         outputs[o.name] = dims
-    return {"outputs": outputs, "pooled_layers": pooled_layers, "external_data": big,
+    return {"outputs": outputs, "pooled_layers": pooled_layers, "external_data": big, "fp16_nodes_kept_fp32": kept_fp32,
             "inputs": [i.name for i in model.graph.input]}
 
 
@@ -191,6 +234,7 @@ def _manifest(info, onnx_info, pooled_modes, parity, opset, atol, seconds, work:
         "onnx_file": ONNX_FILE,
         "onnx_sha256": file_sha256(work / ONNX_FILE),
         "external_data": onnx_info["external_data"],
+        "onnx_bytes": sum(f.stat().st_size for f in [work / ONNX_FILE, *external.data_files(work / ONNX_FILE)]),
         "inputs": onnx_info["inputs"],
         "outputs": onnx_info["outputs"],
         "pooled_modes": pooled_modes,
