@@ -162,6 +162,10 @@ def run(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Result directory (default results/<analysis>)."),
     seed: int = typer.Option(0, help="Seed for every random choice."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=1,
+                                             help="Tokens per text (default: the model's; longer texts are truncated)."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", min=1,
+                                               help="Padded tokens per batch (default: the engine's)."),
 ):
     """Run an analysis over one or more models; write results.json, tables, plots and report.md.
 
@@ -175,7 +179,7 @@ def run(
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
                       out=out or Path("results") / analysis, seed=seed, options=options, cache=not no_cache,
-                      console=c)
+                      console=c, max_length=max_length, batch_tokens=batch_tokens)
     result_dir, results = run_analysis(analysis, context)
     cls().console_summary(results, c)
     c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")

@@ -84,6 +84,8 @@ class Context:
     options: dict[str, Any] = field(default_factory=dict)
     cache: bool = True
     console: Any = None
+    max_length: int | None = None  # tokens per text (default: the model's); also caps TensorRT's profile
+    batch_tokens: int | None = None  # padded tokens per batch (default: the engine's)
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -95,7 +97,7 @@ class Context:
         from layerscope.analyses.cache import cached_vectors
 
         return cached_vectors(run, texts, layers=layers, poolings=poolings, use_cache=self.cache,
-                              say=self.say, tag=tag)
+                              say=self.say, tag=tag, max_length=self.max_length, batch_tokens=self.batch_tokens)
 
 
 class Analysis(ABC):
@@ -254,7 +256,8 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     for spec, handle in zip(ctx.models, handles):
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
-        engine = create_engine(engine_name, handle, **ctx.options.get("engine_options", {}))
+        limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
+        engine = create_engine(engine_name, handle, **{**limits, **ctx.options.get("engine_options", {})})
         run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine)
         try:
             figures = analysis.compute(ctx, run, data)
@@ -273,6 +276,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         "seconds": round(time.perf_counter() - t0, 2),
         "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
                      "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
+                     "max_length": ctx.max_length, "batch_tokens": ctx.batch_tokens,
                      "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
         "models": models_meta,
         "per_model": per_model,

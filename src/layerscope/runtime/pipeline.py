@@ -213,6 +213,12 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
     }
 
 
+def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
+    """The longest sequence a run will feed: the corpus's longest text, capped by ``max_length``."""
+    longest = int(lengths.max()) if lengths.size else 1
+    return max(1, min(int(max_length), longest))
+
+
 _MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant")
 
 
@@ -254,6 +260,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
     settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
     t0 = time.perf_counter()
+    fresh_dir = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     store: LayerStore | None = None
     stats = None
@@ -266,14 +273,11 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
                                  f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
         if store.complete:
             log.info("store already complete")
-    if eng is None:
-        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts
-        # of at most max_len tokens (other engines ignore these).
-        options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
-        eng = create_engine(engine, handle, **options)
-    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
-    settings["batch_tokens"] = batch_tokens
-    encoder = eng.encoder(max_len)
+    from layerscope.engines.base import Encoder
+
+    encoder = eng.encoder(max_len) if eng is not None else \
+        Encoder(handle.encoding_tokenizer(), manifest["inputs"], max_len)
+    created = False
     if store is None:
         records, stats = _records_from(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
         spool = _spool_corpus(records, out, encoder)
@@ -281,8 +285,26 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
                                   hidden_size=int(manifest["hidden_size"]), dtype=dtype,
                                   manifest=manifest, settings=settings)
-        store.update_meta({"empty_texts": spool["empty"], "engine": eng.info.to_dict()})
+        store.update_meta({"empty_texts": spool["empty"]})
+        created = True
     lengths = np.load(out / "lengths.npy")
+    if eng is None:
+        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts of
+        # the corpus's longest text (capped by max_length), not of the model's 32k context (other
+        # engines ignore these).
+        options = {"max_batch": max_batch, "max_seq": profile_max_seq(lengths, max_len), **(engine_options or {})}
+        try:
+            eng = create_engine(engine, handle, **options)
+        except BaseException:
+            if created:  # the store was made for this run only: do not leave one that looks resumable
+                import shutil
+
+                shutil.rmtree(out) if fresh_dir else (out / STORE_JSON).unlink(missing_ok=True)
+            raise
+    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
+    settings["batch_tokens"] = batch_tokens
+    if created:
+        store.update_meta({"engine": eng.info.to_dict(), "settings": settings})
     done = store.done_mask()
     already = int(done.sum())
     truncated = int((lengths > max_len).sum())
