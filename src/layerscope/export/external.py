@@ -175,3 +175,8 @@ def externalize(tensors, base: str | Path, location: str, *, min_bytes: int = 10
     if not offset:
         path.unlink(missing_ok=True)
     return offset
+
+
+def inline_bytes(model) -> int:
+    """Bytes of initializer data held inside the proto (what would be serialized with it)."""
+    return sum(len(t.raw_data) + 4 * len(t.float_data) + 8 * len(t.int64_data) for t in model.graph.initializer)
