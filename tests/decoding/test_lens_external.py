@@ -9,6 +9,7 @@ from layerscope.decoding.heads import load_decoding_model, model_inputs
 from layerscope.decoding.lens_onnx import export_lens, run_onnx_lens
 from layerscope.engines.ort import make_session
 from layerscope.export import external
+from layerscope.export import exporter
 from layerscope.export.exporter import export_model
 from layerscope.export.manifest import ModelHandle
 
@@ -27,7 +28,7 @@ def test_lens_graph_on_external_data_export(tiny_model, tmp_path, monkeypatch):
     normal = tmp_path / "normal"
     export_model(src, normal, pooled=["mean"])
     ref_meta = export_lens(normal, 4)
-    monkeypatch.setattr(external, "EXTERNAL_DATA_BYTES", 10_000)
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     big = tmp_path / "big"
     assert export_model(src, big, pooled=["mean"])["external_data"]
     meta = export_lens(big, 4)

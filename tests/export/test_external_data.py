@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from layerscope.export import external
+from layerscope.export import exporter
 from layerscope.export.exporter import export_model
 
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today", ""]
@@ -34,7 +35,7 @@ def _run(export_dir):
 def test_external_data_export_is_bit_identical(family, tiny_model, tmp_path, monkeypatch):
     normal = tmp_path / "normal"
     export_model(str(tiny_model(family)), normal)
-    monkeypatch.setattr(external, "EXTERNAL_DATA_BYTES", 10_000)
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     big = tmp_path / "big"
     manifest = export_model(str(tiny_model(family)), big)
     assert manifest["external_data"] is True

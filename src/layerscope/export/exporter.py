@@ -29,6 +29,7 @@ from layerscope.runtime.pooling import check_poolings
 log = logging.getLogger("layerscope")
 
 DEFAULT_OPSET = 18
+EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to model.onnx_data (tests lower it)
 
 
 def default_pooled(family_name: str) -> list[str]:
@@ -183,7 +184,7 @@ def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, h
     if pooled_modes:
         add_pooled_outputs(model, pooled_modes, layer_tensors, info["hidden_size"], info.get("eos_token_id"))
     # Without its weights the proto is small, so ByteSize is safe; with them it is < 2 GiB or external.
-    big = was_external or model.ByteSize() >= external.EXTERNAL_DATA_BYTES
+    big = was_external or model.ByteSize() >= EXTERNAL_DATA_BYTES
     external.save_graph(model, path, external=big)
     external.check_graph(path)
     outputs = {}
