@@ -41,3 +41,22 @@ def test_lens_graph_on_external_data_export(tiny_model, tmp_path, monkeypatch):
     for a, b in zip(_lens_outputs(normal, ref_meta), _lens_outputs(big, meta)):
         np.testing.assert_array_equal(a, b)
     assert load_decoding_model(ModelHandle.resolve(big)).num_layers == 2
+
+
+def test_lens_without_its_source_checkpoint_says_what_to_do(tiny_model, tmp_path):
+    import shutil
+
+    import pytest
+
+    from layerscope.errors import InputError
+
+    src = tmp_path / "ckpt"
+    shutil.copytree(tiny_model("gpt2"), src)
+    out = tmp_path / "exp"
+    export_model(str(src), out, pooled=["mean"])
+    meta = export_lens(out, 3)  # made while the checkpoint exists: carries the head
+    shutil.rmtree(src)
+    with pytest.raises(InputError, match="no longer there"):
+        load_decoding_model(ModelHandle.resolve(out))
+    r, ids, p = _lens_outputs(out, meta)  # the lens graph itself needs no checkpoint
+    assert r.shape[0] == 3 and ids.shape[-1] == 3
