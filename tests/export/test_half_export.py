@@ -86,3 +86,16 @@ def test_fp16_drift_beyond_tolerance_writes_nothing(tiny_model, tmp_path, monkey
     with pytest.raises(ExportError, match="drifts from PyTorch fp32"):
         export_model(str(tiny_model("qwen2")), tmp_path / "out", dtype="fp16")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_cli_fp16_export_prints_its_cosine_rule(tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from layerscope.cli import app
+
+    out = tmp_path / "cli16"
+    r = CliRunner().invoke(app, ["export", str(tiny_model("qwen2")), "--out", str(out), "--dtype", "fp16",
+                                 "--pooled", "mean"])
+    assert r.exit_code == 0, r.output
+    assert "min cosine" in r.output and "tolerance 0.99" in r.output
+    assert json.loads((out / "manifest.json").read_text())["precision"] == "fp16"
