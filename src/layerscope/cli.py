@@ -76,6 +76,8 @@ def export(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing export dir."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Weights: fp32, or fp16 (half the size; LayerNorm/"
+                              "Softmax kept fp32; held to a depth-scaled cosine against torch fp32)."),
     lens_k: Optional[int] = typer.Option(None, "--lens-k",
                                          help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
 ):
@@ -87,7 +89,7 @@ def export(
     modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
     c = console()
     manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, revision=revision,
-                            trust_remote_code=trust_remote_code, force=force,
+                            trust_remote_code=trust_remote_code, force=force, dtype=dtype,
                             progress=lambda msg: c.print(f"[dim]- {msg}[/dim]"))
     from layerscope.report.console import print_export_summary
 
@@ -270,6 +272,10 @@ def run(
                                            help="Allow code from the model repo to run (off by default)."),
     recompute: bool = typer.Option(False, "--recompute", help="Run again even if this result is already there."),
     force: bool = typer.Option(False, "--force", help="Replace a result dir that holds a different run."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=1,
+                                             help="Tokens per text (default: the model's; longer texts are truncated)."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", min=1,
+                                               help="Padded tokens per batch (default: the engine's)."),
 ):
     """Run an analysis over one or more models; write results.json, tables, plots and report.md.
 
@@ -284,7 +290,8 @@ def run(
     context = Context(models=model, engine=engine, layers=layers,
                       poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
                       out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
-                      force=force, trust_remote_code=trust_remote_code)
+                      force=force, trust_remote_code=trust_remote_code, max_length=max_length,
+                      batch_tokens=batch_tokens)
     result_dir, results = run_analysis(analysis, context)
     cls().console_summary(results, c)
     if context.reused:

@@ -175,7 +175,7 @@ def _loader_class(name: str):
 
 def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: bool = False,
                      with_head: bool = False, attn_implementation: str | None = "eager",
-                     output_loading_info: bool = False):
+                     output_loading_info: bool = False, dtype: str = "fp32"):
     """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode.
 
     With ``output_loading_info`` it returns ``(model, info)`` where ``info["missing_keys"]`` lists
@@ -187,7 +187,8 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
     cls = _loader_class(cls_name)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
-                                  use_safetensors=True, dtype=torch.float32)
+                                  use_safetensors=True,
+                                  dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype])
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     info = None

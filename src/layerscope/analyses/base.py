@@ -88,6 +88,8 @@ class Context:
     recompute: bool = False  # run again even when the result dir holds this very run
     force: bool = False  # replace a result dir holding a different run
     reused: bool = False  # set by run_analysis: the saved result was reused, nothing was computed
+    max_length: int | None = None  # tokens per text (default: the model's); also caps TensorRT's profile
+    batch_tokens: int | None = None  # padded tokens per batch (default: the engine's)
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -99,7 +101,7 @@ class Context:
         from layerscope.analyses.cache import cached_vectors
 
         return cached_vectors(run, texts, layers=layers, poolings=poolings, use_cache=self.cache,
-                              say=self.say, tag=tag)
+                              say=self.say, tag=tag, max_length=self.max_length, batch_tokens=self.batch_tokens)
 
 
 class Analysis(ABC):
@@ -277,7 +279,8 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     for spec, handle in zip(ctx.models, handles):
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
-        engine = create_engine(engine_name, handle, **ctx.options.get("engine_options", {}))
+        limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
+        engine = create_engine(engine_name, handle, **{**limits, **ctx.options.get("engine_options", {})})
         run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine)
         try:
             figures = analysis.compute(ctx, run, data)
@@ -299,6 +302,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         "seconds": round(time.perf_counter() - t0, 2),
         "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
                      "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
+                     "max_length": ctx.max_length, "batch_tokens": ctx.batch_tokens,
                      "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
         "identity": identity,
         "models": models_meta,

@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 
 
-def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: list[str] | None = None) -> str:
+def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: list[str] | None = None,
+              max_length: int | None = None) -> str:
     """Identity of the vectors: model, engine, graph, max length and texts (and layers/poolings when given)."""
     h = hashlib.sha256()
     for t in texts:
@@ -25,7 +26,7 @@ def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: 
         "model": run.handle.key, "files": run.handle.manifest.get("source", {}).get("files_sha256"),
         "engine": info.name, "provider": info.provider, "precision": info.precision,
         "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),
-        "max_length": run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
+        "max_length": max_length or run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
         "remote_code": bool(getattr(run.handle, "trust_remote_code", False)),
     }
     if layers is not None or poolings is not None:
@@ -52,7 +53,8 @@ def _find_superset(root, base: str, layers: list[str], poolings: list[str]):
 
 
 def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[str], use_cache: bool = True,
-                   say: Callable[[str], None] = lambda m: None, tag: str = "") -> dict[tuple[str, str], np.ndarray]:
+                   say: Callable[[str], None] = lambda m: None, tag: str = "", max_length: int | None = None,
+                   batch_tokens: int | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Vectors of ``texts``; a cached store of the same model, engine and texts is reused when it holds every
     asked layer and pooling (stores are extracted with every layer, so other layer choices reuse them too)."""
     from layerscope.engines.base import layer_names
@@ -60,23 +62,25 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     from layerscope.runtime.pipeline import embed, extract
 
     if not use_cache:
-        return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)
+        return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings,
+                     max_length=max_length, batch_tokens=batch_tokens)
     root = cache_root() / "stores"
-    base = cache_key(run, texts)
+    base = cache_key(run, texts, max_length=max_length)
     store = _find_superset(root, base, layers, poolings)
     if store is not None:
         say(f"reusing cached vectors {store.path}")
     else:
         all_layers = layer_names(int(run.handle.manifest["num_layers"]))
         extra = [layer for layer in layers if layer not in all_layers]
-        path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings)[:8]}"
+        path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings, max_length)[:8]}"
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
         from layerscope.errors import Interrupted
         from layerscope.runtime.store_lock import StoreLockedError
 
         try:
             store = extract(run.handle, list(texts), path, engine=run.engine, layers=all_layers + extra,
-                            poolings=poolings, force=True).store
+                            poolings=poolings, force=True, max_length=max_length,
+                            batch_tokens=batch_tokens).store
         except StoreLockedError:  # another run is filling this cache entry: do not wait for it, nor race it
             say(f"{path} is being written by another run; computing these vectors in memory")
             return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("layerscope")
@@ -102,6 +103,13 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
 
     family = handle.family()
     source = handle.source()
+    if source.is_local and not Path(source.path_or_id).is_dir():
+        from layerscope.errors import InputError
+
+        raise InputError(
+            f"the decoding head is read from the checkpoint this export was made from, {source.path_or_id}, "
+            "which is no longer there; put it back, or export again with --lens-k K while it exists "
+            "(the lens graph then carries the head)")
     num_layers = int(handle.manifest["num_layers"])
     trc = getattr(handle, "trust_remote_code", False)
     parts = HEAD_PARTS.get(family.name)

@@ -49,6 +49,32 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
     return torch.stack(ranks), torch.stack(ids), torch.stack(probs)
 
 
+def rank_bands(model, inputs: dict[str, Any], layers: list[int], rel_tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer, the lowest and highest rank the target can take when logits within ``rel_tol``
+    (relative to the target's logit, at least absolute ``rel_tol``) count as ties: ``[n_layers, B, S]`` each.
+
+    Two correct implementations may order near-equal logits differently; a rank outside this band
+    is a real disagreement.
+    """
+    import torch
+
+    decoder = model.family.kind == "decoder"
+    lo, hi = [], []
+    with torch.inference_mode():
+        out = model.base(**inputs, output_hidden_states=True, return_dict=True)
+        target, valid = lens_targets(inputs["input_ids"], inputs["attention_mask"], decoder)
+        for layer in layers:
+            logits = model.head(out.hidden_states[layer], layer).float()
+            tgt = torch.gather(logits, -1, target.unsqueeze(-1))
+            eps = rel_tol * torch.clamp(tgt.abs(), min=1.0)
+            low = (logits > tgt + eps).sum(-1) + 1
+            high = (logits >= tgt - eps).sum(-1)
+            zero = torch.zeros_like(low)
+            lo.append(torch.where(valid, low, zero))
+            hi.append(torch.where(valid, high, zero))
+    return torch.stack(lo).numpy(), torch.stack(hi).numpy()
+
+
 @dataclass
 class LensBatch:
     rank: np.ndarray  # [n_layers, B, S] int64

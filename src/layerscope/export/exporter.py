@@ -7,9 +7,9 @@ directory that looks valid.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
-import os
 import time
 import warnings
 from pathlib import Path
@@ -19,6 +19,7 @@ import numpy as np
 
 import layerscope
 from layerscope.errors import ExportError, InputError
+from layerscope.export import external
 from layerscope.export.describe import describe_model, make_onnx_config
 from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE, file_sha256
@@ -29,7 +30,7 @@ from layerscope.runtime.pooling import check_poolings
 log = logging.getLogger("layerscope")
 
 DEFAULT_OPSET = 18
-EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's hard limit is 2 GiB; stay under it with headroom
+EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to model.onnx_data (tests lower it)
 
 
 def default_pooled(family_name: str) -> list[str]:
@@ -45,10 +46,16 @@ def default_pooled(family_name: str) -> list[str]:
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
                  atol: float = 1e-4, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
-                 progress=None, cache_entry: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure."""
+                 progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> dict[str, Any]:
+    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
+
+    ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
+    to a depth-scaled cosine against torch fp32 instead of ``atol``.
+    """
+    from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
 
+    dtype = check_dtype(dtype)
     output = Path(output)
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
@@ -66,7 +73,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     source = resolve_source(spec, revision)
     say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
     config = load_config(source, trust_remote_code=trust_remote_code)
-    model = load_torch_model(source, family, trust_remote_code=trust_remote_code)
+    model = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype=dtype)
     onnx_cfg = make_onnx_config(config, family, info["num_layers"])
 
     from layerscope.atomic import staged_dir
@@ -74,19 +81,26 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     with staged_dir(output, kind="export") as work:
         say("exporting with optimum")
         _optimum_export(model, work, onnx_cfg, opset)
+        del model  # the ONNX check runs first and torch is reloaded after: never both in memory
+        gc.collect()
         say("adding raw embeddings and in-graph pooling")
-        onnx_info = _postprocess(work, info, pooled_modes)
+        onnx_info = _postprocess(work, info, pooled_modes, half=dtype == "fp16")
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
-        say("checking every output against PyTorch")
-        parity = compare_outputs(model, family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
+        say("checking every output against PyTorch (fp32)")
+        parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
+                                 family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info
+        manifest["export_peak_rss_bytes"] = _peak_rss()
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest["export_cache"] = cache_entry
+        if dtype == "fp16":
+            manifest["fp16_nodes_kept_fp32"] = onnx_info["fp16_nodes_kept_fp32"]
+            _check_half(spec, manifest, parity, info["num_layers"])
         worst_name, worst = max(parity["outputs"].items(), key=lambda kv: kv[1]["max_abs"])
-        if not worst["max_abs"] <= atol:  # also catches NaN
+        if dtype == "fp32" and not worst["max_abs"] <= atol:  # also catches NaN
             raise ExportError(
                 f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
                 f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
@@ -96,6 +110,27 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     return manifest
 
 
+def _peak_rss() -> int:
+    """This process's peak resident memory so far (bytes): what the export needed at most."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num_layers: int) -> None:
+    from layerscope.export.half import fp16_failures, fp16_tolerance
+
+    tolerance = fp16_tolerance(list(parity["outputs"]), num_layers)
+    manifest["precision"] = "fp16"
+    manifest["parity"]["tolerance_abs"] = None
+    manifest["parity"]["tolerance_fp16"] = tolerance
+    bad = fp16_failures(parity["outputs"], tolerance)
+    if bad:
+        raise ExportError(f"fp16 export of {spec} drifts from PyTorch fp32: {bad[0]}"
+                          f"{f' (and {len(bad) - 1} more outputs)' if len(bad) > 1 else ''}; nothing was written. "
+                          "Export in fp32 (--dtype fp32)")
+
+
 def opset_of_file(path: Path) -> int:
     import onnx
 
@@ -103,6 +138,8 @@ def opset_of_file(path: Path) -> int:
 
 
 def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
+    from unittest.mock import patch
+
     from optimum.exporters.onnx import onnx_export_from_model
 
     with warnings.catch_warnings():
@@ -110,11 +147,14 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
         prev = logging.getLogger("optimum").level
         logging.getLogger("optimum").setLevel(logging.ERROR)
         try:
-            onnx_export_from_model(
-                model, work, opset=opset, task="feature-extraction", do_validation=False,
-                custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
-                no_post_process=True,
-            )
+            # Optimum gathers torch's per-tensor external files by loading the whole model into one
+            # proto (a second copy of the weights); we stream them into one file ourselves instead.
+            with patch("optimum.exporters.onnx.convert.check_model_uses_external_data", return_value=False):
+                onnx_export_from_model(
+                    model, work, opset=opset, task="feature-extraction", do_validation=False,
+                    custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
+                    no_post_process=True,
+                )
         except Exception as exc:  # optimum and torch.onnx raise many untyped errors
             raise ExportError(f"optimum could not export this model: {str(exc).splitlines()[0][:300]}") from exc
         finally:
@@ -122,13 +162,22 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
     produced = list(work.glob("*.onnx"))
     if not (work / ONNX_FILE).exists():
         raise ExportError(f"optimum wrote {[p.name for p in produced]} instead of {ONNX_FILE}")
+    external.consolidate(work / ONNX_FILE)
 
 
-def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> dict[str, Any]:
+def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, half: bool = False) -> dict[str, Any]:
     import onnx
 
     path = work / ONNX_FILE
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)  # the structure only: weights stay on disk
+    was_external = external.uses_external_data(model)
+    kept_fp32 = 0
+    if half:
+        from layerscope.export.half import cast_outputs_fp32, keep_sensitive_ops_fp32
+        from layerscope.export.variants import FP16_BLOCK_LIST
+
+        kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
+        cast_outputs_fp32(model, [o.name for o in model.graph.output])
     hidden_names = hidden_output_names(model)
     expected = [f"hidden_states.{i}" for i in range(info["num_layers"] + 1)]
     if hidden_names != expected:
@@ -139,19 +188,15 @@ def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str]) -> d
     pooled_layers = (["raw"] if layer_tensors[0] == RAW else []) + [str(i) for i in range(len(hidden_names))]
     if pooled_modes:
         add_pooled_outputs(model, pooled_modes, layer_tensors, info["hidden_size"], info.get("eos_token_id"))
-    onnx.checker.check_model(model, full_check=False) if model.ByteSize() < EXTERNAL_DATA_BYTES else None
-    big = model.ByteSize() >= EXTERNAL_DATA_BYTES
-    for stale in work.glob("*.onnx_data"):
-        stale.unlink()
-    tmp = work / (ONNX_FILE + ".tmp")
-    onnx.save(model, str(tmp), save_as_external_data=big, all_tensors_to_one_file=True,
-              location=ONNX_FILE + "_data" if big else None)
-    os.replace(tmp, path)
+    # Without its weights the proto is small, so ByteSize is safe; with them it is < 2 GiB or external.
+    big = was_external or model.ByteSize() >= EXTERNAL_DATA_BYTES
+    external.save_graph(model, path, external=big)
+    external.check_graph(path)
     outputs = {}
     for o in model.graph.output:
         dims = [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
         outputs[o.name] = dims
-    return {"outputs": outputs, "pooled_layers": pooled_layers, "external_data": big,
+    return {"outputs": outputs, "pooled_layers": pooled_layers, "external_data": big, "fp16_nodes_kept_fp32": kept_fp32,
             "inputs": [i.name for i in model.graph.input]}
 
 
@@ -195,6 +240,7 @@ def _manifest(info, onnx_info, pooled_modes, parity, opset, atol, seconds, work:
         "onnx_file": ONNX_FILE,
         "onnx_sha256": file_sha256(work / ONNX_FILE),
         "external_data": onnx_info["external_data"],
+        "onnx_bytes": sum(f.stat().st_size for f in [work / ONNX_FILE, *external.data_files(work / ONNX_FILE)]),
         "inputs": onnx_info["inputs"],
         "outputs": onnx_info["outputs"],
         "pooled_modes": pooled_modes,

@@ -51,7 +51,12 @@ def add_raw_embeddings_output(model, vocab_size: int, hidden_size: int | None = 
         )
     source = candidates[0].output[0]
     dims = shapes[candidates[0].input[0]][1]
-    graph.node.append(helper.make_node("Identity", [source], [RAW], name="layerscope/raw_embeddings"))
+    table_type = next(i.data_type for i in graph.initializer if i.name == candidates[0].input[0])
+    if table_type == onnx.TensorProto.FLOAT:
+        graph.node.append(helper.make_node("Identity", [source], [RAW], name="layerscope/raw_embeddings"))
+    else:  # a half-precision export: the output is float32 like every other
+        graph.node.append(helper.make_node("Cast", [source], [RAW], name="layerscope/raw_embeddings",
+                                           to=onnx.TensorProto.FLOAT))
     graph.output.append(helper.make_tensor_value_info(
         RAW, onnx.TensorProto.FLOAT, ["batch_size", "sequence_length", dims]))
     return source

@@ -19,6 +19,14 @@ VALIDATION_TEXTS = [
     "price of bread and whatever else comes to mind on a long, cold winter afternoon.",
 ]
 
+# One text of a few hundred tokens, checked in a batch of its own: deep models drift with length.
+LONG_TEXT = " ".join(
+    f"In paragraph {i}, the committee reviewed section {i * 7 % 13} of the report, noted that the figures "
+    f"for {1990 + i} were revised, and asked whether the {['northern', 'coastal', 'eastern'][i % 3]} "
+    "office could confirm them before the next meeting." for i in range(10))
+MAX_VALIDATION_TOKENS = 384
+VALIDATION_TEXTS = VALIDATION_TEXTS + [LONG_TEXT]
+
 
 def _max_abs_and_min_cos(ref: np.ndarray, got: np.ndarray, valid: np.ndarray | None) -> tuple[float, float]:
     """Max |ref-got| and min cosine over vectors (last axis), only where ``valid``."""
@@ -39,13 +47,26 @@ def _max_abs_and_min_cos(ref: np.ndarray, got: np.ndarray, valid: np.ndarray | N
     return max_abs, float(cos.min()) if cos.size else 1.0
 
 
+def validation_batches(texts: list[str]) -> list[list[str]]:
+    """Padded mixed lengths, a single text, a pair; the long text alone (its length would pad every other)."""
+    short = [t for t in texts if t != LONG_TEXT]
+    batches = [short, short[:1], short[2:4]]
+    if LONG_TEXT in texts:
+        batches.append([LONG_TEXT])
+    return batches
+
+
 def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: list[str],
                     pooled_modes: list[str], pooled_layers: list[str], *, session=None,
                     trust_remote_code: bool = False) -> dict[str, Any]:
-    """Run torch and ONNX Runtime (CPU) on the same batches; worst error and cosine per output.
+    """Run ONNX Runtime (CPU) and torch on the same batches; worst error and cosine per output.
 
+    ``net`` is the torch model or a function that loads it: ONNX Runtime runs every batch first and
+    its session is dropped before torch is asked for, so a big model is never in memory twice.
     ``session``: another runtime with ONNX Runtime's ``get_inputs/get_outputs/run`` (OpenVINO's).
     """
+    import gc
+
     from layerscope.engines.base import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
@@ -56,12 +77,22 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     tok = load_tokenizer(ModelSource(export_dir, export_dir, True), trust_remote_code=trust_remote_code)
     session = session or make_session(onnx_path, "CPUExecutionProvider")
     output_names = [o.name for o in session.get_outputs()]
-    encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], 128))
+    encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], MAX_VALIDATION_TOKENS))
+    batches = validation_batches(texts)
+    encoded = [encoder(group) for group in batches]
+    outputs = []
+    for batch in encoded:
+        feed = {name: batch.inputs[name] for name in encoder.input_names}
+        outputs.append(dict(zip(output_names, session.run(output_names, feed))))
+    del session
+    gc.collect()
+    if callable(net) and not hasattr(net, "forward"):
+        net = net()
     word_emb = get_submodule(net, family.word_embeddings)
     stats: dict[str, dict[str, float]] = {}
-    batches = [texts, texts[:1], texts[2:4]]  # padded mixed lengths, a single text, a pair
-    for group in batches:
-        batch = encoder(group)
+    tokens = 0
+    for batch, got in zip(encoded, outputs):
+        tokens = max(tokens, int(batch.mask.sum(1).max()))
         raw, hidden, out = torch_forward(net, word_emb, batch.inputs)
         ref: dict[str, np.ndarray] = {"raw_embeddings": raw.float().numpy()}
         for i, h in enumerate(hidden):
@@ -73,8 +104,6 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
             ref[f"pooled.{mode}"] = np.stack([
                 pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=info.get("eos_token_id"))
                 for s in layer_states])
-        feed = {name: batch.inputs[name] for name in encoder.input_names}
-        got = dict(zip(output_names, session.run(output_names, feed)))
         token_valid = batch.mask.astype(bool)
         for name in output_names:
             if name not in ref:
@@ -87,4 +116,4 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     missing = [n for n in output_names if n not in stats]
     for name in missing:
         stats[name] = {"max_abs": float("nan"), "min_cos": float("nan")}
-    return {"texts": len(texts), "batches": len(batches), "outputs": stats}
+    return {"texts": len(texts), "batches": len(batches), "longest_tokens": tokens, "outputs": stats}

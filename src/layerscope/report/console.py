@@ -24,8 +24,13 @@ def print_export_summary(console, out: Path, manifest: dict) -> None:
         table.add_row(name, " x ".join(str(short.get(d, d)) for d in dims), f"{p.get('max_abs', float('nan')):.2e}",
                       f"{p.get('min_cos', float('nan')):.7f}")
     console.print(table)
-    console.print(f"worst output {worst[0]}: {worst[1]['max_abs']:.2e} (tolerance "
-                  f"{manifest['parity']['tolerance_abs']:g}); in-graph pooling: "
+    fp16 = manifest["parity"].get("tolerance_fp16")
+    if fp16:  # an fp16 export is held to a depth-scaled cosine, not to an absolute difference
+        worst = min(parity.items(), key=lambda kv: kv[1]["min_cos"])
+        rule = f"min cosine {worst[1]['min_cos']:.7f}, tolerance {fp16['min_cos'].get(worst[0], float('nan')):.6f}"
+    else:
+        rule = f"{worst[1]['max_abs']:.2e} (tolerance {manifest['parity']['tolerance_abs']:g})"
+    console.print(f"worst output {worst[0]}: {rule}; in-graph pooling: "
                   f"{', '.join(manifest['pooled_modes']) or 'none'}")
 
 

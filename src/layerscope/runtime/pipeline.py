@@ -278,6 +278,12 @@ def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_ba
     }
 
 
+def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
+    """The longest sequence a run will feed: the corpus's longest text, capped by ``max_length``."""
+    longest = int(lengths.max()) if lengths.size else 1
+    return max(1, min(int(max_length), longest))
+
+
 _MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant", "prompt")
 
 
@@ -388,21 +394,12 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         if store.complete:
             log.info("store already complete")
         state["store"] = store
-    if eng is None:
-        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts
-        # of at most max_len tokens (other engines ignore these).
-        options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
-        eng = create_engine(engine, handle, **options)
-        if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
-            picked = getattr(eng, "variant", None)
-            settings["variant"] = picked if picked not in ("", "fp32") else None
-            if store is not None and store.settings.get("variant") != settings["variant"]:
-                raise StoreError(f"{out} was made with variant={store.settings.get('variant')!r}, --engine auto "
-                                 f"picked {settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
-                                 "; pass the same --min-cosine, or use another --out")
-    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
-    settings["batch_tokens"] = batch_tokens
-    encoder = eng.encoder(max_len, settings["prompt"] or "")
+    from layerscope.engines.base import Encoder
+
+    # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
+    encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
+        Encoder(handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")
+    created = False
     if store is None:
         records, stats = _records_from(source, **reader)
         spool = _spool_corpus(records, out, encoder)
@@ -411,10 +408,28 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
                                   hidden_size=int(manifest["hidden_size"]), dtype=dtype,
                                   manifest=manifest, settings=settings)
         state["store"] = store
-        store.update_meta({"empty_texts": spool["empty"], "engine": eng.info.to_dict(),
-                           "nul_texts": spool["nul"],
+        store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
                            "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
+        created = True
     lengths = np.load(out / "lengths.npy")
+    if eng is None:
+        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts of
+        # the corpus's longest text (capped by max_length), not of the model's 32k context (other
+        # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
+        # engine does not start.
+        options = {"max_batch": max_batch, "max_seq": profile_max_seq(lengths, max_len), **(engine_options or {})}
+        eng = create_engine(engine, handle, **options)
+        if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
+            picked = getattr(eng, "variant", None)
+            settings["variant"] = picked if picked not in ("", "fp32") else None
+            if not created and store.settings.get("variant") != settings["variant"]:
+                raise StoreError(f"{out} was made with variant={store.settings.get('variant')!r}, --engine auto "
+                                 f"picked {settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
+                                 "; pass the same --min-cosine, or use another --out")
+    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
+    settings["batch_tokens"] = batch_tokens
+    if created:
+        store.update_meta({"engine": eng.info.to_dict(), "settings": settings})
     done = store.done_mask()
     already = int(done.sum())
     truncated = int((lengths > max_len).sum())

@@ -1,0 +1,126 @@
+"""Real model shapes end to end: build (random weights), export, extract per engine; one JSON per step.
+
+    python benchmarks/models/run.py qwen2.5-0.5b [--dtype fp32|fp16] [--texts 200] [--engines ort,torch]
+
+Each step runs in its own process under ``/usr/bin/time -v`` (peak RSS of that process alone):
+``build.py`` -> ``inspect export`` -> ``inspect extract`` once per engine, on the first ``--texts``
+sentences of the STS Benchmark test set (``$LAYERSCOPE_STS_DIR`` or ../shared/data/stsbenchmark).
+Figures go to ``benchmarks/models/results/<shape>-<dtype>.json``; ``--table`` prints the README
+table from every result file. Not part of the test-suite (a 3B shape needs ~12 GiB and hours on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RESULTS = HERE / "results"
+
+
+def _timed(cmd: list[str], log: Path) -> dict:
+    t = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.call(["/usr/bin/time", "-v", *cmd], stdout=f, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"})
+    text = log.read_text(errors="replace")
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
+    return {"rc": rc, "seconds": round(time.perf_counter() - t, 1),
+            "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
+            "loadavg": open("/proc/loadavg").read().split()[:3], "cmd": " ".join(cmd),
+            "tail": text.strip().splitlines()[-1][:300] if rc else ""}
+
+
+def _sts_texts(n: int, path: Path) -> Path:
+    sts = Path(os.environ.get("LAYERSCOPE_STS_DIR", REPO.parent / "shared" / "data" / "stsbenchmark"))
+    texts = []
+    with open(sts / "sts-test.csv", encoding="utf-8") as f:
+        for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            if len(row) >= 7:
+                texts.extend([row[5], row[6]])
+            if len(texts) >= n:
+                break
+    path.write_text("\n".join(texts[:n]) + "\n", encoding="utf-8")
+    return path
+
+
+def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, weights_dtype: str) -> dict:
+    py = sys.executable
+    model_dir, export_dir = work / "models" / shape, work / "exports" / f"{shape}-{dtype}"
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    result: dict = {"shape": shape, "dtype": dtype, "texts": n_texts}
+    if not (model_dir / "config.json").exists():
+        result["build"] = _timed([py, str(HERE / "build.py"), shape, str(model_dir), "--dtype", weights_dtype],
+                                 logs / f"{shape}-build.log")
+    result["export"] = _timed([py, "-m", "layerscope", "export", str(model_dir), "--out", str(export_dir),
+                               "--dtype", dtype, "--force"], logs / f"{shape}-{dtype}-export.log")
+    if result["export"]["rc"] == 0:
+        m = json.loads((export_dir / "manifest.json").read_text())
+        outs = m["parity"]["outputs"]
+        result["export"].update({
+            "export_seconds": m["export_seconds"], "onnx_gib": round(m["onnx_bytes"] / 2**30, 2),
+            "external_data": m["external_data"], "params_layers": m["num_layers"],
+            "parity_max_abs": max(v["max_abs"] for v in outs.values()),
+            "parity_min_cos": min(v["min_cos"] for v in outs.values()),
+            "peak_rss_in_manifest_gib": round(m.get("export_peak_rss_bytes", 0) / 2**30, 2)})
+        corpus = _sts_texts(n_texts, work / "texts.txt")
+        for engine in engines:
+            store = work / "stores" / f"{shape}-{dtype}-{engine}"
+            r = _timed([py, "-m", "layerscope", "extract", "--model", str(export_dir), "--input", str(corpus),
+                        "--out", str(store), "--engine", engine, "--layers", "all", "--force"],
+                       logs / f"{shape}-{dtype}-extract-{engine}.log")
+            if r["rc"] == 0:
+                meta = json.loads((store / "store.json").read_text())
+                secs = meta.get("seconds")  # the extract call: engine start, tokenizing, running, writing
+                r["texts_per_s"] = round(n_texts / secs, 2) if secs else round(n_texts / r["seconds"], 2)
+            result[f"extract_{engine}"] = r
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{shape}-{dtype}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def table() -> str:
+    rows = ["| shape | dtype | export s | export peak RSS GiB | ONNX GiB | parity max abs / min cos | "
+            "extract ort texts/s | extract torch texts/s |", "|---|---|---|---|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("*.json")):
+        r = json.loads(path.read_text())
+        e = r.get("export", {})
+        if e.get("rc"):
+            rows.append(f"| {r['shape']} | {r['dtype']} | failed: {e.get('tail', '')[:80]} | {e.get('peak_rss_gib')} "
+                        "| | | | |")
+            continue
+        tps = {k: r.get(f"extract_{k}", {}).get("texts_per_s", "-") for k in ("ort", "torch")}
+        rows.append(f"| {r['shape']} | {r['dtype']} | {e.get('export_seconds')} | {e.get('peak_rss_gib')} | "
+                    f"{e.get('onnx_gib')} | {e.get('parity_max_abs', 0):.2g} / {e.get('parity_min_cos', 0):.6f} | "
+                    f"{tps['ort']} | {tps['torch']} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shape", nargs="?")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
+    ap.add_argument("--weights-dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    ap.add_argument("--texts", type=int, default=200)
+    ap.add_argument("--engines", default="ort,torch")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/layerscope-shapes"))
+    ap.add_argument("--table", action="store_true")
+    args = ap.parse_args()
+    if args.table:
+        print(table())
+        return
+    print(json.dumps(run(args.shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype),
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
