@@ -136,8 +136,8 @@ class StallAfter70(Engine):
         self.preferred_batch_tokens = inner.preferred_batch_tokens
         self.calls = 0
 
-    def encoder(self, max_length=None):
-        return self.inner.encoder(max_length)
+    def encoder(self, max_length=None, prompt=""):
+        return self.inner.encoder(max_length, prompt)
 
     def run(self, batch, layers, poolings):
         self.calls += 1

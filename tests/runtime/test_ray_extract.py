@@ -185,7 +185,7 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
     half = LayerStore.open(tmp_path / "store", allow_incomplete=True)
     merged = int(np.asarray(half.done_mask()).sum())
     assert merged == 512 and not half.complete  # shards 0 and 1 are in; the rest is not
-    with pytest.raises(Exception, match="already holds a store"):
+    with pytest.raises(Exception, match="already holds a layer store"):
         extract_ray(bert_export, str(path), tmp_path / "store", **_ray_kw())
     seen: list[dict] = []
     report = extract_ray(bert_export, str(path), tmp_path / "store", resume=True, on_shard=seen.append, **_ray_kw())

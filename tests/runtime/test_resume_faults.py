@@ -62,8 +62,8 @@ class InterruptingEngine(Engine):
         self.calls = 0
         self.rows_done = 0  # rows of the batches that came back before the interrupt
 
-    def encoder(self, max_length=None):
-        return self.inner.encoder(max_length)
+    def encoder(self, max_length=None, prompt=""):
+        return self.inner.encoder(max_length, prompt)
 
     def run(self, batch, layers, poolings):
         self.calls += 1

@@ -79,7 +79,7 @@ def entry_name(handle, key: str) -> str:
     return f"{_slug(name)}-{key[:16]}"
 
 
-def _reusable(target: Path, key: str, trust_remote_code: bool):
+def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict | None = None):
     """The handle of a complete entry made for ``key``, else None."""
     from layerscope.errors import ManifestError
     from layerscope.export.manifest import MANIFEST, ModelHandle
@@ -93,6 +93,10 @@ def _reusable(target: Path, key: str, trust_remote_code: bool):
         return None
     if (handle.manifest.get("export_cache") or {}).get("key") != key:
         log.warning("cached export %s was made from other files or settings; exporting it again", target)
+        return None
+    if st_recipe is not None and handle.manifest.get("sentence_transformers") != st_recipe:
+        log.warning("cached export %s lacks this checkpoint's sentence-transformers recipe; exporting it again",
+                    target)
         return None
     return handle
 
@@ -108,12 +112,12 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     ident = export_key(handle, options)
     root = cache_root() / "exports"
     target = root / entry_name(handle, ident["key"])
-    found = _reusable(target, ident["key"], handle.trust_remote_code)
+    found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])
     if found is not None:
         return found
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f".{target.name}.lock")):
-        found = _reusable(target, ident["key"], handle.trust_remote_code)  # made while we waited?
+        found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])  # made while we waited?
         if found is not None:
             return found
         log.info("exporting %s to the cache: %s", handle.spec, target)
