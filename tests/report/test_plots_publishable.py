@@ -16,13 +16,17 @@ from layerscope.report import plots  # noqa: E402
 @pytest.fixture
 def figures(monkeypatch):
     """Every figure a plot function finishes, kept open for inspection instead of closed."""
-    kept = []
-    monkeypatch.setattr(plots, "_close", lambda plt, fig: kept.append(fig))
-    yield kept
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    close = plt.close
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    yield kept
     for fig in kept:
-        plt.close(fig)
+        close(fig)
 
 
 def _sts_results(data="/somewhere/my-pairs.tsv", probe=False):

@@ -44,11 +44,6 @@ def _layer_order(series) -> list[str]:
 CI_LABEL = "95% bootstrap CI"
 
 
-def _close(plt, fig) -> None:
-    """Release a finished figure (tests replace this to look at the figure instead)."""
-    plt.close(fig)
-
-
 def _outside_legend(ax, extra=()) -> None:
     """The legend to the right of the axes, where it cannot cover lines, bars or their value labels."""
     handles, labels = ax.get_legend_handles_labels()
@@ -80,7 +75,7 @@ def save(plt, fig, path: Path) -> str:
     """Write the figure as PNG at ``path`` and as SVG beside it (vector, for papers), then release it."""
     fig.savefig(_target(path), bbox_inches="tight", pad_inches=0.1)
     fig.savefig(_target(Path(path).with_suffix(".svg")), bbox_inches="tight", pad_inches=0.1)
-    _close(plt, fig)
+    plt.close(fig)
     return Path(path).name
 
 
