@@ -187,11 +187,13 @@ class Pooling(Analysis):
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.analyses.common import data_label
         from layerscope.report.plots import bars, xy_lines
 
         made = []
         multi = len(results.get("per_model", {})) > 1
-        for metric, label in (("spearman", "STS Spearman"), ("mrr", "retrieval MRR")):
+        on = data_label(results)
+        for metric, label in (("spearman", f"STS Spearman{on}"), ("mrr", f"retrieval MRR{on}")):
             groups, errors = {}, {}
             for model, fig in results.get("per_model", {}).items():
                 for r in fig["tables"]["variants"]:

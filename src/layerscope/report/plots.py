@@ -168,7 +168,9 @@ def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, 
     tops = []
     for j, label in enumerate(labels):
         vals = [inner.get(label) for inner in groups.values()]
-        rects = ax.bar(xs + j * width - 0.4 + width / 2, _nan(vals), width, label=label)
+        # one bar per group: its name goes in the title, not in a legend box that takes half the figure
+        rects = ax.bar(xs + j * width - 0.4 + width / 2, _nan(vals), width,
+                       label=label if len(labels) > 1 else f"_{label}")
         for r, v, group in zip(rects, vals, groups):
             if v is None:
                 continue
@@ -197,7 +199,7 @@ def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, 
         extra.append(Line2D([], [], color="black", marker="|", linestyle="none", markersize=10,
                             label=f"error bar: {CI_LABEL}"))
     _outside_legend(ax, extra)
-    fit_title(fig, ax, title)
+    fit_title(fig, ax, title + (f"\n{labels[0]}" if len(labels) == 1 else ""))
     return save(plt, fig, path)
 
 
@@ -236,11 +238,12 @@ def heatmap(path: Path, matrix, row_labels: Sequence[str], col_labels: Sequence[
     ax.set_yticks(range(len(row_labels)))
     ax.set_yticklabels(row_labels)
     if annotate and m.size <= 900:
+        size = 8 if max(m.shape) <= 10 else 7 if max(m.shape) <= 16 else 6
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
                 if np.isfinite(m[i, j]):
                     cell = im.cmap(im.norm(m[i, j]))
-                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=size,
                             color=text_color_for(cell))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
