@@ -40,7 +40,7 @@ LAYOUT = {
                "trt_cache", "*.tmp*"),
     "store": ("store.json", "texts.jsonl", "texts.jsonl.partial", "lengths.npy", "done.npy", "arrays",
               "arrays.partial", "index-*", "*.lock", "*.tmp*", "checksums*"),
-    "result": ("results.json", "report.md", "*.csv", "*.png", "*.html", "*.tmp*"),
+    "result": ("results.json", "report.md", "*.csv", "*.png", "*.svg", "*.html", "*.tmp*"),
     "index": ("index.json", "index.faiss", "index.faiss.partial", "*.tmp*"),
 }
 
