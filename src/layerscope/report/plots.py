@@ -68,7 +68,7 @@ def fit_title(fig, ax, text: str) -> None:
         if box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height:
             return
         width = max(12, int(width * 0.8))
-        ax.set_title("\n".join(textwrap.fill(line, width) for line in text.splitlines()))
+        ax.set_title("\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.splitlines()))
 
 
 def save(plt, fig, path: Path) -> str:
