@@ -34,13 +34,13 @@ SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "result
 
 # What layerscope itself writes at the top of each kind of directory (shell patterns).
 LAYOUT = {
-    "export": ("manifest.json", "model*.onnx", "model*.onnx_data", "*.onnx.tmp", "lens-k*.onnx", "lens-k*.json",
+    "export": ("manifest.json", "model*.onnx", "model*.onnx_data", "*.onnx.tmp", "lens-k*.onnx", "lens-k*.onnx_data", "lens-k*.json",
                "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json",
                "merges.txt", "spiece.model", "sentencepiece.bpe.model", "config.json", "chat_template.jinja",
-               "trt_cache", "*.tmp*"),
+               "trt_cache", "peers", "*.tmp*"),
     "store": ("store.json", "texts.jsonl", "texts.jsonl.partial", "lengths.npy", "done.npy", "arrays",
               "arrays.partial", "index-*", "*.lock", "*.tmp*", "checksums*", "shards", "ray-offsets.npy"),
-    "result": ("results.json", "report.md", "*.csv", "*.png", "*.html", "*.tmp*"),
+    "result": ("results.json", "report.md", "*.csv", "*.png", "*.svg", "*.html", "mteb", "*.tmp*"),
     "index": ("index.json", "index.faiss", "index.faiss.partial", "*.tmp*"),
 }
 

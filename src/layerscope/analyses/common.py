@@ -78,3 +78,16 @@ def model_layer_series(results: dict, table: str, value: str, *, split: str = "p
             layers.append(str(row["layer"]))
             values.append(row.get(value))
     return series
+
+
+def data_label(results: dict) -> str:
+    """`` (on FILE)`` for axis labels: the data file the saved results were computed from, as they record it."""
+    data = (results.get("settings") or {}).get("data")
+    if not data:
+        for figures in (results.get("per_model") or {}).values():
+            data = ((figures.get("summary") or {}).get("data") or {}).get("source")
+            if data:
+                break
+    if not data:
+        return ""
+    return f" (on {str(data).replace(chr(92), '/').rstrip('/').split('/')[-1]})"

@@ -187,17 +187,22 @@ class Pooling(Analysis):
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
+        from layerscope.analyses.common import data_label
         from layerscope.report.plots import bars, xy_lines
 
         made = []
         multi = len(results.get("per_model", {})) > 1
-        for metric, label in (("spearman", "STS Spearman"), ("mrr", "retrieval MRR")):
-            groups = {}
+        on = data_label(results)
+        for metric, label in (("spearman", f"STS Spearman{on}"), ("mrr", f"retrieval MRR{on}")):
+            groups, errors = {}, {}
             for model, fig in results.get("per_model", {}).items():
                 for r in fig["tables"]["variants"]:
-                    groups.setdefault(r["variant"] if not multi else f"{model}\n{r['variant']}", {})[model] = r[metric]
+                    key = r["variant"] if not multi else f"{model}\n{r['variant']}"
+                    groups.setdefault(key, {})[model] = r[metric]
+                    if r.get(f"{metric}_ci_low") is not None:
+                        errors.setdefault(key, {})[model] = (r[f"{metric}_ci_low"], r[f"{metric}_ci_high"])
             made.append(bars(out_dir / f"pooling_{metric}.png", groups, title=f"{label} by vector choice (float32)",
-                             ylabel=label))
+                             ylabel=label, errors=errors or None))
         for metric, label in (("retention_spearman", "share of float32 STS Spearman kept"),
                               ("retention_mrr", "share of float32 retrieval MRR kept")):
             series = {}

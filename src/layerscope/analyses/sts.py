@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
-from layerscope.analyses.common import (best_row, layers_for, model_layer_series, poolings_for,
+from layerscope.analyses.common import (best_row, data_label, layers_for, model_layer_series, poolings_for,
                                         similarity_correlations)
 from layerscope.errors import InputError
 
@@ -198,21 +198,28 @@ class STS(Analysis):
         from layerscope.report.plots import bars, layer_lines
 
         names = list(results.get("per_model", {}))
+        on = data_label(results)
         made = []
         for value in ("spearman", "pearson"):
             series = model_layer_series(results, "layers", value)
             if series:
+                lows = model_layer_series(results, "layers", f"{value}_ci_low")
+                highs = model_layer_series(results, "layers", f"{value}_ci_high")
+                bands = {k: (lows[k][1], highs[k][1]) for k in series
+                         if k in lows and any(v is not None for v in lows[k][1])}
                 made.append(layer_lines(out_dir / f"sts_{value}_by_layer.png", series,
                                         title=f"STS: {value.capitalize()} of cosine vs human score by layer"
                                               + (f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""),
-                                        ylabel=f"{value.capitalize()} (test)"))
-        groups = {}
+                                        ylabel=f"{value.capitalize()}{on}", bands=bands))
+        groups, errors = {}, {}
         for model, fig in results.get("per_model", {}).items():
             if fig.get("probe"):
                 groups[model] = {r["name"]: r.get("spearman") for r in fig["probe"]["rows"]}
+                errors[model] = {r["name"]: (r.get("spearman_ci_low"), r.get("spearman_ci_high"))
+                                 for r in fig["probe"]["rows"]}
         if groups:
-            made.append(bars(out_dir / "sts_probe.png", groups, title="STS test Spearman: probes vs single layers",
-                             ylabel="Spearman (test)"))
+            made.append(bars(out_dir / "sts_probe.png", groups, title=f"STS Spearman{on}: probes vs single layers",
+                             ylabel=f"Spearman{on}", errors=errors))
         return made
 
     def report(self, results: dict[str, Any]) -> str:

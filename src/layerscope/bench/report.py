@@ -83,15 +83,14 @@ def write_results(bench: dict[str, Any], out_dir: str | Path, *, plot: bool = Tr
 
 
 def bar_plot(bench: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    """Throughput bars, written as PNG at ``path`` and SVG beside it; the title wraps to stay inside."""
+    from layerscope.report.plots import _plt, fit_title, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     rows = [r for r in bench["results"] if r.get("available")]
     names = [r["engine"] for r in rows]
     speeds = [r["texts_per_s"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4), dpi=110)
     colors = ["#999999" if r["kind"] == "baseline" else "#3b6ea5" for r in rows]
     bars = ax.bar(names, speeds, color=colors)
     for bar, r in zip(bars, rows):
@@ -99,10 +98,8 @@ def bar_plot(bench: dict[str, Any], path: Path) -> None:
         ax.annotate(f"{r['texts_per_s']:,.0f}" + (f"\n{x:.1f}x" if x else ""),
                     (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("texts / s")
-    ax.set_title(f"{bench['model']['source']}: {bench['corpus']['texts']:,} texts, "
-                 f"{len(bench['settings']['layers'])} layers {bench['settings']['pooling']}-pooled")
     ax.tick_params(axis="x", rotation=30)
     ax.margins(y=0.2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fit_title(fig, ax, f"{bench['model']['source']}: {bench['corpus']['texts']:,} texts, "
+                       f"{len(bench['settings']['layers'])} layers {bench['settings']['pooling']}-pooled")
+    save(plt, fig, Path(path))

@@ -41,42 +41,92 @@ def _layer_order(series) -> list[str]:
     return sorted(names, key=key)
 
 
-def _finish(plt, fig, ax, path: Path, *, title: str, xlabel: str, ylabel: str, hline: float | None,
-            legend: bool) -> str:
-    """The common end of a line plot: reference line, labels, grid, legend, save, close."""
-    if hline is not None:
-        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(_target(path))
+CI_LABEL = "95% bootstrap CI"
+
+
+def _outside_legend(ax, extra=()) -> None:
+    """The legend to the right of the axes, where it cannot cover lines, bars or their value labels."""
+    handles, labels = ax.get_legend_handles_labels()
+    for handle in extra:
+        handles.append(handle)
+        labels.append(handle.get_label())
+    if handles:
+        ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  frameon=False)
+
+
+def fit_title(fig, ax, text: str) -> None:
+    """Set the title, re-wrapping it onto more lines until it lies inside the figure after layout."""
+    import textwrap
+
+    ax.set_title(text)
+    width = max(len(line) for line in text.splitlines() or [""])
+    for _ in range(12):
+        fig.tight_layout()
+        renderer = fig.canvas.get_renderer()
+        box = ax.title.get_window_extent(renderer)
+        if box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height:
+            return
+        width = max(12, int(width * 0.8))
+        ax.set_title("\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.splitlines()))
+
+
+def save(plt, fig, path: Path) -> str:
+    """Write the figure as PNG at ``path`` and as SVG beside it (vector, for papers), then release it."""
+    fig.savefig(_target(path), bbox_inches="tight", pad_inches=0.1)
+    fig.savefig(_target(Path(path).with_suffix(".svg")), bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return Path(path).name
 
 
+def _finish(plt, fig, ax, path: Path, *, title: str, xlabel: str, ylabel: str, hline: float | None,
+            legend: bool, extra_handles=()) -> str:
+    """The common end of a line plot: reference line, labels, grid, legend, save, close."""
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        _outside_legend(ax, extra_handles)
+    fit_title(fig, ax, title)
+    return save(plt, fig, path)
+
+
+def _nan(values) -> list[float]:
+    return [float("nan") if v is None else float(v) for v in values]
+
+
 def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[float | None]]], *, title: str,
-                ylabel: str, xlabel: str = "layer", hline: float | None = None) -> str:
+                ylabel: str, xlabel: str = "layer", hline: float | None = None,
+                bands: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None) -> str:
     """One line per series over layer names; None values leave gaps (undefined figures).
 
     Series may cover different layers (models of different depth side by side): the x axis is the
-    union of their layer names, each series drawn at its own names.
+    union of their layer names, each series drawn at its own names. ``bands`` gives, per series label,
+    the (low, high) ends of an interval at the same layers, drawn as a shaded band in the line's colour.
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     order = _layer_order(series)
     pos = {name: i for i, name in enumerate(order)}
+    extra = []
     for label, (layers, values) in series.items():
         xs = [pos[str(name)] for name in layers]
-        ys = [float("nan") if v is None else v for v in values]
-        ax.plot(xs, ys, marker="o", label=label)
+        (line,) = ax.plot(xs, _nan(values), marker="o", label=label)
+        band = (bands or {}).get(label)
+        if band is not None:
+            poly = ax.fill_between(xs, _nan(band[0]), _nan(band[1]), color=line.get_color(), alpha=0.2,
+                                   linewidth=0, label=f"_{label} {CI_LABEL}")
+            poly.set_gid(f"ci:{label}")
+    if bands and any(b is not None for b in bands.values()):
+        from matplotlib.patches import Patch
+
+        extra.append(Patch(facecolor="grey", alpha=0.3, label=f"shaded: {CI_LABEL}"))
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(order)
     return _finish(plt, fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel, hline=hline,
-                   legend=bool(series))
+                   legend=bool(series), extra_handles=extra)
 
 
 def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float | None]]], *, title: str,
@@ -85,7 +135,7 @@ def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     for label, (xs, values) in series.items():
-        ax.plot(list(xs), [float("nan") if v is None else v for v in values], marker="o", label=label)
+        ax.plot(list(xs), _nan(values), marker="o", label=label)
     if logx:
         ax.set_xscale("log", base=2)
         ticks = sorted({x for xs, _ in series.values() for x in xs})
@@ -95,8 +145,13 @@ def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float
                    legend=bool(series))
 
 
-def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, ylabel: str) -> str:
-    """Grouped bars: one group per key of ``groups``, one bar per inner key; None bars are left out."""
+def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, ylabel: str,
+         errors: dict[str, dict[str, tuple[float | None, float | None] | None]] | None = None) -> str:
+    """Grouped bars: one group per key of ``groups``, one bar per inner key; None bars are left out.
+
+    ``errors`` gives, per group and bar, the (low, high) ends of an interval drawn as an error bar;
+    each bar's value label sits above the higher of the bar and its interval, the legend outside.
+    """
     import numpy as np
 
     plt = _plt()
@@ -105,52 +160,93 @@ def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, 
         for k in inner:
             if k not in labels:
                 labels.append(k)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(labels)) / 2), 4.5), dpi=120)
+    n_bars = len(groups) * max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(min(16, max(6, 0.45 * n_bars + 2)), 4.5), dpi=120)
     width = 0.8 / max(1, len(labels))
     xs = np.arange(len(groups))
+    rotate = n_bars > 8  # narrow bars: value labels stand upright so neighbours never run into each other
+    tops = []
     for j, label in enumerate(labels):
         vals = [inner.get(label) for inner in groups.values()]
-        heights = [float("nan") if v is None else v for v in vals]
-        rects = ax.bar(xs + j * width - 0.4 + width / 2, heights, width, label=label)
-        for r, v in zip(rects, vals):
-            if v is not None:
-                ax.annotate(f"{v:.3f}", (r.get_x() + r.get_width() / 2, r.get_height()), ha="center",
-                            va="bottom", fontsize=7)
+        # one bar per group: its name goes in the title, not in a legend box that takes half the figure
+        rects = ax.bar(xs + j * width - 0.4 + width / 2, _nan(vals), width,
+                       label=label if len(labels) > 1 else f"_{label}")
+        for r, v, group in zip(rects, vals, groups):
+            if v is None:
+                continue
+            x = r.get_x() + r.get_width() / 2
+            top = v
+            ci = ((errors or {}).get(group) or {}).get(label)
+            if ci is not None and ci[0] is not None and ci[1] is not None:
+                eb = ax.errorbar([x], [v], yerr=[[v - ci[0]], [ci[1] - v]], fmt="none", ecolor="black",
+                                 elinewidth=1, capsize=3, label=f"_ci {group} {label}")
+                eb.lines[2][0].set_gid(f"ci:{group}:{label}")
+                top = max(v, ci[1])
+            tops.append(top)
+            ax.annotate(f"{v:.3f}", (x, top), xytext=(0, 2), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7, rotation=90 if rotate else 0)
+    if tops:  # head room for the labels above the tallest bar
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, max(hi, max(tops)) + (max(hi, max(tops)) - lo) * (0.18 if rotate else 0.08))
     ax.set_xticks(xs)
-    ax.set_xticklabels(list(groups))
-    ax.set_title(title)
+    ax.set_xticklabels(list(groups), rotation=30 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(_target(path))
-    plt.close(fig)
-    return Path(path).name
+    extra = []
+    if errors:
+        from matplotlib.lines import Line2D
+
+        extra.append(Line2D([], [], color="black", marker="|", linestyle="none", markersize=10,
+                            label=f"error bar: {CI_LABEL}"))
+    _outside_legend(ax, extra)
+    fit_title(fig, ax, title + (f"\n{labels[0]}" if len(labels) == 1 else ""))
+    return save(plt, fig, path)
+
+
+def relative_luminance(rgb) -> float:
+    """WCAG 2 relative luminance of an sRGB colour given as floats in [0, 1]."""
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (lin(float(c)) for c in tuple(rgb)[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast_ratio(rgb1, rgb2) -> float:
+    """WCAG 2 contrast ratio between two colours (1 = none, 21 = black on white)."""
+    a, b = sorted((relative_luminance(rgb1), relative_luminance(rgb2)), reverse=True)
+    return (a + 0.05) / (b + 0.05)
+
+
+def text_color_for(rgb) -> str:
+    """Black or white, whichever reads better on a cell of colour ``rgb``."""
+    return "black" if contrast_ratio(rgb, (0, 0, 0)) >= contrast_ratio(rgb, (1, 1, 1)) else "white"
 
 
 def heatmap(path: Path, matrix, row_labels: Sequence[str], col_labels: Sequence[str], *, title: str,
             xlabel: str = "", ylabel: str = "", vmin: float | None = None, vmax: float | None = None,
             annotate: bool = True) -> str:
+    """A matrix as coloured cells; each value printed in black or white, whichever contrasts with its cell."""
     import numpy as np
 
     plt = _plt()
     m = np.asarray(matrix, dtype=float)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * len(col_labels), 1.0 + 0.5 * len(row_labels)), dpi=120)
+    fig, ax = plt.subplots(figsize=(2.0 + 0.55 * len(col_labels), 1.5 + 0.5 * len(row_labels)), dpi=120)
     im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="viridis")
     ax.set_xticks(range(len(col_labels)))
     ax.set_xticklabels(col_labels)
     ax.set_yticks(range(len(row_labels)))
     ax.set_yticklabels(row_labels)
     if annotate and m.size <= 900:
+        size = 8 if max(m.shape) <= 10 else 7 if max(m.shape) <= 16 else 6
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
                 if np.isfinite(m[i, j]):
-                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
-    ax.set_title(title)
+                    cell = im.cmap(im.norm(m[i, j]))
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=size,
+                            color=text_color_for(cell))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(_target(path))
-    plt.close(fig)
-    return Path(path).name
+    fit_title(fig, ax, title)
+    return save(plt, fig, path)
