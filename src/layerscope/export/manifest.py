@@ -7,7 +7,6 @@ directly and the ONNX engines get exported on first use.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -16,18 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ManifestError
+from layerscope.hashing import file_sha256  # noqa: F401  (imported from here by older callers)
 
 MANIFEST = "manifest.json"
 ONNX_FILE = "model.onnx"
 FORMAT_VERSION = 1
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(export_dir: Path) -> dict[str, Any]:

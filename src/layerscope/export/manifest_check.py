@@ -19,12 +19,12 @@ lens graph against its sidecar.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from layerscope.hashing import file_sha256
 from layerscope.errors import ManifestError
 
 MANIFEST = "manifest.json"
@@ -151,13 +151,6 @@ def check_paths(export_dir: Path, manifest: dict[str, Any]) -> Path:
 
 # ---------------------------------------------------------------- recording and verifying
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def file_records(export_dir: Path) -> dict[str, dict[str, Any]]:
     """``{relative path: {"sha256", "bytes"}}`` of every file in the export dir but the manifest."""
@@ -166,7 +159,7 @@ def file_records(export_dir: Path) -> dict[str, dict[str, Any]]:
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
         rel = path.relative_to(root).as_posix()
         if rel != MANIFEST:
-            out[rel] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+            out[rel] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
     return out
 
 
@@ -212,7 +205,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
             problems.append(f"{rel} is missing")
         elif not digest:
             problems.append(f"{rel} has no recorded sha256")
-        elif _sha256(path) != digest:
+        elif file_sha256(path) != digest:
             problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed after export")
         else:
             checked += 1

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.hashing import file_sha256
+
 TEXTS = "texts.jsonl"
 DONE = "done.npy"
 LENGTHS = "lengths.npy"
@@ -119,13 +121,6 @@ def _names(problems: list[str], rel: str) -> bool:
     return any(p.startswith(rel + " ") for p in problems)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def checksum_files(meta: dict[str, Any], root: Path) -> list[str]:
     rels = array_files(meta) + [DONE, TEXTS]
@@ -137,7 +132,7 @@ def checksums(root: Path, meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     root = Path(root)
     rels = checksum_files(meta, root)
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:  # hashlib drops the GIL
-        digests = list(pool.map(lambda rel: _sha256(root / rel), rels))
+        digests = list(pool.map(lambda rel: file_sha256(root / rel), rels))
     return {rel: {"sha256": d, "bytes": (root / rel).stat().st_size} for rel, d in zip(rels, digests)}
 
 
@@ -163,7 +158,7 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     checked = 0
     rels = [rel for rel in recorded if (root / rel).is_file()]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        digests = dict(zip(rels, pool.map(lambda rel: _sha256(root / rel), rels)))
+        digests = dict(zip(rels, pool.map(lambda rel: file_sha256(root / rel), rels)))
     for rel, rec in recorded.items():
         if rel not in digests:
             if not _names(problems, rel):
