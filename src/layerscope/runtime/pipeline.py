@@ -106,7 +106,7 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
 
     with open(texts_tmp, "w", encoding="utf-8") as fh:
         for rec in records:
-            line = _record_line(rec)
+            line = record_line(rec)
             fh.write(line + "\n")
             h.update(line.encode("utf-8") + b"\n")
             n += 1
@@ -129,7 +129,8 @@ def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, A
     return {"n": n, "empty": empty, "nul": nul, "sha256": h.hexdigest()}
 
 
-def _record_line(rec) -> str:
+def record_line(rec) -> str:
+    """One row of texts.jsonl; the corpus hash that --resume checks is the sha256 of these lines."""
     return json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False)
 
 
@@ -137,7 +138,7 @@ def _corpus_sha256(records: Iterable) -> str:
     """The hash ``_spool_corpus`` records for these records, without writing anything."""
     h = hashlib.sha256()
     for rec in records:
-        h.update(_record_line(rec).encode("utf-8") + b"\n")
+        h.update(record_line(rec).encode("utf-8") + b"\n")
     return h.hexdigest()
 
 

@@ -32,6 +32,7 @@ SHARDS = "shards"
 
 def spool_corpus(records, out: Path) -> dict[str, Any]:
     """texts.jsonl exactly as ``extract`` writes it, plus the byte offset of every GRANULE-th row."""
+    from layerscope.runtime.pipeline import record_line
     from layerscope.runtime.store import TEXTS
 
     tmp = out / (TEXTS + ".partial")
@@ -43,7 +44,7 @@ def spool_corpus(records, out: Path) -> dict[str, Any]:
             for rec in records:
                 if n % GRANULE == 0:
                     offsets.append(pos)
-                line = json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False).encode("utf-8") + b"\n"
+                line = record_line(rec).encode("utf-8") + b"\n"  # the same bytes and hash as extract
                 fh.write(line)
                 h.update(line)
                 pos += len(line)
