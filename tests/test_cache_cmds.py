@@ -9,17 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layerscope.cli import main
-
-
-def cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
+from cli_helpers import run_cli as cli
 
 
 def _export_entry(root: Path, name: str, model: str, version: str, age_days: float = 0.0) -> Path:

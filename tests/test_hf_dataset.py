@@ -9,9 +9,9 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from layerscope.cli import main  # noqa: E402
 from layerscope.errors import InputError  # noqa: E402
 from layerscope.runtime.corpus import read_corpus  # noqa: E402
+from cli_helpers import run_cli  # noqa: E402
 
 S1 = ["a cat sits", "a dog runs", "the sun is hot", "rain falls down", "the river flows", "he reads books"]
 S2 = ["a kitten sits", "a puppy runs", "the moon is cold", "it rains", "water moves", "she writes letters"]
@@ -28,16 +28,6 @@ def saved(tmp_path_factory):
     arrow = sorted((root / "single").glob("*.arrow"))
     assert len(arrow) == 1
     return {"dict": root / "dict", "single": root / "single", "arrow": arrow[0]}
-
-
-def run_cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 @pytest.mark.parametrize("kind,split", [("dict", "test"), ("single", None), ("arrow", None)])

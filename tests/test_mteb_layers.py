@@ -11,19 +11,9 @@ import pytest
 mteb = pytest.importorskip("mteb")
 pytest.importorskip("datasets")
 
-from layerscope.cli import main  # noqa: E402
 from test_st_pooling import make_st_checkpoint  # noqa: E402
 from tiny_models import TRAINING_SENTENCES  # noqa: E402
-
-
-def cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
+from cli_helpers import run_cli as cli  # noqa: E402
 
 
 def mteb_reference(model_dir, pairs_path) -> float:

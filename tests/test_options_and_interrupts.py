@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerscope.cli import main
 from layerscope.errors import InputError
 from layerscope.export.exporter import export_model
 from layerscope.runtime.pipeline import embed, extract
 from layerscope.runtime.store import LayerStore
+from cli_helpers import run_cli as cli
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 
@@ -32,16 +32,6 @@ def bert_export(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("opt-export") / "onnx"
     export_model(str(tiny_model("bert")), out)
     return out
-
-
-def cli(args, capsys) -> tuple[int, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 # ---------------------------------------------------------------- options

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from layerscope.cli import main
+from cli_helpers import run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -37,13 +37,8 @@ def two_models(tiny_model, tmp_path_factory):
 
 
 def cli(args, capsys) -> tuple[int, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, " ".join((out.out + out.err).split())
+    code, text = run_cli(args, capsys)
+    return code, " ".join(text.split())  # rich wraps long lines
 
 
 RUN = ["run", "compositionality", "--engine", "torch", "--layers", "-1", "--no-cache"]

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from layerscope.cli import main
 from layerscope.errors import InputError
+from cli_helpers import run_cli as cli
 
 TEXTS = ["a cat sat on the mat", "", "the weather today is sunny", "water boils at 100 degrees",
          "neural networks learn"]
@@ -23,16 +23,6 @@ def store(tiny_model, tmp_path_factory):
     from layerscope.runtime.store import LayerStore
 
     return LayerStore.open(out)
-
-
-def cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 def test_parquet_holds_ids_texts_and_every_vector(store, tmp_path, capsys, monkeypatch):

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerscope.cli import main
 from layerscope.errors import InputError, LayerscopeError
 from layerscope.export.exporter import export_model
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
+from cli_helpers import run_cli as cli
 
 MARKER = ".layerscope.json"
 
@@ -49,16 +49,6 @@ def corpus_file(tmp_path) -> Path:
     p = tmp_path / "corpus.txt"
     p.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     return p
-
-
-def cli(args, capsys) -> tuple[int, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out + out.err
 
 
 def one_error(code, text, *needles):

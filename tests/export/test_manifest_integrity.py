@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from layerscope.cli import main
 from layerscope.errors import ManifestError
 from layerscope.export.exporter import export_model
 from layerscope.export.manifest import ModelHandle, file_sha256
+from cli_helpers import cli_output
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +35,7 @@ def edit(path: Path, fn) -> None:
 
 
 def verify_cli(path, capsys):
-    code = 0
-    try:
-        main(["verify", str(path)])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
+    code, out, err = cli_output(["verify", path], capsys)
     return code, out, [line for line in err.splitlines() if line.strip()]
 
 

@@ -8,11 +8,11 @@ import shutil
 import numpy as np
 import pytest
 
-from layerscope.cli import main
 from layerscope.errors import StoreError
 from layerscope.export.exporter import export_model
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
+from cli_helpers import cli_output
 
 TEXTS = [f"text number {i} about a cat and a dog" for i in range(40)]
 
@@ -34,12 +34,7 @@ def store(template, tmp_path):
 
 
 def verify_cli(path, capsys):
-    code = 0
-    try:
-        main(["verify", str(path)])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
+    code, out, err = cli_output(["verify", path], capsys)
     return code, out, err
 
 

@@ -1,0 +1,22 @@
+"""Run the layerscope CLI in-process and collect what it printed and the exit code it chose."""
+
+from __future__ import annotations
+
+from layerscope.cli import main
+
+
+def cli_output(args, capsys) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``layerscope ARGS`` (0 when main returns without exiting)."""
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def run_cli(args, capsys) -> tuple[int, str]:
+    """``(exit code, stdout + stderr)`` of ``layerscope ARGS``."""
+    code, out, err = cli_output(args, capsys)
+    return code, out + err
