@@ -58,3 +58,13 @@ def sts_dir():
     if not (path / "sts-test.csv").exists():
         pytest.skip(f"STS Benchmark not found at {path} (set LAYERSCOPE_STS_DIR)")
     return path
+
+
+@pytest.fixture(scope="module")
+def bert_export(tiny_model, tmp_path_factory):
+    """A tiny BERT exported with the default outputs, once per test module (a module may alter it)."""
+    from layerscope.export.exporter import export_model
+
+    out = tmp_path_factory.mktemp("bert-export") / "onnx"
+    export_model(str(tiny_model("bert")), out)
+    return out

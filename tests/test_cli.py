@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from layerscope.cli import main
-from layerscope.export.exporter import export_model
 
 
 def run_cli(args, capsys):
@@ -28,13 +27,6 @@ def ok_cli(args, capsys):
         assert exc.code in (0, None), capsys.readouterr()
     out = capsys.readouterr()
     return out.out + out.err
-
-
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
 
 
 def assert_one_error_line(code, text, *needles):

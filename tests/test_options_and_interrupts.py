@@ -27,13 +27,6 @@ def corpus(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("opt-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
-
-
 # ---------------------------------------------------------------- options
 
 @pytest.mark.parametrize("option, needle", [

@@ -37,13 +37,6 @@ def claim(*args, **kw):
 TEXTS = ["a cat sits", "the dog runs in the park", "", "two birds fly over a lake", "hello"]
 
 
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("own-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
-
-
 @pytest.fixture()
 def corpus_file(tmp_path) -> Path:
     p = tmp_path / "corpus.txt"

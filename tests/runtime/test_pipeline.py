@@ -14,7 +14,6 @@ import pytest
 
 from layerscope.engines.base import create_engine
 from layerscope.errors import InputError, Interrupted, StoreError
-from layerscope.export.exporter import export_model
 from layerscope.export.manifest import ModelHandle
 from layerscope.runtime.pipeline import embed, extract, plan_batches
 from layerscope.runtime.store import LayerStore
@@ -25,13 +24,6 @@ WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs
 def corpus(n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
 
 
 def test_plan_batches_sorts_by_length_and_respects_the_budget():

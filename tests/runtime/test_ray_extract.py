@@ -115,15 +115,6 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    from layerscope.export.exporter import export_model
-
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def small_corpus(bert_export, tmp_path_factory):
     """1,100 texts as JSONL with user ids, and the plain single-process store of them."""
     import json

@@ -19,18 +19,10 @@ import numpy as np
 import pytest
 
 from layerscope.errors import StoreError
-from layerscope.export.exporter import export_model
 from layerscope.export.manifest import ModelHandle
 from layerscope.runtime.store import LayerStore
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from layerscope.errors import StoreError
-from layerscope.export.exporter import export_model
 from layerscope.runtime.pipeline import embed, extract
 from layerscope.runtime.store import LayerStore
 from layerscope.runtime.store_lock import acquire, lock_path, release
@@ -25,13 +24,6 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 def corpus(n: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
-    return out
 
 
 def _cli(export, path, out, *extra):
