@@ -17,8 +17,6 @@ from layerscope.errors import InputError, ModelNotFoundError
 
 Kind = Literal["encoder", "decoder"]
 
-POOLINGS = ("mean", "cls", "last", "max", "eos", "mean-nobos", "st")
-
 
 @dataclass(frozen=True)
 class Family:

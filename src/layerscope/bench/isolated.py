@@ -160,7 +160,7 @@ def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, 
 def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
-    from layerscope.engines.base import resolve_layers
+    from layerscope.vocab.layers import resolve_layers
     from layerscope.export.manifest import ModelHandle
 
     say = cfg.progress or (lambda msg: None)

@@ -179,6 +179,7 @@ def _hf_eager(cfg: BenchConfig, source, family, num_layers: int, layers: list[st
     from transformers import AutoModel, AutoTokenizer
 
     from layerscope.bench.machine import PeakMemory
+    from layerscope.vocab.pooling import pool_torch
 
     run = _Run(HF_EAGER, "baseline", f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order")
     t0 = time.perf_counter()
@@ -197,7 +198,7 @@ def _hf_eager(cfg: BenchConfig, source, family, num_layers: int, layers: list[st
             out = net(**enc, output_hidden_states=True)
             states = [word_emb(enc["input_ids"]) if name == "raw" else out.hidden_states[int(name)]
                       for name in layers]
-            pooled = [_torch_pool(s, enc["attention_mask"], cfg.pooling) for s in states]
+            pooled = [pool_torch(s, enc["attention_mask"], cfg.pooling) for s in states]
         return torch.stack(pooled).numpy(), int(enc["attention_mask"].sum())
 
     texts = cfg.texts
@@ -223,21 +224,6 @@ def _hf_eager(cfg: BenchConfig, source, family, num_layers: int, layers: list[st
         return np.concatenate(out, axis=1)
 
     return run, vectors, sts_encode, lambda: None
-
-
-def _torch_pool(states, mask, mode: str):
-    import torch
-
-    from layerscope.runtime.pooling import pooling_weights
-
-    if mode == "max":
-        filled = states.masked_fill(mask[..., None] == 0, float("-inf"))
-        return filled.max(dim=1).values
-    if mode == "mean":
-        m = mask.to(states.dtype)[..., None]
-        return (states * m).sum(1) / m.sum(1).clamp(min=1.0)
-    w = torch.from_numpy(pooling_weights(mode, mask.numpy())).to(states.dtype)
-    return torch.einsum("bsh,bs->bh", states, w)
 
 
 def _sentence_transformers(cfg: BenchConfig, source, n_acc: int):
@@ -393,7 +379,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
-    from layerscope.engines.base import resolve_layers
+    from layerscope.vocab.layers import resolve_layers
     from layerscope.export.manifest import ModelHandle
 
     from layerscope.limits import check_limits, check_max_length
@@ -414,9 +400,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         layers = [str(i) for i in range(num_layers + 1)]
     else:
         layers = resolve_layers(cfg.layers, num_layers)
-    from layerscope.runtime.pooling import check_poolings
+    from layerscope.vocab.pooling import MASK_POOLINGS, check_poolings
 
-    cfg.pooling = check_poolings([cfg.pooling], available=("mean", "cls", "max", "last", "mean-nobos"))[0]
+    cfg.pooling = check_poolings([cfg.pooling], available=MASK_POOLINGS)[0]
     cfg.extra.setdefault("hidden_size", int(manifest["hidden_size"]))
     cfg.extra.setdefault("max_length", int(manifest["max_length"]))
     n_acc = min(len(cfg.texts), cfg.accuracy_rows)

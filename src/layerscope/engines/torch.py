@@ -6,7 +6,8 @@ import numpy as np
 
 from layerscope.engines.base import Batch, Engine, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool, with_st
+from layerscope.stconfig import st_recipe
+from layerscope.vocab.pooling import ST, pool, with_st
 
 
 def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="cpu"):
@@ -60,7 +61,8 @@ class TorchEngine(Engine):
         return self._select(raw, hidden, layers)
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
-        return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
+        recipe = st_recipe(self.manifest) if ST in poolings else None
+        return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         states = self.run_tokens(batch, layers)
