@@ -27,7 +27,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, read_sts, sts_spearman
+from layerscope.bench.baseline_rows import HF_EAGER
+from layerscope.bench.engine_rows import BENCH_ENGINES
+from layerscope.bench.runner import _accuracy, read_sts, sts_spearman
 from layerscope.errors import InputError
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other

@@ -13,6 +13,9 @@ Every other engine runs the layerscope path: length-sorted token-budget
 batches, tokenization on a background thread, one session reused.
 Setup (session creation, variant building, TensorRT engine build) is timed
 apart from the run; one warm-up batch is run before the clock starts.
+
+The rows live in ``baseline_rows.py`` and ``engine_rows.py``, their clock and
+figures in ``timing.py``; this module runs them and compares them.
 """
 
 from __future__ import annotations
@@ -24,42 +27,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.errors import EngineUnavailableError, InputError, LayerscopeError
-
-HF_EAGER = "hf-eager"
-ST = "sentence-transformers"
-BASELINES = (HF_EAGER, ST)
-
-
-@dataclass(frozen=True)
-class BenchEngine:
-    """A bench name mapped onto a layerscope engine, an export variant and engine options."""
-
-    name: str
-    engine: str
-    variant: str | None = None
-    options: tuple[tuple[str, Any], ...] = ()
-    note: str = ""
-
-
-BENCH_ENGINES: dict[str, BenchEngine] = {e.name: e for e in (
-    BenchEngine("torch", "torch", note="layerscope torch engine (sorted token-budget batches)"),
-    BenchEngine("ort", "ort", note="fp32, session optimizations on, in-graph pooling"),
-    BenchEngine("ort-tokens", "ort", options=(("in_graph_pooling", False),),
-                note="fp32, token-level states copied out and pooled in numpy"),
-    BenchEngine("ort-noopt", "ort", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
-    BenchEngine("ort-opt", "ort", "opt", note="offline transformer-optimizer variant"),
-    BenchEngine("ort-int8", "ort", "int8", note="dynamic int8 variant"),
-    BenchEngine("ort-fp16", "ort", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),
-    BenchEngine("ort-bf16", "ort", "bf16", note="bf16 variant"),
-    BenchEngine("ov", "ov", note="OpenVINO fp32, in-graph pooling"),
-    BenchEngine("ov-bf16", "ov", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
-    BenchEngine("ov-int8", "ov", "int8", note="OpenVINO running the dynamic int8 variant"),
-    BenchEngine("cuda", "cuda", note="CUDA EP, IO binding"),
-    BenchEngine("cuda-fp16", "cuda", "fp16", note="CUDA EP, fp16 variant"),
-    BenchEngine("trt", "trt", note="TensorRT EP fp32"),
-    BenchEngine("trt-fp16", "trt", options=(("fp16", True),), note="TensorRT EP fp16"),
-)}
+from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, st_row
+from layerscope.bench.engine_rows import BENCH_ENGINES, engine_row
+from layerscope.errors import InputError
 
 
 def parse_engines(spec: str | list[str]) -> list[str]:
@@ -103,10 +73,6 @@ class BenchConfig:
 
 
 # ---------------------------------------------------------------- helpers
-
-def _percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values), q)) if values else None
-
 
 def _accuracy(ref: np.ndarray, got: np.ndarray, layers: list[str]) -> dict[str, dict[str, float]]:
     """Per layer: max |ref-got| and min cosine over texts (float64)."""
@@ -160,221 +126,6 @@ def sts_spearman(vectors: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray, go
     return float(spearmanr(cos, gold).statistic * 100)
 
 
-# ---------------------------------------------------------------- the runs
-
-class _Run:
-    """One engine's measurements."""
-
-    def __init__(self, name: str, kind: str, note: str = ""):
-        self.result: dict[str, Any] = {"engine": name, "kind": kind, "note": note, "available": True}
-
-    def fail(self, reason: str) -> dict[str, Any]:
-        self.result.update(available=False, reason=reason)
-        return self.result
-
-
-def _hf_eager(cfg: BenchConfig, source, family, num_layers: int, layers: list[str], n_acc: int):
-    """The plain loop: corpus order, fixed batch size, every hidden state, pooling in torch."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    from layerscope.bench.machine import PeakMemory
-    from layerscope.vocab.pooling import pool_torch
-
-    run = _Run(HF_EAGER, "baseline", f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order")
-    t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(source.path_or_id, trust_remote_code=False)  # never a prompt
-    net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32,
-                                    trust_remote_code=False).eval()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    max_len = cfg.max_length or cfg.extra["max_length"]
-    setup = time.perf_counter() - t0
-    word_emb = net.get_input_embeddings()
-
-    def encode(texts: list[str]) -> np.ndarray:
-        enc = tok(texts, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-        with torch.inference_mode():
-            out = net(**enc, output_hidden_states=True)
-            states = [word_emb(enc["input_ids"]) if name == "raw" else out.hidden_states[int(name)]
-                      for name in layers]
-            pooled = [pool_torch(s, enc["attention_mask"], cfg.pooling) for s in states]
-        return torch.stack(pooled).numpy(), int(enc["attention_mask"].sum())
-
-    texts = cfg.texts
-    encode(texts[: min(8, len(texts))])  # warm-up
-    vectors = np.zeros((len(layers), n_acc, cfg.extra["hidden_size"]), np.float32)
-    lat, tokens = [], 0
-    with PeakMemory() as mem, _Clock() as clock:
-        for lo in range(0, len(texts), cfg.hf_batch_size):
-            t = time.perf_counter()
-            v, n_tok = encode(texts[lo:lo + cfg.hf_batch_size])
-            lat.append(time.perf_counter() - t)
-            tokens += n_tok
-            hi = min(lo + cfg.hf_batch_size, n_acc)
-            if lo < n_acc:
-                vectors[:, lo:hi] = v[:, : hi - lo]
-    run.result.update(_timing(len(texts), tokens, clock, lat, setup, mem))
-    run.result["provider"] = f"torch-cpu ({torch.get_num_threads()} threads)"
-
-    def sts_encode(sentences: list[str]) -> np.ndarray:
-        out = []
-        for lo in range(0, len(sentences), cfg.hf_batch_size):
-            out.append(encode(sentences[lo:lo + cfg.hf_batch_size])[0])
-        return np.concatenate(out, axis=1)
-
-    return run, vectors, sts_encode, lambda: None
-
-
-def _sentence_transformers(cfg: BenchConfig, source, n_acc: int):
-    from pathlib import Path
-
-    from layerscope.bench.machine import PeakMemory
-
-    run = _Run(ST, "baseline", f"SentenceTransformer.encode, batch {cfg.st_batch_size}, final layer only")
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        run.fail("sentence-transformers is not installed (pip install 'layerscope[compare]')")
-        return run, None, None
-    if not (source.is_local and (Path(source.path_or_id) / "modules.json").exists()):
-        run.fail(f"{source.spec} is not a local sentence-transformers model (no modules.json)")
-        return run, None, None
-    t0 = time.perf_counter()
-    model = SentenceTransformer(source.path_or_id, device="cpu")
-    if cfg.max_length:
-        model.max_seq_length = cfg.max_length
-    setup = time.perf_counter() - t0
-    model.encode(cfg.texts[:8], batch_size=cfg.st_batch_size, show_progress_bar=False)  # warm-up
-    with PeakMemory() as mem, _Clock() as clock:
-        vecs = model.encode(cfg.texts, batch_size=cfg.st_batch_size, convert_to_numpy=True, show_progress_bar=False)
-    tokens = int(sum(len(ids) for ids in model.tokenizer(cfg.texts, truncation=True,
-                                                         max_length=model.max_seq_length)["input_ids"]))
-    run.result.update(_timing(len(cfg.texts), tokens, clock, [], setup, mem))
-    run.result["provider"] = "torch-cpu"
-    run.result["latency_note"] = "its own batching: per-batch latency not observable"
-    run.result["layers"] = "final only"
-
-    def sts_encode(sentences: list[str]) -> np.ndarray:
-        return model.encode(sentences, batch_size=cfg.st_batch_size, convert_to_numpy=True,
-                            show_progress_bar=False)[None]
-
-    return run, vecs[:n_acc][None].astype(np.float32), sts_encode
-
-
-class _Clock:
-    """Wall time, this process's CPU time and the machine's load average over one timed run.
-
-    On a machine shared with other work, wall-clock throughput drifts with the load;
-    texts per CPU-second of this process is the steadier figure, so both are recorded.
-    """
-
-    def __enter__(self):
-        import os
-
-        self.load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        self.cpu0 = time.process_time()
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        self.seconds = time.perf_counter() - self.t0
-        self.cpu = time.process_time() - self.cpu0
-        self.load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        return False
-
-
-def _timing(n: int, tokens: int, clock: "_Clock", lat: list[float], setup: float, mem) -> dict[str, Any]:
-    seconds = clock.seconds
-    return {
-        "texts": n, "tokens": tokens, "seconds": seconds,
-        "texts_per_s": n / seconds, "tokens_per_s": tokens / seconds,
-        "cpu_s": round(clock.cpu, 3), "texts_per_cpu_s": n / clock.cpu if clock.cpu > 0 else None,
-        "load_avg_1m": [clock.load_before, clock.load_after],
-        "latency_p50_ms": None if not lat else _percentile(lat, 50) * 1000,
-        "latency_p95_ms": None if not lat else _percentile(lat, 95) * 1000,
-        "batches": len(lat) or None,
-        "setup_s": round(setup, 3),
-        "peak_rss_mib": mem.peak_rss / 2**20,
-        "peak_anon_rss_mib": None if mem.peak_anon is None else mem.peak_anon / 2**20,
-        "peak_gpu_mib": None if mem.peak_gpu is None else mem.peak_gpu / 2**20,
-    }
-
-
-def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
-    from layerscope.bench.machine import PeakMemory
-    from layerscope.engines.base import create_engine
-    from layerscope.runtime.pipeline import iter_pooled
-
-    run = _Run(spec.name, "engine", spec.note)
-    options = dict(spec.options)
-    setup_parts: dict[str, float] = {}
-    if spec.variant:
-        from layerscope.export.variants import check_kind, make_variant
-
-        try:
-            check_kind(spec.variant)
-        except InputError as exc:
-            run.fail(str(exc))
-            return run, None, None, None
-        if spec.variant not in handle.manifest.get("variants", {}):
-            if not cfg.make_variants:
-                run.fail(f"the export has no '{spec.variant}' variant (make it with inspect optimize "
-                         f"{handle.export_dir} --variant {spec.variant})")
-                return run, None, None, None
-            t = time.perf_counter()
-            try:
-                make_variant(handle.export_dir, spec.variant)
-            except LayerscopeError as exc:
-                run.fail(f"variant could not be made: {exc}")
-                return run, None, None, None
-            setup_parts["variant_build_s"] = round(time.perf_counter() - t, 3)
-            from layerscope.export.manifest import ModelHandle
-
-            handle = ModelHandle.resolve(handle.export_dir)
-        options["variant"] = spec.variant
-    if cfg.threads and spec.engine != "torch":
-        options["threads"] = cfg.threads
-    t0 = time.perf_counter()
-    try:
-        eng = create_engine(spec.engine, handle, **options)
-    except EngineUnavailableError as exc:
-        run.fail(str(exc))
-        return run, None, None, None
-    setup_parts["session_s"] = round(time.perf_counter() - t0, 3)
-    pool = [cfg.pooling]
-    kw = dict(batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch, max_length=cfg.max_length)
-    t0 = time.perf_counter()
-    for _ in iter_pooled(eng, cfg.texts[: min(64, len(cfg.texts))], layers, pool, background=False, **kw):
-        pass  # warm-up (TensorRT builds its engines here)
-    setup_parts["warmup_s"] = round(time.perf_counter() - t0, 3)
-    vectors = np.zeros((len(layers), n_acc, cfg.extra["hidden_size"]), np.float32)
-    lat, tokens = [], 0
-    with PeakMemory(gpu=eng.info.device != "cpu") as mem, _Clock() as clock:
-        for batch, pooled, secs in iter_pooled(eng, cfg.texts, layers, pool, **kw):
-            lat.append(secs)
-            tokens += batch.n_tokens
-            keep = batch.index < n_acc
-            if keep.any():
-                vectors[:, batch.index[keep]] = pooled[cfg.pooling][:, keep]
-    run.result.update(_timing(len(cfg.texts), tokens, clock, lat, sum(setup_parts.values()), mem))
-    run.result["setup_parts"] = setup_parts
-    run.result["provider"] = eng.info.provider
-    run.result["precision"] = eng.info.precision
-    run.result["engine_notes"] = list(eng.info.notes)
-    run.result["batch_tokens"] = int(cfg.batch_tokens or eng.preferred_batch_tokens)
-
-    def sts_encode(sentences: list[str]) -> np.ndarray:
-        out = np.zeros((len(layers), len(sentences), cfg.extra["hidden_size"]), np.float32)
-        for batch, pooled, _ in iter_pooled(eng, sentences, layers, pool, **kw):
-            out[:, batch.index] = pooled[cfg.pooling]
-        return out
-
-    return run, vectors, sts_encode, eng.close
-
-
 # ---------------------------------------------------------------- the whole bench
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
@@ -417,7 +168,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     results: list[dict[str, Any]] = []
     say(f"{HF_EAGER}: plain loop over {len(cfg.texts):,} texts")
-    run, ref, ref_sts_encode, _ = _hf_eager(cfg, source, family, num_layers, layers, n_acc)
+    run, ref, ref_sts_encode, _ = hf_eager_row(cfg, source, family, num_layers, layers, n_acc)
     ref_sts = None
     if sts:
         say(f"{HF_EAGER}: STS Benchmark ({len(sts[0]):,} sentences)")
@@ -431,7 +182,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     if cfg.include_st:
         say(f"{ST}: encode (final layer only)")
-        run, vecs, st_encode = _sentence_transformers(cfg, source, n_acc)
+        run, vecs, st_encode = st_row(cfg, source, n_acc)
         if vecs is not None:
             if cfg.pooling == "mean":
                 final = {layers[-1]: _accuracy(ref[-1:], vecs, [layers[-1]])[layers[-1]]}
@@ -446,7 +197,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     for name in cfg.engines:
         spec = BENCH_ENGINES[name]
         say(f"{name}: {spec.note}")
-        run, vecs, sts_encode, close = _layerscope_engine(cfg, spec, handle, layers, n_acc)
+        run, vecs, sts_encode, close = engine_row(cfg, spec, handle, layers, n_acc)
         if vecs is not None:
             run.result["accuracy"] = _accuracy(ref, vecs, layers)
             if sts:

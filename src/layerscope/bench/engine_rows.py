@@ -1,0 +1,119 @@
+"""The engine rows of the bench: each bench name mapped onto a layerscope engine, an export variant
+and engine options, run the layerscope way (sorted token-budget batches, one session reused)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from layerscope.bench.timing import Clock, Run, timing
+from layerscope.errors import EngineUnavailableError, InputError, LayerscopeError
+
+if TYPE_CHECKING:
+    from layerscope.bench.runner import BenchConfig
+
+
+@dataclass(frozen=True)
+class BenchEngine:
+    """A bench name mapped onto a layerscope engine, an export variant and engine options."""
+
+    name: str
+    engine: str
+    variant: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    note: str = ""
+
+
+BENCH_ENGINES: dict[str, BenchEngine] = {e.name: e for e in (
+    BenchEngine("torch", "torch", note="layerscope torch engine (sorted token-budget batches)"),
+    BenchEngine("ort", "ort", note="fp32, session optimizations on, in-graph pooling"),
+    BenchEngine("ort-tokens", "ort", options=(("in_graph_pooling", False),),
+                note="fp32, token-level states copied out and pooled in numpy"),
+    BenchEngine("ort-noopt", "ort", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
+    BenchEngine("ort-opt", "ort", "opt", note="offline transformer-optimizer variant"),
+    BenchEngine("ort-int8", "ort", "int8", note="dynamic int8 variant"),
+    BenchEngine("ort-fp16", "ort", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),
+    BenchEngine("ort-bf16", "ort", "bf16", note="bf16 variant"),
+    BenchEngine("ov", "ov", note="OpenVINO fp32, in-graph pooling"),
+    BenchEngine("ov-bf16", "ov", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
+    BenchEngine("ov-int8", "ov", "int8", note="OpenVINO running the dynamic int8 variant"),
+    BenchEngine("cuda", "cuda", note="CUDA EP, IO binding"),
+    BenchEngine("cuda-fp16", "cuda", "fp16", note="CUDA EP, fp16 variant"),
+    BenchEngine("trt", "trt", note="TensorRT EP fp32"),
+    BenchEngine("trt-fp16", "trt", options=(("fp16", True),), note="TensorRT EP fp16"),
+)}
+
+
+def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
+    from layerscope.bench.machine import PeakMemory
+    from layerscope.engines.base import create_engine
+    from layerscope.runtime.pipeline import iter_pooled
+
+    run = Run(spec.name, "engine", spec.note)
+    options = dict(spec.options)
+    setup_parts: dict[str, float] = {}
+    if spec.variant:
+        from layerscope.export.variants import check_kind, make_variant
+
+        try:
+            check_kind(spec.variant)
+        except InputError as exc:
+            run.fail(str(exc))
+            return run, None, None, None
+        if spec.variant not in handle.manifest.get("variants", {}):
+            if not cfg.make_variants:
+                run.fail(f"the export has no '{spec.variant}' variant (make it with inspect optimize "
+                         f"{handle.export_dir} --variant {spec.variant})")
+                return run, None, None, None
+            t = time.perf_counter()
+            try:
+                make_variant(handle.export_dir, spec.variant)
+            except LayerscopeError as exc:
+                run.fail(f"variant could not be made: {exc}")
+                return run, None, None, None
+            setup_parts["variant_build_s"] = round(time.perf_counter() - t, 3)
+            from layerscope.export.manifest import ModelHandle
+
+            handle = ModelHandle.resolve(handle.export_dir)
+        options["variant"] = spec.variant
+    if cfg.threads and spec.engine != "torch":
+        options["threads"] = cfg.threads
+    t0 = time.perf_counter()
+    try:
+        eng = create_engine(spec.engine, handle, **options)
+    except EngineUnavailableError as exc:
+        run.fail(str(exc))
+        return run, None, None, None
+    setup_parts["session_s"] = round(time.perf_counter() - t0, 3)
+    pool = [cfg.pooling]
+    kw = dict(batch_tokens=cfg.batch_tokens, max_batch=cfg.max_batch, max_length=cfg.max_length)
+    t0 = time.perf_counter()
+    for _ in iter_pooled(eng, cfg.texts[: min(64, len(cfg.texts))], layers, pool, background=False, **kw):
+        pass  # warm-up (TensorRT builds its engines here)
+    setup_parts["warmup_s"] = round(time.perf_counter() - t0, 3)
+    vectors = np.zeros((len(layers), n_acc, cfg.extra["hidden_size"]), np.float32)
+    lat, tokens = [], 0
+    with PeakMemory(gpu=eng.info.device != "cpu") as mem, Clock() as clock:
+        for batch, pooled, secs in iter_pooled(eng, cfg.texts, layers, pool, **kw):
+            lat.append(secs)
+            tokens += batch.n_tokens
+            keep = batch.index < n_acc
+            if keep.any():
+                vectors[:, batch.index[keep]] = pooled[cfg.pooling][:, keep]
+    run.result.update(timing(len(cfg.texts), tokens, clock, lat, sum(setup_parts.values()), mem))
+    run.result["setup_parts"] = setup_parts
+    run.result["provider"] = eng.info.provider
+    run.result["precision"] = eng.info.precision
+    run.result["engine_notes"] = list(eng.info.notes)
+    run.result["batch_tokens"] = int(cfg.batch_tokens or eng.preferred_batch_tokens)
+
+    def sts_encode(sentences: list[str]) -> np.ndarray:
+        out = np.zeros((len(layers), len(sentences), cfg.extra["hidden_size"]), np.float32)
+        for batch, pooled, _ in iter_pooled(eng, sentences, layers, pool, **kw):
+            out[:, batch.index] = pooled[cfg.pooling]
+        return out
+
+    return run, vectors, sts_encode, eng.close
