@@ -162,7 +162,7 @@ def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, 
 def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
-    from layerscope.vocab.layers import resolve_layers
+    from layerscope.vocab.layers import layer_names, resolve_layers
     from layerscope.export.manifest import ModelHandle
 
     say = cfg.progress or (lambda msg: None)
@@ -173,7 +173,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     handle = ModelHandle.resolve(cfg.model).ensure_export()
     manifest = handle.manifest
     num_layers = int(manifest["num_layers"])
-    layers = ([str(i) for i in range(num_layers + 1)] if cfg.layers == "all-hidden"
+    layers = (layer_names(num_layers, with_raw=False) if cfg.layers == "all-hidden"
               else resolve_layers(cfg.layers, num_layers, with_raw=False))
     n_acc = min(len(cfg.texts), cfg.accuracy_rows)
     rows = _rows(cfg, handle, layers)

@@ -130,7 +130,7 @@ def sts_spearman(vectors: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray, go
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
-    from layerscope.vocab.layers import resolve_layers
+    from layerscope.vocab.layers import layer_names, resolve_layers
     from layerscope.export.manifest import ModelHandle
 
     from layerscope.limits import check_limits, check_max_length
@@ -148,7 +148,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     check_max_length(cfg.max_length, manifest, cfg.model)
     num_layers = int(manifest["num_layers"])
     if cfg.layers == "all-hidden":
-        layers = [str(i) for i in range(num_layers + 1)]
+        layers = layer_names(num_layers, with_raw=False)
     else:
         layers = resolve_layers(cfg.layers, num_layers)
     from layerscope.vocab.pooling import MASK_POOLINGS, check_poolings

@@ -9,6 +9,7 @@ from typing import Any
 import layerscope
 from layerscope.models import (FAMILIES, Family, ModelSource, family_for, load_config, model_dims,
                                resolve_source, weights_hash)
+from layerscope.vocab.layers import layer_names
 from layerscope.vocab.outputs import hidden_outputs
 
 
@@ -114,7 +115,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
         "max_length": max_length,
         "max_length_from": max_from,
         "inputs": list(onnx_cfg.inputs),
-        "layers": ["raw"] + [str(i) for i in range(num_layers + 1)],
+        "layers": layer_names(num_layers),
         "final_norm_in_last_layer": family.final_norm_in_last_hidden_state
         if family.kind == "decoder" or family.final_norm_in_last_hidden_state is not None else None,
         "default_pooling": family.default_pooling,
