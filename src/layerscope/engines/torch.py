@@ -28,7 +28,7 @@ class TorchEngine(Engine):
         super().__init__(model)
         import torch
 
-        from layerscope.models import get_submodule, load_torch_model
+        from layerscope.model.families import get_submodule, load_torch_model
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import layerscope
-from layerscope.models import (FAMILIES, Family, ModelSource, family_for, load_config, model_dims,
+from layerscope.model.families import (FAMILIES, Family, ModelSource, family_for, load_config, model_dims,
                                resolve_source, weights_hash)
 
 
@@ -90,7 +90,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     config = load_config(source, trust_remote_code=trust_remote_code)
     family = family_for(config.model_type)
     num_layers, hidden, positions = model_dims(config, family)
-    from layerscope.models import load_tokenizer
+    from layerscope.model.families import load_tokenizer
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     max_length, max_from = max_length_for(source, getattr(tok, "model_max_length", None), positions)

@@ -34,7 +34,7 @@ EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to m
 
 
 def default_pooled(family_name: str) -> list[str]:
-    from layerscope.models import FAMILIES
+    from layerscope.model.families import FAMILIES
 
     fam = FAMILIES[family_name]
     modes = ["mean", "cls", "last", "max", "mean-nobos"]
@@ -61,7 +61,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
-    from layerscope.models import FAMILIES, load_config, load_torch_model, resolve_source
+    from layerscope.model.families import FAMILIES, load_config, load_torch_model, resolve_source
 
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
@@ -210,7 +210,7 @@ def _output_dim(model, name: str) -> int | None:
 
 def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
     """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
-    from layerscope.models import load_tokenizer
+    from layerscope.model.families import load_tokenizer
     from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf, special_ids
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)

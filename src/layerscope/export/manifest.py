@@ -115,19 +115,19 @@ class ModelHandle:
 
     # -- pieces engines need -------------------------------------------------
     def source(self):
-        from layerscope.models import ModelSource
+        from layerscope.model.families import ModelSource
 
         src = self.manifest["source"]
         return ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))
 
     def family(self):
-        from layerscope.models import FAMILIES
+        from layerscope.model.families import FAMILIES
 
         return FAMILIES[self.manifest["family"]]
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from layerscope.models import ModelSource, load_tokenizer
+            from layerscope.model.families import ModelSource, load_tokenizer
 
             if self.export_dir is not None:
                 where = str(self.export_dir)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from layerscope.errors import InputError
-from layerscope.models import POOLINGS
+from layerscope.model.families import POOLINGS
 
 ST = "st"  # the model's own sentence-transformers embedding (see layerscope/stconfig.py)
 
