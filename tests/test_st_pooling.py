@@ -131,7 +131,7 @@ def test_st_pooling_refused_where_it_cannot_be_reproduced(tiny_model, tmp_path):
 
 
 def test_module_path_outside_the_checkpoint_is_refused(tiny_model, tmp_path):
-    from layerscope.stconfig import read_st_config
+    from layerscope.model.stconfig import read_st_config
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="mean", normalize=False)
     modules = json.loads((ckpt / "modules.json").read_text())

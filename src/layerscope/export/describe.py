@@ -127,7 +127,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
 
 def _st_config(source: ModelSource) -> dict[str, Any] | None:
     """The sentence-transformers recipe of a local checkpoint, or of a hub one already reachable."""
-    from layerscope.stconfig import read_st_config
+    from layerscope.model.stconfig import read_st_config
 
     if source.is_local:
         return read_st_config(source.path_or_id)

@@ -349,10 +349,10 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
                          f"{manifest['family']} has none: use 'last' or 'mean'")
     if "st" in pool_list:
-        from layerscope.stconfig import st_recipe
+        from layerscope.model.stconfig import st_recipe
 
         st_recipe(manifest)  # a clear error before anything is written
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
     prompt_text = resolve_prompt(manifest, prompt_name, prompt)
     max_len = int(max_length or manifest["max_length"])
@@ -547,7 +547,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
     ``prompt_name``/``prompt`` choose the text put before each input as sentence-transformers does
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
     from layerscope.export.manifest import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
@@ -563,7 +563,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     if "st" in pool_list:
-        from layerscope.stconfig import st_recipe
+        from layerscope.model.stconfig import st_recipe
 
         st_recipe(manifest)
     prompt_text = resolve_prompt(manifest, prompt_name, prompt)

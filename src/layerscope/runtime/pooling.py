@@ -96,7 +96,7 @@ def with_st(manifest: dict, poolings: list[str], compute) -> dict[str, np.ndarra
     L2 normalization, as sentence-transformers' Normalize module does); other poolings pass through."""
     if ST not in poolings:
         return compute(poolings)
-    from layerscope.stconfig import st_recipe
+    from layerscope.model.stconfig import st_recipe
 
     recipe = st_recipe(manifest)
     base = recipe["pooling"]

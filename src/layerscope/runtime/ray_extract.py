@@ -153,7 +153,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     manifest = handle.manifest
     check_max_length(max_length, manifest, handle.spec)
     from layerscope.runtime.pooling import default_poolings
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
     if poolings is None:  # the model's own, as in a plain extract (st for a sentence-transformers checkpoint)
         poolings = default_poolings(manifest)
