@@ -120,7 +120,7 @@ def test_eos_pooling_reads_the_clip_eos_position(exported):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizers_only_path_is_verified_and_identical(family, exported):
     from layerscope.engines.base import Encoder
-    from layerscope.runtime.fast_tokenizer import FastTokenizer
+    from layerscope.model.fast_tokenizer import FastTokenizer
 
     handle = ModelHandle.resolve(exported(family))
     info = handle.manifest["tokenizer"]
@@ -140,7 +140,7 @@ def test_tokenizers_only_path_is_verified_and_identical(family, exported):
 def test_a_tokenizer_the_fast_path_cannot_reproduce_is_not_used(exported, tmp_path):
     import shutil
 
-    from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf
+    from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf
 
     handle = ModelHandle.resolve(exported("bert"))
     hf = handle.tokenizer()

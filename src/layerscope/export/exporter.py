@@ -211,7 +211,7 @@ def _output_dim(model, name: str) -> int | None:
 def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
     """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
     from layerscope.model.families import load_tokenizer
-    from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf, special_ids
+    from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf, special_ids
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     tok.save_pretrained(str(work))

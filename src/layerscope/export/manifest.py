@@ -143,7 +143,7 @@ class ModelHandle:
         info = self.manifest.get("tokenizer") or {}
         if self.export_dir is not None and info.get("fast") and (self.export_dir / "tokenizer.json").exists():
             if self._fast is None:
-                from layerscope.runtime.fast_tokenizer import FastTokenizer
+                from layerscope.model.fast_tokenizer import FastTokenizer
 
                 self._fast = FastTokenizer(self.export_dir / "tokenizer.json", info["special_ids"])
             return self._fast
