@@ -34,7 +34,7 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
 
 def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: bool = True) -> None:
     """Check that model.onnx is the graph the manifest describes (see manifest_check for what is checked)."""
-    from layerscope.export.manifest_check import check_external_data, check_graph, check_paths
+    from layerscope.model.manifest_check import check_external_data, check_graph, check_paths
 
     onnx_path = check_paths(Path(export_dir), manifest)
     if not onnx_path.exists():
