@@ -168,7 +168,7 @@ def test_a_hub_model_is_keyed_by_its_cached_snapshot(tmp_path, monkeypatch):
     """A hub id's identity is the commit its 'main' points at in the local HF cache, plus its files."""
     from huggingface_hub import constants
 
-    from layerscope.export.identity import model_identity
+    from layerscope.model.identity import model_identity
     from layerscope.model.families import ModelSource
 
     repo = tmp_path / "hub" / "models--org--tiny"

@@ -57,7 +57,7 @@ def export_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"key": hex, ...what it hashes}`` for the export of a plain-model handle."""
-    from layerscope.export.identity import model_identity
+    from layerscope.model.identity import model_identity
 
     source = handle.source()
     parts = {"model": model_identity(source), "revision": source.revision,

@@ -99,7 +99,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     src = source.to_dict()
     src["weights_sha256"] = weights_hash(source) if with_hash else None
     if with_hash and source.is_local:  # config and tokenizer files too: they change the vectors as well
-        from layerscope.export.identity import local_identity
+        from layerscope.model.identity import local_identity
 
         src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type

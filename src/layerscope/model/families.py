@@ -307,7 +307,7 @@ def weights_hash(source: ModelSource) -> str | None:
     """
     if not source.is_local:
         return None
-    from layerscope.export.identity import hash_files, weights_files
+    from layerscope.model.identity import hash_files, weights_files
 
     files = weights_files(Path(source.path_or_id))
     return hash_files(files) if files else None
