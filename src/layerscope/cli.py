@@ -170,7 +170,7 @@ def extract(
     source = _data_source(input, dataset, config, split, "--input")
     c = console()
     if trust_remote_code:
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.model.manifest import ModelHandle
 
         model = ModelHandle.resolve(model, trust_remote_code=True)
     if ray is None and ray_workers is not None:
@@ -517,7 +517,7 @@ def bench(
 def cache_list():
     """Exports and vector stores in the cache: kind, model, size, age, the layerscope version that made it."""
     from layerscope.cachedir import scan
-    from layerscope.export.manifest import cache_root
+    from layerscope.model.manifest import cache_root
     from layerscope.report.console import print_cache
 
     print_cache(console(), cache_root(), *scan())

@@ -10,7 +10,7 @@ import pytest
 
 from layerscope.errors import ManifestError
 from layerscope.export.exporter import export_model
-from layerscope.export.manifest import ModelHandle, file_sha256
+from layerscope.model.manifest import ModelHandle, file_sha256
 from cli_helpers import cli_output
 
 

@@ -29,7 +29,7 @@ def probe_all(model: str | None = None) -> list[EngineStatus]:
 
     export_dir = None
     if model:
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.model.manifest import ModelHandle
 
         export_dir = ModelHandle.resolve(model).ensure_export().export_dir
     statuses = _torch_status()
@@ -64,7 +64,7 @@ def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
     if export_dir is None:
         return ("picks ort here for a fresh export; the fastest CPU engine whose recorded cosine to fp32 meets "
                 f"--min-cosine ({DEFAULT_MIN_COSINE:g}) once variants are recorded (give --model to see which)")
-    from layerscope.export.manifest import read_manifest
+    from layerscope.model.manifest import read_manifest
 
     manifest = read_manifest(export_dir)
     ov_bf16 = "no bf16" not in next((s.detail for s in statuses if s.name == "ov"), "no bf16")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError, InputError
-from layerscope.export.manifest import MANIFEST, ONNX_FILE, file_sha256, read_manifest
+from layerscope.model.manifest import MANIFEST, ONNX_FILE, file_sha256, read_manifest
 
 VARIANT_KINDS = ("opt", "int8", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
@@ -218,7 +218,7 @@ class _quiet:
 def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
                  tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     """Write ``model.<kind>.onnx`` next to ``model.onnx``, check it against torch, record it; return its entry."""
-    from layerscope.export.manifest import verify_export
+    from layerscope.model.manifest import verify_export
 
     check_kind(kind)
     if kind in OV_KINDS:

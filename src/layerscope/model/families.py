@@ -302,7 +302,7 @@ def prepare_tokenizer(tok) -> None:
 def weights_hash(source: ModelSource) -> str | None:
     """sha256 over the safetensors files of a local model (None for hub ids not yet cached).
 
-    Remembered by the files' stat signature (see export/identity.py), so only the first call per
+    Remembered by the files' stat signature (see model/identity.py), so only the first call per
     weights version reads them.
     """
     if not source.is_local:

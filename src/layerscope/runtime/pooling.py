@@ -15,7 +15,7 @@ import numpy as np
 from layerscope.errors import InputError
 from layerscope.model.families import POOLINGS
 
-ST = "st"  # the model's own sentence-transformers embedding (see layerscope/stconfig.py)
+ST = "st"  # the model's own sentence-transformers embedding (see layerscope/model/stconfig.py)
 
 
 def check_poolings(poolings, *, available=POOLINGS) -> list[str]:
