@@ -51,7 +51,7 @@ def _final_sts_spearman(model, tmp_path, name, engine, pairs_file):
 
 
 def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"g\tf\t2020\t{i:04d}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(PAIRS)))
@@ -85,7 +85,7 @@ def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
 
 def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused(model_dir, monkeypatch):
     from layerscope.export import cache
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(model_dir)
     base = cache.export_key(handle)
@@ -116,7 +116,7 @@ def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused
 
 
 def test_hash_is_remembered_by_stat_signature_and_a_rewrite_is_seen(tmp_path, monkeypatch):
-    from layerscope.export import identity
+    from layerscope.model import identity
 
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"a" * 1000)
@@ -135,7 +135,7 @@ def test_a_second_caller_waits_for_the_first_export_and_reuses_it(model_dir, tmp
     import threading
 
     from layerscope.export import exporter
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     calls = []
     real = exporter.export_model

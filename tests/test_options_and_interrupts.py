@@ -97,7 +97,7 @@ def test_bad_input_while_spooling_leaves_no_directory(bert_export, tmp_path):
 
 def _failing_engine(bert_export, after: int):
     from layerscope.engines.base import create_engine
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     eng = create_engine("ort", ModelHandle.resolve(bert_export))
     real = eng.run

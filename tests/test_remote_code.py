@@ -50,7 +50,7 @@ def _custom_tokenizer_model(tiny_model, tmp_path) -> Path:
 
 def test_the_flag_reaches_export_validation_and_the_export_tokenizer(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     model = _custom_tokenizer_model(tiny_model, tmp_path)
     out = tmp_path / "exp"
@@ -83,7 +83,7 @@ def test_extract_and_run_take_the_flag(tiny_model, tmp_path, capsys):
 
 
 def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplog):
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     model = Path(shutil.copytree(tiny_model("bert"), tmp_path / "custom-model"))
     cfg = json.loads((model / "config.json").read_text())

@@ -174,7 +174,7 @@ def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_mode
 
 
 def test_an_export_cached_before_st_support_is_made_again(tiny_model, tmp_path, monkeypatch):
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True)

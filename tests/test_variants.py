@@ -43,7 +43,7 @@ def test_variant_matches_plain_hugging_face(export_dir, tiny_model, kind):
     from hf_reference import check_engine, hf_reference
 
     from layerscope.engines.base import create_engine
-    from layerscope.model.manifest import file_sha256
+    from layerscope.hashing import file_sha256
     from layerscope.export.variants import make_variant
 
     entry = make_variant(export_dir, kind)

@@ -34,7 +34,7 @@ def main() -> None:
 
     from layerscope.engines.base import Encoder, layer_names
     from layerscope.engines.ort import make_session
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.export.variants import _quiet
 
     handle = ModelHandle.resolve(args.export_dir)

@@ -170,7 +170,7 @@ def extract(
     source = _data_source(input, dataset, config, split, "--input")
     c = console()
     if trust_remote_code:
-        from layerscope.model.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         model = ModelHandle.resolve(model, trust_remote_code=True)
     if ray is None and ray_workers is not None:

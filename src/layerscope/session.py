@@ -51,7 +51,7 @@ class EmbeddingModel:
 
     def __init__(self, model: str, *, engine: str = "auto", **engine_options):
         from layerscope.engines.base import create_engine
-        from layerscope.model.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
         self.engine = create_engine(engine, handle, **engine_options)

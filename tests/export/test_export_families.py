@@ -9,7 +9,7 @@ import pytest
 
 from layerscope.engines.base import create_engine, layer_names
 from layerscope.export.exporter import export_model
-from layerscope.model.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.runtime.pooling import pool
 from hf_reference import check_engine, hf_reference
 from tiny_models import FAMILIES

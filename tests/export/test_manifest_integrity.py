@@ -10,7 +10,8 @@ import pytest
 
 from layerscope.errors import ManifestError
 from layerscope.export.exporter import export_model
-from layerscope.model.manifest import ModelHandle, file_sha256
+from layerscope.hashing import file_sha256
+from layerscope.model.handle import ModelHandle
 from cli_helpers import cli_output
 
 

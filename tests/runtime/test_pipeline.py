@@ -14,7 +14,7 @@ import pytest
 
 from layerscope.engines.base import create_engine
 from layerscope.errors import InputError, Interrupted, StoreError
-from layerscope.model.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.runtime.pipeline import embed, extract, plan_batches
 from layerscope.runtime.store import LayerStore
 

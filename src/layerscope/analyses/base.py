@@ -239,7 +239,7 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
 def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
     from layerscope.engines.base import check_engine_name, create_engine
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     cls = get_analysis(name)
     analysis = cls()

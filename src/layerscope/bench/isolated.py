@@ -161,7 +161,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
     from layerscope.engines.base import resolve_layers
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     say = cfg.progress or (lambda msg: None)
     if not cfg.texts:

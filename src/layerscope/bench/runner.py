@@ -345,7 +345,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
                 run.fail(f"variant could not be made: {exc}")
                 return run, None, None, None
             setup_parts["variant_build_s"] = round(time.perf_counter() - t, 3)
-            from layerscope.model.manifest import ModelHandle
+            from layerscope.model.handle import ModelHandle
 
             handle = ModelHandle.resolve(handle.export_dir)
         options["variant"] = spec.variant
@@ -394,7 +394,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.engines.base import resolve_layers
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     from layerscope.limits import check_limits, check_max_length
 

@@ -40,7 +40,7 @@ class Row:
 
 def _engine_row(job: dict[str, Any]) -> Row:
     from layerscope.engines.base import create_engine
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.runtime.pipeline import iter_pooled
 
     handle = ModelHandle.resolve(job["export_dir"])
@@ -115,7 +115,7 @@ def _hf_row(job: dict[str, Any]) -> Row:
     from transformers import AutoModel, AutoTokenizer
 
     from layerscope.engines.ort import physical_cores
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(job["export_dir"])
     source = handle.source()

@@ -182,7 +182,7 @@ class Engine(ABC):
     preferred_batch_tokens: int = 16384  # padded tokens per batch when the caller does not say
 
     def __init__(self, model):
-        from layerscope.model.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         self.model: ModelHandle = model
         self.info = EngineInfo(self.name, "unknown", "cpu")
@@ -241,7 +241,7 @@ def check_engine_name(name: str) -> str:
 
 def create_engine(name: str, model: str | Any, **options) -> Engine:
     """Create an engine by name for a model (export dir, model dir, hub id or alias)."""
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     check_engine_name(name)
     _ensure_registered()

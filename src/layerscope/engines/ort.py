@@ -164,7 +164,7 @@ class OrtEngine(Engine):
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
             from layerscope.errors import ManifestError
-            from layerscope.model.manifest import file_sha256
+            from layerscope.hashing import file_sha256
 
             entry = handle.manifest["variants"][self.variant]
             if not path.exists() or file_sha256(path) != entry["sha256"]:

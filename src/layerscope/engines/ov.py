@@ -171,7 +171,7 @@ class OvEngine(OrtEngine):
 
 def _check_sha(handle, kind: str, path: Path) -> None:
     from layerscope.errors import ManifestError
-    from layerscope.model.manifest import file_sha256
+    from layerscope.hashing import file_sha256
 
     entry = handle.manifest["variants"][kind]
     if not path.exists() or file_sha256(path) != entry["sha256"]:

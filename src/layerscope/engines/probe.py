@@ -29,7 +29,7 @@ def probe_all(model: str | None = None) -> list[EngineStatus]:
 
     export_dir = None
     if model:
-        from layerscope.model.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         export_dir = ModelHandle.resolve(model).ensure_export().export_dir
     statuses = _torch_status()

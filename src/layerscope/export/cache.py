@@ -82,7 +82,8 @@ def entry_name(handle, key: str) -> str:
 def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict | None = None):
     """The handle of a complete entry made for ``key``, else None."""
     from layerscope.errors import ManifestError
-    from layerscope.model.manifest import MANIFEST, ModelHandle
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest import MANIFEST
 
     if not (target / MANIFEST).exists():
         return None
@@ -106,7 +107,8 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     from filelock import FileLock
 
     from layerscope.export.exporter import export_model
-    from layerscope.model.manifest import ModelHandle, cache_root
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest import cache_root
 
     options = dict(options or {})
     ident = export_key(handle, options)

@@ -22,7 +22,8 @@ from layerscope.errors import ExportError, InputError
 from layerscope.export import external
 from layerscope.export.describe import describe_model, make_onnx_config
 from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
-from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE, file_sha256
+from layerscope.hashing import file_sha256
+from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
 from layerscope.model.manifest_check import file_records
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.runtime.pooling import check_poolings

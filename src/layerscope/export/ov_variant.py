@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError
-from layerscope.model.manifest import ONNX_FILE, file_sha256, read_manifest
+from layerscope.hashing import file_sha256
+from layerscope.model.manifest import ONNX_FILE, read_manifest
 
 OV_TOLERANCES: dict[str, dict[str, float | None]] = {
     "ov-fp32": {"max_abs": 1e-4, "min_cos": 0.99999},

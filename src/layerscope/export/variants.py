@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError, InputError
-from layerscope.model.manifest import MANIFEST, ONNX_FILE, file_sha256, read_manifest
+from layerscope.hashing import file_sha256
+from layerscope.model.manifest import MANIFEST, ONNX_FILE, read_manifest
 
 VARIANT_KINDS = ("opt", "int8", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)

@@ -318,7 +318,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             engine_options: dict | None = None, prompt_name: str | None = None,
             prompt: str | None = None) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``."""
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
     from layerscope.ownership import claim
 
@@ -549,7 +549,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
     from layerscope.model.stconfig import resolve_prompt
 
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
 
     if not texts:

@@ -131,7 +131,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
              progress: bool | Callable = False, _kill_once: dict | None = None, start_s: float = 0.0):
     """The run itself, on a connected cluster (see ``extract_ray``)."""
     from layerscope.engines.base import resolve_layers
-    from layerscope.model.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.runtime.pipeline import (_MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _corpus_sha256,
                                              _progress_bar, _settings)
     from layerscope.runtime.pooling import check_poolings

@@ -102,7 +102,7 @@ class ShardWorker:
                  poolings: list[str], dtype: str, max_length: int, batch_tokens: int | None,
                  max_batch: int, store_dir: str, kill_once: dict | None = None):
         from layerscope.engines.base import create_engine
-        from layerscope.model.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         self.eng = create_engine(engine, ModelHandle.resolve(model), **engine_options)
         self.encoder = self.eng.encoder(max_length)
