@@ -20,7 +20,8 @@ import numpy as np
 import layerscope
 from layerscope.errors import ExportError, InputError
 from layerscope.export import external
-from layerscope.model.describe import describe_model, make_onnx_config
+from layerscope.export.onnx_config import make_onnx_config
+from layerscope.model.describe import describe_model
 from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.hashing import file_sha256
 from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE

@@ -49,9 +49,6 @@ TOLERANCES: dict[str, dict[str, float | None]] = {
 
 INT8_KEEP_DOWN_PROJ = False
 
-_OPTIMIZER_MODEL_TYPE = {"bert": "bert", "roberta": "bert", "deberta-v2": "bert", "clip-text": "clip",
-                         "gpt2": "gpt2", "t5-encoder": "t5", "qwen2": "bert", "qwen3": "bert"}
-
 # fp16: ops kept in fp32 (numerically sensitive: DeBERTa and T5 overflow otherwise)
 FP16_BLOCK_LIST = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
                    "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "Softmax", "ReduceMean",
@@ -98,7 +95,10 @@ def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: in
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type = _OPTIMIZER_MODEL_TYPE.get(manifest.get("family", ""), "bert")
+    from layerscope.model.families import FAMILIES
+
+    family = FAMILIES.get(manifest.get("family", ""))
+    model_type = family.optimizer_model_type if family else "bert"
     options = FusionOptions(model_type)
     with _quiet():
         opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
