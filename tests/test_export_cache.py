@@ -169,7 +169,7 @@ def test_a_hub_model_is_keyed_by_its_cached_snapshot(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     from layerscope.model.identity import model_identity
-    from layerscope.model.families import ModelSource
+    from layerscope.model.source import ModelSource
 
     repo = tmp_path / "hub" / "models--org--tiny"
     for commit, weights in (("a" * 40, b"old"), ("b" * 40, b"new")):

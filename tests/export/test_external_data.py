@@ -21,7 +21,7 @@ def _run(export_dir):
 
     from layerscope.engines.base import Encoder
     from layerscope.engines.ort import make_session
-    from layerscope.model.families import prepare_tokenizer
+    from layerscope.model.source import prepare_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(export_dir))
     prepare_tokenizer(tok)

@@ -88,7 +88,8 @@ class DecodingModel:
 
 def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
     """Load the model with the best head it really has (see the module docstring)."""
-    from layerscope.model.families import get_submodule, load_torch_model
+    from layerscope.model.families import get_submodule
+    from layerscope.model.source import load_torch_model
 
     family = handle.family()
     source = handle.source()

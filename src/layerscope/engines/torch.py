@@ -28,7 +28,9 @@ class TorchEngine(Engine):
         super().__init__(model)
         import torch
 
-        from layerscope.model.families import get_submodule, load_torch_model
+        from layerscope.model.families import get_submodule
+
+        from layerscope.model.source import load_torch_model
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

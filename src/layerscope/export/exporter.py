@@ -63,7 +63,8 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
-    from layerscope.model.families import FAMILIES, load_config, load_torch_model, resolve_source
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.source import load_config, load_torch_model, resolve_source
 
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
@@ -212,7 +213,7 @@ def _output_dim(model, name: str) -> int | None:
 
 def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
     """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
-    from layerscope.model.families import load_tokenizer
+    from layerscope.model.source import load_tokenizer
     from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf, special_ids
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)

@@ -295,7 +295,8 @@ def _check_outputs(src: Path, dst: Path) -> None:
 def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path, *, session=None) -> dict[str, Any]:
     """The export's own parity check (same texts, same batches) run on a variant file."""
     from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
-    from layerscope.model.families import FAMILIES, ModelSource, load_torch_model
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.source import ModelSource, load_torch_model
 
     src = manifest["source"]
     source = ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import layerscope
-from layerscope.model.families import (ModelSource, family_for, load_config, model_dims, resolve_source,
-                                      weights_hash)
+from layerscope.model.families import family_for, model_dims
+from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
 
 
 def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: int) -> tuple[int, str]:
@@ -36,7 +36,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     config = load_config(source, trust_remote_code=trust_remote_code)
     family = family_for(config.model_type)
     num_layers, hidden, positions = model_dims(config, family)
-    from layerscope.model.families import load_tokenizer
+    from layerscope.model.source import load_tokenizer
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     max_length, max_from = max_length_for(source, getattr(tok, "model_max_length", None), positions)

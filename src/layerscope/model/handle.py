@@ -57,7 +57,7 @@ class ModelHandle:
 
     # -- pieces engines need -------------------------------------------------
     def source(self):
-        from layerscope.model.families import ModelSource
+        from layerscope.model.source import ModelSource
 
         src = self.manifest["source"]
         return ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))
@@ -69,7 +69,7 @@ class ModelHandle:
 
     def tokenizer(self):
         if self._tokenizer is None:
-            from layerscope.model.families import ModelSource, load_tokenizer
+            from layerscope.model.source import ModelSource, load_tokenizer
 
             if self.export_dir is not None:
                 where = str(self.export_dir)

