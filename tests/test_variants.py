@@ -116,7 +116,7 @@ def test_token_level_pooling_matches_in_graph(export_dir):
 
 def test_bad_variant_names_give_clear_errors(export_dir):
     from layerscope.errors import InputError
-    from layerscope.export.variants import check_kind, variant_onnx_file
+    from layerscope.model.variants import check_kind, variant_onnx_file
 
     with pytest.raises(InputError, match="bf16"):
         check_kind("bf16")

@@ -415,7 +415,8 @@ def optimize(
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
-    from layerscope.export.variants import check_kind, make_variant
+    from layerscope.export.variants import make_variant
+    from layerscope.model.variants import check_kind
     from layerscope.report.console import print_variant
 
     kinds = [check_kind(k) for k in split_list(variant) or []]

@@ -326,7 +326,8 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
     options = dict(spec.options)
     setup_parts: dict[str, float] = {}
     if spec.variant:
-        from layerscope.export.variants import check_kind, make_variant
+        from layerscope.export.variants import make_variant
+        from layerscope.model.variants import check_kind
 
         try:
             check_kind(spec.variant)

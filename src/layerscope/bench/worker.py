@@ -48,7 +48,8 @@ def _engine_row(job: dict[str, Any]) -> Row:
     variant = job.get("variant")
     needs = "int8" if job["engine"] == "ov" and variant == "int8" else (variant if job["engine"] != "ov" else None)
     if needs and needs not in handle.manifest.get("variants", {}):
-        from layerscope.export.variants import check_kind, make_variant
+        from layerscope.export.variants import make_variant
+        from layerscope.model.variants import check_kind
 
         check_kind(needs)
         make_variant(handle.export_dir, needs)

@@ -153,7 +153,7 @@ class OrtEngine(Engine):
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
                  **options):
-        from layerscope.export.variants import variant_onnx_file
+        from layerscope.model.variants import variant_onnx_file
 
         handle = model.ensure_export()
         super().__init__(handle)

@@ -150,7 +150,7 @@ class OvEngine(OrtEngine):
         self.variant = precision
         path = handle.onnx_path
         if precision == "int8":
-            from layerscope.export.variants import variant_onnx_file
+            from layerscope.model.variants import variant_onnx_file
 
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
