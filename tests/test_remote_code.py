@@ -83,6 +83,7 @@ def test_extract_and_run_take_the_flag(tiny_model, tmp_path, capsys):
 
 
 def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplog):
+    from layerscope.export.open import ensure_export
     from layerscope.model.handle import ModelHandle
 
     model = Path(shutil.copytree(tiny_model("bert"), tmp_path / "custom-model"))
@@ -91,7 +92,7 @@ def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplo
     (model / "config.json").write_text(json.dumps(cfg))  # the code files are absent: they must not be needed
     with caplog.at_level(logging.WARNING, logger="layerscope"):
         handle = ModelHandle.resolve(model)
-        exported = handle.ensure_export()  # describe, config, weights, tokenizer, validation: all loaders
+        exported = ensure_export(handle)  # describe, config, weights, tokenizer, validation: all loaders
     warnings = [r.getMessage() for r in caplog.records if "own code" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "AutoModel" in warnings[0] and "ignored" in warnings[0] and "--trust-remote-code" in warnings[0]

@@ -114,7 +114,9 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     from layerscope.engines.ort_packages import ort_packages
 
     c = console()
-    print_engines(c, probe_all(model))
+    from layerscope.export.open import ensure_export
+
+    print_engines(c, probe_all(ensure_export(model) if model else None))
     packages = ort_packages()
     c.print(f"ONNX Runtime: {packages.line()}")
     for w in packages.warnings:

@@ -238,7 +238,8 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
 
 def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
-    from layerscope.engines.base import check_engine_name, create_engine
+    from layerscope.engines.base import check_engine_name
+    from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
 
     cls = get_analysis(name)
@@ -280,7 +281,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
         limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
-        engine = create_engine(engine_name, handle, **{**limits, **ctx.options.get("engine_options", {})})
+        engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})
         run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine)
         try:
             figures = analysis.compute(ctx, run, data)

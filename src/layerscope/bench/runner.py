@@ -319,7 +319,7 @@ def _timing(n: int, tokens: int, clock: "_Clock", lat: list[float], setup: float
 
 def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
     from layerscope.bench.machine import PeakMemory
-    from layerscope.engines.base import create_engine
+    from layerscope.export.open import open_engine
     from layerscope.runtime.pipeline import iter_pooled
 
     run = _Run(spec.name, "engine", spec.note)
@@ -354,7 +354,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
         options["threads"] = cfg.threads
     t0 = time.perf_counter()
     try:
-        eng = create_engine(spec.engine, handle, **options)
+        eng = open_engine(handle, spec.engine, **options)
     except EngineUnavailableError as exc:
         run.fail(str(exc))
         return run, None, None, None
@@ -395,6 +395,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.engines.base import resolve_layers
+    from layerscope.export.open import ensure_export
     from layerscope.model.handle import ModelHandle
 
     from layerscope.limits import check_limits, check_max_length
@@ -407,7 +408,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     handle = ModelHandle.resolve(cfg.model)
     if not handle.is_export:
         say("exporting the model (first use)")
-        handle = handle.ensure_export()
+        handle = ensure_export(handle)
     manifest = handle.manifest
     check_max_length(cfg.max_length, manifest, cfg.model)
     num_layers = int(manifest["num_layers"])

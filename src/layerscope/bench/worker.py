@@ -39,7 +39,7 @@ class Row:
 # ---------------------------------------------------------------- layerscope engines
 
 def _engine_row(job: dict[str, Any]) -> Row:
-    from layerscope.engines.base import create_engine
+    from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
     from layerscope.runtime.pipeline import iter_pooled
 
@@ -58,7 +58,7 @@ def _engine_row(job: dict[str, Any]) -> Row:
         options["variant"] = variant
     if job.get("threads"):
         options["threads"] = job["threads"]
-    eng = create_engine(job["engine"], handle, **options)
+    eng = open_engine(handle, job["engine"], **options)
     layers, pooling = job["layers"], job["pooling"]
     kw = dict(batch_tokens=job.get("batch_tokens"), max_batch=job["max_batch"], max_length=job.get("max_length"))
     hidden = int(handle.manifest["hidden_size"])

@@ -48,15 +48,10 @@ def pick_engine(handle, registry, *, min_cosine: float | None = None, **options)
     if not 0.0 < min_cos <= 1.0:
         raise InputError(f"--min-cosine {min_cosine} must be in (0, 1], e.g. 0.9999")
     tried: list[str] = []
-    if not (handle.is_export or handle.can_export):
-        engine = registry["torch"](handle, **options)
-        engine.info.notes.append("auto picked torch (the model cannot be exported to ONNX)")
-        return engine
     if options.get("variant"):  # an explicit variant: the old order, that variant
         order: list[tuple[str, str | None, str]] = [(n, None, "") for n in GPU_ORDER] + [("ort", None, "")]
     else:
         order = [(n, None, "fp32") for n in GPU_ORDER] + list(CPU_RANK)
-    handle = handle.ensure_export()
     for name, variant, key in order:
         label = name + (f" {variant}" if variant else "")
         if key:

@@ -239,13 +239,25 @@ def check_engine_name(name: str) -> str:
     return name
 
 
+NEEDS_EXPORT = ("ort", "ov", "cuda", "trt", "auto")
+
+
+def needs_export(name: str) -> bool:
+    """Whether engine ``name`` runs an ONNX export (a plain model must be exported first)."""
+    return check_engine_name(name) in NEEDS_EXPORT
+
+
 def create_engine(name: str, model: str | Any, **options) -> Engine:
-    """Create an engine by name for a model (export dir, model dir, hub id or alias)."""
+    """Engine ``name`` for a resolved model: a ``ModelHandle``, or an export dir / model that is resolved
+    here.  Nothing is exported here: ``layerscope.export.open.open_engine`` exports on first use."""
     from layerscope.model.handle import ModelHandle
 
     check_engine_name(name)
     _ensure_registered()
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
+    if needs_export(name) and not handle.is_export:
+        raise InputError(f"engine '{name}' runs an ONNX export and {handle.spec} is not one: open it with "
+                         "layerscope.export.open.open_engine (exports on first use), or run inspect export first")
     if name != "auto" and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
     if name == "auto":

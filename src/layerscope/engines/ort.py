@@ -155,7 +155,7 @@ class OrtEngine(Engine):
                  **options):
         from layerscope.model.variants import variant_onnx_file
 
-        handle = model.ensure_export()
+        handle = model  # an export: create_engine refuses a plain model for this engine
         super().__init__(handle)
         self.options = options
         self.variant = variant if variant not in (None, "", "fp32") else None

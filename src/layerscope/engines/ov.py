@@ -140,7 +140,7 @@ class OvEngine(OrtEngine):
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
                  in_graph_pooling: bool = True, **options):
-        handle = model.ensure_export()
+        handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
         precision = variant if variant not in (None, "", "ov-fp32") else "fp32"

@@ -23,15 +23,22 @@ def _torch_status() -> list[EngineStatus]:
     return out
 
 
-def probe_all(model: str | None = None) -> list[EngineStatus]:
-    """Try each engine for real: start a session on each provider and check what it really got."""
+def probe_all(model=None) -> list[EngineStatus]:
+    """Try each engine for real: start a session on each provider and check what it really got.
+
+    ``model`` (an export dir or its ``ModelHandle``; export a plain model first with
+    ``layerscope.export.open.ensure_export``) is also tried on each provider."""
     from layerscope.engines.ort import probe_providers
 
     export_dir = None
     if model:
+        from layerscope.errors import InputError
         from layerscope.model.handle import ModelHandle
 
-        export_dir = ModelHandle.resolve(model).ensure_export().export_dir
+        handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
+        if not handle.is_export:
+            raise InputError(f"{handle.spec} is not an export; export it first (inspect export)")
+        export_dir = handle.export_dir
     statuses = _torch_status()
     for name, (works, detail) in probe_providers(export_dir).items():
         statuses.append(EngineStatus(name, works, detail))

@@ -2,7 +2,8 @@
 
 A handle is either an export dir (``model.onnx`` + ``manifest.json`` + tokenizer)
 or a plain model (hub id, local checkpoint, alias) that the torch engine can run
-directly and the ONNX engines get exported on first use.
+directly.  A handle never exports: ``layerscope.export.open`` turns a plain model into
+its cached export when an engine needs one.
 """
 
 from __future__ import annotations
@@ -29,10 +30,6 @@ class ModelHandle:
     @property
     def is_export(self) -> bool:
         return self.export_dir is not None
-
-    @property
-    def can_export(self) -> bool:
-        return True
 
     @property
     def onnx_path(self) -> Path:
@@ -90,15 +87,6 @@ class ModelHandle:
                 self._fast = FastTokenizer(self.export_dir / "tokenizer.json", info["special_ids"])
             return self._fast
         return self.tokenizer()
-
-    def ensure_export(self, **export_options) -> "ModelHandle":
-        """This handle if it is an export; else the cached export of the model, keyed by its content
-        (see export/cache.py), made on first use."""
-        if self.export_dir is not None:
-            return self
-        from layerscope.export.cache import cached_export
-
-        return cached_export(self, export_options)
 
     @property
     def key(self) -> str:

@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 import layerscope
-from layerscope.engines.base import Batch, Encoder, Engine, create_engine, resolve_layers
+from layerscope.engines.base import Batch, Encoder, Engine, resolve_layers
+from layerscope.export.open import open_engine
 from layerscope.errors import InputError, StoreError
 from layerscope.runtime.pooling import check_poolings
 from layerscope.runtime.store import STORE_JSON, TEXTS, LayerStore
@@ -419,7 +420,7 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
         # engine does not start.
         options = {"max_batch": max_batch, "max_seq": profile_max_seq(lengths, max_len), **(engine_options or {})}
-        eng = create_engine(engine, handle, **options)
+        eng = open_engine(handle, engine, **options)
         if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
             picked = getattr(eng, "variant", None)
             settings["variant"] = picked if picked not in ("", "fp32") else None
@@ -549,15 +550,13 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
     from layerscope.model.stconfig import resolve_prompt
 
-    from layerscope.model.handle import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
 
     if not texts:
         raise InputError("no texts given")
     check_limits(batch_tokens=batch_tokens, max_length=max_length)
     check_engine_options(engine_options)
-    eng = engine if isinstance(engine, Engine) else create_engine(
-        engine, model if isinstance(model, ModelHandle) else ModelHandle.resolve(model), **(engine_options or {}))
+    eng = engine if isinstance(engine, Engine) else open_engine(model, engine, **(engine_options or {}))
     manifest = eng.manifest
     check_max_length(max_length, manifest, str(getattr(eng.model, "spec", "the model")))
     layer_list = resolve_layers(layers, manifest["num_layers"])
