@@ -238,7 +238,7 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
 
 def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
-    from layerscope.engines.base import check_engine_name
+    from layerscope.engines.registry import engine_spec
     from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
 
@@ -246,8 +246,8 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     analysis = cls()
     if not ctx.models:
         raise InputError("give at least one --model")
-    check_engine_name(ctx.engine)
-    if cls.metadata.needs_gradients and ctx.engine not in ("torch", "auto"):
+    declared = engine_spec(ctx.engine)  # an unknown --engine is one line, before anything runs
+    if cls.metadata.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
                          f"drop --engine {ctx.engine} or use --engine torch")
     t0 = time.perf_counter()

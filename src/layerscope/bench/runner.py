@@ -42,24 +42,15 @@ class BenchEngine:
     note: str = ""
 
 
-BENCH_ENGINES: dict[str, BenchEngine] = {e.name: e for e in (
-    BenchEngine("torch", "torch", note="layerscope torch engine (sorted token-budget batches)"),
-    BenchEngine("ort", "ort", note="fp32, session optimizations on, in-graph pooling"),
-    BenchEngine("ort-tokens", "ort", options=(("in_graph_pooling", False),),
-                note="fp32, token-level states copied out and pooled in numpy"),
-    BenchEngine("ort-noopt", "ort", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
-    BenchEngine("ort-opt", "ort", "opt", note="offline transformer-optimizer variant"),
-    BenchEngine("ort-int8", "ort", "int8", note="dynamic int8 variant"),
-    BenchEngine("ort-fp16", "ort", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),
-    BenchEngine("ort-bf16", "ort", "bf16", note="bf16 variant"),
-    BenchEngine("ov", "ov", note="OpenVINO fp32, in-graph pooling"),
-    BenchEngine("ov-bf16", "ov", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
-    BenchEngine("ov-int8", "ov", "int8", note="OpenVINO running the dynamic int8 variant"),
-    BenchEngine("cuda", "cuda", note="CUDA EP, IO binding"),
-    BenchEngine("cuda-fp16", "cuda", "fp16", note="CUDA EP, fp16 variant"),
-    BenchEngine("trt", "trt", note="TensorRT EP fp32"),
-    BenchEngine("trt-fp16", "trt", options=(("fp16", True),), note="TensorRT EP fp16"),
-)}
+def _bench_engines() -> dict[str, BenchEngine]:
+    """The rows each engine declares (engines/registry.py ``BenchRow``), by bench name."""
+    from layerscope.engines.registry import bench_rows
+
+    return {name: BenchEngine(name, engine, row.variant, row.options, row.note)
+            for name, (engine, row) in bench_rows().items()}
+
+
+BENCH_ENGINES: dict[str, BenchEngine] = _bench_engines()
 
 
 def parse_engines(spec: str | list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The engine protocol, the registry, tokenized batches and layer names.
+"""The engine protocol, tokenized batches, layer names and ``create_engine`` (the registry is registry.py).
 
 An engine takes a tokenized ``Batch`` and returns, per pooling, an array
 ``[len(layers), batch, hidden]`` (or token-level states).  Every engine
@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from layerscope.errors import EngineUnavailableError, InputError
-
-ENGINE_NAMES = ("torch", "ort", "ov", "cuda", "trt", "auto")
-
 
 # ---------------------------------------------------------------- layer names
 
@@ -164,7 +161,7 @@ class Encoder:
 
 @dataclass
 class EngineInfo:
-    name: str  # torch, ort, cuda, trt
+    name: str  # the engine's registered name (engines/registry.py)
     provider: str  # what actually ran: "torch-cpu", "CPUExecutionProvider", ...
     device: str
     precision: str = "fp32"
@@ -211,61 +208,31 @@ class Engine(ABC):
         """Release sessions and memory."""
 
 
-_REGISTRY: dict[str, Callable[..., Engine]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def _ensure_registered() -> None:
-    # Importing the modules fills the registry; they import torch/onnxruntime lazily themselves.
-    from layerscope.engines import ort as _ort  # noqa: F401
-    from layerscope.engines import ov as _ov  # noqa: F401
-    from layerscope.engines import torch as _torch  # noqa: F401
-
-
 def check_engine_name(name: str) -> str:
-    if name not in ENGINE_NAMES:
-        from difflib import get_close_matches
+    """``name`` if an engine declared it (engines/registry.py), else one line naming the closest one."""
+    from layerscope.engines.registry import engine_spec
 
-        hint = get_close_matches(name, ENGINE_NAMES, n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown engine '{name}'{extra}; choose from {', '.join(ENGINE_NAMES)}")
-    return name
-
-
-NEEDS_EXPORT = ("ort", "ov", "cuda", "trt", "auto")
+    return engine_spec(name).name
 
 
 def needs_export(name: str) -> bool:
     """Whether engine ``name`` runs an ONNX export (a plain model must be exported first)."""
-    return check_engine_name(name) in NEEDS_EXPORT
+    from layerscope.engines.registry import engine_spec
+
+    return engine_spec(name).needs_export
 
 
 def create_engine(name: str, model: str | Any, **options) -> Engine:
     """Engine ``name`` for a resolved model: a ``ModelHandle``, or an export dir / model that is resolved
     here.  Nothing is exported here: ``layerscope.export.open.open_engine`` exports on first use."""
+    from layerscope.engines.registry import engine_spec
     from layerscope.model.handle import ModelHandle
 
-    check_engine_name(name)
-    _ensure_registered()
+    spec = engine_spec(name)
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
-    if needs_export(name) and not handle.is_export:
+    if spec.needs_export and not handle.is_export:
         raise InputError(f"engine '{name}' runs an ONNX export and {handle.spec} is not one: open it with "
                          "layerscope.export.open.open_engine (exports on first use), or run inspect export first")
     if name != "auto" and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
-    if name == "auto":
-        return _auto(handle, **options)
-    return _REGISTRY[name](handle, **options)
-
-
-def _auto(handle, **options) -> Engine:
-    from layerscope.engines.auto import pick_engine
-
-    return pick_engine(handle, _REGISTRY, **options)
+    return spec.factory(handle, **options)

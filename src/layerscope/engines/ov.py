@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.engines.base import Batch, Engine, register
+from layerscope.engines.base import Batch, Engine
+from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.engines.ort import OrtEngine, physical_cores
 from layerscope.errors import EngineUnavailableError, InputError
 
@@ -131,11 +132,17 @@ def ov_variant_key(precision: str) -> str:
     return f"ov-{precision}"
 
 
-@register("ov")
+@register(EngineSpec(
+    "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
+    device="cpu", auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
+    bench=(BenchRow(note="OpenVINO fp32, in-graph pooling"),
+           BenchRow("bf16", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
+           BenchRow("int8", "int8", note="OpenVINO running the dynamic int8 variant"))))
 class OvEngine(OrtEngine):
     """OpenVINO on the CPU; ``variant`` is its precision (fp32, bf16, int8)."""
 
     name = "ov"
+    uses_onnxruntime = False
     preferred_batch_tokens = 2048
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
@@ -167,6 +174,17 @@ class OvEngine(OrtEngine):
         if recorded is None:
             self.info.notes.append(f"accuracy of ov {precision} not recorded yet (inspect optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
+
+    @classmethod
+    def probe(cls, export_dir=None) -> tuple[bool, str]:
+        """(works, detail): whether OpenVINO imports, and the CPU capabilities it reports."""
+        try:
+            version = ov_module().__version__.split("-")[0]
+            caps = cpu_capabilities()
+        except EngineUnavailableError as exc:
+            return False, str(exc)
+        bf16 = "bf16 too" if "BF16" in caps else "no bf16 on this CPU"
+        return True, f"OpenVINO {version} on CPU ({', '.join(caps)}; {bf16})"
 
 
 def _check_sha(handle, kind: str, path: Path) -> None:

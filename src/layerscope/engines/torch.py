@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from layerscope.engines.base import Batch, Engine, register
+from layerscope.engines.base import Batch, Engine
+from layerscope.engines.registry import BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
 from layerscope.runtime.pooling import pool, with_st
 
@@ -20,7 +21,9 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
     return raw, out.hidden_states, out
 
 
-@register("torch")
+@register(EngineSpec(
+    "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
+    device="any", fallback=True, gradients=True, bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     name = "torch"
 
@@ -45,6 +48,17 @@ class TorchEngine(Engine):
         self.word_embeddings = get_submodule(self.net, self.model.family().word_embeddings)
         self.info.provider = f"torch-{self.device.type}"
         self.info.device = str(self.device)
+
+    @classmethod
+    def probe(cls, export_dir=None) -> tuple[bool, str]:
+        """(works, detail): whether PyTorch imports, and the devices it sees."""
+        try:
+            import torch
+        except ImportError:
+            return False, "PyTorch is not installed"
+        if torch.cuda.is_available():
+            return True, f"PyTorch {torch.__version__} on cuda ({torch.cuda.get_device_name(0)}) and cpu"
+        return True, f"PyTorch {torch.__version__} on cpu"
 
     def forward(self, batch: Batch):
         """(raw embeddings, tuple of hidden states, model outputs) as torch tensors, no grad."""
