@@ -119,7 +119,7 @@ def test_eos_pooling_reads_the_clip_eos_position(exported):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizers_only_path_is_verified_and_identical(family, exported):
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.model.fast_tokenizer import FastTokenizer
 
     handle = ModelHandle.resolve(exported(family))
@@ -162,7 +162,7 @@ def test_every_token_level_output_matches_plain_hugging_face(family, exported, t
     Face, masked to real tokens, through layerscope's own tokenization and ONNX Runtime engine.
 
     Catches: decoder position ids left at zero (``np.zeros_like(mask)`` for ``position_ids`` in
-    engines/base.py ``Encoder``): the export, its own parity check and the torch engine all get the
+    model/tokenize.py ``Encoder``): the export, its own parity check and the torch engine all get the
     same wrong positions, so every other test here sees them agree with one another."""
     handle = ModelHandle.resolve(exported(family))
     assert handle.manifest["num_layers"] == 2

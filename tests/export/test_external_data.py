@@ -19,7 +19,7 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 def _run(export_dir):
     from transformers import AutoTokenizer
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.model.source import prepare_tokenizer
 

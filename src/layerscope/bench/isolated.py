@@ -236,7 +236,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
 
 
 def _token_lengths(handle, cfg: IsolatedConfig) -> np.ndarray:
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     max_length = int(cfg.max_length or handle.manifest["max_length"])
     enc = Encoder(handle.encoding_tokenizer(), handle.manifest["inputs"], max_length)

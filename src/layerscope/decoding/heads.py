@@ -149,7 +149,7 @@ def model_inputs(handle, tokenizer, texts: list[str], max_length: int | None = N
     """Tokenized torch inputs for ``texts`` (right-padded, the model's own input names)."""
     import torch
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     enc = Encoder(tokenizer, handle.manifest["inputs"], max_length or handle.manifest["max_length"])(texts)
     return {k: torch.from_numpy(v) for k, v in enc.inputs.items()}

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.engines.base import Batch, Engine
+from layerscope.engines.base import Engine
+
+from layerscope.model.tokenize import Batch
 from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
 from layerscope.runtime.pooling import pool, with_st

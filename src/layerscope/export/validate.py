@@ -67,7 +67,7 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     """
     import gc
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
     from layerscope.model.families import get_submodule

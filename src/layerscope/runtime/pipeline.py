@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 import layerscope
-from layerscope.engines.base import Batch, Encoder, Engine, resolve_layers
+from layerscope.engines.base import Engine, resolve_layers
+from layerscope.model.tokenize import Batch, Encoder
 from layerscope.export.open import open_engine
 from layerscope.errors import InputError, StoreError
 from layerscope.runtime.pooling import check_poolings
@@ -396,7 +397,7 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         if store.complete:
             log.info("store already complete")
         state["store"] = store
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
     encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
