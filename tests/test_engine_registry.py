@@ -113,3 +113,17 @@ def test_no_module_keeps_its_own_list_of_engine_names():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         found += [f"{path.relative_to(SRC)}:{line} {hit}" for line, hit in _engine_name_collections(tree, names)]
     assert found == []
+
+
+def test_reading_the_registry_loads_no_numpy_or_engine_library():
+    """Catches: an engine module importing numpy, onnxruntime or torch at import time; the CLI reads the
+    registry for its help, so that would slow every ``layerscope --help``."""
+    import subprocess
+    import sys
+
+    code = ("import sys, layerscope.cli\nfrom layerscope.engines.registry import engines\nengines()\n"
+            "print(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'openvino', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from layerscope.errors import InputError
-from layerscope.model.tokenize import Batch, Encoder
+
+if TYPE_CHECKING:  # numpy and the tokenizer load when an engine runs, not when the registry is read
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch, Encoder
 
 # ---------------------------------------------------------------- layer names
 
@@ -111,6 +113,8 @@ class Engine(ABC):
         return layer_names(self.manifest["num_layers"])
 
     def encoder(self, max_length: int | None = None, prompt: str = "") -> Encoder:
+        from layerscope.model.tokenize import Encoder
+
         return Encoder(self.model.encoding_tokenizer(), self.manifest["inputs"],
                        max_length or self.manifest["max_length"], prompt)
 

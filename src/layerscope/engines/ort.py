@@ -13,16 +13,17 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine
 
-from layerscope.model.tokenize import Batch
 from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool, with_st
+
+if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch
 
 @contextlib.contextmanager
 def captured_stderr():
@@ -192,6 +193,8 @@ class OrtEngine(Engine):
         return probe_providers(export_dir, only=cls)[cls.name]
 
     def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
+        import numpy as np
+
         feed = {}
         for name in self.input_names:
             arr = batch.inputs[name]
@@ -208,6 +211,8 @@ class OrtEngine(Engine):
         missing = [n for n in names if n not in self.output_names]
         if missing:
             raise EngineUnavailableError(f"this ONNX graph has no output(s) {', '.join(missing)}")
+        import numpy as np
+
         return [np.asarray(o) for o in self._run(batch, names)]
 
     @staticmethod
@@ -216,12 +221,20 @@ class OrtEngine(Engine):
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         outs = self._run(batch, [self.token_output(n) for n in layers])
+        import numpy as np
+
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        from layerscope.runtime.pooling import with_st
+
         return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        from layerscope.runtime.pooling import pool
+
         in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names] if self.in_graph_pooling else []
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]
@@ -243,6 +256,8 @@ class OrtEngine(Engine):
         name = self.manifest.get("pooled_output")
         if not name or name not in self.output_names:
             return None
+        import numpy as np
+
         return np.asarray(self._run(batch, [name])[0], dtype=np.float32)
 
     def close(self) -> None:

@@ -19,16 +19,18 @@ so ``run``/``run_tokens`` are the ONNX Runtime engine's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine
 
-from layerscope.model.tokenize import Batch
 from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.engines.ort import OrtEngine, physical_cores
 from layerscope.errors import EngineUnavailableError, InputError
+
+if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch
 
 OV_PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -112,6 +114,8 @@ class OvSession:
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         results = self.request.infer(feed, share_inputs=True)
         # infer() returns views into the request's own buffers: copy what is kept past the next call
+        import numpy as np
+
         return [np.array(results[self._index[n]], copy=True) for n in names]
 
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine
 
-from layerscope.model.tokenize import Batch
 from layerscope.engines.registry import BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool, with_st
+
+if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch
 
 
 def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="cpu"):
     """Run a Hugging Face model with every hidden state: (raw embeddings, hidden states, outputs)."""
+    import numpy as np
     import torch
 
     feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in inputs.items()}
@@ -78,9 +82,15 @@ class TorchEngine(Engine):
         return self._select(raw, hidden, layers)
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        from layerscope.runtime.pooling import with_st
+
         return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        from layerscope.runtime.pooling import pool
+
         states = self.run_tokens(batch, layers)
         eos = self.manifest.get("eos_token_id")
         out = {}
