@@ -32,10 +32,10 @@ def main() -> None:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.vocab.layers import layer_names
     from layerscope.engines.ort import make_session
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.export.variants import _quiet
 
     handle = ModelHandle.resolve(args.export_dir)

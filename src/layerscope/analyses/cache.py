@@ -57,9 +57,9 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
                    batch_tokens: int | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Vectors of ``texts``; a cached store of the same model, engine and texts is reused when it holds every
     asked layer and pooling (stores are extracted with every layer, so other layer choices reuse them too)."""
-    from layerscope.vocab.layers import Layers, layer_names
-    from layerscope.export.manifest import cache_root
+    from layerscope.model.manifest import cache_root
     from layerscope.runtime.pipeline import embed, extract
+    from layerscope.vocab.layers import Layers, layer_names
 
     if not use_cache:
         return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings,

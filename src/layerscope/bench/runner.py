@@ -130,8 +130,9 @@ def sts_spearman(vectors: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray, go
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
     from layerscope.vocab.layers import layer_names, resolve_layers
-    from layerscope.export.manifest import ModelHandle
 
     from layerscope.limits import check_limits, check_max_length
 
@@ -143,7 +144,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     handle = ModelHandle.resolve(cfg.model)
     if not handle.is_export:
         say("exporting the model (first use)")
-        handle = handle.ensure_export()
+        handle = ensure_export(handle)
     manifest = handle.manifest
     check_max_length(cfg.max_length, manifest, cfg.model)
     num_layers = int(manifest["num_layers"])

@@ -67,10 +67,11 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     """
     import gc
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
-    from layerscope.models import ModelSource, get_submodule, load_tokenizer
+    from layerscope.model.families import get_submodule
+    from layerscope.model.source import ModelSource, load_tokenizer
     from layerscope.vocab.outputs import RAW_OUTPUT, hidden_output, layer_output, pooled_output
     from layerscope.vocab.pooling import pool
 

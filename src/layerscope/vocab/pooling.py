@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 from layerscope.errors import InputError
 
-ST = "st"  # the model's own sentence-transformers embedding (the recipe is read by layerscope/stconfig.py)
+ST = "st"  # the model's own sentence-transformers embedding (the recipe is read by layerscope/model/stconfig.py)
 EOS = "eos"  # the position the model's own pooler reads (CLIP): needs the input ids
 POOLINGS = ("mean", "cls", "last", "max", EOS, "mean-nobos", ST)  # every pooling name, the only list
 GRAPH_POOLINGS = tuple(p for p in POOLINGS if p != ST)  # those with a rendering (in the graph too)
@@ -295,7 +295,7 @@ def with_st(poolings: list[str], compute: Callable[[list[str]], Mapping[str, Any
             recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run ``compute(poolings)`` with ``st`` replaced by ``recipe["pooling"]`` (L2-normalized when
     ``recipe["normalize"]``, as sentence-transformers' Normalize module does); other poolings pass
-    through.  ``recipe`` is the checkpoint's sentence-transformers recipe (layerscope/stconfig.py)."""
+    through.  ``recipe`` is the checkpoint's sentence-transformers recipe (layerscope/model/stconfig.py)."""
     if ST not in poolings:
         return dict(compute(poolings))
     if not recipe:
