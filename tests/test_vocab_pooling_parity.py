@@ -39,7 +39,7 @@ def _inputs():
     return states, ids
 
 
-def _graph_session(modes, eos_token_id):
+def _graph_session(modes, eos_token_id, opset=18):
     import onnx
     import onnxruntime
     from onnx import TensorProto, helper
@@ -49,7 +49,7 @@ def _graph_session(modes, eos_token_id):
     inputs = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
               helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])]
     inputs += [helper.make_tensor_value_info(f"h{i}", TensorProto.FLOAT, ["batch", "seq", H]) for i in range(L)]
-    model = helper.make_model(helper.make_graph([], "pool", inputs, []), opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(helper.make_graph([], "pool", inputs, []), opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     add_pooled_outputs(model, list(modes), [f"h{i}" for i in range(L)], H, eos_token_id)
     onnx.checker.check_model(model)
@@ -76,6 +76,17 @@ def renderings():
                                    input_ids=torch.from_numpy(ids), eos_token_id=eos).numpy()
             out[mode, eos] = (np_out, torch_out, graph[mode])
     return out
+
+
+def test_the_graph_rendering_before_opset_18_agrees_too(renderings):
+    """Before opset 18 ReduceMax takes its axes as an attribute: the other branch of the in-graph max."""
+    from layerscope.vocab.outputs import pooled_output
+
+    states, ids = _inputs()
+    session = _graph_session(GRAPH_POOLINGS, None, opset=13)
+    feed = {"attention_mask": MASK, "input_ids": ids, **{f"h{i}": states[i] for i in range(L)}}
+    for mode, got in zip(GRAPH_POOLINGS, session.run([pooled_output(m) for m in GRAPH_POOLINGS], feed)):
+        np.testing.assert_allclose(got, renderings[mode, None][0], rtol=0, atol=1e-6, err_msg=mode)
 
 
 def test_every_pooling_but_st_has_the_three_renderings():
