@@ -58,18 +58,6 @@ ONLY: dict[str, set[str]] = {"vocab": {"errors"}}
 # (so that nothing else slips through on the same pair of packages) -> (owner, why).  The coordinator
 # empties this after the merges.
 PENDING: dict[tuple[str, str], tuple[str, str]] = {
-    ("layerscope.engines.ort", "layerscope.runtime.pooling"): (
-        "B", "the ONNX engines pool with runtime/pooling.py; pooling moves to vocab/ (floor 1)"),
-    ("layerscope.engines.torch", "layerscope.runtime.pooling"): (
-        "B", "the torch engine pools with runtime/pooling.py; pooling moves to vocab/"),
-    ("layerscope.export.exporter", "layerscope.runtime.pooling"): (
-        "B", "the exporter checks pooling names with runtime/pooling.py; pooling names move to vocab/"),
-    ("layerscope.export.validate", "layerscope.runtime.pooling"): (
-        "B", "the export's parity check pools with runtime/pooling.py (with runtime -> export.open, a package "
-             "cycle until pooling moves to vocab/)"),
-    ("layerscope.model.manifest_check", "layerscope.export.graph"): (
-        "B", "the manifest check reads the graph output names (PREFIX, RAW) from export/graph.py; "
-             "output names move to vocab/"),
     ("layerscope.runtime.faiss_bench", "layerscope.analyses.alignment"): (
         "C", "runtime/faiss_bench.py imports an analysis (also the one package cycle, analyses <-> runtime)"),
     ("layerscope.data.pairs", "layerscope.runtime.hf_dataset"): (

@@ -51,7 +51,8 @@ def declared(monkeypatch):
 
 def test_a_declared_engine_joins_every_reader(declared):
     """Catches: a reader that keeps its own list of engines (a new engine would be unknown there)."""
-    from layerscope.bench.runner import _bench_engines, parse_engines
+    from layerscope.bench.engine_rows import _bench_engines
+    from layerscope.bench.runner import parse_engines
     from layerscope.engines.auto import pick_engine
     from layerscope.engines.base import check_engine_name, needs_export
 

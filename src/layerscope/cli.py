@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from layerscope.engines.registry import bench_rows, names_text
+from layerscope.vocab.pooling import POOLINGS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="layerscope: look inside embedding models layer by layer, fast. "
@@ -139,7 +140,7 @@ def extract(
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
     engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
-    pooling: Optional[str] = typer.Option(None, help="Comma list: mean, cls, last, max, eos, mean-nobos, st "
+    pooling: Optional[str] = typer.Option(None, help=f"Comma list: {', '.join(POOLINGS)} "
                                           "(default: st for a sentence-transformers checkpoint, else the family's)."),
     prompt_name: Optional[str] = typer.Option(None, "--prompt-name", help="One of the checkpoint's prompts "
                                               "(default: its default_prompt_name, if any)."),

@@ -18,7 +18,7 @@ LayerKey = Any  # a layer as the caller named it: -1, "-1", "raw", "last", or a 
 
 def _requested_layers(layers, num_layers: int) -> list[tuple[LayerKey, str]]:
     """(key the caller used, canonical name) for each layer asked for, in order, without repeats."""
-    from layerscope.engines.base import resolve_layers
+    from layerscope.vocab.layers import resolve_layers
 
     if layers is None or isinstance(layers, str) and layers.strip() == "all":
         return [(n, n) for n in resolve_layers("all", num_layers)]
@@ -76,7 +76,7 @@ class EmbeddingModel:
 
     @property
     def default_poolings(self) -> list[str]:
-        from layerscope.runtime.pooling import default_poolings
+        from layerscope.vocab.pooling import default_poolings
 
         return default_poolings(self.manifest)
 

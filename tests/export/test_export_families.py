@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from layerscope.engines.base import create_engine, layer_names
+from layerscope.engines.base import create_engine
+from layerscope.vocab.layers import layer_names
 from layerscope.export.exporter import export_model
 from layerscope.model.handle import ModelHandle
-from layerscope.runtime.pooling import pool
+from layerscope.vocab.pooling import pool
 from hf_reference import check_engine, hf_reference
 from tiny_models import FAMILIES
 

@@ -1,5 +1,5 @@
 """Every pooling mode against values computed by hand, on right- and left-padded batches, for both
-implementations: the numpy reference (runtime/pooling.py) and the in-graph pooling (export/graph.py,
+implementations: the numpy reference (vocab/pooling.py) and the in-graph pooling (vocab/pooling.py via export/graph.py,
 run by ONNX Runtime on a graph whose inputs are the hidden states themselves).
 
 Padding positions hold huge values, so a pooling that reads one is off by orders of magnitude.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layerscope.runtime.pooling import pool
+from layerscope.vocab.pooling import pool
 
 MODES = ("mean", "cls", "last", "max", "mean-nobos")
 L, B, S, H = 2, 4, 5, 3
@@ -105,7 +105,7 @@ def test_the_reference_is_not_trivial():
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("mode", MODES)
 def test_numpy_pooling_equals_hand_computation(mode, side):
-    """Catches, in runtime/pooling.py: ``cls`` reading position 0 instead of the first real token (left
+    """Catches, in vocab/pooling.py: ``cls`` reading position 0 instead of the first real token (left
     padding), ``last_index`` as ``mask.sum(1) - 1`` (right padding only), ``max`` without the mask,
     ``mean-nobos`` dropping position 0 instead of the first real token, ``mean`` dividing by the padded
     length."""
@@ -117,7 +117,7 @@ def test_numpy_pooling_equals_hand_computation(mode, side):
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("mode", MODES)
 def test_in_graph_pooling_equals_hand_computation(graph_session, mode, side):
-    """Catches, in export/graph.py: ``cls`` as a Gather of position 0 (left padding), ``last_idx`` from the
+    """Catches, in the in-graph rendering (vocab/pooling.py): ``cls`` as a Gather of position 0 (left padding), ``last_idx`` from the
     mask's sum (right padding only), ``max`` without the Where on the mask, ``mean`` without the mask."""
     mask = RIGHT if side == "right" else LEFT
     states = _states(mask)

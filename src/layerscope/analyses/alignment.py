@@ -209,10 +209,10 @@ class Alignment(Analysis):
 
     # -- figures -----------------------------------------------------------
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
-        from layerscope.engines.base import resolve_layers
+        from layerscope.analyses.common import layers_for
 
         o = ctx.options
-        layers = resolve_layers(ctx.layers, run.num_layers)
+        layers = layers_for(ctx, run)
         poolings = list(ctx.poolings or self.metadata.default_poolings)
         n = len(data)
         vecs = ctx.vectors(run, data.sources + data.targets, layers=layers, poolings=poolings, tag="alignment")

@@ -59,6 +59,7 @@ class ModelRun:
     spec: str
     handle: Any
     engine: Any
+    layers: list[str] | None = None  # --layers resolved for this model where the run started (vocab/layers.py)
 
     @property
     def name(self) -> str:
@@ -228,7 +229,7 @@ def _jsonable(obj):
 
 def check_layers(spec: str, handle, model: str) -> list[str]:
     """Resolve ``--layers`` against one model; a bad spec names the option and the model."""
-    from layerscope.engines.base import resolve_layers
+    from layerscope.vocab.layers import resolve_layers
 
     try:
         return resolve_layers(spec, int(handle.manifest["num_layers"]))
@@ -254,12 +255,12 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     from layerscope.analyses.layout import claim_result_dir, default_result_dir, result_identity
 
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
-    handles = []
+    handles, layers = [], []
     sources = analysis.stored_sources(ctx, data)
     if sources is None:
         handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
-        for spec, handle in zip(ctx.models, handles):  # a bad --layers fails before any model runs
-            check_layers(ctx.layers, handle, spec)
+        # --layers resolved once per model, here: a bad spec fails before any model runs
+        layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
         sources = [(spec, h.manifest, h.key) for spec, h in zip(ctx.models, handles)]
     settings = _jsonable({"engine": ctx.engine, "layers": ctx.layers, "poolings": ctx.poolings, "data": ctx.data,
                           "seed": ctx.seed, "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}})
@@ -277,12 +278,12 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         per_model, models_meta = offline
     else:
         per_model, models_meta = {}, {}
-    for spec, handle in zip(ctx.models, handles):
+    for spec, handle, model_layers in zip(ctx.models, handles, layers):
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
         limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
         engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})
-        run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine)
+        run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine, model_layers)
         try:
             figures = analysis.compute(ctx, run, data)
         finally:

@@ -57,9 +57,9 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
                    batch_tokens: int | None = None) -> dict[tuple[str, str], np.ndarray]:
     """Vectors of ``texts``; a cached store of the same model, engine and texts is reused when it holds every
     asked layer and pooling (stores are extracted with every layer, so other layer choices reuse them too)."""
-    from layerscope.engines.base import layer_names
     from layerscope.model.manifest import cache_root
     from layerscope.runtime.pipeline import embed, extract
+    from layerscope.vocab.layers import Layers, layer_names
 
     if not use_cache:
         return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings,
@@ -70,7 +70,8 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     if store is not None:
         say(f"reusing cached vectors {store.path}")
     else:
-        all_layers = layer_names(int(run.handle.manifest["num_layers"]))
+        num_layers = int(run.handle.manifest["num_layers"])
+        all_layers = layer_names(num_layers)
         extra = [layer for layer in layers if layer not in all_layers]
         path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings, max_length)[:8]}"
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
@@ -78,9 +79,9 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         from layerscope.runtime.store_lock import StoreLockedError
 
         try:
-            store = extract(run.handle, list(texts), path, engine=run.engine, layers=all_layers + extra,
-                            poolings=poolings, force=True, max_length=max_length,
-                            batch_tokens=batch_tokens).store
+            store = extract(run.handle, list(texts), path, engine=run.engine,
+                            layers=Layers(all_layers + extra, num_layers), poolings=poolings, force=True,
+                            max_length=max_length, batch_tokens=batch_tokens).store
         except StoreLockedError:  # another run is filling this cache entry: do not wait for it, nor race it
             say(f"{path} is being written by another run; computing these vectors in memory")
             return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)

@@ -14,7 +14,10 @@ CONSTANT_SPREAD = 1e-6
 
 
 def layers_for(ctx, run) -> list[str]:
-    from layerscope.engines.base import resolve_layers
+    """The run's layers: resolved once where the run started (run_analysis), else here."""
+    if run.layers is not None:
+        return run.layers
+    from layerscope.vocab.layers import resolve_layers
 
     try:
         return resolve_layers(ctx.layers, run.num_layers)
@@ -23,7 +26,7 @@ def layers_for(ctx, run) -> list[str]:
 
 
 def poolings_for(ctx, run, *, allow_eos: bool = True) -> list[str]:
-    from layerscope.runtime.pooling import check_poolings
+    from layerscope.vocab.pooling import check_poolings
 
     pools = check_poolings(ctx.poolings or ["mean"])
     if "eos" in pools and not (allow_eos and run.handle.manifest.get("pooled_output")):

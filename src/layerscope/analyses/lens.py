@@ -22,14 +22,15 @@ from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelR
 from layerscope.errors import InputError
 
 
-def lens_layers(spec, num_layers: int, say) -> list[str]:
-    from layerscope.engines.base import resolve_layers
+def lens_layers(ctx, run) -> list[str]:
+    """The run's layers without ``raw`` (the lens decodes layers 0..L)."""
+    from layerscope.analyses.common import layers_for
 
-    layers = resolve_layers(spec, num_layers)
+    layers = layers_for(ctx, run)
     if "raw" in layers:
         layers = [x for x in layers if x != "raw"]
-        if spec not in (None, "all"):
-            say("layer 'raw' (word-embedding lookup, before positions) is not decoded; left out")
+        if ctx.layers not in (None, "all"):
+            ctx.say("layer 'raw' (word-embedding lookup, before positions) is not decoded; left out")
     if not layers:
         raise InputError("--layers selected only 'raw'; the lens decodes layers 0..L")
     return layers
@@ -70,7 +71,7 @@ class Lens(Analysis):
         k = int(o["top_k"])
         show = max(0, int(o["show"]))
         bs = int(o["batch"])
-        names = lens_layers(ctx.layers, run.num_layers, ctx.say)
+        names = lens_layers(ctx, run)
         idx = [int(x) for x in names]
         handle = run.handle
         tok = handle.tokenizer()

@@ -98,12 +98,12 @@ class Saliency(Analysis):
         from layerscope.analyses.lens import lens_layers
         from layerscope.decoding.games import GameAccumulator, play, ranking
         from layerscope.decoding.heads import load_decoding_model, model_inputs
-        from layerscope.decoding.saliency import (Objective, content_positions, evaluate_ids, pool_torch,
+        from layerscope.decoding.saliency import (Objective, content_positions, evaluate_ids, objective_pooling,
                                                   replacement_token, text_scores)
 
         o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
         k_max = int(o.get("k", 10))
-        names = lens_layers(ctx.layers, run.num_layers, ctx.say)
+        names = lens_layers(ctx, run)
         layers = [int(x) for x in names]
         pooling = (ctx.poolings or [run.handle.manifest.get("default_pooling", "mean")])[0]
         handle = run.handle
@@ -130,7 +130,7 @@ class Saliency(Analysis):
             with torch.inference_mode():
                 for inp in inputs_list:
                     h = model.base(**inp, output_hidden_states=True, return_dict=True).hidden_states[-1]
-                    out.append(pool_torch(h, inp["attention_mask"], pooling)[0].float().numpy())
+                    out.append(objective_pooling(h, inp["attention_mask"], pooling)[0].float().numpy())
             return np.stack(out)
 
         extra: dict[str, Any] = {}

@@ -119,7 +119,7 @@ def check_same_texts(a_label: str, a_ids, a_texts, b_label: str, b_ids, b_texts)
 def _store_layers(store, spec: str) -> list[str]:
     if spec in (None, "all"):
         return store.layers
-    from layerscope.engines.base import resolve_layers
+    from layerscope.vocab.layers import resolve_layers
 
     wanted = resolve_layers(spec, int(store.manifest["num_layers"]))
     missing = [w for w in wanted if w not in store.layers]
@@ -236,9 +236,9 @@ class Similarity(Analysis):
         return per_model, meta
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
-        from layerscope.engines.base import resolve_layers
+        from layerscope.analyses.common import layers_for
 
-        layers = resolve_layers(ctx.layers, run.num_layers)
+        layers = layers_for(ctx, run)
         pooling = data["pooling"]
         vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
         get = (lambda la, v=vecs: v[pooling, la])

@@ -27,7 +27,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, read_sts, sts_spearman
+from layerscope.bench.baseline_rows import HF_EAGER
+from layerscope.bench.engine_rows import BENCH_ENGINES
+from layerscope.bench.runner import _accuracy, read_sts, sts_spearman
 from layerscope.errors import InputError
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other
@@ -160,8 +162,8 @@ def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, 
 def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
-    from layerscope.engines.base import resolve_layers
     from layerscope.export.open import ensure_export
+    from layerscope.vocab.layers import layer_names, resolve_layers
 
     say = cfg.progress or (lambda msg: None)
     if not cfg.texts:
@@ -171,7 +173,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     handle = ensure_export(cfg.model)
     manifest = handle.manifest
     num_layers = int(manifest["num_layers"])
-    layers = ([str(i) for i in range(num_layers + 1)] if cfg.layers == "all-hidden"
+    layers = (layer_names(num_layers, with_raw=False) if cfg.layers == "all-hidden"
               else resolve_layers(cfg.layers, num_layers, with_raw=False))
     n_acc = min(len(cfg.texts), cfg.accuracy_rows)
     rows = _rows(cfg, handle, layers)

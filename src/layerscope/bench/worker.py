@@ -128,7 +128,7 @@ def _hf_row(job: dict[str, Any]) -> Row:
     parts = dict.fromkeys(("tokenize_s", "engine_s", "pool_copy_s", "write_s"), 0.0)
 
     def encode(texts: list[str]) -> np.ndarray:
-        from layerscope.bench.runner import _torch_pool
+        from layerscope.vocab.pooling import pool_torch
 
         for k in parts:  # the split of the latest pass
             parts[k] = 0.0
@@ -140,7 +140,7 @@ def _hf_row(job: dict[str, Any]) -> Row:
             with torch.inference_mode():
                 out = net(**enc, output_hidden_states=True)
                 t2 = time.perf_counter()
-                pooled = torch.stack([_torch_pool(out.hidden_states[int(n)], enc["attention_mask"], job["pooling"])
+                pooled = torch.stack([pool_torch(out.hidden_states[int(n)], enc["attention_mask"], job["pooling"])
                                       for n in layers]).numpy()
             chunks.append(pooled)
             t3 = time.perf_counter()

@@ -25,6 +25,7 @@ import numpy as np
 
 from layerscope.errors import ExportError, InputError
 from layerscope.export import external
+from layerscope.vocab.outputs import hidden_outputs
 
 OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
 # Logits this close (relative to the target's, at least this absolute) are ties: ONNX Runtime and
@@ -65,7 +66,7 @@ def _trace_head(model, k: int, hidden_size: int, opset: int, path: Path) -> None
     dummy = [torch.randn(b, s, hidden_size) for _ in range(n)]
     ids = torch.randint(0, 3, (b, s))
     mask = torch.ones(b, s, dtype=torch.int64)
-    names = [f"hidden_states.{i}" for i in range(n)] + ["input_ids", "attention_mask"]
+    names = hidden_outputs(model.num_layers) + ["input_ids", "attention_mask"]
     axes = {nm: {0: "batch_size", 1: "sequence_length"} for nm in names}
     axes.update({o: {1: "batch_size", 2: "sequence_length"} for o in OUTPUTS})
     try:
@@ -124,7 +125,7 @@ def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> di
         head_path = Path(tmp) / "head.onnx"
         _trace_head(model, k, int(handle.manifest["hidden_size"]), opset, head_path)
         head = onnx.load(str(head_path))
-    keep = {f"hidden_states.{i}" for i in range(model.num_layers + 1)} | {"input_ids", "attention_mask", *OUTPUTS}
+    keep = {*hidden_outputs(model.num_layers), "input_ids", "attention_mask", *OUTPUTS}
     _append(base, head, keep)
     target = out_dir / lens_file(k)
     head_names = {i.name for i in head.graph.initializer}

@@ -26,31 +26,16 @@ from typing import Any, Callable
 import numpy as np
 
 from layerscope.errors import InputError
+from layerscope.vocab.pooling import MASK_POOLINGS, pool_torch
 
-TORCH_POOLINGS = ("mean", "cls", "last", "max", "mean-nobos")
 
-
-def pool_torch(h, mask, mode: str):
-    """Mask-aware pooling on torch tensors ``[N, S, H]``, differentiable (mirrors runtime/pooling.py)."""
-    import torch
-
-    m = mask.to(h.dtype).unsqueeze(-1)
-    if mode == "mean":
-        return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
-    if mode == "mean-nobos":
-        first = torch.zeros_like(m)
-        first[:, 0] = 1.0
-        keep = m * (1.0 - first)
-        return (h * keep).sum(1) / keep.sum(1).clamp(min=1.0)
-    if mode == "cls":
-        return h[:, 0]
-    if mode == "last":
-        idx = (mask.sum(1) - 1).clamp(min=0)
-        return h[torch.arange(h.shape[0]), idx]
-    if mode == "max":
-        return h.masked_fill(m == 0, float("-inf")).max(1).values
-    raise InputError(f"pooling '{mode}' cannot be used for a saliency objective; choose from "
-                     f"{', '.join(TORCH_POOLINGS)}")
+def objective_pooling(h, mask, mode: str):
+    """The pooled final state an objective reads: vocab's torch rendering (differentiable), for the
+    poolings that need only the states and the mask."""
+    if mode not in MASK_POOLINGS:
+        raise InputError(f"pooling '{mode}' cannot be used for a saliency objective; choose from "
+                         f"{', '.join(MASK_POOLINGS)}")
+    return pool_torch(h, mask, mode)
 
 
 @dataclass
@@ -68,7 +53,7 @@ class Objective:
         """Probe: all class logits [N, C]; similarity: cosine [N, 1]."""
         import torch
 
-        v = pool_torch(last_hidden, mask, self.pooling)
+        v = objective_pooling(last_hidden, mask, self.pooling)
         if self.kind == "probe":
             return v @ self.weight.t() + self.bias
         return torch.nn.functional.cosine_similarity(v, self.reference.unsqueeze(0), dim=-1).unsqueeze(-1)

@@ -18,6 +18,7 @@ from typing import Any
 
 from layerscope.engines.registry import EngineSpec, auto_order, engines, fallback_engine, register
 from layerscope.errors import EngineUnavailableError, InputError
+from layerscope.vocab.outputs import is_layer_or_pooled
 
 DEFAULT_MIN_COSINE = 0.9999
 
@@ -27,7 +28,7 @@ def recorded_min_cosine(manifest: dict[str, Any], key: str) -> float | None:
     parity = manifest.get("parity") if key == "fp32" else (manifest.get("variants", {}).get(key) or {}).get("parity")
     outputs = (parity or {}).get("outputs") or {}
     values = [s["min_cos"] for name, s in outputs.items()
-              if name.startswith(("hidden_states.", "pooled.")) and s.get("min_cos") is not None]
+              if is_layer_or_pooled(name) and s.get("min_cos") is not None]
     if not values:
         return None
     worst = min(values)

@@ -1,4 +1,4 @@
-"""The engine protocol, layer names and ``create_engine`` (the registry is registry.py).
+"""The engine protocol and ``create_engine`` (the registry is registry.py; layer names: vocab/layers.py).
 
 An engine takes a tokenized ``Batch`` and returns, per pooling, an array
 ``[len(layers), batch, hidden]`` (or token-level states).  Every engine
@@ -12,72 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from layerscope.errors import InputError
+from layerscope.vocab.layers import layer_names
 
 if TYPE_CHECKING:  # numpy and the tokenizer load when an engine runs, not when the registry is read
     import numpy as np
 
     from layerscope.model.tokenize import Batch, Encoder
 
-# ---------------------------------------------------------------- layer names
-
-def layer_names(num_layers: int, *, with_raw: bool = True) -> list[str]:
-    """Canonical names: ``raw`` (word embeddings), ``0`` (embedding output), ``1``..``L``."""
-    return (["raw"] if with_raw else []) + [str(i) for i in range(num_layers + 1)]
-
-
-def resolve_layers(spec: str | list | tuple | None, num_layers: int, *, with_raw: bool = True) -> list[str]:
-    """Parse ``all``, ``last``, ``raw,0,3,-1`` or ``2:5`` into canonical layer names (in the order given)."""
-    names = layer_names(num_layers, with_raw=with_raw)
-    if spec is None or spec == "all" or spec == ["all"]:
-        return names
-    items: list[str] = []
-    parts = spec.split(",") if isinstance(spec, str) else [str(s) for s in spec]
-    for part in (p.strip() for p in parts):
-        if not part:
-            continue
-        if part == "all":
-            items.extend(names)
-        elif part == "last":
-            items.append(str(num_layers))
-        elif part == "raw":
-            if not with_raw:
-                raise InputError("layer 'raw' is not available here")
-            items.append("raw")
-        elif ":" in part:
-            lo, hi = part.split(":", 1)
-            start = _layer_int(lo or "0", num_layers, part)
-            stop = _layer_int(hi, num_layers, part) if hi else num_layers
-            items.extend(str(i) for i in range(start, stop + 1))
-        else:
-            items.append(str(_layer_int(part, num_layers, part)))
-    out: list[str] = []
-    for it in items:
-        if it not in out:
-            out.append(it)
-    if not out:
-        raise InputError("--layers selected no layer; use 'all', 'raw', or indices such as 0,3,-1")
-    return out
-
-
-def _layer_int(text: str, num_layers: int, part: str) -> int:
-    try:
-        i = int(text)
-    except ValueError:
-        raise InputError(
-            f"layer '{part}' is not a layer; use 'all', 'raw', 'last', an index 0..{num_layers} "
-            "(negative counts from the end) or a range like 2:5"
-        ) from None
-    if i < 0:
-        i += num_layers + 1
-    if not 0 <= i <= num_layers:
-        raise InputError(
-            f"layer {text} is out of range: this model has layers raw, 0..{num_layers} "
-            f"(or -1..-{num_layers + 1} from the end)"
-        )
-    return i
-
-
-# ---------------------------------------------------------------- the protocol
 
 @dataclass
 class EngineInfo:

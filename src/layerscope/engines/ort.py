@@ -19,6 +19,9 @@ from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
+from layerscope.model.stconfig import st_recipe
+from layerscope.vocab.outputs import layer_output, pooled_output
+from layerscope.vocab.pooling import ST, pool, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
     import numpy as np
@@ -217,7 +220,7 @@ class OrtEngine(Engine):
 
     @staticmethod
     def token_output(name: str) -> str:
-        return "raw_embeddings" if name == "raw" else f"hidden_states.{name}"
+        return layer_output(name)
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         outs = self._run(batch, [self.token_output(n) for n in layers])
@@ -226,19 +229,16 @@ class OrtEngine(Engine):
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
-        from layerscope.runtime.pooling import with_st
-
-        return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
+        recipe = st_recipe(self.manifest) if ST in poolings else None
+        return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         import numpy as np
 
-        from layerscope.runtime.pooling import pool
-
-        in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names] if self.in_graph_pooling else []
+        in_graph = [p for p in poolings if pooled_output(p) in self.output_names] if self.in_graph_pooling else []
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]
-            outs = self._run(batch, [f"pooled.{p}" for p in in_graph])
+            outs = self._run(batch, [pooled_output(p) for p in in_graph])
             result = {p: np.asarray(o, dtype=np.float32)[rows] for p, o in zip(in_graph, outs)}
         else:
             in_graph, result = [], {}

@@ -8,6 +8,8 @@ from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
+from layerscope.model.stconfig import st_recipe
+from layerscope.vocab.pooling import ST, pool, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
     import numpy as np
@@ -82,14 +84,11 @@ class TorchEngine(Engine):
         return self._select(raw, hidden, layers)
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
-        from layerscope.runtime.pooling import with_st
-
-        return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
+        recipe = st_recipe(self.manifest) if ST in poolings else None
+        return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         import numpy as np
-
-        from layerscope.runtime.pooling import pool
 
         states = self.run_tokens(batch, layers)
         eos = self.manifest.get("eos_token_id")

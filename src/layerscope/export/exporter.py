@@ -20,14 +20,15 @@ import numpy as np
 import layerscope
 from layerscope.errors import ExportError, InputError
 from layerscope.export import external
+from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.onnx_config import make_onnx_config
-from layerscope.model.describe import describe_model
-from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
+from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.hashing import file_sha256
+from layerscope.model.describe import describe_model
 from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
 from layerscope.model.manifest_check import file_records
-from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
-from layerscope.runtime.pooling import check_poolings
+from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
+from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings
 
 log = logging.getLogger("layerscope")
 
@@ -39,7 +40,7 @@ def default_pooled(family_name: str) -> list[str]:
     from layerscope.model.families import FAMILIES
 
     fam = FAMILIES[family_name]
-    modes = ["mean", "cls", "last", "max", "mean-nobos"]
+    modes = list(MASK_POOLINGS)
     if fam.pooled_output:
         modes.append("eos")
     return modes
@@ -68,8 +69,6 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
-    from layerscope.export.graph import GRAPH_POOLINGS
-
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     if "eos" in pooled_modes and not family.pooled_output:
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); {family.name} has none")
@@ -182,13 +181,13 @@ def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, h
         kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
         cast_outputs_fp32(model, [o.name for o in model.graph.output])
     hidden_names = hidden_output_names(model)
-    expected = [f"hidden_states.{i}" for i in range(info["num_layers"] + 1)]
+    expected = hidden_outputs(info["num_layers"])
     if hidden_names != expected:
         raise ExportError(f"the exported graph has hidden-state outputs {hidden_names}, expected {expected}")
     add_raw_embeddings_output(model, info["vocab_size"])
-    raw_dim = _output_dim(model, RAW)
-    layer_tensors = ([RAW] if raw_dim in (None, info["hidden_size"]) else []) + hidden_names
-    pooled_layers = (["raw"] if layer_tensors[0] == RAW else []) + [str(i) for i in range(len(hidden_names))]
+    raw_dim = _output_dim(model, RAW_OUTPUT)
+    layer_tensors = ([RAW_OUTPUT] if raw_dim in (None, info["hidden_size"]) else []) + hidden_names
+    pooled_layers = [output_layer(t) for t in layer_tensors]
     if pooled_modes:
         add_pooled_outputs(model, pooled_modes, layer_tensors, info["hidden_size"], info.get("eos_token_id"))
     # Without its weights the proto is small, so ByteSize is safe; with them it is < 2 GiB or external.

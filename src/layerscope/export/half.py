@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from layerscope.errors import InputError
+from layerscope.vocab.outputs import RAW_OUTPUT, hidden_index
 
 DTYPES = ("fp32", "fp16", "bf16")
 
@@ -43,10 +44,9 @@ def check_dtype(dtype: str) -> str:
 
 def fp16_min_cos(output: str, num_layers: int) -> float:
     """The cosine an fp16 output must keep against torch fp32, scaled by its depth."""
-    if output.startswith("hidden_states."):
-        depth = int(output.split(".")[1])
-    else:  # raw embeddings: depth 0; pooled outputs stack every layer: the deepest one counts
-        depth = 0 if output == "raw_embeddings" else num_layers
+    depth = hidden_index(output)
+    if depth is None:  # raw embeddings: depth 0; pooled outputs stack every layer: the deepest one counts
+        depth = 0 if output == RAW_OUTPUT else num_layers
     return 1.0 - FP16_COS_BUDGET * max(1.0, depth / FP16_COS_LAYERS)
 
 

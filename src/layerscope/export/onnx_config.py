@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.model.families import Family
+from layerscope.vocab.outputs import hidden_outputs
 
 
 def onnx_config_class(family: Family):
@@ -50,8 +51,7 @@ def onnx_config_class(family: Family):
             # pooled output before the hidden states.
             num_layers = self._layerscope_num_layers
             out = {family.pooled_output: {0: "batch_size"}} if family.pooled_output else {}
-            out.update({f"hidden_states.{i}": {0: "batch_size", 1: "sequence_length"}
-                        for i in range(num_layers + 1)})
+            out.update({name: {0: "batch_size", 1: "sequence_length"} for name in hidden_outputs(num_layers)})
             return out
 
     AllLayersConfig.__name__ = f"LayerscopeAllLayers{base.__name__}"

@@ -72,7 +72,8 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     from layerscope.engines.torch import torch_forward
     from layerscope.model.families import get_submodule
     from layerscope.model.source import ModelSource, load_tokenizer
-    from layerscope.runtime.pooling import pool
+    from layerscope.vocab.outputs import RAW_OUTPUT, hidden_output, layer_output, pooled_output
+    from layerscope.vocab.pooling import pool
 
     export_dir = str(onnx_path.parent)  # the tokenizer as saved into the export, loaded the way engines load it
     tok = load_tokenizer(ModelSource(export_dir, export_dir, True), trust_remote_code=trust_remote_code)
@@ -95,14 +96,14 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     for batch, got in zip(encoded, outputs):
         tokens = max(tokens, int(batch.mask.sum(1).max()))
         raw, hidden, out = torch_forward(net, word_emb, batch.inputs)
-        ref: dict[str, np.ndarray] = {"raw_embeddings": raw.float().numpy()}
+        ref: dict[str, np.ndarray] = {RAW_OUTPUT: raw.float().numpy()}
         for i, h in enumerate(hidden):
-            ref[f"hidden_states.{i}"] = h.float().numpy()
+            ref[hidden_output(i)] = h.float().numpy()
         if family.pooled_output:
             ref[family.pooled_output] = getattr(out, family.pooled_output).float().numpy()
-        layer_states = [ref["raw_embeddings" if n == "raw" else f"hidden_states.{n}"] for n in pooled_layers]
+        layer_states = [ref[layer_output(n)] for n in pooled_layers]
         for mode in pooled_modes:
-            ref[f"pooled.{mode}"] = np.stack([
+            ref[pooled_output(mode)] = np.stack([
                 pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=info.get("eos_token_id"))
                 for s in layer_states])
         token_valid = batch.mask.astype(bool)

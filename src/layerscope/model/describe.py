@@ -14,6 +14,7 @@ from typing import Any
 import layerscope
 from layerscope.model.families import family_for, model_dims
 from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
+from layerscope.vocab.layers import layer_names
 
 
 def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: int) -> tuple[int, str]:
@@ -59,7 +60,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
         "max_length": max_length,
         "max_length_from": max_from,
         "inputs": family.input_names(text_cfg),
-        "layers": ["raw"] + [str(i) for i in range(num_layers + 1)],
+        "layers": layer_names(num_layers),
         "final_norm_in_last_layer": family.final_norm_in_last_hidden_state
         if family.kind == "decoder" or family.final_norm_in_last_hidden_state is not None else None,
         "default_pooling": family.default_pooling,

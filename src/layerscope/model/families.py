@@ -15,8 +15,6 @@ from layerscope.errors import InputError
 
 Kind = Literal["encoder", "decoder"]
 
-POOLINGS = ("mean", "cls", "last", "max", "eos", "mean-nobos", "st")
-
 
 @dataclass(frozen=True)
 class Family:

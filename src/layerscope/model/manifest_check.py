@@ -73,7 +73,7 @@ def _stacked_layers(graph, layer_of: dict[str, str]) -> list[str] | None:
 
 def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
     """The manifest's structural fields against the graph (loaded without external data)."""
-    from layerscope.export.graph import PREFIX, RAW
+    from layerscope.vocab.outputs import RAW_OUTPUT, output_layer, pooled_mode, sorted_hidden_outputs
 
     where = Path(export_dir) / MANIFEST
 
@@ -86,7 +86,7 @@ def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
         for name, dims in outputs.items():
             if list(listed[name]) != dims:
                 refuse(f"output {name} is {dims} in the graph, {listed[name]} in the manifest")
-    hidden = sorted((n for n in outputs if n.startswith("hidden_states.")), key=lambda n: int(n.split(".")[1]))
+    hidden = sorted_hidden_outputs(outputs)
     try:
         num_layers, hidden_size = int(manifest["num_layers"]), int(manifest["hidden_size"])
     except (KeyError, TypeError, ValueError):
@@ -97,10 +97,10 @@ def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
         last = outputs[name][-1] if outputs[name] else None
         if isinstance(last, int) and last and last != hidden_size:
             refuse(f"hidden_size is {hidden_size}, the graph's {name} has {last}")
-    pooled = [n for n in outputs if n.startswith(PREFIX)]
+    pooled = [n for n in outputs if pooled_mode(n) is not None]
     if not pooled:
         return
-    layer_of = {RAW: "raw", **{name: name.split(".")[1] for name in hidden}}
+    layer_of = {name: output_layer(name) for name in [RAW_OUTPUT, *hidden]}
     stacked = _stacked_layers(graph, layer_of)
     claimed = [str(x) for x in manifest.get("pooled_layers") or []]
     if stacked is None:

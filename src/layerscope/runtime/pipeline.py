@@ -25,11 +25,12 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 import layerscope
-from layerscope.engines.base import Engine, resolve_layers
-from layerscope.model.tokenize import Batch, Encoder
+from layerscope.engines.base import Engine
 from layerscope.export.open import open_engine
+from layerscope.model.tokenize import Batch, Encoder
+from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
-from layerscope.runtime.pooling import check_poolings
+from layerscope.vocab.pooling import check_poolings
 from layerscope.runtime.store import STORE_JSON, TEXTS, LayerStore
 
 log = logging.getLogger("layerscope")
@@ -343,7 +344,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     check_max_length(max_length, manifest, handle.spec)
     layer_list = resolve_layers(layers, manifest["num_layers"])
     if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
-        from layerscope.runtime.pooling import default_poolings
+        from layerscope.vocab.pooling import default_poolings
 
         poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))

@@ -130,11 +130,11 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
              gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
              progress: bool | Callable = False, _kill_once: dict | None = None, start_s: float = 0.0):
     """The run itself, on a connected cluster (see ``extract_ray``)."""
-    from layerscope.engines.base import resolve_layers
     from layerscope.model.handle import ModelHandle
+    from layerscope.vocab.layers import resolve_layers
     from layerscope.runtime.pipeline import (_MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _corpus_sha256,
                                              _progress_bar, _settings)
-    from layerscope.runtime.pooling import check_poolings
+    from layerscope.vocab.pooling import check_poolings
     from layerscope.runtime.store import STORE_JSON, LayerStore
 
     from layerscope.limits import check_engine_options, check_limits, check_max_length
@@ -152,8 +152,8 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
     manifest = handle.manifest
     check_max_length(max_length, manifest, handle.spec)
-    from layerscope.runtime.pooling import default_poolings
     from layerscope.model.stconfig import resolve_prompt
+    from layerscope.vocab.pooling import default_poolings
 
     if poolings is None:  # the model's own, as in a plain extract (st for a sentence-transformers checkpoint)
         poolings = default_poolings(manifest)

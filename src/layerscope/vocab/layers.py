@@ -1,0 +1,89 @@
+"""Layer names and the one parser of a layer spec.
+
+Canonical names: ``raw`` (the word-embedding lookup, before positions), ``0`` (the
+embedding output, ``hidden_states[0]``), ``1``..``L`` (the output of block i).  A spec
+is ``all``, ``last``, a comma list such as ``raw,0,3,-1`` (negatives count from the
+end) or a range such as ``2:5``.
+
+A spec is parsed once, where a run starts: ``resolve_layers`` returns ``Layers``, a
+list of canonical names that remembers the model it was resolved for, and hands such
+a list back as it is when it meets it again further down the run.
+"""
+
+from __future__ import annotations
+
+from layerscope.errors import InputError
+
+RAW = "raw"
+
+
+class Layers(list):
+    """Canonical layer names already resolved for a model with ``num_layers`` blocks."""
+
+    def __init__(self, names, num_layers: int, with_raw: bool = True):
+        super().__init__(names)
+        self.num_layers = int(num_layers)
+        self.with_raw = bool(with_raw)
+
+
+def layer_names(num_layers: int, *, with_raw: bool = True) -> list[str]:
+    """Canonical names: ``raw`` (word embeddings), ``0`` (embedding output), ``1``..``L``."""
+    return ([RAW] if with_raw else []) + [str(i) for i in range(num_layers + 1)]
+
+
+def resolve_layers(spec: str | list | tuple | None, num_layers: int, *, with_raw: bool = True) -> Layers:
+    """Parse ``all``, ``last``, ``raw,0,3,-1`` or ``2:5`` into canonical layer names (in the order given)."""
+    if isinstance(spec, Layers) and spec.num_layers == num_layers and (with_raw or not spec.with_raw):
+        return spec  # resolved where the run started: not parsed again
+    return Layers(_parse(spec, num_layers, with_raw), num_layers, with_raw)
+
+
+def _parse(spec, num_layers: int, with_raw: bool) -> list[str]:
+    names = layer_names(num_layers, with_raw=with_raw)
+    if spec is None or spec == "all" or spec == ["all"]:
+        return names
+    items: list[str] = []
+    parts = spec.split(",") if isinstance(spec, str) else [str(s) for s in spec]
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        if part == "all":
+            items.extend(names)
+        elif part == "last":
+            items.append(str(num_layers))
+        elif part == RAW:
+            if not with_raw:
+                raise InputError("layer 'raw' is not available here")
+            items.append(RAW)
+        elif ":" in part:
+            lo, hi = part.split(":", 1)
+            start = _layer_int(lo or "0", num_layers, part)
+            stop = _layer_int(hi, num_layers, part) if hi else num_layers
+            items.extend(str(i) for i in range(start, stop + 1))
+        else:
+            items.append(str(_layer_int(part, num_layers, part)))
+    out: list[str] = []
+    for it in items:
+        if it not in out:
+            out.append(it)
+    if not out:
+        raise InputError("--layers selected no layer; use 'all', 'raw', or indices such as 0,3,-1")
+    return out
+
+
+def _layer_int(text: str, num_layers: int, part: str) -> int:
+    try:
+        i = int(text)
+    except ValueError:
+        raise InputError(
+            f"layer '{part}' is not a layer; use 'all', 'raw', 'last', an index 0..{num_layers} "
+            "(negative counts from the end) or a range like 2:5"
+        ) from None
+    if i < 0:
+        i += num_layers + 1
+    if not 0 <= i <= num_layers:
+        raise InputError(
+            f"layer {text} is out of range: this model has layers raw, 0..{num_layers} "
+            f"(or -1..-{num_layers + 1} from the end)"
+        )
+    return i

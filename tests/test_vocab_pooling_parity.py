@@ -1,0 +1,153 @@
+"""Every pooling through its three renderings (numpy, torch, in-graph ONNX run by ONNX Runtime) on the
+same random states and masks: right and left padding, single-token rows, and for ``eos`` the three
+ways the position is found (argmax of the ids when there is no EOS id or the old CLIP id 2, else the
+first EOS token, or position 0 when a row has none).  They must agree to 1e-6.
+
+A change to one rendering of one pooling (say torch's ``last`` reading ``mask.sum(1) - 1``, which is
+wrong under left padding) makes that pooling's case fail here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layerscope.vocab.pooling import GRAPH_POOLINGS, POOLINGS, ST, check_poolings, pool, pool_torch, with_st
+
+L, B, S, H = 3, 8, 6, 5
+EOS_CASES = (None, 2, 7)  # argmax of ids, old CLIP (argmax), the first id 7
+# 1 = real token; rows 0-3 right-padded, 4-6 left-padded, single-token rows on both sides
+MASK = np.array([[1, 1, 1, 1, 1, 1],
+                 [1, 1, 1, 0, 0, 0],
+                 [1, 0, 0, 0, 0, 0],
+                 [1, 1, 0, 0, 0, 0],
+                 [0, 0, 1, 1, 1, 1],
+                 [0, 0, 0, 0, 0, 1],
+                 [0, 1, 1, 1, 1, 1],
+                 [1, 1, 1, 1, 1, 1]], dtype=np.int64)
+
+
+def _inputs():
+    rng = np.random.default_rng(11)
+    states = rng.standard_normal((L, B, S, H)).astype(np.float32)
+    states[:, MASK == 0, :] = 50.0  # a pooling that reads padding is far off
+    ids = rng.integers(10, 40, size=(B, S)).astype(np.int64)
+    ids[0, 2] = ids[0, 4] = 7  # two EOS tokens: the first counts
+    ids[4, 5] = 7  # left-padded row, EOS last
+    ids[6, 3] = ids[5, 5] = 7  # every left-padded row has one: position 0 is padding there
+    ids[MASK == 0] = 0  # padding id; the right-padded rows without 7 read position 0
+    return states, ids
+
+
+def _graph_session(modes, eos_token_id, opset=18):
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    from layerscope.export.graph import add_pooled_outputs
+
+    inputs = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])]
+    inputs += [helper.make_tensor_value_info(f"h{i}", TensorProto.FLOAT, ["batch", "seq", H]) for i in range(L)]
+    model = helper.make_model(helper.make_graph([], "pool", inputs, []), opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    add_pooled_outputs(model, list(modes), [f"h{i}" for i in range(L)], H, eos_token_id)
+    onnx.checker.check_model(model)
+    return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def renderings():
+    """{(mode, eos_token_id): (numpy, torch, onnx)} pooled arrays [L, B, H]."""
+    import torch
+
+    from layerscope.vocab.outputs import pooled_output
+
+    states, ids = _inputs()
+    out = {}
+    for eos in EOS_CASES:
+        modes = GRAPH_POOLINGS if eos == EOS_CASES[0] else ("eos",)
+        session = _graph_session(modes, eos)
+        feed = {"attention_mask": MASK, "input_ids": ids, **{f"h{i}": states[i] for i in range(L)}}
+        graph = dict(zip(modes, session.run([pooled_output(m) for m in modes], feed)))
+        for mode in modes:
+            np_out = pool(states, MASK, mode, input_ids=ids, eos_token_id=eos)
+            torch_out = pool_torch(torch.from_numpy(states), torch.from_numpy(MASK), mode,
+                                   input_ids=torch.from_numpy(ids), eos_token_id=eos).numpy()
+            out[mode, eos] = (np_out, torch_out, graph[mode])
+    return out
+
+
+def test_the_graph_rendering_before_opset_18_agrees_too(renderings):
+    """Before opset 18 ReduceMax takes its axes as an attribute: the other branch of the in-graph max."""
+    from layerscope.vocab.outputs import pooled_output
+
+    states, ids = _inputs()
+    session = _graph_session(GRAPH_POOLINGS, None, opset=13)
+    feed = {"attention_mask": MASK, "input_ids": ids, **{f"h{i}": states[i] for i in range(L)}}
+    for mode, got in zip(GRAPH_POOLINGS, session.run([pooled_output(m) for m in GRAPH_POOLINGS], feed)):
+        np.testing.assert_allclose(got, renderings[mode, None][0], rtol=0, atol=1e-6, err_msg=mode)
+
+
+def test_every_pooling_but_st_has_the_three_renderings():
+    """The one list of names: st is the only name without a rendering of its own (it is a recipe)."""
+    assert set(POOLINGS) - set(GRAPH_POOLINGS) == {ST}
+    assert len(set(POOLINGS)) == len(POOLINGS)
+
+
+@pytest.mark.parametrize("case", [(m, EOS_CASES[0]) for m in GRAPH_POOLINGS if m != "eos"]
+                         + [("eos", e) for e in EOS_CASES], ids=lambda c: f"{c[0]}-eos{c[1]}")
+def test_numpy_torch_and_graph_agree(renderings, case):
+    np_out, torch_out, graph_out = renderings[case]
+    assert np_out.shape == torch_out.shape == graph_out.shape == (L, B, H)
+    assert np.abs(np_out).max() < 10, "a rendering read the padding"
+    np.testing.assert_allclose(torch_out, np_out, rtol=0, atol=1e-6, err_msg=f"torch vs numpy, {case}")
+    np.testing.assert_allclose(graph_out, np_out, rtol=0, atol=1e-6, err_msg=f"ONNX vs numpy, {case}")
+
+
+def test_the_cases_tell_the_poolings_apart(renderings):
+    """Agreement means something: no two poolings (nor two eos rules) give the same vectors here,
+    and the single-token rows give zeros for mean-nobos and the token itself for the others."""
+    keys = list(renderings)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if a[0] == "eos" and b[0] == "eos" and {a[1], b[1]} == {None, 2}:
+                continue  # the same rule by design (argmax of the ids)
+            assert not np.allclose(renderings[a][0], renderings[b][0]), (a, b)
+    states, _ = _inputs()
+    for row, pos in ((2, 0), (5, 5)):
+        for mode in ("mean", "cls", "last", "max"):
+            np.testing.assert_allclose(renderings[mode, None][0][:, row], states[:, row, pos], atol=1e-6)
+        np.testing.assert_array_equal(renderings["mean-nobos", None][0][:, row], 0.0)
+
+
+def test_torch_rendering_is_differentiable():
+    """Saliency objectives take gradients through it: d(mean)/d(states) is the mask over the token count."""
+    import torch
+
+    states, _ = _inputs()
+    h = torch.from_numpy(states[0]).requires_grad_(True)
+    pool_torch(h, torch.from_numpy(MASK), "mean").sum().backward()
+    want = MASK / MASK.sum(1, keepdims=True)
+    np.testing.assert_allclose(h.grad.numpy(), np.repeat(want[..., None], H, axis=-1), atol=1e-7)
+
+
+def test_st_is_the_recipe_pooling_normalized():
+    """with_st swaps st for the recipe's pooling, L2-normalized when the recipe says so; no recipe: one error."""
+    from layerscope.errors import InputError
+
+    vec = np.array([[3.0, 4.0]], dtype=np.float32)
+    asked = []
+
+    def compute(modes):
+        asked.append(list(modes))
+        return {m: vec * (2 if m == "cls" else 1) for m in modes}
+
+    got = with_st(["cls", ST], compute, {"pooling": "mean", "normalize": True})
+    assert asked == [["cls", "mean"]] and list(got) == ["cls", ST]
+    np.testing.assert_allclose(got[ST], [[0.6, 0.8]], atol=1e-7)
+    np.testing.assert_array_equal(with_st([ST], compute, {"pooling": "cls", "normalize": False})[ST], vec * 2)
+    with pytest.raises(InputError, match="sentence-transformers recipe"):
+        with_st([ST], compute, None)
+    with pytest.raises(InputError, match="did you mean 'mean-nobos'"):
+        check_poolings(["mean-nobo"])
