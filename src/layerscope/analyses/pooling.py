@@ -53,7 +53,8 @@ class RetrievalSet:
 
 
 def _retrieval_float(vectors: np.ndarray, rs: RetrievalSet) -> dict:
-    from layerscope.analyses.metrics import l2_normalize, ranks_from_scores, retrieval_metrics
+    from layerscope.metrics.neighbors import ranks_from_scores, retrieval_metrics
+    from layerscope.metrics.vectors import l2_normalize
 
     unit = l2_normalize(vectors.astype(np.float64))
     ranks = [ranks_from_scores(unit[q] @ unit[d].T, c) for q, d, c in rs.directions]
@@ -64,7 +65,7 @@ def _retrieval_binary(codes: np.ndarray, dim: int, rs: RetrievalSet) -> dict:
     """Hamming-distance retrieval with a FAISS binary flat index; ties share the mean rank."""
     import faiss
 
-    from layerscope.analyses.metrics import ranks_from_scores, retrieval_metrics
+    from layerscope.metrics.neighbors import ranks_from_scores, retrieval_metrics
 
     ranks = []
     for q, d, c in rs.directions:
@@ -110,8 +111,9 @@ class Pooling(Analysis):
         return pairs
 
     def compute(self, ctx: Context, run: ModelRun, pairs) -> dict[str, Any]:
-        from layerscope.analyses.metrics import (binary_quantize, hamming_similarity, int8_dequantize, int8_quantize,
-                                                 paired_cosine, retention, truncate_dims)
+        from layerscope.metrics.quantization import (binary_quantize, hamming_similarity, int8_dequantize,
+                                                     int8_quantize, retention, truncate_dims)
+        from layerscope.metrics.vectors import paired_cosine
 
         L = run.num_layers
         poolings = poolings_for(ctx, run)

@@ -71,7 +71,7 @@ class PairSplit:
 
 def layer_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per-layer cosines of paired vectors: ``[layers, n, h]`` x2 -> ``[n, layers]`` (float64)."""
-    from layerscope.analyses.metrics import paired_cosine
+    from layerscope.metrics.vectors import paired_cosine
 
     return np.stack([paired_cosine(a[i], b[i]) for i in range(a.shape[0])], axis=1)
 
