@@ -7,7 +7,8 @@ import pytest
 
 from layerscope.analyses.common import similarity_correlations
 from layerscope.analyses.pooling import RetrievalSet, _retrieval_binary, _retrieval_float, truncation_sizes
-from layerscope.analyses.probe import PairSplit, ProbeConfig, layer_cosines, train_probe
+from layerscope.analyses.probe import PairSplit, ProbeConfig, train_probe
+from layerscope.metrics.vectors import layer_cosines
 from layerscope.data.pairs import Pairs
 from layerscope.errors import InputError
 

@@ -139,7 +139,8 @@ class STS(Analysis):
 
     def _probe(self, ctx, run, data, layers, pooling, test_vecs, i1, i2, n_boot) -> dict[str, Any]:
         from layerscope.metrics.vectors import paired_cosine
-        from layerscope.analyses.probe import KINDS, ProbeConfig, layer_cosines, train_probe
+        from layerscope.analyses.probe import KINDS, ProbeConfig, train_probe
+        from layerscope.metrics.vectors import layer_cosines
 
         o = ctx.options
         test, _ = self._split(ctx, run, data["test"], layers, pooling, "sts", test_vecs, (i1, i2))

@@ -56,6 +56,11 @@ def paired_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 
+def layer_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-layer cosines of paired vectors: ``[layers, n, h]`` x2 -> ``[n, layers]`` (float64)."""
+    return np.stack([paired_cosine(a[i], b[i]) for i in range(a.shape[0])], axis=1)
+
+
 def centered_gram_features(X: np.ndarray, mean: np.ndarray) -> np.ndarray:
     """(X - mean)^T (X - mean) in float64, accumulated over row blocks."""
     d = X.shape[1]
