@@ -30,22 +30,21 @@ def check_finite(a: np.ndarray, name: str) -> None:
         )
 
 
-def as_vector(a, name: str) -> np.ndarray:
+def _as_numeric(a, name: str, ndim: int, what: str) -> np.ndarray:
     arr = np.asarray(a)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {what}, got shape {arr.shape}")
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
         raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
     return arr
+
+
+def as_vector(a, name: str) -> np.ndarray:
+    return _as_numeric(a, name, 1, "1-D")
 
 
 def as_matrix(a, name: str) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be 2-D [n, d], got shape {arr.shape}")
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    return arr
+    return _as_numeric(a, name, 2, "2-D [n, d]")
 
 
 def float_dtype(*arrays: np.ndarray) -> type:
