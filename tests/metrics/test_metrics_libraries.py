@@ -143,3 +143,13 @@ def test_drop_self_removes_the_query_or_the_last_result():
     # query 0 found at position 1 -> [4, 9]; query 1 not found (ties/ANN) -> drop the last -> [3, 8]
     idx = np.array([[4, 0, 9], [3, 8, 5]])
     np.testing.assert_array_equal(neighbors.drop_self(idx, np.array([0, 1]), 2), [[4, 9], [3, 8]])
+
+
+def test_hamming_ranks_hand_example():
+    # one byte codes (8 dims). docs: 0b11110000, 0b11000000, 0b00001111
+    # query 0b11100000: distances 1, 1, 7 -> doc 0 ties doc 1 at the top: rank 1 + 0 + 1/2 = 1.5
+    # query 0b00000111: distances 7, 5, 1 -> doc 1 has one nearer (doc 2): rank 2
+    pytest.importorskip("faiss")
+    docs = np.array([[0b11110000], [0b11000000], [0b00001111]], dtype=np.uint8)
+    queries = np.array([[0b11100000], [0b00000111]], dtype=np.uint8)
+    np.testing.assert_array_equal(neighbors.hamming_ranks(queries, docs, np.array([0, 1])), [1.5, 2.0])

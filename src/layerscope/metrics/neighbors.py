@@ -93,6 +93,27 @@ def cosine_ranks(src, tgt, *, block_size: int = 1024) -> np.ndarray:
     return out
 
 
+def hamming_ranks(query_codes, doc_codes, correct) -> np.ndarray:
+    """1-based rank of ``doc_codes[correct[i]]`` for ``query_codes[i]`` by Hamming distance, nearest first.
+
+    Codes are packed sign bits (uint8 ``[n, bytes]``, :func:`layerscope.metrics.quantization.binary_quantize`).
+    Distances come from a FAISS ``IndexBinaryFlat`` (every document, exact);
+    ties share the mean rank as in :func:`ranks_from_scores`. Returns float64.
+    """
+    import faiss
+
+    Q = as_matrix(query_codes, "query_codes")
+    D = as_matrix(doc_codes, "doc_codes")
+    if Q.dtype != np.uint8 or D.dtype != np.uint8 or Q.shape[1] != D.shape[1]:
+        raise ValueError(f"codes must be packed uint8 of one width, got {Q.dtype} {Q.shape} and {D.dtype} {D.shape}")
+    index = faiss.IndexBinaryFlat(D.shape[1] * 8)
+    index.add(np.ascontiguousarray(D))
+    dist, ids = index.search(np.ascontiguousarray(Q), D.shape[0])
+    scores = np.empty(dist.shape, dtype=np.float64)
+    np.put_along_axis(scores, ids.astype(np.int64), -dist.astype(np.float64), axis=1)
+    return ranks_from_scores(scores, correct)
+
+
 def mutual_knn(a_neighbors, b_neighbors) -> float:
     """Mean share of shared neighbours: ``mean_i |N_a(i) & N_b(i)| / k``.
 
