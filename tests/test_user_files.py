@@ -61,7 +61,7 @@ def snapshot(path: Path) -> dict[str, bytes]:
 # ---------------------------------------------------------------- markers
 
 def test_every_directory_layerscope_makes_is_marked_with_its_kind(bert_export, corpus_file, tmp_path):
-    from layerscope.runtime.faiss_index import build_store_index
+    from layerscope.index.store_index import build_store_index
 
     assert json.loads((bert_export / MARKER).read_text())["kind"] == "export"
     store = tmp_path / "store"

@@ -360,7 +360,7 @@ def index_build(
     force: bool = typer.Option(False, "--force", help="Replace an existing index."),
 ):
     """Build a FAISS index over one layer and pooling of a store."""
-    from layerscope.runtime.faiss_index import build_store_index
+    from layerscope.index.store_index import build_store_index
 
     out = out or Path(store) / f"index-{kind}-{pooling}-{layer.replace('-', 'm')}"
     meta = build_store_index(store, out, layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
@@ -388,7 +388,7 @@ def search(
     """Embed query texts with the index's model, layer and pooling; print the top-k stored texts."""
     from rich.table import Table
 
-    from layerscope.runtime.faiss_index import search_index
+    from layerscope.index.store_index import search_index
 
     meta, results = search_index(index, list(query), k=k, model=model, engine=engine, device=device)
     c = console()

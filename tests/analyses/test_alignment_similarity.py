@@ -34,7 +34,7 @@ def _direct_z(S, T, n_perm, seed):
 
 
 def test_alignment_z_and_retrieval_match_numpy(tmp_path, tiny_model):
-    from layerscope.analyses import metrics as M
+    from layerscope.metrics import neighbors
     from layerscope.data.bilingual import generate_pairs
     from layerscope.runtime.pipeline import embed
 
@@ -51,7 +51,7 @@ def test_alignment_z_and_retrieval_match_numpy(tmp_path, tiny_model):
         matched, z = _direct_z(v[:30], v[30:], N_PERM, 3)
         assert r["matched"] == pytest.approx(matched, abs=1e-5)
         assert r["z"] == pytest.approx(z, rel=1e-3, abs=1e-3)
-        ranks = M.cosine_ranks(v[:30], v[30:])
+        ranks = neighbors.cosine_ranks(v[:30], v[30:])
         assert r["acc@1_src2tgt"] == pytest.approx(np.mean(ranks <= 1))
         assert r["mrr_src2tgt"] == pytest.approx(np.mean(1 / ranks), abs=1e-6)
     for f in ("z_by_layer.png", "acc1_by_layer.png", "pc0_separation_by_layer.png", "alignment_layers.csv",
@@ -75,7 +75,7 @@ def test_alignment_bad_input_fails_before_models(tmp_path, tiny_model):
 
 
 def test_similarity_cka_heatmap_and_values(tmp_path, tiny_model):
-    from layerscope.analyses import metrics as M
+    from layerscope.metrics import cka
     from layerscope.data.bilingual import generate_pairs
     from layerscope.runtime.pipeline import embed
 
@@ -88,9 +88,9 @@ def test_similarity_cka_heatmap_and_values(tmp_path, tiny_model):
     np.testing.assert_allclose(lin, lin.T)
     ps = generate_pairs(15, 3)
     vecs = embed(str(model), [p.source for p in ps] + [p.target for p in ps], engine="torch", layers="all")
-    assert lin[1, 3] == pytest.approx(M.linear_cka(vecs["mean", "0"], vecs["mean", "2"]), abs=1e-6)
+    assert lin[1, 3] == pytest.approx(cka.linear_cka(vecs["mean", "0"], vecs["mean", "2"]), abs=1e-6)
     unb = np.array(fig["unbiased_cka"], dtype=float)
-    assert unb[0, 2] == pytest.approx(M.unbiased_cka(vecs["mean", "raw"], vecs["mean", "1"]), abs=1e-6)
+    assert unb[0, 2] == pytest.approx(cka.unbiased_cka(vecs["mean", "raw"], vecs["mean", "1"]), abs=1e-6)
     assert (out / "linear_cka.png").exists() and (out / "mutual_knn.png").exists()
 
 
@@ -118,7 +118,7 @@ def test_store_similarity_index_and_search(tmp_path, tiny_model):
     """Catches (cross-model part): the second model's vectors replaced by the first's, or the matrix
     transposed, in analyses/similarity.py ``combine`` (``cka_matrix(get_a, la, get_a, la, ...)``): both
     keep the matrix's shape, which was all the test checked."""
-    from layerscope.runtime.faiss_index import build_store_index, search_index
+    from layerscope.index.store_index import build_store_index, search_index
     from layerscope.runtime.pipeline import extract
 
     texts = [f"the cat number {i} sat on mat {i % 7}" for i in range(40)]

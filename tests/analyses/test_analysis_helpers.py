@@ -7,7 +7,8 @@ import pytest
 
 from layerscope.analyses.common import similarity_correlations
 from layerscope.analyses.pooling import RetrievalSet, _retrieval_binary, _retrieval_float, truncation_sizes
-from layerscope.analyses.probe import PairSplit, ProbeConfig, layer_cosines, train_probe
+from layerscope.analyses.probe import PairSplit, ProbeConfig, train_probe
+from layerscope.metrics.vectors import layer_cosines
 from layerscope.data.pairs import Pairs
 from layerscope.errors import InputError
 
@@ -59,7 +60,7 @@ def test_retrieval_float_and_binary_ranks_by_hand():
     assert m["acc@1"] == pytest.approx(0.5) and m["mrr"] == pytest.approx(0.75)
     # sign bits: q0 11, q1 10, d0 11, d1 01 (0.0 -> 0). Hamming: q0-d0 0, q0-d1 1 -> rank 1;
     # q1-d1 2 vs q1-d0 1 -> rank 2; d0-q0 0 vs d0-q1 1 -> 1; d1-q1 2 vs d1-q0 1 -> 2
-    from layerscope.analyses.metrics import binary_quantize
+    from layerscope.metrics.quantization import binary_quantize
 
     m = _retrieval_binary(binary_quantize(v), 2, rs)
     assert m["acc@1"] == pytest.approx(0.5) and m["mrr"] == pytest.approx(0.75)

@@ -148,7 +148,7 @@ def test_compositionality_on_shipped_items_and_own_pooled_output(tiny_model, tmp
     import torch
     from transformers import AutoTokenizer, CLIPTextModel
 
-    from layerscope.analyses.metrics import paired_cosine
+    from layerscope.metrics.vectors import paired_cosine
     from layerscope.data.items import read_items
 
     model_dir = tiny_model("clip-text")
@@ -231,7 +231,7 @@ def test_pooling_variants_quantization_and_truncation(tiny_model, tmp_path):
     """Every binary and int8 retention value (Spearman and MRR, every variant) against a computation by hand.
 
     Catches: int8 codes truncated instead of rounded (``np.rint`` -> ``np.trunc`` in
-    analyses/metrics.py ``int8_quantize``) and Hamming distance taken as the binary retrieval score
+    metrics/quantization.py ``int8_quantize``) and Hamming distance taken as the binary retrieval score
     (``-dist`` -> ``dist`` in analyses/pooling.py ``_retrieval_binary``); the old test checked only the
     float32 and full-width rows, which are 1 by construction."""
     from layerscope.data.pairs import read_pairs

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layerscope.analyses import metrics as M
 from layerscope.errors import InputError
-from layerscope.runtime.faiss_index import VectorIndex, normalize, recall_at_k, select_backend
-from layerscope.runtime.neighbors import knn_overlap, rank_summary, retrieval, self_knn
+from layerscope.index.backend import select_backend
+from layerscope.index.search import retrieval, self_knn
+from layerscope.index.vector_index import VectorIndex, normalize
+from layerscope.metrics import neighbors
+from layerscope.metrics.neighbors import mutual_knn, recall_at_k, retrieval_metrics
 
 pytest.importorskip("faiss")
 
@@ -25,7 +27,7 @@ def test_exact_retrieval_matches_numpy_ranks():
     r = retrieval(S, T)
     assert r["index"] == "flat" and r["mrr_exact"]
     for name, (q, b) in (("src2tgt", (S, T)), ("tgt2src", (T, S))):
-        expect = M.retrieval_metrics(M.cosine_ranks(q, b))
+        expect = neighbors.retrieval_metrics(neighbors.cosine_ranks(q, b))
         for key in ("acc@1", "acc@5", "acc@10", "mrr"):
             assert r[name][key] == pytest.approx(expect[key], abs=1e-12), (name, key)
     assert 0.05 < r["src2tgt"]["acc@1"] < 0.95  # the test data is neither trivial nor hopeless
@@ -33,7 +35,7 @@ def test_exact_retrieval_matches_numpy_ranks():
 
 def test_mrr_cutoff_counts_misses_as_zero():
     ranks = np.array([1.0, 3.0, np.inf, 12.0])
-    out = rank_summary(ranks)
+    out = retrieval_metrics(ranks)
     assert out["acc@1"] == 0.25 and out["acc@5"] == 0.5 and out["acc@10"] == 0.5
     assert out["mrr"] == pytest.approx((1 + 1 / 3 + 0 + 1 / 12) / 4)
 
@@ -53,9 +55,11 @@ def test_ivf_retrieval_reports_recall_against_exact():
 def test_self_knn_and_overlap_match_metrics():
     S, T = _pairs(n=200, d=12)
     a, b = self_knn(S, 5), self_knn(T, 5)
-    np.testing.assert_array_equal(np.sort(a, 1), np.sort(M.knn_indices(S, 5, backend="numpy"), 1))
-    assert knn_overlap(a, b) == pytest.approx(M.mutual_knn(a, b))
-    assert knn_overlap(np.array([[1, -1]]), np.array([[-1, 1]])) == 0.5  # -1 (missing) never matches
+    np.testing.assert_array_equal(np.sort(a, 1), np.sort(neighbors.knn_indices(S, 5, backend="numpy"), 1))
+    # the overlap by hand: a python set intersection per row
+    by_hand = sum(len(set(r) & set(q)) for r, q in zip(a.tolist(), b.tolist())) / a.size
+    assert mutual_knn(a, b) == pytest.approx(by_hand)
+    assert mutual_knn(np.array([[1, -1]]), np.array([[-1, 1]])) == 0.5  # -1 (missing) never matches
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "binary", "ivf"])
@@ -86,7 +90,7 @@ def test_torch_topk_matches_faiss_on_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from layerscope.runtime.faiss_index import torch_topk
+    from layerscope.index.backend import torch_topk
 
     S, T = _pairs(n=3000, d=32)
     s, i = torch_topk(S[:50], T, 7, block_rows=1000)

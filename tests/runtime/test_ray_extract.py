@@ -187,7 +187,7 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
     assert report.resumed_rows == 512
     assert_same_store(plain, LayerStore.open(tmp_path / "store"))
     # the merged store is an ordinary one: a FAISS index builds from its memory-mapped arrays
-    from layerscope.runtime.faiss_index import build_store_index
+    from layerscope.index.store_index import build_store_index
 
     meta = build_store_index(tmp_path / "store", tmp_path / "index", layer="-1", pooling="mean", kind="flat",
                              device="cpu")

@@ -40,7 +40,7 @@ def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int
 
     Constant similarities give ``None`` figures and an ``undefined`` reason, never NaN.
     """
-    from layerscope.analyses.metrics import pearson, spearman
+    from layerscope.metrics.correlation import pearson, spearman
 
     sims = np.asarray(sims, dtype=np.float64)
     row: dict[str, Any] = {"mean_similarity": float(sims.mean())}

@@ -39,7 +39,8 @@ def own_pooled_vectors(run: ModelRun, texts: list[str], batch_size: int = 64) ->
 
 
 def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
-    from layerscope.analyses.metrics import compositionality_summary, paired_cosine
+    from layerscope.metrics.comparison import compositionality_summary
+    from layerscope.metrics.vectors import paired_cosine
 
     neg = paired_cosine(vectors[idx_pos], vectors[idx_neg])
     flat_pos = np.concatenate([np.full(len(p), i) for i, p in zip(idx_pos, idx_para)])
@@ -74,7 +75,7 @@ class Compositionality(Analysis):
         return items
 
     def compute(self, ctx: Context, run: ModelRun, items) -> dict[str, Any]:
-        from layerscope.analyses.metrics import compositionality_summary
+        from layerscope.metrics.comparison import compositionality_summary
 
         layers = layers_for(ctx, run)
         poolings = poolings_for(ctx, run)

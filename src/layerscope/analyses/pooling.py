@@ -53,7 +53,8 @@ class RetrievalSet:
 
 
 def _retrieval_float(vectors: np.ndarray, rs: RetrievalSet) -> dict:
-    from layerscope.analyses.metrics import l2_normalize, ranks_from_scores, retrieval_metrics
+    from layerscope.metrics.neighbors import ranks_from_scores, retrieval_metrics
+    from layerscope.metrics.vectors import l2_normalize
 
     unit = l2_normalize(vectors.astype(np.float64))
     ranks = [ranks_from_scores(unit[q] @ unit[d].T, c) for q, d, c in rs.directions]
@@ -61,19 +62,10 @@ def _retrieval_float(vectors: np.ndarray, rs: RetrievalSet) -> dict:
 
 
 def _retrieval_binary(codes: np.ndarray, dim: int, rs: RetrievalSet) -> dict:
-    """Hamming-distance retrieval with a FAISS binary flat index; ties share the mean rank."""
-    import faiss
+    """Hamming-distance retrieval over packed sign codes; ties share the mean rank."""
+    from layerscope.metrics.neighbors import hamming_ranks, retrieval_metrics
 
-    from layerscope.analyses.metrics import ranks_from_scores, retrieval_metrics
-
-    ranks = []
-    for q, d, c in rs.directions:
-        index = faiss.IndexBinaryFlat(codes.shape[1] * 8)
-        index.add(np.ascontiguousarray(codes[d]))
-        dist, ids = index.search(np.ascontiguousarray(codes[q]), len(d))
-        scores = np.empty(dist.shape, dtype=np.float64)
-        np.put_along_axis(scores, ids.astype(np.int64), -dist.astype(np.float64), axis=1)
-        ranks.append(ranks_from_scores(scores, c))
+    ranks = [hamming_ranks(codes[q], codes[d], c) for q, d, c in rs.directions]
     return retrieval_metrics(np.concatenate(ranks), ks=KS)
 
 
@@ -110,8 +102,9 @@ class Pooling(Analysis):
         return pairs
 
     def compute(self, ctx: Context, run: ModelRun, pairs) -> dict[str, Any]:
-        from layerscope.analyses.metrics import (binary_quantize, hamming_similarity, int8_dequantize, int8_quantize,
-                                                 paired_cosine, retention, truncate_dims)
+        from layerscope.metrics.quantization import (binary_quantize, hamming_similarity, int8_dequantize,
+                                                     int8_quantize, retention, truncate_dims)
+        from layerscope.metrics.vectors import paired_cosine
 
         L = run.num_layers
         poolings = poolings_for(ctx, run)

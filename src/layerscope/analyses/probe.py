@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import InputError
+from layerscope.metrics.vectors import layer_cosines
 
 KINDS = ("cosine-mlp", "siamese")
 LOSSES = ("mse", "logvar")
@@ -67,13 +68,6 @@ class PairSplit:
     a: np.ndarray
     b: np.ndarray
     y: np.ndarray
-
-
-def layer_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-layer cosines of paired vectors: ``[layers, n, h]`` x2 -> ``[n, layers]`` (float64)."""
-    from layerscope.analyses.metrics import paired_cosine
-
-    return np.stack([paired_cosine(a[i], b[i]) for i in range(a.shape[0])], axis=1)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ def cka_matrix(get_a, layers_a: list[str], get_b, layers_b: list[str], n: int, *
     are the same model (``get_b is get_a``), the matrix is symmetric and only
     the upper triangle is computed.
     """
-    from layerscope.analyses.metrics import LinearCKAAccumulator, unbiased_cka
+    from layerscope.metrics.cka import LinearCKAAccumulator, unbiased_cka
 
     same = get_b is get_a and layers_a == layers_b
     pairs = [(i, j) for i in range(len(layers_a)) for j in range(len(layers_b)) if not same or j >= i]
@@ -67,8 +67,9 @@ def cka_matrix(get_a, layers_a: list[str], get_b, layers_b: list[str], n: int, *
 def knn_matrix(get_a, layers_a, get_b, layers_b, *, k: int, seed: int = 0, ann_threshold: int = 50_000,
                device: str = "auto") -> np.ndarray:
     """Mutual k-NN overlap between every layer of A and every layer of B (FAISS neighbours)."""
-    from layerscope.runtime.faiss_index import normalize
-    from layerscope.runtime.neighbors import knn_overlap, self_knn
+    from layerscope.index.search import self_knn
+    from layerscope.index.vector_index import normalize
+    from layerscope.metrics.neighbors import mutual_knn
 
     cache: dict[tuple[str, str], np.ndarray] = {}
 
@@ -81,7 +82,7 @@ def knn_matrix(get_a, layers_a, get_b, layers_b, *, k: int, seed: int = 0, ann_t
     out = np.zeros((len(layers_a), len(layers_b)))
     for i, la in enumerate(layers_a):
         for j, lb in enumerate(layers_b):
-            out[i, j] = knn_overlap(nbrs("a", get_a, la), nbrs("b", get_b, lb))
+            out[i, j] = mutual_knn(nbrs("a", get_a, la), nbrs("b", get_b, lb))
     return out
 
 

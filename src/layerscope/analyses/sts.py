@@ -89,7 +89,7 @@ class STS(Analysis):
 
     # ------------------------------------------------------------ compute
     def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> dict[str, Any]:
-        from layerscope.analyses.metrics import paired_cosine
+        from layerscope.metrics.vectors import paired_cosine
 
         pairs = data["test"]
         layers = layers_for(ctx, run)
@@ -138,8 +138,9 @@ class STS(Analysis):
         return PairSplit(a, b, pairs.scores), vecs
 
     def _probe(self, ctx, run, data, layers, pooling, test_vecs, i1, i2, n_boot) -> dict[str, Any]:
-        from layerscope.analyses.metrics import paired_cosine
-        from layerscope.analyses.probe import KINDS, ProbeConfig, layer_cosines, train_probe
+        from layerscope.metrics.vectors import paired_cosine
+        from layerscope.analyses.probe import KINDS, ProbeConfig, train_probe
+        from layerscope.metrics.vectors import layer_cosines
 
         o = ctx.options
         test, _ = self._split(ctx, run, data["test"], layers, pooling, "sts", test_vecs, (i1, i2))

@@ -1,6 +1,6 @@
 """Benchmark: FAISS flat and IVF build/query times, and alignment at scale, on seeded random unit vectors.
 
-    python -m layerscope.runtime.faiss_bench --sizes 100000,1000000 --dim 384 --out benchmarks/faiss
+    python -m layerscope.index.bench --sizes 100000,1000000 --dim 384 --out benchmarks/faiss
 
 For each size N: base = N random unit vectors (seeded Gaussian, normalised);
 queries = 1,000 other random unit vectors. Flat: add time, query time for
@@ -38,7 +38,8 @@ def random_unit(n: int, d: int, seed: int, block: int = 100_000) -> np.ndarray:
 
 
 def bench_indexes(n: int, d: int, seed: int, nprobes=(1, 4, 16, 64), n_queries: int = 1000, k: int = 10) -> dict:
-    from layerscope.runtime.faiss_index import VectorIndex, default_nlist, recall_at_k
+    from layerscope.index.vector_index import VectorIndex, default_nlist
+    from layerscope.metrics.neighbors import recall_at_k
 
     x = random_unit(n, d, seed)
     q = random_unit(n_queries, d, seed + 1)
@@ -69,7 +70,7 @@ def bench_indexes(n: int, d: int, seed: int, nprobes=(1, 4, 16, 64), n_queries: 
 
 
 def bench_alignment(n: int, d: int, seed: int, n_perm: int, nprobe: int | None) -> dict:
-    from layerscope.analyses.alignment import alignment_figures
+    from layerscope.index.alignment import alignment_figures
 
     s = random_unit(n, d, seed)
     rng = np.random.default_rng(seed + 2)
@@ -116,7 +117,7 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     record = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads()},
-              "command": "python -m layerscope.runtime.faiss_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "command": "python -m layerscope.index.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "indexes": [], "alignment": []}
     path = out / "results.json"
     for n in [int(v) for v in args.sizes.split(",") if v]:

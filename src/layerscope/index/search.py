@@ -4,7 +4,8 @@
   the base land when all base rows are ranked by cosine? Exact (``flat``)
   up to ``ann_threshold`` rows, an IVF or HNSW index above it, with its recall
   against exact search measured on a seeded sample of queries.
-* :func:`self_knn` -- each row's k nearest other rows, for mutual k-NN.
+* :func:`self_knn` -- each row's k nearest other rows, for mutual k-NN
+  (:func:`layerscope.metrics.neighbors.mutual_knn`).
 
 Ranks are found in the top ``mrr_cutoff`` results (default 1000, capped at n):
 when n <= cutoff they are exact and MRR is the full MRR; above it a partner
@@ -18,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.runtime.faiss_index import VectorIndex, measure_recall
+from layerscope.index.vector_index import VectorIndex, measure_recall
+from layerscope.metrics.neighbors import drop_self, retrieval_metrics
 
 DEFAULT_ANN_THRESHOLD = 50_000
 DEFAULT_MRR_CUTOFF = 1000
@@ -44,13 +46,6 @@ def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, block
     return ranks
 
 
-def rank_summary(ranks: np.ndarray, ks=(1, 5, 10)) -> dict[str, float]:
-    """acc@k and MRR from ranks (``inf`` = beyond the search cutoff: a miss, reciprocal rank 0)."""
-    out = {f"acc@{k}": float(np.mean(ranks <= k)) for k in ks}
-    out["mrr"] = float(np.mean(np.where(np.isfinite(ranks), 1.0 / ranks, 0.0)))
-    return out
-
-
 def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "auto",
               ann_threshold: int = DEFAULT_ANN_THRESHOLD, mrr_cutoff: int = DEFAULT_MRR_CUTOFF,
               recall_queries: int = 1000, seed: int = 0, device: str = "auto",
@@ -66,7 +61,7 @@ def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "a
         t1 = time.perf_counter()
         ranks = partner_ranks(vi, q, cutoff)
         t2 = time.perf_counter()
-        figs: dict[str, Any] = rank_summary(ranks, ks)
+        figs: dict[str, Any] = retrieval_metrics(ranks, ks)
         figs["seconds_build"] = round(t1 - t0, 3)
         figs["seconds_search"] = round(t2 - t1, 3)
         if kind != "flat":
@@ -85,7 +80,8 @@ def self_knn(x: np.ndarray, k: int, *, kind: str = "auto", ann_threshold: int = 
     """``[n, k]`` nearest other rows (cosine, rows unit-normalised), self removed.
 
     Missing neighbours (an approximate index can return fewer than asked) are
-    -1.
+    -1. Where the query itself is not among its k + 1 results (ties, ANN), the
+    last result is dropped instead (:func:`layerscope.metrics.neighbors.drop_self`).
     """
     n = x.shape[0]
     kind = choose_kind(n, kind, ann_threshold)
@@ -94,21 +90,5 @@ def self_knn(x: np.ndarray, k: int, *, kind: str = "auto", ann_threshold: int = 
     for q0 in range(0, n, block):
         q1 = min(n, q0 + block)
         _, ids = vi.search(x[q0:q1], k + 1, normalized=True, block=block)
-        is_self = ids == np.arange(q0, q1)[:, None]
-        # drop the query itself; where it was not returned (ties, ANN) drop the last result instead
-        no_self = ~is_self.any(axis=1)
-        is_self[no_self, -1] = True
-        out[q0:q1] = ids[~is_self].reshape(q1 - q0, k)
+        out[q0:q1] = drop_self(ids, np.arange(q0, q1), k)
     return out
-
-
-def knn_overlap(a: np.ndarray, b: np.ndarray, *, block: int = 65536) -> float:
-    """Mean share of shared neighbours per row (``-1`` entries never match)."""
-    n, k = a.shape
-    shared = 0
-    for r0 in range(0, n, block):
-        A = a[r0:r0 + block]
-        B = b[r0:r0 + block]
-        eq = (A[:, :, None] == B[:, None, :]) & (A[:, :, None] >= 0)
-        shared += int(eq.any(axis=2).sum())
-    return shared / (n * k)

@@ -1,0 +1,141 @@
+"""Indexes over one (pooling, layer) of a LayerStore: build one with its metadata, search it with query texts."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.errors import InputError, StoreError
+from layerscope.index.vector_index import VectorIndex, measure_recall, normalize
+
+
+def _iso_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | int = -1, pooling: str = "mean",
+                      kind: str = "flat", nlist: int | None = None, nprobe: int | None = None,
+                      hnsw_m: int = 32, ef_search: int = 128, seed: int = 0, device: str = "auto",
+                      recall_queries: int = 1000, force: bool = False) -> dict[str, Any]:
+    """Build an index over one (pooling, layer) of a LayerStore and save it with its metadata."""
+    from layerscope.runtime.store import LayerStore
+
+    from layerscope.ownership import claim, remove
+
+    out = Path(out)
+    where = claim(out, "index", force=force, inputs=[store_path])  # never a folder layerscope did not make
+    store = LayerStore.open(store_path)
+    layer_name = store.resolve_layer(layer)
+    arr = store[pooling, layer_name]
+    t0 = time.perf_counter()
+    x = normalize(arr)
+    t_norm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    vi = VectorIndex.build(x, kind, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m, ef_search=ef_search, seed=seed,
+                           device=device, normalized=True)
+    t_build = time.perf_counter() - t0
+    recall = None
+    if kind in ("ivf", "hnsw", "binary") and recall_queries > 0:
+        rng = np.random.default_rng(seed)
+        m = min(recall_queries, vi.n)
+        qs = x[np.sort(rng.choice(vi.n, m, replace=False))]
+        recall = measure_recall(vi, x, qs, k=10)
+    manifest = store.manifest
+    meta = {
+        "model_key": store.settings.get("model_key") or _manifest_key(manifest),
+        "model": manifest.get("source", {}),
+        "family": manifest.get("family"),
+        "num_layers": manifest.get("num_layers"),
+        "layer": layer_name,
+        "pooling": pooling,
+        "store": str(Path(store_path).resolve()),
+        "store_created": store.meta.get("created"),
+        "max_length": store.settings.get("max_length") if isinstance(store.settings, dict) else None,
+        "seconds": {"normalize": round(t_norm, 3), "build": round(t_build, 3)},
+        "recall_vs_exact": recall,
+        "backend_detail": vi.backend.describe(),
+        "created": _iso_now(),
+    }
+    if where.replace:
+        remove(out, "index")
+    vi.save(out, meta)
+    return vi.meta
+
+
+def _manifest_key(manifest: dict) -> str:
+    src = manifest.get("source", {})
+    return src.get("weights_sha256") or f"{src.get('path_or_id')}@{src.get('revision')}"
+
+
+def _model_label(meta_model: dict) -> str:
+    return meta_model.get("alias") or meta_model.get("spec") or meta_model.get("path_or_id") or "?"
+
+
+@dataclass
+class SearchHit:
+    rank: int
+    score: float
+    row: int
+    id: str
+    text: str
+
+
+def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, model: str | None = None,
+                 engine: str = "auto", device: str = "auto") -> tuple[dict[str, Any], list[list[SearchHit]]]:
+    """Embed ``queries`` with the index's own model, layer and pooling, and return the top-k texts."""
+    from layerscope.model.handle import ModelHandle
+    from layerscope.runtime.pipeline import embed
+
+    if not queries or any(not q.strip() for q in queries):
+        raise InputError("give a non-empty query text")
+    vi = VectorIndex.load(index_path, device=device)
+    meta = vi.meta
+    spec = model or meta["model"].get("spec") or meta["model"].get("path_or_id")
+    handle = ModelHandle.resolve(spec)
+    key = handle.key
+    if key != meta["model_key"]:
+        raise InputError(
+            f"index {index_path} was built from model '{_model_label(meta['model'])}' but the query model is "
+            f"'{_model_label(handle.manifest.get('source', {}))}' ({spec}); query with the index's model or "
+            "build an index from this model's store")
+    vecs = embed(handle, list(queries), engine=engine, layers=[meta["layer"]], poolings=[meta["pooling"]],
+                 max_length=meta.get("max_length"))[meta["pooling"], meta["layer"]]
+    scores, ids = vi.search(vecs, k)
+    rows_needed = {int(i) for i in ids.ravel() if i >= 0}
+    records = _store_records(Path(meta["store"]), rows_needed)
+    out = []
+    for qi in range(len(queries)):
+        hits = []
+        for r, (s, i) in enumerate(zip(scores[qi], ids[qi]), start=1):
+            if i < 0:
+                continue
+            rec = records[int(i)]
+            hits.append(SearchHit(r, float(s), int(i), str(rec.get("id")), rec.get("text", "")))
+        out.append(hits)
+    meta = dict(meta)
+    meta["backend_used"] = vi.backend.describe()
+    return meta, out
+
+
+def _store_records(store_path: Path, rows: set[int]) -> dict[int, dict]:
+    texts = store_path / "texts.jsonl"
+    if not texts.exists():
+        raise StoreError(f"the index's store {store_path} is gone (no texts.jsonl); rebuild the index or move "
+                         "the store back")
+    out: dict[int, dict] = {}
+    last = max(rows) if rows else -1
+    with open(texts, encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i > last:
+                break
+            if i in rows:
+                out[i] = json.loads(line)
+    missing = rows - set(out)
+    if missing:
+        raise StoreError(f"the index's store {store_path} has fewer rows than the index; rebuild the index")
+    return out
