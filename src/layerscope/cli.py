@@ -230,7 +230,7 @@ def _data_source(path: str | None, dataset: str | None, config: str | None, spli
         return path
     if path is not None:
         raise InputError(f"give {flag} or --dataset, not both")
-    from layerscope.runtime.hf_dataset import dataset_spec
+    from layerscope.data.hf_dataset import dataset_spec
 
     return dataset_spec(dataset, config, split)
 
@@ -471,12 +471,12 @@ def bench(
         raise InputError("give exactly one of --corpus FILE, --synthetic N or --sts-texts (with --sts FILE)")
     names = parse_engines(engines)
     if synthetic is not None:
-        from layerscope.bench.corpus import synthetic_texts
+        from layerscope.data.synthetic import synthetic_texts
 
         texts = synthetic_texts(synthetic, seed=seed, profile=profile)
         corpus_name = f"synthetic-{profile} (seed {seed})"
     elif sts_texts:
-        from layerscope.bench.runner import read_sts
+        from layerscope.data.pairs import read_sts
 
         if not sts:
             raise InputError("--sts-texts reads the sentences of --sts FILE: give --sts too")
@@ -484,7 +484,7 @@ def bench(
         texts = [t for pair in zip(s1, s2) for t in pair]
         corpus_name = f"{Path(sts).name} sentences (both sides of each pair)"
     else:
-        from layerscope.runtime.corpus import iter_corpus
+        from layerscope.data.corpus import iter_corpus
 
         texts = [r.text for r in iter_corpus(corpus)]
         corpus_name = Path(corpus).name

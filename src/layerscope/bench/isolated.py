@@ -27,7 +27,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, read_sts, sts_spearman
+from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, sts_spearman
+from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other

@@ -143,7 +143,7 @@ def _corpus_sha256(records: Iterable) -> str:
 
 
 def _records_from(source, *, text_field=None, column=None, id_field=None, fmt=None):
-    from layerscope.runtime.corpus import CorpusStats, Record, iter_corpus
+    from layerscope.data.corpus import CorpusStats, Record, iter_corpus
 
     if isinstance(source, (list, tuple)):
         if not source:

@@ -206,7 +206,7 @@ def merge_shard(store, k: int, lengths_out: np.ndarray, timing: dict[str, float]
 
 
 def corpus_records(source, **kw):
-    from layerscope.runtime.corpus import Record, iter_corpus
+    from layerscope.data.corpus import Record, iter_corpus
 
     if isinstance(source, (str, os.PathLike)):
         return iter_corpus(source, **kw)
