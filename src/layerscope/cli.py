@@ -169,10 +169,6 @@ def extract(
 
     source = _data_source(input, dataset, config, split, "--input")
     c = console()
-    if trust_remote_code:
-        from layerscope.export.manifest import ModelHandle
-
-        model = ModelHandle.resolve(model, trust_remote_code=True)
     if ray is None and ray_workers is not None:
         from layerscope.errors import InputError
 
@@ -190,7 +186,8 @@ def extract(
                              poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                              max_batch=max_batch, max_length=max_length, resume=resume, force=force,
                              text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=True,
-                             engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine))
+                             engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
+                             trust_remote_code=trust_remote_code)
         print_extract_summary(c, report)
         return
     report = run_extract(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
@@ -198,7 +195,7 @@ def extract(
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
                          engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
-                         prompt_name=prompt_name, prompt=prompt)
+                         prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code)
     print_extract_summary(c, report)
 
 

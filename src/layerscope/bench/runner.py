@@ -293,7 +293,7 @@ def _timing(n: int, tokens: int, clock: "_Clock", lat: list[float], setup: float
 def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
     from layerscope.bench.machine import PeakMemory
     from layerscope.engines.base import create_engine
-    from layerscope.runtime.pipeline import iter_pooled
+    from layerscope.runtime.batching import iter_pooled
 
     run = _Run(spec.name, "engine", spec.note)
     options = dict(spec.options)

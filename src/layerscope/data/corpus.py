@@ -43,7 +43,7 @@ from layerscope.data.corpus_lines import decoded_lines, open_bytes, stdin_bytes,
 from layerscope.data.corpus_parquet import parquet_rows
 from layerscope.errors import InputError, MissingExtraError
 
-__all__ = ["Record", "CorpusStats", "iter_corpus", "read_corpus", "detect_format"]
+__all__ = ["Record", "CorpusStats", "iter_corpus", "read_corpus", "records_of", "detect_format"]
 
 _STDIN_NAME = "stdin"
 
@@ -148,6 +148,40 @@ def read_corpus(
     )
     return records, stats
 
+
+
+def records_of(
+    source,
+    *,
+    text_field: str | None = None,
+    column: str | None = None,
+    id_field: str | None = None,
+    fmt: str | None = None,
+) -> Iterator[Record]:
+    """Records of anything an extraction reads: a corpus file or ``-`` (read by ``iter_corpus``), a
+    Hugging Face ``Dataset`` (its ``text_field`` column, default ``"text"``), or a list or any other
+    iterable of strings. In-memory texts get ids ``0, 1, 2, ...``; a text that is not a string, or no
+    texts at all, is an ``InputError`` when the stream reaches it.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return iter_corpus(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+    field = text_field or DEFAULT_FIELD
+    if hasattr(source, "column_names"):  # a Hugging Face dataset: its text column, ids by row
+        if field not in source.column_names:
+            raise InputError(f"the dataset has no column '{field}' (it has {', '.join(source.column_names)}); "
+                             "name one with text_field=")
+        source = source[field] if len(source) < 1_000_000 else (row[field] for row in source)
+    return _in_memory(source)
+
+
+def _in_memory(texts: Iterable) -> Iterator[Record]:
+    i = -1
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError(f"text {i} is a {type(text).__name__}, not a string")
+        yield Record(str(i), text, i + 1)
+    if i < 0:
+        raise InputError("no texts given: nothing to extract")
 
 
 # ----------------------------------------------------------------- record stream
