@@ -80,7 +80,6 @@ class CorpusStats:
         return out
 
 
-
 # --------------------------------------------------------------------------- public
 
 
@@ -130,24 +129,12 @@ def iter_corpus(
 
 
 def read_corpus(
-    source: str | os.PathLike[str],
-    *,
-    text_field: str | None = None,
-    column: str | None = None,
-    id_field: str | None = None,
-    fmt: str | None = None,
-    stats: CorpusStats | None = None,
+    source: str | os.PathLike[str], *, stats: CorpusStats | None = None, **options: str | None
 ) -> tuple[list[Record], CorpusStats]:
-    """All records of a (small) corpus at once, with their stats."""
+    """All records of a (small) corpus at once, with their stats; ``options`` are ``iter_corpus``'s
+    (``text_field``, ``column``, ``id_field``, ``fmt``)."""
     stats = stats if stats is not None else CorpusStats()
-    records = list(
-        iter_corpus(
-            source, text_field=text_field, column=column, id_field=id_field, fmt=fmt,
-            stats=stats,
-        )
-    )
-    return records, stats
-
+    return list(iter_corpus(source, stats=stats, **options)), stats
 
 
 def records_of(
@@ -220,7 +207,6 @@ def _records(
             f"{name} holds only empty or whitespace-only texts ({n:,} of {n:,}): "
             "nothing to extract"
         )
-
 
 
 def _file_rows(

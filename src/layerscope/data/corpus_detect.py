@@ -61,7 +61,6 @@ def detect_format(source: str | os.PathLike[str]) -> str:
     return fmt
 
 
-
 def resolve_field(text_field: str | None, column: str | None) -> str | None:
     if text_field is not None and column is not None and text_field != column:
         raise InputError(

@@ -100,7 +100,6 @@ def _strip_ending(line: str) -> str:
     return line
 
 
-
 def txt_rows(lines: Iterator[tuple[int, str]]) -> Iterator[tuple[str, str | None, int]]:
     for lineno, line in lines:
         yield _strip_ending(line), None, lineno

@@ -13,14 +13,8 @@ LENS_TEXTS = DATA_DIR / "lens_texts.jsonl"  # 20 plain sentences written for lay
 
 
 def read_texts(path: str | Path) -> list[str]:
-    records, stats = read_corpus(path)
-    texts = [r.text for r in records]
-    empty = [r.line for r in records if not r.text.strip()]
-    if empty:
-        raise InputError(f"{path}: {len(empty)} empty text(s), first on line {empty[0]}; remove them")
-    if not texts:
-        raise InputError(f"{path} holds no texts")
-    return texts
+    """The texts of a corpus file (its default text field/column); empty texts are refused."""
+    return read_texts_field(path, None)
 
 
 def read_labeled(path: str | Path, text_field: str = "text", label_field: str = "label") -> tuple[list[str], list[str]]:
@@ -37,7 +31,7 @@ def read_labeled(path: str | Path, text_field: str = "text", label_field: str = 
     return texts, labels
 
 
-def read_texts_field(path, field: str) -> list[str]:
+def read_texts_field(path: str | Path, field: str | None) -> list[str]:
     records, _ = read_corpus(path, text_field=field)
     empty = [r.line for r in records if not r.text.strip()]
     if empty:
