@@ -16,8 +16,9 @@ from typing import Generic, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from layerscope.engines.base import Batch, Encoder, Engine
+from layerscope.engines.base import Engine
 from layerscope.errors import InputError
+from layerscope.model.tokenize import Batch, Encoder
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_MAX_BATCH = 256

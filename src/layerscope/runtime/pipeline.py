@@ -25,8 +25,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from layerscope.data.corpus import records_of
-from layerscope.engines.base import Batch, Encoder, Engine, create_engine, resolve_layers
+from layerscope.engines.base import Engine, resolve_layers
 from layerscope.errors import InputError, StoreError
+from layerscope.export.open import open_engine
+from layerscope.model.tokenize import Batch, Encoder
 from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
 from layerscope.runtime.pooling import check_poolings
 from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
@@ -239,7 +241,7 @@ def _start_engine(ex: Extraction, store: LayerStore, engine: str, engine_options
     # engine does not start.
     options = {"max_batch": ex.max_batch, "max_seq": profile_max_seq(lengths, ex.max_length),
                **(engine_options or {})}
-    eng = create_engine(engine, ex.handle, **options)
+    eng = open_engine(ex.handle, engine, **options)
     if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
         picked = getattr(eng, "variant", None)
         ex.settings["variant"] = picked if picked not in ("", "fp32") else None
@@ -293,23 +295,21 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
     ``prompt_name``/``prompt`` choose the text put before each input as sentence-transformers does
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
-    from layerscope.export.manifest import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
 
     if not texts:
         raise InputError("no texts given")
     check_limits(batch_tokens=batch_tokens, max_length=max_length)
     check_engine_options(engine_options)
-    eng = engine if isinstance(engine, Engine) else create_engine(
-        engine, model if isinstance(model, ModelHandle) else ModelHandle.resolve(model), **(engine_options or {}))
+    eng = engine if isinstance(engine, Engine) else open_engine(model, engine, **(engine_options or {}))
     manifest = eng.manifest
     check_max_length(max_length, manifest, str(getattr(eng.model, "spec", "the model")))
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     if "st" in pool_list:
-        from layerscope.stconfig import st_recipe
+        from layerscope.model.stconfig import st_recipe
 
         st_recipe(manifest)
     prompt_text = resolve_prompt(manifest, prompt_name, prompt)

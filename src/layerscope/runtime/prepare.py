@@ -69,11 +69,11 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     ``model`` is a name, a path or a ModelHandle (resolved with ``trust_remote_code``, off unless
     asked); an ``Engine`` passed as ``engine`` brings its own model.
     """
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import resolve_model
     from layerscope.limits import check_engine_options, check_limits, check_max_length
     from layerscope.ownership import claim
     from layerscope.runtime.pooling import default_poolings
-    from layerscope.stconfig import resolve_prompt, st_recipe
+    from layerscope.model.stconfig import resolve_prompt, st_recipe
 
     check_dtype(dtype)
     check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
@@ -86,8 +86,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
         eng, handle = engine, engine.model
     else:
         eng = None
-        handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(
-            model, trust_remote_code=trust_remote_code)
+        handle = resolve_model(model, trust_remote_code=trust_remote_code)  # exported when the engine starts
     manifest = handle.manifest
     check_max_length(max_length, manifest, handle.spec)
     layer_list = resolve_layers(layers, manifest["num_layers"])

@@ -205,10 +205,12 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
         try:
             import ray
 
+            from layerscope.engines.registry import engine_spec
+
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
             options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
-            if not gpus and "threads" not in options and engine in ("auto", "ort", "torch"):
+            if not gpus and "threads" not in options and engine_spec(engine).device in ("cpu", "any"):
                 options["threads"] = max(1, int(cpus))
             ctx = ray.data.DataContext.get_current()
             ctx.enable_progress_bars = False
@@ -220,7 +222,8 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
                 # restarted and its shard retried
                 num_cpus=cpus, num_gpus=gpus or None,
                 fn_constructor_kwargs={
-                    "model": str(handle.export_dir or handle.spec), "engine": engine, "engine_options": options,
+                    "model": _worker_model(handle, engine, trust_remote_code), "engine": engine,
+                    "engine_options": options, "trust_remote_code": trust_remote_code,
                     "layers": layer_list, "poolings": pool_list, "dtype": dtype, "max_length": max_len,
                     "batch_tokens": batch_tokens, "max_batch": max_batch, "store_dir": str(out),
                     "kill_once": _kill_once})
@@ -256,17 +259,32 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
                          run_seconds=run_seconds, engine=engine_info, resumed_rows=already, warnings=warnings)
 
 
+def _worker_model(handle, engine: str, trust_remote_code: bool) -> str:
+    """What each actor opens: the model's export, made here once when the engine runs exports (not by
+    every actor at the same time)."""
+    from layerscope.engines.base import needs_export
+    from layerscope.export.open import ensure_export
+
+    if needs_export(engine) and not handle.is_export:
+        handle = ensure_export(handle, trust_remote_code=trust_remote_code)
+    return str(handle.export_dir or handle.spec)
+
+
 def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float | None, *,
                local: bool = False) -> tuple[float, float]:
     """CPUs and GPUs per actor: a GPU each when the cluster has GPUs and the engine can use one;
     else an even share of the largest node's CPUs. A pool the cluster cannot hold would wait
     forever: on a local cluster that is an error, elsewhere (an autoscaler may add nodes) a warning."""
+    from layerscope.engines.registry import engine_spec, gpu_engines, names_text
+
+    device = engine_spec(engine).device
     total = ray.cluster_resources()
     if gpus is None:
-        gpus = 1.0 if total.get("GPU", 0) >= 1 and engine in ("auto", "cuda", "trt", "torch") else 0.0
-    if gpus and engine == "ort":
-        raise InputError("engine 'ort' runs on the CPU; use --engine cuda, trt or auto to use the cluster's GPUs")
-    if not gpus and engine in ("cuda", "trt"):
+        gpus = 1.0 if total.get("GPU", 0) >= 1 and device in ("any", "gpu") else 0.0
+    if gpus and device == "cpu":
+        raise InputError(f"engine '{engine}' runs on the CPU; use --engine {names_text(gpu_engines() + ['auto'])} "
+                         "to use the cluster's GPUs")
+    if not gpus and device == "gpu":
         raise InputError(f"engine '{engine}' needs GPUs, and the Ray cluster has none; use --engine ort or auto")
     if cpus is None:
         node_cpus = max((float(nd["Resources"].get("CPU", 0)) for nd in ray.nodes() if nd.get("Alive")), default=1.0)

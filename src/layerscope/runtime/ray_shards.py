@@ -65,11 +65,10 @@ class ShardWorker:
 
     def __init__(self, *, model: str, engine: str, engine_options: dict, layers: list[str],
                  poolings: list[str], dtype: str, max_length: int, batch_tokens: int | None,
-                 max_batch: int, store_dir: str, kill_once: dict | None = None):
-        from layerscope.engines.base import create_engine
-        from layerscope.export.manifest import ModelHandle
+                 max_batch: int, store_dir: str, kill_once: dict | None = None, trust_remote_code: bool = False):
+        from layerscope.export.open import open_engine
 
-        self.eng = create_engine(engine, ModelHandle.resolve(model), **engine_options)
+        self.eng = open_engine(model, engine, trust_remote_code=trust_remote_code, **engine_options)
         self.encoder = self.eng.encoder(max_length)
         self.layers, self.poolings, self.dtype = layers, poolings, np.dtype(dtype)
         self.batch_tokens = int(batch_tokens or self.eng.preferred_batch_tokens)

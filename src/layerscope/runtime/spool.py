@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from layerscope.engines.base import Encoder
 from layerscope.errors import InputError
+from layerscope.model.tokenize import Encoder
 from layerscope.runtime.store import TEXTS
 
 LENGTH_CHUNK = 4096  # texts tokenized at a time for their lengths
