@@ -58,8 +58,6 @@ ONLY: dict[str, set[str]] = {"vocab": {"errors"}}
 # (so that nothing else slips through on the same pair of packages) -> (owner, why).  The coordinator
 # empties this after the merges.
 PENDING: dict[tuple[str, str], tuple[str, str]] = {
-    ("layerscope.data.pairs", "layerscope.runtime.hf_dataset"): (
-        "D", "data/pairs.py reads datasets with runtime/hf_dataset.py; the readers move to data/"),
 }
 
 

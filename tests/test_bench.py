@@ -20,7 +20,7 @@ def export_dir(tiny_model, tmp_path_factory):
 
 
 def test_synthetic_corpus_is_reproducible_and_mixed():
-    from layerscope.bench.corpus import iter_synthetic, synthetic_texts
+    from layerscope.data.synthetic import iter_synthetic, synthetic_texts
     from layerscope.errors import InputError
 
     a = synthetic_texts(500, seed=3)
@@ -45,7 +45,7 @@ def test_parse_engines_rejects_unknown():
 
 
 def test_tiny_bench_run(export_dir, tmp_path):
-    from layerscope.bench.corpus import synthetic_texts
+    from layerscope.data.synthetic import synthetic_texts
     from layerscope.bench.report import markdown_table, write_results
     from layerscope.bench.runner import BenchConfig, run_bench
 
@@ -103,7 +103,7 @@ def test_tiny_bench_run(export_dir, tmp_path):
 
 
 def test_sts_reader_errors(tmp_path):
-    from layerscope.bench.runner import read_sts
+    from layerscope.data.pairs import read_sts
     from layerscope.errors import InputError
 
     with pytest.raises(InputError, match="no such file"):

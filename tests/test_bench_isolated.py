@@ -57,7 +57,7 @@ def test_accuracy_class_and_peer_names():
 
 
 def test_each_row_runs_in_its_own_process_rounds_alternate(export_dir, tmp_path):
-    from layerscope.bench.corpus import synthetic_texts
+    from layerscope.data.synthetic import synthetic_texts
     from layerscope.bench.isolated import IsolatedConfig, run_isolated
     from layerscope.bench.isolated_report import isolated_table
     from layerscope.bench.report import write_results

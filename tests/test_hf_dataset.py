@@ -10,7 +10,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from layerscope.errors import InputError  # noqa: E402
-from layerscope.runtime.corpus import read_corpus  # noqa: E402
+from layerscope.data.corpus import read_corpus  # noqa: E402
 from cli_helpers import run_cli  # noqa: E402
 
 S1 = ["a cat sits", "a dog runs", "the sun is hot", "rain falls down", "the river flows", "he reads books"]

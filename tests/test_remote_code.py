@@ -97,3 +97,18 @@ def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplo
     assert len(warnings) == 1, warnings
     assert "AutoModel" in warnings[0] and "ignored" in warnings[0] and "--trust-remote-code" in warnings[0]
     assert exported.manifest["family"] == "bert"
+
+
+def test_extract_takes_trust_remote_code_as_an_argument(tiny_model, tmp_path):
+    from layerscope.errors import LayerscopeError
+    from layerscope.runtime.pipeline import extract
+
+    model = _custom_tokenizer_model(tiny_model, tmp_path)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a cat sat\nthe dog ran\n")
+    with pytest.raises(LayerscopeError, match="--trust-remote-code"):
+        extract(str(model), str(corpus), tmp_path / "refused", engine="torch", layers="-1")
+    assert not (tmp_path / "refused").exists()  # refused before anything was written
+    report = extract(str(model), str(corpus), tmp_path / "store", engine="torch", layers="-1",
+                     trust_remote_code=True)
+    assert report.n == 2 and report.store.complete

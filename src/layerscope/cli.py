@@ -174,10 +174,6 @@ def extract(
 
     source = _data_source(input, dataset, config, split, "--input")
     c = console()
-    if trust_remote_code:
-        from layerscope.model.handle import ModelHandle
-
-        model = ModelHandle.resolve(model, trust_remote_code=True)
     if ray is None and ray_workers is not None:
         from layerscope.errors import InputError
 
@@ -195,7 +191,8 @@ def extract(
                              poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                              max_batch=max_batch, max_length=max_length, resume=resume, force=force,
                              text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=True,
-                             engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine))
+                             engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
+                             trust_remote_code=trust_remote_code)
         print_extract_summary(c, report)
         return
     report = run_extract(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
@@ -203,7 +200,7 @@ def extract(
                          resume=resume, force=force, text_field=text_field, column=column,
                          id_field=id_column, fmt=fmt, progress=True,
                          engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
-                         prompt_name=prompt_name, prompt=prompt)
+                         prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code)
     print_extract_summary(c, report)
 
 
@@ -235,7 +232,7 @@ def _data_source(path: str | None, dataset: str | None, config: str | None, spli
         return path
     if path is not None:
         raise InputError(f"give {flag} or --dataset, not both")
-    from layerscope.runtime.hf_dataset import dataset_spec
+    from layerscope.data.hf_dataset import dataset_spec
 
     return dataset_spec(dataset, config, split)
 
@@ -475,12 +472,12 @@ def bench(
         raise InputError("give exactly one of --corpus FILE, --synthetic N or --sts-texts (with --sts FILE)")
     names = parse_engines(engines)
     if synthetic is not None:
-        from layerscope.bench.corpus import synthetic_texts
+        from layerscope.data.synthetic import synthetic_texts
 
         texts = synthetic_texts(synthetic, seed=seed, profile=profile)
         corpus_name = f"synthetic-{profile} (seed {seed})"
     elif sts_texts:
-        from layerscope.bench.runner import read_sts
+        from layerscope.data.pairs import read_sts
 
         if not sts:
             raise InputError("--sts-texts reads the sentences of --sts FILE: give --sts too")
@@ -488,7 +485,7 @@ def bench(
         texts = [t for pair in zip(s1, s2) for t in pair]
         corpus_name = f"{Path(sts).name} sentences (both sides of each pair)"
     else:
-        from layerscope.runtime.corpus import iter_corpus
+        from layerscope.data.corpus import iter_corpus
 
         texts = [r.text for r in iter_corpus(corpus)]
         corpus_name = Path(corpus).name

@@ -15,7 +15,8 @@ import pytest
 from layerscope.engines.base import create_engine
 from layerscope.errors import InputError, Interrupted, StoreError
 from layerscope.model.handle import ModelHandle
-from layerscope.runtime.pipeline import embed, extract, plan_batches
+from layerscope.runtime.batching import plan_batches
+from layerscope.runtime.pipeline import embed, extract
 from layerscope.runtime.store import LayerStore
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()

@@ -60,21 +60,21 @@ def test_cli_ray_errors_are_one_line(monkeypatch, tmp_path, capsys):
 
 
 def test_sources_other_than_files_keep_order_and_empty_rows():
-    from layerscope.runtime.ray_shards import corpus_records
+    from layerscope.data.corpus import records_of
 
     texts = ["a b", "", "  ", "c"]
     for source in (texts, iter(texts)):
-        recs = list(corpus_records(source))
+        recs = list(records_of(source))
         assert [(r.id, r.text) for r in recs] == [("0", "a b"), ("1", ""), ("2", "  "), ("3", "c")]
     with pytest.raises(InputError, match="no texts"):
-        list(corpus_records(iter([])))
+        list(records_of(iter([])))
     with pytest.raises(InputError, match="text 1 is a int"):
-        list(corpus_records(["a", 3]))
+        list(records_of(["a", 3]))
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"body": texts, "label": [0, 1, 0, 1]})
-    assert [r.text for r in corpus_records(ds, text_field="body")] == texts
+    assert [r.text for r in records_of(ds, text_field="body")] == texts
     with pytest.raises(InputError, match="no column 'text'"):
-        list(corpus_records(ds))
+        list(records_of(ds))
 
 
 def test_shard_rows_are_granule_multiples():

@@ -53,7 +53,7 @@ class Lens(Analysis):
     )
 
     def prepare(self, ctx: Context) -> Any:
-        from layerscope.decoding.data import LENS_TEXTS, read_texts
+        from layerscope.data.examples import LENS_TEXTS, read_texts
 
         o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
         k = int(o["top_k"])

@@ -51,7 +51,7 @@ class Saliency(Analysis):
 
     # ------------------------------------------------------------------ data
     def prepare(self, ctx: Context) -> Any:
-        from layerscope.decoding.data import SENTIMENT, read_labeled, read_texts_field
+        from layerscope.data.examples import SENTIMENT, read_labeled, read_texts_field
 
         o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
         objective = o.get("objective", "probe")

@@ -179,7 +179,7 @@ class Similarity(Analysis):
                 raise InputError(f"{a.path} holds {a.n} texts; CKA needs at least 4")
             return {"mode": "stores", "a": a, "b": b, "pooling": pooling}
         if ctx.data:
-            from layerscope.runtime.corpus import read_corpus
+            from layerscope.data.corpus import read_corpus
 
             records, stats = read_corpus(ctx.data)
             texts = [r.text for r in records]

@@ -29,7 +29,8 @@ import numpy as np
 
 from layerscope.bench.baseline_rows import HF_EAGER
 from layerscope.bench.engine_rows import BENCH_ENGINES
-from layerscope.bench.runner import _accuracy, read_sts, sts_spearman
+from layerscope.bench.runner import _accuracy, sts_spearman
+from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other

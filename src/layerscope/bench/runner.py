@@ -29,6 +29,7 @@ import numpy as np
 
 from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, st_row
 from layerscope.bench.engine_rows import BENCH_ENGINES, engine_row
+from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
 
 
@@ -86,34 +87,6 @@ def _accuracy(ref: np.ndarray, got: np.ndarray, layers: list[str]) -> dict[str, 
         out[layer] = {"max_abs": float(np.abs(r - g).max()), "min_cos": float(cos.min()),
                       "mean_cos": float(cos.mean())}
     return out
-
-
-def read_sts(path: str) -> tuple[list[str], list[str], np.ndarray]:
-    """STS Benchmark file: tab-separated, no quoting; columns genre file year id score s1 s2 [...]."""
-    from pathlib import Path
-
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--sts {path}: no such file (give e.g. sts-test.csv of the STS Benchmark)")
-    s1, s2, gold = [], [], []
-    with open(p, encoding="utf-8", newline="") as fh:
-        for i, line in enumerate(fh, 1):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            parts = line.split("\t")
-            try:
-                score = float(parts[4])
-                a, b = parts[5], parts[6]
-            except (IndexError, ValueError):
-                raise InputError(f"--sts {path}: line {i} is not 'genre file year id score s1 s2' "
-                                 "(tab-separated)") from None
-            s1.append(a)
-            s2.append(b)
-            gold.append(score)
-    if len(gold) < 3:
-        raise InputError(f"--sts {path}: fewer than 3 scored pairs")
-    return s1, s2, np.asarray(gold)
 
 
 def sts_spearman(vectors: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray, gold: np.ndarray) -> float:

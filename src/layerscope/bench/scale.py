@@ -19,8 +19,8 @@ from typing import Any
 def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: str | None = None,
               layers: str = "all", pooling: str = "mean", profile: str = "short", seed: int = 0,
               dtype: str = "float16", batch_tokens: int | None = None, threads: int | None = None) -> dict[str, Any]:
-    from layerscope.bench.corpus import iter_synthetic
     from layerscope.bench.machine import PeakMemory, current_rss, describe_machine
+    from layerscope.data.synthetic import iter_synthetic
     from layerscope.runtime.pipeline import extract
 
     out = Path(out)

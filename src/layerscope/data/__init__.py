@@ -1,5 +1,11 @@
-"""Data: readers for the analyses (pairs.py for scored STS pairs, aligned.py for source/target pairs,
-items.py for compositionality items), generators (bilingual.py) and small data written for this project."""
+"""Data: every input reader and generator (imports nothing of layerscope but errors and its own modules).
+
+- corpora for extraction: ``corpus`` (entry point, ``records_of`` for in-memory sources) with one module
+  per format (``corpus_detect``, ``corpus_lines``, ``corpus_jsonl``, ``corpus_csv``, ``corpus_parquet``)
+  and ``hf_dataset`` (Hugging Face datasets);
+- analysis inputs: ``pairs`` (scored STS pairs, also the bench's ``--sts``), ``aligned`` (source/target
+  pairs), ``items`` (compositionality items), ``examples`` (built-in texts, labeled files);
+- generators: ``bilingual``, ``synthetic`` (the bench's seeded corpus); small data written for this project."""
 
 from __future__ import annotations
 

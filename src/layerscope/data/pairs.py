@@ -28,7 +28,7 @@ import numpy as np
 
 from layerscope.errors import InputError
 
-__all__ = ["Pairs", "read_pairs", "sts_dir", "default_sts_file"]
+__all__ = ["Pairs", "read_pairs", "read_sts", "sts_dir", "default_sts_file"]
 
 MIN_PAIRS = 3
 _S1_NAMES = ("sentence1", "sentence_1", "s1", "text1", "text_1", "sentence_a", "premise")
@@ -175,8 +175,8 @@ def _read_sts(path: Path) -> tuple[list, list, list, list, list]:
             cols = line.split("\t")
             where = f"{path}:{lineno}"
             if len(cols) < 7:
-                raise InputError(f"{where}: {len(cols)} tab-separated columns, the STS format has 7 (genre, "
-                                 "file, year, id, score, sentence1, sentence2) or 9")
+                raise InputError(f"{where}: line {lineno} has {len(cols)} tab-separated columns; the STS format "
+                                 "has 7 (genre, file, year, id, score, sentence1, sentence2) or 9")
             scores.append(_score(cols[4], where))
             s1.append(_sentence(cols[5], "sentence1 (column 6)", where))
             s2.append(_sentence(cols[6], "sentence2 (column 7)", where))
@@ -247,7 +247,7 @@ def _looks_like_hub_id(spec: str) -> bool:
 
 
 def _read_hub(spec: str, sentence1, sentence2, score) -> tuple[list, list, list, list, list]:
-    from layerscope.runtime.hf_dataset import DatasetSpec, load, parse_spec
+    from layerscope.data.hf_dataset import DatasetSpec, load, parse_spec
 
     parsed = parse_spec(spec)
     parsed = parsed if parsed.split else DatasetSpec(parsed.name, "test", parsed.config)
@@ -296,3 +296,11 @@ def read_pairs(source: str | os.PathLike, *, sentence1: str | None = None, sente
     if len(s1) < MIN_PAIRS:
         raise InputError(f"{spec} holds {len(s1)} pair(s); correlations need at least {MIN_PAIRS}")
     return Pairs(s1, s2, np.asarray(scores, dtype=np.float64), spec, kind, ids, genres)
+
+
+def read_sts(path: str | os.PathLike) -> tuple[list[str], list[str], np.ndarray]:
+    """(sentence1s, sentence2s, gold scores) of an STS Benchmark file in its original layout (bench ``--sts``)."""
+    if not Path(path).expanduser().is_file():
+        raise InputError(f"--sts {path}: no such file (give e.g. sts-test.csv of the STS Benchmark)")
+    pairs = read_pairs(path, fmt="sts")
+    return pairs.s1, pairs.s2, pairs.scores

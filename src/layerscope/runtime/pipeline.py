@@ -5,40 +5,41 @@ texts are spooled once into the store's ``texts.jsonl`` with their token
 lengths, then read back a window at a time, sorted by length inside the
 window and cut into batches whose padded size stays under ``batch_tokens``.
 Tokenization runs on a background thread so it overlaps the engine.
+
+The pieces live beside this module: ``prepare`` (checks and settings, shared with Ray),
+``spool`` (texts.jsonl and its hash), ``batching`` (plans, the background tokenizer,
+``iter_pooled``) and ``progress`` (the bar).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import logging
-import os
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-import layerscope
+from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
-from layerscope.export.open import open_engine
-from layerscope.model.tokenize import Batch, Encoder
 from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
+from layerscope.export.open import open_engine
+from layerscope.model.tokenize import Batch, Encoder
+from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
 from layerscope.vocab.pooling import check_poolings
-from layerscope.runtime.store import STORE_JSON, TEXTS, LayerStore
+from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
+from layerscope.runtime.progress import progress_bar
+from layerscope.runtime.spool import spool_corpus
+from layerscope.runtime.store import TEXTS, LayerStore
 
 log = logging.getLogger("layerscope")
 
-DEFAULT_BATCH_TOKENS = 16384
-DEFAULT_MAX_BATCH = 256
 DEFAULT_WINDOW = 65536
-LENGTH_CHUNK = 4096
 
 
 @dataclass
@@ -65,163 +66,6 @@ class ExtractReport:
         return self.tokens / self.run_seconds if self.run_seconds > 0 else float("nan")
 
 
-# ---------------------------------------------------------------- planning
-
-def plan_batches(lengths: np.ndarray, *, batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                 max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None) -> list[np.ndarray]:
-    """Indices into ``lengths`` grouped into batches: sorted by length, padded size <= batch_tokens.
-
-    A single text longer than the budget still gets a batch of its own (it is truncated to
-    ``max_length`` by the tokenizer, never dropped).
-    """
-    if batch_tokens < 1 or max_batch < 1:
-        raise InputError("--batch-tokens and --max-batch must be positive")
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if max_length is not None:
-        lengths = np.minimum(lengths, max_length)
-    order = np.argsort(lengths, kind="stable")
-    batches: list[np.ndarray] = []
-    start = 0
-    n = len(order)
-    while start < n:
-        end = start + 1
-        while end < n and end - start < max_batch and lengths[order[end]] * (end - start + 1) <= batch_tokens:
-            end += 1
-        batches.append(order[start:end])
-        start = end
-    return batches
-
-
-# ---------------------------------------------------------------- spooling the corpus
-
-def _spool_corpus(records: Iterable, out: Path, encoder: Encoder) -> dict[str, Any]:
-    """Write texts.jsonl (atomically) and lengths.npy; return counts and the content hash."""
-    texts_tmp = out / (TEXTS + ".partial")
-    lengths: list[np.ndarray] = []
-    h = hashlib.sha256()
-    n = empty = nul = 0
-    chunk: list[str] = []
-
-    def flush_chunk():
-        if chunk:
-            lengths.append(encoder.token_lengths(chunk))
-            chunk.clear()
-
-    with open(texts_tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            line = record_line(rec)
-            fh.write(line + "\n")
-            h.update(line.encode("utf-8") + b"\n")
-            n += 1
-            if not rec.text.strip():
-                empty += 1
-            if "\x00" in rec.text:
-                nul += 1
-            chunk.append(rec.text)
-            if len(chunk) >= LENGTH_CHUNK:
-                flush_chunk()
-        flush_chunk()
-        fh.flush()
-        os.fsync(fh.fileno())
-    if n == 0:
-        texts_tmp.unlink()
-        raise InputError("the corpus has no texts: nothing to extract")
-    all_lengths = np.concatenate(lengths).astype(np.int32)
-    np.save(out / "lengths.npy", all_lengths)
-    os.replace(texts_tmp, out / TEXTS)
-    return {"n": n, "empty": empty, "nul": nul, "sha256": h.hexdigest()}
-
-
-def record_line(rec) -> str:
-    """One row of texts.jsonl; the corpus hash that --resume checks is the sha256 of these lines."""
-    return json.dumps({"id": rec.id, "text": rec.text}, ensure_ascii=False)
-
-
-def _corpus_sha256(records: Iterable) -> str:
-    """The hash ``_spool_corpus`` records for these records, without writing anything."""
-    h = hashlib.sha256()
-    for rec in records:
-        h.update(record_line(rec).encode("utf-8") + b"\n")
-    return h.hexdigest()
-
-
-def _records_from(source, *, text_field=None, column=None, id_field=None, fmt=None):
-    from layerscope.runtime.corpus import CorpusStats, Record, iter_corpus
-
-    if isinstance(source, (list, tuple)):
-        if not source:
-            raise InputError("no texts given: nothing to extract")
-        for i, t in enumerate(source):
-            if not isinstance(t, str):
-                raise InputError(f"text {i} is a {type(t).__name__}, not a string")
-        return (Record(str(i), t, i + 1) for i, t in enumerate(source)), None
-    stats = CorpusStats()
-    return iter_corpus(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt,
-                       stats=stats), stats
-
-
-# ---------------------------------------------------------------- background tokenization
-
-class _Prefetcher:
-    """Reads a window of texts, plans its batches and tokenizes them on a background thread."""
-
-    _END = object()
-
-    def __init__(self, store_dir: Path, lengths: np.ndarray, done: np.ndarray, encoder: Encoder, *,
-                 batch_tokens: int, max_batch: int, window: int, depth: int = 4):
-        self.q: queue.Queue = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.stop = threading.Event()
-        self.args = (store_dir, lengths, done, encoder, batch_tokens, max_batch, window)
-        self.thread = threading.Thread(target=self._work, name="layerscope-tokenize", daemon=True)
-        self.thread.start()
-
-    def _put(self, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _work(self):
-        store_dir, lengths, done, encoder, batch_tokens, max_batch, window = self.args
-        try:
-            with open(store_dir / TEXTS, encoding="utf-8") as fh:
-                row = 0
-                n = len(lengths)
-                while row < n and not self.stop.is_set():
-                    stop = min(n, row + window)
-                    texts = [json.loads(fh.readline())["text"] for _ in range(row, stop)]
-                    todo = np.nonzero(done[row:stop] == 0)[0]
-                    if len(todo):
-                        for local in plan_batches(lengths[row:stop][todo], batch_tokens=batch_tokens,
-                                                  max_batch=max_batch, max_length=encoder.max_length):
-                            rows = todo[local]
-                            batch = encoder([texts[i] for i in rows], index=rows + row,
-                                            lengths=lengths[row:stop][rows])
-                            if not self._put(batch):
-                                return
-                    row = stop
-        except BaseException as exc:  # handed to the main thread, which raises it
-            self.error = exc
-        self._put(self._END)
-
-    def __iter__(self) -> Iterator[Batch]:
-        while True:
-            item = self.q.get()
-            if item is self._END:
-                if self.error is not None:
-                    raise self.error
-                return
-            yield item
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
-
-
 # ---------------------------------------------------------------- the run
 
 def _drops_nul(encoder: Encoder) -> bool:
@@ -231,21 +75,17 @@ def _drops_nul(encoder: Encoder) -> bool:
 
 
 @contextlib.contextmanager
-def _cleanup_on_failure(out: Path, where) -> Iterator[dict]:
+def _cleanup_on_failure(ex: Extraction) -> Iterator[dict]:
     """Make (or replace) the store directory; if the run fails before any row is stored, remove what it
     made (the directory too when it made it), so no empty store or ``.partial`` file is left behind.
     A store with rows done, or one this run resumed, is kept. Ctrl-C becomes ``Interrupted`` with the count.
     """
     from layerscope.errors import Interrupted
-    from layerscope.ownership import MARKER, clear_own, remove, remove_if_empty, write_marker
+    from layerscope.ownership import clear_own, remove_if_empty
 
-    earlier = where.kind is not None and not where.replace  # a store that was there before: never removed
-    if where.replace:
-        remove(out, "store")
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / MARKER).exists():
-        write_marker(out, "store")
+    out = ex.out
+    earlier = ex.claim.kind is not None and not ex.claim.replace  # a store that was there before: never removed
+    created = make_store_dir(ex)
     state: dict[str, Any] = {"store": None}
     try:
         yield state
@@ -273,22 +113,10 @@ def _cleanup_on_failure(out: Path, where) -> Iterator[dict]:
         raise Interrupted(f"interrupted: {rows:,} of {store.n:,} rows done; continue with --resume") from None
 
 
-def _settings(handle, engine_name, layers, poolings, dtype, batch_tokens, max_batch, max_length, source_desc):
-    return {
-        "model": handle.spec, "model_key": handle.key, "engine_requested": engine_name,
-        "layers": layers, "poolings": poolings, "dtype": dtype, "batch_tokens": batch_tokens,
-        "max_batch": max_batch, "max_length": max_length, "input": source_desc,
-        "layerscope_version": layerscope.__version__,
-    }
-
-
 def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
     """The longest sequence a run will feed: the corpus's longest text, capped by ``max_length``."""
     longest = int(lengths.max()) if lengths.size else 1
     return max(1, min(int(max_length), longest))
-
-
-_MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant", "prompt")
 
 
 def _one_writer(fn: Callable) -> Callable:
@@ -319,152 +147,62 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | Callable = False,
             engine_options: dict | None = None, prompt_name: str | None = None,
-            prompt: str | None = None) -> ExtractReport:
-    """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``."""
-    from layerscope.model.handle import ModelHandle
-    from layerscope.limits import check_engine_options, check_limits, check_max_length
-    from layerscope.ownership import claim
+            prompt: str | None = None, trust_remote_code: bool = False) -> ExtractReport:
+    """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``.
 
-    if dtype not in ("float32", "float16"):
-        raise InputError(f"--dtype must be float32 or float16, not {dtype}")
-    check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
-    check_engine_options(engine_options)
-    out = Path(out)
-    existing = out / STORE_JSON
-    # --force replaces only a store layerscope made that does not hold the corpus; nothing is deleted yet
-    where = claim(out, "store", force=force and not resume, keep=resume,
-                  inputs=[source] if isinstance(source, (str, Path)) else [])
-    if isinstance(engine, Engine):
-        eng = engine
-        handle = eng.model
-    else:
-        handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
-        eng = None
-    manifest = handle.manifest
-    check_max_length(max_length, manifest, handle.spec)
-    layer_list = resolve_layers(layers, manifest["num_layers"])
-    if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
-        from layerscope.vocab.pooling import default_poolings
-
-        poolings = default_poolings(manifest)
-    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    if "eos" in pool_list and not manifest.get("pooled_output"):
-        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
-                         f"{manifest['family']} has none: use 'last' or 'mean'")
-    if "st" in pool_list:
-        from layerscope.model.stconfig import st_recipe
-
-        st_recipe(manifest)  # a clear error before anything is written
-    from layerscope.model.stconfig import resolve_prompt
-
-    prompt_text = resolve_prompt(manifest, prompt_name, prompt)
-    max_len = int(max_length or manifest["max_length"])
-    source_desc = source if isinstance(source, (str, Path)) else f"<{len(source)} texts in memory>"
-    settings = _settings(handle, engine if isinstance(engine, str) else engine.name, layer_list, pool_list,
-                         dtype, batch_tokens, max_batch, max_len, str(source_desc))
-    variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
-    settings["variant"] = variant if variant not in ("", "fp32") else None  # resuming must not mix precisions
-    settings["prompt"] = prompt_text or None
+    ``trust_remote_code`` lets a model whose repository ships its own code be resolved (off unless asked).
+    """
+    ex = prepare_extraction(model, source, out, engine=engine, layers=layers, poolings=poolings, dtype=dtype,
+                            batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length, resume=resume,
+                            force=force, engine_options=engine_options, prompt_name=prompt_name, prompt=prompt,
+                            trust_remote_code=trust_remote_code)
     t0 = time.perf_counter()
-    with _cleanup_on_failure(out, where) as state:
-        return _extract_into(
-            out, state, existing=existing, resume=resume, handle=handle, eng=eng, engine=engine,
-            engine_options=engine_options, manifest=manifest, settings=settings, layer_list=layer_list,
-            pool_list=pool_list, dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_len=max_len,
-            source=source, window=window, progress=progress, t0=t0,
-            reader=dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt))
+    with _cleanup_on_failure(ex) as state:
+        return _extract_into(ex, state, source=source, engine=engine, engine_options=engine_options,
+                             batch_tokens=batch_tokens, window=window, progress=progress, t0=t0,
+                             reader=dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt))
 
 
-def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engine, engine_options, manifest,
-                  settings, layer_list, pool_list, dtype, batch_tokens, max_batch, max_len, source, window,
+def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options, batch_tokens, window,
                   progress, t0, reader) -> ExtractReport:
     """The run itself, inside the directory ``_cleanup_on_failure`` prepared (``state['store']``: the store)."""
-    store: LayerStore | None = None
-    stats = None
-    if existing.exists() and resume:
-        store = LayerStore.open(out, allow_incomplete=True)
-        store.mode = "r+"
-        for key in _MATCH_KEYS:
-            if key == "variant" and eng is None and engine == "auto":
-                continue  # what auto picks is known once it has picked (checked below)
-            if store.settings.get(key) != settings.get(key):
-                raise StoreError(f"{out} was made with {key}={store.settings.get(key)!r}, this run asks for "
-                                 f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
-        recorded = store.settings.get("corpus_sha256")
-        records, _ = _records_from(source, **reader)
-        if recorded and _corpus_sha256(records) != recorded:
-            raise StoreError(f"{out} was made from another version of {settings['input']} (its texts or ids changed "
-                             "since); drop --resume and use --force, or choose another --out")
-        if store.complete:
-            log.info("store already complete")
-        state["store"] = store
-    from layerscope.model.tokenize import Encoder
-
+    out, settings, manifest, max_len = ex.out, ex.settings, ex.manifest, ex.max_length
+    eng = ex.engine
+    store = state["store"] = open_to_resume(ex, source, reader, variant_later=eng is None and engine == "auto")
     # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
     encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
-        Encoder(handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")
-    created = False
-    if store is None:
-        records, stats = _records_from(source, **reader)
-        spool = _spool_corpus(records, out, encoder)
+        Encoder(ex.handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")
+    created = store is None
+    if created:
+        spool = spool_corpus(records_of(source, **reader), out, encoder=encoder)
         settings["corpus_sha256"] = spool["sha256"]
-        store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
-                                  hidden_size=int(manifest["hidden_size"]), dtype=dtype,
-                                  manifest=manifest, settings=settings)
-        state["store"] = store
+        store = state["store"] = LayerStore.create(
+            out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=int(manifest["hidden_size"]),
+            dtype=settings["dtype"], manifest=manifest, settings=settings)
         store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
                            "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
-        created = True
     lengths = np.load(out / "lengths.npy")
     if eng is None:
-        # TensorRT builds its optimization profile from the batching plan: at most max_batch texts of
-        # the corpus's longest text (capped by max_length), not of the model's 32k context (other
-        # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
-        # engine does not start.
-        options = {"max_batch": max_batch, "max_seq": profile_max_seq(lengths, max_len), **(engine_options or {})}
-        eng = open_engine(handle, engine, **options)
-        if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
-            picked = getattr(eng, "variant", None)
-            settings["variant"] = picked if picked not in ("", "fp32") else None
-            if not created and store.settings.get("variant") != settings["variant"]:
-                raise StoreError(f"{out} was made with variant={store.settings.get('variant')!r}, --engine auto "
-                                 f"picked {settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
-                                 "; pass the same --min-cosine, or use another --out")
+        eng = _start_engine(ex, store, engine, engine_options, lengths, check_variant=not created)
     batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
     settings["batch_tokens"] = batch_tokens
     if created:
         store.update_meta({"engine": eng.info.to_dict(), "settings": settings})
     done = store.done_mask()
     already = int(done.sum())
-    truncated = int((lengths > max_len).sum())
-    warnings: list[str] = []
-    empty = int(store.meta.get("empty_texts", 0))
-    if empty:
-        warnings.append(f"{empty:,} of {store.n:,} texts are empty or whitespace-only "
-                        "(kept as rows so ids stay aligned)")
-    if truncated:
-        warnings.append(f"{truncated:,} of {store.n:,} texts are longer than {max_len} tokens and were "
-                        f"truncated to {max_len}")
-    nul = int(store.meta.get("nul_texts", 0))
-    if nul:
-        fate = ("drops them, so they do not change the vectors" if store.meta.get("nul_dropped_by_tokenizer")
-                else "encodes them as tokens, so they change the vectors")
-        warnings.append(f"{nul:,} of {store.n:,} texts contain NUL bytes (\\x00); they are kept as is in "
-                        f"texts.jsonl, and this model's tokenizer {fate}")
+    warnings = extraction_warnings(store, lengths, max_len)
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
-    rows_done = 0
-    bar = _progress_bar(progress, store.n - already, todo_tokens)
-    prefetch = _Prefetcher(out, lengths, done, encoder, batch_tokens=batch_tokens, max_batch=max_batch,
-                           window=window)
+    bar = progress_bar(progress, store.n - already, todo_tokens)
+    batches = Background(_stored_batches(out, lengths, done, encoder, batch_tokens=batch_tokens,
+                                         max_batch=ex.max_batch, window=window))
     last_commit = t_run = time.perf_counter()
     pending: list[np.ndarray] = []
     try:
-        for batch in prefetch:
-            pooled = eng.run(batch, layer_list, pool_list)
-            store.write(batch.index, pooled, layer_list)
+        for batch in batches:
+            pooled = eng.run(batch, ex.layers, ex.poolings)
+            store.write(batch.index, pooled, ex.layers)
             pending.append(batch.index)
-            rows_done += batch.size
             tokens_done += batch.n_tokens
             if time.perf_counter() - last_commit > 2.0 or len(pending) >= 64:
                 store.commit(np.concatenate(pending))
@@ -479,65 +217,73 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
             store.commit(np.concatenate(pending))
         raise
     finally:
-        prefetch.close()
+        batches.close()
         bar.close()
     if int(store.done_mask().sum()) != store.n:
         raise StoreError(f"{out}: {store.n - int(store.done_mask().sum())} rows are missing after the run; "
                          "run again with --resume")
     run_seconds = time.perf_counter() - t_run
     seconds = time.perf_counter() - t0
+    truncated = int((lengths > max_len).sum())
     store.finish({"engine": eng.info.to_dict(), "truncated_texts": truncated, "warnings": warnings,
                   "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum())})
-    if stats is not None and stats.empty != empty:
-        log.debug("corpus stats and spool disagree on empty texts")
-    report = ExtractReport(store=store, n=store.n, empty=empty, truncated=truncated,
-                           tokens=tokens_done, seconds=seconds, run_seconds=run_seconds,
-                           engine=eng.info.to_dict(),
-                           resumed_rows=already, warnings=warnings)
-    return report
+    return ExtractReport(store=store, n=store.n, empty=int(store.meta.get("empty_texts", 0)), truncated=truncated,
+                         tokens=tokens_done, seconds=seconds, run_seconds=run_seconds, engine=eng.info.to_dict(),
+                         resumed_rows=already, warnings=warnings)
 
 
-# ---------------------------------------------------------------- progress
-
-class _NoBar:
-    def advance(self, rows: int, tokens: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class _RichBar:
-    def __init__(self, total_rows: int, total_tokens: int):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
-
-        self.progress = Progress(
-            TextColumn("[bold]extracting"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            transient=False,
-        )
-        self.task = self.progress.add_task("extract", total=total_rows, rate="")
-        self.t0 = time.perf_counter()
-        self.tokens = 0
-        self.rows = 0
-        self.progress.start()
-
-    def advance(self, rows: int, tokens: int) -> None:
-        self.rows += rows
-        self.tokens += tokens
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        self.progress.update(self.task, advance=rows,
-                             rate=f"{self.rows / dt:,.0f} texts/s  {self.tokens / dt:,.0f} tokens/s")
-
-    def close(self) -> None:
-        self.progress.stop()
+def _start_engine(ex: Extraction, store: LayerStore, engine: str, engine_options: dict | None,
+                  lengths: np.ndarray, *, check_variant: bool) -> Engine:
+    """The engine, started once the corpus is known; what ``auto`` picked is recorded and, when resuming,
+    must be what the store was made with."""
+    # TensorRT builds its optimization profile from the batching plan: at most max_batch texts of
+    # the corpus's longest text (capped by max_length), not of the model's 32k context (other
+    # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
+    # engine does not start.
+    options = {"max_batch": ex.max_batch, "max_seq": profile_max_seq(lengths, ex.max_length),
+               **(engine_options or {})}
+    eng = open_engine(ex.handle, engine, **options)
+    if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
+        picked = getattr(eng, "variant", None)
+        ex.settings["variant"] = picked if picked not in ("", "fp32") else None
+        if check_variant and store.settings.get("variant") != ex.settings["variant"]:
+            raise StoreError(f"{ex.out} was made with variant={store.settings.get('variant')!r}, --engine auto "
+                             f"picked {ex.settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
+                             "; pass the same --min-cosine, or use another --out")
+    return eng
 
 
-def _progress_bar(progress, total_rows: int, total_tokens: int):
-    if callable(progress):
-        return progress(total_rows, total_tokens)
-    return _RichBar(total_rows, total_tokens) if progress else _NoBar()
+def _stored_batches(store_dir: Path, lengths: np.ndarray, done: np.ndarray, encoder: Encoder, *,
+                    batch_tokens: int, max_batch: int, window: int) -> Iterator[Batch]:
+    """The batches of the rows not done yet, read back from texts.jsonl ``window`` rows at a time."""
+    n = len(lengths)
+    with open(store_dir / TEXTS, encoding="utf-8") as fh:
+        for row in range(0, n, window):
+            stop = min(n, row + window)
+            texts = [json.loads(fh.readline())["text"] for _ in range(row, stop)]
+            todo = np.nonzero(done[row:stop] == 0)[0]
+            yield from encode_plan(encoder, [texts[i] for i in todo], lengths[row:stop][todo],
+                                   batch_tokens=batch_tokens, max_batch=max_batch, index=todo + row)
+
+
+def extraction_warnings(store: LayerStore, lengths: np.ndarray, max_len: int) -> list[str]:
+    """The lines a finished extraction reports: empty texts, truncated texts, texts with NUL bytes."""
+    warnings: list[str] = []
+    empty = int(store.meta.get("empty_texts", 0))
+    if empty:
+        warnings.append(f"{empty:,} of {store.n:,} texts are empty or whitespace-only "
+                        "(kept as rows so ids stay aligned)")
+    truncated = int((np.asarray(lengths) > max_len).sum())
+    if truncated:
+        warnings.append(f"{truncated:,} of {store.n:,} texts are longer than {max_len} tokens and were "
+                        f"truncated to {max_len}")
+    nul = int(store.meta.get("nul_texts", 0))
+    if nul:
+        fate = ("drops them, so they do not change the vectors" if store.meta.get("nul_dropped_by_tokenizer")
+                else "encodes them as tokens, so they change the vectors")
+        warnings.append(f"{nul:,} of {store.n:,} texts contain NUL bytes (\\x00); they are kept as is in "
+                        f"texts.jsonl, and this model's tokenizer {fate}")
+    return warnings
 
 
 # ---------------------------------------------------------------- in-memory convenience
@@ -575,66 +321,3 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
             for li, layer in enumerate(layer_list):
                 out[p, layer][batch.index] = pooled[p][li]
     return out
-
-
-def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
-                batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                max_length: int | None = None, background: bool = True, depth: int = 4, prompt: str = ""
-                ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
-    """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
-    tokenized on a background thread (``background``) so tokenization overlaps the engine."""
-    encoder = eng.encoder(max_length, prompt)
-    lengths = encoder.token_lengths(texts)
-    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
-    plan = plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch, max_length=encoder.max_length)
-
-    def make(rows):
-        return encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
-
-    if not background:
-        for rows in plan:
-            batch = make(rows)
-            t = time.perf_counter()
-            pooled = eng.run(batch, layers, poolings)
-            yield batch, pooled, time.perf_counter() - t
-        return
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    box: dict[str, BaseException] = {}
-    end = object()
-
-    def work():
-        try:
-            for rows in plan:
-                item = make(rows)
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-        except BaseException as exc:  # re-raised on the caller's thread
-            box["error"] = exc
-        q.put(end)
-
-    thread = threading.Thread(target=work, name="layerscope-tokenize", daemon=True)
-    thread.start()
-    try:
-        while True:
-            batch = q.get()
-            if batch is end:
-                if "error" in box:
-                    raise box["error"]
-                return
-            t = time.perf_counter()
-            pooled = eng.run(batch, layers, poolings)
-            yield batch, pooled, time.perf_counter() - t
-    finally:
-        stop.set()
-        while thread.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.1)

@@ -34,8 +34,14 @@ from typing import Any, Callable
 import numpy as np
 
 from layerscope.errors import InputError, MissingExtraError, StoreError
-from layerscope.runtime.ray_shards import (GRANULE, OFFSETS, SHARDS, ShardWorker, corpus_records, merge_shard,
-                                           default_shard_rows, scan_offsets, shard_ready, spool_corpus)
+from layerscope.data.corpus import records_of
+from layerscope.runtime.pipeline import ExtractReport, extraction_warnings
+from layerscope.runtime.prepare import check_dtype
+from layerscope.runtime.progress import progress_bar
+from layerscope.runtime.ray_shards import (GRANULE, OFFSETS, SHARDS, ShardWorker, default_shard_rows, merge_shard,
+                                           scan_offsets, shard_ready)
+from layerscope.runtime.spool import spool_corpus
+from layerscope.runtime.store import LayerStore
 
 log = logging.getLogger("layerscope")
 
@@ -106,8 +112,7 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     ray = require_ray()
     if workers < 1:
         raise InputError(f"--ray-workers must be at least 1, not {workers}")
-    if dtype not in ("float32", "float16"):
-        raise InputError(f"--dtype must be float32 or float16, not {dtype}")
+    check_dtype(dtype)
     check_engine_name(engine)
     t0 = time.perf_counter()
     started = connect(address)
@@ -128,79 +133,37 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
              column=None, id_field=None, fmt=None, engine_options: dict | None = None,
              shard_rows: int | None = None, cpus_per_worker: float | None = None,
              gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
-             progress: bool | Callable = False, _kill_once: dict | None = None, start_s: float = 0.0):
+             progress: bool | Callable = False, trust_remote_code: bool = False, _kill_once: dict | None = None,
+             start_s: float = 0.0):
     """The run itself, on a connected cluster (see ``extract_ray``)."""
-    from layerscope.model.handle import ModelHandle
-    from layerscope.vocab.layers import resolve_layers
-    from layerscope.runtime.pipeline import (_MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _corpus_sha256,
-                                             _progress_bar, _settings)
-    from layerscope.vocab.pooling import check_poolings
-    from layerscope.runtime.store import STORE_JSON, LayerStore
+    from layerscope.runtime.prepare import make_store_dir, open_to_resume, prepare_extraction
 
-    from layerscope.limits import check_engine_options, check_limits, check_max_length
-    from layerscope.ownership import MARKER, claim, remove, write_marker
-
-    check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
-    check_engine_options(engine_options)
-    max_batch = int(max_batch or DEFAULT_MAX_BATCH)
-    out = Path(out).resolve()
-    existing = out / STORE_JSON
-    # the same rule as a plain extract: --force replaces only a store layerscope made that does not hold
-    # the corpus, and an existing folder of anything else is refused before anything is written
-    where = claim(out, "store", force=force and not resume, keep=resume,
-                  inputs=[source] if isinstance(source, (str, Path)) else [])
-    handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
-    manifest = handle.manifest
-    check_max_length(max_length, manifest, handle.spec)
-    from layerscope.model.stconfig import resolve_prompt
-    from layerscope.vocab.pooling import default_poolings
-
-    if poolings is None:  # the model's own, as in a plain extract (st for a sentence-transformers checkpoint)
-        poolings = default_poolings(manifest)
-    if resolve_prompt(manifest, None, None):
-        raise InputError(f"{handle.spec} puts a default prompt before every text, which --ray does not apply yet; "
-                         "run without --ray")
-    if where.replace:
-        remove(out, "store")
-    layer_list = resolve_layers(layers, manifest["num_layers"])
-    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    if "eos" in pool_list and not manifest.get("pooled_output"):
-        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
-                         f"{manifest['family']} has none: use 'last' or 'mean'")
-    max_len = int(max_length or manifest["max_length"])
-    source_desc = source if isinstance(source, (str, Path)) else (
-        f"<{len(source)} texts in memory>" if hasattr(source, "__len__") else "<iterable of texts>")
-    settings = _settings(handle, engine, layer_list, pool_list, dtype, batch_tokens, max_batch, max_len,
-                         str(source_desc))
-    variant = (engine_options or {}).get("variant")
-    settings["variant"] = variant if variant not in ("", "fp32") else None
+    # the same checks and the same rules as a plain extract: --force replaces only a store layerscope made
+    # that does not hold the corpus, and an existing folder of anything else is refused before anything is written
+    ex = prepare_extraction(model, source, Path(out).resolve(), engine=engine, layers=layers, poolings=poolings,
+                            dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
+                            resume=resume, force=force, engine_options=engine_options,
+                            trust_remote_code=trust_remote_code)
+    if ex.settings["prompt"]:
+        raise InputError(f"{ex.handle.spec} puts a default prompt before every text, which --ray does not apply "
+                         "yet; run without --ray")
+    out, handle, max_len, max_batch = ex.out, ex.handle, ex.max_length, ex.max_batch
+    layer_list, pool_list = ex.layers, ex.poolings
     t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / MARKER).exists():
-        write_marker(out, "store")
-    if existing.exists() and resume:
-        store = LayerStore.open(out, allow_incomplete=True)
-        store.mode = "r+"
-        for key in _MATCH_KEYS:
-            if store.settings.get(key) != settings.get(key):
-                raise StoreError(f"{out} was made with {key}={store.settings.get(key)!r}, this run asks for "
-                                 f"{settings.get(key)!r}; use another --out or drop --resume (and use --force)")
-        recorded = store.settings.get("corpus_sha256")
-        if recorded and isinstance(source, (str, Path)):
-            records = corpus_records(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
-            if _corpus_sha256(records) != recorded:
-                raise StoreError(f"{out} was made from another version of {source} (its texts or ids changed "
-                                 "since); drop --resume and use --force, or choose another --out")
+    make_store_dir(ex)
+    reader = dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+    store = open_to_resume(ex, source, reader)
+    if store is not None:
         offsets = np.load(out / OFFSETS) if (out / OFFSETS).exists() else scan_offsets(out)
     else:
-        records = corpus_records(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
-        spool = spool_corpus(records, out)
-        settings["corpus_sha256"] = spool["sha256"]
+        spool = spool_corpus(records_of(source, **reader), out, granule=GRANULE)
+        np.save(out / OFFSETS, spool["offsets"])
+        ex.settings["corpus_sha256"] = spool["sha256"]
         store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
-                                  hidden_size=int(manifest["hidden_size"]), dtype=dtype,
-                                  manifest=manifest, settings=settings)
+                                  hidden_size=int(ex.manifest["hidden_size"]), dtype=dtype,
+                                  manifest=ex.manifest, settings=ex.settings)
         store.update_meta({"empty_texts": spool["empty"]})
-        offsets = np.load(out / OFFSETS)
+        offsets = spool["offsets"]
     n = store.n
     ray_meta = dict(store.meta.get("ray") or {})
     rows_per_shard = int(ray_meta.get("shard_rows") or shard_rows or default_shard_rows(n, workers))
@@ -238,7 +201,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     timing["start_s"] = round(start_s, 4)  # joining or starting the cluster
     t_run = time.perf_counter()
     if todo:
-        bar = _progress_bar(progress, sum(t["stop"] - t["start"] for t in todo), 0)
+        bar = progress_bar(progress, sum(t["stop"] - t["start"] for t in todo), 0)
         try:
             import ray
 
@@ -259,7 +222,8 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
                 # restarted and its shard retried
                 num_cpus=cpus, num_gpus=gpus or None,
                 fn_constructor_kwargs={
-                    "model": str(handle.export_dir or handle.spec), "engine": engine, "engine_options": options,
+                    "model": _worker_model(handle, engine, trust_remote_code), "engine": engine,
+                    "engine_options": options, "trust_remote_code": trust_remote_code,
                     "layers": layer_list, "poolings": pool_list, "dtype": dtype, "max_length": max_len,
                     "batch_tokens": batch_tokens, "max_batch": max_batch, "store_dir": str(out),
                     "kill_once": _kill_once})
@@ -282,12 +246,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     run_seconds = time.perf_counter() - t_run
     truncated = int((np.asarray(lengths) > max_len).sum())
     empty = int(store.meta.get("empty_texts", 0))
-    warnings: list[str] = []
-    if empty:
-        warnings.append(f"{empty:,} of {n:,} texts are empty or whitespace-only (kept as rows so ids stay aligned)")
-    if truncated:
-        warnings.append(f"{truncated:,} of {n:,} texts are longer than {max_len} tokens and were "
-                        f"truncated to {max_len}")
+    warnings = extraction_warnings(store, lengths, max_len)
     if used_batch_tokens:
         store.settings["batch_tokens"] = used_batch_tokens
     shutil.rmtree(shard_root, ignore_errors=True)
@@ -298,6 +257,17 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
                           "address": address or "local", "seconds": timing}})
     return ExtractReport(store=store, n=n, empty=empty, truncated=truncated, tokens=tokens, seconds=seconds,
                          run_seconds=run_seconds, engine=engine_info, resumed_rows=already, warnings=warnings)
+
+
+def _worker_model(handle, engine: str, trust_remote_code: bool) -> str:
+    """What each actor opens: the model's export, made here once when the engine runs exports (not by
+    every actor at the same time)."""
+    from layerscope.engines.base import needs_export
+    from layerscope.export.open import ensure_export
+
+    if needs_export(engine) and not handle.is_export:
+        handle = ensure_export(handle, trust_remote_code=trust_remote_code)
+    return str(handle.export_dir or handle.spec)
 
 
 def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float | None, *,

@@ -1,5 +1,5 @@
-"""Shards of a corpus for Ray extraction: the spooled corpus, the actor that turns a shard into
-vectors on disk, and the driver's merge of a finished shard into the LayerStore.
+"""Shards of a corpus for Ray extraction: where each shard starts in the spooled corpus, the actor that
+turns a shard into vectors on disk, and the driver's merge of a finished shard into the LayerStore.
 
 A shard is ``shard_rows`` consecutive rows of ``texts.jsonl``; its directory
 ``shards/<k>/`` holds ``<pooling>.npy`` (``[layers, rows, hidden]``), ``lengths.npy`` and
@@ -9,7 +9,6 @@ exists is whole, and a retried task (after an actor was killed) rewrites it whol
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.errors import InputError, StoreError
+from layerscope.errors import StoreError
 
 GRANULE = 256  # rows between recorded byte offsets of texts.jsonl; shard sizes are multiples of it
 MAX_SHARD_ROWS = 8192
@@ -28,41 +27,7 @@ OFFSETS = "ray-offsets.npy"
 SHARDS = "shards"
 
 
-# ---------------------------------------------------------------- spooling
-
-def spool_corpus(records, out: Path) -> dict[str, Any]:
-    """texts.jsonl exactly as ``extract`` writes it, plus the byte offset of every GRANULE-th row."""
-    from layerscope.runtime.pipeline import record_line
-    from layerscope.runtime.store import TEXTS
-
-    tmp = out / (TEXTS + ".partial")
-    h = hashlib.sha256()
-    offsets: list[int] = []
-    n = empty = pos = 0
-    try:
-        with open(tmp, "wb") as fh:
-            for rec in records:
-                if n % GRANULE == 0:
-                    offsets.append(pos)
-                line = record_line(rec).encode("utf-8") + b"\n"  # the same bytes and hash as extract
-                fh.write(line)
-                h.update(line)
-                pos += len(line)
-                n += 1
-                if not rec.text.strip():
-                    empty += 1
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if n == 0:
-        tmp.unlink()
-        raise InputError("the corpus has no texts: nothing to extract")
-    np.save(out / OFFSETS, np.asarray(offsets, dtype=np.int64))
-    os.replace(tmp, out / TEXTS)
-    return {"n": n, "empty": empty, "sha256": h.hexdigest()}
-
+# ---------------------------------------------------------------- offsets
 
 def scan_offsets(out: Path) -> np.ndarray:
     """Offsets of a texts.jsonl spooled without them (a store begun by plain ``extract``)."""
@@ -100,10 +65,10 @@ class ShardWorker:
 
     def __init__(self, *, model: str, engine: str, engine_options: dict, layers: list[str],
                  poolings: list[str], dtype: str, max_length: int, batch_tokens: int | None,
-                 max_batch: int, store_dir: str, kill_once: dict | None = None):
+                 max_batch: int, store_dir: str, kill_once: dict | None = None, trust_remote_code: bool = False):
         from layerscope.export.open import open_engine
 
-        self.eng = open_engine(model, engine, **engine_options)
+        self.eng = open_engine(model, engine, trust_remote_code=trust_remote_code, **engine_options)
         self.encoder = self.eng.encoder(max_length)
         self.layers, self.poolings, self.dtype = layers, poolings, np.dtype(dtype)
         self.batch_tokens = int(batch_tokens or self.eng.preferred_batch_tokens)
@@ -125,7 +90,7 @@ class ShardWorker:
         return texts
 
     def _one(self, k: int, start: int, stop: int, offset: int) -> dict[str, Any]:
-        from layerscope.runtime.pipeline import plan_batches
+        from layerscope.runtime.batching import encode_plan
 
         final = shard_dir(self.store_dir, k)
         if shard_ready(self.store_dir, k):  # a retry after the shard was already written
@@ -145,17 +110,16 @@ class ShardWorker:
         hidden = int(self.eng.manifest["hidden_size"])
         out = {p: np.zeros((len(self.layers), stop - start, hidden), dtype=self.dtype) for p in self.poolings}
         tokens = 0
-        for rows in plan_batches(lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch,
-                                 max_length=self.encoder.max_length):
-            t = time.perf_counter()
-            b = self.encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
-            t_run = time.perf_counter()
+        t = time.perf_counter()
+        for b in encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch):
+            t_run = time.perf_counter()  # the batch was tokenized while the loop asked for it
+            t_tok += t_run - t
             pooled = self.eng.run(b, self.layers, self.poolings)
             t_engine += time.perf_counter() - t_run
-            t_tok += t_run - t
             for p in self.poolings:
-                out[p][:, rows] = pooled[p]
+                out[p][:, b.index] = pooled[p]
             tokens += b.n_tokens
+            t = time.perf_counter()
         t_write = time.perf_counter()
         tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
         if tmp.exists():
@@ -202,27 +166,3 @@ def merge_shard(store, k: int, lengths_out: np.ndarray, timing: dict[str, float]
         timing[key] = round(timing.get(key, 0.0) + float(meta.get(key, 0.0)), 4)
     timing["merge_s"] = round(timing.get("merge_s", 0.0) + time.perf_counter() - t0, 4)
     return stop - start, int(meta["tokens"])
-
-
-def corpus_records(source, **kw):
-    from layerscope.runtime.corpus import Record, iter_corpus
-
-    if isinstance(source, (str, os.PathLike)):
-        return iter_corpus(source, **kw)
-    field = kw.get("text_field") or "text"
-    if hasattr(source, "column_names"):  # a Hugging Face dataset: its text column, ids by row
-        if field not in source.column_names:
-            raise InputError(f"the dataset has no column '{field}' (it has {', '.join(source.column_names)}); "
-                             "name one with text_field=")
-        source = source[field] if len(source) < 1_000_000 else (row[field] for row in source)
-
-    def gen():
-        i = -1
-        for i, t in enumerate(source):
-            if not isinstance(t, str):
-                raise InputError(f"text {i} is a {type(t).__name__}, not a string")
-            yield Record(str(i), t, i + 1)
-        if i < 0:
-            raise InputError("no texts given: nothing to extract")
-
-    return gen()

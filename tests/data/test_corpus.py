@@ -1,4 +1,4 @@
-"""Tests for layerscope.runtime.corpus: every format, every bad input, streaming."""
+"""Tests for layerscope.data.corpus: every format, every bad input, streaming."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from layerscope.errors import InputError, MissingExtraError
-from layerscope.runtime.corpus import (
+from layerscope.data.corpus import (
     CorpusStats,
     Record,
     detect_format,

@@ -1,0 +1,144 @@
+"""Batching: length-sorted token-budget batches, tokenized ahead of the engine on one background thread.
+
+Every loop that feeds an engine goes through here: ``plan_batches`` groups rows by length under a
+padded-token budget, ``encode_plan`` tokenizes the planned batches, ``Background`` runs that
+tokenization on a thread a few batches ahead of the engine, and ``iter_pooled`` puts the three
+together for texts held in memory (``extract`` feeds the same pieces from its spooled store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from typing import Generic, Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from layerscope.engines.base import Engine
+from layerscope.errors import InputError
+from layerscope.model.tokenize import Batch, Encoder
+
+DEFAULT_BATCH_TOKENS = 16384
+DEFAULT_MAX_BATCH = 256
+
+T = TypeVar("T")
+
+
+def plan_batches(lengths: np.ndarray, *, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                 max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None) -> list[np.ndarray]:
+    """Indices into ``lengths`` grouped into batches: sorted by length, padded size <= batch_tokens.
+
+    A single text longer than the budget still gets a batch of its own (it is truncated to
+    ``max_length`` by the tokenizer, never dropped).
+    """
+    if batch_tokens < 1 or max_batch < 1:
+        raise InputError("--batch-tokens and --max-batch must be positive")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if max_length is not None:
+        lengths = np.minimum(lengths, max_length)
+    order = np.argsort(lengths, kind="stable")
+    batches: list[np.ndarray] = []
+    start = 0
+    n = len(order)
+    while start < n:
+        end = start + 1
+        while end < n and end - start < max_batch and lengths[order[end]] * (end - start + 1) <= batch_tokens:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def encode_plan(encoder: Encoder, texts: list[str], lengths: np.ndarray, *, batch_tokens: int, max_batch: int,
+                index: np.ndarray | None = None) -> Iterator[Batch]:
+    """The planned batches of ``texts`` (token counts ``lengths``), tokenized one by one as they are asked for.
+
+    ``index`` maps each text to its row in the corpus (default: its position in ``texts``); it becomes
+    ``Batch.index``, where the engine's vectors are written back.
+    """
+    lengths = np.asarray(lengths)
+    for rows in plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch,
+                             max_length=encoder.max_length):
+        yield encoder([texts[i] for i in rows], index=rows if index is None else index[rows],
+                      lengths=lengths[rows])
+
+
+_END = object()
+
+
+class Background(Generic[T]):
+    """Runs an iterator on its own thread, up to ``depth`` items ahead of the one consuming it.
+
+    Iterating gives the items in order; an error raised by the iterator is raised again on the
+    consuming thread. ``close`` (or leaving the ``with`` block) stops the thread after its current
+    item, and the iterator's own cleanup (a generator's ``finally``) runs on that thread.
+    """
+
+    def __init__(self, items: Iterable[T], *, depth: int = 4, name: str = "layerscope-tokenize"):
+        self._items = iter(items)
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _work(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the consuming thread, which raises it
+            self._error = exc
+        finally:
+            close = getattr(self._items, "close", None)
+            if close is not None:
+                close()
+        self._put(_END)
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            item = self._q.get()
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            self._thread.join(timeout=0.1)
+
+    def __enter__(self) -> Background[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
+                batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                max_length: int | None = None, background: bool = True, depth: int = 4, prompt: str = ""
+                ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
+    """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
+    tokenized on a background thread (``background``) so tokenization overlaps the engine."""
+    encoder = eng.encoder(max_length, prompt)
+    batches = encode_plan(encoder, texts, encoder.token_lengths(texts),
+                          batch_tokens=int(batch_tokens or eng.preferred_batch_tokens), max_batch=max_batch)
+    with Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
+        for batch in feed:
+            t = time.perf_counter()
+            pooled = eng.run(batch, layers, poolings)
+            yield batch, pooled, time.perf_counter() - t
+

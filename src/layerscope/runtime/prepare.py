@@ -1,0 +1,158 @@
+"""Preparing an extraction: every check and decision made before a row is read, shared by ``extract``
+and the Ray driver (``runtime/ray_extract.py``), so both refuse the same things with the same words.
+
+``prepare_extraction`` checks the options, claims the output directory (nothing is deleted yet),
+resolves the model, its layers, poolings (the model's own by default) and prompt, and writes down the
+settings the store records. ``open_to_resume`` opens a store to continue after checking that it was
+made with the same settings from the same corpus.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import layerscope
+from layerscope.data.corpus import records_of
+from layerscope.engines.base import Engine
+from layerscope.vocab.layers import resolve_layers
+from layerscope.errors import InputError, StoreError
+from layerscope.ownership import Claim
+from layerscope.runtime.batching import DEFAULT_MAX_BATCH
+from layerscope.vocab.pooling import check_poolings
+from layerscope.runtime.spool import corpus_sha256
+from layerscope.runtime.store import STORE_JSON, LayerStore
+
+log = logging.getLogger("layerscope")
+
+# Settings a resumed store must share with the run continuing it.
+MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant", "prompt")
+
+
+@dataclass
+class Extraction:
+    """What a run will do, decided before it reads the corpus."""
+
+    out: Path
+    claim: Claim  # what is at ``out`` and whether the run may replace it
+    resume: bool
+    handle: Any  # the ModelHandle
+    engine: Engine | None  # the engine the caller passed, else None (started once the corpus is known)
+    manifest: dict
+    layers: list[str]
+    poolings: list[str]
+    max_length: int
+    max_batch: int
+    settings: dict[str, Any]  # recorded in store.json; the MATCH_KEYS among them are checked on resume
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in ("float32", "float16"):
+        raise InputError(f"--dtype must be float32 or float16, not {dtype}")
+
+
+def describe_source(source) -> str:
+    """How a store's settings name its input: the path, or a count of in-memory texts."""
+    if isinstance(source, (str, Path)):
+        return str(source)
+    return f"<{len(source)} texts in memory>" if hasattr(source, "__len__") else "<iterable of texts>"
+
+
+def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
+                       poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
+                       max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
+                       force: bool = False, engine_options: dict | None = None, prompt_name: str | None = None,
+                       prompt: str | None = None, trust_remote_code: bool = False) -> Extraction:
+    """Check everything that can be checked before the corpus is read; raise one clear error otherwise.
+
+    ``model`` is a name, a path or a ModelHandle (resolved with ``trust_remote_code``, off unless
+    asked); an ``Engine`` passed as ``engine`` brings its own model.
+    """
+    from layerscope.export.open import resolve_model
+    from layerscope.limits import check_engine_options, check_limits, check_max_length
+    from layerscope.ownership import claim
+    from layerscope.vocab.pooling import default_poolings
+    from layerscope.model.stconfig import resolve_prompt, st_recipe
+
+    check_dtype(dtype)
+    check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
+    check_engine_options(engine_options)
+    out = Path(out)
+    # --force replaces only a store layerscope made that does not hold the corpus; nothing is deleted yet
+    where = claim(out, "store", force=force and not resume, keep=resume,
+                  inputs=[source] if isinstance(source, (str, Path)) else [])
+    if isinstance(engine, Engine):
+        eng, handle = engine, engine.model
+    else:
+        eng = None
+        handle = resolve_model(model, trust_remote_code=trust_remote_code)  # exported when the engine starts
+    manifest = handle.manifest
+    check_max_length(max_length, manifest, handle.spec)
+    layer_list = resolve_layers(layers, manifest["num_layers"])
+    if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
+        poolings = default_poolings(manifest)
+    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
+    if "eos" in pool_list and not manifest.get("pooled_output"):
+        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
+                         f"{manifest['family']} has none: use 'last' or 'mean'")
+    if "st" in pool_list:
+        st_recipe(manifest)  # a clear error before anything is written
+    prompt_text = resolve_prompt(manifest, prompt_name, prompt)
+    max_len = int(max_length or manifest["max_length"])
+    max_batch = int(max_batch or DEFAULT_MAX_BATCH)
+    variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
+    settings = {
+        "model": handle.spec, "model_key": handle.key,
+        "engine_requested": engine if isinstance(engine, str) else engine.name,
+        "layers": layer_list, "poolings": pool_list, "dtype": dtype, "batch_tokens": batch_tokens,
+        "max_batch": max_batch, "max_length": max_len, "input": describe_source(source),
+        "layerscope_version": layerscope.__version__,
+        "variant": variant if variant not in ("", "fp32") else None,  # resuming must not mix precisions
+        "prompt": prompt_text or None,
+    }
+    return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, manifest=manifest,
+                      layers=layer_list, poolings=pool_list, max_length=max_len, max_batch=max_batch,
+                      settings=settings)
+
+
+def make_store_dir(ex: Extraction) -> bool:
+    """Create the store directory (replacing the old store first when the claim allows), marked as a
+    store; True when this call created the directory."""
+    from layerscope.ownership import MARKER, remove, write_marker
+
+    if ex.claim.replace:
+        remove(ex.out, "store")
+    created = not ex.out.exists()
+    ex.out.mkdir(parents=True, exist_ok=True)
+    if not (ex.out / MARKER).exists():
+        write_marker(ex.out, "store")
+    return created
+
+
+def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
+                   variant_later: bool = False) -> LayerStore | None:
+    """The store at ``ex.out`` to continue, or None when this run does not resume one.
+
+    Refused when the store was made with other settings (``MATCH_KEYS``; ``variant_later``: the
+    caller checks the variant once ``--engine auto`` has picked one) or from another version of the
+    corpus (texts or ids changed). ``reader`` holds the corpus reader's options.
+    """
+    if not (ex.resume and (ex.out / STORE_JSON).exists()):
+        return None
+    store = LayerStore.open(ex.out, allow_incomplete=True)
+    store.mode = "r+"
+    for key in MATCH_KEYS:
+        if key == "variant" and variant_later:
+            continue
+        if store.settings.get(key) != ex.settings.get(key):
+            raise StoreError(f"{ex.out} was made with {key}={store.settings.get(key)!r}, this run asks for "
+                             f"{ex.settings.get(key)!r}; use another --out or drop --resume (and use --force)")
+    recorded = store.settings.get("corpus_sha256")
+    if recorded and corpus_sha256(records_of(source, **reader)) != recorded:
+        raise StoreError(f"{ex.out} was made from another version of {ex.settings['input']} (its texts or ids "
+                         "changed since); drop --resume and use --force, or choose another --out")
+    if store.complete:
+        log.info("store already complete")
+    return store
