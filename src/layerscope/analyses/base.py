@@ -162,11 +162,9 @@ def registry() -> dict[str, type[Analysis]]:
 def get_analysis(name: str) -> type[Analysis]:
     reg = registry()
     if name not in reg:
-        from difflib import get_close_matches
+        from layerscope.errors import unknown_name
 
-        hint = get_close_matches(name, list(reg), n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown analysis '{name}'{extra}; available: {', '.join(sorted(reg))}")
+        raise unknown_name("analysis", name, sorted(reg))
     return reg[name]
 
 
@@ -180,10 +178,9 @@ def parse_options(meta: AnalysisMetadata, args: list[str]) -> dict[str, Any]:
         key, _, inline = arg.partition("=")
         opt = by_flag.get(key)
         if opt is None:
-            from difflib import get_close_matches
+            from layerscope.errors import did_you_mean
 
-            hint = get_close_matches(key, list(by_flag), n=1)
-            extra = f" (did you mean {hint[0]}?)" if hint else ""
+            extra = did_you_mean(key, by_flag)
             known = ", ".join(by_flag) or "none"
             raise InputError(f"analysis '{meta.name}' has no option {key}{extra}; its options: {known}")
         if opt.type is bool:

@@ -231,11 +231,9 @@ def _ensure_registered() -> None:
 
 def check_engine_name(name: str) -> str:
     if name not in ENGINE_NAMES:
-        from difflib import get_close_matches
+        from layerscope.errors import unknown_name
 
-        hint = get_close_matches(name, ENGINE_NAMES, n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown engine '{name}'{extra}; choose from {', '.join(ENGINE_NAMES)}")
+        raise unknown_name("engine", name, ENGINE_NAMES)
     return name
 
 
