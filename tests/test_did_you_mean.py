@@ -14,6 +14,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "layerscope"
 def test_helper_names_the_closest_choice_or_nothing():
     assert did_you_mean("mena", ["mean", "cls", "max"]) == " (did you mean 'mean'?)"
     assert did_you_mean("zzzz", ["mean", "cls"]) == ""
+    assert did_you_mean("st-onx", {"st-onnx": {"backend": "onnx"}}) == " (did you mean 'st-onnx'?)"  # a dict's keys
+    # flags compared without their dashes: "--bogus" is not taken for "--out"
+    assert did_you_mean("--bogus", ["--out", "--probe"], key=lambda f: f.lstrip("-")) == ""
+    assert did_you_mean("--prob", ["--out", "--probe"], key=lambda f: f.lstrip("-")) == " (did you mean '--probe'?)"
     err = unknown_name("pooling", "mena", ["mean", "cls"])
     assert isinstance(err, InputError)
     assert str(err) == "unknown pooling 'mena' (did you mean 'mean'?); choose from mean, cls"

@@ -51,12 +51,16 @@ class MissingExtraError(LayerscopeError):
         )
 
 
-def did_you_mean(word: str, choices) -> str:
-    """`` (did you mean 'x'?)`` for the choice closest to a mistyped ``word``, or ``""`` when none is close."""
+def did_you_mean(word: str, choices, *, key=str) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a mistyped ``word``, or ``""`` when none is close.
+
+    ``key`` turns a choice (and the word) into what is compared, e.g. a flag without its dashes.
+    """
     from difflib import get_close_matches
 
-    hint = get_close_matches(word, [str(c) for c in choices], n=1)
-    return f" (did you mean '{hint[0]}'?)" if hint else ""
+    by_key = {key(c): str(c) for c in choices}
+    hint = get_close_matches(key(word), list(by_key), n=1)
+    return f" (did you mean '{by_key[hint[0]]}'?)" if hint else ""
 
 
 def unknown_name(what: str, word: str, choices, *, listed=None) -> InputError:

@@ -28,23 +28,44 @@ log = logging.getLogger("layerscope")
 
 @dataclass(frozen=True)
 class Option:
-    """An analysis-specific command-line option, e.g. ``--probe`` or ``--n 200``."""
+    """An analysis-specific option, e.g. ``--probe`` or ``--n 200``.
+
+    The CLI builds ``layerscope run NAME`` from these declarations: its parsing, its ``--help``
+    and its one-line errors (see layerscope/cli/analysis_cmds.py).
+    """
 
     name: str  # python name; the flag is --name with _ as -
-    type: type = str  # bool options are flags
+    type: type = str  # str, int, float, or bool (a flag)
     default: Any = None
     help: str = ""
+    choices: tuple[str, ...] | None = None  # the only values accepted, when they are a fixed few
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def help_text(self) -> str:
+        """The help line, with the accepted values when they are declared."""
+        return self.help + (f" (one of: {', '.join(self.choices)})" if self.choices else "")
+
+
+# What an analysis can read (AnalysisMetadata.inputs), as `layerscope run NAME --help` describes it.
+INPUTS = {
+    "pairs": "sentence pairs with a human score (STS Benchmark files, or CSV/TSV/JSONL with named columns)",
+    "aligned": "paired texts: source, target and an optional category (CSV/TSV/JSONL with named columns)",
+    "items": "compositionality items (JSONL: positive, negative, paraphrases)",
+    "texts": "one text per row (.txt, .jsonl, .csv, .tsv or .parquet)",
+    "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
+    "engine": "runs the model itself rather than reading cached vectors",
+}
 
 
 @dataclass(frozen=True)
 class AnalysisMetadata:
     name: str
     description: str
-    inputs: tuple[str, ...]  # what it reads: "pairs", "items", "texts", "labeled", "engine"
+    inputs: tuple[str, ...]  # what it reads (see INPUTS); shown in `layerscope run NAME --help`
     main_score: str  # the headline figure, a key in each model's "summary"
     default_poolings: tuple[str, ...] = ("mean",)
     default_data: str | None = None  # built-in data used when --data is not given
@@ -166,40 +187,6 @@ def get_analysis(name: str) -> type[Analysis]:
 
         raise unknown_name("analysis", name, sorted(reg))
     return reg[name]
-
-
-def parse_options(meta: AnalysisMetadata, args: list[str]) -> dict[str, Any]:
-    """Parse ``--key value`` / ``--flag`` arguments against the analysis's declared options."""
-    by_flag = {o.flag: o for o in meta.options}
-    values = {o.name: o.default for o in meta.options}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        key, _, inline = arg.partition("=")
-        opt = by_flag.get(key)
-        if opt is None:
-            from layerscope.errors import did_you_mean
-
-            extra = did_you_mean(key, by_flag)
-            known = ", ".join(by_flag) or "none"
-            raise InputError(f"analysis '{meta.name}' has no option {key}{extra}; its options: {known}")
-        if opt.type is bool:
-            values[opt.name] = True if not inline else inline.lower() in ("1", "true", "yes")
-            i += 1
-            continue
-        if inline:
-            raw = inline
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise InputError(f"option {key} needs a value")
-            raw = args[i + 1]
-            i += 2
-        try:
-            values[opt.name] = opt.type(raw)
-        except ValueError:
-            raise InputError(f"option {key} wants a {opt.type.__name__}, not {raw!r}") from None
-    return values
 
 
 # ---------------------------------------------------------------- running

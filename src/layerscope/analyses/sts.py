@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.probe import KINDS as PROBE_KINDS
+from layerscope.analyses.probe import LOSSES as PROBE_LOSSES
 from layerscope.analyses.common import (best_row, data_label, layers_for, model_layer_series, poolings_for,
                                         similarity_correlations)
 from layerscope.errors import InputError
@@ -50,8 +52,9 @@ class STS(Analysis):
             Option("probe", bool, False, "also train learned similarity probes over the per-layer vectors"),
             Option("train", str, None, "probe train split (default: sts-train.csv next to --data)"),
             Option("dev", str, None, "probe dev split for early stopping (default: sts-dev.csv next to --data)"),
-            Option("probe_kind", str, "all", "cosine-mlp, siamese, or all"),
-            Option("probe_loss", str, "mse", "mse or logvar (log-variance of the residuals)"),
+            Option("probe_kind", str, "all", "which probes: one kind, or all", choices=("all", *PROBE_KINDS)),
+            Option("probe_loss", str, "mse", "probe training loss (logvar: log-variance of the residuals)",
+                   choices=PROBE_LOSSES),
             Option("pretrain", bool, False, "pretrain the siamese encoders as per-layer autoencoders"),
             Option("probe_epochs", int, None, "most probe training epochs (default 200 cosine-mlp, 30 siamese; "
                    "early stopping on dev)"),
