@@ -132,6 +132,10 @@ class Analysis(ABC):
         """Read and check the data once, before any model is loaded (bad input fails fast)."""
         return None
 
+    def option_values(self, ctx: Context) -> dict[str, Any]:
+        """Every declared option: its value in ``ctx.options``, else its default (library callers may give few)."""
+        return {o.name: o.default for o in self.metadata.options} | dict(ctx.options)
+
     @abstractmethod
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""

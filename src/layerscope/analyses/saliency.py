@@ -55,7 +55,7 @@ class Saliency(Analysis):
     def prepare(self, ctx: Context) -> Any:
         from layerscope.decoding.data import SENTIMENT, read_labeled, read_texts_field
 
-        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        o = self.option_values(ctx)
         objective = o.get("objective", "probe")
         if objective not in ("probe", "similarity"):
             raise InputError(f"--objective must be 'probe' or 'similarity', not {objective!r}")
@@ -103,7 +103,7 @@ class Saliency(Analysis):
         from layerscope.decoding.saliency import (Objective, content_positions, evaluate_ids, pool_torch,
                                                   replacement_token, text_scores)
 
-        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        o = self.option_values(ctx)
         k_max = int(o.get("k", 10))
         names = lens_layers(ctx.layers, run.num_layers, ctx.say)
         layers = [int(x) for x in names]
