@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.common import (PAIR_COLUMN_OPTIONS, best_row, data_label, layers_for, model_layer_series,
+                                        poolings_for, similarity_correlations)
 from layerscope.analyses.probe import KINDS as PROBE_KINDS
 from layerscope.analyses.probe import LOSSES as PROBE_LOSSES
-from layerscope.analyses.common import (best_row, data_label, layers_for, model_layer_series, poolings_for,
-                                        similarity_correlations)
 from layerscope.errors import InputError
 
 
@@ -45,9 +45,7 @@ class STS(Analysis):
         default_poolings=("mean", "cls"),
         default_data="../shared/data/stsbenchmark/sts-test.csv",
         options=(
-            Option("sentence1", str, None, "column/field with the first sentence (named-column files)"),
-            Option("sentence2", str, None, "column/field with the second sentence"),
-            Option("score", str, None, "column/field with the human score"),
+            *PAIR_COLUMN_OPTIONS,
             Option("n_boot", int, 1000, "bootstrap resamples for the 95% intervals (0: none)"),
             Option("probe", bool, False, "also train learned similarity probes over the per-layer vectors"),
             Option("train", str, None, "probe train split (default: sts-train.csv next to --data)"),
