@@ -18,6 +18,7 @@ from typer.core import TyperCommand, TyperGroup
 from layerscope.cli.common import click_exceptions, console, data_source, split_list
 from layerscope.cli.root import app
 
+
 def _shared_options(meta=None) -> list[tuple[str, Any, Any]]:
     """``(name, annotation, typer.Option)`` of the options every analysis takes; help from ``meta`` if given."""
     data_help = "Data file (default: the analysis's own)."
