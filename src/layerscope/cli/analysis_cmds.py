@@ -17,13 +17,14 @@ from typer.core import TyperCommand, TyperGroup
 
 from layerscope.cli.common import click_exceptions, console, data_source, split_list
 from layerscope.cli.root import app
+from layerscope.engines.registry import names_text
 
 
 def _shared_options(meta=None) -> list[tuple[str, Any, Any]]:
     """``(name, annotation, typer.Option)`` of the options every analysis takes; help from ``meta`` if given."""
     data_help = "Data file (default: the analysis's own)."
     pooling_help = "Comma list of poolings (default: the analysis's)."
-    engine_help = "torch, ort, cuda, trt or auto."
+    engine_help = f"{names_text()}."
     if meta is not None:
         from layerscope.analyses.base import INPUTS
 

@@ -10,6 +10,7 @@ import typer
 
 from layerscope.cli.common import console, progress_printer, split_list
 from layerscope.cli.root import app
+from layerscope.engines.registry import bench_rows
 
 
 @app.command()
@@ -20,7 +21,8 @@ def optimize(
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
-    from layerscope.export.variants import check_kind, make_variant
+    from layerscope.export.variants import make_variant
+    from layerscope.model.variants import check_kind
     from layerscope.report.console import print_variant
 
     kinds = [check_kind(k) for k in split_list(variant) or []]
@@ -33,9 +35,7 @@ def optimize(
 def bench(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir (or a model, exported on first use)."),
     engines: str = typer.Option("ort,ort-int8,ov", "--engines", "-e",
-                                help="Comma list: torch, ort, ort-tokens, ort-noopt, ort-opt, ort-int8, ort-fp16, "
-                                     "ort-bf16, ov, ov-bf16, ov-int8, cuda, cuda-fp16, trt, trt-fp16 (hf-eager "
-                                     "always runs)."),
+                                help=f"Comma list: {', '.join(bench_rows())} (hf-eager always runs)."),
     peers: str = typer.Option("all", "--peers", help="sentence-transformers rows: all, none, or a comma list of "
                                                      "st-torch, st-onnx, st-onnx-O3, st-onnx-qint8, st-openvino."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus file (.txt, .jsonl, .csv, ...)."),

@@ -56,8 +56,10 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     from layerscope.engines.probe import probe_all
     from layerscope.report.console import print_engines
 
+    from layerscope.export.open import ensure_export
+
     c = console()
-    print_engines(c, probe_all(model))
+    print_engines(c, probe_all(ensure_export(model) if model else None))
     packages = ort_packages()
     c.print(f"ONNX Runtime: {packages.line()}")
     for w in packages.warnings:

@@ -9,6 +9,7 @@ import typer
 
 from layerscope.cli.common import console
 from layerscope.cli.root import app, index_app
+from layerscope.engines.registry import names_text
 
 
 @index_app.command("build")
@@ -49,7 +50,7 @@ def search(
     index: Path = typer.Option(..., "--index", "-i", help="Index directory made by inspect index build."),
     k: int = typer.Option(10, "-k", "--top", help="How many results per query."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with this model (must be the index's)."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
     device: str = typer.Option("auto", "--device", help="Where FAISS runs: auto, cpu or gpu."),
 ):
     """Embed query texts with the index's model, layer and pooling; print the top-k stored texts."""

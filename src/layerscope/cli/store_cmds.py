@@ -10,6 +10,7 @@ import typer
 
 from layerscope.cli.common import console, data_source, engine_options, err_console, split_list
 from layerscope.cli.root import app
+from layerscope.engines.registry import names_text
 
 
 @app.command()
@@ -22,7 +23,7 @@ def extract(
     config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
     split: Optional[str] = typer.Option(None, "--split", help="Dataset split, e.g. train or test (with --dataset)."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, ov, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
     pooling: Optional[str] = typer.Option(None, help="Comma list: mean, cls, last, max, eos, mean-nobos, st "
                                           "(default: st for a sentence-transformers checkpoint, else the family's)."),
@@ -58,7 +59,7 @@ def extract(
 
     source = data_source(input, dataset, config, split, "--input")
     if trust_remote_code:
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         model = ModelHandle.resolve(model, trust_remote_code=True)
     if ray is None and ray_workers is not None:
