@@ -1,6 +1,6 @@
 """User-facing errors. Each message says what went wrong and what to do about it.
 
-Only ``cli.py`` turns these into exit codes; library code raises them.
+Only the CLI (``layerscope.cli``) turns these into exit codes; library code raises them.
 """
 
 from __future__ import annotations
@@ -49,3 +49,24 @@ class MissingExtraError(LayerscopeError):
         super().__init__(
             f"this needs the optional package '{package}': pip install 'layerscope[{extra}]'"
         )
+
+
+def did_you_mean(word: str, choices, *, key=str) -> str:
+    """`` (did you mean 'x'?)`` for the choice closest to a mistyped ``word``, or ``""`` when none is close.
+
+    ``key`` turns a choice (and the word) into what is compared, e.g. a flag without its dashes.
+    """
+    from difflib import get_close_matches
+
+    by_key = {key(c): str(c) for c in choices}
+    hint = get_close_matches(key(word), list(by_key), n=1)
+    return f" (did you mean '{by_key[hint[0]]}'?)" if hint else ""
+
+
+def unknown_name(what: str, word: str, choices, *, listed=None) -> InputError:
+    """The one-line error for a name that is not one of ``choices``: the closest one, then the full list.
+
+    ``listed`` is what the line offers when it differs from what is matched (e.g. with aliases added).
+    """
+    shown = ", ".join(str(c) for c in (choices if listed is None else listed))
+    return InputError(f"unknown {what} '{word}'{did_you_mean(word, choices)}; choose from {shown}")

@@ -1,14 +1,17 @@
-"""Analyses: each a class with metadata and one compute method (see base.py); metrics in metrics.py."""
+"""Analyses: each one module of this package holding one registered Analysis class (see base.py).
 
-_MODULES = ("sts", "compositionality", "pooling", "alignment", "similarity", "lens", "saliency", "mteb_layers")
+A new analysis is one file: the registry imports every public module it finds in this package
+(``pkgutil.iter_modules`` over ``__path__``), and the ``@register`` in that module adds it.
+Helper modules (base, cache, layout, ...) register nothing; importing them costs nothing extra,
+as the analyses import them anyway.
+"""
 
 
 def _load_all() -> None:
-    """Import every analysis module that exists, which registers it."""
+    """Import every public module of the package, which registers the analyses among them."""
     import importlib
-    import importlib.util
+    import pkgutil
 
-    for name in _MODULES:
-        full = f"{__name__}.{name}"
-        if importlib.util.find_spec(full) is not None:
-            importlib.import_module(full)
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")

@@ -28,6 +28,7 @@ from layerscope.errors import InputError
 from layerscope.index.alignment import PCA_KS, alignment_figures, category_figures
 
 GENERATORS = ("zh-en",)
+INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")  # retrieval: auto picks exact or IVF by size
 
 
 def layer_row(pooling: str, layer: str, f: dict[str, Any]) -> dict[str, Any]:
@@ -62,12 +63,13 @@ class Alignment(Analysis):
     metadata = AnalysisMetadata(
         name="alignment",
         description="Do paired texts (two languages, two phrasings) line up layer by layer, beyond chance?",
-        inputs=("pairs",),
+        inputs=("aligned",),
         main_score="z",
         default_poolings=("last", "mean", "mean-nobos"),
         default_data="zh-en",
         options=(
-            Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)"),
+            Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)",
+                   choices=GENERATORS),
             Option("n", int, 200, "pairs to generate with --generate"),
             Option("source_file", str, None, "line-aligned source texts (with --target-file)"),
             Option("target_file", str, None, "line-aligned target texts (with --source-file)"),
@@ -77,8 +79,8 @@ class Alignment(Analysis):
             Option("permutations", int, 1000, "scrambled permutations for the z-score"),
             Option("knn", int, 10, "k for mutual k-NN"),
             Option("ann_threshold", int, 50000, "pairs above which retrieval uses an IVF index, not exact"),
-            Option("index", str, "auto", "retrieval index: auto, flat, ivf or hnsw"),
-            Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu"),
+            Option("index", str, "auto", "retrieval index: auto, flat, ivf or hnsw", choices=INDEX_KINDS),
+            Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
         ),
     )
 
@@ -90,7 +92,7 @@ class Alignment(Analysis):
         for name in ("permutations", "knn", "n"):
             if o.get(name) is not None and o[name] < (2 if name == "permutations" else 1):
                 raise InputError(f"--{name} must be at least {2 if name == 'permutations' else 1}, got {o[name]}")
-        if o.get("index", "auto") not in ("auto", "flat", "ivf", "hnsw"):
+        if o.get("index", "auto") not in INDEX_KINDS:
             raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o['index']!r}")
         given = [s for s, v in (("--data", ctx.data), ("--generate", o.get("generate")),
                                 ("--source-file/--target-file", o.get("source_file") or o.get("target_file")))

@@ -28,23 +28,44 @@ log = logging.getLogger("layerscope")
 
 @dataclass(frozen=True)
 class Option:
-    """An analysis-specific command-line option, e.g. ``--probe`` or ``--n 200``."""
+    """An analysis-specific option, e.g. ``--probe`` or ``--n 200``.
+
+    The CLI builds ``layerscope run NAME`` from these declarations: its parsing, its ``--help``
+    and its one-line errors (see layerscope/cli/analysis_cmds.py).
+    """
 
     name: str  # python name; the flag is --name with _ as -
-    type: type = str  # bool options are flags
+    type: type = str  # str, int, float, or bool (a flag)
     default: Any = None
     help: str = ""
+    choices: tuple[str, ...] | None = None  # the only values accepted, when they are a fixed few
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def help_text(self) -> str:
+        """The help line, with the accepted values when they are declared."""
+        return self.help + (f" (one of: {', '.join(self.choices)})" if self.choices else "")
+
+
+# What an analysis can read (AnalysisMetadata.inputs), as `layerscope run NAME --help` describes it.
+INPUTS = {
+    "pairs": "sentence pairs with a human score (STS Benchmark files, or CSV/TSV/JSONL with named columns)",
+    "aligned": "paired texts: source, target and an optional category (CSV/TSV/JSONL with named columns)",
+    "items": "compositionality items (JSONL: positive, negative, paraphrases)",
+    "texts": "one text per row (.txt, .jsonl, .csv, .tsv or .parquet)",
+    "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
+    "engine": "runs the model itself rather than reading cached vectors",
+}
 
 
 @dataclass(frozen=True)
 class AnalysisMetadata:
     name: str
     description: str
-    inputs: tuple[str, ...]  # what it reads: "pairs", "items", "texts", "labeled", "engine"
+    inputs: tuple[str, ...]  # what it reads (see INPUTS); shown in `layerscope run NAME --help`
     main_score: str  # the headline figure, a key in each model's "summary"
     default_poolings: tuple[str, ...] = ("mean",)
     default_data: str | None = None  # built-in data used when --data is not given
@@ -112,6 +133,10 @@ class Analysis(ABC):
         """Read and check the data once, before any model is loaded (bad input fails fast)."""
         return None
 
+    def option_values(self, ctx: Context) -> dict[str, Any]:
+        """Every declared option: its value in ``ctx.options``, else its default (library callers may give few)."""
+        return {o.name: o.default for o in self.metadata.options} | dict(ctx.options)
+
     @abstractmethod
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""
@@ -163,47 +188,10 @@ def registry() -> dict[str, type[Analysis]]:
 def get_analysis(name: str) -> type[Analysis]:
     reg = registry()
     if name not in reg:
-        from difflib import get_close_matches
+        from layerscope.errors import unknown_name
 
-        hint = get_close_matches(name, list(reg), n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown analysis '{name}'{extra}; available: {', '.join(sorted(reg))}")
+        raise unknown_name("analysis", name, sorted(reg))
     return reg[name]
-
-
-def parse_options(meta: AnalysisMetadata, args: list[str]) -> dict[str, Any]:
-    """Parse ``--key value`` / ``--flag`` arguments against the analysis's declared options."""
-    by_flag = {o.flag: o for o in meta.options}
-    values = {o.name: o.default for o in meta.options}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        key, _, inline = arg.partition("=")
-        opt = by_flag.get(key)
-        if opt is None:
-            from difflib import get_close_matches
-
-            hint = get_close_matches(key, list(by_flag), n=1)
-            extra = f" (did you mean {hint[0]}?)" if hint else ""
-            known = ", ".join(by_flag) or "none"
-            raise InputError(f"analysis '{meta.name}' has no option {key}{extra}; its options: {known}")
-        if opt.type is bool:
-            values[opt.name] = True if not inline else inline.lower() in ("1", "true", "yes")
-            i += 1
-            continue
-        if inline:
-            raw = inline
-            i += 1
-        else:
-            if i + 1 >= len(args):
-                raise InputError(f"option {key} needs a value")
-            raw = args[i + 1]
-            i += 2
-        try:
-            values[opt.name] = opt.type(raw)
-        except ValueError:
-            raise InputError(f"option {key} wants a {opt.type.__name__}, not {raw!r}") from None
-    return values
 
 
 # ---------------------------------------------------------------- running

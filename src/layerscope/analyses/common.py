@@ -6,11 +6,19 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.analyses.base import Option
 from layerscope.errors import InputError
 
 # Cosines whose spread (max - min) is below this are treated as constant: float32 vectors that are
 # the same for every text (CLS at layer 0, say) give cosines equal only up to rounding.
 CONSTANT_SPREAD = 1e-6
+
+# The options of analyses that read scored sentence pairs: which columns hold them (named-column files).
+PAIR_COLUMN_OPTIONS = (
+    Option("sentence1", str, None, "column/field with the first sentence (named-column files)"),
+    Option("sentence2", str, None, "column/field with the second sentence"),
+    Option("score", str, None, "column/field with the human score"),
+)
 
 
 def layers_for(ctx, run) -> list[str]:

@@ -55,7 +55,7 @@ class Lens(Analysis):
     def prepare(self, ctx: Context) -> Any:
         from layerscope.data.examples import LENS_TEXTS, read_texts
 
-        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        o = self.option_values(ctx)
         k = int(o["top_k"])
         if k < 1:
             raise InputError(f"--top-k must be at least 1, not {k}")
@@ -67,7 +67,7 @@ class Lens(Analysis):
         from layerscope.decoding.lens import LensAccumulator, LensBatch
 
         texts: list[str] = data
-        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        o = self.option_values(ctx)
         k = int(o["top_k"])
         show = max(0, int(o["show"]))
         bs = int(o["batch"])

@@ -101,7 +101,7 @@ class MtebAnalysis(Analysis):
     metadata = AnalysisMetadata(
         name="mteb",
         description="every layer x pooling as an embedding model, scored by the mteb library (MTEB-format results)",
-        inputs=("engine",),
+        inputs=("pairs", "engine"),
         main_score="best_main_score",
         default_poolings=("mean",),
         default_data="STSBenchmark: ../shared/data/stsbenchmark/sts-test.csv (local)",

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
-from layerscope.analyses.common import poolings_for, similarity_correlations
+from layerscope.analyses.common import PAIR_COLUMN_OPTIONS, poolings_for, similarity_correlations
 from layerscope.errors import InputError
 
 KS = (1, 10)
@@ -79,9 +79,7 @@ class Pooling(Analysis):
         default_poolings=("cls", "mean", "last", "max"),
         default_data="../shared/data/stsbenchmark/sts-test.csv",
         options=(
-            Option("sentence1", str, None, "column/field with the first sentence (named-column files)"),
-            Option("sentence2", str, None, "column/field with the second sentence"),
-            Option("score", str, None, "column/field with the human score"),
+            *PAIR_COLUMN_OPTIONS,
             Option("n_boot", int, 1000, "bootstrap resamples for the float32 Spearman intervals (0: none)"),
         ),
     )

@@ -35,11 +35,13 @@ class Saliency(Analysis):
         default_data="sentiment_small.jsonl (built in, 60 pos/neg sentences)",
         needs_gradients=True,
         options=(
-            Option("objective", str, "probe", "probe (class logit of a probe on a labeled file) or similarity"),
+            Option("objective", str, "probe", "probe (class logit of a probe on a labeled file) or similarity",
+                   choices=("probe", "similarity")),
             Option("reference", str, None, "reference text for --objective similarity"),
             Option("target", str, "predicted", "probe class explained: 'predicted' or a label of the file"),
             Option("k", int, 10, "largest number of tokens hidden / revealed (k = 1..K)"),
-            Option("decode", str, "probs", "decoded matrix P: probs (softmax of the head) or logits"),
+            Option("decode", str, "probs", "decoded matrix P: probs (softmax of the head) or logits",
+                   choices=("probs", "logits")),
             Option("ig_steps", int, 20, "integrated-gradients steps (Riemann midpoint)"),
             Option("random_draws", int, 3, "random rankings averaged for the random baseline"),
             Option("gxa", bool, False, "also play the games with undecoded layer gradient x activation (gxa@l)"),
@@ -53,7 +55,7 @@ class Saliency(Analysis):
     def prepare(self, ctx: Context) -> Any:
         from layerscope.data.examples import SENTIMENT, read_labeled, read_texts_field
 
-        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        o = self.option_values(ctx)
         objective = o.get("objective", "probe")
         if objective not in ("probe", "similarity"):
             raise InputError(f"--objective must be 'probe' or 'similarity', not {objective!r}")
@@ -101,7 +103,7 @@ class Saliency(Analysis):
         from layerscope.decoding.saliency import (Objective, content_positions, evaluate_ids, objective_pooling,
                                                   replacement_token, text_scores)
 
-        o = {opt.name: opt.default for opt in self.metadata.options} | dict(ctx.options)
+        o = self.option_values(ctx)
         k_max = int(o.get("k", 10))
         names = lens_layers(ctx, run)
         layers = [int(x) for x in names]

@@ -149,7 +149,7 @@ class Similarity(Analysis):
             Option("n", int, 500, "pairs of built-in zh-en problems used as texts when no --data is given"),
             Option("knn", int, 10, "k for mutual k-NN (0 to skip)"),
             Option("no_unbiased", bool, False, "skip the unbiased CKA (one more pass over the data per pair)"),
-            Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu"),
+            Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
         ),
     )
 

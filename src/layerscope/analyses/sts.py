@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
-from layerscope.analyses.common import (best_row, data_label, layers_for, model_layer_series, poolings_for,
-                                        similarity_correlations)
+from layerscope.analyses.common import (PAIR_COLUMN_OPTIONS, best_row, data_label, layers_for, model_layer_series,
+                                        poolings_for, similarity_correlations)
+from layerscope.analyses.probe import KINDS as PROBE_KINDS
+from layerscope.analyses.probe import LOSSES as PROBE_LOSSES
 from layerscope.errors import InputError
 
 
@@ -43,15 +45,14 @@ class STS(Analysis):
         default_poolings=("mean", "cls"),
         default_data="../shared/data/stsbenchmark/sts-test.csv",
         options=(
-            Option("sentence1", str, None, "column/field with the first sentence (named-column files)"),
-            Option("sentence2", str, None, "column/field with the second sentence"),
-            Option("score", str, None, "column/field with the human score"),
+            *PAIR_COLUMN_OPTIONS,
             Option("n_boot", int, 1000, "bootstrap resamples for the 95% intervals (0: none)"),
             Option("probe", bool, False, "also train learned similarity probes over the per-layer vectors"),
             Option("train", str, None, "probe train split (default: sts-train.csv next to --data)"),
             Option("dev", str, None, "probe dev split for early stopping (default: sts-dev.csv next to --data)"),
-            Option("probe_kind", str, "all", "cosine-mlp, siamese, or all"),
-            Option("probe_loss", str, "mse", "mse or logvar (log-variance of the residuals)"),
+            Option("probe_kind", str, "all", "which probes: one kind, or all", choices=("all", *PROBE_KINDS)),
+            Option("probe_loss", str, "mse", "probe training loss (logvar: log-variance of the residuals)",
+                   choices=PROBE_LOSSES),
             Option("pretrain", bool, False, "pretrain the siamese encoders as per-layer autoencoders"),
             Option("probe_epochs", int, None, "most probe training epochs (default 200 cosine-mlp, 30 siamese; "
                    "early stopping on dev)"),

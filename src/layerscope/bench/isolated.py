@@ -69,11 +69,9 @@ def parse_peers(spec: str) -> list[str]:
     names = [s.strip() for s in spec.split(",") if s.strip()]
     for name in names:
         if name not in PEERS:
-            from difflib import get_close_matches
+            from layerscope.errors import unknown_name
 
-            hint = get_close_matches(name, PEERS, n=1)
-            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-            raise InputError(f"unknown peer '{name}'{extra}; choose from all, none, {', '.join(PEERS)}")
+            raise unknown_name("peer", name, PEERS, listed=("all", "none", *PEERS))
     return list(dict.fromkeys(names))
 
 

@@ -39,11 +39,9 @@ def parse_engines(spec: str | list[str]) -> list[str]:
     out: list[str] = []
     for name in names:
         if name not in known:
-            from difflib import get_close_matches
+            from layerscope.errors import unknown_name
 
-            hint = get_close_matches(name, known, n=1)
-            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-            raise InputError(f"unknown bench engine '{name}'{extra}; choose from {', '.join(known)}")
+            raise unknown_name("bench engine", name, known)
         if name not in out and name not in BASELINES:
             out.append(name)
     if not out and not any(n in BASELINES for n in names):

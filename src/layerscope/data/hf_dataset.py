@@ -124,11 +124,10 @@ def load(spec: DatasetSpec | str):
 def _check_column(ds, column: str, what: str, spec) -> None:
     cols = list(ds.column_names or [])
     if column not in cols:
-        from difflib import get_close_matches
+        from layerscope.errors import did_you_mean
 
-        hint = get_close_matches(column, cols, n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"dataset {spec} has no column '{column}'{extra}; its columns: {', '.join(cols)}; "
+        raise InputError(f"dataset {spec} has no column '{column}'{did_you_mean(column, cols)}; "
+                         f"its columns: {', '.join(cols)}; "
                          f"name the {what} with --column")
 
 

@@ -108,11 +108,9 @@ def engine_spec(name: str) -> EngineSpec:
     """The declaration of engine ``name``; an unknown name is one line with the closest known name."""
     known = engines()
     if name not in known:
-        from difflib import get_close_matches
+        from layerscope.errors import unknown_name
 
-        hint = get_close_matches(str(name), list(known), n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown engine '{name}'{extra}; choose from {', '.join(known)}")
+        raise unknown_name("engine", str(name), list(known))
     return known[name]
 
 

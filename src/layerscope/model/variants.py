@@ -33,11 +33,10 @@ def check_kind(kind: str) -> str:
     if kind in OV_KINDS:
         return kind
     if kind not in VARIANT_KINDS:
-        from difflib import get_close_matches
+        from layerscope.errors import unknown_name
 
-        hint = get_close_matches(kind, VARIANT_KINDS, n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown variant '{kind}'{extra}; choose from {', '.join([k for k in VARIANT_KINDS if k != 'bf16'] + list(OV_KINDS))}")
+        raise unknown_name("variant", kind, VARIANT_KINDS,
+                           listed=[k for k in VARIANT_KINDS if k != "bf16"] + list(OV_KINDS))
     return kind
 
 

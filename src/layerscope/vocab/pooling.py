@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from layerscope.errors import InputError
+from layerscope.errors import InputError, unknown_name
 
 ST = "st"  # the model's own sentence-transformers embedding (the recipe is read by layerscope/model/stconfig.py)
 EOS = "eos"  # the position the model's own pooler reads (CLIP): needs the input ids
@@ -34,11 +34,7 @@ def check_poolings(poolings, *, available=POOLINGS) -> list[str]:
     for p in poolings:
         p = p.strip()
         if p not in available:
-            from difflib import get_close_matches
-
-            hint = get_close_matches(p, available, n=1)
-            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-            raise InputError(f"unknown pooling '{p}'{extra}; choose from {', '.join(available)}")
+            raise unknown_name("pooling", p, available)
         if p not in out:
             out.append(p)
     if not out:

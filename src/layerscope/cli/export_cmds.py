@@ -1,0 +1,66 @@
+"""``export`` and ``engines``: make an ONNX export; say which engines work here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from layerscope.cli.common import console, progress_printer, split_list
+from layerscope.cli.root import app
+
+
+@app.command()
+def export(
+    model: str = typer.Argument(..., help="Hub id, local model dir, or 'minilm' (bundled all-MiniLM-L6-v2)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Export dir (default exports/<name>)."),
+    pooled: str = typer.Option("default", help="In-graph pooled outputs, e.g. mean,cls,last ('none' for none)."),
+    opset: int = typer.Option(18, help="ONNX opset."),
+    atol: float = typer.Option(1e-4, help="Max absolute difference to PyTorch allowed for any output."),
+    revision: Optional[str] = typer.Option(None, help="Hub revision (branch, tag or commit)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow code from the model repo to run (off by default)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing export dir."),
+    dtype: str = typer.Option("fp32", "--dtype", help="Weights: fp32, or fp16 (half the size; LayerNorm/"
+                              "Softmax kept fp32; held to a depth-scaled cosine against torch fp32)."),
+    lens_k: Optional[int] = typer.Option(None, "--lens-k",
+                                         help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
+):
+    """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
+    from layerscope.export.exporter import export_model
+
+    name = model.rstrip("/").split("/")[-1]
+    out = out or Path("exports") / name
+    modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
+    c = console()
+    manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, revision=revision,
+                            trust_remote_code=trust_remote_code, force=force, dtype=dtype,
+                            progress=progress_printer(c))
+    from layerscope.report.console import print_export_summary
+
+    print_export_summary(c, out, manifest)
+    if lens_k is not None:
+        from layerscope.decoding.lens_onnx import export_lens
+
+        meta = export_lens(out, lens_k)
+        c.print(f"[bold green]lens graph[/bold green] {out / meta['file']} (head {meta['head']['kind']}; parity "
+                f"vs torch: rank mismatches {meta['parity']['rank_mismatch_fraction']:.4f}, max prob diff "
+                f"{meta['parity']['max_prob_diff']:.1e})")
+
+
+@app.command()
+def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try each engine on this export.")):
+    """Which engines really work on this machine, and why not."""
+    from layerscope.engines.ort_packages import ort_packages
+    from layerscope.engines.probe import probe_all
+    from layerscope.report.console import print_engines
+
+    from layerscope.export.open import ensure_export
+
+    c = console()
+    print_engines(c, probe_all(ensure_export(model) if model else None))
+    packages = ort_packages()
+    c.print(f"ONNX Runtime: {packages.line()}")
+    for w in packages.warnings:
+        c.print(f"[yellow]warning:[/yellow] {w}")

@@ -1,0 +1,73 @@
+"""``index build`` and ``search``: FAISS indexes over a store, and queries against them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from layerscope.cli.common import console
+from layerscope.cli.root import app, index_app
+from layerscope.engines.registry import names_text
+
+
+@index_app.command("build")
+def index_build(
+    store: Path = typer.Option(..., "--store", "-s", help="A LayerStore made by inspect extract."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Index directory (default <store>/index-<kind>-<pooling>-<layer>)."),
+    layer: str = typer.Option("-1", "--layer", help="Layer: raw, 0..L or a negative index."),
+    pooling: str = typer.Option("mean", "--pooling", help="Pooling held in the store."),
+    kind: str = typer.Option("flat", "--kind", help="flat (exact), ivf, hnsw or binary."),
+    nlist: Optional[int] = typer.Option(None, "--nlist", help="IVF cells (default about sqrt(n))."),
+    nprobe: Optional[int] = typer.Option(None, "--nprobe", help="IVF cells searched per query."),
+    hnsw_m: int = typer.Option(32, "--hnsw-m", help="HNSW links per node."),
+    ef_search: int = typer.Option(128, "--ef-search", help="HNSW search breadth."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or gpu."),
+    seed: int = typer.Option(0, "--seed", help="Seed for IVF training samples and the recall check."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing index."),
+):
+    """Build a FAISS index over one layer and pooling of a store."""
+    from layerscope.index.store_index import build_store_index
+
+    out = out or Path(store) / f"index-{kind}-{pooling}-{layer.replace('-', 'm')}"
+    meta = build_store_index(store, out, layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
+                             hnsw_m=hnsw_m, ef_search=ef_search, seed=seed, device=device, force=force)
+    c = console()
+    c.print(f"[bold green]index[/bold green] {out}: {meta['kind']} over {meta['n']:,} vectors of dim {meta['dim']} "
+            f"(layer {meta['layer']}, {meta['pooling']} pooling) in {meta['seconds']['build']:.2f} s; "
+            f"{meta['backend_detail']}")
+    if meta.get("params"):
+        c.print(f"parameters: {meta['params']}")
+    rec = meta.get("recall_vs_exact")
+    if rec:
+        c.print(f"recall@{rec['k']} against exact search on {rec['queries']:,} stored vectors: {rec['recall@k']:.4f}")
+
+
+@app.command()
+def search(
+    query: list[str] = typer.Argument(..., help="Query text(s)."),
+    index: Path = typer.Option(..., "--index", "-i", help="Index directory made by inspect index build."),
+    k: int = typer.Option(10, "-k", "--top", help="How many results per query."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with this model (must be the index's)."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
+    device: str = typer.Option("auto", "--device", help="Where FAISS runs: auto, cpu or gpu."),
+):
+    """Embed query texts with the index's model, layer and pooling; print the top-k stored texts."""
+    from rich.table import Table
+
+    from layerscope.index.store_index import search_index
+
+    meta, results = search_index(index, list(query), k=k, model=model, engine=engine, device=device)
+    c = console()
+    for q, hits in zip(query, results):
+        t = Table(title=f"{q!r} - top {len(hits)} of {meta['n']:,} ({meta['kind']}, layer {meta['layer']}, "
+                        f"{meta['pooling']})")
+        t.add_column("#", justify="right")
+        t.add_column("score", justify="right")
+        t.add_column("id")
+        t.add_column("text")
+        for h in hits:
+            t.add_row(str(h.rank), f"{h.score:.4f}", h.id, h.text)
+        c.print(t)
+    c.print(f"[dim]{meta['backend_used']}[/dim]")

@@ -1,0 +1,34 @@
+"""The root ``layerscope`` app, its sub-apps (``index``, ``cache``) and the global options."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import typer
+
+from layerscope.cli.common import STATE
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="layerscope: look inside embedding models layer by layer, fast. "
+                       "(`inspect` is the same command, kept as an alias; it collides with inspect-ai's CLI.)")
+index_app = typer.Typer(no_args_is_help=True, help="FAISS indexes over a layer store.")
+app.add_typer(index_app, name="index")
+cache_app = typer.Typer(no_args_is_help=True, help="What layerscope keeps in its cache ($LAYERSCOPE_HOME or ~/.cache/layerscope).")
+app.add_typer(cache_app, name="cache")
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print results and errors.")):
+    STATE["debug"] = debug
+    level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
+    logging.basicConfig(level=level, format="%(message)s")
+    for noisy in ("transformers", "optimum", "torch", "urllib3", "huggingface_hub", "matplotlib", "faiss"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.ERROR)
+    if not debug:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_VERBOSITY", "error")  # no retry warnings before our one error line
+        import warnings
+
+        warnings.filterwarnings("ignore")

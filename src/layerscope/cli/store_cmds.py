@@ -1,0 +1,109 @@
+"""``extract``, ``verify`` and ``export-store``: make a LayerStore, check it, write it as one file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from layerscope.cli.common import console, data_source, engine_options, err_console, split_list
+from layerscope.cli.root import app
+from layerscope.engines.registry import names_text
+from layerscope.vocab.pooling import POOLINGS
+
+
+@app.command()
+def extract(
+    model: str = typer.Option("minilm", "--model", "-m", help="Export dir, model dir, hub id or 'minilm'."),
+    input: Optional[str] = typer.Option(None, "--input", "-i",
+                                        help="Corpus: .txt, .jsonl, .csv, .tsv, .parquet, or - for stdin."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Hugging Face dataset instead of --input: a hub "
+                                          "name, a save_to_disk directory or .arrow file(s) (text in --column)."),
+    config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Dataset split, e.g. train or test (with --dataset)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
+    layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
+    pooling: Optional[str] = typer.Option(None, help=f"Comma list: {', '.join(POOLINGS)} "
+                                          "(default: st for a sentence-transformers checkpoint, else the family's)."),
+    prompt_name: Optional[str] = typer.Option(None, "--prompt-name", help="One of the checkpoint's prompts "
+                                              "(default: its default_prompt_name, if any)."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Text put before every input (overrides --prompt-name)."),
+    dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
+    batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
+                                                          "the engine's, 2048 on CPU, 16384 on GPU)."),
+    max_batch: int = typer.Option(256, help="Most texts per batch."),
+    max_length: Optional[int] = typer.Option(None, help="Truncate texts to this many tokens."),
+    text_field: Optional[str] = typer.Option(None, "--text-field", help="JSONL field with the text."),
+    column: Optional[str] = typer.Option(None, "--column", help="CSV/TSV/Parquet column with the text."),
+    id_column: Optional[str] = typer.Option(None, "--id-column", "--id-field", help="Field or column with row ids."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="Override the format detected from the name."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted extraction."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing store."),
+    threads: Optional[int] = typer.Option(None, help="Engine threads (default: all cores)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="ONNX variant of the export: opt, int8, fp16 "
+                                                                  "(with --engine ov: fp32, bf16, int8)."),
+    min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="With --engine auto: the fastest engine "
+                                               "whose recorded cosine to torch fp32 is at least this (0.9999)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow code from the model repo to run (off by default)."),
+    ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: 'local', 'auto' or an address "
+                                                          "(needs layerscope[ray]; --out on shared storage)."),
+    ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Actors (engine sessions) for --ray "
+                                                                          "(default 2)."),
+):
+    """Extract pooled per-layer vectors of a corpus into a LayerStore."""
+    from layerscope.errors import InputError
+    from layerscope.report.console import print_extract_summary
+
+    source = data_source(input, dataset, config, split, "--input")
+    if ray is None and ray_workers is not None:
+        raise InputError("--ray-workers needs --ray (local, auto or a cluster address)")
+    if ray is not None and (prompt_name or prompt):
+        raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
+    common = dict(engine=engine, layers=layers, poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
+                  max_batch=max_batch, max_length=max_length, resume=resume, force=force, text_field=text_field,
+                  column=column, id_field=id_column, fmt=fmt, progress=True,
+                  engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
+                  trust_remote_code=trust_remote_code)
+    if ray is not None:
+        from layerscope.runtime.ray_extract import extract_ray
+
+        report = extract_ray(model, source, out, address=ray, workers=2 if ray_workers is None else ray_workers,
+                             **common)
+    else:
+        from layerscope.runtime.pipeline import extract as run_extract
+
+        report = run_extract(model, source, out, prompt_name=prompt_name, prompt=prompt, **common)
+    print_extract_summary(console(), report)
+
+
+@app.command()
+def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or an export dir (inspect export).")):
+    """Re-hash every file of a store or an export against its recorded checksums."""
+    from rich.markup import escape
+
+    from layerscope.integrity import verify_path
+
+    checked, problems = verify_path(path)
+    for line in problems:
+        err_console().print(f"[bold red]problem:[/bold red] {escape(line)}", soft_wrap=True)
+    if problems:
+        sys.exit(2)  # not typer.Exit: with standalone_mode=False its code would be returned, not used
+    console().print(f"ok: {checked} files verified")
+
+
+@app.command("export-store")
+def export_store(
+    store: Path = typer.Argument(..., help="A LayerStore made by inspect extract."),
+    fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+):
+    """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
+    from layerscope.runtime.store_export import export_store as run_export
+
+    path = run_export(store, fmt, out, force=force)
+    console().print(f"[bold green]wrote[/bold green] {path}")
