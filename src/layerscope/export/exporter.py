@@ -86,6 +86,10 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         say("adding raw embeddings and in-graph pooling")
         onnx_info = _postprocess(work, info, pooled_modes, half=dtype == "fp16")
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
+        say("keeping the decoding head (lm_head.safetensors) for the lens")
+        from layerscope.export.lm_head import save_head
+
+        head_entry = save_head(source, family, info["num_layers"], work, trust_remote_code=trust_remote_code)
         say("checking every output against PyTorch (fp32)")
         parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
                                  family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
@@ -93,6 +97,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info
+        manifest["lm_head"] = head_entry  # a lens made later reads its head here, not from the checkpoint
         manifest["export_peak_rss_bytes"] = _peak_rss()
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest["export_cache"] = cache_entry
