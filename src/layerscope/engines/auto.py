@@ -6,9 +6,11 @@ precisions (``inspect optimize --variant int8,ov-fp32,ov-bf16``); an engine
 whose accuracy was never recorded is not picked.  The accuracy of a candidate
 is its worst cosine over every hidden-state and pooled output.
 
-Speed is a recorded rank: the order the CPU engines came in on the
-benchmarks (benchmarks/README.md), fastest first.  GPU engines (TensorRT,
-CUDA) go before every CPU engine when they start.
+Speed: the CPU engines' texts/s measured on this CPU by the last ``inspect bench``
+(engines/speed_order.py); engines never measured here keep their place in the
+declared order below (the order they came in on benchmarks/README.md's machine).
+The note on the engine says which figures the pick went by.  GPU engines
+(TensorRT, CUDA) go before every CPU engine when they start.
 """
 
 from __future__ import annotations
@@ -54,8 +56,13 @@ def pick_engine(handle, registry, *, min_cosine: float | None = None, **options)
         return engine
     if options.get("variant"):  # an explicit variant: the old order, that variant
         order: list[tuple[str, str | None, str]] = [(n, None, "") for n in GPU_ORDER] + [("ort", None, "")]
+        ranked_by = ""
     else:
-        order = [(n, None, "fp32") for n in GPU_ORDER] + list(CPU_RANK)
+        handle = handle.ensure_export()
+        from layerscope.engines.speed_order import ranked
+
+        cpu_order, ranked_by = ranked(CPU_RANK, handle.manifest)
+        order = [(n, None, "fp32") for n in GPU_ORDER] + cpu_order
     handle = handle.ensure_export()
     for name, variant, key in order:
         label = name + (f" {variant}" if variant else "")
@@ -75,7 +82,10 @@ def pick_engine(handle, registry, *, min_cosine: float | None = None, **options)
         except EngineUnavailableError as exc:
             tried.append(f"{label}: {exc}")
             continue
-        why = (f"min cosine {cos:.6f} >= {min_cos:g}, fastest such engine by the recorded rank"
+        from layerscope.engines.speed_order import speed_of
+
+        why = (f"min cosine {cos:.6f} >= {min_cos:g}, fastest such engine"
+               + (" (GPU first)" if name in GPU_ORDER else f"{speed_of(ranked_by, name, variant)}; order from {ranked_by}")
                if key else "the requested variant")
         engine.info.notes.append(f"auto picked {label} ({why})" + (f"; passed over {'; '.join(tried)}"
                                                                       if tried else ""))
