@@ -7,9 +7,14 @@ import json
 import pytest
 
 from layerscope.engines import speed_order
-from layerscope.engines.auto import CPU_RANK, pick_engine
+from layerscope.engines import auto
+from layerscope.engines.auto import pick_engine
 
 SHA = "a" * 64
+# the engines' declared auto ranks (engines/registry.py), fastest first
+DECLARED = (("trt", None, "fp32"), ("cuda", None, "fp32"), ("ov", "bf16", "ov-bf16"), ("ov", "int8", "ov-int8"),
+            ("ort", "int8", "int8"), ("ov", None, "ov-fp32"), ("ort", None, "fp32"))
+CPU_RANK = DECLARED[2:]
 
 
 def _bench(speeds: dict[str, float], *, texts: int = 2758, kind: str = "layerscope-bench-isolated",
@@ -63,14 +68,10 @@ def test_cpu_identity_depends_on_the_engine_relevant_flags():
 
 class _Handle:
     is_export = True
-    can_export = True
 
     def __init__(self):
         one = {"outputs": {"hidden_states.1": {"min_cos": 1.0, "max_abs": 0.0}}}
         self.manifest = {"onnx_sha256": SHA, "parity": one, "variants": {"ov-fp32": {"parity": one}}}
-
-    def ensure_export(self):
-        return self
 
 
 class _Engine:
@@ -81,31 +82,38 @@ class _Engine:
         self.info = SimpleNamespace(notes=[])
 
 
-def _registry():
-    return {n: (lambda h, _n=n, **o: _Engine(_n, h, **o)) for n in ("torch", "ort", "ov", "cuda", "trt")}
-
-
 @pytest.fixture
 def no_gpu(monkeypatch):
-    from layerscope.errors import EngineUnavailableError
+    """The registry as auto sees it, with engines that always start on CPU and GPU ones that never do."""
+    from types import SimpleNamespace
 
-    reg = _registry()
+    from layerscope.errors import EngineUnavailableError
 
     def unavailable(h, **o):
         raise EngineUnavailableError("no GPU here")
 
-    reg["cuda"] = reg["trt"] = unavailable
-    return reg
+    specs = {n: SimpleNamespace(name=n, factory=(lambda h, _n=n, **o: _Engine(_n, h, **o)))
+             for n in ("torch", "ort", "ov")}
+    specs.update({n: SimpleNamespace(name=n, factory=unavailable) for n in ("trt", "cuda")})
+    monkeypatch.setattr(auto, "engines", lambda: specs)
+    monkeypatch.setattr(auto, "auto_order", lambda *, explicit_variant: list(DECLARED))
+    monkeypatch.setattr(auto, "fallback_engine", lambda: specs["torch"])
+
+
+def test_declared_ranks_are_the_registry_s():
+    from layerscope.engines.registry import auto_order
+
+    assert tuple(auto_order(explicit_variant=False)) == DECLARED
 
 
 def test_auto_picks_by_the_speed_measured_here_and_says_which_figure(no_gpu, tmp_path, monkeypatch):
     """ov fp32 is declared faster than ort fp32; measured here the other way round, auto picks ort.
     Catches: pick_engine still walking CPU_RANK as declared, and a note that does not name the figure."""
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path))
-    eng = pick_engine(_Handle(), no_gpu)
+    eng = pick_engine(_Handle())
     assert eng.name == "ov" and "declared order" in eng.info.notes[0]
     speed_order.record(_bench({"ort": 900.0, "ov": 500.0}), "bench.json")
-    eng = pick_engine(_Handle(), no_gpu)
+    eng = pick_engine(_Handle())
     note = eng.info.notes[0]
     assert eng.name == "ort", note
     assert "900 texts/s measured here" in note and "inspect bench" in note and "ov 500" in note

@@ -13,7 +13,7 @@ from layerscope.decoding.lens_onnx import export_lens, lens_file, run_onnx_lens
 from layerscope.engines.ort import make_session
 from layerscope.export.exporter import export_model
 from layerscope.export.lm_head import HEAD_FILE
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.hashing import file_sha256
 
 TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox jumps"]

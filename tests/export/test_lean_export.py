@@ -19,9 +19,9 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 
 
 def _outputs(export_dir):
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(export_dir)
     session = make_session(export_dir / "model.onnx", "CPUExecutionProvider")

@@ -30,9 +30,9 @@ def exports(tiny_model, tmp_path_factory):
 
 
 def _run(export_dir, file):
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     session = make_session(export_dir / file, "CPUExecutionProvider")
     batch = Encoder(ModelHandle.resolve(export_dir).tokenizer(), [i.name for i in session.get_inputs()], 64)(TEXTS)
@@ -45,7 +45,7 @@ def test_variant_of_an_external_data_export(exports, kind):
     """Catches: the old refusal ('made for single-file exports only'), a variant written as one file
     (inline weights) or with its data elsewhere, a variant whose data file is not hashed in the manifest,
     and a transform that sees different weights than the single-file export's (outputs must be equal)."""
-    from layerscope.export.manifest_check import verify_export_files
+    from layerscope.model.manifest_check import verify_export_files
     from layerscope.export.variants import make_variant
 
     small, big = exports

@@ -28,7 +28,7 @@ from typing import Any
 
 log = logging.getLogger("layerscope")
 
-from layerscope.export.lm_head import CAUSAL, HEAD_PARTS, MLM, TIED, describe  # noqa: F401 (re-used names)
+from layerscope.export.lm_head import CAUSAL, MLM, TIED, describe  # noqa: F401 (re-used names)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
     An export that keeps its head (``lm_head.safetensors``, see ``export/lm_head.py``) decodes from
     it; the base model is then read from the source checkpoint only if a step runs it in torch.
     """
-    from layerscope.models import load_torch_model
+    from layerscope.model.source import load_torch_model
 
     family = handle.family()
     num_layers = int(handle.manifest["num_layers"])
@@ -146,8 +146,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
             f"the decoding head is read from the checkpoint this export was made from, {source.path_or_id}, "
             "which is no longer there (this export predates heads kept in the export); put it back, or "
             "export again")
-    parts = HEAD_PARTS.get(family.name)
-    if family.lm_head_loader and parts:
+    if family.lm_head_loader and family.lm_head:  # where the head lives: the families table
         net, info = load_torch_model(source, family, trust_remote_code=trc, with_head=True,
                                      output_loading_info=True)
         prefix = net.base_model_prefix
@@ -185,7 +184,7 @@ def model_inputs(handle, tokenizer, texts: list[str], max_length: int | None = N
     """Tokenized torch inputs for ``texts`` (right-padded, the model's own input names)."""
     import torch
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     enc = Encoder(tokenizer, handle.manifest["inputs"], max_length or handle.manifest["max_length"])(texts)
     return {k: torch.from_numpy(v) for k, v in enc.inputs.items()}

@@ -8,7 +8,8 @@ it) and the tensors the head needs are written to ``lm_head.safetensors``:
 * ``tied-word-embeddings`` (no trained head): the word-embedding matrix only.
 
 Tensors that share storage in the model (GPT-2's and Qwen's tied unembedding, BERT's decoder bias)
-are written once and recorded as aliases.  The manifest's ``lm_head`` entry names the file, its
+are written once and recorded as aliases.  Where each piece lives is the families table's
+(``lm_head``, ``lm_head_new``, ``final_norm``).  The manifest's ``lm_head`` entry names the file, its
 sha256 and the head; ``load_stored_head`` rebuilds the same modules from the export's own
 ``config.json`` (every other weight stays on the meta device) and refuses a file that changed.
 """
@@ -26,17 +27,6 @@ MLM = "mlm-head"
 CAUSAL = "causal-lm-head"
 TIED = "tied-word-embeddings"
 
-# Where the pieces live on each family's *-with-head model (one table, not if-chains).
-HEAD_PARTS: dict[str, dict[str, Any]] = {
-    "bert": {"head": "cls", "norm": None},
-    "roberta": {"head": "lm_head", "norm": None},
-    "deberta-v2": {"head": "cls", "head_new": "lm_predictions", "norm": None},
-    "gpt2": {"head": "lm_head", "norm": "transformer.ln_f"},
-    "qwen2": {"head": "lm_head", "norm": "model.norm"},
-    "qwen3": {"head": "lm_head", "norm": "model.norm"},
-}
-
-
 def describe(kind: str, family, num_layers: int, reason: str = "") -> str:
     if kind == CAUSAL:
         return (f"the model's own causal-LM head ({family.lm_head_loader}): final norm on layers "
@@ -50,16 +40,15 @@ def describe(kind: str, family, num_layers: int, reason: str = "") -> str:
 
 def head_parts(net, family, num_layers: int) -> dict[str, Any]:
     """The modules of a loaded ``*-with-head`` model that decode: kind, head, norm, word embeddings."""
-    from layerscope.models import get_submodule
+    from layerscope.model.families import get_submodule
 
-    parts = HEAD_PARTS[family.name]
     deberta_new = family.name == "deberta-v2" and not getattr(net.config, "legacy", True)
-    head = get_submodule(net, parts["head_new"] if deberta_new else parts["head"])
-    norm = get_submodule(net, parts["norm"]) if parts["norm"] else None
+    head_path = family.lm_head_new if deberta_new else family.lm_head
+    head = get_submodule(net, head_path)
+    norm = get_submodule(net, family.final_norm) if family.final_norm else None
     kind = CAUSAL if family.kind == "decoder" else MLM
     return {"kind": kind, "head": head, "norm": norm, "word_embeddings": net.get_input_embeddings(),
-            "deberta_new": deberta_new, "prefixes": [p for p in (parts["head_new"] if deberta_new else parts["head"],
-                                                                 parts["norm"]) if p]}
+            "deberta_new": deberta_new, "prefixes": [p for p in (head_path, family.final_norm) if p]}
 
 
 def _module_name(net, module) -> str:
@@ -94,10 +83,10 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
     from safetensors.torch import save_file
 
     from layerscope.hashing import file_sha256
-    from layerscope.models import load_torch_model
+    from layerscope.model.source import load_torch_model
 
     missing: tuple[str, ...] = ()
-    if family.lm_head_loader and family.name in HEAD_PARTS:
+    if family.lm_head_loader and family.lm_head:
         net, info = load_torch_model(source, family, trust_remote_code=trust_remote_code, with_head=True,
                                      output_loading_info=True)
         prefix = net.base_model_prefix
@@ -123,7 +112,7 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
     path = Path(out_dir) / HEAD_FILE
     save_file(tensors, str(path))
     entry = {"file": HEAD_FILE, "sha256": file_sha256(path), "bytes": path.stat().st_size, "kind": kind,
-             "description": desc, "final_norm_below_last": kind == CAUSAL and HEAD_PARTS[family.name]["norm"] is not None,
+             "description": desc, "final_norm_below_last": kind == CAUSAL and family.final_norm is not None,
              "missing_head_weights": list(missing), "loader": loader, "tensors": sorted(tensors),
              "aliases": aliases, "embedding": prefixes[-1] + ".weight"}
     del net, tensors
@@ -139,9 +128,10 @@ def load_stored_head(export_dir: Path, manifest: dict[str, Any]) -> dict[str, An
     import torch
     from safetensors.torch import load_file
 
-    from layerscope.export.manifest_check import member
     from layerscope.hashing import file_sha256
-    from layerscope.models import FAMILIES, _loader_class
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.manifest_check import member
+    from layerscope.model.source import _loader_class
 
     path = member(Path(export_dir), entry.get("file"), "lm_head file")
     if not path.is_file() or file_sha256(path) != entry.get("sha256"):
