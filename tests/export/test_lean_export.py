@@ -82,3 +82,20 @@ def test_streamed_offsets_are_page_aligned_and_inside_the_file(tiny_model, tmp_p
         info = {e.key: e.value for e in t.external_data}
         assert int(info["offset"]) % external.ALIGN == 0
         assert int(info["offset"]) + int(info["length"]) <= size
+
+
+def test_streamed_fp16_export_is_bit_identical_to_the_ordinary_one(tiny_model, tmp_path, monkeypatch):
+    """``--dtype fp16`` (weights traced in half precision) takes the streamed path too, with the same
+    result. Catches: fp16 weights written as fp32 (or cast), and the fp32-kept LayerNorm/Softmax edits
+    failing on a graph whose initializers are external."""
+    ordinary = tmp_path / "ordinary"
+    export_model(str(tiny_model("qwen2")), ordinary, pooled=["mean"], dtype="fp16")
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 5_000)
+    streamed = tmp_path / "streamed"
+    manifest = export_model(str(tiny_model("qwen2")), streamed, pooled=["mean"], dtype="fp16")
+    assert manifest["external_data"] is True and manifest["fp16_nodes_kept_fp32"] > 0
+    assert _weight_digests(streamed) == _weight_digests(ordinary)
+    assert any(d[0] == "float16" for d in _weight_digests(streamed))
+    a, b = _outputs(ordinary), _outputs(streamed)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
