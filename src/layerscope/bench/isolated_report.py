@@ -16,6 +16,12 @@ def _split(split: dict[str, Any] | None) -> str:
     return " / ".join(_f(split.get(k), ".2f") for k in keys)
 
 
+def final_only(row: dict[str, Any], all_layers: list[str]) -> bool:
+    """A row that produced the final layer only (sentence-transformers peers), not every layer."""
+    layers = row.get("layers") or []
+    return row.get("kind") == "peer" or (len(all_layers) > 1 and len(layers) == 1)
+
+
 def isolated_table(bench: dict[str, Any]) -> str:
     s, m = bench["settings"], bench["machine"]
     peak = m.get("peak")
@@ -45,6 +51,8 @@ def isolated_table(bench: dict[str, Any]) -> str:
         worst_layer = min(acc, key=lambda k: acc[k]["min_cos"]) if acc else None
         layers = r.get("layers") or []
         layer_text = "all" if layers == s["layers"] else ",".join(layers)
+        if final_only(r, s["layers"]):
+            layer_text = f"**final only** ({layer_text})"
         bests = "/".join(f"{v:,.0f}" for v in r.get("round_best_texts_per_s") or [])
         sts = r.get("sts_spearman") or {}
         delta = r.get("sts_spearman_delta") or {}
@@ -64,6 +72,10 @@ def isolated_table(bench: dict[str, Any]) -> str:
     if missing:
         lines += ["", "Not run here:", ""]
         lines += [f"- `{r['engine']}`: {r['reason']}" for r in missing]
+    if any(final_only(r, s["layers"]) for r in bench["results"] if r.get("available")):
+        lines += ["", f"Rows marked **final only** (the sentence-transformers peers) produce the final layer only: "
+                  f"1 of the {len(s['layers'])} layers the layerscope rows produce, so their texts/s is not "
+                  "the same work."]
     lines += ["", "Accuracy: min cosine to the fp32 torch loop (hf-eager) over the first "
               f"{s['accuracy_rows']:,} texts and every layer the row produced (peers: the final layer). "
               "'x best peer as accurate': against the fastest sentence-transformers row whose min cosine "

@@ -48,8 +48,9 @@ def markdown_table(bench: dict[str, Any]) -> str:
         sts = r.get("sts_spearman") or {}
         delta = r.get("sts_spearman_delta") or {}
         worst_drop = min(delta.items(), key=lambda kv: kv[1]) if delta else None
+        label = r["engine"] + (" (**final layer only**)" if r["engine"] == "sentence-transformers" else "")
         lines.append(
-            f"| {r['engine']} | {r['texts_per_s']:,.1f} | {r['tokens_per_s']:,.0f} | "
+            f"| {label} | {r['texts_per_s']:,.1f} | {r['tokens_per_s']:,.0f} | "
             f"{_f(r.get('latency_p50_ms'), '.1f')} | {_f(r.get('latency_p95_ms'), '.1f')} | "
             f"{r['peak_rss_mib']:,.0f} | {r['setup_s']:.2f} | {_f(r.get('speedup_vs_hf_eager'), '.2f')} | "
             f"{_f(r.get('speedup_vs_sentence_transformers'), '.2f')} | {_f(r.get('texts_per_cpu_s'), ',.1f')} | "
@@ -82,17 +83,39 @@ def write_results(bench: dict[str, Any], out_dir: str | Path, *, plot: bool = Tr
     return paths
 
 
+FINAL_ONLY = "\n(final layer only)"
+
+
+def bar_labels(bench: dict[str, Any]) -> list[str]:
+    """One label per available row; rows that produce only the final layer (peers) say so."""
+    from layerscope.bench.isolated_report import final_only
+
+    layers = bench["settings"]["layers"]
+    return [r["engine"] + (FINAL_ONLY if final_only(r, layers) or r["engine"] == "sentence-transformers" else "")
+            for r in bench["results"] if r.get("available")]
+
+
 def bar_plot(bench: dict[str, Any], path: Path) -> None:
     """Throughput bars, written as PNG at ``path`` and SVG beside it; the title wraps to stay inside."""
     from layerscope.report.plots import _plt, fit_title, save
 
     plt = _plt()
     rows = [r for r in bench["results"] if r.get("available")]
-    names = [r["engine"] for r in rows]
+    names = bar_labels(bench)
     speeds = [r["texts_per_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4), dpi=110)
     colors = ["#999999" if r["kind"] == "baseline" else "#3b6ea5" for r in rows]
     bars = ax.bar(names, speeds, color=colors)
+    for bar, name in zip(bars, names):
+        if name.endswith(FINAL_ONLY):  # peers: hatched, and said in the label and the legend
+            bar.set_hatch("//")
+            bar.set_facecolor("#d9a441")
+    if any(n.endswith(FINAL_ONLY) for n in names):
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(facecolor="#3b6ea5", label=f"all {len(bench['settings']['layers'])} layers"),
+                           Patch(facecolor="#d9a441", hatch="//", label="final layer only (peers)")],
+                  fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for bar, r in zip(bars, rows):
         x = r.get("speedup_vs_hf_eager", r.get("x_hf_eager"))
         ax.annotate(f"{r['texts_per_s']:,.0f}" + (f"\n{x:.1f}x" if x else ""),

@@ -89,6 +89,10 @@ def bench(
     result["command"] = "inspect " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S")
     paths = write_results(result, out, plot=not no_plot)
+    from layerscope.engines.speed_order import record
+
+    if record(result, paths["json"]):
+        c.print("[dim]- engine speeds recorded for this CPU: --engine auto now ranks by them[/dim]")
     c.print(paths["markdown"].read_text(encoding="utf-8") if not in_process else markdown_table(result),
             soft_wrap=True)
     c.print(f"saved {', '.join(str(p) for p in paths.values())}")

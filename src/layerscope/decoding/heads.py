@@ -28,9 +28,8 @@ from typing import Any
 
 log = logging.getLogger("layerscope")
 
-MLM = "mlm-head"
-CAUSAL = "causal-lm-head"
-TIED = "tied-word-embeddings"
+from layerscope.export.lm_head import CAUSAL, MLM, TIED, describe  # noqa: F401 (re-used names)
+
 
 @dataclass(frozen=True)
 class HeadInfo:
@@ -71,60 +70,97 @@ def _decoding_module(kind: str, head, norm, word_embeddings, num_layers: int, de
     return DecodingHead().eval()
 
 
-@dataclass
 class DecodingModel:
-    """The base model that makes hidden states, and the head that decodes them."""
+    """The base model that makes hidden states, and the head that decodes them.
 
-    base: Any  # HF base model (hidden states via output_hidden_states)
-    head: Any  # DecodingHead module
-    word_embeddings: Any  # the embedding module (inputs_embeds for gradients)
-    info: HeadInfo
-    family: Any
-    num_layers: int
+    ``base`` (and the base model's ``word_embeddings``, which gradients flow through) is loaded from
+    the source checkpoint on first use only: a head kept in the export decodes without it.
+    """
+
+    def __init__(self, base, head, info: HeadInfo, family, num_layers: int, *, load_base=None,
+                 word_embeddings=None):
+        self._base = base
+        self._load_base = load_base
+        self._word_embeddings = word_embeddings
+        self.head = head
+        self.info = info
+        self.family = family
+        self.num_layers = num_layers
+
+    @property
+    def has_base(self) -> bool:
+        return self._base is not None or self._load_base is not None
+
+    @property
+    def base(self):
+        if self._base is None:
+            if self._load_base is None:
+                from layerscope.errors import InputError
+
+                raise InputError("this step runs the model in PyTorch and needs the checkpoint the export was "
+                                 "made from, which is no longer there; put it back, or use an ONNX engine "
+                                 "(--engine ort): the export keeps the decoding head")
+            self._base = self._load_base().eval()
+        return self._base
+
+    @property
+    def word_embeddings(self):
+        if self._word_embeddings is None:
+            self._word_embeddings = _word_embeddings(self.base, self.family)
+        return self._word_embeddings
 
     def logits(self, h, layer: int):
         return self.head(h, layer)
 
 
 def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
-    """Load the model with the best head it really has (see the module docstring)."""
-    from layerscope.model.families import get_submodule
+    """Load the model with the best head it really has (see the module docstring).
+
+    An export that keeps its head (``lm_head.safetensors``, see ``export/lm_head.py``) decodes from
+    it; the base model is then read from the source checkpoint only if a step runs it in torch.
+    """
     from layerscope.model.source import load_torch_model
 
     family = handle.family()
+    num_layers = int(handle.manifest["num_layers"])
     source = handle.source()
+    trc = getattr(handle, "trust_remote_code", False)
+    stored = None
+    if getattr(handle, "export_dir", None) is not None:
+        from layerscope.export.lm_head import load_stored_head
+
+        stored = load_stored_head(handle.export_dir, handle.manifest)
+    if stored is not None:
+        entry = handle.manifest["lm_head"]
+        info = HeadInfo(entry["kind"], entry["description"], bool(entry["final_norm_below_last"]),
+                        tuple(entry.get("missing_head_weights") or ()))
+        head = _decoding_module(stored["kind"], stored["head"], stored["norm"], stored["word_embeddings"],
+                                num_layers, stored["deberta_new"]).to(device)
+        gone = source.is_local and not Path(source.path_or_id).is_dir()
+        load_base = None if gone else (lambda: load_torch_model(source, family, trust_remote_code=trc).to(device))
+        return DecodingModel(None, head, info, family, num_layers, load_base=load_base)
     if source.is_local and not Path(source.path_or_id).is_dir():
         from layerscope.errors import InputError
 
         raise InputError(
             f"the decoding head is read from the checkpoint this export was made from, {source.path_or_id}, "
-            "which is no longer there; put it back, or export again with --lens-k K while it exists "
-            "(the lens graph then carries the head)")
-    num_layers = int(handle.manifest["num_layers"])
-    trc = getattr(handle, "trust_remote_code", False)
+            "which is no longer there (this export predates heads kept in the export); put it back, or "
+            "export again")
     if family.lm_head_loader and family.lm_head:  # where the head lives: the families table
         net, info = load_torch_model(source, family, trust_remote_code=trc, with_head=True,
                                      output_loading_info=True)
         prefix = net.base_model_prefix
         missing = tuple(k for k in info.get("missing_keys", []) if not k.startswith(prefix + "."))
         if not missing:
+            from layerscope.export.lm_head import head_parts
+
             net = net.to(device)
             base = net.base_model
-            word_emb = _word_embeddings(base, family)
-            deberta_new = family.name == "deberta-v2" and not getattr(net.config, "legacy", True)
-            head_mod = get_submodule(net, family.lm_head_new if deberta_new else family.lm_head)
-            norm = get_submodule(net, family.final_norm) if family.final_norm else None
-            if family.kind == "decoder":
-                desc = (f"the model's own causal-LM head ({family.lm_head_loader}): final norm on layers "
-                        f"0..{num_layers - 1} (layer {num_layers} already has it), then the unembedding")
-                kind = CAUSAL
-            else:
-                desc = (f"the model's own masked-LM head ({family.lm_head_loader}, with its trained transform), "
-                        "applied to every layer's hidden states as they are")
-                kind = MLM
-            head = _decoding_module(kind, head_mod, norm, word_emb, num_layers, deberta_new).to(device)
-            return DecodingModel(base.eval(), head, word_emb, HeadInfo(kind, desc, norm is not None), family,
-                                 num_layers)
+            p = head_parts(net, family, num_layers)
+            head = _decoding_module(p["kind"], p["head"], p["norm"], p["word_embeddings"], num_layers,
+                                    p["deberta_new"]).to(device)
+            return DecodingModel(base.eval(), head, HeadInfo(p["kind"], describe(p["kind"], family, num_layers),
+                                                              p["norm"] is not None), family, num_layers)
         del net
         reason = (f"the checkpoint has no LM-head weights ({len(missing)} missing, e.g. {missing[0]}); "
                   "transformers would have initialized them at random")
@@ -133,10 +169,9 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
         reason = f"the {family.name} family has no LM head layerscope can load"
     base = load_torch_model(source, family, trust_remote_code=trc).to(device)
     word_emb = _word_embeddings(base, family)
-    desc = (f"no trained LM head: {reason}, so tokens are decoded with the tied word-embedding matrix "
-            "(logits = h @ E^T, no bias, no extra norm); ranks are meaningful, probabilities are uncalibrated")
     head = _decoding_module(TIED, None, None, word_emb, num_layers, False).to(device)
-    return DecodingModel(base.eval(), head, word_emb, HeadInfo(TIED, desc, False, missing), family, num_layers)
+    return DecodingModel(base.eval(), head, HeadInfo(TIED, describe(TIED, family, num_layers, reason), False, missing),
+                         family, num_layers)
 
 
 def _word_embeddings(base, family):

@@ -49,22 +49,32 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
     return torch.stack(ranks), torch.stack(ids), torch.stack(probs)
 
 
-def rank_bands(model, inputs: dict[str, Any], layers: list[int], rel_tol: float) -> tuple[np.ndarray, np.ndarray]:
+def base_hidden_states(model, inputs: dict[str, Any]):
+    """Every hidden state of the torch base model on one batch (no grad)."""
+    import torch
+
+    with torch.inference_mode():
+        return model.base(**inputs, output_hidden_states=True, return_dict=True).hidden_states
+
+
+def rank_bands(model, inputs: dict[str, Any], layers: list[int], rel_tol: float,
+               hidden=None) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, the lowest and highest rank the target can take when logits within ``rel_tol``
     (relative to the target's logit, at least absolute ``rel_tol``) count as ties: ``[n_layers, B, S]`` each.
 
     Two correct implementations may order near-equal logits differently; a rank outside this band
-    is a real disagreement.
+    is a real disagreement.  ``hidden``: the hidden states to decode (default: the torch base model's).
     """
     import torch
 
     decoder = model.family.kind == "decoder"
     lo, hi = [], []
+    if hidden is None:
+        hidden = base_hidden_states(model, inputs)
     with torch.inference_mode():
-        out = model.base(**inputs, output_hidden_states=True, return_dict=True)
         target, valid = lens_targets(inputs["input_ids"], inputs["attention_mask"], decoder)
         for layer in layers:
-            logits = model.head(out.hidden_states[layer], layer).float()
+            logits = model.head(hidden[layer], layer).float()
             tgt = torch.gather(logits, -1, target.unsqueeze(-1))
             eps = rel_tol * torch.clamp(tgt.abs(), min=1.0)
             low = (logits > tgt + eps).sum(-1) + 1
@@ -84,14 +94,15 @@ class LensBatch:
     mask: np.ndarray  # [B, S]
 
 
-def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int) -> LensBatch:
-    """Run the base model and its decoding head on one tokenized batch (torch tensors)."""
+def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int, hidden_states=None) -> LensBatch:
+    """Run the base model (or take ``hidden_states``, every layer's) and its decoding head on one batch."""
     import torch
 
     decoder = model.family.kind == "decoder"
+    if hidden_states is None:
+        hidden_states = base_hidden_states(model, inputs)
     with torch.inference_mode():
-        out = model.base(**inputs, output_hidden_states=True, return_dict=True)
-        hidden = [out.hidden_states[i] for i in layers]
+        hidden = [hidden_states[i] for i in layers]
         r, i, p = lens_outputs(model.head, hidden, layers, inputs["input_ids"], inputs["attention_mask"], k,
                                decoder)
     return LensBatch(r.numpy(), i.numpy(), p.float().numpy(), inputs["input_ids"].numpy(),

@@ -173,15 +173,43 @@ def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = Non
     from layerscope.engines.ort import make_session
 
     inputs = model_inputs(handle, handle.tokenizer(), texts or PARITY_TEXTS, 64)
-    ref = torch_lens(model, inputs, list(range(model.num_layers + 1)), k)
+    layers = list(range(model.num_layers + 1))
+    hidden, reference = _reference_hidden(handle, model, inputs)
+    ref = torch_lens(model, inputs, layers, k, hidden)
     session = make_session(path, "CPUExecutionProvider")
     r, ids, p = run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()})
+    del session
     valid = ref.mask.astype(bool)
-    lo, hi = rank_bands(model, inputs, list(range(model.num_layers + 1)), RANK_TIE_REL_TOL)
+    lo, hi = rank_bands(model, inputs, layers, RANK_TIE_REL_TOL, hidden)
     outside = (r < lo) | (r > hi)
     rank_mis = float(outside[:, valid].mean())
     top1_mis = float((ids[:, valid, 0] != ref.topk_ids[:, valid, 0]).mean())
     return {"rank_mismatch_fraction": rank_mis, "rank_tie_rel_tol": RANK_TIE_REL_TOL,
             "rank_exact_mismatch_fraction": float((r[:, valid] != ref.rank[:, valid]).mean()),
             "top1_mismatch_fraction": top1_mis,
-            "max_prob_diff": float(np.abs(p[:, valid] - ref.topk_probs[:, valid]).max())}
+            "max_prob_diff": float(np.abs(p[:, valid] - ref.topk_probs[:, valid]).max()),
+            "reference_hidden_states": reference}
+
+
+def _reference_hidden(handle, model, inputs):
+    """The hidden states the torch head decodes for the check, and where they came from.
+
+    The torch base model when the source checkpoint is there; otherwise the export's own graph
+    (``model.onnx``, itself checked against torch at export time), so the check still covers the
+    appended head and its rank / top-k arithmetic.
+    """
+    import torch
+
+    from layerscope.decoding.lens import base_hidden_states
+    from layerscope.engines.ort import make_session
+
+    if model.has_base:
+        try:
+            return base_hidden_states(model, inputs), "torch base model (source checkpoint)"
+        except InputError:
+            pass
+    session = make_session(handle.onnx_path, "CPUExecutionProvider")
+    names = [f"hidden_states.{i}" for i in range(model.num_layers + 1)]
+    feed = {i.name: np.ascontiguousarray(inputs[i.name].numpy()) for i in session.get_inputs()}
+    outs = session.run(names, feed)
+    return [torch.from_numpy(np.asarray(o, dtype=np.float32)) for o in outs], f"{handle.onnx_path.name} (ONNX Runtime)"

@@ -6,10 +6,11 @@ precisions (``inspect optimize --variant int8,ov-fp32,ov-bf16``); an engine
 whose accuracy was never recorded is not picked.  The accuracy of a candidate
 is its worst cosine over every hidden-state and pooled output.
 
-Speed is a recorded rank that each engine declares for its candidates
-(engines/registry.py ``AutoRank``): the order the CPU engines came in on the
-benchmarks (benchmarks/README.md), fastest first, with the GPU engines (TensorRT,
-CUDA) ranked before every CPU engine.  ``registry.auto_order`` reads the ranks.
+Speed: the texts/s the last ``inspect bench`` measured on this CPU
+(engines/speed_order.py) order the engines it measured; engines never measured
+here keep the rank each engine declares for its candidates (engines/registry.py
+``AutoRank``: the order they came in on benchmarks/README.md's machine, GPU engines
+first).  The note on the engine says which figures the pick went by.
 """
 
 from __future__ import annotations
@@ -44,7 +45,13 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
     tried: list[str] = []
     registry = {name: spec.factory for name, spec in engines().items()}
     # an explicit variant: the engines that load a variant's file, in rank order, with that variant
-    for name, variant, key in auto_order(explicit_variant=bool(options.get("variant"))):
+    explicit = bool(options.get("variant"))
+    order, ranked_by = auto_order(explicit_variant=explicit), ""
+    if not explicit:
+        from layerscope.engines.speed_order import ranked
+
+        order, ranked_by = ranked(tuple(order), handle.manifest)
+    for name, variant, key in order:
         label = name + (f" {variant}" if variant else "")
         if key:
             cos = recorded_min_cosine(handle.manifest, key)
@@ -62,8 +69,10 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
         except EngineUnavailableError as exc:
             tried.append(f"{label}: {exc}")
             continue
-        why = (f"min cosine {cos:.6f} >= {min_cos:g}, fastest such engine by the recorded rank"
-               if key else "the requested variant")
+        from layerscope.engines.speed_order import speed_of
+
+        why = (f"min cosine {cos:.6f} >= {min_cos:g}, fastest such engine{speed_of(ranked_by, name, variant)}; "
+               f"order from {ranked_by}" if key else "the requested variant")
         engine.info.notes.append(f"auto picked {label} ({why})" + (f"; passed over {'; '.join(tried)}"
                                                                       if tried else ""))
         return engine

@@ -54,9 +54,12 @@ def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
 
     manifest = read_manifest(export_dir)
     ov_bf16 = "no bf16" not in next((s.detail for s in statuses if s.name == "ov"), "no bf16")
-    for name, variant, key in auto_order(explicit_variant=False):
+    from layerscope.engines.speed_order import ranked
+
+    order, ranked_by = ranked(tuple(auto_order(explicit_variant=False)), manifest)
+    for name, variant, key in order:
         cos = recorded_min_cosine(manifest, key)
         if not works.get(name) or cos is None or cos < DEFAULT_MIN_COSINE or (variant == "bf16" and not ov_bf16):
             continue
-        return f"picks {name}{' ' + variant if variant else ''} here (recorded min cosine {cos:.6f})"
+        return f"picks {name}{' ' + variant if variant else ''} here (recorded min cosine {cos:.6f}; order from {ranked_by})"
     return f"picks {fallback_engine().name} here"

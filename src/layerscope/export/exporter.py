@@ -82,12 +82,17 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
     with staged_dir(output, kind="export") as work:
         say("exporting with optimum")
-        _optimum_export(model, work, onnx_cfg, opset)
+        finish = _optimum_export(model, work, onnx_cfg, opset)
         del model  # the ONNX check runs first and torch is reloaded after: never both in memory
         gc.collect()
+        finish()  # a streamed export's output-shape fix runs the graph: only once torch's copy is gone
         say("adding raw embeddings and in-graph pooling")
         onnx_info = _postprocess(work, info, pooled_modes, half=dtype == "fp16")
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
+        say("keeping the decoding head (lm_head.safetensors) for the lens")
+        from layerscope.export.lm_head import save_head
+
+        head_entry = save_head(source, family, info["num_layers"], work, trust_remote_code=trust_remote_code)
         say("checking every output against PyTorch (fp32)")
         parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
                                  family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
@@ -95,6 +100,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info
+        manifest["lm_head"] = head_entry  # a lens made later reads its head here, not from the checkpoint
         manifest["export_peak_rss_bytes"] = _peak_rss()
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest["export_cache"] = cache_entry
@@ -139,10 +145,17 @@ def opset_of_file(path: Path) -> int:
     return opset_of(onnx.load(str(path), load_external_data=False))
 
 
-def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
+def _optimum_export(model, work: Path, onnx_cfg, opset: int):
+    """Export with Optimum; returns what is left to do once the torch model is freed."""
+    from contextlib import nullcontext
     from unittest.mock import patch
 
     from optimum.exporters.onnx import onnx_export_from_model
+
+    from layerscope.export import lean
+
+    # Above the threshold the weights are never copied: traced without them, written one by one after.
+    streamed = lean.ENABLED and lean.weight_bytes(model) >= EXTERNAL_DATA_BYTES
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -151,7 +164,8 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
         try:
             # Optimum gathers torch's per-tensor external files by loading the whole model into one
             # proto (a second copy of the weights); we stream them into one file ourselves instead.
-            with patch("optimum.exporters.onnx.convert.check_model_uses_external_data", return_value=False):
+            with patch("optimum.exporters.onnx.convert.check_model_uses_external_data", return_value=False), \
+                    (lean.without_weights(onnx_cfg) if streamed else nullcontext()):
                 onnx_export_from_model(
                     model, work, opset=opset, task="feature-extraction", do_validation=False,
                     custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
@@ -164,7 +178,11 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int) -> None:
     produced = list(work.glob("*.onnx"))
     if not (work / ONNX_FILE).exists():
         raise ExportError(f"optimum wrote {[p.name for p in produced]} instead of {ONNX_FILE}")
+    if streamed:
+        lean.attach_weights(work / ONNX_FILE, model, opset=opset)
+        return lambda: onnx_cfg.fix_dynamic_axes(work / ONNX_FILE, device="cpu")  # optimum ran it on the full graph
     external.consolidate(work / ONNX_FILE)
+    return lambda: None
 
 
 def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, half: bool = False) -> dict[str, Any]:

@@ -27,7 +27,6 @@ tolerance is not written.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,8 @@ def _num_heads(export_dir: Path, manifest: dict[str, Any]) -> int:
 
 # ---------------------------------------------------------------- the three transforms
 
-def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: int) -> dict[str, int]:
+def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: int, *,
+                   external: bool = False) -> dict[str, int]:
     """Offline transformer fusion; returns the optimizer's own fused-operator counts (non-zero ones)."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -83,11 +83,12 @@ def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: in
         from onnx import helper  # the optimizer forgets this; the quantizer's shape inference needs it
 
         opt.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    _save(opt.model, dst)
+    _save(opt.model, dst, external=external)
     return stats
 
 
-def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN_PROJ) -> dict[str, Any]:
+def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN_PROJ,
+                  external: bool = False) -> dict[str, Any]:
     """Dynamic int8 of the weight MatMuls (and fused Attention weights); everything else stays fp32.
 
     With ``keep_down_proj`` the feed-forward down-projections (weight ``[k, n]`` with ``k > n``)
@@ -97,7 +98,7 @@ def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = onnx.load(str(src))
+    model = onnx.load(str(src), load_external_data=False)  # names and shapes only
     weights = {i.name: tuple(i.dims) for i in model.graph.initializer}
     targets = []
     skipped = 0
@@ -120,13 +121,17 @@ def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN
     with _quiet():
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                          nodes_to_quantize=targets, op_types_to_quantize=["MatMul", "Attention"],
-                         extra_options={"MatMulConstBOnly": True})
+                         extra_options={"MatMulConstBOnly": True}, use_external_data_format=external)
+    if external:  # ONNX Runtime writes <file>.data; gathered into the page-aligned <file>_data like the export's
+        from layerscope.export import external as ext
+
+        ext.consolidate(dst)
     return {"quantized_nodes": len(targets), "activation_matmuls_fp32": skipped,
             "down_projections_fp32": kept_down, "weight_type": "int8 per-channel",
             "activations": "uint8 dynamic per batch"}
 
 
-def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
+def convert_fp16(src: Path, dst: Path, *, external: bool = False) -> dict[str, Any]:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -147,18 +152,32 @@ def convert_fp16(src: Path, dst: Path) -> dict[str, Any]:
     dropped = len(half.graph.node) - len(nodes)
     del half.graph.node[:]
     half.graph.node.extend(nodes)
-    _save(half, dst)
+    _save(half, dst, external=external)
     return {"kept_fp32_ops": FP16_BLOCK_LIST, "kept_fp32_nodes": len(keep), "duplicate_casts_dropped": dropped}
 
 
-def _save(model, dst: Path) -> None:
-    import onnx
+def _save(model, dst: Path, *, external: bool = False) -> None:
+    """Save a variant graph; its weights go to ``<file>_data`` when the export's do, or when over 1.8 GB."""
+    from layerscope.export import external as ext
 
-    tmp = dst.with_name(dst.name + ".tmp")
-    big = model.ByteSize() >= 1_800_000_000
-    onnx.save(model, str(tmp), save_as_external_data=big, all_tensors_to_one_file=True,
-              location=dst.name + "_data" if big else None)
-    os.replace(tmp, dst)
+    big = external or ext.uses_external_data(model) or model.ByteSize() >= ext.EXTERNAL_DATA_BYTES
+    (dst.parent / ext.data_file(dst.name)).unlink(missing_ok=True)
+    ext.save_graph(model, dst, external=big)
+
+
+def _data_files(dst: Path) -> list[Path]:
+    from layerscope.export import external as ext
+
+    return ext.data_files(dst) if dst.exists() else []
+
+
+def _remove(dst: Path) -> None:
+    """A variant that failed leaves nothing behind: its graph and its external data."""
+    from layerscope.export import external as ext
+
+    for path in (dst.parent / ext.data_file(dst.name), dst.with_name(dst.name + ".data")):
+        path.unlink(missing_ok=True)
+    dst.unlink(missing_ok=True)
 
 
 class _quiet:
@@ -207,10 +226,8 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     if existing and not force and (export_dir / existing["file"]).exists() \
             and file_sha256(export_dir / existing["file"]) == existing["sha256"]:
         return existing
-    if manifest.get("external_data"):
-        raise InputError(f"{export_dir} keeps its weights in external data (> 1.8 GB); variants are "
-                         "made for single-file exports only")
     src = export_dir / manifest.get("onnx_file", ONNX_FILE)
+    big = bool(manifest.get("external_data"))  # then the variant keeps its weights in <file>_data too
     dst = export_dir / variant_file(kind)
     t0 = time.perf_counter()
     details: dict[str, Any] = {}
@@ -218,18 +235,18 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     try:
         if kind == "opt":
             say("fusing with the ONNX Runtime transformer optimizer")
-            fusions = optimize_graph(src, dst, manifest, _num_heads(export_dir, manifest))
+            fusions = optimize_graph(src, dst, manifest, _num_heads(export_dir, manifest), external=big)
         elif kind == "int8":
             say("quantizing weight MatMuls to int8")
-            details = quantize_int8(src, dst)
+            details = quantize_int8(src, dst, external=big)
         elif kind == "fp16":
             say("converting to fp16 (LayerNorm, Softmax, reductions and pooling kept in fp32)")
-            details = convert_fp16(src, dst)
+            details = convert_fp16(src, dst, external=big)
     except (InputError, ExportError):
-        dst.unlink(missing_ok=True)
+        _remove(dst)
         raise
     except Exception as exc:  # the optimizer and quantizer raise untyped errors
-        dst.unlink(missing_ok=True)
+        _remove(dst)
         raise ExportError(f"could not make variant '{kind}': {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
     build_s = time.perf_counter() - t0
@@ -242,10 +259,12 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         if worst:
             raise ExportError(f"variant '{kind}' is outside its tolerance: {worst}; nothing was written")
     except BaseException:
-        dst.unlink(missing_ok=True)
+        _remove(dst)
         raise
+    data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in _data_files(dst)}
     entry = {
-        "file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size,
+        "file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()),
+        "external_data": data or None,
         "precision": {"opt": "fp32", "int8": "int8", "fp16": "fp16"}[kind],
         "build_seconds": round(build_s, 2), "fusions": fusions, "details": details,
         "tolerance": tol, "parity": parity,

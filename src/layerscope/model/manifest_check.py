@@ -186,6 +186,8 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     expected.setdefault(manifest.get("onnx_file", "model.onnx"), manifest.get("onnx_sha256"))
     for kind, entry in (manifest.get("variants") or {}).items():
         expected[(entry or {}).get("file")] = (entry or {}).get("sha256")
+        for rel, rec in ((entry or {}).get("external_data") or {}).items():  # a variant of a big export
+            expected[rel] = (rec or {}).get("sha256")
     for sidecar in sorted(export_dir.glob("lens-k*.json")):
         try:
             meta = json.loads(sidecar.read_text(encoding="utf-8"))

@@ -1,0 +1,119 @@
+"""The CPU speed order ``auto`` uses: measured by ``inspect bench`` on this CPU where it was, else declared.
+
+Every bench run records its engine rows' texts/s in ``<cache root>/bench-speeds.json``, keyed by
+this CPU (model name and the vector flags the engines use).  ``ranked`` then orders the candidates
+``auto`` may pick: the engines a bench measured here take the places the measured ones hold in the
+declared order, fastest first; an engine never measured keeps its declared place.  The run used is
+the latest one on the same export (its ``onnx_sha256``) if there is one, else the latest on this CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+SPEEDS_FILE = "bench-speeds.json"
+KEEP_RUNS = 20  # per CPU
+MIN_TEXTS = 200  # a shorter bench is too noisy to rank engines by (and keeps test runs out of the record)
+# The CPU flags that change which engine is fastest (vector widths, int8 and bf16 dot products).
+FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+         "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def _root() -> Path:
+    # the cache root of export/manifest.py (engines sit below export and cannot import it)
+    return Path(os.environ.get("LAYERSCOPE_HOME", Path.home() / ".cache" / "layerscope"))
+
+
+def cpu_identity(cpuinfo: str | None = None) -> tuple[str, str]:
+    """(key, description) of this CPU: its model name and the engine-relevant flags it has."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.exists() else ""
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    f = re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M)
+    model = m.group(1).strip() if m else os.uname().machine
+    flags = [x for x in FLAGS if f and x in f.group(1).split()]
+    desc = f"{model} ({', '.join(flags) or 'no AVX2'})"
+    return hashlib.sha256(desc.encode()).hexdigest()[:16], desc
+
+
+def bench_name(engine: str, variant: str | None) -> str:
+    """The bench row that measured ``engine`` with ``variant`` (ort + int8 -> ort-int8)."""
+    return engine + (f"-{variant}" if variant else "")
+
+
+def record(bench: dict[str, Any], bench_json: str | Path | None = None, *, root: Path | None = None) -> int:
+    """Remember a process-isolated bench run's engine speeds for this CPU; returns how many rows were recorded.
+
+    In-process benches are not recorded (engines' thread pools distort each other there), nor runs
+    over fewer than ``MIN_TEXTS`` texts.
+    """
+    if bench.get("kind") != "layerscope-bench-isolated" or (bench.get("corpus") or {}).get("texts", 0) < MIN_TEXTS:
+        return 0
+    speeds = {r["engine"]: float(r["texts_per_s"]) for r in bench.get("results", [])
+              if r.get("available") and r.get("kind") == "engine" and r.get("texts_per_s")}
+    if not speeds:
+        return 0
+    key, desc = cpu_identity()
+    path = (root or _root()) / SPEEDS_FILE
+    data = _read(path)
+    entry = data.setdefault(key, {"cpu": desc, "runs": []})
+    model = bench.get("model") or {}
+    entry["runs"].append({"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": model.get("source"),
+                          "onnx_sha256": model.get("onnx_sha256"), "corpus": (bench.get("corpus") or {}).get("name"),
+                          "bench_json": str(bench_json) if bench_json else None, "texts_per_s": speeds})
+    entry["runs"] = entry["runs"][-KEEP_RUNS:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return len(speeds)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def measured_run(manifest: dict[str, Any], *, root: Path | None = None) -> dict[str, Any] | None:
+    """The bench run on this CPU that ``auto`` goes by (same export first, else the latest), or None."""
+    key, _ = cpu_identity()
+    runs = [r for r in (_read((root or _root()) / SPEEDS_FILE).get(key) or {}).get("runs", [])
+            if isinstance(r, dict) and isinstance(r.get("texts_per_s"), dict)]
+    same = [r for r in runs if manifest.get("onnx_sha256") and r.get("onnx_sha256") == manifest.get("onnx_sha256")]
+    return (same or runs or [None])[-1]
+
+
+def ranked(declared: tuple, manifest: dict[str, Any], *, root: Path | None = None) -> tuple[list, str]:
+    """``declared`` ((engine, variant, key) fastest first) reordered by this CPU's measured speeds.
+
+    Returns the order and one sentence saying which figures it came from.
+    """
+    run = measured_run(manifest, root=root)
+    speeds = (run or {}).get("texts_per_s") or {}
+    slots = [i for i, c in enumerate(declared) if bench_name(c[0], c[1]) in speeds]
+    if not slots:
+        return list(declared), "the declared order (no inspect bench of these engines on this CPU yet)"
+    measured = sorted((declared[i] for i in slots), key=lambda c: -speeds[bench_name(c[0], c[1])])
+    order = list(declared)
+    for i, cand in zip(slots, measured):
+        order[i] = cand
+    figures = ", ".join(f"{bench_name(c[0], c[1])} {speeds[bench_name(c[0], c[1])]:,.0f}" for c in measured)
+    source = (f"texts/s measured on this CPU by inspect bench ({run.get('when')} UTC, {run.get('model')}"
+              f"{', same export' if run.get('onnx_sha256') == manifest.get('onnx_sha256') else ''}): {figures}")
+    return order, source
+
+
+def speed_of(order_source: str, engine: str, variant: str | None) -> str:
+    """' (N texts/s measured here)' for a picked engine when the order came from a bench, else ''."""
+    m = re.search(rf"(?:: |, ){re.escape(bench_name(engine, variant))} (\d+(?:,\d{3})*)", order_source)
+    return f", {m.group(1)} texts/s measured here" if m else ""

@@ -1,0 +1,166 @@
+"""The decoding head kept inside an export (``lm_head.safetensors``), so a lens needs no source checkpoint.
+
+At export time the model is loaded with its LM head once more (fp32, like the lens always loaded
+it) and the tensors the head needs are written to ``lm_head.safetensors``:
+
+* ``mlm-head`` / ``causal-lm-head``: the head module, the final norm (decoders) and the word
+  embeddings (tied heads read them), under their names in the ``*-with-head`` model;
+* ``tied-word-embeddings`` (no trained head): the word-embedding matrix only.
+
+Tensors that share storage in the model (GPT-2's and Qwen's tied unembedding, BERT's decoder bias)
+are written once and recorded as aliases.  Where each piece lives is the families table's
+(``lm_head``, ``lm_head_new``, ``final_norm``).  The manifest's ``lm_head`` entry names the file, its
+sha256 and the head; ``load_stored_head`` rebuilds the same modules from the export's own
+``config.json`` (every other weight stays on the meta device) and refuses a file that changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import ManifestError
+
+HEAD_FILE = "lm_head.safetensors"
+
+MLM = "mlm-head"
+CAUSAL = "causal-lm-head"
+TIED = "tied-word-embeddings"
+
+def describe(kind: str, family, num_layers: int, reason: str = "") -> str:
+    if kind == CAUSAL:
+        return (f"the model's own causal-LM head ({family.lm_head_loader}): final norm on layers "
+                f"0..{num_layers - 1} (layer {num_layers} already has it), then the unembedding")
+    if kind == MLM:
+        return (f"the model's own masked-LM head ({family.lm_head_loader}, with its trained transform), "
+                "applied to every layer's hidden states as they are")
+    return (f"no trained LM head: {reason}, so tokens are decoded with the tied word-embedding matrix "
+            "(logits = h @ E^T, no bias, no extra norm); ranks are meaningful, probabilities are uncalibrated")
+
+
+def head_parts(net, family, num_layers: int) -> dict[str, Any]:
+    """The modules of a loaded ``*-with-head`` model that decode: kind, head, norm, word embeddings."""
+    from layerscope.model.families import get_submodule
+
+    deberta_new = family.name == "deberta-v2" and not getattr(net.config, "legacy", True)
+    head_path = family.lm_head_new if deberta_new else family.lm_head
+    head = get_submodule(net, head_path)
+    norm = get_submodule(net, family.final_norm) if family.final_norm else None
+    kind = CAUSAL if family.kind == "decoder" else MLM
+    return {"kind": kind, "head": head, "norm": norm, "word_embeddings": net.get_input_embeddings(),
+            "deberta_new": deberta_new, "prefixes": [p for p in (head_path, family.final_norm) if p]}
+
+
+def _module_name(net, module) -> str:
+    for name, mod in net.named_modules():
+        if mod is module:
+            return name
+    raise ManifestError("the word-embedding module is not part of the model")  # pragma: no cover
+
+
+def _collect(net, prefixes: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """State-dict entries under ``prefixes``: (tensors written once, {alias: the name written})."""
+    state = net.state_dict()
+    tensors: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[int, tuple[int, ...]], str] = {}
+    for name, tensor in state.items():
+        if not any(name == p or name.startswith(p + ".") for p in prefixes):
+            continue
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = tensor.detach().contiguous()
+    return tensors, aliases
+
+
+def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Write ``lm_head.safetensors`` into ``out_dir``; return the manifest's ``lm_head`` entry."""
+    import gc
+
+    from safetensors.torch import save_file
+
+    from layerscope.hashing import file_sha256
+    from layerscope.model.source import load_torch_model
+
+    missing: tuple[str, ...] = ()
+    if family.lm_head_loader and family.lm_head:
+        net, info = load_torch_model(source, family, trust_remote_code=trust_remote_code, with_head=True,
+                                     output_loading_info=True)
+        prefix = net.base_model_prefix
+        missing = tuple(k for k in info.get("missing_keys", []) if not k.startswith(prefix + "."))
+        if not missing:
+            parts = head_parts(net, family, num_layers)
+            prefixes = parts["prefixes"] + [_module_name(net, parts["word_embeddings"])]
+            kind, loader = parts["kind"], family.lm_head_loader
+            desc = describe(kind, family, num_layers)
+        else:
+            reason = (f"the checkpoint has no LM-head weights ({len(missing)} missing, e.g. {missing[0]}); "
+                      "transformers would have initialized them at random")
+    else:
+        reason = f"the {family.name} family has no LM head layerscope can load"
+        net = None
+    if net is None or missing:
+        del net
+        gc.collect()
+        net = load_torch_model(source, family, trust_remote_code=trust_remote_code)
+        prefixes = [_module_name(net, net.get_input_embeddings())]
+        kind, loader, desc = TIED, None, describe(TIED, family, num_layers, reason)
+    tensors, aliases = _collect(net, prefixes)
+    path = Path(out_dir) / HEAD_FILE
+    save_file(tensors, str(path))
+    entry = {"file": HEAD_FILE, "sha256": file_sha256(path), "bytes": path.stat().st_size, "kind": kind,
+             "description": desc, "final_norm_below_last": kind == CAUSAL and family.final_norm is not None,
+             "missing_head_weights": list(missing), "loader": loader, "tensors": sorted(tensors),
+             "aliases": aliases, "embedding": prefixes[-1] + ".weight"}
+    del net, tensors
+    gc.collect()
+    return entry
+
+
+def load_stored_head(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The head parts rebuilt from the export alone, or None when the export keeps no head."""
+    entry = manifest.get("lm_head")
+    if not entry:
+        return None
+    import torch
+    from safetensors.torch import load_file
+
+    from layerscope.hashing import file_sha256
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.manifest_check import member
+    from layerscope.model.source import _loader_class
+
+    path = member(Path(export_dir), entry.get("file"), "lm_head file")
+    if not path.is_file() or file_sha256(path) != entry.get("sha256"):
+        raise ManifestError(f"{path} is missing or does not match its sha256 in the manifest (changed after "
+                            "export); re-export with inspect export --force")
+    tensors = load_file(str(path))
+    family = FAMILIES[manifest["family"]]
+    num_layers = int(manifest["num_layers"])
+    if entry["kind"] == TIED:
+        weight = tensors[entry["embedding"]]
+        emb = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight)
+        return {"kind": TIED, "head": None, "norm": None, "word_embeddings": emb, "deberta_new": False}
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(export_dir))
+    with torch.device("meta"):
+        net = _loader_class(entry["loader"]).from_config(config, attn_implementation="eager")
+    net.load_state_dict(tensors, strict=False, assign=True)
+    params = dict(net.named_parameters(remove_duplicate=False))
+    for alias, name in entry.get("aliases", {}).items():
+        owner, _, attr = alias.rpartition(".")
+        target = params.get(name)
+        if target is None:
+            raise ManifestError(f"{path.name} names an alias {alias} of {name}, which it does not hold")
+        setattr(net.get_submodule(owner), attr, target)
+    net.eval()
+    parts = head_parts(net, family, num_layers)
+    for what in ("head", "norm", "word_embeddings"):
+        mod = parts[what]
+        if mod is not None and any(t.is_meta for t in list(mod.parameters()) + list(mod.buffers())):
+            raise ManifestError(f"{path.name} lacks some weights of the head's {what}; re-export with --force")
+    return parts

@@ -1,0 +1,113 @@
+"""The decoding head kept in the export: a lens made after the source checkpoint is gone equals one made with it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from layerscope.decoding.heads import load_decoding_model, model_inputs
+from layerscope.decoding.lens_onnx import export_lens, lens_file, run_onnx_lens
+from layerscope.engines.ort import make_session
+from layerscope.export.exporter import export_model
+from layerscope.export.lm_head import HEAD_FILE
+from layerscope.model.handle import ModelHandle
+from layerscope.hashing import file_sha256
+
+TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox jumps"]
+
+
+def _lens(export_dir, k):
+    handle = ModelHandle.resolve(export_dir)
+    inputs = model_inputs(handle, handle.tokenizer(), TEXTS, 32)
+    session = make_session(export_dir / lens_file(k), "CPUExecutionProvider")
+    return run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()})
+
+
+@pytest.mark.parametrize("family,kind", [("gpt2", "causal-lm-head"), ("qwen2", "causal-lm-head"),
+                                         ("bert", "mlm-head")])
+def test_lens_after_the_checkpoint_is_gone_equals_the_lens_made_with_it(family, kind, tiny_model, tmp_path):
+    """Catches: the lens still loading its head from the checkpoint (InputError once it is deleted), a
+    head stored with different values (an untied copy, fp16, a missing norm: different outputs), and a
+    lens parity check that still runs the torch base model (it is gone)."""
+    src = tmp_path / "ckpt"
+    shutil.copytree(tiny_model(family), src)
+    out = tmp_path / "exp"
+    manifest = export_model(str(src), out, pooled=["mean"])
+    entry = manifest["lm_head"]
+    assert entry["kind"] == kind and entry["file"] == HEAD_FILE
+    assert entry["sha256"] == file_sha256(out / HEAD_FILE) == manifest["files"][HEAD_FILE]["sha256"]
+    with_source = export_lens(out, 4)
+    assert with_source["parity"]["reference_hidden_states"].startswith("torch")
+    a = _lens(out, 4)
+    graph_sha = file_sha256(out / lens_file(4))
+    for f in (lens_file(4), "lens-k4.json"):
+        (out / f).unlink()
+    shutil.rmtree(src)
+    without = export_lens(out, 4)
+    assert without["parity"]["reference_hidden_states"] == "model.onnx (ONNX Runtime)"
+    assert without["parity"]["rank_mismatch_fraction"] == 0.0
+    assert without["head"] == with_source["head"]
+    assert file_sha256(out / lens_file(4)) == graph_sha  # the very same graph
+    for x, y in zip(a, _lens(out, 4)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_stored_head_decodes_like_the_checkpoint_head(tiny_model, tmp_path):
+    """The rebuilt head (meta-device model + stored tensors + aliases) gives the checkpoint head's logits
+    exactly. Catches: an alias (tied unembedding) left on the meta device or pointing at the wrong tensor."""
+    import torch
+
+    out = tmp_path / "exp"
+    export_model(str(tiny_model("gpt2")), out, pooled=["mean"])
+    handle = ModelHandle.resolve(out)
+    assert handle.manifest["lm_head"]["aliases"] == {"lm_head.weight": "transformer.wte.weight"}
+    stored = load_decoding_model(handle)
+    source = load_decoding_model(ModelHandle.resolve(str(tiny_model("gpt2"))))
+    h = torch.randn(2, 5, 32)
+    with torch.inference_mode():
+        for layer in (0, 2):
+            np.testing.assert_array_equal(stored.head(h, layer).numpy(), source.head(h, layer).numpy())
+
+
+def test_bare_checkpoint_keeps_its_word_embeddings_as_the_head(tmp_path, tiny_model):
+    """A checkpoint saved without its MLM head (all-MiniLM-L6-v2 is a bare BertModel) keeps the tied
+    word embeddings, and says so."""
+    from transformers import AutoModel
+
+    bare = tmp_path / "bare"
+    src = tiny_model("bert")
+    AutoModel.from_pretrained(str(src)).save_pretrained(str(bare))
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special", "vocab")):
+            shutil.copy(f, bare / f.name)
+    out = tmp_path / "exp"
+    manifest = export_model(str(bare), out, pooled=["mean"])
+    assert manifest["lm_head"]["kind"] == "tied-word-embeddings"
+    assert manifest["lm_head"]["missing_head_weights"]
+    meta = export_lens(out, 3)
+    shutil.rmtree(bare)
+    assert load_decoding_model(ModelHandle.resolve(out)).info.kind == "tied-word-embeddings"
+    for f in (lens_file(3), "lens-k3.json"):
+        (out / f).unlink()
+    assert export_lens(out, 3)["sha256"] == meta["sha256"]
+
+
+def test_changed_head_file_is_refused(tiny_model, tmp_path):
+    from layerscope.errors import ManifestError
+
+    out = tmp_path / "exp"
+    export_model(str(tiny_model("qwen2")), out, pooled=["mean"])
+    handle = ModelHandle.resolve(out)
+    data = bytearray((out / HEAD_FILE).read_bytes())
+    data[-1] ^= 0xFF
+    (out / HEAD_FILE).write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="sha256"):
+        load_decoding_model(handle)
+    m = json.loads((out / "manifest.json").read_text())
+    m["lm_head"]["file"] = "../elsewhere.safetensors"
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="outside|climbs"):
+        load_decoding_model(ModelHandle.resolve(out, verify=False))
