@@ -1,4 +1,4 @@
-"""The ``inspect`` / ``layerscope`` command: parse, call the library, print.
+"""The ``layerscope`` command (``inspect`` is its alias): parse, call the library, print.
 
 This is the only place that turns errors into exit codes: a LayerscopeError
 becomes one red line and exit code 2; a traceback is shown only under --debug.
@@ -203,7 +203,7 @@ def extract(
 
 
 @app.command()
-def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or an export dir (inspect export).")):
+def verify(path: Path = typer.Argument(..., help="A store (layerscope extract) or an export dir (layerscope export).")):
     """Re-hash every file of a store or an export against its recorded checksums."""
     from rich.markup import escape
 
@@ -237,7 +237,7 @@ def _data_source(path: str | None, dataset: str | None, config: str | None, spli
 
 @app.command("export-store")
 def export_store(
-    store: Path = typer.Argument(..., help="A LayerStore made by inspect extract."),
+    store: Path = typer.Argument(..., help="A LayerStore made by layerscope extract."),
     fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
@@ -254,7 +254,7 @@ def export_store(
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
-    analysis: str = typer.Argument(..., help="Analysis name (see: inspect analyses)."),
+    analysis: str = typer.Argument(..., help="Analysis name (see: layerscope analyses)."),
     model: list[str] = typer.Option(["minilm"], "--model", "-m", help="Model(s); repeat for side by side."),
     engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1."),
@@ -279,7 +279,7 @@ def run(
 ):
     """Run an analysis over one or more models; write results.json, tables, plots and report.md.
 
-    Analysis-specific options follow, e.g. `inspect run sts --probe`.
+    Analysis-specific options follow, e.g. `layerscope run sts --probe`.
     """
     from layerscope.analyses.base import Context, get_analysis, parse_options, run_analysis
 
@@ -302,7 +302,7 @@ def run(
 
 
 @app.command()
-def report(result_dir: Path = typer.Argument(..., help="A directory written by inspect run.")):
+def report(result_dir: Path = typer.Argument(..., help="A directory written by layerscope run.")):
     """Re-render the plots, tables and report.md of a result directory from results.json alone."""
     from layerscope.analyses.base import rerender
 
@@ -319,7 +319,7 @@ def analyses(name: Optional[str] = typer.Argument(None, help="Show one analysis'
 
     if name:
         meta = get_analysis(name).metadata
-        table = Table(title=f"inspect run {name}: {meta.description}")
+        table = Table(title=f"layerscope run {name}: {meta.description}")
         for col in ("option", "type", "default", "what it does"):
             table.add_column(col)
         for o in meta.options:
@@ -327,7 +327,7 @@ def analyses(name: Optional[str] = typer.Argument(None, help="Show one analysis'
         console().print(table)
         console().print(f"main score: {meta.main_score}; default poolings: {', '.join(meta.default_poolings)}")
         return
-    table = Table(title="analyses: inspect run NAME ... (inspect analyses NAME for its options)")
+    table = Table(title="analyses: layerscope run NAME ... (layerscope analyses NAME for its options)")
     table.add_column("name")
     table.add_column("what it does")
     table.add_column("its own options")
@@ -341,7 +341,7 @@ def analyses(name: Optional[str] = typer.Argument(None, help="Show one analysis'
 
 @index_app.command("build")
 def index_build(
-    store: Path = typer.Option(..., "--store", "-s", help="A LayerStore made by inspect extract."),
+    store: Path = typer.Option(..., "--store", "-s", help="A LayerStore made by layerscope extract."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Index directory (default <store>/index-<kind>-<pooling>-<layer>)."),
     layer: str = typer.Option("-1", "--layer", help="Layer: raw, 0..L or a negative index."),
     pooling: str = typer.Option("mean", "--pooling", help="Pooling held in the store."),
@@ -374,7 +374,7 @@ def index_build(
 @app.command()
 def search(
     query: list[str] = typer.Argument(..., help="Query text(s)."),
-    index: Path = typer.Option(..., "--index", "-i", help="Index directory made by inspect index build."),
+    index: Path = typer.Option(..., "--index", "-i", help="Index directory made by layerscope index build."),
     k: int = typer.Option(10, "-k", "--top", help="How many results per query."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with this model (must be the index's)."),
     engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
@@ -409,7 +409,7 @@ def _engine_options(**options) -> dict | None:
 
 @app.command()
 def optimize(
-    export_dir: Path = typer.Argument(..., help="An export dir made by inspect export."),
+    export_dir: Path = typer.Argument(..., help="An export dir made by layerscope export."),
     variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU); "
                                                        "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions)."),
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
@@ -503,7 +503,7 @@ def bench(
                                              peers=parse_peers(peers), layers=layers, pooling=pooling,
                                              rounds=rounds, passes=passes, batch_tokens=batch_tokens,
                                              max_batch=max_batch, sts=sts, threads=threads, progress=say))
-    result["command"] = "inspect " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result["command"] = "layerscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S")
     paths = write_results(result, out, plot=not no_plot)
     c.print(paths["markdown"].read_text(encoding="utf-8") if not in_process else markdown_table(result),
