@@ -294,6 +294,9 @@ def run(
                       batch_tokens=batch_tokens)
     result_dir, results = run_analysis(analysis, context)
     cls().console_summary(results, c)
+    from layerscope.report.compare import print_comparison
+
+    print_comparison(results, c)
     if context.reused:
         c.print(f"[bold green]reused[/bold green] {result_dir}/ (same models, data and options; "
                 "--recompute runs it again)")

@@ -29,6 +29,7 @@ import numpy as np
 
 from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, read_sts, sts_spearman
 from layerscope.errors import InputError
+from layerscope.progress import track
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other
 
@@ -191,7 +192,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         loads = []
         for rnd in range(cfg.rounds):
             order = rows if rnd % 2 == 0 else rows[::-1]
-            for row in order:
+            for row in track(order, f"bench round {rnd + 1}/{cfg.rounds}: rows, each in its own process"):
                 if row.get("skip"):
                     continue
                 say(f"round {rnd + 1}/{cfg.rounds}: {row['name']} in its own process")

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layerscope.errors import EngineUnavailableError, InputError, LayerscopeError
+from layerscope.progress import track
 
 HF_EAGER = "hf-eager"
 ST = "sentence-transformers"
@@ -457,7 +458,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         results.append(run.result)
         gc.collect()
 
-    for name in cfg.engines:
+    for name in track(cfg.engines, "bench: engines"):
         spec = BENCH_ENGINES[name]
         say(f"{name}: {spec.note}")
         run, vecs, sts_encode, close = _layerscope_engine(cfg, spec, handle, layers, n_acc)
