@@ -1,7 +1,7 @@
 """One progress helper for every long step: a Rich bar with counts and the time left, or nothing.
 
 ``with steps("training probes", total) as bar: ... bar.advance()`` shows
-``training probes ━━━━━━━━━━  3/10  0:00:04 0:00:09`` (done/total, elapsed, time left) while the step runs.
+``training probes ━━━━━━  3/10  0:00:04 0:00:09`` (done/total, elapsed, time left) while the step runs.
 It is shown only when standard output is a terminal and layerscope logs at INFO (the CLI without
 ``--quiet``); in a pipe, a log file, a test or under ``--quiet`` nothing is printed. Either way the object
 counts what was done (``done``, ``total``), so callers and tests read the same numbers the bar shows.
@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator, TypeVar
 T = TypeVar("T")
 
 
-def _auto() -> bool:
+def wanted() -> bool:
+    """Whether a progress bar should be drawn: standard output is a terminal and layerscope logs at INFO."""
     try:
         tty = sys.stdout.isatty()
     except (AttributeError, ValueError):  # replaced or closed stdout
@@ -31,7 +32,7 @@ class Steps:
         self.label = label
         self.total = None if total is None else int(total)
         self.done = 0
-        self.shown = _auto() if show is None else bool(show)
+        self.shown = wanted() if show is None else bool(show)
         self._progress = None
         if self.shown:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,

@@ -191,8 +191,9 @@ def compare_models(analysis, per_model: dict[str, Any], *, score: str, score_lab
             pairs.append(row)
             bar.advance()
     notes = list(dict.fromkeys(note for m in models.values() for note in m.notes))
-    meta = {"notes": notes, "models": names, "score": score, "score_label": score_label, "group_label": group_label, "by": by,
-            "num_layers": {k: m.num_layers for k, m in models.items()}, "n_items": n, "n_resamples": n_resamples,
+    meta = {"notes": notes, "models": names, "score": score, "score_label": score_label, "group_label": group_label,
+            "by": by, "num_layers": {k: m.num_layers for k, m in models.items()}, "n_items": n,
+            "n_resamples": n_resamples,
             "seed": seed, "method": "paired percentile bootstrap (scipy.stats.bootstrap, paired=True): both models "
             "scored on the same resampled items; two-sided p from the null-shifted bootstrap distribution"}
     if say:

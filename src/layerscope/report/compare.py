@@ -32,9 +32,8 @@ def side_by_side_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str
     if not meta.get("models") or not rows:
         return None
     names, score, by, group = meta["models"], meta["score"], meta["by"], meta["group_label"]
-    label = meta.get("score_label") or score
     same = by == "layer"  # every model at the row's own layer: no per-model layer to show
-    header = [group, by] + [f"{n}: {label} [95% CI]" if same else f"{n}: layer, {label} [95% CI]" for n in names]
+    header = [group, by] + [n if same else f"{n} (layer: score)" for n in names]
     cells = []
     for r in rows:
         line = [str(r.get(group)), str(r.get(by))]
@@ -52,8 +51,7 @@ def comparison_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]
     if not meta.get("models") or not rows:
         return None
     score, group = meta["score"], meta["group_label"]
-    label = meta.get("score_label") or score
-    header = ["comparison", "A", "B", f"{label} A", f"{label} B", "A - B", "95% CI", "p"]
+    header = ["comparison", "A", "B", "score A", "score B", "A - B", "95% CI", "p"]
     cells = []
     for r in rows:
         ci = (f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
@@ -84,7 +82,8 @@ def comparison_markdown(results: dict[str, Any]) -> str:
              "model takes its nearest layer): " + ", ".join(f"{k} has {v} layers"
                                                               for k, v in meta["num_layers"].items()))
     out = ["## Models side by side", "",
-           f"{label} per {meta['group_label']} and {meta['by']}, {depth}. The table is `side_by_side.csv`.", "",
+           f"{label} [95% interval] per {meta['group_label']} and {meta['by']}, {depth}. The table is "
+           "`side_by_side.csv`.", "",
            _md(*side)]
     out += [f"- {note}" for note in meta.get("notes") or []] + ([""] if meta.get("notes") else [])
     comp = comparison_rows(results)
@@ -92,33 +91,44 @@ def comparison_markdown(results: dict[str, Any]) -> str:
         out += ["## Model vs model (paired bootstrap)", "",
                 f"Difference of {label} (A - B) with both models scored on the same {meta['n_items']} items "
                 f"resampled {meta['n_resamples']} times (seed {meta['seed']}): 95% percentile interval and a "
-                "two-sided p-value from the bootstrap distribution shifted to no difference. 'best of each' "
-                "compares each model's best row, chosen on these same items (so it leans optimistic); the other "
-                "rows compare matched rows of the table above. p-values are per comparison, not corrected for "
-                "the number of comparisons. The table is `model_comparison.csv`.", "", _md(*comp)]
+                "two-sided p-value from the bootstrap distribution shifted to no difference (the smallest it can "
+                f"be is 1/({meta['n_resamples']} + 1)). 'best of each' compares each model's best row, chosen on "
+                "these same items (so it leans optimistic); the other rows compare matched rows of the table "
+                "above. p-values are per comparison, not corrected for the number of comparisons. The table is "
+                "`model_comparison.csv`.", "", _md(*comp)]
     return "\n".join(out)
 
 
 def print_comparison(results: dict[str, Any], console) -> None:
-    """The side-by-side table and the best-vs-best tests on the terminal (nothing for one model)."""
+    """The side-by-side table and the model-vs-model tests on the terminal (nothing for one model)."""
     from rich.table import Table
 
     side = side_by_side_rows(results)
     if side is None:
         return
     meta = results["combined"]["comparison"]
-    table = Table(title=f"models side by side: {meta.get('score_label') or meta['score']} [95% CI]")
+    label = meta.get("score_label") or meta["score"]
+    names = meta["models"]
+    table = Table(title=f"models side by side: {label} [95% CI]")
     for i, h in enumerate(side[0]):
         table.add_column(h, justify="left" if i < 2 else "right")
     for row in side[1]:
         table.add_row(*row)
     console.print(table)
-    comp = comparison_rows(results)
-    if comp is not None:
-        t = Table(title=f"model vs model, paired bootstrap over {meta['n_items']} items "
-                        f"(all rows: model_comparison.csv)")
-        for h in comp[0]:
-            t.add_column(h)
-        for row in comp[1]:
-            t.add_row(*row)
+    for n in meta.get("notes") or []:
+        console.print(f"[dim]{n}[/dim]")
+    rows = (results["combined"].get("tables") or {}).get("model_comparison") or []
+    group = meta["group_label"]
+    for a_name, b_name in dict.fromkeys((r["model_a"], r["model_b"]) for r in rows):
+        t = Table(title=f"A = {a_name}, B = {b_name}: {label}, paired bootstrap over {meta['n_items']} items")
+        for h in ("comparison", "A", "B", "score A", "score B", "A - B [95% CI]", "p"):
+            t.add_column(h, justify="left" if h in ("comparison", "A", "B") else "right")
+        for r in rows:
+            if (r["model_a"], r["model_b"]) != (a_name, b_name):
+                continue
+            ci = (f" [{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+                  and r.get("ci_high") is not None else "")
+            t.add_row(r["comparison"], f"{r.get(f'{group}_a')} {r['layer_a']}", f"{r.get(f'{group}_b')} {r['layer_b']}",
+                      _num(r.get(f"{meta['score']}_a")), _num(r.get(f"{meta['score']}_b")),
+                      f"{_num(r.get('difference'))}{ci}", _p(r.get("p_value")))
         console.print(t)
