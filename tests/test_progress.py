@@ -111,3 +111,21 @@ def test_cka_reports_its_row_blocks_and_layer_pairs(finished):
     assert by["linear CKA: row blocks"] == (3, 3)  # 25 rows in blocks of 10
     assert by["unbiased CKA: layer pairs"] == (6, 6)  # the upper triangle of 3 x 3
     assert by["mutual k-NN: layers"] == (3, 3)
+
+
+def test_model_comparison_counts_its_bootstraps(finished):
+    from layerscope.analyses.compare import ScoreRow, compare_models, keep_rows
+    from layerscope.metrics.paired import win_rate_scorer
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    rng = np.random.default_rng(1)
+    for _ in range(3):  # three models of two layers: 3 pairs x (best of each + 3 layers) = 12 bootstraps
+        keep_rows(holder, 2, 20, [ScoreRow("mean", str(x), 0.5, None, win_rate_scorer(rng.normal(size=20)),
+                                           bootstrap_ci=True) for x in range(3)])
+    compare_models(holder, {"A": {}, "B": {}, "C": {}}, score="win_rate", score_label="win rate", n_resamples=20)
+    by = {label: (done, total) for label, done, total in finished}
+    assert by["comparing models (paired bootstrap)"] == (12, 12)
+    assert by["intervals of the side-by-side table"] == (9, 9)  # 3 layers x 3 models, none had an interval

@@ -300,4 +300,3 @@ def _keep_sts_rows(analysis, run: ModelRun, cache: VectorCache, rows: list[dict]
         kept = [ScoreRow(k.group, k.layer, k.value) for k in kept]
         notes.append("several local STS tasks: scores are shown side by side without resampled tests")
     keep_rows(analysis, run.num_layers, n_items.pop() if len(n_items) == 1 else 0, kept, notes)
-
