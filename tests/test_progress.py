@@ -129,3 +129,28 @@ def test_model_comparison_counts_its_bootstraps(finished):
     by = {label: (done, total) for label, done, total in finished}
     assert by["comparing models (paired bootstrap)"] == (12, 12)
     assert by["intervals of the side-by-side table"] == (9, 9)  # 3 layers x 3 models, none had an interval
+
+
+def test_probe_training_counts_its_epochs(finished):
+    pytest.importorskip("torch")
+    from layerscope.analyses.probe import PairSplit, ProbeConfig, train_probe
+
+    rng = np.random.default_rng(2)
+
+    def split(n):
+        a = rng.normal(size=(3, n, 8)).astype(np.float32)
+        return PairSplit(a, a + rng.normal(scale=0.5, size=a.shape).astype(np.float32), rng.uniform(0, 5, n))
+
+    train_probe(split(40), split(10), ProbeConfig(kind="cosine-mlp", epochs=4, seed=0))
+    assert ("probe cosine-mlp: epochs (at most)", 4, 4) in finished
+
+
+def test_index_build_counts_its_blocks(finished, monkeypatch):
+    pytest.importorskip("faiss")
+    import layerscope.runtime.faiss_index as fi
+
+    monkeypatch.setattr(fi, "_ADD_BLOCK", 40)
+    x = np.random.default_rng(3).normal(size=(100, 8)).astype(np.float32)
+    index = fi.VectorIndex.build(x, "hnsw", device="cpu")
+    assert index.n == 100 and index.index.ntotal == 100  # every vector added, in blocks of 40
+    assert ("index build (hnsw): vectors added", 3, 3) in finished
