@@ -33,3 +33,23 @@ def test_help_texts_say_layerscope(args, capsys):
     text = " ".join((out + err).split())  # rich wraps help text across lines and boxes
     text = re.sub(r"[│╭╮╰╯─]", " ", text)
     assert not COMMAND.search(" ".join(text.split())), text
+
+
+def test_messages_in_the_code_name_layerscope():
+    """Error lines and notes tell the user to run `layerscope ...` (docstrings may still mention the alias)."""
+    import ast
+
+    offending = []
+    for path in sorted((ROOT / "src" / "layerscope").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    docstrings.add(id(first.value))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                if COMMAND.search(node.value):
+                    offending.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.strip()[:80]}")
+    assert offending == []

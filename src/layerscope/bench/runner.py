@@ -336,7 +336,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
             return run, None, None, None
         if spec.variant not in handle.manifest.get("variants", {}):
             if not cfg.make_variants:
-                run.fail(f"the export has no '{spec.variant}' variant (make it with inspect optimize "
+                run.fail(f"the export has no '{spec.variant}' variant (make it with layerscope optimize "
                          f"{handle.export_dir} --variant {spec.variant})")
                 return run, None, None, None
             t = time.perf_counter()

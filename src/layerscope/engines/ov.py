@@ -165,7 +165,7 @@ class OvEngine(OrtEngine):
         self.info.precision = precision
         recorded = self.manifest.get("variants", {}).get(ov_variant_key(precision))
         if recorded is None:
-            self.info.notes.append(f"accuracy of ov {precision} not recorded yet (inspect optimize "
+            self.info.notes.append(f"accuracy of ov {precision} not recorded yet (layerscope optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
 
 
@@ -176,4 +176,4 @@ def _check_sha(handle, kind: str, path: Path) -> None:
     entry = handle.manifest["variants"][kind]
     if not path.exists() or file_sha256(path) != entry["sha256"]:
         raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                            f"inspect optimize {handle.export_dir} --variant {kind} --force")
+                            f"layerscope optimize {handle.export_dir} --variant {kind} --force")

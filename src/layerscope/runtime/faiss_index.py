@@ -283,7 +283,7 @@ class VectorIndex:
         meta_path = path / META_FILE
         if not (path / INDEX_FILE).exists() or not meta_path.exists():
             raise StoreError(f"{path} is not an index directory (needs {INDEX_FILE} and {META_FILE}); "
-                             "build one with inspect index build")
+                             "build one with layerscope index build")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:

@@ -48,7 +48,7 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
     if out.exists() and not force:
         raise InputError(f"{out} exists; pass --force to replace it, or --out another file")
     if out.exists() and not _made_by_layerscope(out, fmt):
-        raise InputError(f"{out} exists and was not written by inspect export-store; --force only replaces "
+        raise InputError(f"{out} exists and was not written by layerscope export-store; --force only replaces "
                          "layerscope's own files: choose another --out")
     tmp = out.with_name(out.name + ".partial")
     try:
