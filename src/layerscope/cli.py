@@ -185,18 +185,22 @@ def extract(
 
             raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
 
+        from layerscope.progress import wanted  # a bar on a terminal, none in a pipe or under --quiet
+
         report = extract_ray(model, source, out, address=ray, workers=2 if ray_workers is None else ray_workers,
                              engine=engine, layers=layers,
                              poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                              max_batch=max_batch, max_length=max_length, resume=resume, force=force,
-                             text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=True,
+                             text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=wanted(),
                              engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine))
         print_extract_summary(c, report)
         return
+    from layerscope.progress import wanted  # a bar on a terminal, none in a pipe or under --quiet
+
     report = run_extract(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
                          dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                          resume=resume, force=force, text_field=text_field, column=column,
-                         id_field=id_column, fmt=fmt, progress=True,
+                         id_field=id_column, fmt=fmt, progress=wanted(),
                          engine_options=_engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
                          prompt_name=prompt_name, prompt=prompt)
     print_extract_summary(c, report)
