@@ -68,7 +68,7 @@ def test_a_garbled_results_json_is_one_line(tmp_path, capsys):
     text = capsys.readouterr()
     assert exc.value.code == 2
     err = text.err.strip().splitlines()
-    assert len(err) == 1 and "results.json" in err[0] and "re-run inspect run" in err[0]
+    assert len(err) == 1 and "results.json" in err[0] and "re-run layerscope run" in err[0]
     (out / "results.json").write_text("[1, 2]")
     with pytest.raises(SystemExit) as exc:
         main(["report", str(out)])

@@ -66,7 +66,7 @@ def test_force_replaces_only_layerscopes_own_file(store, tmp_path):
     path.write_text("someone else's file")
     with pytest.raises(InputError, match="exists; pass --force"):
         export_store(store.path, "parquet", path)
-    with pytest.raises(InputError, match="not written by inspect export-store"):
+    with pytest.raises(InputError, match="not written by layerscope export-store"):
         export_store(store.path, "parquet", path, force=True)
     assert path.read_text() == "someone else's file"
     path.unlink()

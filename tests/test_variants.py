@@ -122,5 +122,5 @@ def test_bad_variant_names_give_clear_errors(export_dir):
         check_kind("bf16")
     with pytest.raises(InputError, match="did you mean 'int8'"):
         check_kind("int9")
-    with pytest.raises(InputError, match="inspect optimize"):
+    with pytest.raises(InputError, match="layerscope optimize"):
         variant_onnx_file({"variants": {}}, "fp16")

@@ -1,4 +1,4 @@
-"""``inspect cache list`` / ``inspect cache clear``: what layerscope keeps in its cache root, and removing it.
+"""``layerscope cache list`` / ``layerscope cache clear``: what layerscope keeps in its cache root, and removing it.
 
 The cache root is ``$LAYERSCOPE_HOME`` or ``~/.cache/layerscope``.  It holds
 ``exports/`` (ONNX exports made on first use, keyed by content: export/cache.py),

@@ -1,4 +1,4 @@
-"""``inspect verify PATH``: what the path is decides which checks run."""
+"""``layerscope verify PATH``: what the path is decides which checks run."""
 
 from __future__ import annotations
 

@@ -135,9 +135,12 @@ class Alignment(Analysis):
         vecs = ctx.vectors(run, data.sources + data.targets, layers=layers, poolings=poolings, tag="alignment")
         cats = sorted(set(data.categories)) if data.categories else []
         cat_idx = {c: np.array([i for i, x in enumerate(data.categories) if x == c]) for c in cats}
+        from layerscope.analyses.compare import z_rows_for_comparison
+        from layerscope.progress import track
+
         layer_rows, cat_rows, backend = [], [], None
         for pooling in poolings:
-            for layer in layers:
+            for layer in track(layers, f"alignment, {pooling} pooling: layers"):
                 v = vecs[pooling, layer]
                 src, tgt = v[:n], v[n:]
                 f = alignment_figures(src, tgt, n_perm=o.get("permutations") or 1000, seed=ctx.seed,
@@ -154,6 +157,7 @@ class Alignment(Analysis):
                     cf = category_figures(src[idx], tgt[idx], n_perm=o.get("permutations") or 1000, seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
         main = "mean" if "mean" in poolings else poolings[0]
+        z_rows_for_comparison(self, run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
         mine = [r for r in layer_rows if r["pooling"] == main]
         defined = [r for r in mine if r["z"] is not None]
         best = max(defined, key=lambda r: r["z"]) if defined else None
@@ -170,13 +174,17 @@ class Alignment(Analysis):
                 "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}}
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.analyses.compare import compare_models, merge_combined
+
         info = {"origin": data.origin, "n": len(data), "duplicates": data.duplicates, "notes": data.notes,
                 "categories": sorted(set(data.categories)) if data.categories else []}
+        several = compare_models(self, per_model, score="z_exact", score_label="z (exact permutation moments)",
+                                 seed=ctx.seed, say=ctx.say)
         if data.answers is not None:
             rows = [{"id": i, "category": c, "source": s, "target": t, "answer": a}
                     for i, c, s, t, a in zip(data.ids, data.categories, data.sources, data.targets, data.answers)]
-            return {"data": info, "tables": {"pairs": rows}}
-        return {"data": info}
+            return merge_combined({"data": info, "tables": {"pairs": rows}}, several)
+        return merge_combined({"data": info}, several)
 
     # -- rendering ---------------------------------------------------------
     @staticmethod

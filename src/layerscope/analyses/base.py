@@ -4,7 +4,7 @@ An analysis is a class with a ``metadata`` object and a ``compute`` method
 that turns one model into a JSON-able dict of figures.  The base class owns
 the loop over models, the engines, the cached vectors, the result directory
 and the report.  Plots and ``report.md`` are made from the saved results
-alone (``inspect report`` re-renders them without touching a model).
+alone (``layerscope report`` re-renders them without touching a model).
 """
 
 from __future__ import annotations
@@ -330,15 +330,15 @@ def rerender(result_dir: Path) -> list[str]:
     result_dir = Path(result_dir)
     path = result_dir / "results.json"
     if not path.exists():
-        raise InputError(f"{result_dir} has no results.json; give a directory written by inspect run")
+        raise InputError(f"{result_dir} has no results.json; give a directory written by layerscope run")
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(results, dict) or not isinstance(results.get("analysis"), str):
-        raise InputError(f"{path} does not name its analysis; give a directory written by inspect run")
+        raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
     try:
         return render(result_dir, results)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InputError(f"{path} lacks or garbles a field its report needs ({type(exc).__name__}: {exc}); "
-                         "it was edited or written by another version: re-run inspect run") from exc
+                         "it was edited or written by another version: re-run layerscope run") from exc

@@ -92,10 +92,14 @@ class Compositionality(Analysis):
         own = own_pooled_vectors(run, texts)
         if own is not None:
             variants.append((OWN, OWN_LAYER, own))
-        rows, group_rows, item_rows = [], [], []
+        from layerscope.analyses.compare import ScoreRow, keep_rows
+        from layerscope.metrics.paired import win_rate_scorer
+
+        rows, group_rows, item_rows, kept = [], [], [], []
         for p, layer, v in variants:
             summ, neg, para_mean, diffs = _summary_row(items, idx_pos, idx_neg, idx_para, v)
             rows.append({"pooling": p, "layer": layer, **summ})
+            kept.append(ScoreRow(p, layer, summ["win_rate"], None, win_rate_scorer(diffs), bootstrap_ci=True))
             for it, n_c, p_c, d in zip(items, neg, para_mean, diffs):
                 item_rows.append({"pooling": p, "layer": layer, "id": it.id, "category": it.category,
                                   "complexity": it.complexity, "cos_paraphrases": float(p_c),
@@ -107,6 +111,7 @@ class Compositionality(Analysis):
                     g = compositionality_summary(para_mean[sel], neg[sel])
                     g.pop("per_item_diffs")
                     group_rows.append({"pooling": p, "layer": layer, "group": group, "value": value, **g})
+        keep_rows(self, run.num_layers, len(items), kept)  # for model vs model
         best = max(rows, key=lambda r: (r["win_rate"], r["mean_diff"]))
         final = str(run.num_layers)
         summary = {
@@ -118,6 +123,11 @@ class Compositionality(Analysis):
             "own_pooled_output": run.handle.manifest.get("pooled_output") if own is not None else None,
         }
         return {"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}}
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.analyses.compare import compare_models
+
+        return compare_models(self, per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:

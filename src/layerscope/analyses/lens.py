@@ -1,4 +1,4 @@
-"""``inspect run lens``: the logit lens, what token each layer already points at.
+"""``layerscope run lens``: the logit lens, what token each layer already points at.
 
 Per text, layer and position: the top-k decoded tokens with probabilities and the rank of the
 input token (encoders) or of the actual next token (decoders).  Over the corpus, by layer: mean

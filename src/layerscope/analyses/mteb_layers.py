@@ -1,4 +1,4 @@
-"""``inspect run mteb``: every layer x pooling evaluated as an embedding model by the ``mteb`` library.
+"""``layerscope run mteb``: every layer x pooling evaluated as an embedding model by the ``mteb`` library.
 
 Each (layer, pooling) becomes one MTEB encoder named
 ``layerscope/<model>__layer-<L>__<pooling>``; all of them share one vector cache,
@@ -11,7 +11,7 @@ and pooling.  MTEB itself runs the tasks and scores them; its result files
 No task data is downloaded when it is at hand locally: STSBenchmark reads the STS
 Benchmark test file (``../shared/data/stsbenchmark/sts-test.csv`` or
 ``$LAYERSCOPE_STS_DIR``), and ``--data`` gives any single STS-type task its pairs
-(a pairs file or a dataset, as for ``inspect run sts``).  Other tasks load through
+(a pairs file or a dataset, as for ``layerscope run sts``).  Other tasks load through
 MTEB from the hub as usual.
 """
 
@@ -27,6 +27,7 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.analyses.common import layers_for, poolings_for
 from layerscope.errors import InputError, MissingExtraError
+from layerscope.progress import track
 
 LOCAL_STS = {"STSBenchmark": "test"}  # MTEB task -> STS Benchmark split we hold locally
 
@@ -117,7 +118,7 @@ class MtebAnalysis(Analysis):
             raise InputError("--tasks is empty; name MTEB tasks such as STSBenchmark")
         if ctx.data and len(names) != 1:
             raise InputError("--data gives the pairs of one STS task; run one task per --data")
-        tasks = {}
+        tasks, local_pairs = {}, {}
         for name in names:
             try:
                 task = mteb.get_task(name)
@@ -131,8 +132,9 @@ class MtebAnalysis(Analysis):
                 task.dataset = DatasetDict({split: _pairs_dataset(local)})
                 task.data_loaded = True  # MTEB skips its own (hub) loading
                 ctx.say(f"{name}: {len(local)} pairs from {local.source} (local, split {split})")
+                local_pairs[name] = local  # kept for model-vs-model tests on the same pairs
             tasks[name] = task
-        return {"tasks": tasks}
+        return {"tasks": tasks, "pairs": local_pairs}
 
     @staticmethod
     def _local_pairs(ctx: Context, name: str, task):
@@ -168,7 +170,7 @@ class MtebAnalysis(Analysis):
             for task_name, task in data["tasks"].items():
                 for pooling in poolings:
                     similarity = (st.get("similarity_fn_name") or "cosine") if pooling == "st" else "cosine"
-                    for layer in layers:
+                    for layer in track(layers, f"MTEB {task_name}, {pooling} pooling: layers"):
                         name = f"layerscope/{slug}__layer-{layer}__{pooling}"
                         enc = _encoder(cache, name, revision, layer, pooling, _scoring(similarity))
                         with warnings.catch_warnings():
@@ -197,6 +199,7 @@ class MtebAnalysis(Analysis):
         for r in rows:  # MTEB gives NaN where every text got the same vector (an undefined correlation)
             if r["main_score"] is None or not np.isfinite(r["main_score"]):
                 r["main_score"] = None
+        _keep_sts_rows(self, run, cache, rows, data.get("pairs") or {})
         defined = [r for r in rows if r["main_score"] is not None]
         best = max(defined, key=lambda r: r["main_score"]) if defined else None
         final = str(run.num_layers)
@@ -205,6 +208,12 @@ class MtebAnalysis(Analysis):
                    "best": {k: best[k] for k in ("task", "pooling", "layer", "main_score")} if best else None,
                    "final_layer": {f"{r['task']}/{r['pooling']}": r["main_score"] for r in rows if r["layer"] == final}}
         return {"summary": summary, "tables": {"layers": rows}, "mteb_files": files}
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.analyses.compare import compare_models
+
+        return compare_models(self, per_model, score="main_score", score_label="MTEB main score",
+                              group_label="task_pooling", seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
@@ -264,3 +273,30 @@ def _datasets_or_hint() -> None:
         import datasets  # noqa: F401
     except ImportError:
         raise MissingExtraError("datasets", "mteb") from None
+
+
+def _keep_sts_rows(analysis, run: ModelRun, cache: VectorCache, rows: list[dict], pairs: dict) -> None:
+    """Rows for model vs model: on an STS task whose pairs we hold, the main score (Spearman of cosines) as a
+    function of the pairs, from the same cached vectors MTEB scored; it must reproduce MTEB's own figure."""
+    from layerscope.analyses.compare import ScoreRow, keep_rows
+    from layerscope.metrics.vectors import paired_cosine
+    from layerscope.metrics.paired import correlation_scorer
+
+    kept, notes, n_items = [], [], set()
+    for r in rows:
+        scorer, p = None, pairs.get(r["task"])
+        if p is not None and r["main_score"] is not None and r["pooling"] != "st":
+            prompt = r["task"] if r["task"] in cache.model.prompts else None
+            sims = paired_cosine(cache.get(list(p.s1), r["pooling"], r["layer"], prompt),
+                                 cache.get(list(p.s2), r["pooling"], r["layer"], prompt))
+            scorer = correlation_scorer(sims, p.scores)
+            if abs(float(scorer(np.arange(len(sims)))) - r["main_score"]) > 1e-5:
+                scorer = None
+                notes.append(f"{r['task']}: our cosines do not reproduce MTEB's score, so it is not resampled")
+            n_items.add(len(sims))
+        kept.append(ScoreRow(f"{r['task']} {r['pooling']}", str(r["layer"]), r["main_score"], None, scorer,
+                             bootstrap_ci=scorer is not None))
+    if len(n_items) > 1:  # several STS tasks: items differ per task, so no resampling across them
+        kept = [ScoreRow(k.group, k.layer, k.value) for k in kept]
+        notes.append("several local STS tasks: scores are shown side by side without resampled tests")
+    keep_rows(analysis, run.num_layers, n_items.pop() if len(n_items) == 1 else 0, kept, notes)

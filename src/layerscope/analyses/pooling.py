@@ -127,9 +127,9 @@ class Pooling(Analysis):
             variants.append((f"mean@{L - 1}", "mean", str(L - 1), vecs["mean", str(L - 1)]))
         n_boot = int(ctx.options.get("n_boot", 1000))
         hidden = int(run.handle.manifest["hidden_size"])
-        var_rows, quant_rows, trunc_rows = [], [], []
+        var_rows, quant_rows, trunc_rows, sims_by = [], [], [], {}
         for name, pool, layer_desc, v in variants:
-            sims = paired_cosine(v[i1], v[i2])
+            sims = sims_by[pool, _choice(layer_desc, L)] = paired_cosine(v[i1], v[i2])
             corr = similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)
             ret = _retrieval_float(v, rs)
             var_rows.append({"variant": name, "pooling": pool, "layers": layer_desc, **corr, **ret})
@@ -160,6 +160,10 @@ class Pooling(Analysis):
                     "retention_spearman": (retention(c["spearman"], base["spearman"])
                                            if c["spearman"] is not None and base["spearman"] is not None else None),
                     "retention_mrr": retention(rk["mrr"], base["mrr"]), "undefined": c["undefined"]})
+        from layerscope.analyses.compare import keep_correlation_rows
+
+        keep_correlation_rows(self, L, [{**r, "layer": _choice(r["layers"], L)} for r in var_rows], sims_by,
+                              pairs.scores)  # for model vs model, matched by choice (final, last4, ...)
         defined = [r for r in var_rows if r["spearman"] is not None]
         best = max(defined, key=lambda r: r["spearman"]) if defined else None
         best_ret = max(var_rows, key=lambda r: r["mrr"])
@@ -175,6 +179,12 @@ class Pooling(Analysis):
                    "default_variant": default, "retention_default": keep, "notes": notes}
         return {"summary": summary,
                 "tables": {"variants": var_rows, "quantization": quant_rows, "truncation": trunc_rows}}
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.analyses.compare import compare_models
+
+        return compare_models(self, per_model, score="spearman", score_label="STS Spearman (float32)",
+                              n_resamples=int(ctx.options.get("n_boot", 1000)), seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
@@ -272,3 +282,10 @@ class Pooling(Analysis):
 
 def _f(v, digits: int = 4) -> str:
     return "undefined" if v is None else f"{v:.{digits}f}"
+
+
+def _choice(layers: str, num_layers: int) -> str:
+    """A variant's layers as a choice that means the same in a model of any depth."""
+    if "+" in layers:
+        return "last4"
+    return "final" if layers == str(num_layers) else "second-to-last" if layers == str(num_layers - 1) else layers

@@ -25,6 +25,7 @@ import numpy as np
 
 from layerscope.errors import InputError
 from layerscope.metrics.vectors import layer_cosines
+from layerscope.progress import track
 
 KINDS = ("cosine-mlp", "siamese")
 LOSSES = ("mse", "logvar")
@@ -201,7 +202,7 @@ def train_probe(train: PairSplit, test: PairSplit, cfg: ProbeConfig, *, dev: Pai
         n = y_train.shape[0]
         best = (-2.0, None, 0)
         history = []
-        for epoch in range(1, cfg.epochs + 1):
+        for epoch in track(range(1, cfg.epochs + 1), f"probe {cfg.kind}: epochs (at most)"):
             model.train()
             order = torch.randperm(n, generator=gen)
             total = 0.0
@@ -250,7 +251,7 @@ def _pretrain(model, unlabeled, cfg: ProbeConfig, gen) -> dict[str, float]:
     opt = torch.optim.Adam(params, lr=cfg.lr)
     m = unlabeled.shape[1]
     losses = []
-    for _ in range(cfg.pretrain_epochs):
+    for _ in track(range(cfg.pretrain_epochs), "probe siamese: autoencoder pretraining epochs"):
         order = torch.randperm(m, generator=gen)
         total = 0.0
         for s in range(0, m, cfg.batch_size):

@@ -1,4 +1,4 @@
-"""``inspect run saliency``: which input tokens the objective rests on, decoded from each layer.
+"""``layerscope run saliency``: which input tokens the objective rests on, decoded from each layer.
 
 Objective ``y``: the class logit of a linear probe trained here on frozen final-layer pooled
 vectors of a labeled file (``--objective probe``, the default), or the cosine between a text
@@ -20,6 +20,7 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.progress import track
 
 BASELINES = ("grad-x-input", "integrated-gradients", "random")
 
@@ -177,7 +178,7 @@ class Saliency(Analysis):
         shown, ig_gaps = [], []
         show = int(o.get("show", 40))
         methods: list[str] = []
-        for n_done, i in enumerate(explain):
+        for n_done, i in enumerate(track(explain, "saliency: texts explained")):
             inp = encoded[i]
             ids = inp["input_ids"][0].numpy()
             content = content_positions(ids, special)

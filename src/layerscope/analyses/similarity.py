@@ -21,6 +21,7 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.progress import track
 
 ROW_BLOCK = 16384
 
@@ -40,14 +41,14 @@ def cka_matrix(get_a, layers_a: list[str], get_b, layers_b: list[str], n: int, *
     same = get_b is get_a and layers_a == layers_b
     pairs = [(i, j) for i in range(len(layers_a)) for j in range(len(layers_b)) if not same or j >= i]
     accs = {p: LinearCKAAccumulator() for p in pairs}
-    for r0 in range(0, n, block):
+    for r0 in track(range(0, n, block), "linear CKA: row blocks"):
         blocks_a = {la: np.asarray(get_a(la)[r0:r0 + block]) for la in layers_a}
         blocks_b = blocks_a if same else {lb: np.asarray(get_b(lb)[r0:r0 + block]) for lb in layers_b}
         for (i, j), acc in accs.items():
             acc.update(blocks_a[layers_a[i]], blocks_b[layers_b[j]])
     lin = np.full((len(layers_a), len(layers_b)), np.nan)
     unb = np.full_like(lin, np.nan) if unbiased else None
-    for (i, j), acc in accs.items():
+    for (i, j), acc in track(list(accs.items()), "unbiased CKA: layer pairs" if unbiased else "CKA: layer pairs"):
         try:
             lin[i, j] = acc.result()
         except ValueError:  # a layer without variance (e.g. a constant raw lookup): CKA undefined
@@ -80,7 +81,7 @@ def knn_matrix(get_a, layers_a, get_b, layers_b, *, k: int, seed: int = 0, ann_t
         return cache[key]
 
     out = np.zeros((len(layers_a), len(layers_b)))
-    for i, la in enumerate(layers_a):
+    for i, la in enumerate(track(layers_a, "mutual k-NN: layers")):
         for j, lb in enumerate(layers_b):
             out[i, j] = mutual_knn(nbrs("a", get_a, la), nbrs("b", get_b, lb))
     return out

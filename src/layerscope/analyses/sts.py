@@ -90,6 +90,7 @@ class STS(Analysis):
 
     # ------------------------------------------------------------ compute
     def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> dict[str, Any]:
+        from layerscope.analyses.compare import keep_correlation_rows
         from layerscope.metrics.vectors import paired_cosine
 
         pairs = data["test"]
@@ -98,13 +99,14 @@ class STS(Analysis):
         n_boot = int(ctx.options.get("n_boot", 1000))
         texts, i1, i2 = pairs.unique_texts()
         vecs = ctx.vectors(run, texts, layers=layers, poolings=poolings, tag="sts")
-        rows = []
+        rows, sims_by = [], {}
         for p in poolings:
             for layer in layers:
                 v = vecs[p, layer]
-                sims = paired_cosine(v[i1], v[i2])
+                sims = sims_by[p, layer] = paired_cosine(v[i1], v[i2])
                 rows.append({"pooling": p, "layer": layer,
                              **similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)})
+        keep_correlation_rows(self, run.num_layers, rows, sims_by, pairs.scores)  # for model vs model
         final = str(run.num_layers)
         by_pooling = {}
         for p in poolings:
@@ -125,6 +127,12 @@ class STS(Analysis):
             figures["tables"]["probe"] = figures["probe"]["rows"]
             summary["probe_spearman"] = {r["name"]: r["spearman"] for r in figures["probe"]["rows"]}
         return figures
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.analyses.compare import compare_models
+
+        return compare_models(self, per_model, score="spearman", score_label="Spearman",
+                              n_resamples=int(ctx.options.get("n_boot", 1000)), seed=ctx.seed, say=ctx.say)
 
     def _split(self, ctx, run, pairs, layers, pooling, tag, vecs=None, idx=None):
         from layerscope.analyses.probe import PairSplit

@@ -1,1 +1,1 @@
-"""``inspect bench``: every engine over the same texts in one process, speed and accuracy side by side."""
+"""``layerscope bench``: every engine over the same texts in one process, speed and accuracy side by side."""

@@ -57,7 +57,7 @@ def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n
             return run, None, None, None
         if spec.variant not in handle.manifest.get("variants", {}):
             if not cfg.make_variants:
-                run.fail(f"the export has no '{spec.variant}' variant (make it with inspect optimize "
+                run.fail(f"the export has no '{spec.variant}' variant (make it with layerscope optimize "
                          f"{handle.export_dir} --variant {spec.variant})")
                 return run, None, None, None
             t = time.perf_counter()

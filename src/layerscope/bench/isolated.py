@@ -1,4 +1,4 @@
-"""``inspect bench``: every row in its own process, rounds alternating the order, best and median.
+"""``layerscope bench``: every row in its own process, rounds alternating the order, best and median.
 
 Rows: the plain Hugging Face loop (``hf-eager``, also the fp32 reference every
 accuracy is measured against), the layerscope engines asked for, and the
@@ -32,6 +32,7 @@ from layerscope.bench.engine_rows import BENCH_ENGINES
 from layerscope.bench.runner import _accuracy, sts_spearman
 from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
+from layerscope.progress import track
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other
 
@@ -192,7 +193,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         loads = []
         for rnd in range(cfg.rounds):
             order = rows if rnd % 2 == 0 else rows[::-1]
-            for row in order:
+            for row in track(order, f"bench round {rnd + 1}/{cfg.rounds}: rows, each in its own process"):
                 if row.get("skip"):
                     continue
                 say(f"round {rnd + 1}/{cfg.rounds}: {row['name']} in its own process")

@@ -31,6 +31,7 @@ from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row
 from layerscope.bench.engine_rows import BENCH_ENGINES, engine_row
 from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
+from layerscope.progress import track
 
 
 def parse_engines(spec: str | list[str]) -> list[str]:
@@ -166,7 +167,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         results.append(run.result)
         gc.collect()
 
-    for name in cfg.engines:
+    for name in track(cfg.engines, "bench: engines"):
         spec = BENCH_ENGINES[name]
         say(f"{name}: {spec.note}")
         run, vecs, sts_encode, close = engine_row(cfg, spec, handle, layers, n_acc)

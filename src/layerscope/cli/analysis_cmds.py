@@ -172,6 +172,9 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
                       batch_tokens=batch_tokens)
     result_dir, results = run_analysis(name, context)
     cls().console_summary(results, c)
+    from layerscope.report.compare import print_comparison
+
+    print_comparison(results, c)
     if context.reused:
         c.print(f"[bold green]reused[/bold green] {result_dir}/ (same models, data and options; "
                 "--recompute runs it again)")
@@ -180,7 +183,7 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
 
 
 @app.command()
-def report(result_dir: Path = typer.Argument(..., help="A directory written by inspect run.")):
+def report(result_dir: Path = typer.Argument(..., help="A directory written by layerscope run.")):
     """Re-render the plots, tables and report.md of a result directory from results.json alone."""
     from layerscope.analyses.base import rerender
 
@@ -197,7 +200,7 @@ def analyses(name: Optional[str] = typer.Argument(None, help="Show one analysis'
 
     if name:
         meta = get_analysis(name).metadata
-        table = Table(title=f"inspect run {name}: {meta.description}")
+        table = Table(title=f"layerscope run {name}: {meta.description}")
         for col in ("option", "type", "default", "what it does"):
             table.add_column(col)
         for o in meta.options:
@@ -205,7 +208,7 @@ def analyses(name: Optional[str] = typer.Argument(None, help="Show one analysis'
         console().print(table)
         console().print(f"main score: {meta.main_score}; default poolings: {', '.join(meta.default_poolings)}")
         return
-    table = Table(title="analyses: inspect run NAME ... (inspect analyses NAME for its options)")
+    table = Table(title="analyses: layerscope run NAME ... (layerscope analyses NAME for its options)")
     table.add_column("name")
     table.add_column("what it does")
     table.add_column("its own options")

@@ -15,7 +15,7 @@ from layerscope.engines.registry import bench_rows
 
 @app.command()
 def optimize(
-    export_dir: Path = typer.Argument(..., help="An export dir made by inspect export."),
+    export_dir: Path = typer.Argument(..., help="An export dir made by layerscope export."),
     variant: str = typer.Option(..., "--variant", help="Comma list: opt, int8, fp16 (bf16 is refused on CPU); "
                                                        "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions)."),
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
@@ -86,7 +86,7 @@ def bench(
         from layerscope.bench.isolated import IsolatedConfig, parse_peers, run_isolated
 
         result = run_isolated(IsolatedConfig(peers=parse_peers(peers), rounds=rounds, passes=passes, **shared))
-    result["command"] = "inspect " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result["command"] = "layerscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S")
     paths = write_results(result, out, plot=not no_plot)
     from layerscope.engines.speed_order import record

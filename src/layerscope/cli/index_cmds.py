@@ -14,7 +14,7 @@ from layerscope.engines.registry import names_text
 
 @index_app.command("build")
 def index_build(
-    store: Path = typer.Option(..., "--store", "-s", help="A LayerStore made by inspect extract."),
+    store: Path = typer.Option(..., "--store", "-s", help="A LayerStore made by layerscope extract."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Index directory (default <store>/index-<kind>-<pooling>-<layer>)."),
     layer: str = typer.Option("-1", "--layer", help="Layer: raw, 0..L or a negative index."),
     pooling: str = typer.Option("mean", "--pooling", help="Pooling held in the store."),
@@ -47,7 +47,7 @@ def index_build(
 @app.command()
 def search(
     query: list[str] = typer.Argument(..., help="Query text(s)."),
-    index: Path = typer.Option(..., "--index", "-i", help="Index directory made by inspect index build."),
+    index: Path = typer.Option(..., "--index", "-i", help="Index directory made by layerscope index build."),
     k: int = typer.Option(10, "-k", "--top", help="How many results per query."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with this model (must be the index's)."),
     engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),

@@ -58,6 +58,8 @@ def extract(
     from layerscope.errors import InputError
     from layerscope.report.console import print_extract_summary
 
+    from layerscope.progress import wanted  # a bar on a terminal, none in a pipe or under --quiet
+
     source = data_source(input, dataset, config, split, "--input")
     if ray is None and ray_workers is not None:
         raise InputError("--ray-workers needs --ray (local, auto or a cluster address)")
@@ -65,7 +67,7 @@ def extract(
         raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
     common = dict(engine=engine, layers=layers, poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                   max_batch=max_batch, max_length=max_length, resume=resume, force=force, text_field=text_field,
-                  column=column, id_field=id_column, fmt=fmt, progress=True,
+                  column=column, id_field=id_column, fmt=fmt, progress=wanted(),
                   engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
                   trust_remote_code=trust_remote_code)
     if ray is not None:
@@ -81,7 +83,7 @@ def extract(
 
 
 @app.command()
-def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or an export dir (inspect export).")):
+def verify(path: Path = typer.Argument(..., help="A store (layerscope extract) or an export dir (layerscope export).")):
     """Re-hash every file of a store or an export against its recorded checksums."""
     from rich.markup import escape
 
@@ -97,7 +99,7 @@ def verify(path: Path = typer.Argument(..., help="A store (inspect extract) or a
 
 @app.command("export-store")
 def export_store(
-    store: Path = typer.Argument(..., help="A LayerStore made by inspect extract."),
+    store: Path = typer.Argument(..., help="A LayerStore made by layerscope extract."),
     fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),

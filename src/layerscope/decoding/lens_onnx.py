@@ -110,7 +110,7 @@ def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> di
         raise InputError(f"--lens-k must be at least 1, not {k}")
     handle = ModelHandle.resolve(export_dir)
     if not handle.is_export:
-        raise InputError(f"{export_dir} is not an export dir; run inspect export first")
+        raise InputError(f"{export_dir} is not an export dir; run layerscope export first")
     vocab = int(handle.manifest["vocab_size"])
     if k > vocab:
         raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")

@@ -2,11 +2,11 @@
 
 Accuracy is what the manifest recorded against PyTorch fp32: the export's own
 parity for the fp32 graph, each variant's parity for ``int8`` and the OpenVINO
-precisions (``inspect optimize --variant int8,ov-fp32,ov-bf16``); an engine
+precisions (``layerscope optimize --variant int8,ov-fp32,ov-bf16``); an engine
 whose accuracy was never recorded is not picked.  The accuracy of a candidate
 is its worst cosine over every hidden-state and pooled output.
 
-Speed: the texts/s the last ``inspect bench`` measured on this CPU
+Speed: the texts/s the last ``layerscope bench`` measured on this CPU
 (engines/speed_order.py) order the engines it measured; engines never measured
 here keep the rank each engine declares for its candidates (engines/registry.py
 ``AutoRank``: the order they came in on benchmarks/README.md's machine, GPU engines

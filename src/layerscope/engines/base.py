@@ -95,7 +95,7 @@ def create_engine(name: str, model: str | Any, **options) -> Engine:
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
     if spec.needs_export and not handle.is_export:
         raise InputError(f"engine '{name}' runs an ONNX export and {handle.spec} is not one: open it with "
-                         "layerscope.export.open.open_engine (exports on first use), or run inspect export first")
+                         "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
     if name != "auto" and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
     return spec.factory(handle, **options)

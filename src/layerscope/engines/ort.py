@@ -170,7 +170,7 @@ class OrtEngine(Engine):
             entry = handle.manifest["variants"][self.variant]
             if not path.exists() or file_sha256(path) != entry["sha256"]:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                                    f"inspect optimize {handle.export_dir} --variant {self.variant} --force")
+                                    f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]

@@ -10,7 +10,7 @@ Precisions (``variant``):
 - ``int8``: OpenVINO reading the export's ``int8`` variant (the ONNX Runtime
   dynamic-quantized graph: DynamicQuantizeLinear + MatMulInteger).
 
-Each is recorded in the manifest (``inspect optimize --variant ov-fp32,ov-bf16,ov-int8``)
+Each is recorded in the manifest (``layerscope optimize --variant ov-fp32,ov-bf16,ov-int8``)
 with per-output parity against PyTorch fp32, like the ONNX Runtime variants.
 The in-graph pooled outputs and every hidden state come from the same graph,
 so ``run``/``run_tokens`` are the ONNX Runtime engine's.
@@ -178,7 +178,7 @@ class OvEngine(OrtEngine):
         self.info.precision = precision
         recorded = self.manifest.get("variants", {}).get(ov_variant_key(precision))
         if recorded is None:
-            self.info.notes.append(f"accuracy of ov {precision} not recorded yet (inspect optimize "
+            self.info.notes.append(f"accuracy of ov {precision} not recorded yet (layerscope optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
 
     @classmethod
@@ -200,4 +200,4 @@ def _check_sha(handle, kind: str, path: Path) -> None:
     entry = handle.manifest["variants"][kind]
     if not path.exists() or file_sha256(path) != entry["sha256"]:
         raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                            f"inspect optimize {handle.export_dir} --variant {kind} --force")
+                            f"layerscope optimize {handle.export_dir} --variant {kind} --force")

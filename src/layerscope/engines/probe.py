@@ -1,4 +1,4 @@
-"""``inspect engines``: which engines really start on this machine, and why the others do not."""
+"""``layerscope engines``: which engines really start on this machine, and why the others do not."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def probe_all(model=None) -> list[EngineStatus]:
 
         handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
         if not handle.is_export:
-            raise InputError(f"{handle.spec} is not an export; export it first (inspect export)")
+            raise InputError(f"{handle.spec} is not an export; export it first (layerscope export)")
         export_dir = handle.export_dir
     statuses = []
     for name, spec in engines().items():

@@ -3,8 +3,8 @@
 An engine module (any module of this package) declares each engine it defines with
 ``@register(EngineSpec(...))``: its name, a one-line description, whether it runs an ONNX
 export, the device it runs on, the candidates ``--engine auto`` may pick with their rank,
-and the rows ``inspect bench`` measures.  Adding an engine is one file here; ``auto``,
-``inspect engines``, the bench, the CLI's help and every "unknown engine" message read
+and the rows ``layerscope bench`` measures.  Adding an engine is one file here; ``auto``,
+``layerscope engines``, the bench, the CLI's help and every "unknown engine" message read
 the names and facts from ``engines()``.
 
 ``auto`` tries candidates in the order of their declared ``rank`` (lower first): today the
@@ -34,7 +34,7 @@ class AutoRank:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """A row ``inspect bench`` can measure: this engine under a suffix (``ort`` + ``int8`` -> ``ort-int8``)."""
+    """A row ``layerscope bench`` can measure: this engine under a suffix (``ort`` + ``int8`` -> ``ort-int8``)."""
 
     suffix: str = ""  # "" is the engine's plain row
     variant: str | None = None
@@ -45,7 +45,7 @@ class BenchRow:
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    description: str  # one line, shown by ``inspect engines`` and the docs
+    description: str  # one line, shown by ``layerscope engines`` and the docs
     needs_export: bool  # runs an ONNX export: a plain model is exported first (export/open.py)
     device: str  # "cpu", "gpu" or "any" (placement on a Ray cluster, auto's GPU-first order)
     auto: tuple[AutoRank, ...] = ()  # candidates for --engine auto (none: auto never picks it by rank)

@@ -1,4 +1,4 @@
-"""The CPU speed order ``auto`` uses: measured by ``inspect bench`` on this CPU where it was, else declared.
+"""The CPU speed order ``auto`` uses: measured by ``layerscope bench`` on this CPU where it was, else declared.
 
 Every bench run records its engine rows' texts/s in ``<cache root>/bench-speeds.json``, keyed by
 this CPU (model name and the vector flags the engines use).  ``ranked`` then orders the candidates
@@ -102,13 +102,13 @@ def ranked(declared: tuple, manifest: dict[str, Any], *, root: Path | None = Non
     speeds = (run or {}).get("texts_per_s") or {}
     slots = [i for i, c in enumerate(declared) if bench_name(c[0], c[1]) in speeds]
     if not slots:
-        return list(declared), "the declared order (no inspect bench of these engines on this CPU yet)"
+        return list(declared), "the declared order (no layerscope bench of these engines on this CPU yet)"
     measured = sorted((declared[i] for i in slots), key=lambda c: -speeds[bench_name(c[0], c[1])])
     order = list(declared)
     for i, cand in zip(slots, measured):
         order[i] = cand
     figures = ", ".join(f"{bench_name(c[0], c[1])} {speeds[bench_name(c[0], c[1])]:,.0f}" for c in measured)
-    source = (f"texts/s measured on this CPU by inspect bench ({run.get('when')} UTC, {run.get('model')}"
+    source = (f"texts/s measured on this CPU by layerscope bench ({run.get('when')} UTC, {run.get('model')}"
               f"{', same export' if run.get('onnx_sha256') == manifest.get('onnx_sha256') else ''}): {figures}")
     return order, source
 

@@ -1,4 +1,4 @@
-"""``inspect export``: Optimum export with every hidden state, raw embeddings, in-graph pooling, parity check.
+"""``layerscope export``: Optimum export with every hidden state, raw embeddings, in-graph pooling, parity check.
 
 The export is written into a temporary sibling directory and renamed into
 place only after it matched PyTorch, so a failed export never leaves a
@@ -113,7 +113,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
                 f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
                 f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
                 "nothing was written. Try --opset 17, or report the model")
-        manifest["files"] = file_records(work)  # every file's sha256: inspect verify re-hashes them
+        manifest["files"] = file_records(work)  # every file's sha256: layerscope verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
 

@@ -1,4 +1,4 @@
-"""``inspect export --dtype fp16``: a half-precision export made from a half-precision torch model.
+"""``layerscope export --dtype fp16``: a half-precision export made from a half-precision torch model.
 
 Why from torch fp16 and not by converting the fp32 export: the converter (the ``fp16`` variant's
 ``convert_float_to_float16``) needs the whole fp32 graph in memory, i.e. the fp32 torch model

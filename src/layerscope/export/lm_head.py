@@ -136,7 +136,7 @@ def load_stored_head(export_dir: Path, manifest: dict[str, Any]) -> dict[str, An
     path = member(Path(export_dir), entry.get("file"), "lm_head file")
     if not path.is_file() or file_sha256(path) != entry.get("sha256"):
         raise ManifestError(f"{path} is missing or does not match its sha256 in the manifest (changed after "
-                            "export); re-export with inspect export --force")
+                            "export); re-export with layerscope export --force")
     tensors = load_file(str(path))
     family = FAMILIES[manifest["family"]]
     num_layers = int(manifest["num_layers"])

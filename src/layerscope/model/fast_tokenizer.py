@@ -1,8 +1,8 @@
 """Tokenization on the ``tokenizers`` library alone, for the ONNX engines.
 
 Loading a Hugging Face tokenizer imports transformers and with it torch: about
-five seconds before the first text is encoded, most of what ``inspect search``
-or a small ``inspect extract`` costs.  The Rust tokenizer in ``tokenizer.json``
+five seconds before the first text is encoded, most of what ``layerscope search``
+or a small ``layerscope extract`` costs.  The Rust tokenizer in ``tokenizer.json``
 is the same one a fast Hugging Face tokenizer wraps, so an export dir can be
 served without transformers.  The export checks, on its validation texts, that
 this path gives exactly the ids, masks and type ids Hugging Face gives, and only

@@ -46,7 +46,7 @@ class ModelHandle:
                 verify_export(path, manifest)
             return cls(str(spec), path.resolve(), manifest, trust_remote_code)
         if path.is_dir() and (path / ONNX_FILE).exists() and not (path / "config.json").exists():
-            raise ManifestError(f"{spec} has a model.onnx but no {MANIFEST}; export it with inspect export")
+            raise ManifestError(f"{spec} has a model.onnx but no {MANIFEST}; export it with layerscope export")
         from layerscope.model.describe import describe_model
 
         return cls(str(spec), None, describe_model(str(spec), trust_remote_code=trust_remote_code),

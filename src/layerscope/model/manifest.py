@@ -25,9 +25,9 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ManifestError(f"{export_dir} has no {MANIFEST}: it is not a layerscope export; run inspect export") from None
+        raise ManifestError(f"{export_dir} has no {MANIFEST}: it is not a layerscope export; run layerscope export") from None
     except json.JSONDecodeError as exc:
-        raise ManifestError(f"{path} is not valid JSON ({exc}); re-run inspect export") from None
+        raise ManifestError(f"{path} is not valid JSON ({exc}); re-run layerscope export") from None
 
 
 def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: bool = True) -> None:
@@ -36,18 +36,18 @@ def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: boo
 
     onnx_path = check_paths(Path(export_dir), manifest)
     if not onnx_path.exists():
-        raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run inspect export")
+        raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run layerscope export")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ManifestError(
             f"{export_dir} was written by a different layerscope export format "
-            f"({manifest.get('format_version')}, this version reads {FORMAT_VERSION}); re-run inspect export")
+            f"({manifest.get('format_version')}, this version reads {FORMAT_VERSION}); re-run layerscope export")
     if not manifest.get("onnx_sha256"):
         raise ManifestError(f"{Path(export_dir) / MANIFEST} has no onnx_sha256, so {onnx_path.name} cannot be "
-                            "checked; re-export with inspect export --force")
+                            "checked; re-export with layerscope export --force")
     if check_hash and file_sha256(onnx_path) != manifest["onnx_sha256"]:
         raise ManifestError(
             f"{onnx_path} does not match its manifest (sha256 differs): the file was replaced or "
-            "damaged after export; re-run inspect export")
+            "damaged after export; re-run layerscope export")
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
@@ -58,7 +58,7 @@ def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: boo
         extra = sorted(set(graph_outputs) - set(listed))
         raise ManifestError(
             f"{onnx_path} does not match its manifest: outputs missing from the graph {missing or '-'}, "
-            f"not in the manifest {extra or '-'}; re-run inspect export")
+            f"not in the manifest {extra or '-'}; re-run layerscope export")
     check_graph(Path(export_dir), manifest, graph)
     check_external_data(Path(export_dir), manifest, graph)
 

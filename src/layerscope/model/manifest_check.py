@@ -1,4 +1,4 @@
-"""Is an export dir what its ``manifest.json`` says?  Checks at load, and ``inspect verify``.
+"""Is an export dir what its ``manifest.json`` says?  Checks at load, and ``layerscope verify``.
 
 At load (every ``ModelHandle.resolve``), cheap enough to run each time:
 
@@ -10,9 +10,9 @@ At load (every ``ModelHandle.resolve``), cheap enough to run each time:
   ``pooled_layers`` agree with the graph itself: the pooled outputs' layer order is read off the
   ``Concat`` that stacks the layers in the graph;
 * external data files exist and are as large as the graph's references into them and as
-  recorded; they are *not* hashed at load (they can be many GB), ``inspect verify`` does that.
+  recorded; they are *not* hashed at load (they can be many GB), ``layerscope verify`` does that.
 
-``inspect verify EXPORT_DIR`` re-hashes every file recorded in the manifest's ``files`` (written
+``layerscope verify EXPORT_DIR`` re-hashes every file recorded in the manifest's ``files`` (written
 at export: model.onnx, its external data, tokenizer and config files), every variant and every
 lens graph against its sidecar.
 """
@@ -46,7 +46,7 @@ def member(export_dir: Path, rel: Any, what: str) -> Path:
             bad = f"leads outside the export dir (to {target})"
     if bad:
         raise ManifestError(f"{Path(export_dir) / MANIFEST}: {what} {rel!r} {bad}; a manifest may only name "
-                            "files inside its export dir; re-run inspect export")
+                            "files inside its export dir; re-run layerscope export")
     return Path(export_dir) / rel
 
 
@@ -78,7 +78,7 @@ def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
     where = Path(export_dir) / MANIFEST
 
     def refuse(what: str) -> None:
-        raise ManifestError(f"{where} does not match its graph: {what}; re-run inspect export")
+        raise ManifestError(f"{where} does not match its graph: {what}; re-run layerscope export")
 
     outputs = {o.name: _dims(o) for o in graph.output}
     listed = manifest.get("outputs")
@@ -130,13 +130,13 @@ def check_external_data(export_dir: Path, manifest: dict[str, Any], graph) -> No
         path = member(export_dir, location, "the graph's external data file")
         if not path.is_file():
             raise ManifestError(f"{export_dir} is missing {location}, the external data of its graph; "
-                                "re-run inspect export")
+                                "re-run layerscope export")
         size = path.stat().st_size
         recorded = (files.get(location) or {}).get("bytes")
         if size < end or (recorded is not None and size != int(recorded)):
             raise ManifestError(f"{path} is {size:,} bytes, the export wrote "
                                 f"{int(recorded) if recorded is not None else end:,} (truncated or replaced); "
-                                "re-run inspect export")
+                                "re-run layerscope export")
 
 
 def check_paths(export_dir: Path, manifest: dict[str, Any]) -> Path:
@@ -182,7 +182,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
         expected[rel] = (rec or {}).get("sha256")
     if not expected:
         problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
-                        "re-export with inspect export --force")
+                        "re-export with layerscope export --force")
     expected.setdefault(manifest.get("onnx_file", "model.onnx"), manifest.get("onnx_sha256"))
     for kind, entry in (manifest.get("variants") or {}).items():
         expected[(entry or {}).get("file")] = (entry or {}).get("sha256")

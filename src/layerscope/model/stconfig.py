@@ -100,7 +100,7 @@ def st_recipe(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's recipe for the ``st`` pooling, or a clear error when there is none."""
     if "sentence_transformers" not in manifest and manifest.get("format_version"):
         raise InputError("pooling 'st' needs the export to record the checkpoint's sentence-transformers "
-                         "modules, and this export was made before layerscope did: re-run inspect export --force")
+                         "modules, and this export was made before layerscope did: re-run layerscope export --force")
     st = manifest.get("sentence_transformers")
     if not st:
         raise InputError("pooling 'st' needs a sentence-transformers checkpoint (modules.json with a Pooling "

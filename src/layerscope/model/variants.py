@@ -49,6 +49,6 @@ def variant_onnx_file(manifest: dict[str, Any], kind: str | None) -> str | None:
         raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
     entry = manifest.get("variants", {}).get(kind)
     if not entry:
-        raise InputError(f"this export has no '{kind}' variant yet; make it with: inspect optimize EXPORT_DIR "
+        raise InputError(f"this export has no '{kind}' variant yet; make it with: layerscope optimize EXPORT_DIR "
                          f"--variant {kind}")
     return entry["file"]

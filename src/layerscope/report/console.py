@@ -137,7 +137,7 @@ def print_cache(console, root: Path, entries, skipped) -> None:
         table.add_row(e.kind, e.model, human_size(e.size), f"{e.age_days:.1f}", e.made_by or "?", e.path.name)
     console.print(table)
     console.print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
-                  f"{human_size(sum(e.size for e in entries))}; clear with: inspect cache clear "
+                  f"{human_size(sum(e.size for e in entries))}; clear with: layerscope cache clear "
                   "[--exports|--stores] [--older-than DAYS]")
     for s in skipped:
         console.print(f"[yellow]not layerscope's[/yellow] {s.path}: {s.reason}", soft_wrap=True)

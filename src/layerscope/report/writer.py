@@ -115,6 +115,11 @@ def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str
     lines += ["", "## Settings", "", "```", *(f"{k}: {v}" for k, v in settings.items()), "```", ""]
     if body:
         lines += [body.rstrip(), ""]
+    from layerscope.report.compare import comparison_markdown
+
+    several = comparison_markdown(results)  # side-by-side table and model-vs-model tests ("" for one model)
+    if several:
+        lines += [several.rstrip(), ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     if tables:

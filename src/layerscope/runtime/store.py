@@ -68,24 +68,24 @@ class LayerStore:
         path = Path(path)
         meta_path = path / STORE_JSON
         if not meta_path.exists():
-            raise StoreError(f"{path} is not a layer store (no {STORE_JSON}); make one with inspect extract")
+            raise StoreError(f"{path} is not a layer store (no {STORE_JSON}); make one with layerscope extract")
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise StoreError(f"{meta_path} is damaged ({exc}); re-run inspect extract") from None
+            raise StoreError(f"{meta_path} is damaged ({exc}); re-run layerscope extract") from None
         if meta.get("format_version") != FORMAT_VERSION:
             raise StoreError(f"{path} has store format {meta.get('format_version')}, this layerscope reads "
-                             f"{FORMAT_VERSION}; re-run inspect extract")
+                             f"{FORMAT_VERSION}; re-run layerscope extract")
         problems = layout_problems(path, meta)
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-            raise StoreError(f"{path} is damaged: {problems[0]}{more}; re-run inspect extract --force "
-                             f"(inspect verify {path} lists every problem)")
+            raise StoreError(f"{path} is damaged: {problems[0]}{more}; re-run layerscope extract --force "
+                             f"(layerscope verify {path} lists every problem)")
         store = cls(path, meta, "r")
         if not meta.get("complete") and not allow_incomplete:
             done = int(store.done_mask().sum())
             raise StoreError(f"{path} is incomplete ({done:,} of {meta['n']:,} rows); finish it with "
-                             "inspect extract ... --resume")
+                             "layerscope extract ... --resume")
         return store
 
     @classmethod

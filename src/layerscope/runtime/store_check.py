@@ -151,9 +151,9 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     recorded = meta.get("checksums") or {}
     if not meta.get("complete"):
         problems.append("the store is incomplete (no checksums until it completes); finish it with "
-                        "inspect extract ... --resume")
+                        "layerscope extract ... --resume")
     elif not recorded:
-        problems.append("store.json records no checksums (made by an older layerscope); re-run inspect "
+        problems.append("store.json records no checksums (made by an older layerscope); re-run layerscope "
                         "extract --force to get them")
     checked = 0
     rels = [rel for rel in recorded if (root / rel).is_file()]

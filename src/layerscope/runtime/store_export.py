@@ -1,4 +1,4 @@
-"""``inspect export-store``: a LayerStore as one Parquet or safetensors file other tools read.
+"""``layerscope export-store``: a LayerStore as one Parquet or safetensors file other tools read.
 
 * Parquet: one row per text with ``id``, ``text`` and one fixed-size float list
   column per (pooling, layer) named ``<pooling>/layer_<name>`` (e.g. ``mean/layer_6``);
@@ -48,7 +48,7 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
     if out.exists() and not force:
         raise InputError(f"{out} exists; pass --force to replace it, or --out another file")
     if out.exists() and not _made_by_layerscope(out, fmt):
-        raise InputError(f"{out} exists and was not written by inspect export-store; --force only replaces "
+        raise InputError(f"{out} exists and was not written by layerscope export-store; --force only replaces "
                          "layerscope's own files: choose another --out")
     tmp = out.with_name(out.name + ".partial")
     try:

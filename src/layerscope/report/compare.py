@@ -1,0 +1,134 @@
+"""The several-models part of a report: the side-by-side table and the model-vs-model tests, from results alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _num(v, digits: int = 4) -> str:
+    return "undefined" if v is None else f"{v:.{digits}f}"
+
+
+def _p(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1e}" if v < 1e-3 else f"{v:.4f}"
+
+
+def _cell(row: dict, name: str, score: str) -> str:
+    value = row.get(f"{name} {score}")
+    if row.get(f"{name} layer") is None:
+        return "-"
+    lo, hi = row.get(f"{name} ci_low"), row.get(f"{name} ci_high")
+    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+    return f"{_num(value)}{ci}"
+
+
+def side_by_side_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Header and cells of the side-by-side table (one column per model: layer and score [95% CI])."""
+    combined = results.get("combined") or {}
+    meta = combined.get("comparison") or {}
+    rows = (combined.get("tables") or {}).get("side_by_side") or []
+    if not meta.get("models") or not rows:
+        return None
+    names, score, by, group = meta["models"], meta["score"], meta["by"], meta["group_label"]
+    same = by == "layer"  # every model at the row's own layer: no per-model layer to show
+    header = [group, by] + [n if same else f"{n} (layer: score)" for n in names]
+    cells = []
+    for r in rows:
+        line = [str(r.get(group)), str(r.get(by))]
+        for n in names:
+            layer = r.get(f"{n} layer")
+            line.append("-" if layer is None else _cell(r, n, score) if same else f"{layer}: {_cell(r, n, score)}")
+        cells.append(line)
+    return header, cells
+
+
+def comparison_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    combined = results.get("combined") or {}
+    meta = combined.get("comparison") or {}
+    rows = (combined.get("tables") or {}).get("model_comparison") or []
+    if not meta.get("models") or not rows:
+        return None
+    score, group = meta["score"], meta["group_label"]
+    header = ["comparison", "A", "B", "score A", "score B", "A - B", "95% CI", "p"]
+    cells = []
+    for r in rows:
+        ci = (f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+              and r.get("ci_high") is not None else "-")
+        cells.append([r["comparison"], f"{r['model_a']} {r.get(f'{group}_a')} {r['layer_a']}",
+                      f"{r['model_b']} {r.get(f'{group}_b')} {r['layer_b']}", _num(r.get(f"{score}_a")),
+                      _num(r.get(f"{score}_b")), _num(r.get("difference")), ci, _p(r.get("p_value"))])
+    return header, cells
+
+
+def _md(header: list[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def comparison_markdown(results: dict[str, Any]) -> str:
+    """The report.md section for several models ('' for one model)."""
+    meta = (results.get("combined") or {}).get("comparison") or {}
+    if meta.get("skipped"):
+        return f"## Models side by side\n\nNo model-vs-model comparison: {meta['skipped']}.\n"
+    side = side_by_side_rows(results)
+    if side is None:
+        return ""
+    label = meta.get("score_label") or meta["score"]
+    depth = ("one row per layer" if meta["by"] == "layer" else
+             "one row per relative depth (layer / number of layers, on the shallower model's layers; a deeper "
+             "model takes its nearest layer): " + ", ".join(f"{k} has {v} layers"
+                                                              for k, v in meta["num_layers"].items()))
+    out = ["## Models side by side", "",
+           f"{label} [95% interval] per {meta['group_label']} and {meta['by']}, {depth}. The table is "
+           "`side_by_side.csv`.", "",
+           _md(*side)]
+    out += [f"- {note}" for note in meta.get("notes") or []] + ([""] if meta.get("notes") else [])
+    comp = comparison_rows(results)
+    if comp is not None:
+        out += ["## Model vs model (paired bootstrap)", "",
+                f"Difference of {label} (A - B) with both models scored on the same {meta['n_items']} items "
+                f"resampled {meta['n_resamples']} times (seed {meta['seed']}): 95% percentile interval and a "
+                "two-sided p-value from the bootstrap distribution shifted to no difference (the smallest it can "
+                f"be is 1/({meta['n_resamples']} + 1)). 'best of each' compares each model's best row, chosen on "
+                "these same items (so it leans optimistic); the other rows compare matched rows of the table "
+                "above. p-values are per comparison, not corrected for the number of comparisons. The table is "
+                "`model_comparison.csv`.", "", _md(*comp)]
+    return "\n".join(out)
+
+
+def print_comparison(results: dict[str, Any], console) -> None:
+    """The side-by-side table and the model-vs-model tests on the terminal (nothing for one model)."""
+    from rich.table import Table
+
+    side = side_by_side_rows(results)
+    if side is None:
+        return
+    meta = results["combined"]["comparison"]
+    label = meta.get("score_label") or meta["score"]
+    names = meta["models"]
+    table = Table(title=f"models side by side: {label} [95% CI]")
+    for i, h in enumerate(side[0]):
+        table.add_column(h, justify="left" if i < 2 else "right")
+    for row in side[1]:
+        table.add_row(*row)
+    console.print(table)
+    for n in meta.get("notes") or []:
+        console.print(f"[dim]{n}[/dim]")
+    rows = (results["combined"].get("tables") or {}).get("model_comparison") or []
+    group = meta["group_label"]
+    for a_name, b_name in dict.fromkeys((r["model_a"], r["model_b"]) for r in rows):
+        t = Table(title=f"A = {a_name}, B = {b_name}: {label}, paired bootstrap over {meta['n_items']} items")
+        for h in ("comparison", "A", "B", "score A", "score B", "A - B [95% CI]", "p"):
+            t.add_column(h, justify="left" if h in ("comparison", "A", "B") else "right")
+        for r in rows:
+            if (r["model_a"], r["model_b"]) != (a_name, b_name):
+                continue
+            ci = (f" [{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+                  and r.get("ci_high") is not None else "")
+            t.add_row(r["comparison"], f"{r.get(f'{group}_a')} {r['layer_a']}", f"{r.get(f'{group}_b')} {r['layer_b']}",
+                      _num(r.get(f"{meta['score']}_a")), _num(r.get(f"{meta['score']}_b")),
+                      f"{_num(r.get('difference'))}{ci}", _p(r.get("p_value")))
+        console.print(t)
