@@ -13,7 +13,9 @@ Per layer and pooling, over unit-normalised vectors of the paired texts:
 * PCA over both sides stacked: variance explained by the first components,
   Cohen's d of the source/target split on PC0, and the alignment z within
   the first k = 2, 5, 10 components (centred projections);
-* per category, the headline figures again.
+* per category, the headline figures again;
+* for the browser in report.html: the nearest targets of a sample of source texts
+  (``--examples`` of them, exact cosine), per layer and pooling.
 """
 
 from __future__ import annotations
@@ -115,6 +117,22 @@ def category_figures(src: np.ndarray, tgt: np.ndarray, *, n_perm: int, seed: int
             "mrr_src2tgt": r["src2tgt"]["mrr"], "mrr_tgt2src": r["tgt2src"]["mrr"]}
 
 
+def nearest_targets(src: np.ndarray, tgt: np.ndarray, queries: np.ndarray, k: int) -> dict[str, list]:
+    """The ``k`` nearest targets (exact cosine, FAISS flat index) of the sources at ``queries``."""
+    from layerscope.runtime.faiss_index import VectorIndex, normalize
+
+    index = VectorIndex.build(normalize(tgt), "flat", normalized=True, device="cpu")
+    scores, ids = index.search(normalize(src[queries]), k, normalized=True)
+    return {"ids": ids.tolist(), "scores": np.round(scores.astype(float), 4).tolist()}
+
+
+def example_queries(n: int, count: int, seed: int) -> np.ndarray:
+    """A fixed sample of ``count`` source rows (all of them when there are fewer), in corpus order."""
+    if count >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, count, replace=False))
+
+
 def layer_row(pooling: str, layer: str, f: dict[str, Any]) -> dict[str, Any]:
     """Flatten one layer's figures into a table row."""
     z, r = f["z"], f["retrieval"]
@@ -164,6 +182,7 @@ class Alignment(Analysis):
             Option("ann_threshold", int, 50000, "pairs above which retrieval uses an IVF index, not exact"),
             Option("index", str, "auto", "retrieval index: auto, flat, ivf or hnsw"),
             Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu"),
+            Option("examples", int, 50, "source texts whose nearest targets per layer are kept for report.html"),
         ),
     )
 
@@ -172,9 +191,10 @@ class Alignment(Analysis):
         from layerscope.data.aligned import PairSet, read_line_pairs, read_pairs
 
         o = ctx.options
-        for name in ("permutations", "knn", "n"):
-            if o.get(name) is not None and o[name] < (2 if name == "permutations" else 1):
-                raise InputError(f"--{name} must be at least {2 if name == 'permutations' else 1}, got {o[name]}")
+        for name in ("permutations", "knn", "n", "examples"):
+            least = {"permutations": 2, "examples": 0}.get(name, 1)
+            if o.get(name) is not None and o[name] < least:
+                raise InputError(f"--{name} must be at least {least}, got {o[name]}")
         if o.get("index", "auto") not in ("auto", "flat", "ivf", "hnsw"):
             raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o['index']!r}")
         given = [s for s, v in (("--data", ctx.data), ("--generate", o.get("generate")),
@@ -219,6 +239,9 @@ class Alignment(Analysis):
         cats = sorted(set(data.categories)) if data.categories else []
         cat_idx = {c: np.array([i for i, x in enumerate(data.categories) if x == c]) for c in cats}
         layer_rows, cat_rows, backend = [], [], None
+        queries = example_queries(n, 50 if o.get("examples") is None else o["examples"], ctx.seed)
+        k_shown = min(5, n)
+        shown: dict[str, dict[str, Any]] = {}
         for pooling in poolings:
             for layer in layers:
                 v = vecs[pooling, layer]
@@ -228,6 +251,8 @@ class Alignment(Analysis):
                                       index_kind=o.get("index") or "auto", device=o.get("device") or "auto")
                 backend = f["retrieval"].get("backend")
                 layer_rows.append(layer_row(pooling, layer, f))
+                if len(queries):
+                    shown.setdefault(pooling, {})[layer] = nearest_targets(src, tgt, queries, k_shown)
                 for c in cats:
                     idx = cat_idx[c]
                     if len(idx) < 2:
@@ -249,7 +274,12 @@ class Alignment(Analysis):
             "best_acc@1_src2tgt": best_acc["acc@1_src2tgt"], "best_acc@1_layer": best_acc["layer"],
             "n_pairs": n, "duplicates": data.duplicates, "faiss": backend,
         }
-        return {"summary": summary, "layers": layers, "poolings": poolings,
+        hit = sorted({j for by_layer in shown.values() for got in by_layer.values() for row in got["ids"] for j in row
+                      if j >= 0} | {int(q) for q in queries})
+        neighbours = {"k": k_shown, "direction": "source -> target", "queries": [int(q) for q in queries],
+                      "by": shown, "sources": {str(int(q)): data.sources[q] for q in queries},
+                      "targets": {str(j): data.targets[j] for j in hit}}
+        return {"summary": summary, "layers": layers, "poolings": poolings, "neighbours": neighbours,
                 "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}}
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:

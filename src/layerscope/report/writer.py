@@ -51,17 +51,22 @@ def write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
-    """One CSV per table name, rows of every model stacked with a ``model`` column first."""
+def merged_tables(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every table by name, rows of every model stacked with a ``model`` column first (as the CSVs hold them)."""
     merged: dict[str, list[dict[str, Any]]] = {}
     for model, figures in results.get("per_model", {}).items():
         for name, rows in (figures.get("tables") or {}).items():
             merged.setdefault(name, []).extend({"model": model, **row} for row in rows)
     for name, rows in (results.get("combined", {}).get("tables") or {}).items():
         merged.setdefault(name, []).extend(rows)
+    return merged
+
+
+def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
+    """One CSV per table name, rows of every model stacked with a ``model`` column first."""
     written: list[str] = []
     used: set[str] = set()
-    for name, rows in merged.items():
+    for name, rows in merged_tables(results).items():
         if not rows:
             continue
         columns: list[str] = []
