@@ -330,12 +330,12 @@ def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None)
     from layerscope.report.writer import write_report, write_tables
 
     analysis = analysis or get_analysis(results["analysis"])()
-    tables = write_tables(out, results)
-    plots = analysis.plots(results, out)
-    write_report(out, results, analysis.report(results), tables, plots)
     from layerscope.report.html_page import write_html_report
 
-    write_html_report(out, results)
+    tables = write_tables(out, results)
+    plots = analysis.plots(results, out)
+    page = write_html_report(out, results)
+    write_report(out, results, analysis.report(results), tables, plots, page=page)
     return plots
 
 

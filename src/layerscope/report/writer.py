@@ -103,8 +103,11 @@ def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None, digit
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str]) -> Path:
+def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str],
+                 page: str | None = None) -> Path:
     lines = [f"# {results['analysis']}: {results.get('description', '')}", ""]
+    if page:
+        lines += [f"Interactive version (charts with hover values, tables, settings): [{page}]({page})", ""]
     lines.append(f"Made by layerscope {results.get('layerscope_version')} on {results.get('created')} "
                  f"in {results.get('seconds')} s.")
     lines.append("")
