@@ -14,6 +14,7 @@ CSS = """
 .nb table.t td { vertical-align: top; }
 .nb td.hit { background: #d9f2d9; }
 .nb .q { font-size: 14px; margin: 6px 0; } .nb .q b { font-weight: 600; }
+.nb .scroll { max-height: none; }
 """
 
 SCRIPT = """
@@ -43,6 +44,7 @@ window.layerscopeExtras.push(function (data) {
     var m = nb[modelSel.value];
     poolSel.innerHTML = '';
     Object.keys(m.by).forEach(function (p) { var o = el('option', p); o.value = p; poolSel.appendChild(o); });
+    if (m.pooling && m.by[m.pooling]) { poolSel.value = m.pooling; }
     fillQueries();
   }
   function fillQueries() {
@@ -83,7 +85,8 @@ window.layerscopeExtras.push(function (data) {
         row.appendChild(td);
         if (j === q) { found = 'rank ' + (r + 1); }
       });
-      row.appendChild(el('td', found));
+      var tied = scores.length > 1 && scores.every(function (v) { return v === scores[0]; });
+      row.appendChild(el('td', found + (tied ? ' (all ' + m.k + ' tied: order arbitrary)' : '')));
       body.appendChild(row);
     });
     table.appendChild(body);
@@ -108,7 +111,8 @@ def neighbour_section(results: dict[str, Any]):
     """The browser's section, or None when no model's results hold neighbours (older results files)."""
     from layerscope.report.html_views import Section
 
-    data = {m: {**f["neighbours"], "layers": [str(x) for x in f.get("layers") or []]}
+    data = {m: {**f["neighbours"], "layers": [str(x) for x in f.get("layers") or []],
+                "pooling": (f.get("summary") or {}).get("pooling")}
             for m, f in (results.get("per_model") or {}).items() if isinstance(f, dict) and _valid(f.get("neighbours"))}
     if not data:
         return None

@@ -159,19 +159,28 @@ def _header(results: dict[str, Any]) -> str:
 
 
 def _summary(results: dict[str, Any]) -> str:
-    parts = []
+    """Each model's summary figures side by side: one row per figure, one column per model."""
     main = results.get("main_score")
+    columns: dict[str, dict[str, Any]] = {}
     for model, figures in (results.get("per_model") or {}).items():
         summary = figures.get("summary") if isinstance(figures, dict) else None
-        if not isinstance(summary, dict):
-            continue
-        rows = [r for r in _kv_rows(summary, depth=2) if not isinstance(r["value"], (dict, list))]
-        lead = ""
-        if main in summary and not isinstance(summary[main], (dict, list)):
-            lead = (f"<p>Main score <code>{html.escape(str(main))}</code>: <b>"
-                    f"{html.escape(_fmt(summary[main]))}</b></p>")
-        parts.append(f"<h3>{html.escape(str(model))}</h3>{lead}{html_table(rows, ['setting', 'value'])}")
-    return "".join(parts)
+        if isinstance(summary, dict):
+            columns[str(model)] = {r["setting"]: r["value"] for r in _kv_rows(summary, depth=2)
+                                   if not isinstance(r["value"], (dict, list))}
+    if not columns:
+        return ""
+    keys: list[str] = []
+    for figures in columns.values():
+        keys += [k for k in figures if k not in keys]
+    if main in keys:
+        keys.remove(main)
+        keys.insert(0, main)
+    rows = [{"figure": k, **{m: figures.get(k) for m, figures in columns.items()}} for k in keys]
+    lead = ""
+    if main in keys:
+        lead = ("<p>Main score <code>" + html.escape(str(main)) + "</code>: " + "; ".join(
+            f"{html.escape(m)} <b>{html.escape(_fmt(figures.get(main)))}</b>" for m, figures in columns.items()) + "</p>")
+    return lead + html_table(rows, ["figure", *columns])
 
 
 def _fmt(value: Any) -> str:

@@ -100,7 +100,7 @@ def sts_views(results) -> list[Section]:
     on = data_name(results)
     n_boot = ((results.get("settings") or {}).get("options") or {}).get("n_boot")
     pairs = {m: (f.get("summary") or {}).get("pairs") for m, f in per_model(results).items()}
-    n_pairs = ", ".join(str(p) for p in pairs.values() if p is not None) or "the"
+    n_pairs = ", ".join(dict.fromkeys(f"{p:,}" for p in pairs.values() if isinstance(p, int))) or "the"
     charts = []
     for value, name in (("spearman", "Spearman"), ("pearson", "Pearson")):
         charts += curves(results, table_series(results, "layers", value),
