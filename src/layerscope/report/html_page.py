@@ -230,7 +230,7 @@ def build_page(results: dict[str, Any]) -> str:
 
     from layerscope.report.html_views import views
 
-    sections = views(results)
+    sections = [s for s in views(results) if s.charts or s.html]
     figures, body = [], []
     for section in sections:
         body.append(f"<h2 id='{section.anchor}'>{html.escape(section.title)}</h2>")
