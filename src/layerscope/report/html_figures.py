@@ -47,6 +47,7 @@ class Series:
     low: Sequence[Any] | None = None
     high: Sequence[Any] | None = None
     num_layers: int | None = None  # for the relative-depth axis (layer / num_layers)
+    dash: str | None = None  # e.g. "dash" for a reference level that does not depend on the layer
 
 
 @dataclass
@@ -148,8 +149,10 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
                  + f"<br>{esc(ylabel)}: %{{y:.{digits}f}}"
                  + (f"<br>{CI_NAME}: [%{{customdata[2]}}, %{{customdata[3]}}]" if has_band else "")
                  + "<extra></extra>")
-        traces.append(go.Scatter(x=xs, y=ys, mode="lines+markers", name=esc(s.label), legendgroup=f"g{i}",
-                                 line={"color": colour, "width": 2}, marker={"size": 7}, customdata=custom,
+        traces.append(go.Scatter(x=xs, y=ys, mode="lines" if s.dash else "lines+markers", name=esc(s.label),
+                                 legendgroup=f"g{i}",
+                                 line={"color": colour, "width": 2, "dash": s.dash or "solid"},
+                                 marker={"size": 7}, customdata=custom,
                                  hovertemplate=hover, connectgaps=False))
     if any(t.fill == "toself" for t in traces):
         notes.append(f"Shaded bands: {CI_NAME}s (hover a point for its interval).")

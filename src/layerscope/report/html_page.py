@@ -238,7 +238,7 @@ def build_page(results: dict[str, Any]) -> str:
             body.append(f"<p class='note'>{section.intro}</p>")
         for chart in section.charts:
             i = len(figures)
-            figures.append(_clean(chart.figure))
+            figures.append(chart.figure)
             notes = " ".join(html.escape(n) for n in chart.notes)
             body.append(f"<figure><div class='lsfig' id='fig-{i}' data-kind='{chart.kind}'></div>"
                         f"<figcaption>{html.escape(chart.caption)} {notes}</figcaption></figure>")
@@ -263,7 +263,7 @@ def build_page(results: dict[str, Any]) -> str:
         "(no network needed). Hover a point for its value; drag to zoom, double-click to reset; the camera icon "
         "saves a chart as SVG.</p>",
         "</main>",
-        f"<script type='application/json' id='ls-data'>{script_json({'figures': figures, **extras})}</script>",
+        f"<script type='application/json' id='ls-data'>{script_json(_clean({'figures': figures, **extras}))}</script>",
         *(f"<script>{s.script}</script>" for s in sections if s.script),
         f"<script>{SCRIPT}</script></body></html>",
     ]

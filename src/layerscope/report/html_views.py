@@ -290,7 +290,7 @@ def saliency_views(results) -> list[Section]:
                                  [(rows.get(f"gxa@{x}") or {}).get("hide_aopc") for x in layers]))
         for method, r in rows.items():
             if method and "@" not in str(method):
-                series.append(Series(f"{method} (one value)", layers, [r.get("hide_aopc")] * len(layers)))
+                series.append(Series(f"{method} (no layer)", layers, [r.get("hide_aopc")] * len(layers), dash="dash"))
         charts.append(layer_curves(series, title=f"Hiding game AOPC by layer ({model})", ylabel="mean drop of y over k",
                                    caption="Mean drop of the objective y when the k most salient tokens are hidden, "
                                            "averaged over k = 1..K; higher = the method found the tokens y rests on."))
