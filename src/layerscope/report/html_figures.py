@@ -213,8 +213,10 @@ def bars(groups: dict[str, dict[str, Any]], *, title: str, caption: str, ylabel:
                        "thickness": 1.2, "width": 4}
         traces.append(go.Bar(x=xs, y=ys, name=esc(label), marker={"color": COLOURS[i % len(COLOURS)]},
                              error_y=err, text=[None if y is None else f"{y:.{digits}f}" for y in ys],
-                             # inside the foot of the bar: a label at its top would sit on the interval's whisker
-                             textposition="inside", insidetextanchor="start", textangle=0, textfont={"size": 11},
+                             # with whiskers, inside the foot of the bar (a label on top would sit on the whisker);
+                             # without, above the bar, where a bar of height 0 still shows its value
+                             textposition="inside" if err else "outside", insidetextanchor="start", textangle=0,
+                             cliponaxis=False, textfont={"size": 11},
                              hovertemplate=f"%{{x}}<br>{esc(label)}: %{{y:.4f}}<extra></extra>"))
     layout = _layout(title, "", ylabel, barmode="group", showlegend=len(labels) > 1,
                      xaxis={"type": "category", "tickangle": -30 if len(groups) > 5 else 0},

@@ -132,6 +132,8 @@ def _kv_rows(d: dict[str, Any], prefix: str = "", depth: int = 2) -> list[dict[s
         key = f"{prefix}{k}"
         if isinstance(v, dict) and depth > 0 and v:
             rows += _kv_rows(v, key + ".", depth - 1)
+        elif isinstance(v, dict) and not v:
+            rows.append({"setting": key, "value": "none"})
         elif isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
             rows.append({"setting": key, "value": ", ".join("–" if x is None else str(x) for x in v)})
         else:
