@@ -60,7 +60,7 @@ def test_nearest_targets_are_the_exact_cosine_neighbours():
     queries = example_queries(40, 7, seed=1)
     assert list(queries) == sorted(queries) and len(set(queries)) == 7
     assert list(example_queries(5, 50, seed=1)) == [0, 1, 2, 3, 4]
-    got = nearest_targets(src, tgt, queries, 5)
+    got = nearest_targets(src, tgt, queries, 5, block=7)  # targets read in 6 blocks, merged
     cos = (src / np.linalg.norm(src, axis=1, keepdims=True)) @ (tgt / np.linalg.norm(tgt, axis=1, keepdims=True)).T
     for row, q in enumerate(queries):
         want = np.argsort(-cos[q])[:5]

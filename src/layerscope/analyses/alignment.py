@@ -117,12 +117,21 @@ def category_figures(src: np.ndarray, tgt: np.ndarray, *, n_perm: int, seed: int
             "mrr_src2tgt": r["src2tgt"]["mrr"], "mrr_tgt2src": r["tgt2src"]["mrr"]}
 
 
-def nearest_targets(src: np.ndarray, tgt: np.ndarray, queries: np.ndarray, k: int) -> dict[str, list]:
-    """The ``k`` nearest targets (exact cosine, FAISS flat index) of the sources at ``queries``."""
-    from layerscope.runtime.faiss_index import VectorIndex, normalize
+def nearest_targets(src: np.ndarray, tgt: np.ndarray, queries: np.ndarray, k: int, *,
+                    block: int = 65536) -> dict[str, list]:
+    """The ``k`` nearest targets (exact cosine; ties to the lower row) of the sources at ``queries``, with
+    the targets read in row blocks so that no second copy of them is held."""
+    from layerscope.runtime.faiss_index import normalize
 
-    index = VectorIndex.build(normalize(tgt), "flat", normalized=True, device="cpu")
-    scores, ids = index.search(normalize(src[queries]), k, normalized=True)
+    q = normalize(src[queries])
+    ids = np.empty((len(q), 0), dtype=np.int64)
+    scores = np.empty((len(q), 0), dtype=np.float32)
+    for r0 in range(0, tgt.shape[0], block):
+        s = q @ normalize(tgt[r0:r0 + block]).T
+        ids = np.concatenate([ids, np.broadcast_to(np.arange(r0, r0 + s.shape[1]), s.shape)], axis=1)
+        scores = np.concatenate([scores, s], axis=1)
+        order = np.lexsort((ids, -scores), axis=1)[:, :k]
+        ids, scores = np.take_along_axis(ids, order, 1), np.take_along_axis(scores, order, 1)
     return {"ids": ids.tolist(), "scores": np.round(scores.astype(float), 4).tolist()}
 
 
