@@ -103,6 +103,10 @@ def runs(tiny_model, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     bert = str(tiny_model("bert"))
+    shallow = root / "bert-1-layer"  # the same checkpoint read as one block: a model of another depth
+    shutil.copytree(bert, shallow)
+    config = json.loads((shallow / "config.json").read_text())
+    (shallow / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
     pairs = str(_pairs_file(root / "pairs.tsv"))
     texts = root / "texts.txt"
     texts.write_text("the cat sat on the mat\nwater boils at sea level\n", encoding="utf-8")
@@ -111,7 +115,7 @@ def runs(tiny_model, tmp_path_factory):
         ("what a lovely warm day in the park", "pos"), ("the food is great and kind people", "pos"),
         ("what a cold grim day in the park", "neg"), ("the food is awful and rude people", "neg"))), encoding="utf-8")
     plans = {
-        "sts": dict(models=["minilm", bert], data=pairs, poolings=["mean", "cls"], options={"n_boot": 30}),
+        "sts": dict(models=[bert, str(shallow)], data=pairs, poolings=["mean", "cls"], options={"n_boot": 30}),
         "compositionality": dict(models=[bert], poolings=["mean"]),
         "pooling": dict(models=[bert], data=pairs, options={"n_boot": 30}),
         "alignment": dict(models=[bert], options={"generate": "zh-en", "n": 24, "permutations": 20, "examples": 6}),
@@ -189,24 +193,26 @@ def test_page_checker_sees_script_errors(tmp_path):
 
 
 def test_sts_page_overlays_models_by_relative_depth(runs):
-    """Two models of 6 and 2 layers share one x axis: layer / number of layers."""
-    text = (_dir(runs, "sts") / "report.html").read_text(encoding="utf-8")
+    """Two models of 2 and 1 blocks share one x axis: layer / number of layers."""
+    out = _dir(runs, "sts")
+    text = (out / "report.html").read_text(encoding="utf-8")
     data = json.loads(re.search(r"<script type='application/json' id='ls-data'>(.*?)</script>", text, re.S).group(1))
     fig = data["figures"][0]
     assert fig["layout"]["xaxis"]["title"]["text"].startswith("relative depth")
     lines = {t["name"]: t["x"] for t in fig["data"] if t.get("mode") == "lines+markers"}
-    deep = next(x for n, x in lines.items() if "all-MiniLM" in n and n.endswith("mean"))
-    shallow = next(x for n, x in lines.items() if "all-MiniLM" not in n and n.endswith("mean"))
-    assert deep == pytest.approx([i / 6 for i in range(7)])
-    assert shallow == pytest.approx([0.0, 0.5, 1.0])
+    assert len(lines) == 4  # 2 models x 2 poolings
+    deep = next(x for n, x in lines.items() if "bert-1-layer" not in n and n.endswith("mean"))
+    shallow = next(x for n, x in lines.items() if "bert-1-layer" in n and n.endswith("mean"))
+    assert deep == pytest.approx([0.0, 0.5, 1.0])  # raw is left out of the relative axis
+    assert shallow == pytest.approx([0.0, 1.0])
     # the bootstrap band is drawn: a filled polygon per series, from the CI columns of results.json
-    bands = [t for t in fig["data"] if t.get("fill") == "toself"]
+    bands = {t["name"]: t for t in fig["data"] if t.get("fill") == "toself"}
     assert len(bands) == len(lines)
-    rows = json.loads((_dir(runs, "sts") / "results.json").read_text())
-    minilm = next(v for k, v in rows["per_model"].items() if "MiniLM" in k)["tables"]["layers"]
-    highs = [r["spearman_ci_high"] for r in minilm if r["pooling"] == "mean" and r["layer"] != "raw"]
-    band = next(t for t in bands if "all-MiniLM" in t["name"] and ": 95%" in t["name"] and "/ mean" in t["name"])
-    assert band["y"][:len(highs)] == pytest.approx(highs)
+    results = json.loads((out / "results.json").read_text())
+    model = next(k for k in results["per_model"] if "bert-1-layer" not in k)
+    rows = [r for r in results["per_model"][model]["tables"]["layers"] if r["pooling"] == "mean" and r["layer"] != "raw"]
+    band = next(t for n, t in bands.items() if "bert-1-layer" not in n and "/ mean:" in n)
+    assert band["y"] == pytest.approx([r["spearman_ci_high"] for r in rows] + [r["spearman_ci_low"] for r in rows][::-1])
 
 
 def test_alignment_page_holds_the_neighbour_browser(runs, opened):
