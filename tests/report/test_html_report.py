@@ -178,7 +178,8 @@ def test_report_renders_in_chromium_without_console_messages(runs, opened, name)
     expected = dict(re.findall(r"<div class='lsfig' id='(fig-\d+)' data-kind='(\w+)'>", text))
     assert expected, "no chart on the page"
     for fig_id, kind in expected.items():
-        assert kind in drawn.get(fig_id, "").split(","), f"{fig_id}: expected plotly to draw {kind}, got {drawn.get(fig_id)!r}"
+        got = drawn.get(fig_id, "")
+        assert kind in got.split(","), f"{fig_id}: expected plotly to draw {kind}, got {got!r}"
     assert "Settings" in dom and "Models" in dom
     for model in json.loads((out / "results.json").read_text())["models"]:
         assert model in dom
@@ -210,9 +211,11 @@ def test_sts_page_overlays_models_by_relative_depth(runs):
     assert len(bands) == len(lines)
     results = json.loads((out / "results.json").read_text())
     model = next(k for k in results["per_model"] if "bert-1-layer" not in k)
-    rows = [r for r in results["per_model"][model]["tables"]["layers"] if r["pooling"] == "mean" and r["layer"] != "raw"]
+    rows = [r for r in results["per_model"][model]["tables"]["layers"]
+            if r["pooling"] == "mean" and r["layer"] != "raw"]
     band = next(t for n, t in bands.items() if "bert-1-layer" not in n and "/ mean:" in n)
-    assert band["y"] == pytest.approx([r["spearman_ci_high"] for r in rows] + [r["spearman_ci_low"] for r in rows][::-1])
+    highs, lows = [r["spearman_ci_high"] for r in rows], [r["spearman_ci_low"] for r in rows]
+    assert band["y"] == pytest.approx(highs + lows[::-1])
 
 
 def test_alignment_page_holds_the_neighbour_browser(runs, opened):

@@ -104,8 +104,13 @@ def layer_order(series: Sequence[Series]) -> list[str]:
         for name in s.layers:
             if str(name) not in names:
                 names.append(str(name))
-    return sorted(names, key=lambda n: (-1, 0) if n == "raw" else (0, layer_position(n)) if layer_position(n) is not None
-                  else (1, names.index(n)))
+    def key(name: str) -> tuple[int, int]:
+        if name == "raw":
+            return (-1, 0)
+        pos = layer_position(name)
+        return (0, pos) if pos is not None else (1, names.index(name))
+
+    return sorted(names, key=key)
 
 
 def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: str, xlabel: str = "layer",

@@ -123,7 +123,8 @@ def html_table(rows: list[dict[str, Any]], columns: list[str] | None = None, lim
     head = "".join(f"<th class='{'s' if c in text_cols else ''}'>{html.escape(str(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(cell(r.get(c)) for c in columns) + "</tr>" for r in rows[:limit])
     more = (f"<p class='note'>First {limit:,} of {len(rows):,} rows shown.</p>" if len(rows) > limit else "")
-    return f"<div class='scroll'><table class='t'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}"
+    table = f"<table class='t'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class='scroll'>{table}</div>{more}"
 
 
 def _kv_rows(d: dict[str, Any], prefix: str = "", depth: int = 2) -> list[dict[str, Any]]:
@@ -180,8 +181,9 @@ def _summary(results: dict[str, Any]) -> str:
     rows = [{"figure": k, **{m: figures.get(k) for m, figures in columns.items()}} for k in keys]
     lead = ""
     if main in keys:
-        lead = ("<p>Main score <code>" + html.escape(str(main)) + "</code>: " + "; ".join(
-            f"{html.escape(m)} <b>{html.escape(_fmt(figures.get(main)))}</b>" for m, figures in columns.items()) + "</p>")
+        scores = "; ".join(f"{html.escape(m)} <b>{html.escape(_fmt(figures.get(main)))}</b>"
+                           for m, figures in columns.items())
+        lead = f"<p>Main score <code>{html.escape(str(main))}</code>: {scores}</p>"
     return lead + html_table(rows, ["figure", *columns])
 
 
@@ -201,7 +203,8 @@ def _tables(results: dict[str, Any]) -> str:
             continue
         csv_name = f"{safe_file_name(name, used)}.csv"
         parts.append(f"<details><summary><b>{html.escape(str(name))}</b> ({len(rows):,} rows; also in "
-                     f"<code>{html.escape(csv_name)}</code>; click a column to sort)</summary>{html_table(rows)}</details>")
+                     f"<code>{html.escape(csv_name)}</code>; click a column to sort)</summary>{html_table(rows)}"
+                     "</details>")
     return "".join(parts) or "<p class='note'>This run wrote no tables.</p>"
 
 

@@ -154,7 +154,8 @@ def pooling_views(results) -> list[Section]:
             for r in (fig.get("tables") or {}).get("variants", []):
                 groups.setdefault(str(r.get("variant")), {})[model] = r.get(metric)
                 if r.get(f"{metric}_ci_low") is not None:
-                    errors.setdefault(str(r.get("variant")), {})[model] = (r[f"{metric}_ci_low"], r.get(f"{metric}_ci_high"))
+                    errors.setdefault(str(r.get("variant")), {})[model] = (r[f"{metric}_ci_low"],
+                                                                            r.get(f"{metric}_ci_high"))
         if groups:
             charts.append(bars(groups, title=f"{label} by vector choice (float32)", ylabel=label,
                                errors=errors or None, caption="Each bar is one pooling@layer choice; "
@@ -227,10 +228,10 @@ def similarity_views(results) -> list[Section]:
     if isinstance(cross, dict):
         for key in ("linear_cka", "unbiased_cka", "mutual_knn"):
             if cross.get(key) is not None:
+                a, b, name = cross.get("model_a"), cross.get("model_b"), key.replace("_", " ")
                 charts.append(heatmap(cross[key], [str(x) for x in cross.get("layers_a") or []],
-                                      [str(x) for x in cross.get("layers_b") or []],
-                                      title=f"{key.replace('_', ' ')}: {cross.get('model_a')} vs {cross.get('model_b')}",
-                                      ylabel=f"layer of {cross.get('model_a')}", xlabel=f"layer of {cross.get('model_b')}",
+                                      [str(x) for x in cross.get("layers_b") or []], title=f"{name}: {a} vs {b}",
+                                      ylabel=f"layer of {a}", xlabel=f"layer of {b}",
                                       zlabel=key.replace("_", " "), zmax=1.0,
                                       caption=f"Every layer of one model against every layer of the other ({origin})."))
     return [Section("figures", "Heat maps", charts)]
@@ -271,8 +272,8 @@ def lens_views(results) -> list[Section]:
                                       xlabel="position:input token", ylabel="layer",
                                       title=f"Logit lens, top-1 token per layer: “{t.get('text', '')[:80]}”"
                                             + (f" ({model})" if multi(results) else ""),
-                                      caption="Cell text: the layer's top-1 decoded token at that position; colour: log10 "
-                                              "rank of the target token there (bright = ranked first)."))
+                                      caption="Cell text: the layer's top-1 decoded token at that position; colour: "
+                                              "log10 rank of the target token there (bright = ranked first)."))
     return [Section("figures", "Layer curves", charts)]
 
 
@@ -283,8 +284,8 @@ def saliency_views(results) -> list[Section]:
     for model, fig in per_model(results).items():
         rows = {r.get("method"): r for r in (fig.get("tables") or {}).get("saliency_methods", [])}
         layers = [str(x) for x in fig.get("layers") or []]
-        series = [Series("decoded saliency", layers, [(rows.get(f"decoded@{x}") or {}).get("hide_aopc") for x in layers],
-                         num_layers=num_layers(results, model))]
+        decoded = [(rows.get(f"decoded@{x}") or {}).get("hide_aopc") for x in layers]
+        series = [Series("decoded saliency", layers, decoded, num_layers=num_layers(results, model))]
         if f"gxa@{layers[0] if layers else ''}" in rows:
             series.append(Series("grad × input, not decoded", layers,
                                  [(rows.get(f"gxa@{x}") or {}).get("hide_aopc") for x in layers]))
