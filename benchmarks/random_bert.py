@@ -20,7 +20,7 @@ def main(out: str) -> None:
     import torch
     from transformers import BertConfig, BertModel
 
-    from layerscope.models import resolve_source
+    from layerscope.model.source import resolve_source
 
     target = Path(out)
     target.mkdir(parents=True, exist_ok=True)

@@ -51,17 +51,18 @@ def _final_sts_spearman(model, tmp_path, name, engine, pairs_file):
 
 
 def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
 
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("".join(f"g\tf\t2020\t{i:04d}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(PAIRS)))
     texts = [a for a, _, _ in PAIRS]
-    first = ModelHandle.resolve(model_dir).ensure_export()
+    first = ensure_export(ModelHandle.resolve(model_dir))
     before = _outputs(first, texts)
     old_figures, _ = _final_sts_spearman(model_dir, tmp_path, "old", "ort", pairs)
 
     build_tiny_model("bert", model_dir, seed=1)  # the user retrains: new safetensors in the same dir
-    second = ModelHandle.resolve(model_dir).ensure_export()
+    second = ensure_export(ModelHandle.resolve(model_dir))
     assert second.export_dir != first.export_dir
     assert second.manifest["export_cache"]["key"] != first.manifest["export_cache"]["key"]
     assert second.manifest["source"]["weights_sha256"] == hashlib.sha256(
@@ -80,12 +81,13 @@ def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
     assert ran["made_by"] == layerscope.__version__
     # the old entry stays as it was and is not handed out for the new weights again
     assert (first.export_dir / "manifest.json").exists()
-    assert ModelHandle.resolve(model_dir).ensure_export().export_dir == second.export_dir
+    assert ensure_export(ModelHandle.resolve(model_dir)).export_dir == second.export_dir
 
 
 def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused(model_dir, monkeypatch):
     from layerscope.export import cache
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(model_dir)
     base = cache.export_key(handle)
@@ -105,18 +107,18 @@ def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused
         m.setattr(cache, "tool_versions", lambda: {**base["versions"], "onnxruntime": "0.0-other-venv"})
         assert cache.export_key(handle)["key"] != base["key"]
 
-    made = handle.ensure_export()
+    made = ensure_export(handle)
     # an entry whose manifest says another key (e.g. written by another version) is exported again
     manifest = json.loads((made.export_dir / "manifest.json").read_text())
     manifest["export_cache"]["key"] = "0" * 64
     (made.export_dir / "manifest.json").write_text(json.dumps(manifest))
-    again = ModelHandle.resolve(model_dir).ensure_export()
+    again = ensure_export(ModelHandle.resolve(model_dir))
     assert again.export_dir == made.export_dir
     assert again.manifest["export_cache"]["key"] == base["key"]
 
 
 def test_hash_is_remembered_by_stat_signature_and_a_rewrite_is_seen(tmp_path, monkeypatch):
-    from layerscope.export import identity
+    from layerscope.model import identity
 
     f = tmp_path / "w.safetensors"
     f.write_bytes(b"a" * 1000)
@@ -135,7 +137,8 @@ def test_a_second_caller_waits_for_the_first_export_and_reuses_it(model_dir, tmp
     import threading
 
     from layerscope.export import exporter
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
 
     calls = []
     real = exporter.export_model
@@ -149,7 +152,7 @@ def test_a_second_caller_waits_for_the_first_export_and_reuses_it(model_dir, tmp
 
     def worker():
         try:
-            got.append(ModelHandle.resolve(model_dir).ensure_export().export_dir)
+            got.append(ensure_export(ModelHandle.resolve(model_dir)).export_dir)
         except Exception as exc:  # surfaced by the assertion below
             errors.append(exc)
 
@@ -168,8 +171,8 @@ def test_a_hub_model_is_keyed_by_its_cached_snapshot(tmp_path, monkeypatch):
     """A hub id's identity is the commit its 'main' points at in the local HF cache, plus its files."""
     from huggingface_hub import constants
 
-    from layerscope.export.identity import model_identity
-    from layerscope.models import ModelSource
+    from layerscope.model.identity import model_identity
+    from layerscope.model.source import ModelSource
 
     repo = tmp_path / "hub" / "models--org--tiny"
     for commit, weights in (("a" * 40, b"old"), ("b" * 40, b"new")):

@@ -59,7 +59,7 @@ def exported(tiny_model, tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gpu_engine_matches_plain_hugging_face(providers, exported, tiny_model, engine_name, family):
     from layerscope.engines.base import create_engine
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     need(providers, engine_name)
     engine = create_engine(engine_name, ModelHandle.resolve(exported(family)))

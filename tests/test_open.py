@@ -21,7 +21,8 @@ def test_open_keeps_its_engine_and_the_callers_layer_names(tiny_model, monkeypat
 
     counting = lambda *a, **k: made.append(a) or real(*a, **k)  # noqa: E731
     monkeypatch.setattr(base, "create_engine", counting)
-    monkeypatch.setattr(pipeline, "create_engine", counting)
+    real_open = pipeline.open_engine  # embed() given no engine would open one here: counted too
+    monkeypatch.setattr(pipeline, "open_engine", lambda *a, **k: made.append(a) or real_open(*a, **k))
     model = layerscope.open(str(tiny_model("bert")), engine="torch")
     first = model.embed(TEXTS, layers=[-1, 0], poolings=["mean", "cls"])
     second = model.embed(TEXTS[:1], layers="raw,-1", poolings="mean")

@@ -50,7 +50,7 @@ def test_extract_checks_options_before_writing_anything(option, needle, bert_exp
 
 
 def test_max_length_at_the_model_limit_is_accepted(bert_export, tmp_path):
-    from layerscope.export.manifest import read_manifest
+    from layerscope.model.manifest import read_manifest
 
     limit = int(read_manifest(bert_export)["max_length"])
     assert extract(bert_export, ["a b c"], tmp_path / "s", engine="ort", max_length=limit).n == 1
@@ -97,7 +97,7 @@ def test_bad_input_while_spooling_leaves_no_directory(bert_export, tmp_path):
 
 def _failing_engine(bert_export, after: int):
     from layerscope.engines.base import create_engine
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     eng = create_engine("ort", ModelHandle.resolve(bert_export))
     real = eng.run

@@ -119,7 +119,7 @@ def test_ov_int8_recorded_only_within_its_tolerance(export_dir):
 def test_ov_names_are_not_onnx_runtime_variants(export_dir):
     from layerscope.engines.base import create_engine
     from layerscope.errors import InputError
-    from layerscope.export.variants import check_kind
+    from layerscope.model.variants import check_kind
 
     with pytest.raises(InputError, match="--engine ov --variant bf16"):
         create_engine("ort", str(export_dir), variant="ov-bf16")

@@ -50,7 +50,7 @@ def _custom_tokenizer_model(tiny_model, tmp_path) -> Path:
 
 def test_the_flag_reaches_export_validation_and_the_export_tokenizer(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     model = _custom_tokenizer_model(tiny_model, tmp_path)
     out = tmp_path / "exp"
@@ -83,7 +83,8 @@ def test_extract_and_run_take_the_flag(tiny_model, tmp_path, capsys):
 
 
 def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplog):
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
 
     model = Path(shutil.copytree(tiny_model("bert"), tmp_path / "custom-model"))
     cfg = json.loads((model / "config.json").read_text())
@@ -91,7 +92,7 @@ def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplo
     (model / "config.json").write_text(json.dumps(cfg))  # the code files are absent: they must not be needed
     with caplog.at_level(logging.WARNING, logger="layerscope"):
         handle = ModelHandle.resolve(model)
-        exported = handle.ensure_export()  # describe, config, weights, tokenizer, validation: all loaders
+        exported = ensure_export(handle)  # describe, config, weights, tokenizer, validation: all loaders
     warnings = [r.getMessage() for r in caplog.records if "own code" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "AutoModel" in warnings[0] and "ignored" in warnings[0] and "--trust-remote-code" in warnings[0]

@@ -45,7 +45,7 @@ RUN = ["run", "compositionality", "--engine", "torch", "--layers", "-1", "--no-c
 
 
 def weights_prefix(model_dir: Path) -> str:
-    from layerscope.models import ModelSource, weights_hash
+    from layerscope.model.source import ModelSource, weights_hash
 
     return weights_hash(ModelSource(str(model_dir), str(model_dir), True, None))[:12]
 

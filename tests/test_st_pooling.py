@@ -131,7 +131,7 @@ def test_st_pooling_refused_where_it_cannot_be_reproduced(tiny_model, tmp_path):
 
 
 def test_module_path_outside_the_checkpoint_is_refused(tiny_model, tmp_path):
-    from layerscope.stconfig import read_st_config
+    from layerscope.model.stconfig import read_st_config
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="mean", normalize=False)
     modules = json.loads((ckpt / "modules.json").read_text())
@@ -174,15 +174,16 @@ def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_mode
 
 
 def test_an_export_cached_before_st_support_is_made_again(tiny_model, tmp_path, monkeypatch):
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True)
-    first = ModelHandle.resolve(str(ckpt)).ensure_export()
+    first = ensure_export(ModelHandle.resolve(str(ckpt)))
     path = first.export_dir / "manifest.json"
     old = json.loads(path.read_text())
     del old["sentence_transformers"]  # what an older layerscope wrote
     path.write_text(json.dumps(old))
-    again = ModelHandle.resolve(str(ckpt)).ensure_export()
+    again = ensure_export(ModelHandle.resolve(str(ckpt)))
     assert again.export_dir == first.export_dir
     assert again.manifest["sentence_transformers"]["pooling"] == "cls"

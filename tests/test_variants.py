@@ -43,7 +43,7 @@ def test_variant_matches_plain_hugging_face(export_dir, tiny_model, kind):
     from hf_reference import check_engine, hf_reference
 
     from layerscope.engines.base import create_engine
-    from layerscope.export.manifest import file_sha256
+    from layerscope.hashing import file_sha256
     from layerscope.export.variants import make_variant
 
     entry = make_variant(export_dir, kind)
@@ -116,7 +116,7 @@ def test_token_level_pooling_matches_in_graph(export_dir):
 
 def test_bad_variant_names_give_clear_errors(export_dir):
     from layerscope.errors import InputError
-    from layerscope.export.variants import check_kind, variant_onnx_file
+    from layerscope.model.variants import check_kind, variant_onnx_file
 
     with pytest.raises(InputError, match="bf16"):
         check_kind("bf16")

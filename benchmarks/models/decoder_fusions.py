@@ -32,9 +32,11 @@ def main() -> None:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from layerscope.engines.base import Encoder, layer_names
+    from layerscope.engines.base import layer_names
+
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.export.variants import _quiet
 
     handle = ModelHandle.resolve(args.export_dir)

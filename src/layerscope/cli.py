@@ -14,6 +14,8 @@ from typing import Optional
 
 import typer
 
+from layerscope.engines.registry import bench_rows, names_text
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="layerscope: look inside embedding models layer by layer, fast. "
                        "(`inspect` is the same command, kept as an alias; it collides with inspect-ai's CLI.)")
@@ -114,7 +116,9 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     from layerscope.engines.ort_packages import ort_packages
 
     c = console()
-    print_engines(c, probe_all(model))
+    from layerscope.export.open import ensure_export
+
+    print_engines(c, probe_all(ensure_export(model) if model else None))
     packages = ort_packages()
     c.print(f"ONNX Runtime: {packages.line()}")
     for w in packages.warnings:
@@ -133,7 +137,7 @@ def extract(
     config: Optional[str] = typer.Option(None, "--config", help="Dataset configuration (with --dataset)."),
     split: Optional[str] = typer.Option(None, "--split", help="Dataset split, e.g. train or test (with --dataset)."),
     out: Path = typer.Option(..., "--out", "-o", help="Store directory."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, ov, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1 or 2:5."),
     pooling: Optional[str] = typer.Option(None, help="Comma list: mean, cls, last, max, eos, mean-nobos, st "
                                           "(default: st for a sentence-transformers checkpoint, else the family's)."),
@@ -170,7 +174,7 @@ def extract(
     source = _data_source(input, dataset, config, split, "--input")
     c = console()
     if trust_remote_code:
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         model = ModelHandle.resolve(model, trust_remote_code=True)
     if ray is None and ray_workers is not None:
@@ -256,7 +260,7 @@ def run(
     ctx: typer.Context,
     analysis: str = typer.Argument(..., help="Analysis name (see: inspect analyses)."),
     model: list[str] = typer.Option(["minilm"], "--model", "-m", help="Model(s); repeat for side by side."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
     layers: str = typer.Option("all", help="all, or e.g. raw,0,3,-1."),
     pooling: Optional[str] = typer.Option(None, help="Comma list of poolings (default: the analysis's)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Data file (default: the analysis's own)."),
@@ -377,7 +381,7 @@ def search(
     index: Path = typer.Option(..., "--index", "-i", help="Index directory made by inspect index build."),
     k: int = typer.Option(10, "-k", "--top", help="How many results per query."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Embed with this model (must be the index's)."),
-    engine: str = typer.Option("auto", "--engine", "-e", help="torch, ort, cuda, trt or auto."),
+    engine: str = typer.Option("auto", "--engine", "-e", help=f"{names_text()}."),
     device: str = typer.Option("auto", "--device", help="Where FAISS runs: auto, cpu or gpu."),
 ):
     """Embed query texts with the index's model, layer and pooling; print the top-k stored texts."""
@@ -415,7 +419,8 @@ def optimize(
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
-    from layerscope.export.variants import check_kind, make_variant
+    from layerscope.export.variants import make_variant
+    from layerscope.model.variants import check_kind
     from layerscope.report.console import print_variant
 
     kinds = [check_kind(k) for k in split_list(variant) or []]
@@ -429,9 +434,7 @@ def optimize(
 def bench(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir (or a model, exported on first use)."),
     engines: str = typer.Option("ort,ort-int8,ov", "--engines", "-e",
-                                help="Comma list: torch, ort, ort-tokens, ort-noopt, ort-opt, ort-int8, ort-fp16, "
-                                     "ort-bf16, ov, ov-bf16, ov-int8, cuda, cuda-fp16, trt, trt-fp16 (hf-eager "
-                                     "always runs)."),
+                                help=f"Comma list: {', '.join(bench_rows())} (hf-eager always runs)."),
     peers: str = typer.Option("all", "--peers", help="sentence-transformers rows: all, none, or a comma list of "
                                                      "st-torch, st-onnx, st-onnx-O3, st-onnx-qint8, st-openvino."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus file (.txt, .jsonl, .csv, ...)."),
@@ -517,7 +520,7 @@ def bench(
 def cache_list():
     """Exports and vector stores in the cache: kind, model, size, age, the layerscope version that made it."""
     from layerscope.cachedir import scan
-    from layerscope.export.manifest import cache_root
+    from layerscope.model.manifest import cache_root
     from layerscope.report.console import print_cache
 
     print_cache(console(), cache_root(), *scan())

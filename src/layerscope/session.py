@@ -50,11 +50,9 @@ class EmbeddingModel:
     """One model and its engine, open for repeated ``embed`` calls (close it, or use ``with``)."""
 
     def __init__(self, model: str, *, engine: str = "auto", **engine_options):
-        from layerscope.engines.base import create_engine
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.export.open import open_engine
 
-        handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
-        self.engine = create_engine(engine, handle, **engine_options)
+        self.engine = open_engine(model, engine, **engine_options)
 
     @classmethod
     def from_engine(cls, engine) -> "EmbeddingModel":

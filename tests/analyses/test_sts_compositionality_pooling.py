@@ -70,7 +70,7 @@ def test_sts_matches_plain_pytorch(tiny_model, tmp_path):
     from plain Hugging Face outputs, on 60 pairs with tied scores.
 
     Catches: the raw layer read from the wrong module (``"embeddings"`` for ``"embeddings.word_embeddings"``
-    in models.py's bert family: raw becomes layer 0), ``cls`` reading the token after [CLS]
+    in model/families.py's bert family: raw becomes layer 0), ``cls`` reading the token after [CLS]
     (``first_index(mask) + 1`` in runtime/pooling.py), and a Spearman that ten distinct scores cannot tell
     from the right one."""
     import torch
@@ -142,7 +142,7 @@ def test_compositionality_on_shipped_items_and_own_pooled_output(tiny_model, tmp
     """Per-item cosines of the compositionality table against vectors from plain PyTorch (the tiny
     CLIP text model through transformers' CLIPTextModel, mask-aware mean in torch), not layerscope's embed.
 
-    Catches: padding on the left (``tok.padding_side = "left"`` in models.py ``prepare_tokenizer``) and
+    Catches: padding on the left (``tok.padding_side = "left"`` in model/source.py ``prepare_tokenizer``) and
     mean pooling over the padding (``w = np.full_like(mask, 1 / seq)`` in runtime/pooling.py); both moved
     layerscope's ``embed`` exactly as they moved the analysis, so the old reference agreed with itself."""
     import torch

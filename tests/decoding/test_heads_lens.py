@@ -8,7 +8,7 @@ import torch
 
 from layerscope.decoding.heads import CAUSAL, MLM, TIED, load_decoding_model, model_inputs
 from layerscope.decoding.lens import LensAccumulator, LensBatch, torch_lens
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Similar sentences should have similar embeddings."]
 

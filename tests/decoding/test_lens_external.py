@@ -11,7 +11,7 @@ from layerscope.engines.ort import make_session
 from layerscope.export import external
 from layerscope.export import exporter
 from layerscope.export.exporter import export_model
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 
 TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox"]
 

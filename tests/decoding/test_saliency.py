@@ -11,7 +11,7 @@ import torch
 from layerscope.decoding.games import GameAccumulator, play, ranking, variants
 from layerscope.decoding.heads import load_decoding_model, model_inputs
 from layerscope.decoding.saliency import Objective, integrated_gradients, text_scores
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 
 TEXT = "The river flows slowly through the old stone town."
 

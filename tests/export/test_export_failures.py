@@ -10,7 +10,7 @@ import pytest
 from layerscope.engines.base import create_engine
 from layerscope.errors import ExportError, InputError
 from layerscope.export import exporter
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 
 
 def test_parity_failure_names_the_worst_output_and_writes_nothing(tiny_model, tmp_path):

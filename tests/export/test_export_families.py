@@ -9,7 +9,7 @@ import pytest
 
 from layerscope.engines.base import create_engine, layer_names
 from layerscope.export.exporter import export_model
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.runtime.pooling import pool
 from hf_reference import check_engine, hf_reference
 from tiny_models import FAMILIES
@@ -119,8 +119,8 @@ def test_eos_pooling_reads_the_clip_eos_position(exported):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tokenizers_only_path_is_verified_and_identical(family, exported):
-    from layerscope.engines.base import Encoder
-    from layerscope.runtime.fast_tokenizer import FastTokenizer
+    from layerscope.model.tokenize import Encoder
+    from layerscope.model.fast_tokenizer import FastTokenizer
 
     handle = ModelHandle.resolve(exported(family))
     info = handle.manifest["tokenizer"]
@@ -140,7 +140,7 @@ def test_tokenizers_only_path_is_verified_and_identical(family, exported):
 def test_a_tokenizer_the_fast_path_cannot_reproduce_is_not_used(exported, tmp_path):
     import shutil
 
-    from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf
+    from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf
 
     handle = ModelHandle.resolve(exported("bert"))
     hf = handle.tokenizer()
@@ -162,7 +162,7 @@ def test_every_token_level_output_matches_plain_hugging_face(family, exported, t
     Face, masked to real tokens, through layerscope's own tokenization and ONNX Runtime engine.
 
     Catches: decoder position ids left at zero (``np.zeros_like(mask)`` for ``position_ids`` in
-    engines/base.py ``Encoder``): the export, its own parity check and the torch engine all get the
+    model/tokenize.py ``Encoder``): the export, its own parity check and the torch engine all get the
     same wrong positions, so every other test here sees them agree with one another."""
     handle = ModelHandle.resolve(exported(family))
     assert handle.manifest["num_layers"] == 2

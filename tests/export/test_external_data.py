@@ -19,9 +19,9 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 def _run(export_dir):
     from transformers import AutoTokenizer
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
-    from layerscope.models import prepare_tokenizer
+    from layerscope.model.source import prepare_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(export_dir))
     prepare_tokenizer(tok)

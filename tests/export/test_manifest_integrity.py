@@ -10,7 +10,8 @@ import pytest
 
 from layerscope.errors import ManifestError
 from layerscope.export.exporter import export_model
-from layerscope.export.manifest import ModelHandle, file_sha256
+from layerscope.hashing import file_sha256
+from layerscope.model.handle import ModelHandle
 from cli_helpers import cli_output
 
 
@@ -135,7 +136,7 @@ def _externalize(export: Path, location: str = "model.onnx_data") -> None:
     model = onnx.load(str(export / "model.onnx"))
     onnx.save(model, str(export / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
               location=location, size_threshold=1024)
-    from layerscope.export.manifest_check import file_records
+    from layerscope.model.manifest_check import file_records
 
     edit(export, lambda m: m.update(onnx_sha256=file_sha256(export / "model.onnx"), external_data=True,
                                     files=file_records(export)))

@@ -27,13 +27,13 @@ def test_profile_max_seq():
 
 def test_engine_profile_follows_the_corpus_not_the_context(qwen_export, tmp_path, monkeypatch):
     seen = {}
-    real = pipeline.create_engine
+    real = pipeline.open_engine
 
-    def spy(name, handle, **options):
+    def spy(handle, name, **options):
         seen.update(options)
-        return real(name, handle, **options)
+        return real(handle, name, **options)
 
-    monkeypatch.setattr(pipeline, "create_engine", spy)
+    monkeypatch.setattr(pipeline, "open_engine", spy)
     texts = ["a cat sat on the mat", "hi", "the quick brown fox jumps"]
     report = pipeline.extract(qwen_export, texts, tmp_path / "store", engine="ort", layers="all", poolings=["mean"])
     lengths = np.load(tmp_path / "store" / "lengths.npy")
@@ -47,10 +47,10 @@ def test_engine_profile_follows_the_corpus_not_the_context(qwen_export, tmp_path
 def test_failed_engine_leaves_no_store(qwen_export, tmp_path, monkeypatch):
     from layerscope.errors import EngineUnavailableError
 
-    def broken(name, handle, **options):
+    def broken(handle, name, **options):
         raise EngineUnavailableError("no such engine here")
 
-    monkeypatch.setattr(pipeline, "create_engine", broken)
+    monkeypatch.setattr(pipeline, "open_engine", broken)
     with pytest.raises(EngineUnavailableError):
         pipeline.extract(qwen_export, ["hi"], tmp_path / "store", engine="ort")
     assert not (tmp_path / "store").exists()

@@ -14,7 +14,7 @@ import pytest
 
 from layerscope.engines.base import create_engine
 from layerscope.errors import InputError, Interrupted, StoreError
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.runtime.pipeline import embed, extract, plan_batches
 from layerscope.runtime.store import LayerStore
 
@@ -119,7 +119,7 @@ import sys, time
 import layerscope.runtime.pipeline as pipeline
 from layerscope.engines.base import Engine
 
-real_create = pipeline.create_engine
+real_create = pipeline.open_engine
 
 class StallAfter70(Engine):
     def __init__(self, inner):
@@ -140,7 +140,7 @@ class StallAfter70(Engine):
     def run_tokens(self, batch, layers):
         return self.inner.run_tokens(batch, layers)
 
-pipeline.create_engine = lambda *a, **k: StallAfter70(real_create(*a, **k))
+pipeline.open_engine = lambda *a, **k: StallAfter70(real_create(*a, **k))
 from layerscope.cli import main
 main(sys.argv[1:])
 """

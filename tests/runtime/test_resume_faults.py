@@ -13,7 +13,7 @@ import pytest
 from layerscope.errors import Interrupted
 from layerscope.engines.base import Engine, create_engine
 from layerscope.export.exporter import export_model
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 

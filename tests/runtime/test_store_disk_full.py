@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from layerscope.errors import StoreError
-from layerscope.export.manifest import ModelHandle
+from layerscope.model.handle import ModelHandle
 from layerscope.runtime.store import LayerStore
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")

@@ -151,7 +151,7 @@ def test_an_analysis_cache_entry_being_written_elsewhere_is_computed_in_memory(b
     from layerscope.analyses.base import ModelRun
     from layerscope.analyses.cache import cached_vectors
     from layerscope.engines.base import create_engine
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     handle = ModelHandle.resolve(bert_export)

@@ -238,15 +238,16 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
 
 def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
-    from layerscope.engines.base import check_engine_name, create_engine
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.engines.registry import engine_spec
+    from layerscope.export.open import open_engine
+    from layerscope.model.handle import ModelHandle
 
     cls = get_analysis(name)
     analysis = cls()
     if not ctx.models:
         raise InputError("give at least one --model")
-    check_engine_name(ctx.engine)
-    if cls.metadata.needs_gradients and ctx.engine not in ("torch", "auto"):
+    declared = engine_spec(ctx.engine)  # an unknown --engine is one line, before anything runs
+    if cls.metadata.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
                          f"drop --engine {ctx.engine} or use --engine torch")
     t0 = time.perf_counter()
@@ -280,7 +281,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
         limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
-        engine = create_engine(engine_name, handle, **{**limits, **ctx.options.get("engine_options", {})})
+        engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})
         run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine)
         try:
             figures = analysis.compute(ctx, run, data)

@@ -58,7 +58,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     """Vectors of ``texts``; a cached store of the same model, engine and texts is reused when it holds every
     asked layer and pooling (stores are extracted with every layer, so other layer choices reuse them too)."""
     from layerscope.engines.base import layer_names
-    from layerscope.export.manifest import cache_root
+    from layerscope.model.manifest import cache_root
     from layerscope.runtime.pipeline import embed, extract
 
     if not use_cache:

@@ -65,7 +65,7 @@ def _file_sha256(path: str | None) -> str | None:
     p = Path(path)
     if not p.is_file():
         return None
-    from layerscope.export.manifest import file_sha256
+    from layerscope.hashing import file_sha256
 
     return file_sha256(p)
 

@@ -131,14 +131,14 @@ class Lens(Analysis):
             return go, model.info.to_dict(), "torch (PyTorch head)"
 
         from layerscope.decoding.lens_onnx import OUTPUTS, export_lens, lens_file, read_sidecar
-        from layerscope.engines.base import create_engine
+        from layerscope.export.open import ensure_export, open_engine
 
-        handle = run.handle.ensure_export()
+        handle = ensure_export(run.handle)
         meta = read_sidecar(handle, k)
         if meta is None:
             ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
             meta = export_lens(handle.export_dir, k)
-        engine = create_engine(run.engine.info.name, handle, onnx_file=lens_file(k))
+        engine = open_engine(handle, run.engine.info.name, onnx_file=lens_file(k))
         enc = engine.encoder()
 
         def go(texts):

@@ -161,14 +161,14 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
     from layerscope.engines.base import resolve_layers
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
 
     say = cfg.progress or (lambda msg: None)
     if not cfg.texts:
         raise InputError("the bench corpus has no texts")
     if cfg.rounds < 1 or cfg.passes < 1:
         raise InputError("--rounds and --passes must be at least 1")
-    handle = ModelHandle.resolve(cfg.model).ensure_export()
+    handle = ensure_export(cfg.model)
     manifest = handle.manifest
     num_layers = int(manifest["num_layers"])
     layers = ([str(i) for i in range(num_layers + 1)] if cfg.layers == "all-hidden"
@@ -236,7 +236,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
 
 
 def _token_lengths(handle, cfg: IsolatedConfig) -> np.ndarray:
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     max_length = int(cfg.max_length or handle.manifest["max_length"])
     enc = Encoder(handle.encoding_tokenizer(), handle.manifest["inputs"], max_length)

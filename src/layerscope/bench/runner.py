@@ -42,24 +42,15 @@ class BenchEngine:
     note: str = ""
 
 
-BENCH_ENGINES: dict[str, BenchEngine] = {e.name: e for e in (
-    BenchEngine("torch", "torch", note="layerscope torch engine (sorted token-budget batches)"),
-    BenchEngine("ort", "ort", note="fp32, session optimizations on, in-graph pooling"),
-    BenchEngine("ort-tokens", "ort", options=(("in_graph_pooling", False),),
-                note="fp32, token-level states copied out and pooled in numpy"),
-    BenchEngine("ort-noopt", "ort", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
-    BenchEngine("ort-opt", "ort", "opt", note="offline transformer-optimizer variant"),
-    BenchEngine("ort-int8", "ort", "int8", note="dynamic int8 variant"),
-    BenchEngine("ort-fp16", "ort", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),
-    BenchEngine("ort-bf16", "ort", "bf16", note="bf16 variant"),
-    BenchEngine("ov", "ov", note="OpenVINO fp32, in-graph pooling"),
-    BenchEngine("ov-bf16", "ov", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
-    BenchEngine("ov-int8", "ov", "int8", note="OpenVINO running the dynamic int8 variant"),
-    BenchEngine("cuda", "cuda", note="CUDA EP, IO binding"),
-    BenchEngine("cuda-fp16", "cuda", "fp16", note="CUDA EP, fp16 variant"),
-    BenchEngine("trt", "trt", note="TensorRT EP fp32"),
-    BenchEngine("trt-fp16", "trt", options=(("fp16", True),), note="TensorRT EP fp16"),
-)}
+def _bench_engines() -> dict[str, BenchEngine]:
+    """The rows each engine declares (engines/registry.py ``BenchRow``), by bench name."""
+    from layerscope.engines.registry import bench_rows
+
+    return {name: BenchEngine(name, engine, row.variant, row.options, row.note)
+            for name, (engine, row) in bench_rows().items()}
+
+
+BENCH_ENGINES: dict[str, BenchEngine] = _bench_engines()
 
 
 def parse_engines(spec: str | list[str]) -> list[str]:
@@ -319,14 +310,15 @@ def _timing(n: int, tokens: int, clock: "_Clock", lat: list[float], setup: float
 
 def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
     from layerscope.bench.machine import PeakMemory
-    from layerscope.engines.base import create_engine
+    from layerscope.export.open import open_engine
     from layerscope.runtime.pipeline import iter_pooled
 
     run = _Run(spec.name, "engine", spec.note)
     options = dict(spec.options)
     setup_parts: dict[str, float] = {}
     if spec.variant:
-        from layerscope.export.variants import check_kind, make_variant
+        from layerscope.export.variants import make_variant
+        from layerscope.model.variants import check_kind
 
         try:
             check_kind(spec.variant)
@@ -345,7 +337,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
                 run.fail(f"variant could not be made: {exc}")
                 return run, None, None, None
             setup_parts["variant_build_s"] = round(time.perf_counter() - t, 3)
-            from layerscope.export.manifest import ModelHandle
+            from layerscope.model.handle import ModelHandle
 
             handle = ModelHandle.resolve(handle.export_dir)
         options["variant"] = spec.variant
@@ -353,7 +345,7 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
         options["threads"] = cfg.threads
     t0 = time.perf_counter()
     try:
-        eng = create_engine(spec.engine, handle, **options)
+        eng = open_engine(handle, spec.engine, **options)
     except EngineUnavailableError as exc:
         run.fail(str(exc))
         return run, None, None, None
@@ -394,7 +386,8 @@ def _layerscope_engine(cfg: BenchConfig, spec: BenchEngine, handle, layers: list
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.engines.base import resolve_layers
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
 
     from layerscope.limits import check_limits, check_max_length
 
@@ -406,7 +399,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     handle = ModelHandle.resolve(cfg.model)
     if not handle.is_export:
         say("exporting the model (first use)")
-        handle = handle.ensure_export()
+        handle = ensure_export(handle)
     manifest = handle.manifest
     check_max_length(cfg.max_length, manifest, cfg.model)
     num_layers = int(manifest["num_layers"])

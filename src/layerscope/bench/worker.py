@@ -39,8 +39,8 @@ class Row:
 # ---------------------------------------------------------------- layerscope engines
 
 def _engine_row(job: dict[str, Any]) -> Row:
-    from layerscope.engines.base import create_engine
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.export.open import open_engine
+    from layerscope.model.handle import ModelHandle
     from layerscope.runtime.pipeline import iter_pooled
 
     handle = ModelHandle.resolve(job["export_dir"])
@@ -48,7 +48,8 @@ def _engine_row(job: dict[str, Any]) -> Row:
     variant = job.get("variant")
     needs = "int8" if job["engine"] == "ov" and variant == "int8" else (variant if job["engine"] != "ov" else None)
     if needs and needs not in handle.manifest.get("variants", {}):
-        from layerscope.export.variants import check_kind, make_variant
+        from layerscope.export.variants import make_variant
+        from layerscope.model.variants import check_kind
 
         check_kind(needs)
         make_variant(handle.export_dir, needs)
@@ -57,7 +58,7 @@ def _engine_row(job: dict[str, Any]) -> Row:
         options["variant"] = variant
     if job.get("threads"):
         options["threads"] = job["threads"]
-    eng = create_engine(job["engine"], handle, **options)
+    eng = open_engine(handle, job["engine"], **options)
     layers, pooling = job["layers"], job["pooling"]
     kw = dict(batch_tokens=job.get("batch_tokens"), max_batch=job["max_batch"], max_length=job.get("max_length"))
     hidden = int(handle.manifest["hidden_size"])
@@ -115,7 +116,7 @@ def _hf_row(job: dict[str, Any]) -> Row:
     from transformers import AutoModel, AutoTokenizer
 
     from layerscope.engines.ort import physical_cores
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(job["export_dir"])
     source = handle.source()

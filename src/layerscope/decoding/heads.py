@@ -32,17 +32,6 @@ MLM = "mlm-head"
 CAUSAL = "causal-lm-head"
 TIED = "tied-word-embeddings"
 
-# Where the pieces live on each family's *-with-head model (one table, not if-chains).
-HEAD_PARTS: dict[str, dict[str, Any]] = {
-    "bert": {"head": "cls", "norm": None},
-    "roberta": {"head": "lm_head", "norm": None},
-    "deberta-v2": {"head": "cls", "head_new": "lm_predictions", "norm": None},
-    "gpt2": {"head": "lm_head", "norm": "transformer.ln_f"},
-    "qwen2": {"head": "lm_head", "norm": "model.norm"},
-    "qwen3": {"head": "lm_head", "norm": "model.norm"},
-}
-
-
 @dataclass(frozen=True)
 class HeadInfo:
     kind: str  # mlm-head, causal-lm-head, tied-word-embeddings
@@ -99,7 +88,8 @@ class DecodingModel:
 
 def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
     """Load the model with the best head it really has (see the module docstring)."""
-    from layerscope.models import get_submodule, load_torch_model
+    from layerscope.model.families import get_submodule
+    from layerscope.model.source import load_torch_model
 
     family = handle.family()
     source = handle.source()
@@ -112,8 +102,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
             "(the lens graph then carries the head)")
     num_layers = int(handle.manifest["num_layers"])
     trc = getattr(handle, "trust_remote_code", False)
-    parts = HEAD_PARTS.get(family.name)
-    if family.lm_head_loader and parts:
+    if family.lm_head_loader and family.lm_head:  # where the head lives: the families table
         net, info = load_torch_model(source, family, trust_remote_code=trc, with_head=True,
                                      output_loading_info=True)
         prefix = net.base_model_prefix
@@ -123,8 +112,8 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
             base = net.base_model
             word_emb = _word_embeddings(base, family)
             deberta_new = family.name == "deberta-v2" and not getattr(net.config, "legacy", True)
-            head_mod = get_submodule(net, parts["head_new"] if deberta_new else parts["head"])
-            norm = get_submodule(net, parts["norm"]) if parts["norm"] else None
+            head_mod = get_submodule(net, family.lm_head_new if deberta_new else family.lm_head)
+            norm = get_submodule(net, family.final_norm) if family.final_norm else None
             if family.kind == "decoder":
                 desc = (f"the model's own causal-LM head ({family.lm_head_loader}): final norm on layers "
                         f"0..{num_layers - 1} (layer {num_layers} already has it), then the unembedding")
@@ -160,7 +149,7 @@ def model_inputs(handle, tokenizer, texts: list[str], max_length: int | None = N
     """Tokenized torch inputs for ``texts`` (right-padded, the model's own input names)."""
     import torch
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     enc = Encoder(tokenizer, handle.manifest["inputs"], max_length or handle.manifest["max_length"])(texts)
     return {k: torch.from_numpy(v) for k, v in enc.inputs.items()}

@@ -102,7 +102,8 @@ def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> di
 
     from layerscope.decoding.heads import load_decoding_model
     from layerscope.export.graph import opset_of
-    from layerscope.export.manifest import ModelHandle, file_sha256
+    from layerscope.hashing import file_sha256
+    from layerscope.model.handle import ModelHandle
 
     if k < 1:
         raise InputError(f"--lens-k must be at least 1, not {k}")

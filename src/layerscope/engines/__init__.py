@@ -1,1 +1,1 @@
-"""Engines: one protocol, several backends (torch, ort, cuda, trt, auto)."""
+"""Engines: one protocol (base.py), several backends that declare themselves in registry.py."""

@@ -6,29 +6,20 @@ precisions (``inspect optimize --variant int8,ov-fp32,ov-bf16``); an engine
 whose accuracy was never recorded is not picked.  The accuracy of a candidate
 is its worst cosine over every hidden-state and pooled output.
 
-Speed is a recorded rank: the order the CPU engines came in on the
-benchmarks (benchmarks/README.md), fastest first.  GPU engines (TensorRT,
-CUDA) go before every CPU engine when they start.
+Speed is a recorded rank that each engine declares for its candidates
+(engines/registry.py ``AutoRank``): the order the CPU engines came in on the
+benchmarks (benchmarks/README.md), fastest first, with the GPU engines (TensorRT,
+CUDA) ranked before every CPU engine.  ``registry.auto_order`` reads the ranks.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from layerscope.engines.registry import EngineSpec, auto_order, engines, fallback_engine, register
 from layerscope.errors import EngineUnavailableError, InputError
 
 DEFAULT_MIN_COSINE = 0.9999
-
-# (engine, variant, manifest key of its recorded parity); fastest first on CPU as measured in
-# benchmarks/README.md (OpenVINO bf16 only runs where the CPU has bf16 compute).
-CPU_RANK: tuple[tuple[str, str | None, str], ...] = (
-    ("ov", "bf16", "ov-bf16"),
-    ("ov", "int8", "ov-int8"),
-    ("ort", "int8", "int8"),
-    ("ov", None, "ov-fp32"),
-    ("ort", None, "fp32"),
-)
-GPU_ORDER = ("trt", "cuda")
 
 
 def recorded_min_cosine(manifest: dict[str, Any], key: str) -> float | None:
@@ -43,21 +34,16 @@ def recorded_min_cosine(manifest: dict[str, Any], key: str) -> float | None:
     return None if worst != worst else float(worst)  # NaN: not a usable record
 
 
-def pick_engine(handle, registry, *, min_cosine: float | None = None, **options):
+@register(EngineSpec("auto", "the fastest engine that starts here and whose recorded cosine to PyTorch fp32 meets "
+                            "--min-cosine", needs_export=True, device="any", gradients=True))
+def pick_engine(handle, *, min_cosine: float | None = None, **options):
     min_cos = DEFAULT_MIN_COSINE if min_cosine is None else float(min_cosine)
     if not 0.0 < min_cos <= 1.0:
         raise InputError(f"--min-cosine {min_cosine} must be in (0, 1], e.g. 0.9999")
     tried: list[str] = []
-    if not (handle.is_export or handle.can_export):
-        engine = registry["torch"](handle, **options)
-        engine.info.notes.append("auto picked torch (the model cannot be exported to ONNX)")
-        return engine
-    if options.get("variant"):  # an explicit variant: the old order, that variant
-        order: list[tuple[str, str | None, str]] = [(n, None, "") for n in GPU_ORDER] + [("ort", None, "")]
-    else:
-        order = [(n, None, "fp32") for n in GPU_ORDER] + list(CPU_RANK)
-    handle = handle.ensure_export()
-    for name, variant, key in order:
+    registry = {name: spec.factory for name, spec in engines().items()}
+    # an explicit variant: the engines that load a variant's file, in rank order, with that variant
+    for name, variant, key in auto_order(explicit_variant=bool(options.get("variant"))):
         label = name + (f" {variant}" if variant else "")
         if key:
             cos = recorded_min_cosine(handle.manifest, key)
@@ -80,6 +66,7 @@ def pick_engine(handle, registry, *, min_cosine: float | None = None, **options)
         engine.info.notes.append(f"auto picked {label} ({why})" + (f"; passed over {'; '.join(tried)}"
                                                                       if tried else ""))
         return engine
-    engine = registry["torch"](handle, **options)
-    engine.info.notes.append(f"auto picked torch after {'; '.join(tried)}")
+    last = fallback_engine()
+    engine = last.factory(handle, **options)
+    engine.info.notes.append(f"auto picked {last.name} after {'; '.join(tried)}")
     return engine

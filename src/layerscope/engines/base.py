@@ -1,4 +1,4 @@
-"""The engine protocol, the registry, tokenized batches and layer names.
+"""The engine protocol, layer names and ``create_engine`` (the registry is registry.py).
 
 An engine takes a tokenized ``Batch`` and returns, per pooling, an array
 ``[len(layers), batch, hidden]`` (or token-level states).  Every engine
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from layerscope.errors import InputError
 
-from layerscope.errors import EngineUnavailableError, InputError
+if TYPE_CHECKING:  # numpy and the tokenizer load when an engine runs, not when the registry is read
+    import numpy as np
 
-ENGINE_NAMES = ("torch", "ort", "ov", "cuda", "trt", "auto")
-
+    from layerscope.model.tokenize import Batch, Encoder
 
 # ---------------------------------------------------------------- layer names
 
@@ -77,94 +77,11 @@ def _layer_int(text: str, num_layers: int, part: str) -> int:
     return i
 
 
-# ---------------------------------------------------------------- tokenized batches
-
-@dataclass
-class Batch:
-    inputs: dict[str, np.ndarray]  # int64 arrays named as the model's inputs
-    index: np.ndarray  # row positions of these texts in the corpus
-    truncated: np.ndarray  # bool per text: longer than max length
-
-    @property
-    def mask(self) -> np.ndarray:
-        return self.inputs["attention_mask"]
-
-    @property
-    def input_ids(self) -> np.ndarray:
-        return self.inputs["input_ids"]
-
-    @property
-    def size(self) -> int:
-        return int(self.mask.shape[0])
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.mask.sum())
-
-
-class Encoder:
-    """Tokenizes texts into the inputs a model expects, right-padded, truncated at ``max_length``."""
-
-    def __init__(self, tokenizer, input_names: list[str], max_length: int, prompt: str = ""):
-        self.tokenizer = tokenizer
-        self.input_names = list(input_names)
-        self.max_length = int(max_length)
-        self.prompt = prompt or ""  # put before every text, as sentence-transformers' prompts are
-
-    def _prompted(self, texts) -> list[str]:
-        return [self.prompt + t for t in texts] if self.prompt else list(texts)
-
-    @property
-    def fallback_token_id(self) -> int:
-        tok = self.tokenizer
-        for value in (tok.eos_token_id, tok.bos_token_id, tok.sep_token_id, tok.pad_token_id, tok.unk_token_id):
-            if value is not None:
-                return int(value)
-        return 0
-
-    def token_lengths(self, texts: list[str]) -> np.ndarray:
-        """Token counts without truncation (special tokens included), for sorting and warnings."""
-        enc = self.tokenizer(self._prompted(texts), add_special_tokens=True, truncation=False,
-                             return_attention_mask=False, return_token_type_ids=False, verbose=False)
-        return np.fromiter((max(len(ids), 1) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
-
-    def __call__(self, texts: list[str], index: np.ndarray | None = None,
-                 lengths: np.ndarray | None = None) -> Batch:
-        texts = list(texts)
-        if lengths is None:
-            lengths = self.token_lengths(texts)
-        enc = self.tokenizer(self._prompted(texts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="np", verbose=False)
-        enc = {k: np.asarray(v) for k, v in enc.items()}
-        if enc["input_ids"].shape[1] == 0:  # every text in the batch tokenized to nothing
-            enc = {k: np.zeros((len(texts), 1), dtype=np.int64) for k in enc}
-        mask = enc["attention_mask"].astype(np.int64)
-        empty = np.nonzero(mask.sum(1) == 0)[0]
-        if len(empty):
-            # A text with no tokens at all (an empty line, for a tokenizer that adds no special
-            # tokens, e.g. GPT-2) is fed as the model's EOS token alone, so every row gets a vector.
-            enc["input_ids"][empty, 0] = self.fallback_token_id
-            mask[empty, 0] = 1
-        inputs: dict[str, np.ndarray] = {}
-        for name in self.input_names:
-            if name == "position_ids":
-                inputs[name] = np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
-            elif name == "token_type_ids" and name not in enc:
-                inputs[name] = np.zeros_like(mask)
-            elif name in enc:
-                inputs[name] = enc[name].astype(np.int64)
-            else:
-                raise InputError(f"the model wants an input '{name}' that its tokenizer does not make")
-        inputs["attention_mask"] = mask
-        idx = np.arange(len(texts)) if index is None else np.asarray(index)
-        return Batch(inputs=inputs, index=idx, truncated=np.asarray(lengths) > self.max_length)
-
-
 # ---------------------------------------------------------------- the protocol
 
 @dataclass
 class EngineInfo:
-    name: str  # torch, ort, cuda, trt
+    name: str  # the engine's registered name (engines/registry.py)
     provider: str  # what actually ran: "torch-cpu", "CPUExecutionProvider", ...
     device: str
     precision: str = "fp32"
@@ -182,7 +99,7 @@ class Engine(ABC):
     preferred_batch_tokens: int = 16384  # padded tokens per batch when the caller does not say
 
     def __init__(self, model):
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.model.handle import ModelHandle
 
         self.model: ModelHandle = model
         self.info = EngineInfo(self.name, "unknown", "cpu")
@@ -196,6 +113,8 @@ class Engine(ABC):
         return layer_names(self.manifest["num_layers"])
 
     def encoder(self, max_length: int | None = None, prompt: str = "") -> Encoder:
+        from layerscope.model.tokenize import Encoder
+
         return Encoder(self.model.encoding_tokenizer(), self.manifest["inputs"],
                        max_length or self.manifest["max_length"], prompt)
 
@@ -211,49 +130,31 @@ class Engine(ABC):
         """Release sessions and memory."""
 
 
-_REGISTRY: dict[str, Callable[..., Engine]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def _ensure_registered() -> None:
-    # Importing the modules fills the registry; they import torch/onnxruntime lazily themselves.
-    from layerscope.engines import ort as _ort  # noqa: F401
-    from layerscope.engines import ov as _ov  # noqa: F401
-    from layerscope.engines import torch as _torch  # noqa: F401
-
-
 def check_engine_name(name: str) -> str:
-    if name not in ENGINE_NAMES:
-        from difflib import get_close_matches
+    """``name`` if an engine declared it (engines/registry.py), else one line naming the closest one."""
+    from layerscope.engines.registry import engine_spec
 
-        hint = get_close_matches(name, ENGINE_NAMES, n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown engine '{name}'{extra}; choose from {', '.join(ENGINE_NAMES)}")
-    return name
+    return engine_spec(name).name
+
+
+def needs_export(name: str) -> bool:
+    """Whether engine ``name`` runs an ONNX export (a plain model must be exported first)."""
+    from layerscope.engines.registry import engine_spec
+
+    return engine_spec(name).needs_export
 
 
 def create_engine(name: str, model: str | Any, **options) -> Engine:
-    """Create an engine by name for a model (export dir, model dir, hub id or alias)."""
-    from layerscope.export.manifest import ModelHandle
+    """Engine ``name`` for a resolved model: a ``ModelHandle``, or an export dir / model that is resolved
+    here.  Nothing is exported here: ``layerscope.export.open.open_engine`` exports on first use."""
+    from layerscope.engines.registry import engine_spec
+    from layerscope.model.handle import ModelHandle
 
-    check_engine_name(name)
-    _ensure_registered()
+    spec = engine_spec(name)
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
+    if spec.needs_export and not handle.is_export:
+        raise InputError(f"engine '{name}' runs an ONNX export and {handle.spec} is not one: open it with "
+                         "layerscope.export.open.open_engine (exports on first use), or run inspect export first")
     if name != "auto" and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
-    if name == "auto":
-        return _auto(handle, **options)
-    return _REGISTRY[name](handle, **options)
-
-
-def _auto(handle, **options) -> Engine:
-    from layerscope.engines.auto import pick_engine
-
-    return pick_engine(handle, _REGISTRY, **options)
+    return spec.factory(handle, **options)

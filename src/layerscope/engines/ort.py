@@ -13,20 +13,17 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from layerscope.engines.base import Engine
 
-from layerscope.engines.base import Batch, Engine, register
+from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool, with_st
 
-PROVIDERS = {
-    "ort": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "trt": "TensorrtExecutionProvider",
-}
+if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
+    import numpy as np
 
+    from layerscope.model.tokenize import Batch
 
 @contextlib.contextmanager
 def captured_stderr():
@@ -149,13 +146,14 @@ class OrtEngine(Engine):
 
     name = "ort"
     provider = "CPUExecutionProvider"
+    uses_onnxruntime = True  # an InferenceSession on ``provider`` (OpenVINO's subclass says False)
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
                  **options):
-        from layerscope.export.variants import variant_onnx_file
+        from layerscope.model.variants import variant_onnx_file
 
-        handle = model.ensure_export()
+        handle = model  # an export: create_engine refuses a plain model for this engine
         super().__init__(handle)
         self.options = options
         self.variant = variant if variant not in (None, "", "fp32") else None
@@ -164,7 +162,7 @@ class OrtEngine(Engine):
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
             from layerscope.errors import ManifestError
-            from layerscope.export.manifest import file_sha256
+            from layerscope.hashing import file_sha256
 
             entry = handle.manifest["variants"][self.variant]
             if not path.exists() or file_sha256(path) != entry["sha256"]:
@@ -189,8 +187,14 @@ class OrtEngine(Engine):
     def session_entries(self) -> dict:
         return {}
 
+    @classmethod
+    def probe(cls, export_dir: Path | None = None) -> tuple[bool, str]:
+        """(works, detail): whether a session on this engine's provider really starts here."""
+        return probe_providers(export_dir, only=cls)[cls.name]
 
     def _feed(self, batch: Batch) -> dict[str, np.ndarray]:
+        import numpy as np
+
         feed = {}
         for name in self.input_names:
             arr = batch.inputs[name]
@@ -207,6 +211,8 @@ class OrtEngine(Engine):
         missing = [n for n in names if n not in self.output_names]
         if missing:
             raise EngineUnavailableError(f"this ONNX graph has no output(s) {', '.join(missing)}")
+        import numpy as np
+
         return [np.asarray(o) for o in self._run(batch, names)]
 
     @staticmethod
@@ -215,12 +221,20 @@ class OrtEngine(Engine):
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         outs = self._run(batch, [self.token_output(n) for n in layers])
+        import numpy as np
+
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        from layerscope.runtime.pooling import with_st
+
         return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        from layerscope.runtime.pooling import pool
+
         in_graph = [p for p in poolings if f"pooled.{p}" in self.output_names] if self.in_graph_pooling else []
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]
@@ -242,13 +256,25 @@ class OrtEngine(Engine):
         name = self.manifest.get("pooled_output")
         if not name or name not in self.output_names:
             return None
+        import numpy as np
+
         return np.asarray(self._run(batch, [name])[0], dtype=np.float32)
 
     def close(self) -> None:
         self.session = None
 
 
-@register("ort")
+@register(EngineSpec(
+    "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu",
+    auto=(AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")), variant_files=True,
+    bench=(BenchRow(note="fp32, session optimizations on, in-graph pooling"),
+           BenchRow("tokens", options=(("in_graph_pooling", False),),
+                    note="fp32, token-level states copied out and pooled in numpy"),
+           BenchRow("noopt", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
+           BenchRow("opt", "opt", note="offline transformer-optimizer variant"),
+           BenchRow("int8", "int8", note="dynamic int8 variant"),
+           BenchRow("fp16", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),
+           BenchRow("bf16", "bf16", note="bf16 variant"))))
 class CpuEngine(OrtEngine):
     """CPU EP, tuned from measurements on a 2-core AVX-512 machine (see benchmarks/README.md):
 
@@ -272,7 +298,10 @@ class CpuEngine(OrtEngine):
         return {"session.intra_op.allow_spinning": flag, "session.inter_op.allow_spinning": flag}
 
 
-@register("cuda")
+@register(EngineSpec(
+    "cuda", "ONNX Runtime, CUDA execution provider with IO binding", needs_export=True, device="gpu",
+    auto=(AutoRank(20, None, "fp32"),), variant_files=True,
+    bench=(BenchRow(note="CUDA EP, IO binding"), BenchRow("fp16", "fp16", note="CUDA EP, fp16 variant"))))
 class CudaEngine(OrtEngine):
     """CUDA EP with IO binding: inputs copied once, outputs allocated by ORT on the device."""
 
@@ -294,7 +323,10 @@ class CudaEngine(OrtEngine):
         return binding.copy_outputs_to_cpu()
 
 
-@register("trt")
+@register(EngineSpec(
+    "trt", "ONNX Runtime, TensorRT execution provider (engine and timing caches beside the export)",
+    needs_export=True, device="gpu", auto=(AutoRank(10, None, "fp32"),), variant_files=True,
+    bench=(BenchRow(note="TensorRT EP fp32"), BenchRow("fp16", options=(("fp16", True),), note="TensorRT EP fp16"))))
 class TensorrtEngine(CudaEngine):
     """TensorRT EP: engine and timing caches next to the export, profiles from the batching plan."""
 
@@ -327,22 +359,27 @@ class TensorrtEngine(CudaEngine):
         return opts
 
 
-def probe_providers(export_dir: Path | None = None) -> dict[str, tuple[bool, str]]:
-    """Which ONNX Runtime engines really start here, each with the reason when not."""
+def probe_providers(export_dir: Path | None = None, only: type | None = None) -> dict[str, tuple[bool, str]]:
+    """Which ONNX Runtime engines (or the engine class ``only``) really start here, with the reason when not."""
+    from layerscope.engines.registry import engines
+
+    ort_engines = {only.name: only} if only is not None else {
+        name: spec.factory for name, spec in engines().items()
+        if isinstance(spec.factory, type) and issubclass(spec.factory, OrtEngine) and spec.factory.uses_onnxruntime}
     results: dict[str, tuple[bool, str]] = {}
     try:
         ort = ort_module()
     except EngineUnavailableError as exc:
-        return {name: (False, str(exc)) for name in PROVIDERS}
+        return {name: (False, str(exc)) for name in ort_engines}
     model_path = _probe_model() if export_dir is None else Path(export_dir) / "model.onnx"
-    for name, provider in PROVIDERS.items():
+    for name, cls in ort_engines.items():
         try:
-            opts = {"trt_engine_cache_enable": False} if name == "trt" else {}
-            make_session(model_path, provider, opts)
+            opts = {"trt_engine_cache_enable": False} if cls.provider == "TensorrtExecutionProvider" else {}
+            make_session(model_path, cls.provider, opts)
         except EngineUnavailableError as exc:
             results[name] = (False, str(exc))
         else:
-            results[name] = (True, f"onnxruntime {ort.__version__}, {provider}")
+            results[name] = (True, f"onnxruntime {ort.__version__}, {cls.provider}")
     return results
 
 

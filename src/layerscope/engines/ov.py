@@ -19,13 +19,18 @@ so ``run``/``run_tokens`` are the ONNX Runtime engine's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from layerscope.engines.base import Engine
 
-from layerscope.engines.base import Batch, Engine, register
+from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
 from layerscope.engines.ort import OrtEngine, physical_cores
 from layerscope.errors import EngineUnavailableError, InputError
+
+if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch
 
 OV_PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -109,6 +114,8 @@ class OvSession:
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         results = self.request.infer(feed, share_inputs=True)
         # infer() returns views into the request's own buffers: copy what is kept past the next call
+        import numpy as np
+
         return [np.array(results[self._index[n]], copy=True) for n in names]
 
 
@@ -131,16 +138,22 @@ def ov_variant_key(precision: str) -> str:
     return f"ov-{precision}"
 
 
-@register("ov")
+@register(EngineSpec(
+    "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
+    device="cpu", auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
+    bench=(BenchRow(note="OpenVINO fp32, in-graph pooling"),
+           BenchRow("bf16", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
+           BenchRow("int8", "int8", note="OpenVINO running the dynamic int8 variant"))))
 class OvEngine(OrtEngine):
     """OpenVINO on the CPU; ``variant`` is its precision (fp32, bf16, int8)."""
 
     name = "ov"
+    uses_onnxruntime = False
     preferred_batch_tokens = 2048
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
                  in_graph_pooling: bool = True, **options):
-        handle = model.ensure_export()
+        handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
         precision = variant if variant not in (None, "", "ov-fp32") else "fp32"
@@ -150,7 +163,7 @@ class OvEngine(OrtEngine):
         self.variant = precision
         path = handle.onnx_path
         if precision == "int8":
-            from layerscope.export.variants import variant_onnx_file
+            from layerscope.model.variants import variant_onnx_file
 
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
@@ -168,10 +181,21 @@ class OvEngine(OrtEngine):
             self.info.notes.append(f"accuracy of ov {precision} not recorded yet (inspect optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
 
+    @classmethod
+    def probe(cls, export_dir=None) -> tuple[bool, str]:
+        """(works, detail): whether OpenVINO imports, and the CPU capabilities it reports."""
+        try:
+            version = ov_module().__version__.split("-")[0]
+            caps = cpu_capabilities()
+        except EngineUnavailableError as exc:
+            return False, str(exc)
+        bf16 = "bf16 too" if "BF16" in caps else "no bf16 on this CPU"
+        return True, f"OpenVINO {version} on CPU ({', '.join(caps)}; {bf16})"
+
 
 def _check_sha(handle, kind: str, path: Path) -> None:
     from layerscope.errors import ManifestError
-    from layerscope.export.manifest import file_sha256
+    from layerscope.hashing import file_sha256
 
     entry = handle.manifest["variants"][kind]
     if not path.exists() or file_sha256(path) != entry["sha256"]:

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-from layerscope.engines.base import Batch, Engine, register
+from layerscope.engines.base import Engine
+
+from layerscope.engines.registry import BenchRow, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.runtime.pooling import pool, with_st
+
+if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch
 
 
 def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="cpu"):
     """Run a Hugging Face model with every hidden state: (raw embeddings, hidden states, outputs)."""
+    import numpy as np
     import torch
 
     feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in inputs.items()}
@@ -20,7 +27,9 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
     return raw, out.hidden_states, out
 
 
-@register("torch")
+@register(EngineSpec(
+    "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
+    device="any", fallback=True, gradients=True, bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     name = "torch"
 
@@ -28,7 +37,9 @@ class TorchEngine(Engine):
         super().__init__(model)
         import torch
 
-        from layerscope.models import get_submodule, load_torch_model
+        from layerscope.model.families import get_submodule
+
+        from layerscope.model.source import load_torch_model
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,6 +54,17 @@ class TorchEngine(Engine):
         self.word_embeddings = get_submodule(self.net, self.model.family().word_embeddings)
         self.info.provider = f"torch-{self.device.type}"
         self.info.device = str(self.device)
+
+    @classmethod
+    def probe(cls, export_dir=None) -> tuple[bool, str]:
+        """(works, detail): whether PyTorch imports, and the devices it sees."""
+        try:
+            import torch
+        except ImportError:
+            return False, "PyTorch is not installed"
+        if torch.cuda.is_available():
+            return True, f"PyTorch {torch.__version__} on cuda ({torch.cuda.get_device_name(0)}) and cpu"
+        return True, f"PyTorch {torch.__version__} on cpu"
 
     def forward(self, batch: Batch):
         """(raw embeddings, tuple of hidden states, model outputs) as torch tensors, no grad."""
@@ -60,9 +82,15 @@ class TorchEngine(Engine):
         return self._select(raw, hidden, layers)
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        from layerscope.runtime.pooling import with_st
+
         return with_st(self.manifest, poolings, lambda modes: self._run_pooled(batch, layers, modes))
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        import numpy as np
+
+        from layerscope.runtime.pooling import pool
+
         states = self.run_tokens(batch, layers)
         eos = self.manifest.get("eos_token_id")
         out = {}

@@ -57,7 +57,7 @@ def export_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"key": hex, ...what it hashes}`` for the export of a plain-model handle."""
-    from layerscope.export.identity import model_identity
+    from layerscope.model.identity import model_identity
 
     source = handle.source()
     parts = {"model": model_identity(source), "revision": source.revision,
@@ -72,7 +72,7 @@ def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def entry_name(handle, key: str) -> str:
-    from layerscope.export.manifest import _slug
+    from layerscope.model.manifest import _slug
 
     src = handle.manifest.get("source", {})
     name = src.get("alias") or Path(str(src.get("path_or_id") or handle.spec)).name
@@ -82,7 +82,8 @@ def entry_name(handle, key: str) -> str:
 def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict | None = None):
     """The handle of a complete entry made for ``key``, else None."""
     from layerscope.errors import ManifestError
-    from layerscope.export.manifest import MANIFEST, ModelHandle
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest import MANIFEST
 
     if not (target / MANIFEST).exists():
         return None
@@ -106,7 +107,8 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     from filelock import FileLock
 
     from layerscope.export.exporter import export_model
-    from layerscope.export.manifest import ModelHandle, cache_root
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest import cache_root
 
     options = dict(options or {})
     ident = export_key(handle, options)

@@ -20,10 +20,12 @@ import numpy as np
 import layerscope
 from layerscope.errors import ExportError, InputError
 from layerscope.export import external
-from layerscope.export.describe import describe_model, make_onnx_config
+from layerscope.export.onnx_config import make_onnx_config
+from layerscope.model.describe import describe_model
 from layerscope.export.graph import RAW, add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
-from layerscope.export.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE, file_sha256
-from layerscope.export.manifest_check import file_records
+from layerscope.hashing import file_sha256
+from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
+from layerscope.model.manifest_check import file_records
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.runtime.pooling import check_poolings
 
@@ -34,7 +36,7 @@ EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to m
 
 
 def default_pooled(family_name: str) -> list[str]:
-    from layerscope.models import FAMILIES
+    from layerscope.model.families import FAMILIES
 
     fam = FAMILIES[family_name]
     modes = ["mean", "cls", "last", "max", "mean-nobos"]
@@ -61,7 +63,8 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
-    from layerscope.models import FAMILIES, load_config, load_torch_model, resolve_source
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.source import load_config, load_torch_model, resolve_source
 
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
@@ -210,8 +213,8 @@ def _output_dim(model, name: str) -> int | None:
 
 def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
     """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
-    from layerscope.models import load_tokenizer
-    from layerscope.runtime.fast_tokenizer import FastTokenizer, matches_hf, special_ids
+    from layerscope.model.source import load_tokenizer
+    from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf, special_ids
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     tok.save_pretrained(str(work))

@@ -33,7 +33,7 @@ def check_dtype(dtype: str) -> str:
     aliases = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
     dtype = aliases.get(dtype, dtype)
     if dtype == "bf16":
-        from layerscope.export.variants import check_kind
+        from layerscope.model.variants import check_kind
 
         check_kind("bf16")  # raises the one-line reason (no bf16 MatMul in ONNX Runtime's CPU provider)
     if dtype not in DTYPES:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError
-from layerscope.export.manifest import ONNX_FILE, file_sha256, read_manifest
+from layerscope.hashing import file_sha256
+from layerscope.model.manifest import ONNX_FILE, read_manifest
 
 OV_TOLERANCES: dict[str, dict[str, float | None]] = {
     "ov-fp32": {"max_abs": 1e-4, "min_cos": 0.99999},
@@ -28,7 +29,7 @@ OV_TOLERANCES: dict[str, dict[str, float | None]] = {
 def make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
                     tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     from layerscope.engines.ov import OvSession, check_precision
-    from layerscope.export.manifest import verify_export
+    from layerscope.model.manifest import verify_export
     from layerscope.export.variants import _record, _worst, make_variant, variant_parity
 
     say = progress or (lambda msg: None)

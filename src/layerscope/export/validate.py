@@ -67,10 +67,11 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     """
     import gc
 
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
-    from layerscope.models import ModelSource, get_submodule, load_tokenizer
+    from layerscope.model.families import get_submodule
+    from layerscope.model.source import ModelSource, load_tokenizer
     from layerscope.runtime.pooling import pool
 
     export_dir = str(onnx_path.parent)  # the tokenizer as saved into the export, loaded the way engines load it

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError, InputError
-from layerscope.export.manifest import MANIFEST, ONNX_FILE, file_sha256, read_manifest
+from layerscope.hashing import file_sha256
+from layerscope.model.manifest import MANIFEST, ONNX_FILE, read_manifest
+from layerscope.model.variants import OV_KINDS, check_kind, variant_file
 
-VARIANT_KINDS = ("opt", "int8", "fp16", "bf16")
-OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
 
 # Held per output against fp32 PyTorch.  max_abs None means "recorded, not a limit":
 # reduced precision is judged by direction (cosine), since hidden-state magnitudes differ by layer.
@@ -48,39 +48,10 @@ TOLERANCES: dict[str, dict[str, float | None]] = {
 
 INT8_KEEP_DOWN_PROJ = False
 
-_OPTIMIZER_MODEL_TYPE = {"bert": "bert", "roberta": "bert", "deberta-v2": "bert", "clip-text": "clip",
-                         "gpt2": "gpt2", "t5-encoder": "t5", "qwen2": "bert", "qwen3": "bert"}
-
 # fp16: ops kept in fp32 (numerically sensitive: DeBERTa and T5 overflow otherwise)
 FP16_BLOCK_LIST = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
                    "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "Softmax", "ReduceMean",
                    "Pow", "Sqrt", "Erf"]
-
-
-def variant_file(kind: str) -> str:
-    return f"model.{kind}.onnx"
-
-
-def check_kind(kind: str) -> str:
-    if kind == "opt-int8":
-        raise InputError(
-            "variant 'opt-int8' is not supported: onnxruntime 1.31's dynamic quantizer cannot infer the types of "
-            "the optimizer's com.microsoft ops (Attention, SkipLayerNormalization); use 'int8' (ONNX Runtime "
-            "fuses the quantized graph at session start)")
-    if kind == "bf16":
-        raise InputError(
-            "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add "
-            "kernels (a bf16 graph fails with NOT_IMPLEMENTED), although this CPU has avx512_bf16; use int8 on "
-            "CPU, fp16 on GPU")
-    if kind in OV_KINDS:
-        return kind
-    if kind not in VARIANT_KINDS:
-        from difflib import get_close_matches
-
-        hint = get_close_matches(kind, VARIANT_KINDS, n=1)
-        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
-        raise InputError(f"unknown variant '{kind}'{extra}; choose from {', '.join([k for k in VARIANT_KINDS if k != 'bf16'] + list(OV_KINDS))}")
-    return kind
 
 
 def _num_heads(export_dir: Path, manifest: dict[str, Any]) -> int:
@@ -97,7 +68,10 @@ def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: in
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type = _OPTIMIZER_MODEL_TYPE.get(manifest.get("family", ""), "bert")
+    from layerscope.model.families import FAMILIES
+
+    family = FAMILIES.get(manifest.get("family", ""))
+    model_type = family.optimizer_model_type if family else "bert"
     options = FusionOptions(model_type)
     with _quiet():
         opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
@@ -218,7 +192,7 @@ class _quiet:
 def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
                  tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     """Write ``model.<kind>.onnx`` next to ``model.onnx``, check it against torch, record it; return its entry."""
-    from layerscope.export.manifest import verify_export
+    from layerscope.model.manifest import verify_export
 
     check_kind(kind)
     if kind in OV_KINDS:
@@ -294,7 +268,8 @@ def _check_outputs(src: Path, dst: Path) -> None:
 def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path, *, session=None) -> dict[str, Any]:
     """The export's own parity check (same texts, same batches) run on a variant file."""
     from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
-    from layerscope.models import FAMILIES, ModelSource, load_torch_model
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.source import ModelSource, load_torch_model
 
     src = manifest["source"]
     source = ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))
@@ -322,17 +297,3 @@ def _record(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
     manifest = read_manifest(export_dir)
     manifest.setdefault("variants", {})[kind] = entry
     write_json_atomic(export_dir / MANIFEST, manifest)
-
-
-def variant_onnx_file(manifest: dict[str, Any], kind: str | None) -> str | None:
-    """The file an engine should load for ``kind`` (None: the fp32 export)."""
-    if kind in (None, "", "fp32"):
-        return None
-    check_kind(kind)
-    if kind in OV_KINDS:
-        raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
-    entry = manifest.get("variants", {}).get(kind)
-    if not entry:
-        raise InputError(f"this export has no '{kind}' variant yet; make it with: inspect optimize EXPORT_DIR "
-                         f"--variant {kind}")
-    return entry["file"]

@@ -424,7 +424,7 @@ class SearchHit:
 def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, model: str | None = None,
                  engine: str = "auto", device: str = "auto") -> tuple[dict[str, Any], list[list[SearchHit]]]:
     """Embed ``queries`` with the index's own model, layer and pooling, and return the top-k texts."""
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.runtime.pipeline import embed
 
     if not queries or any(not q.strip() for q in queries):

@@ -25,7 +25,9 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 import layerscope
-from layerscope.engines.base import Batch, Encoder, Engine, create_engine, resolve_layers
+from layerscope.engines.base import Engine, resolve_layers
+from layerscope.model.tokenize import Batch, Encoder
+from layerscope.export.open import open_engine
 from layerscope.errors import InputError, StoreError
 from layerscope.runtime.pooling import check_poolings
 from layerscope.runtime.store import STORE_JSON, TEXTS, LayerStore
@@ -318,7 +320,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             engine_options: dict | None = None, prompt_name: str | None = None,
             prompt: str | None = None) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``."""
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
     from layerscope.ownership import claim
 
@@ -349,10 +351,10 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
         raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
                          f"{manifest['family']} has none: use 'last' or 'mean'")
     if "st" in pool_list:
-        from layerscope.stconfig import st_recipe
+        from layerscope.model.stconfig import st_recipe
 
         st_recipe(manifest)  # a clear error before anything is written
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
     prompt_text = resolve_prompt(manifest, prompt_name, prompt)
     max_len = int(max_length or manifest["max_length"])
@@ -395,7 +397,7 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         if store.complete:
             log.info("store already complete")
         state["store"] = store
-    from layerscope.engines.base import Encoder
+    from layerscope.model.tokenize import Encoder
 
     # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
     encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
@@ -419,7 +421,7 @@ def _extract_into(out: Path, state: dict, *, existing, resume, handle, eng, engi
         # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
         # engine does not start.
         options = {"max_batch": max_batch, "max_seq": profile_max_seq(lengths, max_len), **(engine_options or {})}
-        eng = create_engine(engine, handle, **options)
+        eng = open_engine(handle, engine, **options)
         if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
             picked = getattr(eng, "variant", None)
             settings["variant"] = picked if picked not in ("", "fp32") else None
@@ -547,23 +549,21 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
     ``prompt_name``/``prompt`` choose the text put before each input as sentence-transformers does
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
-    from layerscope.export.manifest import ModelHandle
     from layerscope.limits import check_engine_options, check_limits, check_max_length
 
     if not texts:
         raise InputError("no texts given")
     check_limits(batch_tokens=batch_tokens, max_length=max_length)
     check_engine_options(engine_options)
-    eng = engine if isinstance(engine, Engine) else create_engine(
-        engine, model if isinstance(model, ModelHandle) else ModelHandle.resolve(model), **(engine_options or {}))
+    eng = engine if isinstance(engine, Engine) else open_engine(model, engine, **(engine_options or {}))
     manifest = eng.manifest
     check_max_length(max_length, manifest, str(getattr(eng.model, "spec", "the model")))
     layer_list = resolve_layers(layers, manifest["num_layers"])
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     if "st" in pool_list:
-        from layerscope.stconfig import st_recipe
+        from layerscope.model.stconfig import st_recipe
 
         st_recipe(manifest)
     prompt_text = resolve_prompt(manifest, prompt_name, prompt)

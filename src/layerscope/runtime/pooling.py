@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from layerscope.errors import InputError
-from layerscope.models import POOLINGS
+from layerscope.model.families import POOLINGS
 
-ST = "st"  # the model's own sentence-transformers embedding (see layerscope/stconfig.py)
+ST = "st"  # the model's own sentence-transformers embedding (see layerscope/model/stconfig.py)
 
 
 def check_poolings(poolings, *, available=POOLINGS) -> list[str]:
@@ -96,7 +96,7 @@ def with_st(manifest: dict, poolings: list[str], compute) -> dict[str, np.ndarra
     L2 normalization, as sentence-transformers' Normalize module does); other poolings pass through."""
     if ST not in poolings:
         return compute(poolings)
-    from layerscope.stconfig import st_recipe
+    from layerscope.model.stconfig import st_recipe
 
     recipe = st_recipe(manifest)
     base = recipe["pooling"]

@@ -131,7 +131,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
              progress: bool | Callable = False, _kill_once: dict | None = None, start_s: float = 0.0):
     """The run itself, on a connected cluster (see ``extract_ray``)."""
     from layerscope.engines.base import resolve_layers
-    from layerscope.export.manifest import ModelHandle
+    from layerscope.model.handle import ModelHandle
     from layerscope.runtime.pipeline import (_MATCH_KEYS, DEFAULT_MAX_BATCH, ExtractReport, _corpus_sha256,
                                              _progress_bar, _settings)
     from layerscope.runtime.pooling import check_poolings
@@ -153,7 +153,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     manifest = handle.manifest
     check_max_length(max_length, manifest, handle.spec)
     from layerscope.runtime.pooling import default_poolings
-    from layerscope.stconfig import resolve_prompt
+    from layerscope.model.stconfig import resolve_prompt
 
     if poolings is None:  # the model's own, as in a plain extract (st for a sentence-transformers checkpoint)
         poolings = default_poolings(manifest)
@@ -242,10 +242,12 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
         try:
             import ray
 
+            from layerscope.engines.registry import engine_spec
+
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
             options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
-            if not gpus and "threads" not in options and engine in ("auto", "ort", "torch"):
+            if not gpus and "threads" not in options and engine_spec(engine).device in ("cpu", "any"):
                 options["threads"] = max(1, int(cpus))
             ctx = ray.data.DataContext.get_current()
             ctx.enable_progress_bars = False
@@ -303,12 +305,16 @@ def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float |
     """CPUs and GPUs per actor: a GPU each when the cluster has GPUs and the engine can use one;
     else an even share of the largest node's CPUs. A pool the cluster cannot hold would wait
     forever: on a local cluster that is an error, elsewhere (an autoscaler may add nodes) a warning."""
+    from layerscope.engines.registry import engine_spec, gpu_engines, names_text
+
+    device = engine_spec(engine).device
     total = ray.cluster_resources()
     if gpus is None:
-        gpus = 1.0 if total.get("GPU", 0) >= 1 and engine in ("auto", "cuda", "trt", "torch") else 0.0
-    if gpus and engine == "ort":
-        raise InputError("engine 'ort' runs on the CPU; use --engine cuda, trt or auto to use the cluster's GPUs")
-    if not gpus and engine in ("cuda", "trt"):
+        gpus = 1.0 if total.get("GPU", 0) >= 1 and device in ("any", "gpu") else 0.0
+    if gpus and device == "cpu":
+        raise InputError(f"engine '{engine}' runs on the CPU; use --engine {names_text(gpu_engines() + ['auto'])} "
+                         "to use the cluster's GPUs")
+    if not gpus and device == "gpu":
         raise InputError(f"engine '{engine}' needs GPUs, and the Ray cluster has none; use --engine ort or auto")
     if cpus is None:
         node_cpus = max((float(nd["Resources"].get("CPU", 0)) for nd in ray.nodes() if nd.get("Alive")), default=1.0)

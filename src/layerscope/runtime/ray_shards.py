@@ -101,10 +101,9 @@ class ShardWorker:
     def __init__(self, *, model: str, engine: str, engine_options: dict, layers: list[str],
                  poolings: list[str], dtype: str, max_length: int, batch_tokens: int | None,
                  max_batch: int, store_dir: str, kill_once: dict | None = None):
-        from layerscope.engines.base import create_engine
-        from layerscope.export.manifest import ModelHandle
+        from layerscope.export.open import open_engine
 
-        self.eng = create_engine(engine, ModelHandle.resolve(model), **engine_options)
+        self.eng = open_engine(model, engine, **engine_options)
         self.encoder = self.eng.encoder(max_length)
         self.layers, self.poolings, self.dtype = layers, poolings, np.dtype(dtype)
         self.batch_tokens = int(batch_tokens or self.eng.preferred_batch_tokens)

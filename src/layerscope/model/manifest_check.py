@@ -165,7 +165,7 @@ def file_records(export_dir: Path) -> dict[str, dict[str, Any]]:
 
 def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     """Re-hash every file the export recorded: (files verified, one line per problem)."""
-    from layerscope.export.manifest import read_manifest, verify_export
+    from layerscope.model.manifest import read_manifest, verify_export
 
     export_dir = Path(export_dir)
     try:

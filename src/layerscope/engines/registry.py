@@ -1,0 +1,146 @@
+"""The engine registry: engines join it by declaring themselves; everything else reads it.
+
+An engine module (any module of this package) declares each engine it defines with
+``@register(EngineSpec(...))``: its name, a one-line description, whether it runs an ONNX
+export, the device it runs on, the candidates ``--engine auto`` may pick with their rank,
+and the rows ``inspect bench`` measures.  Adding an engine is one file here; ``auto``,
+``inspect engines``, the bench, the CLI's help and every "unknown engine" message read
+the names and facts from ``engines()``.
+
+``auto`` tries candidates in the order of their declared ``rank`` (lower first): today the
+fixed order the benchmarks measured (benchmarks/README.md), GPU engines before CPU ones.
+Ranks are plain declared numbers, so a ranking from measured speeds can replace them
+without touching the engines.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from layerscope.errors import InputError
+
+
+@dataclass(frozen=True)
+class AutoRank:
+    """One candidate ``--engine auto`` may pick: this engine with ``variant``, tried in ``rank`` order."""
+
+    rank: int  # lower is tried first
+    variant: str | None  # None: the fp32 export
+    parity: str  # the manifest's key for this candidate's recorded accuracy ("fp32", "int8", "ov-bf16", ...)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """A row ``inspect bench`` can measure: this engine under a suffix (``ort`` + ``int8`` -> ``ort-int8``)."""
+
+    suffix: str = ""  # "" is the engine's plain row
+    variant: str | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    description: str  # one line, shown by ``inspect engines`` and the docs
+    needs_export: bool  # runs an ONNX export: a plain model is exported first (export/open.py)
+    device: str  # "cpu", "gpu" or "any" (placement on a Ray cluster, auto's GPU-first order)
+    auto: tuple[AutoRank, ...] = ()  # candidates for --engine auto (none: auto never picks it by rank)
+    variant_files: bool = False  # loads a variant's own .onnx file for --variant (auto keeps rank order then)
+    fallback: bool = False  # auto's last resort when no ranked candidate starts
+    gradients: bool = False  # can run the analyses that need gradients (auto: by picking such an engine)
+    bench: tuple[BenchRow, ...] = ()
+    factory: Callable[..., Any] | None = field(default=None, compare=False)  # the engine class (or auto's picker)
+
+    @property
+    def first_rank(self) -> float:
+        return min((r.rank for r in self.auto), default=float("inf"))
+
+
+_ENGINES: dict[str, EngineSpec] = {}
+_DISCOVERED = False
+
+
+def register(spec: EngineSpec):
+    """Class (or factory) decorator: declare ``spec`` with the decorated object as its factory."""
+
+    def deco(factory):
+        if spec.name in _ENGINES and _ENGINES[spec.name].factory is not factory:
+            raise RuntimeError(f"engine name '{spec.name}' is declared twice")
+        _ENGINES[spec.name] = replace(spec, factory=factory)
+        return factory
+
+    return deco
+
+
+def _discover() -> None:
+    """Import every module of the engines package once, so each declares its engines."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    import layerscope.engines as package
+
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    _DISCOVERED = True
+
+
+def engines() -> dict[str, EngineSpec]:
+    """Every declared engine, ``auto`` last, the others in the order their modules declare them."""
+    _discover()
+    return {n: s for n, s in sorted(_ENGINES.items(), key=lambda kv: kv[0] == "auto")}
+
+
+def engine_names() -> tuple[str, ...]:
+    return tuple(engines())
+
+
+def names_text(names=None, last: str = "or") -> str:
+    """``torch, ort, ... or auto``: the engine names for help texts and messages."""
+    names = list(engine_names() if names is None else names)
+    return ", ".join(names[:-1]) + f" {last} {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The declaration of engine ``name``; an unknown name is one line with the closest known name."""
+    known = engines()
+    if name not in known:
+        from difflib import get_close_matches
+
+        hint = get_close_matches(str(name), list(known), n=1)
+        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise InputError(f"unknown engine '{name}'{extra}; choose from {', '.join(known)}")
+    return known[name]
+
+
+def auto_order(*, explicit_variant: bool) -> list[tuple[str, str | None, str]]:
+    """``(engine, variant, parity key)`` in the order ``--engine auto`` tries them.
+
+    Without ``--variant``: every declared candidate by rank.  With one: the engines that load a
+    variant's own file, each once, by its best rank (the variant is the caller's; no parity key)."""
+    specs = engines().values()
+    if explicit_variant:
+        return [(s.name, None, "") for s in sorted((s for s in specs if s.variant_files), key=lambda s: s.first_rank)]
+    ranked = sorted((r.rank, s.name, r.variant, r.parity) for s in specs for r in s.auto)
+    return [(name, variant, parity) for _, name, variant, parity in ranked]
+
+
+def fallback_engine() -> EngineSpec:
+    return next(s for s in engines().values() if s.fallback)
+
+
+def gpu_engines() -> list[str]:
+    """Engines that run on a GPU only, in auto's order."""
+    return [s.name for s in sorted(engines().values(), key=lambda s: s.first_rank) if s.device == "gpu"]
+
+
+def bench_rows() -> dict[str, tuple[str, BenchRow]]:
+    """``{bench row name: (engine, row)}`` for every row the engines declare."""
+    out: dict[str, tuple[str, BenchRow]] = {}
+    for spec in engines().values():
+        for row in spec.bench:
+            out[spec.name + (f"-{row.suffix}" if row.suffix else "")] = (spec.name, row)
+    return out

@@ -1,0 +1,46 @@
+"""``open_engine``: resolve a model, export it on first use, build the engine. The one way in.
+
+Engines (engines/) run a model they are handed; they never resolve a name or run an
+export.  This module sits above them and the exporter: it turns what the user typed
+(export dir, local checkpoint, hub id, alias, or an already resolved ``ModelHandle``)
+into a handle, exports a plain model into the content-keyed cache (export/cache.py)
+when the engine asked for declares that it needs an export, and builds the engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from layerscope.model.handle import ModelHandle
+
+
+def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = False) -> ModelHandle:
+    """The handle of ``model`` (returned as is when it is one already); nothing is exported."""
+    if isinstance(model, ModelHandle):
+        return model
+    return ModelHandle.resolve(model, trust_remote_code=trust_remote_code)
+
+
+def ensure_export(model: str | Path | ModelHandle, *, trust_remote_code: bool = False,
+                  **export_options: Any) -> ModelHandle:
+    """The handle of an export of ``model``: itself if it is an export dir, else its cached export,
+    keyed by content (see export/cache.py) and made on first use."""
+    handle = resolve_model(model, trust_remote_code=trust_remote_code)
+    if handle.is_export:
+        return handle
+    from layerscope.export.cache import cached_export
+
+    return cached_export(handle, export_options)
+
+
+def open_engine(model: str | Path | ModelHandle, engine: str = "auto", *, trust_remote_code: bool = False,
+                **options: Any):
+    """Engine ``engine`` running ``model``, exporting the model first when that engine runs exports."""
+    from layerscope.engines.base import check_engine_name, create_engine, needs_export
+
+    check_engine_name(engine)
+    handle = resolve_model(model, trust_remote_code=trust_remote_code)
+    if needs_export(engine) and not handle.is_export:
+        handle = ensure_export(handle)
+    return create_engine(engine, handle, **options)

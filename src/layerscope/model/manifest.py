@@ -1,0 +1,71 @@
+"""``manifest.json`` of an export dir: reading it and checking it against the graph beside it.
+
+The handle that carries a manifest around is ``model/handle.py``; what is checked is
+``model/manifest_check.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import ManifestError
+from layerscope.hashing import file_sha256
+
+MANIFEST = "manifest.json"
+ONNX_FILE = "model.onnx"
+FORMAT_VERSION = 1
+
+
+def read_manifest(export_dir: Path) -> dict[str, Any]:
+    path = Path(export_dir) / MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ManifestError(f"{export_dir} has no {MANIFEST}: it is not a layerscope export; run inspect export") from None
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path} is not valid JSON ({exc}); re-run inspect export") from None
+
+
+def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: bool = True) -> None:
+    """Check that model.onnx is the graph the manifest describes (see manifest_check for what is checked)."""
+    from layerscope.model.manifest_check import check_external_data, check_graph, check_paths
+
+    onnx_path = check_paths(Path(export_dir), manifest)
+    if not onnx_path.exists():
+        raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run inspect export")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ManifestError(
+            f"{export_dir} was written by a different layerscope export format "
+            f"({manifest.get('format_version')}, this version reads {FORMAT_VERSION}); re-run inspect export")
+    if not manifest.get("onnx_sha256"):
+        raise ManifestError(f"{Path(export_dir) / MANIFEST} has no onnx_sha256, so {onnx_path.name} cannot be "
+                            "checked; re-export with inspect export --force")
+    if check_hash and file_sha256(onnx_path) != manifest["onnx_sha256"]:
+        raise ManifestError(
+            f"{onnx_path} does not match its manifest (sha256 differs): the file was replaced or "
+            "damaged after export; re-run inspect export")
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    graph_outputs = [o.name for o in graph.output]
+    listed = list(manifest.get("outputs", {}))
+    if graph_outputs != listed:
+        missing = sorted(set(listed) - set(graph_outputs))
+        extra = sorted(set(graph_outputs) - set(listed))
+        raise ManifestError(
+            f"{onnx_path} does not match its manifest: outputs missing from the graph {missing or '-'}, "
+            f"not in the manifest {extra or '-'}; re-run inspect export")
+    check_graph(Path(export_dir), manifest, graph)
+    check_external_data(Path(export_dir), manifest, graph)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", text).strip("-") or "model"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LAYERSCOPE_HOME", Path.home() / ".cache" / "layerscope"))

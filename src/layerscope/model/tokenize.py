@@ -1,0 +1,95 @@
+"""Tokenizing texts into the inputs a model takes: ``Encoder`` makes right-padded ``Batch``es.
+
+The tokenizer is the Hugging Face one or, for an export that verified it gives the same ids,
+the ``tokenizers``-only ``FastTokenizer`` (model/fast_tokenizer.py); the input names are the
+model's (the families table).  Engines run a ``Batch``; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from layerscope.errors import InputError
+
+
+@dataclass
+class Batch:
+    inputs: dict[str, np.ndarray]  # int64 arrays named as the model's inputs
+    index: np.ndarray  # row positions of these texts in the corpus
+    truncated: np.ndarray  # bool per text: longer than max length
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.inputs["attention_mask"]
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        return self.inputs["input_ids"]
+
+    @property
+    def size(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+class Encoder:
+    """Tokenizes texts into the inputs a model expects, right-padded, truncated at ``max_length``."""
+
+    def __init__(self, tokenizer, input_names: list[str], max_length: int, prompt: str = ""):
+        self.tokenizer = tokenizer
+        self.input_names = list(input_names)
+        self.max_length = int(max_length)
+        self.prompt = prompt or ""  # put before every text, as sentence-transformers' prompts are
+
+    def _prompted(self, texts) -> list[str]:
+        return [self.prompt + t for t in texts] if self.prompt else list(texts)
+
+    @property
+    def fallback_token_id(self) -> int:
+        tok = self.tokenizer
+        for value in (tok.eos_token_id, tok.bos_token_id, tok.sep_token_id, tok.pad_token_id, tok.unk_token_id):
+            if value is not None:
+                return int(value)
+        return 0
+
+    def token_lengths(self, texts: list[str]) -> np.ndarray:
+        """Token counts without truncation (special tokens included), for sorting and warnings."""
+        enc = self.tokenizer(self._prompted(texts), add_special_tokens=True, truncation=False,
+                             return_attention_mask=False, return_token_type_ids=False, verbose=False)
+        return np.fromiter((max(len(ids), 1) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
+
+    def __call__(self, texts: list[str], index: np.ndarray | None = None,
+                 lengths: np.ndarray | None = None) -> Batch:
+        texts = list(texts)
+        if lengths is None:
+            lengths = self.token_lengths(texts)
+        enc = self.tokenizer(self._prompted(texts), padding=True, truncation=True, max_length=self.max_length,
+                             return_tensors="np", verbose=False)
+        enc = {k: np.asarray(v) for k, v in enc.items()}
+        if enc["input_ids"].shape[1] == 0:  # every text in the batch tokenized to nothing
+            enc = {k: np.zeros((len(texts), 1), dtype=np.int64) for k in enc}
+        mask = enc["attention_mask"].astype(np.int64)
+        empty = np.nonzero(mask.sum(1) == 0)[0]
+        if len(empty):
+            # A text with no tokens at all (an empty line, for a tokenizer that adds no special
+            # tokens, e.g. GPT-2) is fed as the model's EOS token alone, so every row gets a vector.
+            enc["input_ids"][empty, 0] = self.fallback_token_id
+            mask[empty, 0] = 1
+        inputs: dict[str, np.ndarray] = {}
+        for name in self.input_names:
+            if name == "position_ids":
+                inputs[name] = np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
+            elif name == "token_type_ids" and name not in enc:
+                inputs[name] = np.zeros_like(mask)
+            elif name in enc:
+                inputs[name] = enc[name].astype(np.int64)
+            else:
+                raise InputError(f"the model wants an input '{name}' that its tokenizer does not make")
+        inputs["attention_mask"] = mask
+        idx = np.arange(len(texts)) if index is None else np.asarray(index)
+        return Batch(inputs=inputs, index=idx, truncated=np.asarray(lengths) > self.max_length)

@@ -1,0 +1,55 @@
+"""The variants an export's manifest can hold, and which file an engine loads for one.
+
+Making a variant is export/variants.py (and export/ov_variant.py); the names, the one-line
+refusals of kinds that cannot be made, and reading the manifest's ``variants`` entry live here
+so that the engines can open a variant without importing the exporter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from layerscope.errors import InputError
+
+VARIANT_KINDS = ("opt", "int8", "fp16", "bf16")
+OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
+
+
+def variant_file(kind: str) -> str:
+    return f"model.{kind}.onnx"
+
+
+def check_kind(kind: str) -> str:
+    if kind == "opt-int8":
+        raise InputError(
+            "variant 'opt-int8' is not supported: onnxruntime 1.31's dynamic quantizer cannot infer the types of "
+            "the optimizer's com.microsoft ops (Attention, SkipLayerNormalization); use 'int8' (ONNX Runtime "
+            "fuses the quantized graph at session start)")
+    if kind == "bf16":
+        raise InputError(
+            "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add "
+            "kernels (a bf16 graph fails with NOT_IMPLEMENTED), although this CPU has avx512_bf16; use int8 on "
+            "CPU, fp16 on GPU")
+    if kind in OV_KINDS:
+        return kind
+    if kind not in VARIANT_KINDS:
+        from difflib import get_close_matches
+
+        hint = get_close_matches(kind, VARIANT_KINDS, n=1)
+        extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise InputError(f"unknown variant '{kind}'{extra}; choose from {', '.join([k for k in VARIANT_KINDS if k != 'bf16'] + list(OV_KINDS))}")
+    return kind
+
+
+def variant_onnx_file(manifest: dict[str, Any], kind: str | None) -> str | None:
+    """The file an engine should load for ``kind`` (None: the fp32 export)."""
+    if kind in (None, "", "fp32"):
+        return None
+    check_kind(kind)
+    if kind in OV_KINDS:
+        raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
+    entry = manifest.get("variants", {}).get(kind)
+    if not entry:
+        raise InputError(f"this export has no '{kind}' variant yet; make it with: inspect optimize EXPORT_DIR "
+                         f"--variant {kind}")
+    return entry["file"]

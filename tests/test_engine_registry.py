@@ -1,0 +1,129 @@
+"""The engine registry (engines/registry.py) is the one list of engines: everything else reads it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from layerscope.engines import registry
+from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec
+from layerscope.errors import InputError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "layerscope"
+
+
+def test_each_engine_class_is_declared_under_its_own_name():
+    """Catches: a declaration pasted onto the wrong class (e.g. the TensorRT spec on the CUDA engine)."""
+    for name, spec in registry.engines().items():
+        if isinstance(spec.factory, type):
+            assert spec.factory.name == name
+    assert set(registry.engine_names()) == {"torch", "ort", "ov", "cuda", "trt", "auto"}
+
+
+def test_auto_tries_todays_order():
+    """Catches: a mistyped rank that reorders auto (GPU engines first, then the CPU order the benchmarks measured)."""
+    assert registry.auto_order(explicit_variant=False) == [
+        ("trt", None, "fp32"), ("cuda", None, "fp32"), ("ov", "bf16", "ov-bf16"), ("ov", "int8", "ov-int8"),
+        ("ort", "int8", "int8"), ("ov", None, "ov-fp32"), ("ort", None, "fp32")]
+    assert registry.auto_order(explicit_variant=True) == [("trt", None, ""), ("cuda", None, ""), ("ort", None, "")]
+    assert registry.fallback_engine().name == "torch"
+    assert registry.gpu_engines() == ["trt", "cuda"]
+
+
+class _Recorder:
+    def __init__(self, handle, **options):
+        self.options = options
+        self.info = SimpleNamespace(notes=[])
+
+
+@pytest.fixture
+def declared(monkeypatch):
+    """Declare a new engine the way an engine module does, for the length of one test."""
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry.engines()))
+    spec = EngineSpec("quick", "a test engine", needs_export=True, device="cpu", auto=(AutoRank(1, None, "fp32"),),
+                      bench=(BenchRow(), BenchRow("int8", "int8", note="its int8 row")))
+    registry.register(spec)(_Recorder)
+    return spec
+
+
+def test_a_declared_engine_joins_every_reader(declared):
+    """Catches: a reader that keeps its own list of engines (a new engine would be unknown there)."""
+    from layerscope.bench.runner import _bench_engines, parse_engines
+    from layerscope.engines.auto import pick_engine
+    from layerscope.engines.base import check_engine_name, needs_export
+
+    assert check_engine_name("quick") == "quick" and needs_export("quick")
+    assert "quick" in registry.names_text()
+    assert registry.auto_order(explicit_variant=False)[0] == ("quick", None, "fp32")
+    assert parse_engines("quick,quick-int8") == ["quick", "quick-int8"]
+    assert _bench_engines()["quick-int8"].variant == "int8"
+    handle = SimpleNamespace(manifest={"parity": {"outputs": {"hidden_states.0": {"min_cos": 1.0}}}})
+    engine = pick_engine(handle, max_batch=8)
+    assert isinstance(engine, _Recorder) and engine.options == {"max_batch": 8}
+    assert engine.info.notes[0].startswith("auto picked quick (min cosine 1.000000")
+
+
+def test_unknown_engine_names_every_declared_one_and_the_closest():
+    from layerscope.engines.base import check_engine_name
+
+    with pytest.raises(InputError) as err:
+        check_engine_name("orrt")
+    assert "did you mean 'ort'" in str(err.value)
+    assert all(name in str(err.value) for name in registry.engine_names())
+
+
+def test_a_plain_model_reaches_an_export_engine_only_through_open_engine(tiny_model):
+    """Catches: an engine that exports on its own again (the engines -> export circle)."""
+    from layerscope.engines.base import create_engine
+
+    with pytest.raises(InputError, match="open_engine"):
+        create_engine("ort", str(tiny_model("bert")))
+
+
+def test_cli_help_lists_every_engine_and_bench_row():
+    """Catches: help strings that list engine names by hand (they went stale: 'ov' was missing from two)."""
+    import typer
+
+    from layerscope.cli import app
+
+    command = typer.main.get_command(app)
+    for name in ("extract", "run", "search"):
+        opts = {p.name: p for p in command.commands[name].params}
+        assert opts["engine"].help == registry.names_text() + "."
+    bench_help = {p.name: p for p in command.commands["bench"].params}["engines"].help
+    assert all(row in bench_help for row in registry.bench_rows())
+
+
+def _engine_name_collections(tree: ast.AST, names: set[str]):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            found = {e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in names}
+            if len(found) >= 2:
+                yield node.lineno, sorted(found)
+
+
+def test_no_module_keeps_its_own_list_of_engine_names():
+    """Catches: a second hand-written list of engines (a tuple, list or set naming two or more of them)."""
+    names = set(registry.engine_names())
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.relative_to(SRC)}:{line} {hit}" for line, hit in _engine_name_collections(tree, names)]
+    assert found == []
+
+
+def test_reading_the_registry_loads_no_numpy_or_engine_library():
+    """Catches: an engine module importing numpy, onnxruntime or torch at import time; the CLI reads the
+    registry for its help, so that would slow every ``layerscope --help``."""
+    import subprocess
+    import sys
+
+    code = ("import sys, layerscope.cli\nfrom layerscope.engines.registry import engines\nengines()\n"
+            "print(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'openvino', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

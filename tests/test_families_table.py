@@ -1,0 +1,70 @@
+"""The families table (model/families.py) holds every per-family fact; these tests hold it to the libraries.
+
+The manifest's ``inputs`` now come from the table (no optimum import when a plain model is resolved),
+while the exporter traces with Optimum's ``OnnxConfig``: the two must name the same inputs in the same
+order, or the engines would feed a graph inputs it does not have.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from layerscope.model.families import FAMILIES
+
+MODEL_TYPES = [(fam.name, mt) for fam in FAMILIES.values() for mt in fam.model_types]
+
+
+def _config(model_type: str, **overrides):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **overrides)
+
+
+@pytest.mark.parametrize("family,model_type", MODEL_TYPES)
+def test_table_inputs_equal_optimums_onnx_config(family, model_type):
+    """Catches: a family's ``inputs`` in the table that differ from what the export traces (e.g. a decoder
+    without ``position_ids``, RoBERTa given ``token_type_ids``, CLIP without the attention mask)."""
+    from layerscope.export.onnx_config import make_onnx_config
+
+    fam = FAMILIES[family]
+    config = _config(model_type)
+    onnx_inputs = list(make_onnx_config(config, fam, 2).inputs)
+    assert fam.input_names(fam.text_model_config(config)) == onnx_inputs
+
+
+@pytest.mark.parametrize("type_vocab_size,expected", [(0, ["input_ids", "attention_mask"]),
+                                                      (2, ["input_ids", "attention_mask", "token_type_ids"])])
+def test_deberta_takes_token_type_ids_only_when_its_config_has_types(type_vocab_size, expected):
+    """Catches: dropping ``type_ids_from_config`` (DeBERTa-v2 checkpoints differ on type_vocab_size)."""
+    from layerscope.export.onnx_config import make_onnx_config
+
+    fam = FAMILIES["deberta-v2"]
+    config = _config("deberta-v2", type_vocab_size=type_vocab_size)
+    assert fam.input_names(config) == expected == list(make_onnx_config(config, fam, 2).inputs)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES.values() if f.lm_head_loader])
+def test_lm_head_and_final_norm_paths_exist_on_the_with_head_model(family):
+    """Catches: a head or final-norm path in the table that the transformers class does not have
+    (the lens would fail, or silently fall back to tied embeddings)."""
+    import torch
+    import transformers
+
+    from layerscope.model.families import get_submodule
+
+    model_type = family.model_types[0]
+    small = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                 vocab_size=64, max_position_embeddings=32)
+    if model_type == "gpt2":
+        small = dict(n_embd=16, n_layer=1, n_head=2, vocab_size=64, n_positions=32)
+    if model_type.startswith("qwen"):
+        small.update(num_key_value_heads=2, head_dim=8)
+    config = _config(model_type, **small)
+    torch.manual_seed(0)
+    net = getattr(transformers, family.lm_head_loader).from_config(config)
+    legacy = getattr(net.config, "legacy", True)
+    head = family.lm_head_new if family.lm_head_new and not legacy else family.lm_head
+    assert isinstance(get_submodule(net, head), torch.nn.Module)
+    if family.final_norm:
+        assert isinstance(get_submodule(net, family.final_norm), torch.nn.Module)
+    assert isinstance(get_submodule(net.base_model, family.word_embeddings), torch.nn.Embedding)
