@@ -13,7 +13,9 @@ Per layer and pooling, over unit-normalised vectors of the paired texts:
 * PCA over both sides stacked: variance explained by the first components,
   Cohen's d of the source/target split on PC0, and the alignment z within
   the first k = 2, 5, 10 components (centred projections);
-* per category, the headline figures again.
+* per category, the headline figures again;
+* for the browser in report.html: the nearest targets of a sample of source texts
+  (``--examples`` of them, exact cosine), per layer and pooling.
 """
 
 from __future__ import annotations
@@ -29,6 +31,31 @@ from layerscope.index.alignment import PCA_KS, alignment_figures, category_figur
 
 GENERATORS = ("zh-en",)
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")  # retrieval: auto picks exact or IVF by size
+
+
+def nearest_targets(src: np.ndarray, tgt: np.ndarray, queries: np.ndarray, k: int, *,
+                    block: int = 65536) -> dict[str, list]:
+    """The ``k`` nearest targets (exact cosine; ties to the lower row) of the sources at ``queries``, with
+    the targets read in row blocks so that no second copy of them is held."""
+    from layerscope.index.vector_index import normalize
+
+    q = normalize(src[queries])
+    ids = np.empty((len(q), 0), dtype=np.int64)
+    scores = np.empty((len(q), 0), dtype=np.float32)
+    for r0 in range(0, tgt.shape[0], block):
+        s = q @ normalize(tgt[r0:r0 + block]).T
+        ids = np.concatenate([ids, np.broadcast_to(np.arange(r0, r0 + s.shape[1]), s.shape)], axis=1)
+        scores = np.concatenate([scores, s], axis=1)
+        order = np.lexsort((ids, -scores), axis=1)[:, :k]
+        ids, scores = np.take_along_axis(ids, order, 1), np.take_along_axis(scores, order, 1)
+    return {"ids": ids.tolist(), "scores": np.round(scores.astype(float), 4).tolist()}
+
+
+def example_queries(n: int, count: int, seed: int) -> np.ndarray:
+    """A fixed sample of ``count`` source rows (all of them when there are fewer), in corpus order."""
+    if count >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, count, replace=False))
 
 
 def layer_row(pooling: str, layer: str, f: dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +108,7 @@ class Alignment(Analysis):
             Option("ann_threshold", int, 50000, "pairs above which retrieval uses an IVF index, not exact"),
             Option("index", str, "auto", "retrieval index: auto, flat, ivf or hnsw", choices=INDEX_KINDS),
             Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
+            Option("examples", int, 50, "source texts whose nearest targets per layer are kept for report.html"),
         ),
     )
 
@@ -89,9 +117,10 @@ class Alignment(Analysis):
         from layerscope.data.aligned import PairSet, read_line_pairs, read_pairs
 
         o = ctx.options
-        for name in ("permutations", "knn", "n"):
-            if o.get(name) is not None and o[name] < (2 if name == "permutations" else 1):
-                raise InputError(f"--{name} must be at least {2 if name == 'permutations' else 1}, got {o[name]}")
+        for name in ("permutations", "knn", "n", "examples"):
+            least = {"permutations": 2, "examples": 0}.get(name, 1)
+            if o.get(name) is not None and o[name] < least:
+                raise InputError(f"--{name} must be at least {least}, got {o[name]}")
         if o.get("index", "auto") not in INDEX_KINDS:
             raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o['index']!r}")
         given = [s for s, v in (("--data", ctx.data), ("--generate", o.get("generate")),
@@ -139,6 +168,9 @@ class Alignment(Analysis):
         from layerscope.progress import track
 
         layer_rows, cat_rows, backend = [], [], None
+        queries = example_queries(n, 50 if o.get("examples") is None else o["examples"], ctx.seed)
+        k_shown = min(5, n)
+        shown: dict[str, dict[str, Any]] = {}
         for pooling in poolings:
             for layer in track(layers, f"alignment, {pooling} pooling: layers"):
                 v = vecs[pooling, layer]
@@ -148,6 +180,8 @@ class Alignment(Analysis):
                                       index_kind=o.get("index") or "auto", device=o.get("device") or "auto")
                 backend = f["retrieval"].get("backend")
                 layer_rows.append(layer_row(pooling, layer, f))
+                if len(queries):
+                    shown.setdefault(pooling, {})[layer] = nearest_targets(src, tgt, queries, k_shown)
                 for c in cats:
                     idx = cat_idx[c]
                     if len(idx) < 2:
@@ -170,7 +204,12 @@ class Alignment(Analysis):
             "best_acc@1_src2tgt": best_acc["acc@1_src2tgt"], "best_acc@1_layer": best_acc["layer"],
             "n_pairs": n, "duplicates": data.duplicates, "faiss": backend,
         }
-        return {"summary": summary, "layers": layers, "poolings": poolings,
+        hit = sorted({j for by_layer in shown.values() for got in by_layer.values() for row in got["ids"] for j in row
+                      if j >= 0} | {int(q) for q in queries})
+        neighbours = {"k": k_shown, "direction": "source -> target", "queries": [int(q) for q in queries],
+                      "by": shown, "sources": {str(int(q)): data.sources[q] for q in queries},
+                      "targets": {str(j): data.targets[j] for j in hit}}
+        return {"summary": summary, "layers": layers, "poolings": poolings, "neighbours": neighbours,
                 "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}}
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:

@@ -11,18 +11,21 @@ import html
 from pathlib import Path
 from typing import Any
 
-CSS = """
+PAGE_CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
-h1 { font-size: 20px; } h2 { font-size: 16px; margin-top: 28px; }
-.meta { color: #555; font-size: 13px; margin-bottom: 12px; }
-details { border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
-summary { cursor: pointer; font-size: 14px; }
-table { border-collapse: collapse; margin-top: 6px; }
-td { padding: 2px 6px; vertical-align: middle; font-size: 13px; }
-td.m { color: #444; white-space: nowrap; font-family: monospace; }
-span.t { display: inline-block; padding: 1px 3px; margin: 1px; border-radius: 3px; font-family: monospace; }
-span.sp { color: #999; }
-.legend span { display: inline-block; padding: 2px 8px; margin-right: 6px; border-radius: 3px; }
+h1 { font-size: 20px; } h3 { font-size: 16px; margin-top: 28px; }
+"""
+# scoped to .sal so that report.html can hold the same fragment next to its own styles
+TOKEN_CSS = """
+.sal .meta { color: #555; font-size: 13px; margin-bottom: 12px; }
+.sal details { border: 1px solid #ddd; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
+.sal summary { cursor: pointer; font-size: 14px; }
+.sal table { border-collapse: collapse; margin-top: 6px; }
+.sal td { padding: 2px 6px; vertical-align: middle; font-size: 13px; }
+.sal td.m { color: #444; white-space: nowrap; font-family: monospace; }
+.sal span.t { display: inline-block; padding: 1px 3px; margin: 1px; border-radius: 3px; font-family: monospace; }
+.sal span.sp { color: #999; }
+.sal .legend span { display: inline-block; padding: 2px 8px; margin-right: 6px; border-radius: 3px; }
 """
 
 
@@ -43,12 +46,12 @@ def _row(tokens: list[str], scores: list[float], special: list[bool]) -> str:
     return "".join(cells)
 
 
-def write_saliency_html(path: Path, results: dict[str, Any]) -> str:
-    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerscope saliency</title>",
-             f"<style>{CSS}</style></head><body>", "<h1>layerscope: token saliency</h1>"]
+def saliency_fragment(results: dict[str, Any]) -> str:
+    """The highlighted texts of every model as an HTML fragment (a ``<div class='sal'>``), values escaped."""
+    parts = ["<div class='sal'>"]
     for model, fig in results.get("per_model", {}).items():
         s = fig["summary"]
-        parts.append(f"<h2>{html.escape(model)}</h2>")
+        parts.append(f"<h3>{html.escape(model)}</h3>")
         parts.append(f"<div class='meta'>objective: {html.escape(s['objective_text'])}<br>"
                      f"decoding head: {html.escape(fig['head']['kind'])}: {html.escape(fig['head']['description'])}"
                      f"<br>tokens hidden with {html.escape(s['replacement_token'])}; colour scaled per text and "
@@ -67,7 +70,14 @@ def write_saliency_html(path: Path, results: dict[str, Any]) -> str:
                 parts.append(f"<tr><td class='m'>{html.escape(method)}</td><td>"
                              f"{_row(t['tokens'], t['scores'][method], t['special'])}</td></tr>")
             parts.append("</table></details>")
-    parts.append("</body></html>")
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def write_saliency_html(path: Path, results: dict[str, Any]) -> str:
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerscope saliency</title>",
+             f"<style>{PAGE_CSS}{TOKEN_CSS}</style></head><body>", "<h1>layerscope: token saliency</h1>",
+             saliency_fragment(results), "</body></html>"]
     from layerscope.report.writer import write_text
 
     write_text(Path(path), "\n".join(parts))

@@ -51,17 +51,22 @@ def write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
-    """One CSV per table name, rows of every model stacked with a ``model`` column first."""
+def merged_tables(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Every table by name, rows of every model stacked with a ``model`` column first (as the CSVs hold them)."""
     merged: dict[str, list[dict[str, Any]]] = {}
     for model, figures in results.get("per_model", {}).items():
         for name, rows in (figures.get("tables") or {}).items():
             merged.setdefault(name, []).extend({"model": model, **row} for row in rows)
     for name, rows in (results.get("combined", {}).get("tables") or {}).items():
         merged.setdefault(name, []).extend(rows)
+    return merged
+
+
+def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
+    """One CSV per table name, rows of every model stacked with a ``model`` column first."""
     written: list[str] = []
     used: set[str] = set()
-    for name, rows in merged.items():
+    for name, rows in merged_tables(results).items():
         if not rows:
             continue
         columns: list[str] = []
@@ -98,8 +103,11 @@ def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None, digit
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str]) -> Path:
+def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str],
+                 page: str | None = None) -> Path:
     lines = [f"# {results['analysis']}: {results.get('description', '')}", ""]
+    if page:
+        lines += [f"Interactive version (charts with hover values, tables, settings): [{page}]({page})", ""]
     lines.append(f"Made by layerscope {results.get('layerscope_version')} on {results.get('created')} "
                  f"in {results.get('seconds')} s.")
     lines.append("")

@@ -1,0 +1,349 @@
+"""What report.html shows for each analysis: which figures of results.json become which charts.
+
+Every function here reads results.json's figures and draws them; none computes a figure. An analysis
+without an entry below still gets a page (summary, tables, settings, models) plus a curve of its main
+score for every table that has one per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any, Callable
+
+from layerscope.report.html_figures import Chart, Series, bars, heatmap, layer_curves, num, xy_lines
+
+OWN = "own"  # compositionality's row for the model's own pooled output (not a layer)
+
+
+@dataclass
+class Section:
+    anchor: str
+    title: str
+    charts: list[Chart] = field(default_factory=list)
+    intro: str = ""  # HTML: built here from escaped values
+    html: str = ""  # HTML after the charts
+    css: str = ""
+    script: str = ""  # a script that registers itself in window.layerscopeExtras
+    data: dict[str, Any] = field(default_factory=dict)  # merged into the page's JSON data block
+
+
+def data_file(results: dict[str, Any]) -> str | None:
+    data = (results.get("settings") or {}).get("data")
+    return None if data is None else str(data)
+
+
+def data_origin(results: dict[str, Any]) -> str | None:
+    """Where built-in data came from, as the analysis recorded it (e.g. "generated zh-en (n=200, seed=0)")."""
+    origin = ((results.get("combined") or {}).get("data") or {}).get("origin")
+    return None if origin is None else str(origin)
+
+
+def data_name(results: dict[str, Any]) -> str:
+    """The data file's name for axis labels and captions ("sts-test.csv"), or "built-in data"."""
+    data = data_file(results)
+    return PurePath(data).name if data else "built-in data"
+
+
+def per_model(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m: f for m, f in (results.get("per_model") or {}).items() if isinstance(f, dict)}
+
+
+def num_layers(results: dict[str, Any], model: str) -> int | None:
+    man = ((results.get("models") or {}).get(model) or {}).get("manifest") or {}
+    value = man.get("num_layers")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def multi(results: dict[str, Any]) -> bool:
+    return len(per_model(results)) > 1
+
+
+def table_series(results: dict[str, Any], table: str, value: str, *, group: str = "pooling", where=None,
+                 suffix: str = "") -> list[Series]:
+    """One series per model and ``group`` value over the rows' ``layer``, with ``value_ci_low/high`` as band."""
+    out = []
+    for model, figures in per_model(results).items():
+        rows = [r for r in (figures.get("tables") or {}).get(table, []) if isinstance(r, dict) and value in r
+                and (where is None or where(r))]
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(str(r.get(group, "")), []).append(r)
+        for g, rs in groups.items():
+            label = " / ".join(x for x in ((model if multi(results) else ""), g, suffix) if x) or value
+            has_ci = any(f"{value}_ci_low" in r for r in rs)
+            out.append(Series(label, [str(r.get("layer")) for r in rs], [r.get(value) for r in rs],
+                              [r.get(f"{value}_ci_low") for r in rs] if has_ci else None,
+                              [r.get(f"{value}_ci_high") for r in rs] if has_ci else None,
+                              num_layers(results, model)))
+    return out
+
+
+def curves(results, series: list[Series], *, title: str, ylabel: str, caption: str, hline=None) -> list[Chart]:
+    if not series or all(all(num(v) is None for v in s.values) for s in series):
+        return []
+    rel = multi(results)
+    if rel:
+        caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
+    return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline)]
+
+
+def _model_suffix(results) -> str:
+    names = list(per_model(results))
+    return f" ({names[0]})" if len(names) == 1 else ""
+
+
+# -- one function per analysis ------------------------------------------------------------------------
+
+def sts_views(results) -> list[Section]:
+    on = data_name(results)
+    n_boot = ((results.get("settings") or {}).get("options") or {}).get("n_boot")
+    pairs = {m: (f.get("summary") or {}).get("pairs") for m, f in per_model(results).items()}
+    n_pairs = ", ".join(dict.fromkeys(f"{p:,}" for p in pairs.values() if isinstance(p, int))) or "the"
+    charts = []
+    for value, name in (("spearman", "Spearman"), ("pearson", "Pearson")):
+        charts += curves(results, table_series(results, "layers", value),
+                         title=f"STS: {name} correlation of cosine vs human score, by layer{_model_suffix(results)}",
+                         ylabel=f"{name} r ({on})",
+                         caption=f"{name} correlation between the cosine of each pair's two sentence vectors and "
+                                 f"the human similarity score, over {n_pairs} pairs of {on}. Band: 95% pair "
+                                 f"bootstrap interval ({n_boot or '?'} resamples).")
+    groups, errors = {}, {}
+    for model, fig in per_model(results).items():
+        for r in (fig.get("probe") or {}).get("rows", []):
+            key = model if multi(results) else "Spearman"
+            groups.setdefault(r["name"], {})[key] = r.get("spearman")
+            errors.setdefault(r["name"], {})[key] = (r.get("spearman_ci_low"), r.get("spearman_ci_high"))
+    if groups:
+        charts.append(bars(groups, title=f"STS: learned probes vs single layers{_model_suffix(results)}",
+                           ylabel=f"Spearman r ({on})", errors=errors,
+                           caption=f"Spearman correlation on {on} of each probe and of the best single layers."))
+    return [Section("figures", "Layer curves", charts)]
+
+
+def compositionality_views(results) -> list[Section]:
+    charts = []
+    for value, label, hline in (("mean_diff", "mean cos(paraphrase) − cos(same-words negative)", 0.0),
+                                ("win_rate", "win rate (paraphrase closer than negative)", 0.5)):
+        charts += curves(results, table_series(results, "layers", value, where=lambda r: r.get("pooling") != OWN),
+                         title=f"Compositionality: {label}, by layer{_model_suffix(results)}", ylabel=label,
+                         hline=hline, caption=f"Per item of {data_name(results)}: cosine of the sentence to its "
+                                              "paraphrases minus its cosine to the same words in another order. "
+                                              f"Dashed line: {hline} (no preference).")
+    groups: dict[str, dict[str, Any]] = {}
+    for model, fig in per_model(results).items():
+        final = str(num_layers(results, model))
+        for r in (fig.get("tables") or {}).get("groups", []):
+            if str(r.get("layer")) == final and r.get("group") == "category":
+                key = f"{model} {r.get('pooling')}" if multi(results) else str(r.get("pooling"))
+                groups.setdefault(str(r.get("value")), {})[key] = r.get("win_rate")
+    if groups:
+        charts.append(bars(groups, title=f"Compositionality: win rate by category at the final layer"
+                                         f"{_model_suffix(results)}", ylabel="win rate",
+                           caption="Share of items whose paraphrases are closer than their same-words negative."))
+    return [Section("figures", "Layer curves", charts)]
+
+
+def pooling_views(results) -> list[Section]:
+    on = data_name(results)
+    charts = []
+    for metric, label in (("spearman", f"STS Spearman r ({on})"), ("mrr", f"retrieval MRR ({on})")):
+        groups, errors = {}, {}
+        for model, fig in per_model(results).items():
+            for r in (fig.get("tables") or {}).get("variants", []):
+                groups.setdefault(str(r.get("variant")), {})[model] = r.get(metric)
+                if r.get(f"{metric}_ci_low") is not None:
+                    errors.setdefault(str(r.get("variant")), {})[model] = (r[f"{metric}_ci_low"],
+                                                                            r.get(f"{metric}_ci_high"))
+        if groups:
+            charts.append(bars(groups, title=f"{label} by vector choice (float32)", ylabel=label,
+                               errors=errors or None, caption="Each bar is one pooling@layer choice; "
+                               "retrieval queries are both sides of every pair, the relevant document the partner."))
+    for metric, label in (("retention_spearman", "share of float32 STS Spearman kept"),
+                          ("retention_mrr", "share of float32 retrieval MRR kept")):
+        series: dict[str, tuple[list, list]] = {}
+        for model, fig in per_model(results).items():
+            for r in (fig.get("tables") or {}).get("truncation", []):
+                xs, ys = series.setdefault(f"{model} {r.get('variant')}" if multi(results) else str(r.get("variant")),
+                                           ([], []))
+                xs.append(r.get("dims"))
+                ys.append(r.get(metric))
+        if series:
+            charts.append(xy_lines(series, title=f"Truncation to the first k dimensions: {label}",
+                                   xlabel="dimensions kept", ylabel=label, logx=True, hline=1.0,
+                                   caption=f"Vectors cut to their first k dimensions, scored on {on}; 1 = the "
+                                           "full float32 vector's score."))
+    groups = {}
+    for model, fig in per_model(results).items():
+        for r in (fig.get("tables") or {}).get("quantization", []):
+            if r.get("method") != "float32":
+                key = f"{model} {r.get('variant')}" if multi(results) else str(r.get("variant"))
+                groups.setdefault(key, {})[f"{r.get('method')} Spearman"] = r.get("retention_spearman")
+                groups[key][f"{r.get('method')} MRR"] = r.get("retention_mrr")
+    if groups:
+        charts.append(bars(groups, title="Quantized embeddings: share of float32 quality kept", ylabel="retention",
+                           caption=f"binary (1 bit per dimension) and int8 embeddings scored on {on}, as a share "
+                                   "of the float32 score."))
+    return [Section("figures", "Charts", charts)]
+
+
+def alignment_views(results) -> list[Section]:
+    from layerscope.report.html_neighbours import neighbour_section
+
+    origin = ((results.get("combined") or {}).get("data") or {}).get("origin") or data_name(results)
+    cap = f"Pairs: {origin}."
+    charts = []
+    for value, title, ylabel, hline in (
+            ("z", "matched vs scrambled pairs: z-score by layer", "z = (matched − scrambled mean) / std", 0.0),
+            ("acc@1_src2tgt", "retrieval source → target: accuracy@1 by layer", "accuracy@1", None),
+            ("acc@1_tgt2src", "retrieval target → source: accuracy@1 by layer", "accuracy@1", None),
+            ("mrr_src2tgt", "retrieval source → target: MRR by layer", "MRR", None),
+            ("mutual_knn", "mutual k-NN overlap of the two sides by layer", "share of shared neighbours", None),
+            ("pc0_abs_d", "language split on PC0: |Cohen's d| by layer", "|d| on PC0", None)):
+        charts += curves(results, table_series(results, "alignment_layers", value), title=title, ylabel=ylabel,
+                         hline=hline, caption=cap + (" z above ~3 means the pairs line up beyond chance."
+                                                     if value == "z" else ""))
+    sections = [Section("figures", "Layer curves", charts)]
+    nb = neighbour_section(results)
+    if nb is not None:
+        sections.append(nb)
+    return sections
+
+
+def similarity_views(results) -> list[Section]:
+    charts = []
+    origin = ((results.get("combined") or {}).get("data") or {}).get("origin") or data_name(results)
+    for model, fig in per_model(results).items():
+        layers = [str(x) for x in fig.get("layers") or []]
+        n = (fig.get("summary") or {}).get("n")
+        for key, title, zmin in (("linear_cka", "linear CKA", 0.0), ("unbiased_cka", "unbiased CKA", None),
+                                 ("mutual_knn", f"mutual {(fig.get('summary') or {}).get('knn_k')}-NN", 0.0)):
+            if fig.get(key) is None:
+                continue
+            charts.append(heatmap(fig[key], layers, layers, title=f"{title} between layers: {model}",
+                                  xlabel="layer", ylabel="layer", zlabel=title, zmin=zmin, zmax=1.0,
+                                  caption=f"{title} between every two layers' vectors of {n} texts ({origin})."))
+    cross = (results.get("combined") or {}).get("cross")
+    if isinstance(cross, dict):
+        for key in ("linear_cka", "unbiased_cka", "mutual_knn"):
+            if cross.get(key) is not None:
+                a, b, name = cross.get("model_a"), cross.get("model_b"), key.replace("_", " ")
+                charts.append(heatmap(cross[key], [str(x) for x in cross.get("layers_a") or []],
+                                      [str(x) for x in cross.get("layers_b") or []], title=f"{name}: {a} vs {b}",
+                                      ylabel=f"layer of {a}", xlabel=f"layer of {b}",
+                                      zlabel=key.replace("_", " "), zmax=1.0,
+                                      caption=f"Every layer of one model against every layer of the other ({origin})."))
+    return [Section("figures", "Heat maps", charts)]
+
+
+def lens_views(results) -> list[Section]:
+    charts = []
+    rank, agree = [], []
+    for model, fig in per_model(results).items():
+        rows = (fig.get("tables") or {}).get("lens_by_layer", [])
+        layers = [str(r.get("layer")) for r in rows]
+        pre = f"{model}: " if multi(results) else ""
+        target = (fig.get("summary") or {}).get("target")
+        rank.append(Series(f"{pre}mean log10 rank", layers, [r.get("mean_log10_rank") for r in rows],
+                           num_layers=num_layers(results, model)))
+        agree.append(Series(f"{pre}top-1 = last layer's top-1", layers, [r.get("top1_agrees_with_last") for r in rows],
+                            num_layers=num_layers(results, model)))
+        agree.append(Series(f"{pre}top-1 = target ({target})", layers, [r.get("top1_is_target") for r in rows],
+                            num_layers=num_layers(results, model)))
+    charts += curves(results, rank, title="Logit lens: rank of the target token by layer",
+                     ylabel="mean log10 rank (0 = top)", caption="Each layer decoded through the model's LM head; "
+                     "rank of the target token among the vocabulary, averaged over positions.")
+    charts += curves(results, agree, title="Logit lens: top-1 agreement by layer", ylabel="fraction of positions",
+                     caption="Share of positions whose top-1 decoded token equals the last layer's, or the target.")
+    for model, fig in per_model(results).items():
+        for t in (fig.get("texts") or [])[:4]:
+            tokens, by_layer = t.get("tokens") or [], t.get("layers") or {}
+            names = [str(x) for x in fig.get("layers") or by_layer]
+            z, text = [], []
+            for name in names:
+                ranks = (by_layer.get(name) or {}).get("rank") or []
+                tops = (by_layer.get(name) or {}).get("top") or []
+                z.append([None if num(r) is None else math.log10(max(1.0, r)) for r in ranks])
+                text.append([str(top[0][0]) if top and top[0] else "" for top in tops])
+            cols = [f"{i}:{tok}" for i, tok in enumerate(tokens)]
+            if z and cols:
+                charts.append(heatmap(z, names, cols, text=text, reverse=True, zlabel="log10 rank (0 = top)",
+                                      xlabel="position:input token", ylabel="layer",
+                                      title=f"Logit lens, top-1 token per layer: “{t.get('text', '')[:80]}”"
+                                            + (f" ({model})" if multi(results) else ""),
+                                      caption="Cell text: the layer's top-1 decoded token at that position; colour: "
+                                              "log10 rank of the target token there (bright = ranked first)."))
+    return [Section("figures", "Layer curves", charts)]
+
+
+def saliency_views(results) -> list[Section]:
+    from layerscope.report.saliency_html import TOKEN_CSS, saliency_fragment
+
+    charts = []
+    for model, fig in per_model(results).items():
+        rows = {r.get("method"): r for r in (fig.get("tables") or {}).get("saliency_methods", [])}
+        layers = [str(x) for x in fig.get("layers") or []]
+        decoded = [(rows.get(f"decoded@{x}") or {}).get("hide_aopc") for x in layers]
+        series = [Series("decoded saliency", layers, decoded, num_layers=num_layers(results, model))]
+        if f"gxa@{layers[0] if layers else ''}" in rows:
+            series.append(Series("grad × input, not decoded", layers,
+                                 [(rows.get(f"gxa@{x}") or {}).get("hide_aopc") for x in layers]))
+        for method, r in rows.items():
+            if method and "@" not in str(method):
+                series.append(Series(f"{method} (no layer)", layers, [r.get("hide_aopc")] * len(layers), dash="dash"))
+        charts.append(layer_curves(series, title=f"Hiding game AOPC by layer ({model})", ylabel="mean drop of y over k",
+                                   caption="Mean drop of the objective y when the k most salient tokens are hidden, "
+                                           "averaged over k = 1..K; higher = the method found the tokens y rests on."))
+        curves_ = fig.get("curves") or {}
+        k = (fig.get("summary") or {}).get("k_max") or 0
+        for key, game in (("hide_drop", "hiding"), ("reveal_value", "revealing")):
+            best = {m: (list(range(1, k + 1)), c.get(key) or []) for m, c in curves_.items()
+                    if "@" not in m or m.endswith("@" + (layers[-1] if layers else ""))}
+            if best:
+                charts.append(xy_lines(best, title=f"{game} game over k, last layer vs baselines ({model})",
+                                       xlabel="k (tokens)", ylabel="mean drop of y" if key == "hide_drop" else
+                                       "mean y with only the top-k kept",
+                                       caption=f"The {game} game: tokens ranked by each method."))
+    tokens = Section("tokens", "Token highlights", html=saliency_fragment(results), css=TOKEN_CSS,
+                     intro="Each text's tokens coloured by saliency, one row per method (hover a token for its score).")
+    return [Section("figures", "Layer curves", charts), tokens]
+
+
+def mteb_views(results) -> list[Section]:
+    series = []
+    for model, fig in per_model(results).items():
+        groups: dict[tuple, list[dict]] = {}
+        for r in (fig.get("tables") or {}).get("layers", []):
+            groups.setdefault((r.get("task"), r.get("pooling")), []).append(r)
+        for (task, pooling), rs in groups.items():
+            label = " / ".join(str(x) for x in ((model if multi(results) else None), task, pooling) if x)
+            series.append(Series(label, [str(r.get("layer")) for r in rs], [r.get("main_score") for r in rs],
+                                 num_layers=num_layers(results, model)))
+    charts = curves(results, series, title="MTEB main score by layer", ylabel="MTEB main score",
+                    caption="Every layer × pooling scored as an embedding model by the mteb library; MTEB's own "
+                            "result files are under mteb/results/.")
+    return [Section("figures", "Layer curves", charts)]
+
+
+def generic_views(results) -> list[Section]:
+    main = results.get("main_score")
+    charts = []
+    for model, fig in per_model(results).items():
+        for name, rows in (fig.get("tables") or {}).items():
+            if rows and isinstance(rows[0], dict) and "layer" in rows[0] and main in rows[0]:
+                charts += curves(results, table_series(results, name, main), title=f"{main} by layer ({name})",
+                                 ylabel=str(main), caption=f"From the table {name}.")
+        break
+    return [Section("figures", "Layer curves", charts)] if charts else []
+
+
+VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
+    "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
+    "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
+    "saliency": saliency_views, "mteb": mteb_views,
+}
+
+
+def views(results: dict[str, Any]) -> list[Section]:
+    return VIEWS.get(str(results.get("analysis")), generic_views)(results)
