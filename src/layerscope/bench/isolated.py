@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.bench.runner import BENCH_ENGINES, HF_EAGER, _accuracy, read_sts, sts_spearman
+from layerscope.bench.runner import HF_EAGER, _accuracy, bench_engines, read_sts, sts_spearman
 from layerscope.errors import InputError
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other
@@ -93,7 +93,7 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
     rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline",
                  note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
     for name in cfg.engines:
-        spec = BENCH_ENGINES[name]
+        spec = bench_engines()[name]
         rows.append(dict(common, name=name, kind="engine", row_kind="engine", engine=spec.engine,
                          variant=spec.variant, options=dict(spec.options), note=spec.note))
     for peer in cfg.peers:

@@ -42,20 +42,17 @@ class BenchEngine:
     note: str = ""
 
 
-def _bench_engines() -> dict[str, BenchEngine]:
-    """The rows each engine declares (engines/registry.py ``BenchRow``), by bench name."""
+def bench_engines() -> dict[str, BenchEngine]:
+    """The rows each engine declares (engines/registry.py ``BenchRow``), by bench name, read when asked."""
     from layerscope.engines.registry import bench_rows
 
     return {name: BenchEngine(name, engine, row.variant, row.options, row.note)
             for name, (engine, row) in bench_rows().items()}
 
 
-BENCH_ENGINES: dict[str, BenchEngine] = _bench_engines()
-
-
 def parse_engines(spec: str | list[str]) -> list[str]:
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    known = tuple(BENCH_ENGINES) + BASELINES
+    known = tuple(bench_engines()) + BASELINES
     out: list[str] = []
     for name in names:
         if name not in known:
@@ -451,7 +448,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         gc.collect()
 
     for name in cfg.engines:
-        spec = BENCH_ENGINES[name]
+        spec = bench_engines()[name]
         say(f"{name}: {spec.note}")
         run, vecs, sts_encode, close = _layerscope_engine(cfg, spec, handle, layers, n_acc)
         if vecs is not None:
