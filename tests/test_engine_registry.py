@@ -51,7 +51,7 @@ def declared(monkeypatch):
 
 def test_a_declared_engine_joins_every_reader(declared):
     """Catches: a reader that keeps its own list of engines (a new engine would be unknown there)."""
-    from layerscope.bench.engine_rows import _bench_engines
+    from layerscope.bench.engine_rows import bench_engines
     from layerscope.bench.runner import parse_engines
     from layerscope.engines.auto import pick_engine
     from layerscope.engines.base import check_engine_name, needs_export
@@ -60,7 +60,7 @@ def test_a_declared_engine_joins_every_reader(declared):
     assert "quick" in registry.names_text()
     assert registry.auto_order(explicit_variant=False)[0] == ("quick", None, "fp32")
     assert parse_engines("quick,quick-int8") == ["quick", "quick-int8"]
-    assert _bench_engines()["quick-int8"].variant == "int8"
+    assert bench_engines()["quick-int8"].variant == "int8"
     handle = SimpleNamespace(manifest={"parity": {"outputs": {"hidden_states.0": {"min_cos": 1.0}}}})
     engine = pick_engine(handle, max_batch=8)
     assert isinstance(engine, _Recorder) and engine.options == {"max_batch": 8}

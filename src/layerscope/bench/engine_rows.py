@@ -27,15 +27,14 @@ class BenchEngine:
     note: str = ""
 
 
-def _bench_engines() -> dict[str, BenchEngine]:
-    """The rows each engine declares (engines/registry.py ``BenchRow``), by bench name."""
+def bench_engines() -> dict[str, BenchEngine]:
+    """The rows each engine declares (engines/registry.py ``BenchRow``), by bench name, read when asked (an engine
+    declared after this module was imported is still a row)."""
     from layerscope.engines.registry import bench_rows
 
     return {name: BenchEngine(name, engine, row.variant, row.options, row.note)
             for name, (engine, row) in bench_rows().items()}
 
-
-BENCH_ENGINES: dict[str, BenchEngine] = _bench_engines()
 
 
 def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):

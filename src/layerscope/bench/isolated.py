@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layerscope.bench.baseline_rows import HF_EAGER
-from layerscope.bench.engine_rows import BENCH_ENGINES
+from layerscope.bench.engine_rows import bench_engines
 from layerscope.bench.runner import _accuracy, sts_spearman
 from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
@@ -95,7 +95,7 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
     rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline",
                  note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
     for name in cfg.engines:
-        spec = BENCH_ENGINES[name]
+        spec = bench_engines()[name]
         rows.append(dict(common, name=name, kind="engine", row_kind="engine", engine=spec.engine,
                          variant=spec.variant, options=dict(spec.options), note=spec.note))
     for peer in cfg.peers:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, st_row
-from layerscope.bench.engine_rows import BENCH_ENGINES, engine_row
+from layerscope.bench.engine_rows import bench_engines, engine_row
 from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
 from layerscope.progress import track
@@ -36,7 +36,7 @@ from layerscope.progress import track
 
 def parse_engines(spec: str | list[str]) -> list[str]:
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    known = tuple(BENCH_ENGINES) + BASELINES
+    known = tuple(bench_engines()) + BASELINES
     out: list[str] = []
     for name in names:
         if name not in known:
@@ -168,7 +168,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         gc.collect()
 
     for name in track(cfg.engines, "bench: engines"):
-        spec = BENCH_ENGINES[name]
+        spec = bench_engines()[name]
         say(f"{name}: {spec.note}")
         run, vecs, sts_encode, close = engine_row(cfg, spec, handle, layers, n_acc)
         if vecs is not None:
