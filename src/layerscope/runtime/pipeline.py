@@ -33,7 +33,7 @@ from layerscope.model.tokenize import Batch, Encoder
 from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
 from layerscope.vocab.pooling import check_poolings
 from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
-from layerscope.runtime.progress import progress_bar
+from layerscope.progress import progress_bar
 from layerscope.runtime.spool import spool_corpus
 from layerscope.runtime.store import TEXTS, LayerStore
 

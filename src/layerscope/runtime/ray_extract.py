@@ -37,7 +37,7 @@ from layerscope.errors import InputError, MissingExtraError, StoreError
 from layerscope.data.corpus import records_of
 from layerscope.runtime.pipeline import ExtractReport, extraction_warnings
 from layerscope.runtime.prepare import check_dtype
-from layerscope.runtime.progress import progress_bar
+from layerscope.progress import progress_bar
 from layerscope.runtime.ray_shards import (GRANULE, OFFSETS, SHARDS, ShardWorker, default_shard_rows, merge_shard,
                                            scan_offsets, shard_ready)
 from layerscope.runtime.spool import spool_corpus
