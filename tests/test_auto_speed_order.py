@@ -1,4 +1,4 @@
-"""``auto``'s CPU order comes from speeds measured on this CPU by ``inspect bench``; peers are marked final-layer-only."""
+"""``auto``'s CPU order comes from speeds measured on this CPU by ``layerscope bench``; peers are marked final-layer-only."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_auto_picks_by_the_speed_measured_here_and_says_which_figure(no_gpu, tmp
     eng = pick_engine(_Handle())
     note = eng.info.notes[0]
     assert eng.name == "ort", note
-    assert "900 texts/s measured here" in note and "inspect bench" in note and "ov 500" in note
+    assert "900 texts/s measured here" in note and "layerscope bench" in note and "ov 500" in note
 
 
 def test_bench_table_and_plot_mark_peers_as_final_layer_only():

@@ -197,7 +197,7 @@ def test_engines_table_lists_ov_and_what_auto_picks(export_dir, tmp_path, monkey
         pytest.skip("a GPU engine starts here: auto picks it")
     assert by["auto"].detail == "picks ort here (recorded min cosine " + \
         f"{min(s['min_cos'] for n, s in manifest['parity']['outputs'].items() if n.startswith(('hidden_states.', 'pooled.'))):.6f}" + \
-        "; order from the declared order (no inspect bench of these engines on this CPU yet))"
+        "; order from the declared order (no layerscope bench of these engines on this CPU yet))"
     by = {s.name: s for s in probe_all(str(only_ov))}
     assert by["auto"].detail.startswith("picks ov here (recorded min cosine")
 

@@ -35,6 +35,7 @@ SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "result
 # What layerscope itself writes at the top of each kind of directory (shell patterns).
 LAYOUT = {
     "export": ("manifest.json", "model*.onnx", "model*.onnx_data", "*.onnx.tmp", "lens-k*.onnx", "lens-k*.onnx_data", "lens-k*.json",
+               "lm_head.safetensors",
                "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json",
                "merges.txt", "spiece.model", "sentencepiece.bpe.model", "config.json", "chat_template.jinja",
                "trt_cache", "peers", "*.tmp*"),
