@@ -26,8 +26,9 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_v
 
 
 def _root() -> Path:
-    # the cache root of export/manifest.py (engines sit below export and cannot import it)
-    return Path(os.environ.get("LAYERSCOPE_HOME", Path.home() / ".cache" / "layerscope"))
+    from layerscope.model.manifest import cache_root  # the model floor is below the engines
+
+    return cache_root()
 
 
 def cpu_identity(cpuinfo: str | None = None) -> tuple[str, str]:

@@ -108,7 +108,6 @@ def print_comparison(results: dict[str, Any], console) -> None:
         return
     meta = results["combined"]["comparison"]
     label = meta.get("score_label") or meta["score"]
-    names = meta["models"]
     table = Table(title=f"models side by side: {label} [95% CI]")
     for i, h in enumerate(side[0]):
         table.add_column(h, justify="left" if i < 2 else "right")
