@@ -1,12 +1,14 @@
 """Real model shapes end to end: build (random weights), export, extract per engine; one JSON per step.
 
     python benchmarks/models/run.py qwen2.5-0.5b [--dtype fp32|fp16] [--texts 200] [--engines ort,torch]
+                                                 [--steps build,export,extract]
 
 Each step runs in its own process under ``/usr/bin/time -v`` (peak RSS of that process alone):
 ``build.py`` -> ``inspect export`` -> ``inspect extract`` once per engine, on the first ``--texts``
 sentences of the STS Benchmark test set (``$LAYERSCOPE_STS_DIR`` or ../shared/data/stsbenchmark).
-Figures go to ``benchmarks/models/results/<shape>-<dtype>.json``; ``--table`` prints the README
-table from every result file. Not part of the test-suite (a 3B shape needs ~12 GiB and hours on 2 cores).
+Figures go to ``benchmarks/models/results/<shape>-<dtype>.json`` (a step run again replaces its own
+entry and keeps the others, so an export measured under load can be re-measured alone); ``--table``
+prints the README table from every result file. Not part of the test-suite (a 3B shape needs ~12 GiB and hours on 2 cores).
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
 
 
 def _timed(cmd: list[str], log: Path) -> dict:
-    t = time.perf_counter()
+    t, load_start = time.perf_counter(), open("/proc/loadavg").read().split()[:3]
     with open(log, "w") as f:
         rc = subprocess.call(["/usr/bin/time", "-v", *cmd], stdout=f, stderr=subprocess.STDOUT,
                              env={**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1"})
@@ -35,7 +39,7 @@ def _timed(cmd: list[str], log: Path) -> dict:
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     return {"rc": rc, "seconds": round(time.perf_counter() - t, 1),
             "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
-            "loadavg": open("/proc/loadavg").read().split()[:3], "cmd": " ".join(cmd),
+            "loadavg_start": load_start, "loadavg": open("/proc/loadavg").read().split()[:3], "cmd": " ".join(cmd),
             "tail": text.strip().splitlines()[-1][:300] if rc else ""}
 
 
@@ -52,18 +56,25 @@ def _sts_texts(n: int, path: Path) -> Path:
     return path
 
 
-def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, weights_dtype: str) -> dict:
+STEPS = ("build", "export", "extract")
+
+
+def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, weights_dtype: str,
+        steps: tuple[str, ...] = STEPS) -> dict:
     py = sys.executable
     model_dir, export_dir = work / "models" / shape, work / "exports" / f"{shape}-{dtype}"
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    result: dict = {"shape": shape, "dtype": dtype, "texts": n_texts}
-    if not (model_dir / "config.json").exists():
+    out = RESULTS / f"{shape}-{dtype}.json"
+    result: dict = json.loads(out.read_text()) if out.exists() else {}
+    result.update({"shape": shape, "dtype": dtype})
+    if "build" in steps and not (model_dir / "config.json").exists():
         result["build"] = _timed([py, str(HERE / "build.py"), shape, str(model_dir), "--dtype", weights_dtype],
                                  logs / f"{shape}-build.log")
-    result["export"] = _timed([py, "-m", "layerscope", "export", str(model_dir), "--out", str(export_dir),
-                               "--dtype", dtype, "--force"], logs / f"{shape}-{dtype}-export.log")
-    if result["export"]["rc"] == 0:
+    if "export" in steps:
+        result["export"] = _timed([py, "-m", "layerscope", "export", str(model_dir), "--out", str(export_dir),
+                                   "--dtype", dtype, "--force"], logs / f"{shape}-{dtype}-export.log")
+    if "export" in steps and result["export"]["rc"] == 0:
         m = json.loads((export_dir / "manifest.json").read_text())
         outs = m["parity"]["outputs"]
         result["export"].update({
@@ -72,6 +83,8 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
             "parity_max_abs": max(v["max_abs"] for v in outs.values()),
             "parity_min_cos": min(v["min_cos"] for v in outs.values()),
             "peak_rss_in_manifest_gib": round(m.get("export_peak_rss_bytes", 0) / 2**30, 2)})
+    if "extract" in steps and (export_dir / "manifest.json").exists():
+        result["texts"] = n_texts
         corpus = _sts_texts(n_texts, work / "texts.txt")
         for engine in engines:
             store = work / "stores" / f"{shape}-{dtype}-{engine}"
@@ -82,26 +95,32 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
                 meta = json.loads((store / "store.json").read_text())
                 secs = meta.get("seconds")  # the extract call: engine start, tokenizing, running, writing
                 r["texts_per_s"] = round(n_texts / secs, 2) if secs else round(n_texts / r["seconds"], 2)
+                if (store / "lengths.npy").exists():  # tokens per text, as the extraction counted them
+                    r["tokens"] = int(np.load(store / "lengths.npy").sum())
             result[f"extract_{engine}"] = r
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{shape}-{dtype}.json").write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
 def table() -> str:
     rows = ["| shape | dtype | export s | export peak RSS GiB | ONNX GiB | parity max abs / min cos | "
-            "extract ort texts/s | extract torch texts/s |", "|---|---|---|---|---|---|---|---|"]
+            "extract ort texts/s | extract torch texts/s | 1-min load before export / ort / torch |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
+        if "shape" not in r:  # another script's figures (fusion-counts.json)
+            continue
         e = r.get("export", {})
         if e.get("rc"):
             rows.append(f"| {r['shape']} | {r['dtype']} | failed: {e.get('tail', '')[:80]} | {e.get('peak_rss_gib')} "
-                        "| | | | |")
+                        "| | | | | |")
             continue
         tps = {k: r.get(f"extract_{k}", {}).get("texts_per_s", "-") for k in ("ort", "torch")}
+        load = " / ".join((r.get(step) or {}).get("loadavg_start", ["-"])[0] for step in ("export", "extract_ort", "extract_torch"))
         rows.append(f"| {r['shape']} | {r['dtype']} | {e.get('export_seconds')} | {e.get('peak_rss_gib')} | "
                     f"{e.get('onnx_gib')} | {e.get('parity_max_abs', 0):.2g} / {e.get('parity_min_cos', 0):.6f} | "
-                    f"{tps['ort']} | {tps['torch']} |")
+                    f"{tps['ort']} | {tps['torch']} | {load} |")
     return "\n".join(rows)
 
 
@@ -113,13 +132,17 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=200)
     ap.add_argument("--engines", default="ort,torch")
     ap.add_argument("--work", type=Path, default=Path("/tmp/layerscope-shapes"))
+    ap.add_argument("--steps", default=",".join(STEPS), help="which of build,export,extract to run")
     ap.add_argument("--table", action="store_true")
     args = ap.parse_args()
     if args.table:
         print(table())
         return
-    print(json.dumps(run(args.shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype),
-                     indent=1))
+    steps = tuple(args.steps.split(","))
+    if unknown := set(steps) - set(STEPS):
+        ap.error(f"unknown step(s) {sorted(unknown)}: choose from {','.join(STEPS)}")
+    print(json.dumps(run(args.shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype,
+                         steps), indent=1))
 
 
 if __name__ == "__main__":
