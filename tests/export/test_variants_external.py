@@ -94,3 +94,42 @@ def test_openvino_precision_of_an_external_data_export(exports):
     entry = make_variant(big, "ov-fp32")
     assert entry["file"] == "model.onnx" and entry["engine"] == "ov"
     assert all(s["max_abs"] <= 1e-4 for s in entry["parity"]["outputs"].values())
+
+
+def test_openvino_int8_of_an_external_data_export_matches_the_single_file_one(exports):
+    """Catches: ov-int8 reading the int8 graph without its model.int8.onnx_data (OpenVINO resolves external
+    data next to the file it reads), a different verdict or different figures than the single-file export's
+    (same weights, so the same quantized model), and an int8 data file that is not hashed in the manifest."""
+    pytest.importorskip("openvino")
+    from layerscope.errors import ExportError
+    from layerscope.export.variants import make_variant
+    from layerscope.model.manifest_check import verify_export_files
+
+    small, big = exports
+    outcome = {}
+    for name, export_dir in (("small", small), ("big", big)):
+        try:
+            outcome[name] = make_variant(export_dir, "ov-int8", force=True)
+        except ExportError as exc:  # refused for its tolerance: then refused alike, and nothing recorded
+            assert "outside its tolerance" in str(exc)
+            assert "ov-int8" not in json.loads((export_dir / "manifest.json").read_text()).get("variants", {})
+            outcome[name] = None
+    assert (outcome["small"] is None) == (outcome["big"] is None)
+    if outcome["big"] is None:
+        return
+    a, b = outcome["small"]["parity"]["outputs"], outcome["big"]["parity"]["outputs"]
+    assert a.keys() == b.keys()
+    for name in a:
+        assert b[name]["min_cos"] == pytest.approx(a[name]["min_cos"], abs=1e-5), name
+    recorded = json.loads((big / "manifest.json").read_text())["variants"]["ov-int8"]
+    assert recorded["file"] == "model.int8.onnx" and (big / "model.int8.onnx_data").exists()
+    assert not verify_export_files(big)[1]
+    data = big / "model.int8.onnx_data"  # hashed: a flipped byte is reported by name
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    try:
+        assert any("model.int8.onnx_data" in p for p in verify_export_files(big)[1])
+    finally:
+        raw[-1] ^= 0xFF
+        data.write_bytes(bytes(raw))
