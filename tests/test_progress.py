@@ -58,9 +58,10 @@ def test_drawn_bar_shows_done_of_total():
     assert "training probes" in text and "4/7" in text
 
 
-@pytest.mark.parametrize("tty,level,shown", [(True, logging.INFO, True), (True, logging.WARNING, False),
-                                             (False, logging.INFO, False)])
-def test_auto_shows_only_on_a_terminal_without_quiet(monkeypatch, tty, level, shown):
+@pytest.mark.parametrize("tty,level,shown,how", [(True, logging.INFO, True, "bar"), (True, logging.WARNING, False, None),
+                                                 (False, logging.INFO, False, "lines"),
+                                                 (False, logging.WARNING, False, None)])
+def test_auto_shows_only_on_a_terminal_without_quiet(monkeypatch, tty, level, shown, how):
     class Out(io.StringIO):
         def isatty(self):
             return tty
@@ -70,11 +71,66 @@ def test_auto_shows_only_on_a_terminal_without_quiet(monkeypatch, tty, level, sh
     old = logger.level
     logger.setLevel(level)  # setLevel, not the attribute: loggers cache isEnabledFor answers
     try:
+        assert progress.mode() == how
         bar = steps("x", 2)
         bar.close()
         assert bar.shown is shown
+        assert (bar._lines is not None) is (how == "lines")  # a log file gets lines, never a bar
     finally:
         logger.setLevel(old)
+
+
+@pytest.fixture()
+def info_logs(monkeypatch, caplog):
+    """layerscope at INFO with stdout not a terminal (a batch job's log), a progress line on every step."""
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    caplog.set_level(logging.INFO, logger="layerscope")
+    return caplog
+
+
+def test_clock_and_the_line_read_by_hand():
+    assert progress.clock(3723.4) == "1:02:03" and progress.clock(59.6) == "0:01:00"
+    lines = progress.Lines("alignment, mean pooling: layers", 100, every=1e9)
+    # 25 of 100 after 100 s: 75 left at 4 s each = 300 s
+    assert lines.line(25, 100.0) == "alignment, mean pooling: layers: 25/100 (25%), 0:01:40 elapsed, about 0:05:00 left"
+    assert lines.line(3, 10.0, fraction=0.5, extra="2 texts/s") == (
+        "alignment, mean pooling: layers: 3/100 (50%), 2 texts/s, 0:00:10 elapsed, about 0:00:10 left")
+    assert progress.Lines("count", None).line(7, 5.0) == "count: 7, 0:00:05 elapsed"  # no total: no estimate
+    assert lines.due() is None  # not due before `every` seconds
+
+
+def test_a_step_in_a_log_file_logs_lines_not_a_bar(info_logs, capsys):
+    with steps("training probes", 4) as bar:
+        for _ in range(4):
+            bar.advance()
+    assert bar.shown is False and capsys.readouterr().out == ""
+    got = [r.getMessage() for r in info_logs.records if r.name == "layerscope"]
+    assert len(got) == 4 and got[1].startswith("training probes: 2/4 (50%), 0:00:00 elapsed")
+    assert got[-1].startswith("training probes: 4/4 (100%)") and "left" not in got[-1]
+
+
+def test_extraction_lines_estimate_from_tokens(info_logs):
+    bar = progress.progress_bar("lines", 10, 200)
+    bar.advance(4, 50)  # 4 of 10 texts but only 50 of 200 tokens: a quarter of the work
+    bar.advance(2, 70)  # 6 texts, 120 tokens: 60%
+    got = [r.getMessage() for r in info_logs.records if r.name == "layerscope"]
+    assert got[0].startswith("extracting: 4/10 texts (25%), ") and " texts/s, " in got[0] and "tokens/s" in got[0]
+    assert got[1].startswith("extracting: 6/10 texts (60%), ")
+    assert isinstance(progress.progress_bar(False, 1, 1), progress._NoBar)
+
+
+def test_extract_in_a_log_file_says_how_far_it_is(info_logs, capsys, bert_export, tmp_path):
+    """Catches: the CLI passing a bool that turns progress off whenever stdout is not a terminal (an hour-long
+    extraction under nohup or Slurm then logged nothing until it ended)."""
+    from cli_helpers import cli_output
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"sentence number {i} is here\n" for i in range(40)))
+    code, out, err = cli_output(["extract", "--model", bert_export, "--input", corpus, "--out", tmp_path / "s",
+                                 "--engine", "ort", "--batch-tokens", "64"], capsys)
+    assert code == 0, out + err
+    got = [r.getMessage() for r in info_logs.records if r.getMessage().startswith("extracting: ")]
+    assert got and got[-1].startswith("extracting: 40/40 texts (100%)")
 
 
 def test_quiet_flag_turns_bars_off(monkeypatch, capsys):

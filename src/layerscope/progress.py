@@ -2,9 +2,12 @@
 
 ``with steps("training probes", total) as bar: ... bar.advance()`` shows
 ``training probes ━━━━━━  3/10  0:00:04 0:00:09`` (done/total, elapsed, time left) while the step runs.
-It is shown only when standard output is a terminal and layerscope logs at INFO (the CLI without
-``--quiet``); in a pipe, a log file, a test or under ``--quiet`` nothing is printed. Either way the object
-counts what was done (``done``, ``total``), so callers and tests read the same numbers the bar shows.
+The bar is drawn when standard output is a terminal and layerscope logs at INFO (the CLI without
+``--quiet``). When it logs at INFO into a pipe or a log file (a batch job, ``nohup``, Slurm), a plain line
+is logged instead every ``LINE_EVERY_S`` seconds (``training probes: 3/10, 0:00:04 elapsed, about
+0:00:09 left``), so an hour-long step is never silent; a step shorter than that prints nothing. Under
+``--quiet`` (and in tests, which log at WARNING) nothing is printed. Either way the object counts what
+was done (``done``, ``total``), so callers and tests read the same numbers the bar shows.
 """
 
 from __future__ import annotations
@@ -17,13 +20,65 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 T = TypeVar("T")
 
 
-def wanted() -> bool:
-    """Whether a progress bar should be drawn: standard output is a terminal and layerscope logs at INFO."""
+LINE_EVERY_S = 30.0  # seconds between progress lines in a log file
+log = logging.getLogger("layerscope")
+
+
+def mode() -> str | None:
+    """How progress is shown: ``"bar"`` on a terminal, ``"lines"`` in a pipe or log file, ``None`` when quiet."""
+    if not log.isEnabledFor(logging.INFO):
+        return None
     try:
         tty = sys.stdout.isatty()
     except (AttributeError, ValueError):  # replaced or closed stdout
         tty = False
-    return tty and logging.getLogger("layerscope").isEnabledFor(logging.INFO)
+    return "bar" if tty else "lines"
+
+
+def wanted() -> bool:
+    """Whether a progress bar should be drawn: standard output is a terminal and layerscope logs at INFO."""
+    return mode() == "bar"
+
+
+def clock(seconds: float) -> str:
+    """``3723.4 -> '1:02:03'``."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class Lines:
+    """Progress as a log line at most every ``every`` seconds: ``label: done/total, elapsed, time left``."""
+
+    def __init__(self, label: str, total: int | None, *, unit: str = "", every: float | None = None):
+        self.label, self.total, self.unit = label, total, unit
+        self.every = LINE_EVERY_S if every is None else every
+        self.t0 = self.last = time.perf_counter()
+        self.lines = 0
+
+    def due(self) -> float | None:
+        """Seconds since the start when a line is due now, else None."""
+        now = time.perf_counter()
+        if now - self.last < self.every:
+            return None
+        self.last = now
+        return now - self.t0
+
+    def line(self, done: int, elapsed: float, *, fraction: float | None = None, extra: str = "") -> str:
+        """The progress line for ``done`` of the total after ``elapsed`` seconds (``fraction``: of the work)."""
+        of = f"/{self.total:,}" if self.total is not None else ""
+        text = f"{self.label}: {done:,}{of}{' ' + self.unit if self.unit else ''}"
+        if fraction is None and self.total:
+            fraction = done / self.total
+        if fraction is not None:
+            text += f" ({100 * fraction:.0f}%)"
+        text += f"{', ' + extra if extra else ''}, {clock(elapsed)} elapsed"
+        if fraction and 0 < fraction < 1:
+            text += f", about {clock(elapsed * (1 - fraction) / fraction)} left"
+        return text
+
+    def emit(self, text: str) -> None:
+        self.lines += 1
+        log.info(text)
 
 
 class Steps:
@@ -33,7 +88,9 @@ class Steps:
         self.label = label
         self.total = None if total is None else int(total)
         self.done = 0
-        self.shown = wanted() if show is None else bool(show)
+        how = mode() if show is None else ("bar" if show else None)
+        self.shown = how == "bar"
+        self._lines = Lines(label, self.total) if how == "lines" else None
         self._progress = None
         if self.shown:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -48,6 +105,8 @@ class Steps:
         self.done += int(n)
         if self._progress is not None:
             self._progress.update(self._task, completed=self.done)
+        elif self._lines is not None and (elapsed := self._lines.due()) is not None:
+            self._lines.emit(self._lines.line(self.done, elapsed))
 
     def close(self) -> None:
         if self._progress is not None:
@@ -119,8 +178,33 @@ class _RichBar:
         self.progress.stop()
 
 
-def progress_bar(progress: bool | Callable, total_rows: int, total_tokens: int):
-    """A rich bar when ``progress`` is true, the caller's own when it is a callable, else none."""
+class _LineBar:
+    """The extraction's progress as a log line every ``LINE_EVERY_S`` seconds (a pipe or log file)."""
+
+    def __init__(self, total_rows: int, total_tokens: int, every: float | None = None):
+        self.lines = Lines("extracting", total_rows, unit="texts", every=every)
+        self.total_tokens = total_tokens
+        self.rows = self.tokens = 0
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+        if (elapsed := self.lines.due()) is None:
+            return
+        # time left from tokens where they are known: a batch of long texts costs more than one of short ones
+        fraction = self.tokens / self.total_tokens if self.total_tokens else None
+        rate = f"{self.rows / elapsed:,.2f} texts/s, {self.tokens / elapsed:,.0f} tokens/s"
+        self.lines.emit(self.lines.line(self.rows, elapsed, fraction=fraction, extra=rate))
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(progress: bool | str | None | Callable, total_rows: int, total_tokens: int):
+    """The extraction's progress: the caller's own when ``progress`` is a callable, log lines for ``"lines"``
+    (``mode()`` in a pipe or log file), a Rich bar for any other true value, else none."""
     if callable(progress):
         return progress(total_rows, total_tokens)
+    if progress == "lines":
+        return _LineBar(total_rows, total_tokens)
     return _RichBar(total_rows, total_tokens) if progress else _NoBar()

@@ -76,13 +76,13 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings, max_length)[:8]}"
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
         from layerscope.errors import Interrupted
-        from layerscope.progress import wanted as progress_wanted
+        from layerscope.progress import mode as progress_mode
         from layerscope.runtime.store_lock import StoreLockedError
 
         try:
             store = extract(run.handle, list(texts), path, engine=run.engine,
                             layers=Layers(all_layers + extra, num_layers), poolings=poolings, force=True,
-                            max_length=max_length, batch_tokens=batch_tokens, progress=progress_wanted()).store
+                            max_length=max_length, batch_tokens=batch_tokens, progress=progress_mode()).store
         except StoreLockedError:  # another run is filling this cache entry: do not wait for it, nor race it
             say(f"{path} is being written by another run; computing these vectors in memory")
             return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)

@@ -58,7 +58,7 @@ def extract(
     from layerscope.errors import InputError
     from layerscope.report.console import print_extract_summary
 
-    from layerscope.progress import wanted  # a bar on a terminal, none in a pipe or under --quiet
+    from layerscope.progress import mode as progress_mode  # a bar on a terminal, lines in a log, none if quiet
 
     source = data_source(input, dataset, config, split, "--input")
     if ray is None and ray_workers is not None:
@@ -67,7 +67,7 @@ def extract(
         raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
     common = dict(engine=engine, layers=layers, poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
                   max_batch=max_batch, max_length=max_length, resume=resume, force=force, text_field=text_field,
-                  column=column, id_field=id_column, fmt=fmt, progress=wanted(),
+                  column=column, id_field=id_column, fmt=fmt, progress=progress_mode(),
                   engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
                   trust_remote_code=trust_remote_code)
     if ray is not None:

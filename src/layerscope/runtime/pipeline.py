@@ -145,7 +145,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
             max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
             force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
-            id_field=None, fmt=None, progress: bool | Callable = False,
+            id_field=None, fmt=None, progress: bool | str | None | Callable = False,
             engine_options: dict | None = None, prompt_name: str | None = None,
             prompt: str | None = None, trust_remote_code: bool = False) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``.

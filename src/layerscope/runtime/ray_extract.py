@@ -133,7 +133,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
              column=None, id_field=None, fmt=None, engine_options: dict | None = None,
              shard_rows: int | None = None, cpus_per_worker: float | None = None,
              gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
-             progress: bool | Callable = False, trust_remote_code: bool = False, _kill_once: dict | None = None,
+             progress: bool | str | None | Callable = False, trust_remote_code: bool = False, _kill_once: dict | None = None,
              start_s: float = 0.0):
     """The run itself, on a connected cluster (see ``extract_ray``)."""
     from layerscope.runtime.prepare import make_store_dir, open_to_resume, prepare_extraction
