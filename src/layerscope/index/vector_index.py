@@ -29,6 +29,7 @@ from layerscope.progress import track
 from layerscope.index.backend import Backend, _faiss, select_backend, torch_topk
 from layerscope.metrics.neighbors import recall_at_k
 from layerscope.metrics.quantization import binary_quantize
+from layerscope.metrics.vectors import l2_normalize
 
 KINDS = ("flat", "ivf", "hnsw", "binary")
 INDEX_FILE = "index.faiss"
@@ -46,8 +47,7 @@ def normalize(x: np.ndarray, *, block: int = 65536) -> np.ndarray:
         if not np.all(np.isfinite(b)):
             raise InputError(f"vectors {r0}..{r0 + b.shape[0] - 1} hold NaN or inf values; the store is damaged "
                              "or the model overflowed; re-extract (float32)")
-        norms = np.linalg.norm(b, axis=1, keepdims=True)
-        out[r0:r0 + block] = b / np.where(norms > 0, norms, 1.0)
+        out[r0:r0 + block] = l2_normalize(b)
     return out
 
 
