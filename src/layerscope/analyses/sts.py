@@ -35,6 +35,15 @@ def _sibling(data: str, split: str, given: str | None, flag: str, required: bool
     return None
 
 
+
+def _best_layer(cosines: np.ndarray, y: np.ndarray) -> int:
+    """The column (layer) of ``cosines [pairs, layers]`` whose Spearman with ``y`` is highest; a constant
+    column (a collapsed layer) is never chosen."""
+    from scipy.stats import spearmanr
+
+    scores = [float(spearmanr(col, y)[0]) if np.ptp(col) > 1e-6 else -np.inf for col in cosines.T]
+    return int(np.argmax(scores))
+
 @register
 class STS(Analysis):
     metadata = AnalysisMetadata(
@@ -178,22 +187,11 @@ class STS(Analysis):
             records[name] = rec
         # Baselines: single-layer cosines on the test split.
         chooser, chooser_name = (dev, "dev") if dev is not None else (train, "train")
-        choose = layer_cosines(chooser.a, chooser.b)
-        from scipy.stats import spearmanr
-
-        sel_scores = []
-        for j in range(len(layers)):
-            col = choose[:, j]
-            sel_scores.append(float(spearmanr(col, chooser.y)[0]) if np.ptp(col) > 1e-6 else -np.inf)
-        j_sel = int(np.argmax(sel_scores))
+        j_sel = _best_layer(layer_cosines(chooser.a, chooser.b), chooser.y)
         score(f"best layer on {chooser_name} ({layers[j_sel]})",
               paired_cosine(test.a[j_sel], test.b[j_sel]), {"kind": "layer", "layer": layers[j_sel]})
         test_cos = layer_cosines(test.a, test.b)
-        oracle = []
-        for j in range(len(layers)):
-            col = test_cos[:, j]
-            oracle.append(float(spearmanr(col, test.y)[0]) if np.ptp(col) > 1e-6 else -np.inf)
-        j_or = int(np.argmax(oracle))
+        j_or = _best_layer(test_cos, test.y)
         score(f"best layer on test ({layers[j_or]})", test_cos[:, j_or], {"kind": "layer", "layer": layers[j_or]})
         final = str(run.num_layers)
         if final in layers:
