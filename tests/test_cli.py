@@ -166,3 +166,19 @@ def test_usage_errors_and_unexpected_errors_are_one_line(capsys):
     cli.app.command("boom-for-test")(boom)
     code, text = run_cli(["boom-for-test"], capsys)
     assert code == 1 and "internal error: RuntimeError: boom" in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("args", [
+    ["export", "{model}", "--out", "{tmp}/e", "--pooled", "eos"],
+    ["extract", "--model", "{export}", "--input", "{tmp}/c.txt", "--out", "{tmp}/s", "--pooling", "eos"],
+    ["run", "sts", "--model", "{export}", "--pooling", "eos", "--out", "{tmp}/r"],
+], ids=["export", "extract", "run"])
+def test_eos_pooling_without_a_pooled_output_is_the_same_line_everywhere(capsys, bert_export, tiny_model, tmp_path,
+                                                                          args):
+    """Catches: one of the three places (export, extraction, analyses) losing the check or its hint."""
+    (tmp_path / "c.txt").write_text("a sentence\n")
+    args = [a.format(model=tiny_model("bert"), export=bert_export, tmp=tmp_path) for a in args]
+    code, text = run_cli(args, capsys)
+    assert_one_error_line(code, text, "pooling 'eos' needs a model with its own pooled output (CLIP); bert has none",
+                          "use 'last' or 'mean'")
+    assert not any((tmp_path / d).exists() for d in ("e", "s", "r"))

@@ -33,13 +33,11 @@ def layers_for(ctx, run) -> list[str]:
         raise InputError(f"--layers {ctx.layers}: {exc}") from None
 
 
-def poolings_for(ctx, run, *, allow_eos: bool = True) -> list[str]:
-    from layerscope.vocab.pooling import check_poolings
+def poolings_for(ctx, run) -> list[str]:
+    from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
     pools = check_poolings(ctx.poolings or ["mean"])
-    if "eos" in pools and not (allow_eos and run.handle.manifest.get("pooled_output")):
-        raise InputError(f"--pooling eos needs a model with its own pooled output (CLIP); "
-                         f"{run.handle.manifest.get('family')} has none: use last or mean")
+    require_pooled_output(pools, run.handle.manifest.get("pooled_output"), run.handle.manifest.get("family"))
     return pools
 
 

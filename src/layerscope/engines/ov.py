@@ -30,8 +30,6 @@ from layerscope.errors import EngineUnavailableError, InputError
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
     import numpy as np
 
-    from layerscope.model.tokenize import Batch
-
 OV_PRECISIONS = ("fp32", "bf16", "int8")
 
 

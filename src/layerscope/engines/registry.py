@@ -20,8 +20,6 @@ import pkgutil
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from layerscope.errors import InputError
-
 
 @dataclass(frozen=True)
 class AutoRank:

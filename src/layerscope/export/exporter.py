@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import layerscope
-from layerscope.errors import ExportError, InputError
+from layerscope.errors import ExportError
 from layerscope.export import external
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.onnx_config import make_onnx_config
@@ -28,7 +28,7 @@ from layerscope.model.describe import describe_model
 from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
 from layerscope.model.manifest_check import file_records
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
-from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings
+from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
 
 log = logging.getLogger("layerscope")
 
@@ -70,8 +70,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
-    if "eos" in pooled_modes and not family.pooled_output:
-        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); {family.name} has none")
+    require_pooled_output(pooled_modes, family.pooled_output, family.name)
     source = resolve_source(spec, revision)
     say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
     config = load_config(source, trust_remote_code=trust_remote_code)

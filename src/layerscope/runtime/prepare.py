@@ -21,7 +21,7 @@ from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
 from layerscope.ownership import Claim
 from layerscope.runtime.batching import DEFAULT_MAX_BATCH
-from layerscope.vocab.pooling import check_poolings
+from layerscope.vocab.pooling import check_poolings, require_pooled_output
 from layerscope.runtime.spool import corpus_sha256
 from layerscope.runtime.store import STORE_JSON, LayerStore
 
@@ -94,9 +94,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
         poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    if "eos" in pool_list and not manifest.get("pooled_output"):
-        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); "
-                         f"{manifest['family']} has none: use 'last' or 'mean'")
+    require_pooled_output(pool_list, manifest.get("pooled_output"), manifest["family"])
     if "st" in pool_list:
         st_recipe(manifest)  # a clear error before anything is written
     prompt_text = resolve_prompt(manifest, prompt_name, prompt)

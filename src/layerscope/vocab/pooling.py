@@ -42,6 +42,13 @@ def check_poolings(poolings, *, available=POOLINGS) -> list[str]:
     return out
 
 
+def require_pooled_output(poolings, has_pooled_output, family: str) -> None:
+    """One line when ``poolings`` asks for 'eos' of a model without its own pooled output (only CLIP has one)."""
+    if EOS in poolings and not has_pooled_output:
+        raise InputError(f"pooling 'eos' needs a model with its own pooled output (CLIP); {family} has none: "
+                         "use 'last' or 'mean'")
+
+
 # ---------------------------------------------------------------- each pooling, once
 
 def _define(mode: str, ops):
