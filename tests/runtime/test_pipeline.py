@@ -231,3 +231,19 @@ def test_empty_corpus(bert_export, tmp_path):
     with pytest.raises(InputError, match="empty"):
         extract(bert_export, str(path), tmp_path / "s", engine="ort")
     assert not (tmp_path / "s" / "store.json").exists()
+
+
+@pytest.mark.parametrize("kwargs,message", [({"layers": "0,99"}, "99"), ({"poolings": ["eos"]}, "pooling 'eos' needs"),
+                                            ({"poolings": ["maen"]}, "did you mean 'mean'"),
+                                            ({"prompt_name": "query"}, "query")])
+def test_embed_refuses_what_extract_refuses_before_any_engine_starts(bert_export, monkeypatch, kwargs, message):
+    """Catches: embed (what every analysis runs) opening the engine first, so a typo in --layers surfaced only
+    after a big model's engine had loaded for minutes, and embed skipping extract's eos check."""
+    import layerscope.runtime.pipeline as pipeline
+
+    def no_engine(*args, **kw):
+        raise AssertionError("the engine was started before the request was checked")
+
+    monkeypatch.setattr(pipeline, "open_engine", no_engine)
+    with pytest.raises(InputError, match=message):
+        embed(str(bert_export), ["a sentence"], engine="ort", **kwargs)

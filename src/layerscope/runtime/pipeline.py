@@ -26,12 +26,10 @@ import numpy as np
 
 from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
-from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
 from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
-from layerscope.vocab.pooling import check_poolings
 from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
 from layerscope.progress import progress_bar
 from layerscope.runtime.spool import spool_corpus
@@ -296,24 +294,21 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
     ``prompt_name``/``prompt`` choose the text put before each input as sentence-transformers does
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
-    from layerscope.model.stconfig import resolve_prompt
-
-    from layerscope.limits import check_engine_options, check_limits, check_max_length
+    from layerscope.export.open import resolve_model
+    from layerscope.limits import check_engine_options, check_limits
+    from layerscope.runtime.prepare import check_request
 
     if not texts:
         raise InputError("no texts given")
     check_limits(batch_tokens=batch_tokens, max_length=max_length)
     check_engine_options(engine_options)
-    eng = engine if isinstance(engine, Engine) else open_engine(model, engine, **(engine_options or {}))
+    handle = engine.model if isinstance(engine, Engine) else resolve_model(model)
+    # the same checks as extract, and before the engine starts (a 3B model's takes minutes)
+    layer_list, pool_list, prompt_text = check_request(
+        handle.manifest, str(getattr(handle, "spec", "the model")), layers=layers, poolings=poolings,
+        max_length=max_length, prompt_name=prompt_name, prompt=prompt)
+    eng = engine if isinstance(engine, Engine) else open_engine(handle, engine, **(engine_options or {}))
     manifest = eng.manifest
-    check_max_length(max_length, manifest, str(getattr(eng.model, "spec", "the model")))
-    layer_list = resolve_layers(layers, manifest["num_layers"])
-    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    if "st" in pool_list:
-        from layerscope.model.stconfig import st_recipe
-
-        st_recipe(manifest)
-    prompt_text = resolve_prompt(manifest, prompt_name, prompt)
     out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
                                         max_length=max_length, prompt=prompt_text):

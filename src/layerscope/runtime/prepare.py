@@ -60,6 +60,25 @@ def describe_source(source) -> str:
     return f"<{len(source)} texts in memory>" if hasattr(source, "__len__") else "<iterable of texts>"
 
 
+def check_request(manifest: dict, spec: str, *, layers, poolings, max_length: int | None, prompt_name: str | None,
+                  prompt: str | None) -> tuple:
+    """``(layers, poolings, prompt)`` of one extraction, checked against the model's manifest before any engine
+    starts or anything is written (extract and embed); one clear error otherwise."""
+    from layerscope.limits import check_max_length
+    from layerscope.model.stconfig import resolve_prompt, st_recipe
+    from layerscope.vocab.pooling import default_poolings
+
+    check_max_length(max_length, manifest, spec)
+    layer_list = resolve_layers(layers, manifest["num_layers"])
+    if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
+        poolings = default_poolings(manifest)
+    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
+    require_pooled_output(pool_list, manifest.get("pooled_output"), manifest["family"])
+    if "st" in pool_list:
+        st_recipe(manifest)  # a clear error before anything is written
+    return layer_list, pool_list, resolve_prompt(manifest, prompt_name, prompt)
+
+
 def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
                        poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
                        max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
@@ -71,10 +90,8 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     asked); an ``Engine`` passed as ``engine`` brings its own model.
     """
     from layerscope.export.open import resolve_model
-    from layerscope.limits import check_engine_options, check_limits, check_max_length
+    from layerscope.limits import check_engine_options, check_limits
     from layerscope.ownership import claim
-    from layerscope.vocab.pooling import default_poolings
-    from layerscope.model.stconfig import resolve_prompt, st_recipe
 
     check_dtype(dtype)
     check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
@@ -89,15 +106,8 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
         eng = None
         handle = resolve_model(model, trust_remote_code=trust_remote_code)  # exported when the engine starts
     manifest = handle.manifest
-    check_max_length(max_length, manifest, handle.spec)
-    layer_list = resolve_layers(layers, manifest["num_layers"])
-    if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
-        poolings = default_poolings(manifest)
-    pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    require_pooled_output(pool_list, manifest.get("pooled_output"), manifest["family"])
-    if "st" in pool_list:
-        st_recipe(manifest)  # a clear error before anything is written
-    prompt_text = resolve_prompt(manifest, prompt_name, prompt)
+    layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
+                                                       max_length=max_length, prompt_name=prompt_name, prompt=prompt)
     max_len = int(max_length or manifest["max_length"])
     max_batch = int(max_batch or DEFAULT_MAX_BATCH)
     variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
