@@ -111,3 +111,41 @@ def test_changed_head_file_is_refused(tiny_model, tmp_path):
     (out / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ManifestError, match="outside|climbs"):
         load_decoding_model(ModelHandle.resolve(out, verify=False))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_head_of_a_bf16_checkpoint_is_loaded_in_bf16_and_kept_in_fp32(family, tiny_model, tmp_path, monkeypatch):
+    """Catches: the head loaded with the whole model widened to fp32 (for a bf16 3B checkpoint that is a
+    12 GB copy next to the export's: a 24 GiB machine ran out of memory), and a head stored in bf16 or with
+    values other than the checkpoint's widened exactly (the lens would decode with other weights)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    import layerscope.model.source as source_mod
+    from layerscope.export.lm_head import save_head
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.source import resolve_source
+
+    src = tmp_path / "bf16"
+    shutil.copytree(tiny_model(family), src)
+    AutoModelForCausalLM.from_pretrained(str(src)).to(torch.bfloat16).save_pretrained(str(src))
+    asked = []
+    real = source_mod.load_torch_model
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("dtype", "fp32"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(source_mod, "load_torch_model", spy)
+    family_entry = FAMILIES[ModelHandle.resolve(src).manifest["family"]]
+    entry = save_head(resolve_source(str(src), None), family_entry, ModelHandle.resolve(src).manifest["num_layers"],
+                      tmp_path)
+    assert asked == ["auto"]
+    stored = load_file(str(tmp_path / HEAD_FILE))
+    widened = {k: v.float() for k, v in AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
+               .state_dict().items()}
+    assert stored and all(t.dtype == torch.float32 for t in stored.values())
+    for name, tensor in stored.items():
+        torch.testing.assert_close(tensor, widened[name], rtol=0, atol=0, msg=name)
+    assert set(entry["tensors"]) == set(stored)

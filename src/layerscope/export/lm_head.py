@@ -72,7 +72,9 @@ def _collect(net, prefixes: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
             aliases[name] = seen[key]
             continue
         seen[key] = name
-        tensors[name] = tensor.detach().contiguous()
+        t = tensor.detach()
+        # the head is kept in fp32 whatever the checkpoint's dtype (bf16 and fp16 widen exactly)
+        tensors[name] = (t.float() if t.is_floating_point() else t).contiguous()
     return tensors, aliases
 
 
@@ -87,8 +89,10 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
 
     missing: tuple[str, ...] = ()
     if family.lm_head_loader and family.lm_head:
+        # in the checkpoint's own dtype: only the head is kept (widened to fp32), so a bf16 3B model costs
+        # 6 GB here instead of 12 (its fp32 load next to the export's leftovers ran a 24 GiB machine out of memory)
         net, info = load_torch_model(source, family, trust_remote_code=trust_remote_code, with_head=True,
-                                     output_loading_info=True)
+                                     output_loading_info=True, dtype="auto")
         prefix = net.base_model_prefix
         missing = tuple(k for k in info.get("missing_keys", []) if not k.startswith(prefix + "."))
         if not missing:
@@ -105,7 +109,7 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
     if net is None or missing:
         del net
         gc.collect()
-        net = load_torch_model(source, family, trust_remote_code=trust_remote_code)
+        net = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype="auto")
         prefixes = [_module_name(net, net.get_input_embeddings())]
         kind, loader, desc = TIED, None, describe(TIED, family, num_layers, reason)
     tensors, aliases = _collect(net, prefixes)

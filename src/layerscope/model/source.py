@@ -115,6 +115,9 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
                      output_loading_info: bool = False, dtype: str = "fp32"):
     """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode.
 
+    ``dtype``: "fp32" (default), "fp16", or "auto" (as the checkpoint stores it: a bf16 checkpoint then
+    takes half the memory, for callers that only read some tensors and widen those).
+
     With ``output_loading_info`` it returns ``(model, info)`` where ``info["missing_keys"]`` lists
     weights the checkpoint did not have (randomly initialized by transformers, e.g. an MLM head
     asked of a checkpoint saved without one).
@@ -125,7 +128,7 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     cls = _loader_class(cls_name)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
                                   use_safetensors=True,
-                                  dtype={"fp32": torch.float32, "fp16": torch.float16}[dtype])
+                                  dtype={"fp32": torch.float32, "fp16": torch.float16, "auto": "auto"}[dtype])
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     info = None
