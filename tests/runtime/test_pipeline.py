@@ -186,6 +186,9 @@ def test_killed_process_resumes_to_an_identical_store(bert_export, tmp_path):
     assert 0 < kept < 3000, kept
     report = extract(bert_export, str(path), out, engine="ort", poolings=["mean"], batch_tokens=64, resume=True)
     assert report.resumed_rows == kept
+    meta = LayerStore.open(out).meta  # what this call did, apart from the engine start: rates of long runs
+    assert meta["run_rows"] == 3000 - kept and meta["run_tokens"] == report.tokens
+    assert 0 < meta["run_seconds"] <= meta["seconds"]
     reference = extract(bert_export, str(path), tmp_path / "ref", engine="ort", poolings=["mean"],
                         batch_tokens=64).store
     resumed = LayerStore.open(out)

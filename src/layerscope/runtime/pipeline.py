@@ -224,7 +224,9 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     seconds = time.perf_counter() - t0
     truncated = int((lengths > max_len).sum())
     store.finish({"engine": eng.info.to_dict(), "truncated_texts": truncated, "warnings": warnings,
-                  "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum())})
+                  "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
+                  # this call's extraction loop alone (no engine start), and what it extracted
+                  "run_seconds": round(run_seconds, 3), "run_rows": store.n - already, "run_tokens": int(tokens_done)})
     return ExtractReport(store=store, n=store.n, empty=int(store.meta.get("empty_texts", 0)), truncated=truncated,
                          tokens=tokens_done, seconds=seconds, run_seconds=run_seconds, engine=eng.info.to_dict(),
                          resumed_rows=already, warnings=warnings)
