@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
+import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,7 +36,10 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    if kind is not None:
+        remove_stale_stages(target, kind)
+    # the name says which process on which host stages it, so a later run can tell a killed one's leftovers
+    stage = Path(tempfile.mkdtemp(prefix=f"{_stage_prefix(target)}{os.getpid()}-", dir=target.parent))
     try:
         if kind is not None:
             from layerscope.ownership import write_marker
@@ -51,3 +57,42 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def _stage_prefix(target: Path) -> str:
+    return f".{target.name}.partial-{socket.gethostname()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_stages(target: Path, kind: str) -> list[Path]:
+    """Delete the staging directories of ``target`` that a process of this host left when it was killed
+    (the OOM killer, SIGKILL, a power cut: no ``except`` ran), and say so; return them.
+
+    Only a directory named by :func:`staged_dir` for this target and this host, whose process no longer runs,
+    and which holds layerscope's marker of ``kind``, is deleted: a run in progress (here or on another host
+    sharing the filesystem) and anything else are left alone.
+    """
+    from layerscope.ownership import kind_of
+
+    prefix = _stage_prefix(Path(target))
+    removed = []
+    for stage in sorted(Path(target).parent.glob(glob.escape(prefix) + "*")):
+        pid = stage.name[len(prefix):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)) or not stage.is_dir() or kind_of(stage) != kind:
+            continue
+        size = sum(f.stat().st_size for f in stage.rglob("*") if f.is_file() and not f.is_symlink())
+        shutil.rmtree(stage, ignore_errors=True)
+        logging.getLogger("layerscope").warning(
+            "removed %s: an unfinished %s (%.1f GB) left by process %s, which no longer runs (killed before it "
+            "could clean up, e.g. out of memory)", stage, kind, size / 1e9, pid)
+        removed.append(stage)
+    return removed
