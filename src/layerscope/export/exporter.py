@@ -65,26 +65,29 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     t0 = time.perf_counter()
     info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
     from layerscope.model.families import FAMILIES
-    from layerscope.model.source import load_config, load_torch_model, resolve_source
+    from layerscope.model.source import load_torch_model, resolve_source
 
     family = FAMILIES[info["family"]]
     requested = pooled if pooled is not None else default_pooled(family.name)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     require_pooled_output(pooled_modes, family.pooled_output, family.name)
     source = resolve_source(spec, revision)
-    say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
-    config = load_config(source, trust_remote_code=trust_remote_code)
-    model = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype=dtype)
-    onnx_cfg = make_onnx_config(config, family, info["num_layers"])
-
     from layerscope.atomic import staged_dir
 
     with staged_dir(output, kind="export") as work:
-        say("exporting with optimum")
-        finish = _optimum_export(model, work, onnx_cfg, opset)
-        del model  # the ONNX check runs first and torch is reloaded after: never both in memory
-        gc.collect()
-        finish()  # a streamed export's output-shape fix runs the graph: only once torch's copy is gone
+        trace = dict(spec=spec, revision=revision, family=family.name, num_layers=info["num_layers"], dtype=dtype,
+                     opset=opset, trust_remote_code=trust_remote_code, threshold=EXTERNAL_DATA_BYTES)
+        weights = checkpoint_weight_bytes(source, dtype)
+        if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
+            # a big model is loaded and traced in a child process: its memory goes back to the OS when the
+            # child exits (in-process, a 3B fp32 model's 12 GB stayed resident after it was freed)
+            say(f"loading and exporting {info['source']['path_or_id']} ({family.name}, {info['num_layers']} "
+                f"layers, {weights / 1e9:.1f} GB of weights) in a child process")
+            trace_in_child(trace, work, weights)
+        else:
+            say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
+            say("exporting with optimum")
+            trace_step(trace, work)
         say("adding raw embeddings and in-graph pooling")
         onnx_info = _postprocess(work, info, pooled_modes, half=dtype == "fp16")
         tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
@@ -144,7 +147,99 @@ def opset_of_file(path: Path) -> int:
     return opset_of(onnx.load(str(path), load_external_data=False))
 
 
-def _optimum_export(model, work: Path, onnx_cfg, opset: int):
+# Weights from which the model is loaded and traced in a child process (None: never). Its own constant, so
+# tests that lower EXTERNAL_DATA_BYTES still see the streamed steps in-process; tests lower this one too.
+TRACE_IN_CHILD_BYTES: int | None = external.EXTERNAL_DATA_BYTES
+
+
+def trace_step(trace: dict[str, Any], work: Path) -> None:
+    """Load the torch model, export it into ``work`` and free it; ``trace`` holds export_model's arguments."""
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.source import load_config, load_torch_model, resolve_source
+
+    family = FAMILIES[trace["family"]]
+    source = resolve_source(trace["spec"], trace["revision"])
+    config = load_config(source, trust_remote_code=trace["trust_remote_code"])
+    model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"])
+    onnx_cfg = make_onnx_config(config, family, trace["num_layers"])
+    finish = _optimum_export(model, work, onnx_cfg, trace["opset"], threshold=trace["threshold"])
+    del model  # the ONNX check runs first and torch is reloaded after: never both in memory
+    gc.collect()
+    finish()  # a streamed export's output-shape fix runs the graph: only once torch's copy is gone
+
+
+def _trace_child(trace: dict[str, Any], work: str, conn) -> None:
+    """The child process's side of :func:`trace_in_child`: run the step, send back None or the error."""
+    try:
+        trace_step(trace, Path(work))
+        conn.send(None)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent as one line
+        from layerscope.errors import LayerscopeError
+
+        kind = type(exc).__name__ if isinstance(exc, LayerscopeError) else "ExportError"
+        conn.send((kind, str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__))
+    finally:
+        conn.close()
+
+
+def trace_in_child(trace: dict[str, Any], work: Path, weights: int, *, target=None) -> None:
+    """Run :func:`trace_step` in a spawned process; its errors come back as the same one-line errors, and a
+    child killed by the kernel (out of memory) as an ExportError that says so."""
+    import multiprocessing
+
+    from layerscope import errors
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads and big tensors
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target or _trace_child, args=(trace, str(work), child), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        message = parent.recv() if parent.poll(None) else None
+    except EOFError:  # the child died without a word
+        message = None
+    except BaseException:  # Ctrl-C: stop the child too; staged_dir removes what it wrote
+        proc.terminate()
+        proc.join()
+        raise
+    proc.join()
+    if message is None and proc.exitcode == 0:
+        return
+    if message is not None:
+        kind, text = message
+        raise getattr(errors, kind, ExportError)(text)
+    signal = -proc.exitcode if proc.exitcode and proc.exitcode < 0 else None
+    why = "killed by the kernel, most likely out of memory" if signal == 9 else \
+        f"stopped by signal {signal}" if signal else f"exit status {proc.exitcode}"
+    raise ExportError(f"loading and tracing the model ({weights / 1e9:.1f} GB of weights) failed: the process was "
+                      f"{why}; it needs about {weights * 1.5 / 1e9:.0f} GB of free memory; nothing was written")
+
+
+def checkpoint_weight_bytes(source, dtype: str) -> int | None:
+    """The model's weights in bytes at ``dtype`` (fp32: 4 per element, fp16: 2), from the headers of a local
+    checkpoint's safetensors files (nothing is loaded); None for a hub model not on disk."""
+    if not source.is_local:
+        return None
+    from safetensors import safe_open
+
+    files = sorted(Path(source.path_or_id).glob("*.safetensors"))
+    if not files:
+        return None
+    numel = 0
+    try:
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                for key in st.keys():
+                    n = 1
+                    for d in st.get_slice(key).get_shape():
+                        n *= int(d)
+                    numel += n
+    except Exception:  # noqa: BLE001 - a damaged file is reported by the loader, with its name
+        return None
+    return numel * (2 if dtype == "fp16" else 4)
+
+
+def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int | None = None):
     """Export with Optimum; returns what is left to do once the torch model is freed."""
     from contextlib import nullcontext
     from unittest.mock import patch
@@ -154,7 +249,7 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int):
     from layerscope.export import lean
 
     # Above the threshold the weights are never copied: traced without them, written one by one after.
-    streamed = lean.ENABLED and lean.weight_bytes(model) >= EXTERNAL_DATA_BYTES
+    streamed = lean.ENABLED and lean.weight_bytes(model) >= (EXTERNAL_DATA_BYTES if threshold is None else threshold)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
