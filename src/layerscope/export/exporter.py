@@ -121,10 +121,12 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
 
 def _peak_rss() -> int:
-    """This process's peak resident memory so far (bytes): what the export needed at most."""
+    """Peak resident memory so far (bytes) of this process or of the child that traced the model, whichever
+    was larger: what the export needed at most."""
     import resource
 
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return max(int(resource.getrusage(who).ru_maxrss) * 1024
+               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num_layers: int) -> None:
