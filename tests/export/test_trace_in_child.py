@@ -57,3 +57,25 @@ def test_an_error_in_the_child_comes_back_as_the_same_error(tmp_path, monkeypatc
                  trust_remote_code=False, threshold=10_000)
     with pytest.raises(ModelNotFoundError, match="nowhere"):
         trace_in_child(trace, tmp_path, 1)
+
+
+def test_fp32_tolerance_grows_with_the_outputs_scale_by_hand():
+    """Catches: an absolute-only tolerance refusing a deep decoder whose layer-35 values reach the hundreds
+    (1.6e-4 apart with cosine 1.000000), and a tolerance that is not recorded per output."""
+    from layerscope.export.exporter import FP32_RTOL, fp32_worst
+
+    parity = {"outputs": {
+        "hidden_states.35": {"max_abs": 1.59e-4, "min_cos": 1.0, "ref_max_abs": 120.0},  # tol 1e-4 + 1.2e-3
+        "hidden_states.1": {"max_abs": 9e-5, "min_cos": 1.0, "ref_max_abs": 2.0},  # tol 1e-4 + 2e-5 = 1.2e-4
+        "raw_embeddings": {"max_abs": 0.0, "min_cos": 1.0, "ref_max_abs": 0.1}}}
+    name, worst = fp32_worst(parity, 1e-4)
+    assert FP32_RTOL == 1e-5 and parity["tolerance_rel"] == 1e-5
+    assert parity["outputs"]["hidden_states.35"]["tolerance"] == pytest.approx(1.3e-3)
+    assert parity["outputs"]["hidden_states.1"]["tolerance"] == pytest.approx(1.2e-4)
+    assert name == "hidden_states.1" and worst["max_abs"] <= worst["tolerance"]  # 9e-5/1.2e-4 = 0.75 > 0.12
+    parity["outputs"]["hidden_states.1"]["max_abs"] = 1.3e-4  # over 1.2e-4: refused
+    name, worst = fp32_worst(parity, 1e-4)
+    assert name == "hidden_states.1" and not worst["max_abs"] <= worst["tolerance"]
+    parity["outputs"]["raw_embeddings"]["max_abs"] = float("nan")  # NaN is always the worst, and refused
+    name, worst = fp32_worst(parity, 1e-4)
+    assert name == "raw_embeddings" and not worst["max_abs"] <= worst["tolerance"]

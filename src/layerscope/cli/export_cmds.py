@@ -17,7 +17,10 @@ def export(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Export dir (default exports/<name>)."),
     pooled: str = typer.Option("default", help="In-graph pooled outputs, e.g. mean,cls,last ('none' for none)."),
     opset: int = typer.Option(18, help="ONNX opset."),
-    atol: float = typer.Option(1e-4, help="Max absolute difference to PyTorch allowed for any output."),
+    atol: float = typer.Option(1e-4, help="fp32: max absolute difference to PyTorch allowed for any output, "
+                                          "plus --rtol times that output's largest value."),
+    rtol: float = typer.Option(1e-5, help="fp32: tolerance added per unit of an output's largest |value| (deep "
+                                          "decoders' hidden states reach the hundreds); each output's is recorded."),
     revision: Optional[str] = typer.Option(None, help="Hub revision (branch, tag or commit)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
@@ -34,7 +37,7 @@ def export(
     out = out or Path("exports") / name
     modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
     c = console()
-    manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, revision=revision,
+    manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, rtol=rtol, revision=revision,
                             trust_remote_code=trust_remote_code, force=force, dtype=dtype,
                             progress=progress_printer(c))
     from layerscope.report.console import print_export_summary

@@ -47,7 +47,7 @@ def default_pooled(family_name: str) -> list[str]:
 
 
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
-                 atol: float = 1e-4, trust_remote_code: bool = False, revision: str | None = None,
+                 atol: float = 1e-4, rtol: float | None = None, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> dict[str, Any]:
     """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
@@ -99,6 +99,8 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
                                  family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
+        rtol = FP32_RTOL if rtol is None else rtol
+        worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
         manifest["tokenizer"] = tokenizer_info
@@ -109,15 +111,32 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         if dtype == "fp16":
             manifest["fp16_nodes_kept_fp32"] = onnx_info["fp16_nodes_kept_fp32"]
             _check_half(spec, manifest, parity, info["num_layers"])
-        worst_name, worst = max(parity["outputs"].items(), key=lambda kv: kv[1]["max_abs"])
-        if dtype == "fp32" and not worst["max_abs"] <= atol:  # also catches NaN
-            raise ExportError(
-                f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
-                f"{worst['max_abs']:.3g} (tolerance {atol:g}, min cosine {worst['min_cos']:.6f}); "
-                "nothing was written. Try --opset 17, or report the model")
+        if dtype == "fp32":
+            if not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
+                raise ExportError(
+                    f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
+                    f"{worst['max_abs']:.3g} (tolerance {worst['tolerance']:.3g} = {atol:g} + {rtol:g} x its "
+                    f"largest value {worst.get('ref_max_abs', 0):.3g}; min cosine {worst['min_cos']:.6f}); "
+                    "nothing was written. Try --opset 17, or report the model")
         manifest["files"] = file_records(work)  # every file's sha256: layerscope verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
+
+
+FP32_RTOL = 1e-5  # fp32 outputs: |onnx - torch| <= atol + FP32_RTOL x the output's largest |value| (recorded)
+
+
+def fp32_worst(parity: dict[str, Any], atol: float, rtol: float = FP32_RTOL) -> tuple[str, dict[str, Any]]:
+    """Record each output's fp32 tolerance in ``parity`` and return the output furthest over (or nearest) it.
+
+    Deep decoders' hidden states grow to magnitudes in the hundreds, where float32 summed in another order
+    differs by 1e-4 with cosine 1.000000 (Qwen2.5-3B shape, layer 35: 1.6e-4): the absolute ``atol`` alone
+    would refuse a correct graph, so the tolerance grows with the output's own scale, and says so."""
+    parity["tolerance_rel"] = rtol
+    for stats in parity["outputs"].values():
+        stats["tolerance"] = atol + rtol * float(stats.get("ref_max_abs") or 0.0)
+    return max(parity["outputs"].items(),
+               key=lambda kv: float("inf") if np.isnan(kv[1]["max_abs"]) else kv[1]["max_abs"] / kv[1]["tolerance"])
 
 
 def _peak_rss() -> int:

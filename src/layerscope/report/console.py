@@ -29,7 +29,8 @@ def print_export_summary(console, out: Path, manifest: dict) -> None:
         worst = min(parity.items(), key=lambda kv: kv[1]["min_cos"])
         rule = f"min cosine {worst[1]['min_cos']:.7f}, tolerance {fp16['min_cos'].get(worst[0], float('nan')):.6f}"
     else:
-        rule = f"{worst[1]['max_abs']:.2e} (tolerance {manifest['parity']['tolerance_abs']:g})"
+        tol = worst[1].get("tolerance", manifest["parity"]["tolerance_abs"])  # scaled by the output (fp32_worst)
+        rule = f"{worst[1]['max_abs']:.2e} (tolerance {tol:.2g})"
     console.print(f"worst output {worst[0]}: {rule}; in-graph pooling: "
                   f"{', '.join(manifest['pooled_modes']) or 'none'}")
 
