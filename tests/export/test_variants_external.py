@@ -84,6 +84,11 @@ def test_failed_variant_of_an_external_data_export_leaves_nothing(exports):
     with pytest.raises(ExportError, match="tolerance"):
         make_variant(big, "fp16", force=True, tolerance={"min_cos": 1.0, "max_abs": 0.0})
     assert not (big / "model.fp16.onnx").exists() and not (big / "model.fp16.onnx_data").exists()
+    # the forced remake replaced the recorded fp16 variant: its entry goes too, so the export still verifies
+    from layerscope.model.manifest_check import verify_export_files
+
+    assert "fp16" not in json.loads((big / "manifest.json").read_text()).get("variants", {})
+    assert not verify_export_files(big)[1]
 
 
 def test_openvino_precision_of_an_external_data_export(exports):

@@ -26,6 +26,7 @@ tolerance is not written.
 
 from __future__ import annotations
 
+import logging
 import json
 import time
 from pathlib import Path
@@ -244,9 +245,11 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
             details = convert_fp16(src, dst, external=big)
     except (InputError, ExportError):
         _remove(dst)
+        _forget(export_dir, kind)
         raise
     except Exception as exc:  # the optimizer and quantizer raise untyped errors
         _remove(dst)
+        _forget(export_dir, kind)
         raise ExportError(f"could not make variant '{kind}': {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
     build_s = time.perf_counter() - t0
@@ -260,6 +263,7 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
             raise ExportError(f"variant '{kind}' is outside its tolerance: {worst}; nothing was written")
     except BaseException:
         _remove(dst)
+        _forget(export_dir, kind)
         raise
     data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in _data_files(dst)}
     entry = {
@@ -308,6 +312,19 @@ def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -
         if tol.get("min_cos") is not None and not (s["min_cos"] >= tol["min_cos"] and not math.isnan(s["min_cos"])):
             return f"{name} min cosine {s['min_cos']:.6f} < {tol['min_cos']:g}"
     return None
+
+
+def _forget(export_dir: Path, kind: str) -> None:
+    """A failed (forced) remake wrote over the recorded variant's file and removed it: drop its entry too,
+    so the manifest never lists files that are gone (layerscope verify would then refuse the export)."""
+    from layerscope.atomic import write_json_atomic
+
+    manifest = read_manifest(export_dir)
+    if kind in manifest.get("variants", {}):
+        del manifest["variants"][kind]
+        write_json_atomic(export_dir / MANIFEST, manifest)
+        logging.getLogger("layerscope").warning("the earlier '%s' variant of %s was replaced and is gone; "
+                                                "make it again without the failing option", kind, export_dir)
 
 
 def _record(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
