@@ -46,7 +46,7 @@ def test_child_trace_equals_the_in_process_export(tiny_model, tmp_path, monkeypa
 
 
 def test_a_child_killed_by_the_kernel_is_one_clear_error(tmp_path):
-    with pytest.raises(ExportError, match="killed by the kernel, most likely out of memory.*3 GB of free memory"):
+    with pytest.raises(ExportError, match="killed by the kernel, most likely out of memory.*4 GB of free memory"):
         from trace_child_helpers import killed_by_the_kernel
 
         trace_in_child({}, tmp_path, 2_000_000_000, target=killed_by_the_kernel)
