@@ -35,11 +35,6 @@ def mode() -> str | None:
     return "bar" if tty else "lines"
 
 
-def wanted() -> bool:
-    """Whether a progress bar should be drawn: standard output is a terminal and layerscope logs at INFO."""
-    return mode() == "bar"
-
-
 def clock(seconds: float) -> str:
     """``3723.4 -> '1:02:03'``."""
     s = int(round(seconds))

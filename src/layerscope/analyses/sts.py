@@ -35,7 +35,6 @@ def _sibling(data: str, split: str, given: str | None, flag: str, required: bool
     return None
 
 
-
 def _best_layer(cosines: np.ndarray, y: np.ndarray) -> int:
     """The column (layer) of ``cosines [pairs, layers]`` whose Spearman with ``y`` is highest; a constant
     column (a collapsed layer) is never chosen."""
@@ -43,6 +42,7 @@ def _best_layer(cosines: np.ndarray, y: np.ndarray) -> int:
 
     scores = [float(spearmanr(col, y)[0]) if np.ptp(col) > 1e-6 else -np.inf for col in cosines.T]
     return int(np.argmax(scores))
+
 
 @register
 class STS(Analysis):

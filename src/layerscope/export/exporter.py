@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import time
 import warnings
 from pathlib import Path
@@ -34,6 +35,7 @@ log = logging.getLogger("layerscope")
 
 DEFAULT_OPSET = 18
 EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to model.onnx_data (tests lower it)
+FP32_RTOL = 1e-5  # fp32 outputs: |onnx - torch| <= atol + FP32_RTOL x the output's largest |value| (recorded)
 
 
 def default_pooled(family_name: str) -> list[str]:
@@ -47,7 +49,7 @@ def default_pooled(family_name: str) -> list[str]:
 
 
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
-                 atol: float = 1e-4, rtol: float | None = None, trust_remote_code: bool = False, revision: str | None = None,
+                 atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> dict[str, Any]:
     """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
@@ -99,7 +101,6 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
                                  family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
-        rtol = FP32_RTOL if rtol is None else rtol
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
@@ -121,9 +122,6 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         manifest["files"] = file_records(work)  # every file's sha256: layerscope verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
-
-
-FP32_RTOL = 1e-5  # fp32 outputs: |onnx - torch| <= atol + FP32_RTOL x the output's largest |value| (recorded)
 
 
 def fp32_worst(parity: dict[str, Any], atol: float, rtol: float = FP32_RTOL) -> tuple[str, dict[str, Any]]:
@@ -216,7 +214,7 @@ def trace_in_child(trace: dict[str, Any], work: Path, weights: int, *, target=No
     proc.start()
     child.close()
     try:
-        message = parent.recv() if parent.poll(None) else None
+        message = parent.recv()
     except EOFError:  # the child died without a word
         message = None
     except BaseException:  # Ctrl-C: stop the child too; staged_dir removes what it wrote
@@ -253,17 +251,13 @@ def checkpoint_weight_bytes(source, dtype: str) -> int | None:
     try:
         for f in files:
             with safe_open(str(f), framework="pt") as st:
-                for key in st.keys():
-                    n = 1
-                    for d in st.get_slice(key).get_shape():
-                        n *= int(d)
-                    numel += n
+                numel += sum(math.prod(st.get_slice(key).get_shape()) for key in st.keys())
     except Exception:  # noqa: BLE001 - a damaged file is reported by the loader, with its name
         return None
     return numel * (2 if dtype == "fp16" else 4)
 
 
-def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int | None = None):
+def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
     """Export with Optimum; returns what is left to do once the torch model is freed."""
     from contextlib import nullcontext
     from unittest.mock import patch
@@ -273,7 +267,7 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int |
     from layerscope.export import lean
 
     # Above the threshold the weights are never copied: traced without them, written one by one after.
-    streamed = lean.ENABLED and lean.weight_bytes(model) >= (EXTERNAL_DATA_BYTES if threshold is None else threshold)
+    streamed = lean.ENABLED and lean.weight_bytes(model) >= threshold
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

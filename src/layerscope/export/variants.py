@@ -26,8 +26,8 @@ tolerance is not written.
 
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -244,12 +244,10 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
             say("converting to fp16 (LayerNorm, Softmax, reductions and pooling kept in fp32)")
             details = convert_fp16(src, dst, external=big)
     except (InputError, ExportError):
-        _remove(dst)
-        _forget(export_dir, kind)
+        _discard(export_dir, kind, dst)
         raise
     except Exception as exc:  # the optimizer and quantizer raise untyped errors
-        _remove(dst)
-        _forget(export_dir, kind)
+        _discard(export_dir, kind, dst)
         raise ExportError(f"could not make variant '{kind}': {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
     build_s = time.perf_counter() - t0
@@ -262,8 +260,7 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         if worst:
             raise ExportError(f"variant '{kind}' is outside its tolerance: {worst}; nothing was written")
     except BaseException:
-        _remove(dst)
-        _forget(export_dir, kind)
+        _discard(export_dir, kind, dst)
         raise
     data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in _data_files(dst)}
     entry = {
@@ -314,11 +311,12 @@ def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -
     return None
 
 
-def _forget(export_dir: Path, kind: str) -> None:
-    """A failed (forced) remake wrote over the recorded variant's file and removed it: drop its entry too,
-    so the manifest never lists files that are gone (layerscope verify would then refuse the export)."""
+def _discard(export_dir: Path, kind: str, dst: Path) -> None:
+    """A variant that failed leaves nothing: its files, and the entry of the variant a forced remake wrote
+    over (its files are gone, so layerscope verify would refuse the export)."""
     from layerscope.atomic import write_json_atomic
 
+    _remove(dst)
     manifest = read_manifest(export_dir)
     if kind in manifest.get("variants", {}):
         del manifest["variants"][kind]
