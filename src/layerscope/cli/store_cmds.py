@@ -31,7 +31,9 @@ def extract(
     prompt_name: Optional[str] = typer.Option(None, "--prompt-name", help="One of the checkpoint's prompts "
                                               "(default: its default_prompt_name, if any)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Text put before every input (overrides --prompt-name)."),
-    dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
+    store_dtype: str = typer.Option("float32", "--store-dtype", "--dtype",
+                                    help="How vectors are stored: float32, float16 or bfloat16 (half the disk; "
+                                         "readers get float32; the loss per layer is recorded and bounded)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
                                                           "the engine's, 2048 on CPU, 16384 on GPU)."),
     max_batch: int = typer.Option(256, help="Most texts per batch."),
@@ -53,6 +55,9 @@ def extract(
                                                           "(needs layerscope[ray]; --out on shared storage)."),
     ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Actors (engine sessions) for --ray "
                                                                           "(default 2)."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="i/N: write shard i of N into --out (one process per "
+                                        "GPU, machine or Slurm array task; --out on shared storage); 'status': "
+                                        "ranges done, being written, missing; 'finish': check and complete."),
 ):
     """Extract pooled per-layer vectors of a corpus into a LayerStore."""
     from layerscope.errors import InputError
@@ -60,26 +65,62 @@ def extract(
 
     from layerscope.progress import mode as progress_mode  # a bar on a terminal, lines in a log, none if quiet
 
+    if shard in ("status", "finish"):
+        return _shard_admin(shard, out)
     source = data_source(input, dataset, config, split, "--input")
     if ray is None and ray_workers is not None:
         raise InputError("--ray-workers needs --ray (local, auto or a cluster address)")
-    if ray is not None and (prompt_name or prompt):
-        raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
-    common = dict(engine=engine, layers=layers, poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
-                  max_batch=max_batch, max_length=max_length, resume=resume, force=force, text_field=text_field,
-                  column=column, id_field=id_column, fmt=fmt, progress=progress_mode(),
-                  engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
-                  trust_remote_code=trust_remote_code)
+    if ray is not None and shard is not None:
+        raise InputError("--shard and --ray are two ways to run one store: choose one")
+    from layerscope.runtime.request import ExtractionRequest
+
+    req = ExtractionRequest.of(
+        model, source, out, engine=engine, layers=layers, poolings=split_list(pooling), store_dtype=store_dtype,
+        batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length, resume=resume, force=force,
+        text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=progress_mode(),
+        engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
+        prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code)
+    if shard is not None:
+        from layerscope.runtime.range_run import parse_shard
+        from layerscope.runtime.shard_extract import extract_shard
+
+        _, index, count = parse_shard(shard)
+        rep = extract_shard(req, index, count)
+        done = "the store is complete" if rep.store_complete else "other shards still run (--shard status)"
+        console().print(f"shard {index}/{count}: {rep.computed} of {rep.ranges} ranges written ({rep.rows:,} rows, "
+                        f"{rep.texts_per_s:,.0f} texts/s), {rep.skipped_done} done before, {rep.skipped_claimed} "
+                        f"held by another process; {done}", soft_wrap=True)
+        return
     if ray is not None:
-        from layerscope.runtime.ray_extract import extract_ray
+        from layerscope.runtime.ray_extract import extract_ray_request
 
-        report = extract_ray(model, source, out, address=ray, workers=2 if ray_workers is None else ray_workers,
-                             **common)
+        report = extract_ray_request(req, address=ray, workers=2 if ray_workers is None else ray_workers)
     else:
-        from layerscope.runtime.pipeline import extract as run_extract
+        from layerscope.runtime.pipeline import extract_request
 
-        report = run_extract(model, source, out, prompt_name=prompt_name, prompt=prompt, **common)
+        report = extract_request(req)
     print_extract_summary(console(), report)
+
+
+def _shard_admin(what: str, out: Path) -> None:
+    """``--shard status`` and ``--shard finish``."""
+    from layerscope.runtime.shard_extract import shard_finish, shard_status
+
+    if what == "finish":
+        rec = shard_finish(out)
+        console().print(f"{out}: already complete" if rec.get("already") else f"{out}: complete; checksums written")
+        return
+    st, total, complete = shard_status(out)
+    if complete:
+        console().print(f"{out}: complete ({total} ranges)")
+        return
+    def ks(v):
+        return ", ".join(map(str, v[:20])) + (" ..." if len(v) > 20 else "")
+    console().print(f"{out}: {len(st.done)} of {total} ranges done, {len(st.claimed)} being written, "
+                    f"{len(st.stale)} left by a worker that died, {len(st.missing)} not started", soft_wrap=True)
+    for name, v in (("being written", st.claimed), ("left by a dead worker", st.stale), ("not started", st.missing)):
+        if v:
+            console().print(f"  {name}: {ks(v)}", soft_wrap=True)
 
 
 @app.command()

@@ -24,15 +24,14 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
 from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
-from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
+from layerscope.runtime.prepare import Extraction, create_store, make_store_dir, open_to_resume, prepare_request
+from layerscope.runtime.request import ExtractionRequest
 from layerscope.progress import progress_bar
-from layerscope.runtime.spool import spool_corpus
 from layerscope.runtime.store import TEXTS, LayerStore
 
 log = logging.getLogger("layerscope")
@@ -65,12 +64,6 @@ class ExtractReport:
 
 
 # ---------------------------------------------------------------- the run
-
-def _drops_nul(encoder: Encoder) -> bool:
-    """Whether this tokenizer ignores NUL bytes (BERT-style cleaning) or encodes them (byte-level BPE)."""
-    with_nul, without = encoder.token_lengths(["a\x00\x00\x00b c", "ab c"])
-    return bool(with_nul == without)
-
 
 @contextlib.contextmanager
 def _cleanup_on_failure(ex: Extraction) -> Iterator[dict]:
@@ -121,13 +114,14 @@ def _one_writer(fn: Callable) -> Callable:
     """Run ``fn`` holding the store's write lock; a full disk (or file-size limit) becomes one line."""
 
     @functools.wraps(fn)
-    def wrapper(model, source, out, *args, **kwargs):
+    def wrapper(req, *args, **kwargs):
         from layerscope.runtime.store_lock import store_lock
         from layerscope.runtime.store_space import FULL
 
+        out = req.out
         with store_lock(out):
             try:
-                return fn(model, source, out, *args, **kwargs)
+                return fn(req, *args, **kwargs)
             except OSError as exc:
                 if exc.errno not in FULL:
                     raise
@@ -138,27 +132,37 @@ def _one_writer(fn: Callable) -> Callable:
     return wrapper
 
 
-@_one_writer
 def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
-            poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
-            max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None, resume: bool = False,
-            force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
+            poolings=("mean",), dtype: str | None = None, store_dtype: str | None = None,
+            batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None,
+            resume: bool = False, force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | str | None | Callable = False,
             engine_options: dict | None = None, prompt_name: str | None = None,
             prompt: str | None = None, trust_remote_code: bool = False) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``.
 
-    ``trust_remote_code`` lets a model whose repository ships its own code be resolved (off unless asked).
+    ``store_dtype`` (``dtype`` is its older name): float32 (default), float16 or bfloat16 on disk; every
+    reader gets float32 back. ``trust_remote_code`` lets a model whose repository ships its own code be
+    resolved (off unless asked).
     """
-    ex = prepare_extraction(model, source, out, engine=engine, layers=layers, poolings=poolings, dtype=dtype,
-                            batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length, resume=resume,
-                            force=force, engine_options=engine_options, prompt_name=prompt_name, prompt=prompt,
-                            trust_remote_code=trust_remote_code)
+    req = ExtractionRequest.of(model, source, out, engine=engine, layers=layers, poolings=poolings,
+                               store_dtype=store_dtype or dtype or "float32", batch_tokens=batch_tokens,
+                               max_batch=max_batch, max_length=max_length, resume=resume, force=force,
+                               text_field=text_field, column=column, id_field=id_field, fmt=fmt, progress=progress,
+                               engine_options=engine_options, prompt_name=prompt_name, prompt=prompt,
+                               trust_remote_code=trust_remote_code)
+    return extract_request(req, window=window)
+
+
+@_one_writer
+def extract_request(req: ExtractionRequest, *, window: int = DEFAULT_WINDOW) -> ExtractReport:
+    """The in-process executor: one process runs the whole ``ExtractionRequest``."""
+    ex = prepare_request(req)
     t0 = time.perf_counter()
     with _cleanup_on_failure(ex) as state:
-        return _extract_into(ex, state, source=source, engine=engine, engine_options=engine_options,
-                             batch_tokens=batch_tokens, window=window, progress=progress, t0=t0,
-                             reader=dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt))
+        return _extract_into(ex, state, source=req.source, engine=req.engine, engine_options=req.options or None,
+                             batch_tokens=req.batch_tokens, window=window, progress=req.progress, t0=t0,
+                             reader=req.reader.as_kwargs())
 
 
 def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options, batch_tokens, window,
@@ -172,13 +176,7 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
         Encoder(ex.handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")
     created = store is None
     if created:
-        spool = spool_corpus(records_of(source, **reader), out, encoder=encoder)
-        settings["corpus_sha256"] = spool["sha256"]
-        store = state["store"] = LayerStore.create(
-            out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=int(manifest["hidden_size"]),
-            dtype=settings["dtype"], manifest=manifest, settings=settings)
-        store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
-                           "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
+        store = state["store"] = create_store(ex, source, reader, encoder, lengths_now=True)
     lengths = np.load(out / "lengths.npy")
     if eng is None:
         eng = _start_engine(ex, store, engine, engine_options, lengths, check_variant=not created)
@@ -220,6 +218,10 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     if int(store.done_mask().sum()) != store.n:
         raise StoreError(f"{out}: {store.n - int(store.done_mask().sum())} rows are missing after the run; "
                          "run again with --resume")
+    if store.dtype != "float32":
+        from layerscope.runtime.store_dtype import check_error_bar
+
+        check_error_bar(out, store.dtype, store.meta.get("half_error") or {})
     run_seconds = time.perf_counter() - t_run
     seconds = time.perf_counter() - t0
     truncated = int((lengths > max_len).sum())

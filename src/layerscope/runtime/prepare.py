@@ -49,8 +49,9 @@ class Extraction:
 
 
 def check_dtype(dtype: str) -> None:
-    if dtype not in ("float32", "float16"):
-        raise InputError(f"--dtype must be float32 or float16, not {dtype}")
+    from layerscope.runtime.store_dtype import check
+
+    check(dtype)
 
 
 def describe_source(source) -> str:
@@ -123,6 +124,53 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, manifest=manifest,
                       layers=layer_list, poolings=pool_list, max_length=max_len, max_batch=max_batch,
                       settings=settings)
+
+
+def prepare_request(req) -> Extraction:
+    """``prepare_extraction`` of an ``ExtractionRequest`` (runtime/request.py)."""
+    return prepare_extraction(req.model, req.source, req.out, **req.prepare_kwargs())
+
+
+def drops_nul(encoder) -> bool:
+    """Whether this tokenizer ignores NUL bytes (BERT-style cleaning) or encodes them (byte-level BPE)."""
+    with_nul, without = encoder.token_lengths(["a\x00\x00\x00b c", "ab c"])
+    return bool(with_nul == without)
+
+
+def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, lengths_now: bool,
+                 range_rows: int | None = None) -> LayerStore:
+    """Spool the corpus and make the store every executor writes into (arrays reserved up front).
+
+    ``lengths_now``: tokenize every text now for ``lengths.npy`` (the in-process run sorts by them);
+    otherwise ``lengths.npy`` is reserved and each range's worker writes its rows' lengths. The byte
+    offsets of texts.jsonl and the range plan are recorded either way, so any executor can continue
+    the store. ``range_rows`` overrides the plan's rows per range (a multiple of ``GRANULE``).
+    """
+    from layerscope.runtime import store_ranges
+    from layerscope.runtime.spool import spool_corpus
+    from layerscope.runtime.store_dtype import itemsize
+    from layerscope.runtime.store_space import allocate_npy
+
+    import numpy as np
+
+    out = ex.out
+    spool = spool_corpus(records_of(source, **reader), out, encoder=encoder if lengths_now else None,
+                         granule=store_ranges.GRANULE)
+    np.save(out / store_ranges.OFFSETS, spool["offsets"])
+    if not lengths_now:
+        allocate_npy(out / "lengths.npy", np.dtype(np.int32), (spool["n"],))
+    ex.settings["corpus_sha256"] = spool["sha256"]
+    hidden = int(ex.manifest["hidden_size"])
+    store = LayerStore.create(out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=hidden,
+                              dtype=ex.settings["dtype"], manifest=ex.manifest, settings=ex.settings)
+    row_bytes = hidden * itemsize(ex.settings["dtype"]) * len(ex.layers) * len(ex.poolings)
+    rows = int(range_rows or store_ranges.range_rows(spool["n"], row_bytes))
+    if rows % store_ranges.GRANULE:
+        raise InputError(f"range rows must be a multiple of {store_ranges.GRANULE}, not {rows}")
+    store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
+                       "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
+                       "ranges": {"rows": rows, "count": -(-spool["n"] // rows)}})
+    return store
 
 
 def make_store_dir(ex: Extraction) -> bool:

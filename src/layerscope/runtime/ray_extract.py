@@ -1,47 +1,34 @@
 """Extraction on a Ray cluster, giving the same LayerStore as a single-process ``extract``.
 
-How the work is cut:
+The driver makes the store exactly as ``--shard`` does (``range_run.open_or_create``: the corpus spooled
+once with layerscope's own readers, the arrays reserved, the range plan recorded), then hands the ranges
+that are not done to a pool of actors, one engine session each (``ray_shards.RangeActor``). An actor
+writes each range's rows straight into the store's arrays on shared storage, fsyncs them and marks the
+range done (``range_writer``); only range descriptors and small reports travel through Ray's object
+store, never vectors, and the driver merges nothing: it records completion (``done.npy``) and finishes
+the store (``range_run.finish``: a check and the checksums).
 
-* The driver reads the corpus once with layerscope's own streaming readers (so ids, order,
-  empty lines, id columns, gzip and stdin behave exactly as in ``extract``) and spools it into
-  the store's ``texts.jsonl``, noting the byte offset of every ``GRANULE``-th row.
-* The corpus is cut into shards of ``shard_rows`` consecutive rows. The shards form a Ray
-  Dataset (one block per shard); ``map_batches`` runs them on an actor pool with one engine
-  session per actor. Each actor reads its rows from ``texts.jsonl`` (shared storage),
-  tokenizes them, sorts them by length into token-budget batches, runs the engine and writes
-  the pooled vectors as a shard directory ``shards/<k>/`` (built beside it, renamed into place).
-  Only shard descriptors and small reports travel through Ray's object store, never vectors.
-* The driver merges each finished shard into the one LayerStore (rows at their corpus
-  positions), marks the rows done and deletes the shard. The result is an ordinary store, so
-  index building and every analysis read it memory-mapped, as before.
-
-Faults: a killed actor is restarted and its task retried by Ray (``max_restarts`` /
-``max_task_retries``); a shard is only visible once complete, so a retry rewrites it whole.
-A killed driver leaves merged rows marked done and finished shards on disk: ``resume=True``
-merges those and computes only the shards that never finished.
+Faults: a killed actor is restarted and its range retried by Ray (``max_restarts`` /
+``max_task_retries``); a range whose claim was left by a dead actor is taken over (``store_ranges``).
+A killed driver leaves every range an actor finished marked done: ``resume=True`` computes only the
+others.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from layerscope.errors import InputError, MissingExtraError, StoreError
-from layerscope.data.corpus import records_of
-from layerscope.runtime.pipeline import ExtractReport, extraction_warnings
+from layerscope.runtime.pipeline import ExtractReport
 from layerscope.runtime.prepare import check_dtype
 from layerscope.progress import progress_bar
-from layerscope.runtime.ray_shards import (GRANULE, OFFSETS, SHARDS, ShardWorker, default_shard_rows, merge_shard,
-                                           scan_offsets, shard_ready)
-from layerscope.runtime.spool import spool_corpus
-from layerscope.runtime.store import LayerStore
+from layerscope.runtime import range_run, store_ranges
+from layerscope.runtime.ray_shards import RangeActor
+from layerscope.runtime.request import ExtractionRequest
 
 log = logging.getLogger("layerscope")
 
@@ -97,111 +84,82 @@ def _check_reachable(address: str) -> None:
 
 
 def extract_ray(model, source, out: str | Path, *, address: str | None = "local", workers: int = 2,
-                engine: str = "auto", dtype: str = "float32", **options):
+                engine: str = "auto", dtype: str | None = None, store_dtype: str | None = None,
+                shard_rows: int | None = None, cpus_per_worker: float | None = None,
+                gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
+                _kill_once: dict | None = None, **options):
     """``extract`` on a Ray cluster (``address``: ``local``, ``auto``, ``HOST:6379``, ``ray://HOST:10001``).
 
     ``out`` must be on storage every node sees at the same path. Options are ``extract``'s (layers,
     poolings, batch_tokens, max_batch, max_length, resume, force, text_field, column, id_field, fmt,
-    engine_options, progress) plus ``shard_rows``, ``cpus_per_worker``, ``gpus_per_worker`` and
-    ``on_shard`` (called with each merged shard's report). Returns the same ``ExtractReport``.
-    The cluster is joined before the corpus is read, so a wrong address costs nothing; a cluster
-    this call started is stopped at the end.
+    engine_options, prompt_name, prompt, progress) plus ``shard_rows`` (rows per range, a multiple of
+    256), ``cpus_per_worker``, ``gpus_per_worker`` and ``on_shard`` (called with each finished range's
+    report). Returns the same ``ExtractReport``. The cluster is joined before the corpus is read, so a
+    wrong address costs nothing; a cluster this call started is stopped at the end.
     """
+    req = ExtractionRequest.of(model, source, Path(out).resolve(), engine=engine,
+                               store_dtype=store_dtype or dtype or "float32", **options)
+    return extract_ray_request(req, address=address, workers=workers, shard_rows=shard_rows,
+                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard,
+                               _kill_once=_kill_once)
+
+
+def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local", workers: int = 2,
+                        shard_rows: int | None = None, cpus_per_worker: float | None = None,
+                        gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
+                        _kill_once: dict | None = None) -> ExtractReport:
+    """The Ray executor of an ``ExtractionRequest``."""
     from layerscope.engines.base import check_engine_name
 
     ray = require_ray()
     if workers < 1:
         raise InputError(f"--ray-workers must be at least 1, not {workers}")
-    check_dtype(dtype)
-    check_engine_name(engine)
+    check_dtype(req.store_dtype)
+    check_engine_name(req.engine)
     t0 = time.perf_counter()
     started = connect(address)
     from layerscope.runtime.store_lock import store_lock
 
     try:
-        with store_lock(out):  # one writer per store, as for a plain extract
-            return _extract(model, source, out, address=address, workers=workers, engine=engine, dtype=dtype,
-                            start_s=time.perf_counter() - t0, **options)
+        with store_lock(req.out):  # one driver per store, as for a plain extract
+            return _extract(req, address=address, workers=workers, shard_rows=shard_rows,
+                            cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard,
+                            _kill_once=_kill_once, start_s=time.perf_counter() - t0)
     finally:
         if started:
             ray.shutdown()
 
 
-def _extract(model, source, out: str | Path, *, address: str | None, workers: int, engine: str, dtype: str,
-             layers="all", poolings=("mean",), batch_tokens: int | None = None, max_batch: int | None = None,
-             max_length: int | None = None, resume: bool = False, force: bool = False, text_field=None,
-             column=None, id_field=None, fmt=None, engine_options: dict | None = None,
-             shard_rows: int | None = None, cpus_per_worker: float | None = None,
-             gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
-             progress: bool | str | None | Callable = False, trust_remote_code: bool = False, _kill_once: dict | None = None,
-             start_s: float = 0.0):
+def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_worker, gpus_per_worker, on_shard,
+             _kill_once, start_s: float) -> ExtractReport:
     """The run itself, on a connected cluster (see ``extract_ray``)."""
-    from layerscope.runtime.prepare import make_store_dir, open_to_resume, prepare_extraction
-
-    # the same checks and the same rules as a plain extract: --force replaces only a store layerscope made
-    # that does not hold the corpus, and an existing folder of anything else is refused before anything is written
-    ex = prepare_extraction(model, source, Path(out).resolve(), engine=engine, layers=layers, poolings=poolings,
-                            dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
-                            resume=resume, force=force, engine_options=engine_options,
-                            trust_remote_code=trust_remote_code)
-    if ex.settings["prompt"]:
-        raise InputError(f"{ex.handle.spec} puts a default prompt before every text, which --ray does not apply "
-                         "yet; run without --ray")
-    out, handle, max_len, max_batch = ex.out, ex.handle, ex.max_length, ex.max_batch
-    layer_list, pool_list = ex.layers, ex.poolings
+    # the same checks, spool and store as a plain extract and --shard: --force replaces only a store layerscope
+    # made that does not hold the corpus, and an existing folder of anything else is refused before anything is written
     t0 = time.perf_counter()
-    make_store_dir(ex)
-    reader = dict(text_field=text_field, column=column, id_field=id_field, fmt=fmt)
-    store = open_to_resume(ex, source, reader)
-    if store is not None:
-        offsets = np.load(out / OFFSETS) if (out / OFFSETS).exists() else scan_offsets(out)
-    else:
-        spool = spool_corpus(records_of(source, **reader), out, granule=GRANULE)
-        np.save(out / OFFSETS, spool["offsets"])
-        ex.settings["corpus_sha256"] = spool["sha256"]
-        store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
-                                  hidden_size=int(ex.manifest["hidden_size"]), dtype=dtype,
-                                  manifest=ex.manifest, settings=ex.settings)
-        store.update_meta({"empty_texts": spool["empty"]})
-        offsets = spool["offsets"]
-    n = store.n
-    ray_meta = dict(store.meta.get("ray") or {})
-    rows_per_shard = int(ray_meta.get("shard_rows") or shard_rows or default_shard_rows(n, workers))
-    if rows_per_shard % GRANULE:
-        raise InputError(f"shard_rows must be a multiple of {GRANULE}, not {rows_per_shard}")
-    n_shards = math.ceil(n / rows_per_shard)
-    store.update_meta({"ray": {"shard_rows": rows_per_shard, "shards": n_shards}})
-    lengths_path = out / "lengths.npy"
-    if not lengths_path.exists():
-        np.lib.format.open_memmap(lengths_path, mode="w+", dtype=np.int32, shape=(n,)).flush()
-    lengths = np.load(lengths_path, mmap_mode="r+")
-    shard_root = out / SHARDS
-    shard_root.mkdir(exist_ok=True)
-    for stale in shard_root.glob("*.partial-*"):  # an attempt killed while writing
-        shutil.rmtree(stale, ignore_errors=True)
-
+    ex, store = range_run.open_or_create(req, range_rows=shard_rows)
+    out, engine = ex.out, req.engine
+    if shard_rows and int(store.meta["ranges"]["rows"]) != int(shard_rows):
+        raise InputError(f"{out} is cut into ranges of {store.meta['ranges']['rows']} rows, not {shard_rows}; "
+                         "resume it without shard_rows")
+    ranges = range_run.ranges_of(store)
     done = store.done_mask()
     already = int(done.sum())
-    counts = {"computed": 0, "reused": 0, "merged_before": 0}
+    counts = {"computed": 0, "reused": 0, "done_before": 0}
     todo: list[dict[str, int]] = []
-    tokens = 0
-    timing: dict[str, float] = {}
-    for k in range(n_shards):
-        start, stop = k * rows_per_shard, min(n, (k + 1) * rows_per_shard)
-        if done[start:stop].all():
-            counts["merged_before"] += 1
-        elif shard_ready(out, k):  # finished before the driver died, never merged
-            tokens += merge_shard(store, k, lengths, timing)[1]
-            counts["reused"] += 1
+    for r in ranges:
+        if bool(done[r.start:r.stop].all()):
+            counts["done_before"] += 1
+        elif store_ranges.is_done(out, r.k):  # written by an actor before the driver died
+            done[r.start:r.stop] = 1
+            counts["done_before"] += 1
         else:
-            todo.append({"shard": k, "start": start, "stop": stop, "offset": int(offsets[start // GRANULE])})
-
-    engine_info: dict[str, Any] = dict(store.meta.get("engine") or {})
-    used_batch_tokens = batch_tokens
-    timing["start_s"] = round(start_s, 4)  # joining or starting the cluster
+            todo.append({"k": r.k, "start": r.start, "stop": r.stop, "offset": r.offset})
+    done.flush()
+    timing: dict[str, float] = {"start_s": round(start_s, 4)}  # joining or starting the cluster
+    tokens = 0
     t_run = time.perf_counter()
     if todo:
-        bar = progress_bar(progress, sum(t["stop"] - t["start"] for t in todo), 0)
+        bar = progress_bar(req.progress, sum(t["stop"] - t["start"] for t in todo), 0)
         try:
             import ray
 
@@ -209,54 +167,51 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
 
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
-            options = {"max_batch": max_batch, "max_seq": max_len, **(engine_options or {})}
+            options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, **req.options}
             if not gpus and "threads" not in options and engine_spec(engine).device in ("cpu", "any"):
                 options["threads"] = max(1, int(cpus))
             ctx = ray.data.DataContext.get_current()
             ctx.enable_progress_bars = False
             ds = ray.data.from_items(todo, override_num_blocks=len(todo))
             ds = ds.map_batches(
-                ShardWorker, batch_size=1, batch_format="numpy",
+                RangeActor, batch_size=1, batch_format="numpy",
                 compute=ray.data.ActorPoolStrategy(size=min(workers, len(todo))),  # no idle actors on a short resume
                 # Ray Data's actors default to max_restarts=-1 and max_task_retries=-1: a killed actor is
-                # restarted and its shard retried
+                # restarted and its range retried
                 num_cpus=cpus, num_gpus=gpus or None,
                 fn_constructor_kwargs={
-                    "model": _worker_model(handle, engine, trust_remote_code), "engine": engine,
-                    "engine_options": options, "trust_remote_code": trust_remote_code,
-                    "layers": layer_list, "poolings": pool_list, "dtype": dtype, "max_length": max_len,
-                    "batch_tokens": batch_tokens, "max_batch": max_batch, "store_dir": str(out),
-                    "kill_once": _kill_once})
+                    "model": _worker_model(ex.handle, engine, req.trust_remote_code), "engine": engine,
+                    "engine_options": options, "trust_remote_code": req.trust_remote_code,
+                    "layers": ex.layers, "poolings": ex.poolings, "store_dtype": ex.settings["dtype"],
+                    "max_length": ex.max_length, "prompt": ex.settings["prompt"], "batch_tokens": req.batch_tokens,
+                    "max_batch": ex.max_batch, "store_dir": str(out), "kill_once": _kill_once})
             for row in ds.iter_rows():
-                k = int(row["shard"])
-                rows, shard_tokens = merge_shard(store, k, lengths, timing)
-                tokens += shard_tokens
+                start, stop = int(row["start"]), int(row["stop"])
+                done[start:stop] = 1  # the driver records completion; the rows are already on disk
+                done.flush()
+                tokens += int(row["tokens"])
                 counts["computed" if bool(row["computed"]) else "reused"] += 1
-                engine_info = engine_info or json.loads(str(row["engine"]))
-                bar.advance(rows, shard_tokens)
-                used_batch_tokens = int(row["batch_tokens"])
+                timing["write_s"] = round(timing.get("write_s", 0.0) + float(row["write_s"]), 4)
+                bar.advance(stop - start, int(row["tokens"]))
                 if on_shard is not None:
-                    on_shard({"shard": k, "rows": rows, "tokens": shard_tokens, "pid": int(row["pid"]),
-                              "seconds": float(row["seconds"]), "computed": bool(row["computed"])})
+                    on_shard({"shard": int(row["k"]), "rows": stop - start, "tokens": int(row["tokens"]),
+                              "pid": int(row["pid"]), "seconds": float(row["seconds"]),
+                              "computed": bool(row["computed"])})
         finally:
             bar.close()
-    missing = n - int(store.done_mask().sum())
+    missing = store.n - int(store.done_mask().sum())
     if missing:
         raise StoreError(f"{out}: {missing} rows are missing after the run; run again with --resume")
     run_seconds = time.perf_counter() - t_run
-    truncated = int((np.asarray(lengths) > max_len).sum())
-    empty = int(store.meta.get("empty_texts", 0))
-    warnings = extraction_warnings(store, lengths, max_len)
-    if used_batch_tokens:
-        store.settings["batch_tokens"] = used_batch_tokens
-    shutil.rmtree(shard_root, ignore_errors=True)
     seconds = time.perf_counter() - t0 + start_s  # the whole call, joining the cluster included
-    store.finish({"engine": engine_info, "truncated_texts": truncated, "warnings": warnings,
-                  "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
-                  "ray": {"shard_rows": rows_per_shard, "shards": n_shards, "workers": workers, **counts,
-                          "address": address or "local", "seconds": timing}})
-    return ExtractReport(store=store, n=n, empty=empty, truncated=truncated, tokens=tokens, seconds=seconds,
-                         run_seconds=run_seconds, engine=engine_info, resumed_rows=already, warnings=warnings)
+    record = range_run.finish(store, extra={
+        "seconds": round(seconds, 3),
+        "ray": {"shard_rows": ranges[0].rows if ranges else 0, "shards": len(ranges), "workers": workers, **counts,
+                "address": address or "local", "seconds": timing}})
+    return ExtractReport(store=store, n=store.n, empty=int(store.meta.get("empty_texts", 0)),
+                         truncated=record["truncated_texts"], tokens=tokens, seconds=seconds,
+                         run_seconds=run_seconds, engine=record["engine"], resumed_rows=already,
+                         warnings=record["warnings"])
 
 
 def _worker_model(handle, engine: str, trust_remote_code: bool) -> str:

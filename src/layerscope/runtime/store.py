@@ -25,6 +25,7 @@ import numpy as np
 
 from layerscope.atomic import write_json_atomic
 from layerscope.errors import StoreError
+from layerscope.runtime import store_dtype as sd
 from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
 from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
 
@@ -96,13 +97,14 @@ class LayerStore:
         staging = path / "arrays.partial"
         if staging.exists():
             shutil.rmtree(staging)
-        needed = n * hidden_size * np.dtype(dtype).itemsize * len(layers) * len(poolings) + n
+        disk = sd.disk_dtype(dtype)
+        needed = n * hidden_size * disk.itemsize * len(layers) * len(poolings) + n
         check_free(path, needed)
         try:
             for pooling in poolings:
                 (staging / _pool_dir(pooling)).mkdir(parents=True)
                 for layer in layers:
-                    allocate_npy(staging / _pool_dir(pooling) / f"{layer}.npy", np.dtype(dtype), (n, hidden_size))
+                    allocate_npy(staging / _pool_dir(pooling) / f"{layer}.npy", disk, (n, hidden_size))
             allocate_npy(staging / DONE, np.dtype(np.uint8), (n,))
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
@@ -165,7 +167,19 @@ class LayerStore:
             raise StoreError(f"layer {layer} is not in {self.path} (it holds layers {', '.join(self.layers)})")
         return name
 
+    @property
+    def dtype(self) -> str:
+        """How the vectors are stored on disk (float32, float16 or bfloat16); readers always get float32."""
+        return str(self.meta["dtype"])
+
     def __getitem__(self, key: tuple[str, int | str]) -> np.ndarray:
+        """The float32 vectors ``[n, hidden]`` of one (pooling, layer): memory-mapped for a float32 store,
+        decoded into memory for a half-size one."""
+        raw = self.raw(key)
+        return raw if self.dtype == "float32" else sd.decode(raw, self.dtype)
+
+    def raw(self, key: tuple[str, int | str]) -> np.ndarray:
+        """The on-disk array of one (pooling, layer), memory-mapped (bfloat16: uint16 upper halves)."""
         pooling, layer = key
         if pooling not in self.poolings:
             raise StoreError(f"pooling '{pooling}' is not in {self.path} (it holds {', '.join(self.poolings)})")
@@ -195,9 +209,16 @@ class LayerStore:
     # -- writing -------------------------------------------------------------
     def write(self, index: np.ndarray, pooled: dict[str, np.ndarray], layers: list[str]) -> None:
         """Write rows ``index`` from engine output ``{pooling: [len(layers), batch, hidden]}``."""
+        half = self.dtype != "float32"
+        errors = self.meta.setdefault("half_error", {}) if half else None
         for pooling, arr in pooled.items():
             for li, layer in enumerate(layers):
-                self[pooling, layer][index] = arr[li]
+                self.raw((pooling, layer))[index] = sd.encode(arr[li], self.dtype)
+                if half:
+                    err, cos = sd.error_stats(arr[li], self.dtype)
+                    old = errors.get(f"{pooling}/{layer}", {"max_abs_error": 0.0, "min_cosine": 1.0})
+                    errors[f"{pooling}/{layer}"] = {"max_abs_error": max(old["max_abs_error"], err),
+                                                    "min_cosine": min(old["min_cosine"], cos)}
 
     def commit(self, index: np.ndarray) -> None:
         """Flush the arrays, then mark rows done (in that order).
@@ -209,6 +230,8 @@ class LayerStore:
         for arr in self._arrays.values():
             arr.flush()
             _release_pages(arr)
+        if "half_error" in self.meta:  # what the rows about to be marked done lost, kept for a resumed run
+            write_json_atomic(self.path / STORE_JSON, self.meta)
         done = self.done_mask()
         done[index] = 1
         done.flush()

@@ -81,7 +81,9 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     try:
         n, hidden = int(meta["n"]), int(meta["hidden_size"])
         layers, poolings = list(meta["layers"]), list(meta["poolings"])
-        dtype = np.dtype(meta["dtype"])
+        from layerscope.runtime.store_dtype import disk_dtype
+
+        dtype = disk_dtype(meta["dtype"])
         num_layers = int(meta["manifest"]["num_layers"])
     except (KeyError, TypeError, ValueError) as exc:
         return [f"store.json lacks or garbles a field the store needs ({exc})"]

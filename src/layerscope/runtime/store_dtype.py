@@ -80,3 +80,28 @@ def error_stats(x: np.ndarray, name: str) -> tuple[float, float]:
     with np.errstate(invalid="ignore", divide="ignore"):
         cos = np.where(both_zero, 1.0, dot / np.maximum(nx * ny, np.finfo(np.float64).tiny))
     return err, float(np.min(cos))
+
+
+# The least cosine to the float32 vectors a half-size store may keep, per (pooling, layer). Measured on
+# MiniLM over the STS Benchmark (benchmarks/scaleout/README.md): float16 loses < 1e-6 of cosine on every
+# layer, bfloat16 < 1e-4; a bar ten times looser than the worst measured layer still refuses a model whose
+# activations overflow float16 (inf -> cosine NaN or 0) or whose rows bfloat16 flattens.
+MIN_COSINE = {"float16": 0.9999, "bfloat16": 0.999}
+
+
+def check_error_bar(where, name: str, errors: dict) -> None:
+    """Refuse (one line) a half-size store whose vectors lost more than ``MIN_COSINE`` allows on any layer.
+
+    ``errors``: ``{"pooling/layer": {"max_abs_error", "min_cosine"}}`` as recorded in store.json."""
+    bar = MIN_COSINE.get(name)
+    if bar is None:
+        return
+    bad = [(key, rec["min_cosine"]) for key, rec in errors.items()
+           if not (float(rec["min_cosine"]) >= bar and np.isfinite(float(rec["max_abs_error"])))]
+    if bad:
+        from layerscope.errors import StoreError
+
+        key, cos = min(bad, key=lambda kv: float(kv[1]) if np.isfinite(float(kv[1])) else -2.0)
+        raise StoreError(f"{where}: {name} keeps the vectors of {key} only to cosine {float(cos):.6f} of float32 "
+                         f"(the bar is {bar}; {len(bad)} pooling/layer pairs fall below it); use --store-dtype "
+                         "float32")

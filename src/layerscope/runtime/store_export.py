@@ -82,7 +82,8 @@ def _parquet(store: LayerStore, path: Path) -> None:
         raise MissingExtraError("pyarrow", "parquet") from None
     hidden = int(store.meta["hidden_size"])
     keys = [(p, l) for p in store.poolings for l in store.layers]
-    vec_type = pa.list_(pa.float32() if store.meta["dtype"] == "float32" else pa.float16(), hidden)
+    # a float16 store stays float16 in the file; bfloat16 (which Arrow lacks) is written as float32
+    vec_type = pa.list_(pa.float16() if store.dtype == "float16" else pa.float32(), hidden)
     schema = pa.schema([("id", pa.string()), ("text", pa.string())]
                        + [(column_name(p, l), vec_type) for p, l in keys],
                        metadata={"layerscope": json.dumps(_description(store))})
@@ -93,10 +94,18 @@ def _parquet(store: LayerStore, path: Path) -> None:
             rows = [next(records) for _ in range(start, stop)]
             cols = [pa.array([r["id"] for r in rows], pa.string()), pa.array([r["text"] for r in rows], pa.string())]
             for p, l in keys:
-                block = store[p, l][start:stop]
+                block = _block(store, p, l, start, stop)
                 flat = pa.array(block.reshape(-1), vec_type.value_type)
                 cols.append(pa.FixedSizeListArray.from_arrays(flat, hidden))
             writer.write_table(pa.Table.from_arrays(cols, schema=schema))
+
+
+def _block(store: LayerStore, pooling: str, layer: str, start: int, stop: int):
+    """Rows ``[start, stop)`` as written to a file: float16 as stored, else float32 (bfloat16 decoded)."""
+    from layerscope.runtime.store_dtype import decode
+
+    raw = store.raw((pooling, layer))[start:stop]
+    return raw if store.dtype in ("float32", "float16") else decode(raw, store.dtype)
 
 
 def _safetensors(store: LayerStore, path: Path) -> None:
@@ -110,5 +119,6 @@ def _safetensors(store: LayerStore, path: Path) -> None:
     if size > MAX_HEADER_BYTES:
         raise InputError(f"{store.path}: its ids and texts take {size / 1e6:.0f} MB, more than a safetensors "
                          "header holds; use --format parquet")
-    tensors = {column_name(p, l): np.ascontiguousarray(store[p, l]) for p in store.poolings for l in store.layers}
+    tensors = {column_name(p, l): np.ascontiguousarray(_block(store, p, l, 0, store.n))
+               for p in store.poolings for l in store.layers}
     save_file(tensors, str(path), metadata=metadata)

@@ -1,0 +1,144 @@
+"""The steps every range executor (``--shard i/N``, Ray) shares: make or reopen the store under its lock,
+open the engine, and the merge-free finish that checks every range and writes the checksums.
+
+The in-process ``extract`` shares ``prepare`` and ``spool`` (``prepare.create_store``) and resume checks
+(``prepare.open_to_resume``) with these; its loop differs only in writing batches as they come.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.errors import InputError, StoreError
+from layerscope.runtime import store_ranges
+from layerscope.runtime.prepare import Extraction, create_store, make_store_dir, open_to_resume, prepare_request
+from layerscope.runtime.request import ExtractionRequest
+from layerscope.runtime.store import LayerStore
+
+
+def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None) -> tuple[Extraction, LayerStore]:
+    """Prepare ``req`` and make its store (spooled, arrays reserved, plan recorded) or reopen it to continue.
+
+    The caller holds the store lock. A store made by the in-process ``extract`` gets a plan here too.
+    """
+    from layerscope.model.tokenize import Encoder
+
+    ex = prepare_request(req)
+    make_store_dir(ex)
+    reader = req.reader.as_kwargs()
+    store = open_to_resume(ex, req.source, reader)
+    if store is None:
+        prompt = ex.settings["prompt"] or ""
+        encoder = Encoder(ex.handle.encoding_tokenizer(), ex.manifest["inputs"], ex.max_length, prompt)
+        store = create_store(ex, req.source, reader, encoder, lengths_now=False, range_rows=range_rows)
+    elif "ranges" not in store.meta:  # begun by the in-process extract: cut it now
+        from layerscope.runtime.store_dtype import itemsize
+
+        row_bytes = store.meta["hidden_size"] * itemsize(store.meta["dtype"]) * len(store.layers) * len(store.poolings)
+        rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
+        store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)}})
+    return ex, store
+
+
+def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
+    plan = store.meta.get("ranges")
+    if not plan:
+        raise StoreError(f"{store.path} records no range plan (made by an older layerscope); finish it with "
+                         "layerscope extract ... --resume")
+    return store_ranges.plan(store.n, int(plan["rows"]), store_ranges.load_offsets(store.path))
+
+
+def range_status(store: LayerStore) -> store_ranges.RangeStatus:
+    return store_ranges.status(store.path, ranges_of(store), store.done_mask())
+
+
+def open_engine_for(ex: Extraction, store: LayerStore, req: ExtractionRequest, **extra):
+    """The run's engine in this process. What ``--engine auto`` picked goes into each range's done mark, and
+    ``finish`` refuses a store whose ranges were made with different variants."""
+    from layerscope.export.open import open_engine
+
+    options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, **req.options, **extra}
+    eng = open_engine(ex.handle, req.engine, **options)
+    return eng
+
+
+def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check every range is done, mark every row done and write the checksums: no data is moved.
+
+    The caller holds the store lock. Returns what was recorded (tokens, engine, half-size error).
+    """
+    from layerscope.runtime.pipeline import extraction_warnings
+
+    ranges = ranges_of(store)
+    st = store_ranges.status(store.path, ranges, store.done_mask())
+    if not st.complete:
+        todo = len(st.missing) + len(st.claimed) + len(st.stale)
+        raise StoreError(f"{store.path}: {todo} of {len(ranges)} ranges are not done ({len(st.claimed)} being "
+                         f"written, {len(st.stale)} left by a worker that died, {len(st.missing)} not started); "
+                         "run the missing shards (layerscope extract ... --shard status lists them)")
+    reports = [store_ranges.done_report(store.path, r.k) for r in ranges]
+    engine = next((r["engine"] for r in reports if r.get("engine")), store.meta.get("engine") or {})
+    variants = {r.get("variant") for r in reports if "variant" in r}
+    if len(variants) > 1:
+        raise StoreError(f"{store.path}: its ranges were made with different variants ({sorted(map(str, variants))}: "
+                         "--engine auto picked differently on different machines); pass --engine and --variant, "
+                         "and redo the store")
+    if variants:
+        store.settings["variant"] = variants.pop()
+    batch_tokens = next((r["batch_tokens"] for r in reports if r.get("batch_tokens")), None)
+    half = dict(store.meta.get("half_error") or {})
+    for r in reports:
+        for key, (err, cos) in (r.get("half_error") or {}).items():
+            old = half.get(key, {"max_abs_error": 0.0, "min_cosine": 1.0})
+            half[key] = {"max_abs_error": max(old["max_abs_error"], err), "min_cosine": min(old["min_cosine"], cos)}
+    if store.meta["dtype"] != "float32":
+        from layerscope.runtime.store_dtype import check_error_bar
+
+        check_error_bar(store.path, store.meta["dtype"], half)
+    done = np.load(store.path / "done.npy", mmap_mode="r+")
+    done[:] = 1
+    done.flush()
+    del done
+    store.close()
+    lengths = np.load(store.path / "lengths.npy")
+    max_len = int(store.settings["max_length"])
+    if batch_tokens:
+        store.settings["batch_tokens"] = int(batch_tokens)
+    record = {"engine": engine, "truncated_texts": int((lengths > max_len).sum()),
+              "warnings": extraction_warnings(store, lengths, max_len),
+              "tokens": int(np.minimum(lengths, max_len).sum()), **(extra or {})}
+    if half:
+        record["half_error"] = half
+    store.finish(record)
+    shutil.rmtree(store.path / store_ranges.RANGES, ignore_errors=True)
+    return record
+
+
+def parse_shard(spec: str) -> tuple[str, int, int]:
+    """``i/N`` -> ("run", i, N); ``status`` / ``finish`` -> (that, 0, 0); one line otherwise."""
+    if spec in ("status", "finish"):
+        return spec, 0, 0
+    i, sep, n = spec.partition("/")
+    if sep and i.strip().isdigit() and n.strip().isdigit() and 0 <= int(i) < int(n):
+        return "run", int(i), int(n)
+    raise InputError(f"--shard takes i/N with 0 <= i < N (e.g. 0/4, the first of four), 'status' or 'finish'; "
+                     f"not {spec!r}")
+
+
+def wait_for_lock(out: Path, wait_s: float):
+    """The store lock, waiting while another shard holds it to make the store (or finish it)."""
+    from layerscope.runtime.store_lock import StoreLockedError, acquire
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return acquire(out)
+        except StoreLockedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -1,0 +1,120 @@
+"""A worker that writes whole row ranges straight into a store's reserved arrays (``--shard`` and Ray actors).
+
+For one range it reads the range's texts from ``texts.jsonl`` (seeking to the recorded offset), tokenizes
+them with the run's prompt, cuts them into length-sorted token-budget batches, runs the engine, and holds
+the range's vectors in memory (at most ``store_ranges.MAX_RANGE_BYTES``). Then, for every array file, it
+writes the range's bytes with ``os.pwrite`` at the rows' own offset and ``fsync``s the file; only then is
+the range marked done (``store_ranges.mark_done``).
+
+Why ``pwrite`` of exact byte ranges rather than writing through a memory map: two neighbouring ranges
+usually share a page at their boundary, and a page written through a mapping goes back to a network
+file system whole, so one machine could put back stale bytes of its neighbour's rows. A ``pwrite`` of
+the range's own bytes touches nothing else, on a local disk or on shared storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.runtime import store_dtype as sd
+from layerscope.runtime import store_ranges
+from layerscope.runtime.store_check import LENGTHS, _npy_header
+
+
+class RangeWriter:
+    """One engine session; ``run(range)`` computes a range and makes it durable in the store."""
+
+    def __init__(self, store_dir: str | Path, eng, *, layers: list[str], poolings: list[str], store_dtype: str,
+                 max_length: int, prompt: str | None, batch_tokens: int | None, max_batch: int):
+        self.store_dir = Path(store_dir)
+        self.eng = eng
+        self.encoder = eng.encoder(max_length, prompt or "")
+        self.layers, self.poolings, self.store_dtype = list(layers), list(poolings), sd.check(store_dtype)
+        self.batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
+        self.max_batch = int(max_batch)
+        self.hidden = int(eng.manifest["hidden_size"])
+        self._offsets: dict[str, int] = {}
+
+    def _data_offset(self, rel: str) -> int:
+        if rel not in self._offsets:
+            self._offsets[rel] = _npy_header(self.store_dir / rel)[3]
+        return self._offsets[rel]
+
+    def _texts(self, r: store_ranges.Range) -> list[str]:
+        from layerscope.runtime.store import TEXTS
+
+        with open(self.store_dir / TEXTS, "rb") as fh:
+            fh.seek(r.offset)
+            return [json.loads(fh.readline())["text"] for _ in range(r.rows)]
+
+    def compute(self, r: store_ranges.Range, claim: store_ranges.Claim | None = None
+                ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+        """``({pooling: float32 [layers, rows, hidden]}, token lengths, tokens run)`` of range ``r``."""
+        from layerscope.runtime.batching import encode_plan
+
+        texts = self._texts(r)
+        lengths = np.asarray(self.encoder.token_lengths(texts), dtype=np.int32)
+        out = {p: np.zeros((len(self.layers), r.rows, self.hidden), dtype=np.float32) for p in self.poolings}
+        tokens = 0
+        for b in encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch):
+            pooled = self.eng.run(b, self.layers, self.poolings)
+            for p in self.poolings:
+                out[p][:, b.index] = pooled[p]
+            tokens += b.n_tokens
+            if claim is not None:
+                claim.touch()
+        return out, lengths, tokens
+
+    def write(self, r: store_ranges.Range, vectors: dict[str, np.ndarray], lengths: np.ndarray) -> dict[str, Any]:
+        """Write the range's rows into every array (and lengths.npy), fsync each file; the half-size error."""
+        errors: dict[str, list[float]] = {}
+        item = sd.itemsize(self.store_dtype)
+        files = [(f"arrays/{p}/{layer}.npy", p, li, layer) for p in self.poolings for li, layer in enumerate(self.layers)]
+        for rel, p, li, layer in files:
+            rows = vectors[p][li]
+            if self.store_dtype != "float32":
+                err, cos = sd.error_stats(rows, self.store_dtype)
+                errors[f"{p}/{layer}"] = [err, cos]
+            _pwrite_durable(self.store_dir / rel, sd.encode(rows, self.store_dtype).tobytes(),
+                            self._data_offset(rel) + r.start * self.hidden * item)
+        _pwrite_durable(self.store_dir / LENGTHS, np.ascontiguousarray(lengths, dtype=np.int32).tobytes(),
+                        self._data_offset(LENGTHS) + r.start * 4)
+        return errors
+
+    def run(self, r: store_ranges.Range, claim: store_ranges.Claim | None = None) -> dict[str, Any]:
+        """Compute range ``r``, make its rows durable, then mark it done; the range's report."""
+        t0 = time.perf_counter()
+        vectors, lengths, tokens = self.compute(r, claim)
+        t_write = time.perf_counter()
+        errors = self.write(r, vectors, lengths)
+        report = {"k": r.k, "start": r.start, "stop": r.stop, "tokens": int(tokens), "host": socket.gethostname(),
+                  "pid": os.getpid(), "seconds": round(time.perf_counter() - t0, 4),
+                  "write_s": round(time.perf_counter() - t_write, 4), "batch_tokens": self.batch_tokens,
+                  "engine": self.eng.info.to_dict(), "half_error": errors,
+                  "variant": _variant(self.eng)}
+        store_ranges.mark_done(self.store_dir, r.k, report)  # only now: the rows above are on disk
+        return report
+
+
+def _variant(eng) -> str | None:
+    picked = getattr(eng, "variant", None)
+    return picked if picked not in ("", "fp32") else None
+
+
+def _pwrite_durable(path: Path, data: bytes, offset: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,140 @@
+"""``extract --shard i/N``: one of N independent processes writing one store, no cluster needed.
+
+Each process (a Slurm array task, a process per GPU, a process per machine on shared storage) runs the
+same command with its own ``i``. The first to arrive makes the store under the store lock (spools the
+corpus, reserves the arrays, records the range plan); the others wait for the lock and reopen it. Each
+then writes the ranges ``k`` with ``k % N == i`` straight into the store (``range_writer``), claiming
+each first (``store_ranges``), so a shard run twice, or two shards given the same ``i``, never write a
+range at the same time and a rerun skips what is done. The shard that sees every range done finishes
+the store (``range_run.finish``: a check and the checksums, no data moved); ``--shard finish`` does the
+same by hand, ``--shard status`` counts ranges done, claimed and missing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from layerscope.errors import InputError
+from layerscope.runtime import range_run, store_ranges
+from layerscope.runtime.request import ExtractionRequest
+
+LOCK_WAIT_S = float(os.environ.get("LAYERSCOPE_SHARD_LOCK_WAIT", "3600"))  # the first shard spools the corpus
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    index: int
+    count: int
+    ranges: int  # of this shard
+    computed: int  # ranges this process wrote
+    skipped_done: int  # already done (an earlier run of this shard)
+    skipped_claimed: int  # a live worker holds them
+    rows: int
+    tokens: int
+    seconds: float
+    finished: bool  # this process finished the store
+    store_complete: bool
+
+    @property
+    def texts_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None,
+                  _after_claim=None) -> ShardReport:
+    """Write shard ``index`` of ``count`` of ``req`` into its store; finish the store when it is the last."""
+    from layerscope.runtime.range_writer import RangeWriter
+    from layerscope.runtime.store_lock import release
+
+    if req.force:
+        raise InputError("--force with --shard would let each shard replace the others' work; remove the store "
+                         "(or choose another --out) and run the shards without --force")
+    if not 0 <= index < count:
+        raise InputError(f"--shard {index}/{count}: the index must be at least 0 and below {count}")
+    t0 = time.perf_counter()
+    # every shard but the first finds the store made: it continues it, with the same checks as --resume
+    from dataclasses import replace
+
+    req = replace(req, resume=True)
+    fd = range_run.wait_for_lock(req.out, LOCK_WAIT_S)
+    try:
+        ex, store = range_run.open_or_create(req, range_rows=range_rows)
+    finally:
+        release(req.out, fd)
+    if store.complete:
+        return ShardReport(index, count, 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, False, True)
+    mine = store_ranges.shard_ranges(range_run.ranges_of(store), index, count)
+    done_rows = store.done_mask()
+    todo = [r for r in mine if not store_ranges.is_done(store.path, r.k) and not bool(done_rows[r.start:r.stop].all())]
+    computed = claimed = rows = tokens = 0
+    if todo:
+        eng = range_run.open_engine_for(ex, store, req)
+        writer = RangeWriter(store.path, eng, layers=ex.layers, poolings=ex.poolings,
+                             store_dtype=ex.settings["dtype"], max_length=ex.max_length, prompt=ex.settings["prompt"],
+                             batch_tokens=req.batch_tokens, max_batch=ex.max_batch)
+        for r in todo:
+            claim = store_ranges.try_claim(store.path, r.k)
+            if claim is None:
+                claimed += not store_ranges.is_done(store.path, r.k)
+                continue
+            try:
+                if _after_claim is not None:  # test hook: a fault injected while the range is claimed
+                    _after_claim(r)
+                report = writer.run(r, claim)
+            finally:
+                claim.release()
+            computed += 1
+            rows += r.rows
+            tokens += report["tokens"]
+    finished = _finish_if_last(store)
+    return ShardReport(index, count, len(mine), computed, len(mine) - len(todo), claimed, rows, tokens,
+                       time.perf_counter() - t0, finished, finished or store.complete)
+
+
+def _finish_if_last(store) -> bool:
+    """Finish the store when every range is done and no other process holds its lock (else leave it)."""
+    from layerscope.runtime.store import LayerStore
+    from layerscope.runtime.store_lock import StoreLockedError, acquire, release
+
+    if not range_run.range_status(store).complete:
+        return False
+    try:
+        fd = acquire(store.path)
+    except StoreLockedError:  # another shard is finishing it
+        return False
+    try:
+        fresh = LayerStore.open(store.path, allow_incomplete=True)
+        if fresh.complete:
+            return False
+        fresh.mode = "r+"
+        range_run.finish(fresh)
+        return True
+    finally:
+        release(store.path, fd)
+
+
+def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
+    """(range status, ranges in the plan, complete) of the store at ``out``."""
+    from layerscope.runtime.store import LayerStore
+
+    store = LayerStore.open(out, allow_incomplete=True)
+    if store.complete:
+        count = int((store.meta.get("ranges") or {}).get("count", 0))
+        return store_ranges.RangeStatus(list(range(count)), [], [], []), count, True
+    ranges = range_run.ranges_of(store)
+    return store_ranges.status(store.path, ranges, store.done_mask()), len(ranges), False
+
+
+def shard_finish(out) -> dict:
+    """``--shard finish``: check every range and write the checksums (under the store lock)."""
+    from layerscope.runtime.store import LayerStore
+    from layerscope.runtime.store_lock import store_lock
+
+    with store_lock(out):
+        store = LayerStore.open(out, allow_incomplete=True)
+        if store.complete:
+            return {"already": True}
+        store.mode = "r+"
+        return range_run.finish(store)
