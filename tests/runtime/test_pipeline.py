@@ -210,8 +210,10 @@ def test_float16_store(bert_export, tmp_path):
     texts = corpus(20)
     s32 = extract(bert_export, texts, tmp_path / "a", engine="ort", poolings=["mean"]).store
     s16 = extract(bert_export, texts, tmp_path / "b", engine="ort", poolings=["mean"], dtype="float16").store
-    assert s16["mean", -1].dtype == np.float16
+    # stored as float16 (half the disk), read back as float32 by every reader
+    assert s16.raw(("mean", -1)).dtype == np.float16 and s16["mean", -1].dtype == np.float32
     np.testing.assert_allclose(s16["mean", -1].astype(np.float32), s32["mean", -1], rtol=2e-3, atol=2e-3)
+    assert s16.meta["dtype"] == "float16"
 
 
 @pytest.mark.parametrize("layers, message", [("9", "out of range"), ("-12", "out of range"), ("x", "not a layer")])

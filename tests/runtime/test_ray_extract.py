@@ -77,14 +77,15 @@ def test_sources_other_than_files_keep_order_and_empty_rows():
         list(records_of(ds))
 
 
-def test_shard_rows_are_granule_multiples():
-    from layerscope.runtime.ray_shards import GRANULE, MAX_SHARD_ROWS, default_shard_rows
+def test_range_rows_are_granule_multiples():
+    from layerscope.runtime.store_ranges import GRANULE, MAX_RANGE_BYTES, MAX_RANGE_ROWS, range_rows
 
-    assert default_shard_rows(10, 2) == GRANULE
-    assert default_shard_rows(2758, 2) == 512  # 8 shards of at most 345 rows, rounded up
-    assert default_shard_rows(10**8, 4) == MAX_SHARD_ROWS
-    for n, w in [(1, 1), (2758, 1), (100_000, 3)]:
-        assert default_shard_rows(n, w) % GRANULE == 0
+    assert range_rows(10, 1536) == GRANULE
+    assert range_rows(2758 * 64, 1536) == 2816  # 64 ranges of 2,758 rows, rounded up to 256s
+    assert range_rows(10**8, 1536) == MAX_RANGE_ROWS
+    assert range_rows(10**8, 37 * 2048 * 4) * 37 * 2048 * 4 <= MAX_RANGE_BYTES  # a 3B model's row: held in memory
+    for n, b in [(1, 4), (2758, 1536), (100_000, 10**7)]:
+        assert range_rows(n, b) % GRANULE == 0
 
 
 def test_unreachable_cluster_is_one_line_and_reads_nothing(tmp_path):
@@ -153,7 +154,7 @@ def test_actor_killed_mid_run_gives_the_same_store(ray_cluster, bert_export, sma
     assert sorted(s["shard"] for s in seen) == [0, 1, 2, 3, 4]
     assert report.n == 1100 and report.empty == plain.meta["empty_texts"] >= 1
     assert_same_store(plain, LayerStore.open(tmp_path / "store"))
-    assert not (tmp_path / "store" / "shards").exists()
+    assert not (tmp_path / "store" / "ranges").exists()  # claims and done marks go once the store is finished
 
 
 @pytest.mark.ray
@@ -175,15 +176,15 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
         extract_ray(bert_export, str(path), tmp_path / "store", on_shard=die_after_two, **_ray_kw())
     half = LayerStore.open(tmp_path / "store", allow_incomplete=True)
     merged = int(np.asarray(half.done_mask()).sum())
-    assert merged == 512 and not half.complete  # shards 0 and 1 are in; the rest is not
+    assert merged == 512 and not half.complete  # the driver recorded ranges 0 and 1; the rest is not recorded
     with pytest.raises(Exception, match="already holds a layer store"):
         extract_ray(bert_export, str(path), tmp_path / "store", **_ray_kw())
     seen: list[dict] = []
     report = extract_ray(bert_export, str(path), tmp_path / "store", resume=True, on_shard=seen.append, **_ray_kw())
     ray_meta = report.store.meta["ray"]
-    assert ray_meta["merged_before"] == 2
-    assert ray_meta["computed"] + ray_meta["reused"] == 3  # the two merged shards were not run again
-    assert all(s["shard"] >= 2 for s in seen)
+    assert ray_meta["done_before"] >= 2  # ranges actors finished after the driver died are done too
+    assert ray_meta["done_before"] + ray_meta["computed"] + ray_meta["reused"] == 5
+    assert all(s["shard"] >= 2 for s in seen)  # the two recorded ranges were not run again
     assert report.resumed_rows == 512
     assert_same_store(plain, LayerStore.open(tmp_path / "store"))
     # the merged store is an ordinary one: a FAISS index builds from its memory-mapped arrays
@@ -247,7 +248,7 @@ DRIVER = """
 import sys, time
 from layerscope.runtime.ray_extract import extract_ray
 
-def hang(info):  # the first shard is merged; then the driver stalls until it is killed
+def hang(info):  # the first range is recorded; then the driver stalls until it is killed
     print("merged", info["shard"], flush=True)
     time.sleep(600)
 
@@ -283,8 +284,8 @@ def test_driver_sigkilled_mid_run_resumes(ray_cluster, bert_export, small_corpus
     assert 0 < int(np.asarray(half.done_mask()).sum()) < 1100 and not half.complete
     report = extract_ray(bert_export, str(path), tmp_path / "store", resume=True, **_ray_kw())
     ray_meta = report.store.meta["ray"]
-    assert ray_meta["merged_before"] >= 1
-    assert ray_meta["merged_before"] + ray_meta["computed"] + ray_meta["reused"] == ray_meta["shards"] == 5
+    assert ray_meta["done_before"] >= 1
+    assert ray_meta["done_before"] + ray_meta["computed"] + ray_meta["reused"] == ray_meta["shards"] == 5
     assert_same_store(plain, LayerStore.open(tmp_path / "store"))
 
 

@@ -42,8 +42,7 @@ class ShardReport:
         return self.rows / self.seconds if self.seconds > 0 else float("nan")
 
 
-def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None,
-                  _after_claim=None) -> ShardReport:
+def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None) -> ShardReport:
     """Write shard ``index`` of ``count`` of ``req`` into its store; finish the store when it is the last."""
     from layerscope.runtime.range_writer import RangeWriter
     from layerscope.runtime.store_lock import release
@@ -54,6 +53,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     if not 0 <= index < count:
         raise InputError(f"--shard {index}/{count}: the index must be at least 0 and below {count}")
     t0 = time.perf_counter()
+    range_rows = range_rows or int(os.environ.get("LAYERSCOPE_RANGE_ROWS", "0")) or None
     # every shard but the first finds the store made: it continues it, with the same checks as --resume
     from dataclasses import replace
 
@@ -80,8 +80,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
                 claimed += not store_ranges.is_done(store.path, r.k)
                 continue
             try:
-                if _after_claim is not None:  # test hook: a fault injected while the range is claimed
-                    _after_claim(r)
+                _test_pause(r.k)
                 report = writer.run(r, claim)
             finally:
                 claim.release()
@@ -91,6 +90,16 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     finished = _finish_if_last(store)
     return ShardReport(index, count, len(mine), computed, len(mine) - len(todo), claimed, rows, tokens,
                        time.perf_counter() - t0, finished, finished or store.complete)
+
+
+def _test_pause(k: int) -> None:
+    """Test hooks for fault tests run as real processes: stall inside range ``k`` (to be killed there),
+    or wait a moment in every claimed range (so two processes overlap)."""
+    if os.environ.get("LAYERSCOPE_TEST_STALL_RANGE") == str(k):
+        time.sleep(600)
+    delay = os.environ.get("LAYERSCOPE_TEST_RANGE_DELAY")
+    if delay:
+        time.sleep(float(delay))
 
 
 def _finish_if_last(store) -> bool:

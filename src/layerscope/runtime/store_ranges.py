@@ -229,6 +229,7 @@ def _fsync_dir(path: Path) -> None:
 def mark_done(store_dir: Path, k: int, report: dict[str, Any]) -> None:
     """Record range ``k`` as durable. Call only after its rows were written and fsync'd."""
     final = done_path(store_dir, k)
+    final.parent.mkdir(exist_ok=True)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(report, fh)

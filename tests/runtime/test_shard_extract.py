@@ -1,0 +1,225 @@
+"""``extract --shard i/N``: independent processes writing one store directly equal a plain run.
+
+The shards run as real separate processes (``python tests/fake_engine.py extract ...``: the CLI with the
+test-only ``fake`` engine registered), so claims, locks and faults are the ones a Slurm array meets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fake_engine  # noqa: F401  (registers the "fake" engine in this process)
+from layerscope.runtime import store_ranges
+from layerscope.runtime.store import LayerStore
+
+TESTS = Path(__file__).resolve().parents[1]
+WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
+N = 1100  # five ranges of 256 rows (the last one 76)
+
+
+def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
+    assert a.complete and b.complete
+    assert a.ids() == b.ids() and a.texts() == b.texts()
+    assert a.layers == b.layers and a.poolings == b.poolings and a.n == b.n
+    for p in a.poolings:
+        for layer in a.layers:
+            x, y = np.asarray(a[p, layer]), np.asarray(b[p, layer])
+            assert x.shape == y.shape and x.dtype == y.dtype == np.float32
+            assert np.abs(x.astype(np.float64) - y).max() <= atol, (p, layer)
+    assert bool(np.asarray(b.done_mask()).all())
+    assert LayerStore.verify(b.path)[1] == []
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model, tmp_path_factory):
+    """The tiny BERT, a corpus with ids, a NUL byte and empty rows, and the plain run's store of it."""
+    from layerscope.runtime.pipeline import extract
+
+    root = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(0, 40)))) for _ in range(N)]
+    texts[3], texts[7] = "   ", "nul\x00inside"
+    path = root / "c.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, t in enumerate(texts):
+            fh.write(json.dumps({"doc": f"d{i:05d}", "body": t}) + "\n")
+    model = str(tiny_model("bert"))
+    plain = extract(model, str(path), root / "plain", engine="fake", layers="all", poolings=["mean", "cls"],
+                    text_field="body", id_field="doc", prompt="query: ").store
+    return model, path, plain
+
+
+def _cmd(model, path, out, shard, *extra):
+    return [sys.executable, str(TESTS / "fake_engine.py"), "-q", "extract", "--model", model, "--input", str(path),
+            "--out", str(out), "--engine", "fake", "--layers", "all", "--pooling", "mean,cls", "--text-field", "body",
+            "--id-field", "doc", "--prompt", "query: ", "--shard", shard, *extra]
+
+
+def _env(**extra):
+    import layerscope
+
+    paths = [str(Path(layerscope.__file__).parents[1]), str(TESTS)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "LAYERSCOPE_RANGE_ROWS": "256", **extra}
+
+
+def _run(args, **env):
+    return subprocess.run(args, capture_output=True, text=True, env=_env(**env), timeout=300)
+
+
+def test_shards_in_separate_processes_equal_the_plain_run(setup, tmp_path):
+    model, path, plain = setup
+    out = tmp_path / "store"
+    procs = [subprocess.Popen(_cmd(model, path, out, f"{i}/3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_env()) for i in range(3)]
+    results = [p.communicate(timeout=300) for p in procs]
+    for p, (so, se) in zip(procs, results):
+        assert p.returncode == 0, se
+    store = LayerStore.open(out)
+    assert store.meta["ranges"] == {"rows": 256, "count": 5}
+    assert store.settings["prompt"] == "query: " == plain.settings["prompt"]
+    assert store.meta["nul_texts"] == plain.meta["nul_texts"] == 1
+    assert store.meta["nul_dropped_by_tokenizer"] == plain.meta["nul_dropped_by_tokenizer"]
+    assert store.meta["tokens"] == plain.meta["tokens"] and store.meta["warnings"] == plain.meta["warnings"]
+    assert np.array_equal(np.load(out / "lengths.npy"), np.load(plain.path / "lengths.npy"))
+    assert_same_store(plain, store)
+    assert not (out / "ranges").exists()
+    status = _run([*_cmd(model, path, out, "status")])
+    assert status.returncode == 0 and "complete (5 ranges)" in status.stdout
+
+
+def test_shard_killed_mid_range_then_rerun(setup, tmp_path):
+    """SIGKILL inside a range (after its claim, before its done mark): the rerun takes the stale claim
+    over and the store equals the plain run; the other shard finishes the store only when it is whole."""
+    model, path, plain = setup
+    out = tmp_path / "store"
+    victim = subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_env(LAYERSCOPE_TEST_STALL_RANGE="2"))
+    try:
+        deadline = time.time() + 120
+        while not store_ranges.claim_path(out, 2).exists():  # range 2 claimed: the shard sleeps inside it
+            assert victim.poll() is None and time.time() < deadline, victim.stderr.read() if victim.poll() else ""
+            time.sleep(0.1)
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+    assert store_ranges.is_done(out, 0) and not store_ranges.is_done(out, 2)
+    other = _run(_cmd(model, path, out, "1/2"))
+    assert other.returncode == 0, other.stderr
+    assert not LayerStore.open(out, allow_incomplete=True).complete  # range 2 is missing: not finished
+    status = _run(_cmd(model, path, out, "status"))
+    assert "3 of 5 ranges done" in status.stdout and "left by a worker that died" in status.stdout
+    finish = _run(_cmd(model, path, out, "finish"))
+    assert finish.returncode != 0 and "2 of 5 ranges are not done" in finish.stderr and "Traceback" not in finish.stderr
+    rerun = _run(_cmd(model, path, out, "0/2"))
+    assert rerun.returncode == 0, rerun.stderr
+    assert "2 of 3 ranges written" in rerun.stdout and "1 done before" in rerun.stdout
+    assert_same_store(plain, LayerStore.open(out))
+
+
+def test_shard_run_twice_and_two_shards_claiming_one_range(setup, tmp_path):
+    model, path, plain = setup
+    out = tmp_path / "store"
+    # two processes given the same shard at once: each range is written by one of them
+    twins = [subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(LAYERSCOPE_TEST_RANGE_DELAY="0.5")) for _ in range(2)]
+    outs = [t.communicate(timeout=300) for t in twins]
+    assert all(t.returncode == 0 for t in twins), [o[1] for o in outs]
+    written = [int(o[0].split(": ")[1].split(" of")[0]) for o in outs]
+    assert sum(written) == 3, outs  # ranges 0, 2, 4, each once
+    again = _run(_cmd(model, path, out, "0/2"))  # the same shard run a second time: nothing to do
+    assert again.returncode == 0 and "0 of 3 ranges written" in again.stdout and "3 done before" in again.stdout
+    last = _run(_cmd(model, path, out, "1/2"))
+    assert last.returncode == 0 and "the store is complete" in last.stdout, last.stderr
+    assert_same_store(plain, LayerStore.open(out))
+    done = _run(_cmd(model, path, out, "1/2"))  # after completion: nothing, and no error
+    assert done.returncode == 0
+
+
+def test_claims_refuse_a_live_holder_and_take_over_a_dead_one(tmp_path):
+    (tmp_path / "ranges").mkdir()
+    first = store_ranges.try_claim(tmp_path, 0)
+    assert first is not None and first.held()
+    assert store_ranges.try_claim(tmp_path, 0) is None  # live (this process)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    info = json.loads(first.path.read_text())
+    first.path.write_text(json.dumps({**info, "pid": dead.pid}))  # as if a process now gone had claimed it
+    assert store_ranges.claim_is_stale(first.path)
+    second = store_ranges.try_claim(tmp_path, 0)
+    assert second is not None and second.token != first.token and not first.held()
+    store_ranges.mark_done(tmp_path, 0, {"k": 0})
+    second.release()
+    assert store_ranges.try_claim(tmp_path, 0) is None  # done: nobody claims it again
+    # another host's claim is stale only once its lease has run out
+    other = store_ranges.claim_path(tmp_path, 1)
+    other.write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "x"}))
+    assert not store_ranges.claim_is_stale(other)
+    old = time.time() - store_ranges.LEASE_S - 5
+    os.utime(other, (old, old))
+    assert store_ranges.claim_is_stale(other)
+
+
+def test_a_range_is_marked_done_only_after_its_data_is_fsynced(setup, tmp_path, monkeypatch):
+    """The order on disk: every array and lengths.npy written and fsync'd, then the done mark."""
+    from layerscope.runtime import range_writer
+    from layerscope.runtime.range_run import open_or_create, open_engine_for
+    from layerscope.runtime.request import ExtractionRequest
+
+    model, path, _ = setup
+    req = ExtractionRequest.of(model, str(path), tmp_path / "s", engine="fake", layers="all",
+                               poolings=["mean", "cls"], text_field="body", id_field="doc", resume=True)
+    ex, store = open_or_create(req, range_rows=256)
+    writer = range_writer.RangeWriter(store.path, open_engine_for(ex, store, req), layers=ex.layers,
+                                      poolings=ex.poolings, store_dtype="float32", max_length=ex.max_length,
+                                      prompt=None, batch_tokens=None, max_batch=64)
+    events: list[tuple[str, str]] = []
+    real_pwrite, real_fsync, real_done = os.pwrite, os.fsync, store_ranges.mark_done
+    fds: dict[int, str] = {}
+    real_open = os.open
+
+    def spy_open(p, flags, *a):
+        fd = real_open(p, flags, *a)
+        fds[fd] = str(p)
+        return fd
+
+    monkeypatch.setattr(range_writer.os, "open", spy_open)
+    monkeypatch.setattr(range_writer.os, "pwrite", lambda fd, b, o: (events.append(("write", fds[fd])),
+                                                                     real_pwrite(fd, b, o))[1])
+    monkeypatch.setattr(range_writer.os, "fsync", lambda fd: (events.append(("fsync", fds.get(fd, "?"))),
+                                                              real_fsync(fd))[1])
+    monkeypatch.setattr(store_ranges, "mark_done", lambda d, k, rep: (events.append(("done", str(k))),
+                                                                      real_done(d, k, rep))[1])
+    r = range_run_ranges(store)[1]
+    writer.run(r)
+    files = {f for kind, f in events if kind == "write"}
+    assert len(files) == 2 * (len(ex.layers)) + 1  # every array and lengths.npy
+    assert events[-1] == ("done", "1")
+    for f in files:  # each file's write is followed by its fsync before the done mark
+        w = events.index(("write", f))
+        assert ("fsync", f) in events[w:-1]
+    assert store_ranges.is_done(store.path, 1)
+
+
+def range_run_ranges(store):
+    from layerscope.runtime.range_run import ranges_of
+
+    return ranges_of(store)
+
+
+def test_bad_shard_specs_are_one_line(setup, tmp_path):
+    model, path, _ = setup
+    for spec in ("2/2", "x", "1/0"):
+        r = _run(_cmd(model, path, tmp_path / "s", spec))
+        assert r.returncode == 2 and "--shard takes i/N" in r.stderr and "Traceback" not in r.stderr
+    r = _run(_cmd(model, path, tmp_path / "s", "0/2", "--force"))
+    assert r.returncode == 2 and "--force with --shard" in r.stderr
+    assert not (tmp_path / "s").exists()
