@@ -42,6 +42,10 @@ class FakeEngine(Engine):
         raise NotImplementedError
 
 
+def setup() -> None:
+    """For Ray's ``worker_process_setup_hook``: importing this module registered the engine."""
+
+
 if __name__ == "__main__":
     from layerscope.cli import main
 

@@ -326,3 +326,93 @@ def test_ray_force_and_resume_follow_the_plain_extract_rules(ray_cluster, bert_e
     report = extract_ray(bert_export, str(mine), store, force=True, **_ray_kw())  # its own store: replaced
     assert report.n == plain.n
     assert_same_store(plain, LayerStore.open(store))
+
+
+@pytest.mark.ray
+def test_ray_with_a_prompt_equals_the_plain_run(ray_cluster, bert_export, small_corpus, tmp_path):
+    from layerscope.runtime.pipeline import extract
+    from layerscope.runtime.ray_extract import extract_ray
+
+    path, _ = small_corpus
+    kw = dict(engine="ort", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc")
+    plain = extract(bert_export, str(path), tmp_path / "plain", prompt="query: ", **kw).store
+    report = extract_ray(bert_export, str(path), tmp_path / "ray", prompt="query: ", workers=2, shard_rows=256, **kw)
+    assert report.store.settings["prompt"] == "query: " == plain.settings["prompt"]
+    assert report.store.meta["tokens"] == plain.meta["tokens"]
+    assert_same_store(plain, LayerStore.open(tmp_path / "ray"))
+
+
+def _wait_for_port(port: int, timeout: float = 120.0) -> None:
+    import socket
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            time.sleep(3)  # the GCS listens before the head's raylet has registered
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"the Ray head never listened on {port}")
+
+
+TWO_NODE_DRIVER = """
+import ray
+ray.init(address=__import__("sys").argv[4])
+while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+    __import__("time").sleep(0.5)
+ray.shutdown()
+import sys
+from layerscope.runtime.ray_extract import extract_ray
+
+r = extract_ray(sys.argv[1], sys.argv[2], sys.argv[3], address=sys.argv[4], engine="ort", layers="all",
+                poolings=["mean", "cls"], text_field="body", id_field="doc", workers=2, shard_rows=256,
+                cpus_per_worker=1)
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_two_node_cluster_on_this_machine_equals_the_plain_run(bert_export, small_corpus, tmp_path):
+    """A head and a second node (``ray start``, one CPU each): the actors land on both and write one store."""
+    import os
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    import layerscope
+
+    path, plain = small_corpus
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1]), "RAY_USAGE_STATS_ENABLED": "0"}
+    # each node runs in the foreground (--block) in its own session, so the finally stops exactly these two
+    nodes: list[subprocess.Popen] = []
+    try:
+        nodes.append(subprocess.Popen([ray_bin, "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+                                       "--resources", '{"head": 1}', "--include-dashboard=false",
+                                       "--disable-usage-stats"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+        _wait_for_port(port)
+        nodes.append(subprocess.Popen([ray_bin, "start", "--block", "--address", f"127.0.0.1:{port}", "--num-cpus",
+                                       "1", "--resources", '{"second": 1}', "--disable-usage-stats"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                      start_new_session=True))
+        drv = subprocess.run([sys.executable, "-c", TWO_NODE_DRIVER, str(bert_export), str(path), str(tmp_path / "s"),
+                              f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=600)
+        assert drv.returncode == 0, drv.stderr[-3000:]
+    finally:
+        import signal
+
+        for node in reversed(nodes):
+            try:
+                os.killpg(node.pid, signal.SIGTERM)
+                node.wait(timeout=60)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(node.pid, signal.SIGKILL)
+    store = LayerStore.open(tmp_path / "s")
+    assert store.meta["ray"]["address"] == f"127.0.0.1:{port}" and store.meta["ray"]["computed"] == 5
+    assert_same_store(plain, store)
