@@ -224,3 +224,52 @@ def test_bad_shard_specs_are_one_line(setup, tmp_path):
     r = _run(_cmd(model, path, tmp_path / "s", "0/2", "--force"))
     assert r.returncode == 2 and "--force with --shard" in r.stderr
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_size_shards_equal_the_plain_run_within_the_recorded_bound(setup, tmp_path, dtype):
+    """A half-size store from shards equals a half-size plain run exactly and float32 within the bound its
+    store.json records; every reader gets float32; the disk holds half the bytes."""
+    from layerscope.runtime.pipeline import extract
+    from layerscope.runtime.request import ExtractionRequest
+    from layerscope.runtime.shard_extract import extract_shard
+
+    model, path, plain32 = setup
+    kw = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
+              prompt="query: ")
+    half_plain = extract(model, str(path), tmp_path / "plain", store_dtype=dtype, **kw).store
+    req = ExtractionRequest.of(model, str(path), tmp_path / "sh", store_dtype=dtype, **kw)
+    reports = [extract_shard(req, i, 2, range_rows=256) for i in range(2)]
+    assert reports[-1].finished
+    sharded = LayerStore.open(tmp_path / "sh")
+    assert sharded.dtype == half_plain.dtype == dtype
+    assert_same_store(half_plain, sharded, atol=0.0)
+    bounds = sharded.meta["half_error"]
+    assert set(bounds) == {f"{p}/{layer}" for p in sharded.poolings for layer in sharded.layers}
+    for p in sharded.poolings:
+        for layer in sharded.layers:
+            x32, xh = np.asarray(plain32[p, layer], np.float64), sharded[p, layer]
+            assert xh.dtype == np.float32
+            rec = bounds[f"{p}/{layer}"]
+            # plain32 came from other batches (float32 sums in another order): 1e-6 of slack for that alone
+            assert np.abs(x32 - xh).max() <= rec["max_abs_error"] + 1e-6
+            cos = (x32 * xh).sum(1) / np.maximum(np.linalg.norm(x32, axis=1) * np.linalg.norm(xh, axis=1), 1e-30)
+            assert cos[np.linalg.norm(x32, axis=1) > 0].min() >= rec["min_cosine"] - 1e-6
+            assert rec == half_plain.meta["half_error"][f"{p}/{layer}"]
+    raw = sharded.raw(("mean", "1"))
+    assert raw.dtype == (np.uint16 if dtype == "bfloat16" else np.float16)
+    assert (tmp_path / "sh" / "arrays" / "mean" / "1.npy").stat().st_size < \
+        0.51 * (plain32.path / "arrays" / "mean" / "1.npy").stat().st_size
+
+
+def test_a_half_size_store_below_the_bar_is_refused(setup, tmp_path, monkeypatch):
+    from layerscope.errors import StoreError
+    from layerscope.runtime import store_dtype
+    from layerscope.runtime.pipeline import extract
+
+    model, path, _ = setup
+    monkeypatch.setitem(store_dtype.MIN_COSINE, "bfloat16", 1.0)  # no bfloat16 rounding keeps cosine 1 exactly
+    with pytest.raises(StoreError, match=r"bfloat16 keeps the vectors of .* only to cosine .*use --store-dtype float32"):
+        extract(model, str(path), tmp_path / "s", engine="fake", poolings=["mean"], store_dtype="bfloat16",
+                text_field="body", id_field="doc")
+    assert not LayerStore.open(tmp_path / "s", allow_incomplete=True).complete
