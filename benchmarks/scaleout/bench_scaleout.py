@@ -2,7 +2,8 @@
 
     python benchmarks/scaleout/bench_scaleout.py real   # MiniLM (ort) over the STS test sentences
     python benchmarks/scaleout/bench_scaleout.py fake   # the test-only fake engine, wide rows: the write ceiling
-    python benchmarks/scaleout/bench_scaleout.py merge  # the removed driver merge's rate, for comparison
+    python benchmarks/scaleout/bench_scaleout.py merge  # storage alone: the removed driver merge against the
+                                                        # new direct writes of 1, 2, 4 processes
 
 Each row prints wall seconds, texts/s, MB/s of vectors written, and the CPU seconds of the coordinating
 process (plain: the run itself; Ray: the driver; --shard: none, each shard coordinates itself) with its
@@ -146,9 +147,11 @@ def bench(kind: str) -> list[dict]:
             shards(cli, common, out, count)
             rows.append(row(f"--shard x/{count}", n, time.perf_counter() - t, store_bytes(out), None))
             shutil.rmtree(out)
-        if kind == "fake" and os.environ.get("SCALEOUT_RAY", "1") == "1":
+        if os.environ.get("SCALEOUT_RAY", "1") == "1":
             args = {"model": str(model), "source": str(corpus), "engine": engine, "layers": "all",
                     "poolings": ["mean"]}
+            if kind == "real":
+                args["engine_options"] = {"threads": 1}
             for workers in (1, 2, 4):
                 out = work / f"ray{workers}"
                 t = time.perf_counter()
@@ -196,10 +199,77 @@ def old_merge() -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+WRITER = """
+import sys, time, numpy as np
+from pathlib import Path
+from layerscope.runtime import store_ranges
+from layerscope.runtime.range_writer import RangeWriter
+
+store, index, count, rows, hidden, layers = sys.argv[1], *map(int, sys.argv[2:7])
+
+class Eng:  # only what the writer reads when it does not compute
+    manifest = {"hidden_size": hidden}
+    preferred_batch_tokens = 1
+    def encoder(self, *a):
+        return None
+
+w = RangeWriter(store, Eng(), layers=[str(i) for i in range(layers)], poolings=["mean"], store_dtype="float32",
+                max_length=8, prompt=None, batch_tokens=None, max_batch=1)
+vec = {"mean": np.random.default_rng(index).standard_normal((layers, rows, hidden), dtype=np.float32)}
+offsets = np.zeros(10**6, np.int64)
+mine = store_ranges.shard_ranges(store_ranges.plan(int(sys.argv[7]), rows, offsets), index, count)
+print("ready", flush=True)
+while not Path(store, "go").exists():  # every writer starts together
+    time.sleep(0.005)
+t = time.perf_counter()
+for r in mine:
+    w.write(r, vec, np.ones(r.rows, np.int32))
+    store_ranges.mark_done(Path(store), r.k, {})
+print(time.perf_counter() - t)
+"""
+
+
+def new_writes() -> list[dict]:
+    """The new path's storage cost alone: N processes pwrite + fsync their ranges of one store (same rows and
+    row size as ``old_merge``), no engine."""
+    import numpy as np
+
+    from layerscope.runtime.store import LayerStore
+
+    n, hidden, layers, rows = 2048, 2048, 37, 512
+    out = []
+    for count in (1, 2, 4):
+        work = Path(tempfile.mkdtemp(prefix="writes-"))
+        try:
+            LayerStore.create(work, n=n, layers=[str(i) for i in range(layers)], poolings=["mean"], hidden_size=hidden,
+                              dtype="float32", manifest={"num_layers": 36, "hidden_size": hidden}, settings={})
+            np.lib.format.open_memmap(work / "lengths.npy", mode="w+", dtype=np.int32, shape=(n,)).flush()
+            procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(work), str(i), str(count), str(rows),
+                                       str(hidden), str(layers), str(n)], env=env(), stdout=subprocess.PIPE, text=True)
+                     for i in range(count)]
+            for p in procs:
+                assert p.stdout.readline().strip() == "ready"
+            (work / "go").touch()
+            t = time.perf_counter()
+            for p in procs:
+                p.communicate()
+            wall = time.perf_counter() - t
+            nbytes = n * hidden * 4 * layers
+            rec = {"mode": f"new direct writes, {count} process(es)", "MB_per_s": round(nbytes / wall / 1e6, 1),
+                   "seconds": round(wall, 2), "bytes": nbytes, "load": uptime(),
+                   "note": "from a common start signal to the last fsync'd range"}
+            print(json.dumps(rec), flush=True)
+            out.append(rec)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "real"
     print(json.dumps({"cpu": os.cpu_count(), "load_before": uptime()}))
     if what == "merge":
         old_merge()
+        new_writes()
     else:
         bench(what)
