@@ -20,7 +20,7 @@ def test_each_engine_class_is_declared_under_its_own_name():
     for name, spec in registry.engines().items():
         if isinstance(spec.factory, type):
             assert spec.factory.name == name
-    assert set(registry.engine_names()) == {"torch", "ort", "ov", "cuda", "trt", "auto"}
+    assert set(registry.engine_names()) == {"torch", "torch-fp16", "torch-bf16", "ort", "ov", "cuda", "trt", "auto"}
 
 
 def test_auto_tries_todays_order():
