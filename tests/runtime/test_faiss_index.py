@@ -99,3 +99,17 @@ def test_torch_topk_matches_faiss(device):
     es, ei = exact.search(S[:50], 7, normalized=True)
     np.testing.assert_array_equal(i, ei)
     np.testing.assert_allclose(s, es, atol=1e-5)
+
+
+def test_exact_search_stays_exact_above_the_ann_threshold_only_on_a_gpu(monkeypatch):
+    from layerscope.index import backend as backend_mod
+    from layerscope.index.backend import Backend
+    from layerscope.index.search import choose_kind
+
+    assert choose_kind(10, "auto", 50) == "flat"
+    monkeypatch.setattr(backend_mod, "select_backend", lambda kind, prefer="auto": Backend("faiss-cpu"))
+    assert choose_kind(100, "auto", 50) == "ivf"
+    monkeypatch.setattr(backend_mod, "select_backend", lambda kind, prefer="auto": Backend("torch-cuda", 1))
+    assert choose_kind(100, "auto", 50) == "flat"
+    assert choose_kind(100, "auto", 50, device="cpu") == "ivf"
+    assert choose_kind(100, "hnsw", 50) == "hnsw"
