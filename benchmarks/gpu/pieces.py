@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("split")
     s.add_argument("files", nargs="+", type=Path)
     s.add_argument("--out", type=Path, required=True)
-    s.add_argument("--piece-mib", type=float, default=48)
+    s.add_argument("--piece-mib", type=float, default=8)
     s.add_argument("--load-mib", type=float, default=56)
     r = sub.add_parser("receive")
     r.add_argument("load_dir", type=Path)
