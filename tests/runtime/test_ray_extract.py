@@ -388,7 +388,14 @@ def test_two_node_cluster_on_this_machine_equals_the_plain_run(bert_export, smal
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1]), "RAY_USAGE_STATS_ENABLED": "0"}
+    import shutil
+    import tempfile
+
+    # the nodes' sessions and the "current cluster" file in a directory of their own (short: socket paths are
+    # limited), so no other Ray user of this machine finds or joins this cluster
+    ray_tmp = tempfile.mkdtemp(prefix="ray2n-", dir="/tmp")
+    env = {**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1]), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_TMPDIR": ray_tmp}
     # each node runs in the foreground (--block) in its own session, so the finally stops exactly these two
     nodes: list[subprocess.Popen] = []
     try:
@@ -413,6 +420,7 @@ def test_two_node_cluster_on_this_machine_equals_the_plain_run(bert_export, smal
                 node.wait(timeout=60)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(node.pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     store = LayerStore.open(tmp_path / "s")
     assert store.meta["ray"]["address"] == f"127.0.0.1:{port}" and store.meta["ray"]["computed"] == 5
     assert_same_store(plain, store)
