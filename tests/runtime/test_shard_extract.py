@@ -273,3 +273,20 @@ def test_a_half_size_store_below_the_bar_is_refused(setup, tmp_path, monkeypatch
         extract(model, str(path), tmp_path / "s", engine="fake", poolings=["mean"], store_dtype="bfloat16",
                 text_field="body", id_field="doc")
     assert not LayerStore.open(tmp_path / "s", allow_incomplete=True).complete
+
+
+def test_a_plain_resume_of_a_sharded_store_is_refused(setup, tmp_path):
+    """Its lengths are written range by range: a plain --resume would batch unfinished rows as empty."""
+    from layerscope.errors import StoreError
+    from layerscope.runtime.pipeline import extract
+    from layerscope.runtime.request import ExtractionRequest
+    from layerscope.runtime.shard_extract import extract_shard
+
+    model, path, plain = setup
+    kw = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
+              prompt="query: ")
+    extract_shard(ExtractionRequest.of(model, str(path), tmp_path / "s", **kw), 0, 2, range_rows=256)
+    with pytest.raises(StoreError, match="--shard i/N"):
+        extract(model, str(path), tmp_path / "s", resume=True, **kw)
+    extract_shard(ExtractionRequest.of(model, str(path), tmp_path / "s", **kw), 1, 2, range_rows=256)
+    assert_same_store(plain, LayerStore.open(tmp_path / "s"))

@@ -171,6 +171,9 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     out, settings, manifest, max_len = ex.out, ex.settings, ex.manifest, ex.max_length
     eng = ex.engine
     store = state["store"] = open_to_resume(ex, source, reader, variant_later=eng is None and engine == "auto")
+    if store is not None and store.meta.get("range_writers") and not store.complete:
+        raise StoreError(f"{out} is being written range by range (--shard or --ray); continue it the same way "
+                         "(layerscope extract ... --shard i/N, or --ray ... --resume)")
     # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
     encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
         Encoder(ex.handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")

@@ -169,7 +169,8 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
         raise InputError(f"range rows must be a multiple of {store_ranges.GRANULE}, not {rows}")
     store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
                        "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
-                       "ranges": {"rows": rows, "count": -(-spool["n"] // rows)}})
+                       "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
+                       "range_writers": not lengths_now})  # lengths.npy is filled range by range
     return store
 
 
