@@ -3,7 +3,8 @@
 ``fake`` tokenizes like any engine (the model's own tokenizer, prompts and truncation) and returns, for
 each text, vectors that depend only on its token ids and the layer, so every executor must give the same
 store; it costs next to nothing, so the store's write path is what is measured. Import this module to
-register it (``python tests/fake_engine.py extract ...`` runs the CLI with it registered).
+register it with ``register_fake()`` (and take it away with ``unregister_fake()``, so no other test sees an
+engine the product does not have); ``python tests/fake_engine.py extract ...`` runs the CLI with it registered.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import sys
 import numpy as np
 
 from layerscope.engines.base import Engine
-from layerscope.engines.registry import EngineSpec, register
+from layerscope.engines import registry
+
+SPEC = registry.EngineSpec("fake", "deterministic vectors at memory speed (tests only)", needs_export=False,
+                           device="cpu")
 
 
-@register(EngineSpec("fake", "deterministic vectors at memory speed (tests only)", needs_export=False, device="cpu"))
 class FakeEngine(Engine):
     name = "fake"
     preferred_batch_tokens = 8192
@@ -42,11 +45,23 @@ class FakeEngine(Engine):
         raise NotImplementedError
 
 
+def register_fake() -> None:
+    registry.engines()  # the product's engines are found first
+    if "fake" not in registry._ENGINES:
+        registry.register(SPEC)(FakeEngine)
+
+
+def unregister_fake() -> None:
+    registry._ENGINES.pop("fake", None)
+
+
 def setup() -> None:
-    """For Ray's ``worker_process_setup_hook``: importing this module registered the engine."""
+    """For Ray's ``worker_process_setup_hook``."""
+    register_fake()
 
 
 if __name__ == "__main__":
     from layerscope.cli import main
 
+    register_fake()
     sys.exit(main(sys.argv[1:]))

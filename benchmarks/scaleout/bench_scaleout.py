@@ -89,7 +89,8 @@ def shards(cli: list[str], common: list[str], out: Path, count: int) -> float:
 
 RAY_DRIVER = """
 import json, resource, sys, time, ray
-import fake_engine  # noqa: F401  (the driver checks the engine's name)
+import fake_engine
+fake_engine.register_fake()  # the driver checks the engine's name
 ray.init(num_cpus=int(sys.argv[3]), include_dashboard=False, log_to_driver=False,
          runtime_env={"worker_process_setup_hook": "fake_engine.setup"})
 from layerscope.runtime.ray_extract import extract_ray

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fake_engine  # noqa: F401  (registers the "fake" engine in this process)
+import fake_engine
 from layerscope.runtime import store_ranges
 from layerscope.runtime.store import LayerStore
 
@@ -39,8 +39,16 @@ def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
     assert LayerStore.verify(b.path)[1] == []
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fake():
+    """The test-only engine, registered for this module alone."""
+    fake_engine.register_fake()
+    yield
+    fake_engine.unregister_fake()
+
+
 @pytest.fixture(scope="module")
-def setup(tiny_model, tmp_path_factory):
+def setup(fake, tiny_model, tmp_path_factory):
     """The tiny BERT, a corpus with ids, a NUL byte and empty rows, and the plain run's store of it."""
     from layerscope.runtime.pipeline import extract
 
