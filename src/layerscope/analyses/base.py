@@ -136,9 +136,15 @@ class Analysis(ABC):
         """Read and check the data once, before any model is loaded (bad input fails fast)."""
         return None
 
+    def default_poolings(self, handle) -> list[str]:
+        """The poolings of a model when the run names none (the CLI passes the metadata's own)."""
+        return ["mean"]
+
     def option_values(self, ctx: Context) -> dict[str, Any]:
         """Every declared option: its value in ``ctx.options``, else its default (library callers may give few)."""
-        return {o.name: o.default for o in self.metadata.options} | dict(ctx.options)
+        from layerscope.analyses.spec import options_dict
+
+        return options_dict(self.options(ctx))
 
     def options(self, ctx: Context):
         """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
@@ -296,7 +302,7 @@ def run_analysis(name: str, ctx: Context) -> RunOutcome:
     t0 = time.perf_counter()
     given = dict(ctx.options)
     engine_options = dict(given.pop("engine_options", None) or {})
-    opts = make_options(meta, given)  # an undeclared option is one line; every default filled in
+    opts = make_options(meta, given, say=ctx.say)  # every default filled in
     ctx = replace(ctx, options=options_dict(opts), opts=opts)  # the run's own copy; the caller's is untouched
 
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
@@ -306,7 +312,7 @@ def run_analysis(name: str, ctx: Context) -> RunOutcome:
         handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
-        poolings = [resolve_poolings(ctx, handle) for handle in handles]
+        poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]
         sources = [(spec, h.manifest, h.key) for spec, h in zip(ctx.models, handles)]
     elif ctx.poolings:
         from layerscope.vocab.pooling import check_poolings

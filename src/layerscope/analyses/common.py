@@ -33,11 +33,12 @@ def layers_for(ctx, run) -> list[str]:
         raise InputError(f"--layers {ctx.layers}: {exc}") from None
 
 
-def resolve_poolings(ctx, handle) -> list[str]:
-    """``--pooling`` checked against one model, once where the run starts (a typo: "did you mean")."""
+def resolve_poolings(ctx, handle, default=("mean",)) -> list[str]:
+    """``--pooling`` (else ``default``) checked against one model, once where the run starts (a typo: "did
+    you mean")."""
     from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
-    pools = check_poolings(ctx.poolings or ["mean"])
+    pools = check_poolings(list(ctx.poolings or default))
     require_pooled_output(pools, handle.manifest.get("pooled_output"), handle.manifest.get("family"))
     return pools
 

@@ -113,7 +113,7 @@ class MtebAnalysis(Analysis):
     def prepare(self, ctx: Context) -> dict[str, Any]:
         mteb = _mteb()
         _datasets_or_hint()
-        names = [t.strip() for t in str(ctx.options.get("tasks") or "").split(",") if t.strip()]
+        names = [t.strip() for t in str(self.options(ctx).tasks or "").split(",") if t.strip()]
         if not names:
             raise InputError("--tasks is empty; name MTEB tasks such as STSBenchmark")
         if ctx.data and len(names) != 1:
@@ -180,7 +180,7 @@ class MtebAnalysis(Analysis):
                             try:
                                 res = mteb.evaluate(enc, task, cache=result_cache, overwrite_strategy="always",
                                                     show_progress_bar=False, raise_error=True,
-                                                    encode_kwargs={"batch_size": int(ctx.options.get("batch", 64))})
+                                                    encode_kwargs={"batch_size": self.options(ctx).batch})
                             except Exception as exc:  # dataset download refused offline, and the like
                                 raise InputError(f"MTEB could not run {task_name}: "
                                                  f"{str(exc).splitlines()[0][:200]}; give its data with --data "

@@ -90,12 +90,12 @@ class Pooling(Analysis):
         if ctx.layers not in (None, "all"):
             raise InputError("--layers: the pooling analysis compares fixed layer choices (final, second-to-last, "
                              "mean of the last four); drop --layers")
-        if ctx.options.get("n_boot", 1000) < 0:
+        if self.options(ctx).n_boot < 0:
             raise InputError("--n-boot must be >= 0")
         data = ctx.data or str(default_sts_file("test"))
         ctx.data = data
-        o = ctx.options
-        pairs = read_pairs(data, sentence1=o.get("sentence1"), sentence2=o.get("sentence2"), score=o.get("score"))
+        o = self.options(ctx)
+        pairs = read_pairs(data, sentence1=o.sentence1, sentence2=o.sentence2, score=o.score)
         ctx.say(f"{data}: {len(pairs)} pairs")
         return pairs
 
@@ -125,7 +125,7 @@ class Pooling(Analysis):
                              np.mean([vecs["mean", layer] for layer in last4], axis=0).astype(np.float32)))
         if L >= 2:
             variants.append((f"mean@{L - 1}", "mean", str(L - 1), vecs["mean", str(L - 1)]))
-        n_boot = int(ctx.options.get("n_boot", 1000))
+        n_boot = self.options(ctx).n_boot
         hidden = int(run.handle.manifest["hidden_size"])
         var_rows, quant_rows, trunc_rows, sims_by = [], [], [], {}
         for name, pool, layer_desc, v in variants:
@@ -184,7 +184,7 @@ class Pooling(Analysis):
         from layerscope.analyses.compare import compare_models
 
         return compare_models(self, per_model, score="spearman", score_label="STS Spearman (float32)",
-                              n_resamples=int(ctx.options.get("n_boot", 1000)), seed=ctx.seed, say=ctx.say)
+                              n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:

@@ -157,19 +157,19 @@ class Similarity(Analysis):
     def prepare(self, ctx: Context):
         from layerscope.runtime.store import LayerStore
 
-        o = ctx.options
-        if o.get("knn") is not None and o["knn"] < 0:
-            raise InputError(f"--knn must be >= 0, got {o['knn']}")
+        o = self.options(ctx)
+        if o.knn < 0:
+            raise InputError(f"--knn must be >= 0, got {o.knn}")
         pooling = (ctx.poolings or ["mean"])[0]
         if ctx.poolings and len(ctx.poolings) > 1:
             raise InputError("similarity compares layers at one pooling; give one --pooling")
-        if o.get("store_b") and not o.get("store"):
+        if o.store_b and not o.store:
             raise InputError("--store-b needs --store")
-        if o.get("store"):
+        if o.store:
             if ctx.data:
                 raise InputError("give --store or --data, not both (a store already holds its texts)")
-            a = LayerStore.open(o["store"])
-            b = LayerStore.open(o["store_b"]) if o.get("store_b") else None
+            a = LayerStore.open(o.store)
+            b = LayerStore.open(o.store_b) if o.store_b else None
             for st in (a, b):
                 if st is not None and pooling not in st.poolings:
                     raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
@@ -190,7 +190,7 @@ class Similarity(Analysis):
         else:
             from layerscope.data.bilingual import generate_pairs
 
-            ps = generate_pairs(o.get("n") or 500, ctx.seed)
+            ps = generate_pairs(o.n, ctx.seed)
             texts = [p.source for p in ps] + [p.target for p in ps]
             origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
         if len(texts) < 4:
@@ -200,10 +200,10 @@ class Similarity(Analysis):
 
     # -- per model (or store) ----------------------------------------------
     def _figures(self, ctx: Context, get, layers: list[str], n: int) -> dict[str, Any]:
-        o = ctx.options
-        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.get("no_unbiased"))
-        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
-        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        o = self.options(ctx)
+        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.no_unbiased)
+        k = min(o.knn, n - 1)
+        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.device) if k else None
         adjacent = [lin[i, i + 1] for i in range(len(layers) - 1) if not np.isnan(lin[i, i + 1])]
         return {"summary": {"mean_adjacent_cka": float(np.mean(adjacent)) if adjacent else None,
                             "first_last_cka": None if np.isnan(lin[0, -1]) else float(lin[0, -1]), "n": n,
@@ -255,10 +255,10 @@ class Similarity(Analysis):
         if len(kept) < 2:
             return {"data": info}
         (name_a, (get_a, la, n)), (name_b, (get_b, lb, _)) = kept[0], kept[1]
-        o = ctx.options
-        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.get("no_unbiased"))
-        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
-        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        o = self.options(ctx)
+        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.no_unbiased)
+        k = min(o.knn, n - 1)
+        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.device) if k else None
         rows = [{"model_a": name_a, "model_b": name_b, **r} for r in matrix_rows(lin, unb, knn, la, lb)]
         return {"data": info, "cross": {"model_a": name_a, "model_b": name_b, "layers_a": la, "layers_b": lb,
                                         "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn},

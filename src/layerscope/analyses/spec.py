@@ -37,16 +37,20 @@ def options_type(meta) -> type:
     return dataclasses.make_dataclass(cls_name, fields, frozen=True)
 
 
-def make_options(meta, given: dict[str, Any]):
-    """The analysis's options: ``given`` over the declared defaults; an undeclared name is one line."""
+def make_options(meta, given: dict[str, Any], say=None):
+    """The analysis's options: ``given`` over the declared defaults.
+
+    A name the analysis does not declare (a library caller sharing one options dict between analyses;
+    the CLI refuses them while parsing) is left out, and ``say`` is told which, with the closest name.
+    """
     from layerscope.errors import did_you_mean
 
     declared = [o.name for o in meta.options]
     for name in given:
-        if name not in declared:
-            raise InputError(f"analysis '{meta.name}' has no option {name!r}{did_you_mean(name, declared)}; "
-                             f"its options: {', '.join(declared) or 'none'}")
-    return options_type(meta)(**given)
+        if name not in declared and say is not None:
+            say(f"analysis '{meta.name}' has no option {name!r}{did_you_mean(name, declared)}; ignored "
+                f"(its options: {', '.join(declared) or 'none'})")
+    return options_type(meta)(**{k: v for k, v in given.items() if k in declared})
 
 
 def options_dict(options) -> dict[str, Any]:
