@@ -164,3 +164,22 @@ def test_locked_cache_store_keeps_max_length_and_batch_tokens(monkeypatch):
     run = SimpleNamespace(handle=handle, engine=SimpleNamespace(info=info))
     cache.cached_vectors(run, ["a text"], layers=["2"], poolings=["mean"], max_length=24, batch_tokens=512)
     assert seen["max_length"] == 24 and seen["batch_tokens"] == 512
+
+
+def test_run_returns_its_outcome_and_leaves_the_context_alone(tiny_model, tmp_path):
+    """run_analysis hands back whether it reused (no flag set on the caller's context, which it never changes),
+    and still unpacks as (dir, results)."""
+    import dataclasses
+
+    from layerscope.analyses.base import Context, run_analysis
+
+    data = long_pairs(tmp_path / "pairs.tsv", n=8, words=5)
+    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", layers="-1", poolings=["mean"], data=str(data),
+                  out=tmp_path / "out", options={"n_boot": 0}, cache=False)
+    before = dataclasses.asdict(ctx)
+    first = run_analysis("sts", ctx)
+    second = run_analysis("sts", ctx)
+    assert (first.reused, second.reused) == (False, True)
+    out, results = second
+    assert out == tmp_path / "out" and results["spec_hash"] == first.results["spec_hash"] == first.spec.hash
+    assert dataclasses.asdict(ctx) == before

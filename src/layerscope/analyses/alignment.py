@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.index.alignment import PCA_KS, alignment_figures, category_figures
 
@@ -156,7 +156,7 @@ class Alignment(Analysis):
         return pairs
 
     # -- figures -----------------------------------------------------------
-    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data) -> ModelOutput:
         from layerscope.analyses.common import layers_for
 
         from layerscope.analyses.common import poolings_for
@@ -194,7 +194,7 @@ class Alignment(Analysis):
                     cf = category_figures(src[idx], tgt[idx], n_perm=o.permutations, seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
         main = "mean" if "mean" in poolings else poolings[0]
-        z_rows_for_comparison(self, run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
+        compare = z_rows_for_comparison(run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
         mine = [r for r in layer_rows if r["pooling"] == main]
         defined = [r for r in mine if r["z"] is not None]
         best = max(defined, key=lambda r: r["z"]) if defined else None
@@ -212,15 +212,16 @@ class Alignment(Analysis):
         neighbours = {"k": k_shown, "direction": "source -> target", "queries": [int(q) for q in queries],
                       "by": shown, "sources": {str(int(q)): data.sources[q] for q in queries},
                       "targets": {str(j): data.targets[j] for j in hit}}
-        return {"summary": summary, "layers": layers, "poolings": poolings, "neighbours": neighbours,
-                "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}}
+        return ModelOutput({"summary": summary, "layers": layers, "poolings": poolings, "neighbours": neighbours,
+                            "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}},
+                           compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models, merge_combined
 
         info = {"origin": data.origin, "n": len(data), "duplicates": data.duplicates, "notes": data.notes,
                 "categories": sorted(set(data.categories)) if data.categories else []}
-        several = compare_models(self, per_model, score="z_exact", score_label="z (exact permutation moments)",
+        several = compare_models(per_model, score="z_exact", score_label="z (exact permutation moments)",
                                  seed=ctx.seed, say=ctx.say)
         if data.answers is not None:
             rows = [{"id": i, "category": c, "source": s, "target": t, "answer": a}

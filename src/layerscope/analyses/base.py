@@ -93,6 +93,31 @@ class ModelRun:
         return int(self.handle.manifest["num_layers"])
 
 
+@dataclass(frozen=True)
+class ModelOutput:
+    """What ``compute`` returns for one model: its figures (saved in results.json) and what ``combine``
+    needs across models without saving it: the rows a model-vs-model comparison resamples
+    (``analyses/compare.py``'s ``ModelRows``) and anything else the analysis hands on (``kept``).
+    ``compute`` may also return the figures dict alone."""
+
+    figures: dict[str, Any]
+    compare: Any = None
+    kept: Any = None
+
+
+def as_output(value) -> ModelOutput:
+    return value if isinstance(value, ModelOutput) else ModelOutput(value)
+
+
+class PerModel(dict):
+    """What ``combine`` is handed: each model's figures by name (a plain dict to read), and in ``outputs``
+    the ``ModelOutput`` each came in."""
+
+    def __init__(self, outputs: dict[str, ModelOutput]):
+        super().__init__({name: out.figures for name, out in outputs.items()})
+        self.outputs = dict(outputs)
+
+
 @dataclass
 class Context:
     """Settings common to every analysis run."""
@@ -155,8 +180,9 @@ class Analysis(ABC):
         return make_options(self.metadata, {k: v for k, v in ctx.options.items() if k != "engine_options"})
 
     @abstractmethod
-    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
-        """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput | dict[str, Any]:
+        """Figures for one model (a JSON-able dict with at least ``summary`` and ``tables``), as a
+        ``ModelOutput`` when ``combine`` needs more from each model than its saved figures."""
 
     def stored_sources(self, ctx: Context, data: Any) -> list[tuple[str, dict, str]] | None:
         """For a run made from LayerStores instead of models: ``(path, manifest, identity)`` per store.
@@ -165,15 +191,16 @@ class Analysis(ABC):
         """
         return None
 
-    def offline(self, ctx: Context, data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
-        """Figures made without loading any model (e.g. from LayerStores): ``(per_model, models_meta)``.
+    def offline(self, ctx: Context, data: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Figures made without loading any model (e.g. from LayerStores): ``(per_model, models_meta)``;
+        each model's value is its figures or a ``ModelOutput``.
 
         Return None (the default) to run ``compute`` once per ``--model``.
         """
         return None
 
-    def combine(self, ctx: Context, per_model: dict[str, dict[str, Any]], data: Any) -> dict[str, Any]:
-        """Figures across models (optional)."""
+    def combine(self, ctx: Context, per_model: PerModel, data: Any) -> dict[str, Any]:
+        """Figures across models (optional); ``per_model.outputs`` holds each model's ``ModelOutput``."""
         return {}
 
     # -- rendering from saved results only ---------------------------------
@@ -367,7 +394,7 @@ def run_analysis(name: str, ctx: Context) -> RunOutcome:
             finally:
                 engine.close()
             key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
-            per_model[key] = figures
+            per_model[key] = as_output(figures)
             from layerscope.export.cache import export_record
 
             models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
@@ -376,6 +403,7 @@ def run_analysis(name: str, ctx: Context) -> RunOutcome:
         for engine in opened:
             if engine is not None:
                 engine.close()
+    per_model = PerModel({key: as_output(value) for key, value in per_model.items()})
     combined = analysis.combine(ctx, per_model, data)
     results = {
         "format": RESULTS_FORMAT,

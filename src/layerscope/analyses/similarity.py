@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.progress import track
 
@@ -195,7 +195,6 @@ class Similarity(Analysis):
             origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
         if len(texts) < 4:
             raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
-        self._kept: dict[str, Any] = {}
         return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling}
 
     # -- per model (or store) ----------------------------------------------
@@ -229,28 +228,24 @@ class Similarity(Analysis):
             layers = _store_layers(st, ctx.layers)
             label = _label(st.manifest, st.path.name)
             label = label if label not in per_model else f"{label}#b"
-            per_model[label] = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
-            per_model[label]["store"] = str(st.path)
+            figures = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
+            figures["store"] = str(st.path)
+            per_model[label] = ModelOutput(figures, kept=(lambda la, st=st: st[pooling, la], layers, st.n))
             meta[label] = {"spec": str(st.path), "manifest": st.manifest, "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
-            self._kept = getattr(self, "_kept", {})
-            self._kept[label] = (lambda la, st=st: st[pooling, la], layers, st.n)
         return per_model, meta
 
-    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data) -> ModelOutput:
         from layerscope.analyses.common import layers_for
 
         layers = layers_for(ctx, run)
         pooling = data["pooling"]
         vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
         get = (lambda la, v=vecs: v[pooling, la])
-        figs = self._figures(ctx, get, layers, len(data["texts"]))
-        self._kept[run.name if run.name not in self._kept else f"{run.name}#{len(self._kept)}"] = (
-            get, layers, len(data["texts"]))
-        return figs
+        return ModelOutput(self._figures(ctx, get, layers, len(data["texts"])), kept=(get, layers, len(data["texts"])))
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
-        kept = list(getattr(self, "_kept", {}).items())
+        kept = [(name, out.kept) for name, out in getattr(per_model, "outputs", {}).items() if out.kept is not None]
         info = {"origin": data.get("origin") or str(data.get("a").path), "pooling": data["pooling"]}
         if len(kept) < 2:
             return {"data": info}

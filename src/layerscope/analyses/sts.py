@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import (PAIR_COLUMN_OPTIONS, best_row, data_label, layers_for, model_layer_series,
                                         poolings_for, similarity_correlations)
 from layerscope.analyses.probe import KINDS as PROBE_KINDS
@@ -97,8 +97,8 @@ class STS(Analysis):
         return out
 
     # ------------------------------------------------------------ compute
-    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> dict[str, Any]:
-        from layerscope.analyses.compare import keep_correlation_rows
+    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> ModelOutput:
+        from layerscope.analyses.compare import correlation_rows
         from layerscope.metrics.vectors import paired_cosine
 
         pairs = data["test"]
@@ -114,7 +114,7 @@ class STS(Analysis):
                 sims = sims_by[p, layer] = paired_cosine(v[i1], v[i2])
                 rows.append({"pooling": p, "layer": layer,
                              **similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)})
-        keep_correlation_rows(self, run.num_layers, rows, sims_by, pairs.scores)  # for model vs model
+        compare = correlation_rows(run.num_layers, rows, sims_by, pairs.scores)  # for model vs model
         final = str(run.num_layers)
         by_pooling = {}
         for p in poolings:
@@ -134,12 +134,12 @@ class STS(Analysis):
             figures["probe"] = self._probe(ctx, run, data, layers, poolings[0], vecs, i1, i2, n_boot)
             figures["tables"]["probe"] = figures["probe"]["rows"]
             summary["probe_spearman"] = {r["name"]: r["spearman"] for r in figures["probe"]["rows"]}
-        return figures
+        return ModelOutput(figures, compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(self, per_model, score="spearman", score_label="Spearman",
+        return compare_models(per_model, score="spearman", score_label="Spearman",
                               n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
 
     def _split(self, ctx, run, pairs, layers, pooling, tag, vecs=None, idx=None):
