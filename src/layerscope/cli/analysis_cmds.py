@@ -44,7 +44,7 @@ def _shared_options(meta=None) -> list[tuple[str, Any, Any]]:
         ("config", Optional[str], typer.Option(None, "--config", help="Dataset configuration (with --dataset).")),
         ("split", Optional[str], typer.Option(None, "--split", help="Dataset split (with --dataset).")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Result directory (default "
-                                             "results/<model>/<revision>/<analysis>).")),
+                                             "results/<model>/<revision>/<analysis>/<run spec hash>).")),
         ("seed", int, typer.Option(0, help="Seed for every random choice.")),
         ("no_cache", bool, typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors.")),
         ("trust_remote_code", bool, typer.Option(False, "--trust-remote-code",
