@@ -183,3 +183,19 @@ def test_run_returns_its_outcome_and_leaves_the_context_alone(tiny_model, tmp_pa
     out, results = second
     assert out == tmp_path / "out" and results["spec_hash"] == first.results["spec_hash"] == first.spec.hash
     assert dataclasses.asdict(ctx) == before
+
+
+def test_an_older_default_folder_says_how_to_upgrade(tiny_model, tmp_path, capsys):
+    """A result of the older layout (results.json right in the analysis folder) is never silently nested into."""
+    import shutil
+
+    model, data = tiny_model("bert"), long_pairs(tmp_path / "pairs.tsv", n=8, words=5)
+    assert cli(sts(model, data), capsys)[0] == 0
+    (run,) = [p.parent for p in Path("results").glob("*/*/sts/*/results.json")]
+    for f in run.iterdir():  # lay it out as an older layerscope did: results/<model>/<rev>/sts/results.json
+        shutil.move(str(f), str(run.parent / f.name))
+    run.rmdir()
+    (run.parent / "runs.md").unlink()
+    code, text = cli(sts(model, data), capsys)
+    assert code == 2 and f"mv {run.parent} {run.parent}-old" in text and "layerscope report" in text, text
+    assert cli(["report", run.parent], capsys)[0] == 0  # it still opens

@@ -26,9 +26,16 @@ RESULTS_FORMAT = 1
 
 # ---------------------------------------------------------------- typed analysis options
 
-@lru_cache(maxsize=None)
 def options_type(meta) -> type:
-    """The frozen dataclass of an analysis's declared options (``meta``: its AnalysisMetadata)."""
+    """The frozen dataclass of an analysis's declared options (``meta``: its AnalysisMetadata), made once."""
+    try:
+        return _options_type(meta)
+    except TypeError:  # a default that cannot be hashed: made afresh
+        return _options_type.__wrapped__(meta)
+
+
+@lru_cache(maxsize=None)
+def _options_type(meta) -> type:
     from typing import Optional
 
     fields = [(o.name, o.type if o.default is not None or o.type is bool else Optional[o.type],
