@@ -218,3 +218,42 @@ def test_kill_9_mid_run_resumes_to_a_byte_identical_store(bert_export, tmp_path)
     for rel in sorted(want.meta["checksums"]):
         assert (out / rel).read_bytes() == (want.path / rel).read_bytes(), rel
     assert json.loads((out / "store.json").read_text())["token_arrays"] == want.meta["token_arrays"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_store_tokens_round_trip_through_pyarrow_and_safetensors(tiny_model, tmp_path, dtype):
+    import pyarrow.parquet as pq
+    from safetensors.numpy import load_file
+    from safetensors import safe_open
+
+    from layerscope.runtime.store_export import export_store
+
+    store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="0,2", tokens=True,
+                    store_dtype=dtype).store
+    table = pq.read_table(str(export_store(store.path, "parquet", tokens=True)))
+    layer = store.tokens(2)
+    assert table.num_rows == layer.total_tokens
+    rows = table.to_pydict()
+    # token 4 of text 2, found from its offsets by hand
+    start = int(layer.offsets[2])
+    k = start + 4
+    assert (rows["text"][k], rows["position"][k], rows["id"][k]) == (2, 4, int(layer.ids[k]))
+    text = TEXTS[2]
+    assert text[rows["start"][k]:rows["end"][k]] in rows["token"][k].lstrip("#")
+    np.testing.assert_array_equal(np.asarray(rows["layer_2"], dtype=np.float32), layer.rows())
+    np.testing.assert_array_equal(np.asarray(rows["layer_0"], dtype=np.float32), store.tokens(0).rows())
+    assert json.loads(table.schema.metadata[b"layerscope"])["dtype"] == dtype
+
+    path = export_store(store.path, "safetensors", tokens=True)
+    if dtype == "float32":
+        got = load_file(str(path))
+        np.testing.assert_array_equal(got["layer_2"], layer.rows())
+    with safe_open(str(path), framework="pt") as fh:  # bfloat16 is native to safetensors (torch reads it)
+        import torch
+
+        vec = fh.get_tensor("layer_2").to(torch.float32).numpy()
+        np.testing.assert_array_equal(vec, layer.rows())
+        np.testing.assert_array_equal(fh.get_tensor("offsets").numpy(), layer.offsets)
+        np.testing.assert_array_equal(fh.get_tensor("spans").numpy(), layer.spans)
+        assert json.loads(fh.metadata()["ids"]) == store.ids()
+        assert json.loads(fh.metadata()["strings"]) == {str(k): v for k, v in layer.strings().items()}

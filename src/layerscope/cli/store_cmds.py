@@ -110,9 +110,11 @@ def export_store(
     fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    tokens: bool = typer.Option(False, "--tokens", help="Write the token-level vectors (a store made with "
+                                "extract --tokens): one row per token (default <store>.tokens.<format>)."),
 ):
     """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
     from layerscope.runtime.store_export import export_store as run_export
 
-    path = run_export(store, fmt, out, force=force)
+    path = run_export(store, fmt, out, force=force, tokens=tokens)
     console().print(f"[bold green]wrote[/bold green] {path}")
