@@ -1,0 +1,127 @@
+"""Analyses on token vectors, each figure checked against an independent computation written here: a plain
+Hugging Face forward of each text alone, and the figures in plain Python loops (dicts of ids, the full n x n
+cosine matrix for the permutation moments)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from layerscope.analyses.base import Context, run_analysis
+
+N = 12
+BINS = 4
+
+
+def hf_tokens(model_dir, texts):
+    """Per text: (ids list, special list, {layer: float64 [tokens, hidden]}) from transformers alone."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    net = AutoModel.from_pretrained(str(model_dir)).eval()
+    out = []
+    for t in texts:
+        enc = tok([t], return_tensors="pt", return_special_tokens_mask=True)
+        special = enc.pop("special_tokens_mask")[0].tolist()
+        with torch.no_grad():
+            res = net(**enc, output_hidden_states=True)
+            raw = net.get_input_embeddings()(enc["input_ids"])[0]
+        layers = {"raw": raw.double().numpy(), **{str(i): h[0].double().numpy() for i, h in enumerate(res.hidden_states)}}
+        out.append((enc["input_ids"][0].tolist(), special, layers))
+    return out
+
+
+def cos(a, b):
+    return float(sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b)))
+
+
+def mean_rows(rows):
+    return [sum(col) / len(rows) for col in zip(*rows)]
+
+
+def exact_z(S, T):
+    """(matched - E) / sd over uniform permutations, from the full cosine matrix (Hoeffding's variance)."""
+    S = S / np.linalg.norm(S, axis=1, keepdims=True)
+    T = T / np.linalg.norm(T, axis=1, keepdims=True)
+    C = S @ T.T
+    n = len(C)
+    matched = np.trace(C) / n
+    d = C - C.mean(1, keepdims=True) - C.mean(0, keepdims=True) + C.mean()
+    var = (d ** 2).sum() / (n - 1) / n ** 2
+    return (matched - C.mean()) / math.sqrt(var)
+
+
+def by_hand(src, tgt, layer):
+    """The decomposition of one layer, computed with dicts and lists."""
+    shared, specific, special, first, pos = [], [], [], [], {b: [] for b in range(BINS)}
+    pooled_s, pooled_t, plain_s, plain_t = [], [], [], []
+    for (si, ss, sl), (ti, ts, tl) in zip(src, tgt):
+        sv, tv = sl[layer].tolist(), tl[layer].tolist()
+        s_by, t_by = {}, {}
+        for i, v, sp in zip(si, sv, ss):
+            if not sp:
+                s_by.setdefault(i, []).append(v)
+        for i, v, sp in zip(ti, tv, ts):
+            if not sp:
+                t_by.setdefault(i, []).append(v)
+        common = set(s_by) & set(t_by)
+        shared += [cos(mean_rows(s_by[i]), mean_rows(t_by[i])) for i in sorted(common)]
+        s_only = [v for i, v, sp in zip(si, sv, ss) if not sp and i not in common]
+        t_only = [v for i, v, sp in zip(ti, tv, ts) if not sp and i not in common]
+        if s_only and t_only:
+            specific.append(cos(mean_rows(s_only), mean_rows(t_only)))
+        s_sp = [v for v, sp in zip(sv, ss) if sp]
+        t_sp = [v for v, sp in zip(tv, ts) if sp]
+        if s_sp and t_sp:
+            special.append(cos(mean_rows(s_sp), mean_rows(t_sp)))
+        first.append(cos(sv[0], tv[0]))
+        s_real = [v for v, sp in zip(sv, ss) if not sp]
+        t_real = [v for v, sp in zip(tv, ts) if not sp]
+        pooled_s.append(mean_rows(s_only or s_real or sv))
+        pooled_t.append(mean_rows(t_only or t_real or tv))
+        plain_s.append(mean_rows(sv))
+        plain_t.append(mean_rows(tv))
+        for b in range(BINS):
+            sb = [v for p, v in enumerate(s_real) if int((p + 0.5) / len(s_real) * BINS) == b]
+            tb = [v for p, v in enumerate(t_real) if int((p + 0.5) / len(t_real) * BINS) == b]
+            if sb and tb:
+                pos[b].append(cos(mean_rows(sb), mean_rows(tb)))
+    avg = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {"shared_cosine": avg(shared), "n_shared": len(shared), "specific_cosine": avg(specific),
+            "special_cosine": avg(special), "first_token_cosine": avg(first),
+            "z": exact_z(np.array(plain_s), np.array(plain_t)),
+            "z_without_shared": exact_z(np.array(pooled_s), np.array(pooled_t)),
+            **{f"pos{b}": avg(pos[b]) for b in range(BINS)}}
+
+
+@pytest.mark.parametrize("family", ["qwen2", "bert"])
+def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model, family):
+    from layerscope.data.bilingual import generate_pairs
+
+    model = tiny_model(family)
+    ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "ta", seed=1,
+                  options={"generate": "zh-en", "n": N, "bins": BINS}, cache=False)
+    out, res = run_analysis("token_alignment", ctx)
+    fig = next(iter(res["per_model"].values()))
+    rows = fig["tables"]["token_alignment_layers"]
+    pairs = generate_pairs(N, 1)
+    src = hf_tokens(model, [p.source for p in pairs])
+    tgt = hf_tokens(model, [p.target for p in pairs])
+    assert [r["layer"] for r in rows] == list(src[0][2])
+    for r in rows:
+        want = by_hand(src, tgt, r["layer"])
+        assert want["n_shared"] > 0  # digits and names are shared between the zh and en problems
+        for key, value in want.items():
+            if value is None:
+                assert r[key] is None, (r["layer"], key)
+            else:
+                assert r[key] == pytest.approx(value, abs=2e-4), (r["layer"], key)
+    if family == "qwen2":
+        assert all(r["special_cosine"] is None for r in rows)  # Qwen adds no BOS: only the first token
+    else:
+        assert all(r["special_cosine"] is not None for r in rows)
+    for f in ("report.md", "token_alignment_layers.csv", "token_cosines.png", "z_without_shared.png"):
+        assert (out / f).exists(), f
