@@ -125,3 +125,50 @@ def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model,
         assert all(r["special_cosine"] is not None for r in rows)
     for f in ("report.md", "token_alignment_layers.csv", "token_cosines.png", "z_without_shared.png"):
         assert (out / f).exists(), f
+
+
+def linear_cka_by_hand(X, Y):
+    X = X - X.mean(0)
+    Y = Y - Y.mean(0)
+    return np.linalg.norm(Y.T @ X) ** 2 / (np.linalg.norm(X.T @ X) * np.linalg.norm(Y.T @ Y))
+
+
+def test_similarity_on_tokens_equals_cka_of_hf_token_states(tmp_path, tiny_model):
+    pytest.importorskip("faiss")
+    from layerscope.data.bilingual import generate_pairs
+
+    model = tiny_model("bert")
+    ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "sim", seed=1,
+                  options={"n": 6, "tokens": True, "knn": 3}, cache=False)
+    _, res = run_analysis("similarity", ctx)
+    fig = next(iter(res["per_model"].values()))
+    assert fig["summary"]["vectors"] == "tokens"
+    pairs = generate_pairs(6, 1)
+    ref = hf_tokens(model, [p.source for p in pairs] + [p.target for p in pairs])
+    states = {layer: np.concatenate([np.asarray(layers[layer])[np.asarray(sp) == 0] for _, sp, layers in ref])
+              for layer in ref[0][2]}
+    assert fig["summary"]["n"] == len(states["0"])
+    names = fig["layers"]
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            want = linear_cka_by_hand(states[a], states[b])
+            assert fig["linear_cka"][i][j] == pytest.approx(want, abs=1e-4), (a, b)
+    assert all(fig["mutual_knn"][i][i] == pytest.approx(1.0) for i in range(len(names)))
+
+
+def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
+    pytest.importorskip("faiss")
+    from layerscope.runtime.pipeline import extract
+
+    texts = ["the cat sat on the mat", "a dog runs over the river", "the quick brown fox", "lazy dogs sleep"]
+    store = extract(tiny_model("bert"), texts, tmp_path / "s", engine="torch", layers="all", tokens=True).store
+    ctx = Context(models=["minilm"], engine="torch", layers="all", out=tmp_path / "sim", seed=1,
+                  options={"store": str(store.path), "tokens": True, "knn": 3}, cache=False)
+    _, res = run_analysis("similarity", ctx)
+    fig = next(iter(res["per_model"].values()))
+    layer = store.tokens(1)
+    real = np.asarray(layer.special) == 0
+    X, Y = store.tokens(0).rows()[real].astype(np.float64), store.tokens(2).rows()[real].astype(np.float64)
+    assert fig["summary"]["n"] == int(real.sum())
+    i, j = fig["layers"].index("0"), fig["layers"].index("2")
+    assert fig["linear_cka"][i][j] == pytest.approx(linear_cka_by_hand(X, Y), abs=1e-4)

@@ -151,6 +151,9 @@ class Similarity(Analysis):
             Option("knn", int, 10, "k for mutual k-NN (0 to skip)"),
             Option("no_unbiased", bool, False, "skip the unbiased CKA (one more pass over the data per pair)"),
             Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
+            Option("tokens", bool, False, "compare token vectors (every non-special token; a --store made with "
+                   "extract --tokens) instead of pooled ones"),
+            Option("max_tokens", int, 4000, "with --tokens: a seeded sample of at most this many tokens"),
         ),
     )
 
@@ -171,7 +174,9 @@ class Similarity(Analysis):
             a = LayerStore.open(o["store"])
             b = LayerStore.open(o["store_b"]) if o.get("store_b") else None
             for st in (a, b):
-                if st is not None and pooling not in st.poolings:
+                if st is not None and o.get("tokens") and "token_arrays" not in st.meta:
+                    raise InputError(f"{st.path} holds no token vectors; make it with layerscope extract ... --tokens")
+                if st is not None and not o.get("tokens") and pooling not in st.poolings:
                     raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
                                      "choose one with --pooling")
             if b is not None:
@@ -229,12 +234,15 @@ class Similarity(Analysis):
             layers = _store_layers(st, ctx.layers)
             label = _label(st.manifest, st.path.name)
             label = label if label not in per_model else f"{label}#b"
-            per_model[label] = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
+            get, n = lambda la, st=st: st[pooling, la], st.n
+            if ctx.options.get("tokens"):
+                get, n = _token_getter(ctx, lambda la, st=st: st.tokens(la).take, st.tokens(layers[0]).special)
+            per_model[label] = self._figures(ctx, get, layers, n)
             per_model[label]["store"] = str(st.path)
             meta[label] = {"spec": str(st.path), "manifest": st.manifest, "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
             self._kept = getattr(self, "_kept", {})
-            self._kept[label] = (lambda la, st=st: st[pooling, la], layers, st.n)
+            self._kept[label] = (get, layers, n)
         return per_model, meta
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
@@ -242,11 +250,19 @@ class Similarity(Analysis):
 
         layers = layers_for(ctx, run)
         pooling = data["pooling"]
-        vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
-        get = (lambda la, v=vecs: v[pooling, la])
-        figs = self._figures(ctx, get, layers, len(data["texts"]))
-        self._kept[run.name if run.name not in self._kept else f"{run.name}#{len(self._kept)}"] = (
-            get, layers, len(data["texts"]))
+        n = len(data["texts"])
+        if ctx.options.get("tokens"):
+            from layerscope.runtime.token_embed import embed_tokens
+
+            tv = embed_tokens(run.engine, data["texts"], layers, batch_tokens=ctx.batch_tokens,
+                              max_length=ctx.max_length)
+            get, n = _token_getter(ctx, lambda la: tv.layers[la].__getitem__, tv.special)
+        else:
+            vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
+            get = (lambda la, v=vecs: v[pooling, la])
+        figs = self._figures(ctx, get, layers, n)
+        figs["summary"]["vectors"] = "tokens" if ctx.options.get("tokens") else pooling
+        self._kept[run.name if run.name not in self._kept else f"{run.name}#{len(self._kept)}"] = (get, layers, n)
         return figs
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
@@ -321,6 +337,30 @@ class Similarity(Analysis):
         if cross:
             show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns)", cross["linear_cka"],
                  cross["layers_a"], cross["layers_b"])
+
+
+def token_sample(special: np.ndarray, max_tokens: int, seed: int) -> np.ndarray:
+    """Positions of the non-special tokens on the token axis; a seeded sample of ``max_tokens`` of them
+    (kept in token order) when there are more. Two models of one tokenizer get the same tokens."""
+    rows = np.nonzero(np.asarray(special) == 0)[0]
+    if len(rows) > max_tokens:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, max_tokens, replace=False))
+    return rows
+
+
+def _token_getter(ctx: Context, take, special):
+    """(layer -> float32 [tokens, hidden] of the sampled tokens, their count); ``take(layer)`` reads rows."""
+    rows = token_sample(special, ctx.options.get("max_tokens") or 4000, ctx.seed)
+    if len(rows) < 4:
+        raise InputError(f"{len(rows)} non-special tokens; CKA needs at least 4")
+    cache: dict[str, np.ndarray] = {}
+
+    def get(layer: str) -> np.ndarray:
+        if layer not in cache:
+            cache[layer] = np.asarray(take(layer)(rows), dtype=np.float32)
+        return cache[layer]
+
+    return get, len(rows)
 
 
 def _nan(m):
