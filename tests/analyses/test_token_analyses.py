@@ -172,3 +172,52 @@ def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
     assert fig["summary"]["n"] == int(real.sum())
     i, j = fig["layers"].index("0"), fig["layers"].index("2")
     assert fig["linear_cka"][i][j] == pytest.approx(linear_cka_by_hand(X, Y), abs=1e-4)
+
+
+def test_word_context_equals_an_independent_computation(tmp_path, tiny_model):
+    import re
+
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    model = tiny_model("bert")
+    texts = ["the cat sat on the mat", "a black cat runs over the river", "the river runs past the mat",
+             "my cat likes the river", "a mat for the cat", "the lazy river and the lazy cat"]
+    data = tmp_path / "t.txt"
+    data.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "wc", seed=1, data=str(data),
+                  options={"words": "cat,river,mat", "knn": 3, "last_k": 2}, cache=False)
+    _, res = run_analysis("word_context", ctx)
+    fig = next(iter(res["per_model"].values()))
+    tok = AutoTokenizer.from_pretrained(str(model))
+    net = AutoModel.from_pretrained(str(model)).eval()
+    occ = []  # (word, {layer: vector}) by hand: tokens whose offsets overlap the word, averaged
+    for t in texts:
+        enc = tok([t], return_tensors="pt", return_offsets_mapping=True)
+        offs = enc.pop("offset_mapping")[0].tolist()
+        with torch.no_grad():
+            res_hf = net(**enc, output_hidden_states=True)
+        states = {"raw": net.get_input_embeddings()(enc["input_ids"])[0].detach().double().numpy(),
+                  **{str(i): h[0].double().numpy() for i, h in enumerate(res_hf.hidden_states)}}
+        found = sorted((m.start(), w, m.end()) for w in ("cat", "river", "mat")
+                       for m in re.finditer(rf"\b{w}\b", t))
+        for start, w, end in found:
+            toks = [i for i, (a, b) in enumerate(offs) if b > a and a < end and b > start]
+            occ.append((w, {k: v[toks].mean(0) for k, v in states.items()}))
+    def share(vectors, words, k):
+        total = 0.0
+        for i in range(len(vectors)):
+            sims = sorted(((-cos(vectors[i], vectors[j]), j) for j in range(len(vectors)) if j != i))[:k]
+            total += sum(words[j] == words[i] for _, j in sims) / k
+        return total / len(vectors)
+
+    words = [w for w, _ in occ]
+    rows = {r["layer"]: r["same_word_share"] for r in fig["tables"]["word_context_layers"]}
+    for layer in ("raw", "0", "1", "2"):
+        assert rows[layer] == pytest.approx(share([v[layer] for _, v in occ], words, 3), abs=1e-9), layer
+    last2 = [(v["1"] + v["2"]) / 2 for _, v in occ]
+    assert rows["last2"] == pytest.approx(share(last2, words, 3), abs=1e-9)
+    # the raw lookup of a word is the same in every context: its other occurrences come first
+    # (cat x5, river x4: 3 of 3 neighbours; mat x3: 2 of 3)
+    assert rows["raw"] == pytest.approx((5 + 4 + 3 * 2 / 3) / 12)
+    assert fig["summary"]["occurrences"] == len(occ) == 12
