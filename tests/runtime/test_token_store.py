@@ -257,3 +257,27 @@ def test_export_store_tokens_round_trip_through_pyarrow_and_safetensors(tiny_mod
         np.testing.assert_array_equal(fh.get_tensor("spans").numpy(), layer.spans)
         assert json.loads(fh.metadata()["ids"]) == store.ids()
         assert json.loads(fh.metadata()["strings"]) == {str(k): v for k, v in layer.strings().items()}
+
+
+def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, capsys, caplog):
+    import logging
+
+    from cli_helpers import run_cli
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    out = tmp_path / "store"
+    with caplog.at_level(logging.INFO, logger="layerscope"):
+        code, text = run_cli(["extract", "-m", tiny_model("bert"), "-e", "torch", "-i", corpus, "-o", out,
+                              "--layers", "0,-1", "--tokens", "--store-dtype", "bfloat16"], capsys)
+    assert code == 0, text
+    store = LayerStore.open(out)
+    total = store.meta["token_arrays"]["total_tokens"]
+    assert f"token store: {total:,} tokens x 2 layers x 32 x 2 bytes" in caplog.text
+    assert store.meta["token_arrays"]["layers"] == ["0", "2"] and store.meta["token_arrays"]["dtype"] == "bfloat16"
+    code, text = run_cli(["export-store", out, "--tokens", "--format", "parquet"], capsys)
+    assert code == 0 and (tmp_path / "store.tokens.parquet").is_file(), text
+    code, text = run_cli(["extract", "-m", tiny_model("bert"), "-e", "torch", "-i", corpus, "-o", tmp_path / "x",
+                          "--tokens", "--store-dtype", "float8"], capsys)
+    assert code != 0 and "--store-dtype must be one of float32, float16, bfloat16" in text
+    assert not (tmp_path / "x").exists()
