@@ -88,11 +88,13 @@ def gpt2_export(tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("side", [None, "right", "left"])
 @pytest.mark.parametrize("family,engine", [("bert", "torch"), ("bert", "ort"), ("gpt2", "ort"),
-                                           ("qwen2", "torch")])
+                                           ("qwen2", "torch"), ("bert", "ov")])
 def test_token_vectors_equal_a_plain_hf_forward(tiny_model, bert_export, gpt2_export, tmp_path, family, engine,
                                                 side):
+    if engine == "ov":
+        pytest.importorskip("openvino")
     model_dir = tiny_model(family)
-    source = {"bert": bert_export, "gpt2": gpt2_export}[family] if engine == "ort" else model_dir
+    source = {"bert": bert_export, "gpt2": gpt2_export}[family] if engine != "torch" else model_dir
     texts = [t for t in TEXTS if t] if family != "bert" else TEXTS  # GPT-2/Qwen add no token to ""
     report = extract(source, texts, tmp_path / "s", engine=engine, layers="all", poolings=["mean"],
                      tokens=True, batch_tokens=64)
@@ -281,3 +283,26 @@ def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, caps
                           "--tokens", "--store-dtype", "float8"], capsys)
     assert code != 0 and "--store-dtype must be one of float32, float16, bfloat16" in text
     assert not (tmp_path / "x").exists()
+
+
+def test_ort_fetches_pooled_and_token_outputs_in_one_run(bert_export, tmp_path, monkeypatch):
+    """One session.run per batch, and the pooled rows are the graph's own (equal to a pooled-only run)."""
+    from layerscope.engines.ort import OrtEngine
+    from layerscope.runtime.token_store import TokenWriter
+
+    calls, batches = [], []
+    real_run, real_write = OrtEngine._run, TokenWriter.write
+    monkeypatch.setattr(OrtEngine, "_run", lambda self, batch, names: calls.append(list(names)) or
+                        real_run(self, batch, names))
+    monkeypatch.setattr(TokenWriter, "write", lambda self, batch, states: batches.append(batch.size) or
+                        real_write(self, batch, states))
+    store = extract(bert_export, TEXTS, tmp_path / "t", engine="ort", layers="all", poolings=["mean", "cls"],
+                    tokens=True, batch_tokens=64).store
+    assert len(calls) == len(batches) > 1
+    assert all(names[:2] == ["pooled.mean", "pooled.cls"] and len(names) == 2 + len(store.layers) for names in calls)
+    monkeypatch.setattr(OrtEngine, "_run", real_run)
+    plain = extract(bert_export, TEXTS, tmp_path / "p", engine="ort", layers="all", poolings=["mean", "cls"],
+                    batch_tokens=64).store
+    for p in ("mean", "cls"):
+        for layer in store.layers:
+            np.testing.assert_array_equal(store[p, layer], plain[p, layer])
