@@ -159,10 +159,13 @@ def test_flipped_byte_and_cut_token_array_are_caught(tiny_model, tmp_path):
         LayerStore.open(store.path)
 
 
-def test_resume_with_other_token_settings_is_refused(tiny_model, tmp_path):
+def test_resume_with_other_token_settings_is_refused_and_force_replaces_a_token_store(tiny_model, tmp_path):
     extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="all", tokens=True)
     with pytest.raises(StoreError, match="tokens="):
         extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="all", resume=True)
+    # the token arrays are the store's own: --force replaces the store, and no token file is left behind
+    store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="all", force=True).store
+    assert not (store.path / "tokens").exists() and LayerStore.verify(store.path)[1] == []
 
 
 def test_pooled_store_has_no_tokens(tiny_model, tmp_path):
