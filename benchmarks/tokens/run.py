@@ -2,7 +2,8 @@
 
     python benchmarks/tokens/run.py EXPORT_DIR STS_CSV OUT_JSON [--long N]
 
-EXPORT_DIR: an export (layerscope export minilm --out ...). Runs, each into a fresh store, engine ort, every
+EXPORT_DIR: an export (layerscope export minilm --out ...). Runs, each into a fresh store (wall and process CPU seconds: the CPU
+seconds per token are the figure a loaded machine distorts least), engine ort, every
 layer, mean pooling: pooled only; --tokens in float32, float16 and bfloat16. Corpora: the STS test
 sentences, and --long N texts of ~512 tokens (STS sentences joined). Records `uptime` beside each figure.
 """
@@ -54,15 +55,16 @@ def run(export: str, texts: list[str], label: str, tmp: Path) -> list[dict]:
                      ("tokens-bfloat16", {"tokens": True, "store_dtype": "bfloat16"})):
         out = tmp / f"{label}-{name}"
         load = os.getloadavg()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         rep = extract(export, texts, out, engine="ort", layers="all", poolings=["mean"], **kw)
-        wall = time.perf_counter() - t
+        wall, cpu = time.perf_counter() - t, time.process_time() - cpu
         meta = rep.store.meta
         tok_bytes = du(out / "tokens") if (out / "tokens").exists() else 0
         total = meta["token_arrays"]["total_tokens"] if "token_arrays" in meta else int(meta["tokens"])
         rows.append({"corpus": label, "run": name, "texts": rep.n, "tokens": total,
                      "texts_per_s": round(rep.texts_per_s, 1), "tokens_per_s": round(rep.tokens_per_s, 0),
-                     "wall_s": round(wall, 2), "store_bytes": du(out), "token_bytes": tok_bytes,
+                     "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                     "tokens_per_cpu_s": round(total / cpu, 0), "store_bytes": du(out), "token_bytes": tok_bytes,
                      "bytes_per_token": round(tok_bytes / total, 1) if tok_bytes else None,
                      "layers": len(rep.store.layers), "hidden": rep.store.meta["hidden_size"],
                      "loadavg_1_5_15": [round(x, 2) for x in load],

@@ -29,7 +29,8 @@ def hf_tokens(model_dir, texts):
         with torch.no_grad():
             res = net(**enc, output_hidden_states=True)
             raw = net.get_input_embeddings()(enc["input_ids"])[0]
-        layers = {"raw": raw.double().numpy(), **{str(i): h[0].double().numpy() for i, h in enumerate(res.hidden_states)}}
+        layers = {"raw": raw.double().numpy(),
+                  **{str(i): h[0].double().numpy() for i, h in enumerate(res.hidden_states)}}
         out.append((enc["input_ids"][0].tolist(), special, layers))
     return out
 

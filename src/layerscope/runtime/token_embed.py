@@ -40,8 +40,8 @@ def embed_tokens(eng, texts: list[str], layers: list[str], *, batch_tokens: int 
     total, hidden = int(offsets[-1]), int(eng.manifest["hidden_size"])
     out = TokenVectors(offsets, np.zeros(total, np.int32), np.zeros(total, np.uint8), np.zeros((total, 2), np.int32),
                        {layer: np.zeros((total, hidden), np.float32) for layer in layers})
-    for batch in encode_plan(encoder, list(texts), lengths, batch_tokens=int(batch_tokens or eng.preferred_batch_tokens),
-                             max_batch=DEFAULT_MAX_BATCH):
+    budget = int(batch_tokens or eng.preferred_batch_tokens)
+    for batch in encode_plan(encoder, list(texts), lengths, batch_tokens=budget, max_batch=DEFAULT_MAX_BATCH):
         states = eng.run_tokens(batch, layers)
         valid = np.asarray(batch.mask) > 0
         starts = np.concatenate([[0], np.cumsum(valid.sum(1))])

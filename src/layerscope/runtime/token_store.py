@@ -66,8 +66,8 @@ class TokenSection:
             return cls(layers=[str(x) for x in sec["layers"]], total_tokens=int(sec["total_tokens"]),
                        dtype=store_dtype.check(str(sec["dtype"])), hidden_size=int(sec["hidden_size"]))
         except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(f"store.json's token_arrays section is damaged ({exc}); re-run layerscope extract --force") \
-                from None
+            raise StoreError(f"store.json's token_arrays section is damaged ({exc}); re-run layerscope extract "
+                             "--force") from None
 
 
 def layer_file(layer: str) -> str:

@@ -17,7 +17,8 @@ import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.runtime import store_dtype
-from layerscope.runtime.token_store import SECTION, TOKENS, TokenSection, TokenWriter, create_token_arrays, describe_cost
+from layerscope.runtime.token_store import (SECTION, TOKENS, TokenSection, TokenWriter, create_token_arrays,
+                                            describe_cost)
 
 log = logging.getLogger("layerscope")
 
