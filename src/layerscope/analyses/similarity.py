@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.progress import track
 
@@ -160,23 +160,23 @@ class Similarity(Analysis):
     def prepare(self, ctx: Context):
         from layerscope.runtime.store import LayerStore
 
-        o = ctx.options
-        if o.get("knn") is not None and o["knn"] < 0:
-            raise InputError(f"--knn must be >= 0, got {o['knn']}")
+        o = self.options(ctx)
+        if o.knn < 0:
+            raise InputError(f"--knn must be >= 0, got {o.knn}")
         pooling = (ctx.poolings or ["mean"])[0]
         if ctx.poolings and len(ctx.poolings) > 1:
             raise InputError("similarity compares layers at one pooling; give one --pooling")
-        if o.get("store_b") and not o.get("store"):
+        if o.store_b and not o.store:
             raise InputError("--store-b needs --store")
-        if o.get("store"):
+        if o.store:
             if ctx.data:
                 raise InputError("give --store or --data, not both (a store already holds its texts)")
-            a = LayerStore.open(o["store"])
-            b = LayerStore.open(o["store_b"]) if o.get("store_b") else None
+            a = LayerStore.open(o.store)
+            b = LayerStore.open(o.store_b) if o.store_b else None
             for st in (a, b):
-                if st is not None and o.get("tokens") and "token_arrays" not in st.meta:
+                if st is not None and o.tokens and "token_arrays" not in st.meta:
                     raise InputError(f"{st.path} holds no token vectors; make it with layerscope extract ... --tokens")
-                if st is not None and not o.get("tokens") and pooling not in st.poolings:
+                if st is not None and not o.tokens and pooling not in st.poolings:
                     raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
                                      "choose one with --pooling")
             if b is not None:
@@ -195,20 +195,19 @@ class Similarity(Analysis):
         else:
             from layerscope.data.bilingual import generate_pairs
 
-            ps = generate_pairs(o.get("n") or 500, ctx.seed)
+            ps = generate_pairs(o.n, ctx.seed)
             texts = [p.source for p in ps] + [p.target for p in ps]
             origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
         if len(texts) < 4:
             raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
-        self._kept: dict[str, Any] = {}
         return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling}
 
     # -- per model (or store) ----------------------------------------------
     def _figures(self, ctx: Context, get, layers: list[str], n: int) -> dict[str, Any]:
-        o = ctx.options
-        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.get("no_unbiased"))
-        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
-        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        o = self.options(ctx)
+        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.no_unbiased)
+        k = min(o.knn, n - 1)
+        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.device) if k else None
         adjacent = [lin[i, i + 1] for i in range(len(layers) - 1) if not np.isnan(lin[i, i + 1])]
         return {"summary": {"mean_adjacent_cka": float(np.mean(adjacent)) if adjacent else None,
                             "first_last_cka": None if np.isnan(lin[0, -1]) else float(lin[0, -1]), "n": n,
@@ -235,46 +234,47 @@ class Similarity(Analysis):
             label = _label(st.manifest, st.path.name)
             label = label if label not in per_model else f"{label}#b"
             get, n = lambda la, st=st: st[pooling, la], st.n
-            if ctx.options.get("tokens"):
-                get, n = _token_getter(ctx, lambda la, st=st: st.tokens(la).take, st.tokens(layers[0]).special)
-            per_model[label] = self._figures(ctx, get, layers, n)
-            per_model[label]["store"] = str(st.path)
+            if self.options(ctx).tokens:
+                get, n = _token_getter(ctx, self.options(ctx),
+                                       lambda la, st=st: st.tokens(la).take, st.tokens(layers[0]).special)
+            figures = self._figures(ctx, get, layers, n)
+            figures["store"] = str(st.path)
+            per_model[label] = ModelOutput(figures, kept=(get, layers, n))
             meta[label] = {"spec": str(st.path), "manifest": st.manifest, "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
-            self._kept = getattr(self, "_kept", {})
-            self._kept[label] = (get, layers, n)
         return per_model, meta
 
-    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data) -> ModelOutput:
         from layerscope.analyses.common import layers_for
 
         layers = layers_for(ctx, run)
         pooling = data["pooling"]
+        o = self.options(ctx)
         n = len(data["texts"])
-        if ctx.options.get("tokens"):
+        if o.tokens:
             from layerscope.runtime.token_embed import embed_tokens
 
-            tv = embed_tokens(run.engine, data["texts"], layers, batch_tokens=ctx.batch_tokens,
-                              max_length=ctx.max_length)
-            get, n = _token_getter(ctx, lambda la: tv.layers[la].__getitem__, tv.special)
+            spec = ctx.spec if ctx.spec is not None else ctx
+            tv = embed_tokens(run.engine, data["texts"], layers, batch_tokens=spec.batch_tokens,
+                              max_length=spec.max_length)
+            get, n = _token_getter(ctx, o, lambda la: tv.layers[la].__getitem__, tv.special)
         else:
             vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
             get = (lambda la, v=vecs: v[pooling, la])
-        figs = self._figures(ctx, get, layers, n)
-        figs["summary"]["vectors"] = "tokens" if ctx.options.get("tokens") else pooling
-        self._kept[run.name if run.name not in self._kept else f"{run.name}#{len(self._kept)}"] = (get, layers, n)
-        return figs
+        figures = self._figures(ctx, get, layers, n)
+        figures["summary"]["vectors"] = "tokens" if o.tokens else pooling
+        return ModelOutput(figures, kept=(get, layers, n))
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
-        kept = list(getattr(self, "_kept", {}).items())
+        kept = [(name, out.kept) for name, out in getattr(per_model, "outputs", {}).items() if out.kept is not None]
         info = {"origin": data.get("origin") or str(data.get("a").path), "pooling": data["pooling"]}
         if len(kept) < 2:
             return {"data": info}
         (name_a, (get_a, la, n)), (name_b, (get_b, lb, _)) = kept[0], kept[1]
-        o = ctx.options
-        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.get("no_unbiased"))
-        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
-        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        o = self.options(ctx)
+        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.no_unbiased)
+        k = min(o.knn, n - 1)
+        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.device) if k else None
         rows = [{"model_a": name_a, "model_b": name_b, **r} for r in matrix_rows(lin, unb, knn, la, lb)]
         return {"data": info, "cross": {"model_a": name_a, "model_b": name_b, "layers_a": la, "layers_b": lb,
                                         "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn},
@@ -348,9 +348,9 @@ def token_sample(special: np.ndarray, max_tokens: int, seed: int) -> np.ndarray:
     return rows
 
 
-def _token_getter(ctx: Context, take, special):
+def _token_getter(ctx: Context, o, take, special):
     """(layer -> float32 [tokens, hidden] of the sampled tokens, their count); ``take(layer)`` reads rows."""
-    rows = token_sample(special, ctx.options.get("max_tokens") or 4000, ctx.seed)
+    rows = token_sample(special, o.max_tokens, ctx.seed)
     if len(rows) < 4:
         raise InputError(f"{len(rows)} non-special tokens; CKA needs at least 4")
     cache: dict[str, np.ndarray] = {}

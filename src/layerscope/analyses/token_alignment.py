@@ -24,6 +24,9 @@ from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelR
 from layerscope.errors import InputError
 
 
+PAIR_OPTIONS = ("generate", "n", "source_file", "target_file", "source_column", "target_column", "category_column")
+
+
 def layer_figures(src, tgt, bins: int) -> dict[str, Any]:
     """One layer's row: the decomposition, z with and without shared tokens, cosine by position."""
     from layerscope.metrics.permutation import scrambled_z_exact
@@ -62,11 +65,16 @@ class TokenAlignment(Analysis):
     )
 
     def prepare(self, ctx: Context):
+        from dataclasses import replace
+
         from layerscope.analyses.alignment import Alignment
 
-        if (ctx.options.get("bins") or 10) < 1:
-            raise InputError(f"--bins must be at least 1, got {ctx.options['bins']}")
-        return Alignment.prepare(self, ctx)  # the same pair sources and checks as alignment
+        o = self.options(ctx)
+        if o.bins < 1:
+            raise InputError(f"--bins must be at least 1, got {o.bins}")
+        # the same pair sources and checks as alignment: its prepare, given this run's pair options
+        pair_options = {k: getattr(o, k) for k in PAIR_OPTIONS}
+        return Alignment().prepare(replace(ctx, opts=None, options=pair_options))
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
         from layerscope.analyses.common import layers_for
@@ -75,12 +83,13 @@ class TokenAlignment(Analysis):
         from layerscope.runtime.token_embed import embed_tokens
 
         layers = layers_for(ctx, run)
-        bins = ctx.options.get("bins") or 10
+        bins = self.options(ctx).bins
         n = len(data)
         if n < 2:
             raise InputError("token_alignment needs at least 2 pairs")
-        tv = embed_tokens(run.engine, data.sources + data.targets, layers, batch_tokens=ctx.batch_tokens,
-                          max_length=ctx.max_length)
+        spec = ctx.spec if ctx.spec is not None else ctx
+        tv = embed_tokens(run.engine, data.sources + data.targets, layers, batch_tokens=spec.batch_tokens,
+                          max_length=spec.max_length)
         src_tv, tgt_tv = tv.select(np.arange(n)), tv.select(np.arange(n, 2 * n))
         rows = []
         for layer in track(layers, "token_alignment: layers"):

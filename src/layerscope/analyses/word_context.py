@@ -66,10 +66,10 @@ class WordContext(Analysis):
     )
 
     def prepare(self, ctx: Context):
-        o = ctx.options
+        o = self.options(ctx)
         for name in ("top_words", "last_k", "knn", "max_per_word", "n"):
-            if o.get(name) is not None and o[name] < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {o[name]}")
+            if getattr(o, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
         if ctx.data:
             from layerscope.data.corpus import read_corpus
 
@@ -78,11 +78,10 @@ class WordContext(Analysis):
         else:
             from layerscope.data.bilingual import generate_pairs
 
-            texts = [p.target for p in generate_pairs(o.get("n") or 100, ctx.seed)]
+            texts = [p.target for p in generate_pairs(o.n, ctx.seed)]
             origin = f"generated zh-en problems, English side (n={len(texts)}, seed={ctx.seed})"
-        words = [w.strip() for w in o["words"].split(",") if w.strip()] if o.get("words") else \
-            frequent_words(texts, o.get("top_words") or 8)
-        occ = find_occurrences(texts, words, o.get("max_per_word") or 40)
+        words = [w.strip() for w in o.words.split(",") if w.strip()] if o.words else frequent_words(texts, o.top_words)
+        occ = find_occurrences(texts, words, o.max_per_word)
         found = sorted({w for w, *_ in occ})
         missing = [w for w in words if w not in found]
         if missing:
@@ -98,17 +97,18 @@ class WordContext(Analysis):
         from layerscope.metrics.tokens import same_word_share, span_vectors
         from layerscope.runtime.token_embed import embed_tokens
 
-        o = ctx.options
+        o = self.options(ctx)
         layers = layers_for(ctx, run)
-        k_last = min(o.get("last_k") or 4, run.num_layers)
+        k_last = min(o.last_k, run.num_layers)
         last = [str(i) for i in range(run.num_layers - k_last + 1, run.num_layers + 1)]
         needed = layers + [x for x in last if x not in layers]
-        tv = embed_tokens(run.engine, data["texts"], needed, batch_tokens=ctx.batch_tokens,
-                          max_length=ctx.max_length)
+        spec = ctx.spec if ctx.spec is not None else ctx
+        tv = embed_tokens(run.engine, data["texts"], needed, batch_tokens=spec.batch_tokens,
+                          max_length=spec.max_length)
         occ = data["occurrences"]
         where = [(t, a, b) for _, t, a, b in occ]
         labels = [w for w, *_ in occ]
-        knn = min(o.get("knn") or 5, len(occ) - 1)
+        knn = min(o.knn, len(occ) - 1)
         rows = []
         for layer in layers:
             share, _ = same_word_share(span_vectors([tv.layers[layer]], tv.spans, tv.offsets, where), labels, knn)
@@ -118,7 +118,7 @@ class WordContext(Analysis):
                                       labels, knn)
         rows.append({"layer": name, "same_word_share": share})
         chance = float(np.mean([(labels.count(w) - 1) / (len(labels) - 1) for w in labels]))
-        shown = np.linspace(0, len(occ) - 1, min(o.get("examples") or 12, len(occ))).astype(int)
+        shown = np.linspace(0, len(occ) - 1, min(o.examples, len(occ))).astype(int)
         texts = data["texts"]
         view = [{"word": labels[i], "text": int(occ[i][1]), "context": texts[occ[i][1]],
                  "neighbours": [{"word": labels[j], "text": int(occ[j][1]), "context": texts[occ[j][1]]}
