@@ -32,8 +32,11 @@ def extract(
                                               "(default: its default_prompt_name, if any)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Text put before every input (overrides --prompt-name)."),
     store_dtype: str = typer.Option("float32", "--store-dtype", "--dtype",
-                                    help="How vectors are stored: float32, float16 or bfloat16 (half the disk; "
-                                         "readers get float32; the loss per layer is recorded and bounded)."),
+                                    help="How vectors are stored (pooled and, with --tokens, token vectors): "
+                                         "float32, float16 or bfloat16 (half the disk; readers get float32; the "
+                                         "loss per layer is recorded and bounded)."),
+    tokens: bool = typer.Option(False, "--tokens", help="Also store every token's vector of --layers, with token "
+                                "ids, strings, character spans and the special-token mask (a ragged store)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
                                                           "the engine's, 2048 on CPU, 16384 on GPU)."),
     max_batch: int = typer.Option(256, help="Most texts per batch."),
@@ -70,6 +73,9 @@ def extract(
     source = data_source(input, dataset, config, split, "--input")
     if ray is None and ray_workers is not None:
         raise InputError("--ray-workers needs --ray (local, auto or a cluster address)")
+    if tokens and (ray is not None or shard is not None):
+        raise InputError(f"--tokens is not supported with {'--ray' if ray is not None else '--shard'} yet; "
+                         "run without it")
     if ray is not None and shard is not None:
         raise InputError("--shard and --ray are two ways to run one store: choose one")
     from layerscope.runtime.request import ExtractionRequest
@@ -79,7 +85,7 @@ def extract(
         batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length, resume=resume, force=force,
         text_field=text_field, column=column, id_field=id_column, fmt=fmt, progress=progress_mode(),
         engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
-        prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code)
+        prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code, tokens=tokens)
     if shard is not None:
         from layerscope.runtime.range_run import parse_shard
         from layerscope.runtime.shard_extract import extract_shard
@@ -144,9 +150,11 @@ def export_store(
     fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    tokens: bool = typer.Option(False, "--tokens", help="Write the token-level vectors (a store made with "
+                                "extract --tokens): one row per token (default <store>.tokens.<format>)."),
 ):
     """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
     from layerscope.runtime.store_export import export_store as run_export
 
-    path = run_export(store, fmt, out, force=force)
+    path = run_export(store, fmt, out, force=force, tokens=tokens)
     console().print(f"[bold green]wrote[/bold green] {path}")

@@ -114,6 +114,8 @@ def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local"
     ray = require_ray()
     if workers < 1:
         raise InputError(f"--ray-workers must be at least 1, not {workers}")
+    if req.tokens:
+        raise InputError("--tokens is not supported with --ray yet; run without --ray")
     check_dtype(req.store_dtype)
     check_engine_name(req.engine)
     t0 = time.perf_counter()

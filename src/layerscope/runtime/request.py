@@ -44,6 +44,7 @@ class ExtractionRequest:
     prompt_name: str | None = None
     prompt: str | None = None
     trust_remote_code: bool = False
+    tokens: bool = False  # also store every token's vector (in-process executor only)
     progress: bool | str | None | Callable = False
 
     @property

@@ -47,6 +47,8 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     from layerscope.runtime.range_writer import RangeWriter
     from layerscope.runtime.store_lock import release
 
+    if req.tokens:
+        raise InputError("--tokens is not supported with --shard yet; run without it")
     if req.force:
         raise InputError("--force with --shard would let each shard replace the others' work; remove the store "
                          "(or choose another --out) and run the shards without --force")
