@@ -303,3 +303,27 @@ def test_bench_plot_marks_rows_below_the_accuracy_class(tmp_path, figures):
     marked = [p for p in ax.patches if p.get_gid() == "below-accuracy"]
     assert len(marked) == 1 and marked[0].get_height() == 400.0
     assert any("min cos" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_category_bars_have_whiskers_from_the_group_intervals(tmp_path, figures):
+    from layerscope.analyses.compositionality import Compositionality
+
+    results = _comp_results()
+    results["per_model"]["m"]["tables"]["groups"] = [
+        {"pooling": "mean", "layer": "2", "group": "category", "value": v, "win_rate": w, "win_rate_ci_low": w - 0.2,
+         "win_rate_ci_high": w + 0.1} for v, w in (("modifier", 0.5), ("preposition", 0.7))]
+    Compositionality().plots(results, tmp_path)
+    ax = figures[2].axes[0]
+    whiskers = [c for c in ax.collections if (c.get_gid() or "").startswith("ci:")]
+    assert len(whiskers) == 2
+    ends = sorted(tuple(sorted(seg[:, 1])) for c in whiskers for seg in c.get_segments())
+    assert ends == [pytest.approx((0.3, 0.6)), pytest.approx((0.5, 0.8))]
+
+
+def test_similarity_report_prose_rounds_its_figures():
+    from layerscope.analyses.similarity import Similarity
+
+    fig = {"summary": {"mean_adjacent_cka": 0.912345678901, "first_last_cka": 0.41234567, "n": 15},
+           "linear_cka": [[1.0]], "layers": ["0"]}
+    text = Similarity().report({"combined": {}, "per_model": {"m": fig}})
+    assert "0.912" in text and "0.912345678901" not in text and "0.412" in text

@@ -118,8 +118,10 @@ class Compositionality(Analysis):
                 for value in values:
                     sel = [k for k, it in enumerate(items) if getattr(it, group) == value]
                     g = compositionality_summary(para_mean[sel], neg[sel])
-                    g.pop("per_item_diffs")
-                    group_rows.append({"pooling": p, "layer": layer, "group": group, "value": value, **g})
+                    g_diffs = np.asarray(g.pop("per_item_diffs"))
+                    g_row = {"pooling": p, "layer": layer, "group": group, "value": value, **g}
+                    add_interval(g_row, "win_rate", win_rate_scorer(g_diffs), len(sel), seed=ctx.seed)
+                    group_rows.append(g_row)
         keep_rows(self, run.num_layers, len(items), kept)  # for model vs model
         told = [r for r in rows if not all_ties(r)] or rows  # an all-tie row tells nothing: never the best
         best = max(told, key=lambda r: (r["win_rate"], r["mean_diff"]))
@@ -166,14 +168,17 @@ class Compositionality(Analysis):
                                         title=f"Compositionality: {label}{suffix}", ylabel=label, hline=hline,
                                         bands=bands, hline_label="no preference"))
         groups: dict[str, dict[str, float | None]] = {}
+        errors: dict[str, dict[str, tuple]] = {}
         for model, fig in results.get("per_model", {}).items():
             final = str(results["models"][model]["manifest"]["num_layers"])
             for r in fig["tables"].get("groups", []):
                 if r["layer"] == final and r["group"] == "category":
                     key = f"{model} {r['pooling']}" if len(names) > 1 else r["pooling"]
                     groups.setdefault(key, {})[r["value"]] = r["win_rate"]
+                    if r.get("win_rate_ci_low") is not None:
+                        errors.setdefault(key, {})[r["value"]] = (r["win_rate_ci_low"], r["win_rate_ci_high"])
         if groups:
-            made.append(bars(out_dir / "compositionality_categories_final_layer.png", groups,
+            made.append(bars(out_dir / "compositionality_categories_final_layer.png", groups, errors=errors or None,
                              title=f"Win rate by category at the final layer{suffix}", ylabel="win rate"))
         return made
 

@@ -136,15 +136,19 @@ def compositionality_views(results) -> list[Section]:
                                  f"Dashed line: {hline} (no preference). Band: 95% item bootstrap interval. "
                                  "Layers where every item is a tie are left out (they tell nothing).")
     groups: dict[str, dict[str, Any]] = {}
+    errors: dict[str, dict[str, Any]] = {}
     for model, fig in per_model(results).items():
         final = str(num_layers(results, model))
         for r in (fig.get("tables") or {}).get("groups", []):
             if str(r.get("layer")) == final and r.get("group") == "category":
                 key = f"{model} {r.get('pooling')}" if multi(results) else str(r.get("pooling"))
                 groups.setdefault(str(r.get("value")), {})[key] = r.get("win_rate")
+                errors.setdefault(str(r.get("value")), {})[key] = (r.get("win_rate_ci_low"), r.get("win_rate_ci_high"))
     if groups:
         charts.append(bars(groups, title=f"Compositionality: win rate by category at the final layer"
                                          f"{_model_suffix(results)}", ylabel="win rate",
+                           errors=errors if any(lo is not None for e in errors.values() for lo, _ in e.values())
+                           else None,
                            caption="Share of items whose paraphrases are closer than their same-words negative."))
     return [Section("figures", "Layer curves", charts)]
 
