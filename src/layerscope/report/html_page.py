@@ -192,7 +192,7 @@ def _summary(results: dict[str, Any]) -> str:
                or any(r.get(c) not in (None, "", "–") for r in rows)]  # no column of dashes alone
     lead = ""
     if main is not None:
-        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(s.get(main)))}</b>"
+        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(s.get(main), 4))}</b>"
                            for m, s in models.items())
         lead = f"<p>Main score <code>{html.escape(str(main))}</code>: {scores}</p>"
     note = "".join(f"<p class='note'>Intervals: {html.escape(n)}.</p>" for n in notes)
