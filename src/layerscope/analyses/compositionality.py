@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, register
 from layerscope.analyses.common import layers_for, poolings_for, series_with_bands
 
 OWN = "own"  # pooling label of the model's own pooled output
@@ -79,7 +79,7 @@ class Compositionality(Analysis):
         ctx.say(f"{len(items)} items from {ctx.data} (categories: {', '.join(cats)})")
         return items
 
-    def compute(self, ctx: Context, run: ModelRun, items) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, items) -> ModelOutput:
         from layerscope.metrics.comparison import compositionality_summary
 
         layers = layers_for(ctx, run)
@@ -97,7 +97,7 @@ class Compositionality(Analysis):
         own = own_pooled_vectors(run, texts)
         if own is not None:
             variants.append((OWN, OWN_LAYER, own))
-        from layerscope.analyses.compare import ScoreRow, keep_rows
+        from layerscope.analyses.compare import ScoreRow, model_rows
         from layerscope.analyses.intervals import add_interval, headline, method
         from layerscope.metrics.paired import mean_scorer, win_rate_scorer
 
@@ -122,7 +122,7 @@ class Compositionality(Analysis):
                     g_row = {"pooling": p, "layer": layer, "group": group, "value": value, **g}
                     add_interval(g_row, "win_rate", win_rate_scorer(g_diffs), len(sel), seed=ctx.seed)
                     group_rows.append(g_row)
-        keep_rows(self, run.num_layers, len(items), kept)  # for model vs model
+        compare = model_rows(run.num_layers, len(items), kept)  # for model vs model
         told = [r for r in rows if not all_ties(r)] or rows  # an all-tie row tells nothing: never the best
         best = max(told, key=lambda r: (r["win_rate"], r["mean_diff"]))
         final = str(run.num_layers)
@@ -144,12 +144,13 @@ class Compositionality(Analysis):
             "intervals": method(len(items), "items", ctx.seed),
             "own_pooled_output": run.handle.manifest.get("pooled_output") if own is not None else None,
         }
-        return {"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}}
+        return ModelOutput({"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}},
+                           compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(self, per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
+        return compare_models(per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
