@@ -94,9 +94,12 @@ def with_intervals(row: dict[str, Any], f: dict[str, Any], src: np.ndarray, tgt:
                    seed: int) -> dict[str, Any]:
     """The row with 95% pair-bootstrap intervals of z, acc@k and MRR both ways (see analyses/intervals.py).
 
-    z's interval resamples the matched pairs against the row's scrambled mean and std (of the scrambled
-    pairings), held fixed: z = mean over pairs of (matched cosine - scrambled mean) / scrambled std. (Rescrambling each
-    resample would count a pair drawn twice as its own scrambled partner and pull every resampled z down.)
+    z's interval resamples per-pair terms whose mean is the row's z: each pair's matched cosine with its
+    source's and its target's mean cosine to every text taken out (the doubly centred diagonal of the n x n
+    cosines, computed from column sums, never the matrix), over the row's scrambled std held fixed. A source
+    close to every target is then no evidence of alignment, as in the permutation z itself. (Rescrambling
+    each resample instead would count a pair drawn twice as its own scrambled partner and pull every
+    resampled z down.)
     """
     from layerscope.analyses.intervals import add_interval
     from layerscope.index.vector_index import normalize
@@ -106,8 +109,11 @@ def with_intervals(row: dict[str, Any], f: dict[str, Any], src: np.ndarray, tgt:
     moments = f["z"]  # the row's z: the same scrambled moments, so the interval is about the z it reports
     scorer = None
     if moments.get("z") is not None:
-        matched = np.einsum("ij,ij->i", normalize(src).astype(np.float64), normalize(tgt).astype(np.float64))
-        scorer = mean_scorer((matched - moments["scrambled_mean"]) / moments["scrambled_std"])
+        S, T = normalize(src).astype(np.float64), normalize(tgt).astype(np.float64)
+        s_sum, t_sum = S.sum(axis=0), T.sum(axis=0)
+        grand = float(s_sum @ t_sum) / (n * n)
+        centred = np.einsum("ij,ij->i", S, T) - S @ t_sum / n - T @ s_sum / n + grand  # mean: matched - grand
+        scorer = mean_scorer((centred + grand - moments["scrambled_mean"]) / moments["scrambled_std"])
     add_interval(row, "z", scorer, n, seed=seed)
     for d in ("src2tgt", "tgt2src"):
         ranks = np.asarray(f["retrieval"][d]["ranks"], dtype=np.float64)
