@@ -30,7 +30,8 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     """Yield an empty staging directory beside ``target``; on success it replaces ``target``.
 
     ``kind`` (export, result, ...): the ownership marker written into the staging directory, so
-    the directory is marked from the moment it appears. The caller checks with
+    the directory is marked from the moment it appears; every file in it is recorded there (with its
+    sha256) before it replaces ``target``. The caller checks with
     :func:`layerscope.ownership.claim` that ``target`` may be replaced before calling this.
     On any error (or Ctrl-C) the staging directory is removed and ``target`` is left as it was.
     """
@@ -46,6 +47,10 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
 
             write_marker(stage, kind)
         yield stage
+        if kind is not None:
+            from layerscope.ownership import record
+
+            record(stage, kind)  # every file in the private stage is layerscope's: recorded with its hash
         if target.exists():
             if kind is not None and any(target.iterdir()):
                 from layerscope.ownership import remove

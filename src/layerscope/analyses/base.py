@@ -254,54 +254,57 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
                           "seed": ctx.seed, "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}})
     identity = result_identity(name, settings, sources, ctx.data)
     out = Path(ctx.out) if ctx.out is not None else default_result_dir(name, sources)
-    action, earlier = claim_result_dir(out, identity, recompute=ctx.recompute, force=ctx.force,
-                                       inputs=[ctx.data, *ctx.models])
-    if action == "reuse":
-        ctx.reused = True
-        ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
-                "(--recompute to run again)")
-        return out, earlier
-    offline = analysis.offline(ctx, data) if handles == [] else None  # from stores alone: no model runs
-    if offline is not None:
-        per_model, models_meta = offline
-    else:
-        per_model, models_meta = {}, {}
-    for spec, handle, model_layers in zip(ctx.models, handles, layers):
-        engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
-        ctx.say(f"{spec}: starting engine {engine_name}")
-        limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
-        engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})
-        run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine, model_layers)
-        try:
-            figures = analysis.compute(ctx, run, data)
-        finally:
-            engine.close()
-        key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
-        per_model[key] = figures
-        from layerscope.export.cache import export_record
+    from layerscope.out_lock import out_lock
 
-        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
-                            "export": export_record(run.handle)}
-    combined = analysis.combine(ctx, per_model, data)
-    results = {
-        "analysis": name,
-        "description": cls.metadata.description,
-        "main_score": cls.metadata.main_score,
-        "layerscope_version": layerscope.__version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seconds": round(time.perf_counter() - t0, 2),
-        "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
-                     "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
-                     "max_length": ctx.max_length, "batch_tokens": ctx.batch_tokens,
-                     "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
-        "identity": identity,
-        "models": models_meta,
-        "per_model": per_model,
-        "combined": combined,
-    }
-    results = _jsonable(results)
-    write_results(out, results, analysis)
-    return out, results
+    with out_lock(out):  # one writer per result folder, from its claim to its last file
+        action, earlier = claim_result_dir(out, identity, recompute=ctx.recompute, force=ctx.force,
+                                           inputs=[ctx.data, *ctx.models])
+        if action == "reuse":
+            ctx.reused = True
+            ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
+                    "(--recompute to run again)")
+            return out, earlier
+        offline = analysis.offline(ctx, data) if handles == [] else None  # from stores alone: no model runs
+        if offline is not None:
+            per_model, models_meta = offline
+        else:
+            per_model, models_meta = {}, {}
+        for spec, handle, model_layers in zip(ctx.models, handles, layers):
+            engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
+            ctx.say(f"{spec}: starting engine {engine_name}")
+            limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
+            engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})
+            run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine, model_layers)
+            try:
+                figures = analysis.compute(ctx, run, data)
+            finally:
+                engine.close()
+            key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
+            per_model[key] = figures
+            from layerscope.export.cache import export_record
+
+            models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
+                                "export": export_record(run.handle)}
+        combined = analysis.combine(ctx, per_model, data)
+        results = {
+            "analysis": name,
+            "description": cls.metadata.description,
+            "main_score": cls.metadata.main_score,
+            "layerscope_version": layerscope.__version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.perf_counter() - t0, 2),
+            "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
+                         "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
+                         "max_length": ctx.max_length, "batch_tokens": ctx.batch_tokens,
+                         "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
+            "identity": identity,
+            "models": models_meta,
+            "per_model": per_model,
+            "combined": combined,
+        }
+        results = _jsonable(results)
+        write_results(out, results, analysis)
+        return out, results
 
 
 def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> None:
@@ -339,8 +342,12 @@ def rerender(result_dir: Path) -> list[str]:
         raise InputError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(results, dict) or not isinstance(results.get("analysis"), str):
         raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
+    from layerscope.out_lock import out_lock
+    from layerscope.ownership import writing
+
     try:
-        return render(result_dir, results)
+        with out_lock(result_dir), writing(result_dir, "result"):  # the files it rewrites stay layerscope's
+            return render(result_dir, results)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InputError(f"{path} lacks or garbles a field its report needs ({type(exc).__name__}: {exc}); "
                          "it was edited or written by another version: re-run layerscope run") from exc

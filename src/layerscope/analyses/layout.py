@@ -48,15 +48,22 @@ def model_revision(manifest: dict, key: str) -> str:
     if src.get("revision"):
         return _slug(str(src["revision"]))
     if src.get("weights_sha256"):
-        return str(src["weights_sha256"])[:12]
+        from layerscope.ownership import hex_part
+
+        return hex_part(src["weights_sha256"], "the model's source.weights_sha256")
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
 
 
 def default_result_dir(analysis: str, sources: list[tuple[str, dict, str]], root: Path = RESULTS_ROOT) -> Path:
-    """``results/<model>/<revision>/<analysis>``; several models joined with ``+``."""
+    """``results/<model>/<revision>/<analysis>``; several models joined with ``+``.
+
+    Every part read from a file is slugged (names, revisions) or must be hex (a weights hash), and the
+    folder must lie under ``root`` once resolved."""
+    from layerscope.ownership import check_under
+
     names = "+".join(model_name(spec, man) for spec, man, _ in sources) or "no-model"
     revs = "+".join(model_revision(man, key) for _, man, key in sources) or "none"
-    return Path(root) / names / revs / analysis
+    return check_under(Path(root) / names / revs / analysis, root)
 
 
 def _file_sha256(path: str | None) -> str | None:
