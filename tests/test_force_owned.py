@@ -153,8 +153,9 @@ def test_a_variant_added_later_is_layerscopes_to_replace(bert_export, tmp_path):
     assert foreign(out).changed == ["model.int8.onnx"]
 
 
-def test_a_killed_extract_leaves_a_store_force_may_replace(bert_export, tmp_path):
-    """A store whose writer died before it finished (no cleanup ran) still has its record."""
+def test_files_recorded_mid_run_count_as_layerscopes(bert_export, tmp_path):
+    """A store whose writer died before it finished keeps the record made before its rows were written
+    (files without a sha256 yet): --force may replace it."""
     from layerscope.ownership import foreign
 
     store = tmp_path / "S"
@@ -164,7 +165,7 @@ def test_a_killed_extract_leaves_a_store_force_may_replace(bert_export, tmp_path
     assert not foreign(store)
     # mid-run record (before the rows are written): files without hashes still count as layerscope's
     for rec in marker["owned"].values():
-        rec.pop("sha256", None) if not rec.get("dir") else None
+        rec.pop("sha256", None)
     (store / ".layerscope.json").write_text(json.dumps(marker))
     np.save(store / "arrays" / "mean" / "0.npy", np.zeros((len(TEXTS), 32), np.float32))
     assert not foreign(store)
@@ -378,3 +379,17 @@ def test_an_index_json_pointing_at_another_store_is_refused(bert_export, tmp_pat
                          capsys)
     one_error(code, text, "no longer matches its store")
     assert "A plane is taking off." not in text
+
+
+def test_force_through_a_symlink_to_a_store_deletes_nothing(bert_export, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(OTHER) + "\n")
+    store = tmp_path / "S"
+    extract(bert_export, TEXTS, store, engine="ort")
+    before = tree(store)
+    link = tmp_path / "link_to_store"
+    link.symlink_to(store)
+    code, text = run_cli(["extract", "--model", bert_export, "--input", corpus, "--out", link, "--force",
+                          "--engine", "ort"], capsys)
+    one_error(code, text, "is a symlink to", "give --out its real path")
+    assert tree(store) == before

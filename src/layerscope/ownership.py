@@ -375,6 +375,9 @@ def claim(path: str | Path, kind: str, *, force: bool = False, keep: bool = Fals
 
 def check_replaceable(path: Path, kind: str, option: str = "--out") -> None:
     """Raise InputError unless everything in ``path`` is what layerscope wrote there, unchanged."""
+    if Path(path).is_symlink():
+        raise InputError(f"{option} {path} is a symlink to {os.path.realpath(path)}; --force replaces only a real "
+                         f"folder: give {option} its real path")
     found = foreign(path)
     if found is None:
         raise InputError(_no_record(path, kind, option))
