@@ -120,6 +120,14 @@ def test_extract_force_replaces_its_store_and_the_index_built_inside(bert_export
     store = tmp_path / "S"
     extract(bert_export, TEXTS, store, engine="ort")
     build_store_index(store, store / "index-flat", device="cpu")
+    extract(bert_export, TEXTS, store, engine="ort", resume=True)  # a later writer of the store
+    mine = user_files(store, {"index-flat/notes.md": "what this index is for"})
+    from layerscope.errors import InputError
+
+    with pytest.raises(InputError, match=r"did not make \(index-flat/notes.md\)"):
+        extract(bert_export, OTHER, store, engine="ort", force=True)
+    unchanged(store, mine)
+    (store / "index-flat" / "notes.md").unlink()
     extract(bert_export, OTHER, store, engine="ort", force=True)
     assert LayerStore.open(store).texts() == OTHER and not (store / "index-flat").exists()
     owned = json.loads((store / ".layerscope.json").read_text())["owned"]
@@ -393,3 +401,36 @@ def test_force_through_a_symlink_to_a_store_deletes_nothing(bert_export, tmp_pat
                           "--engine", "ort"], capsys)
     one_error(code, text, "is a symlink to", "give --out its real path")
     assert tree(store) == before
+
+
+def test_a_folder_without_a_record_gets_none_from_later_writers(tmp_path):
+    """Rewriting part of an older layerscope's folder (layerscope report) does not make the rest look foreign,
+    nor its own files look recorded: --force keeps saying what to do."""
+    from layerscope.errors import InputError
+    from layerscope.ownership import claim, writing
+
+    old = tmp_path / "old-result"
+    old.mkdir()
+    (old / "results.json").write_text("{}")
+    (old / "my_analysis.csv").write_text("mine")
+    with writing(old, "result"):
+        (old / "report.md").write_text("re-rendered")
+    with pytest.raises(InputError, match="older layerscope, which did not record the files it wrote"):
+        claim(old, "result", force=True)
+    assert (old / "my_analysis.csv").read_text() == "mine"
+
+
+def test_every_foreign_file_is_named_up_to_ten(tmp_path):
+    from layerscope.errors import InputError
+    from layerscope.ownership import claim, record
+
+    d = tmp_path / "R"
+    d.mkdir()
+    (d / "results.json").write_text("{}")
+    record(d, "result")
+    mine = user_files(d, {f"mine{i:02d}.csv": str(i) for i in range(12)})
+    with pytest.raises(InputError) as err:
+        claim(d, "result", force=True)
+    assert "holds 12 files that layerscope did not make" in str(err.value)
+    assert all(f"mine{i:02d}.csv" in str(err.value) for i in range(10)) and "and 2 more" in str(err.value)
+    unchanged(d, mine)

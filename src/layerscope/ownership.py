@@ -223,8 +223,8 @@ def record(path: Path, kind: str, *, exclude: Iterable[str] = (), hashes: bool =
     exclude = [e for e in exclude]
     owned: dict[str, dict] = {}
     for rel, p in _walk(path):
-        if _excluded(rel, exclude) or not os.path.lexists(p):
-            continue
+        if _excluded(rel, exclude) or not os.path.lexists(p) or _nested(p):
+            continue  # a layerscope directory inside (an index in its store) counts by its own record
         try:
             owned[rel] = _entry(p, old.get(rel), hashes, (known or {}).get(rel))
         except FileNotFoundError:  # a temporary file renamed away meanwhile
@@ -249,16 +249,14 @@ def foreign(path: Path) -> Foreign | None:
     for rel, p in _walk(path):
         if _excluded(rel, skip):
             continue
+        if _nested(p):  # a layerscope directory of its own: checked by its own record
+            inner = foreign(p)
+            if inner is not None:
+                unrecorded += [f"{rel}/{r}" for r in inner.unrecorded]
+                changed += [f"{rel}/{r}" for r in inner.changed]
+                continue
         rec = owned.get(rel)
         if not isinstance(rec, dict):
-            if p.is_dir() and not p.is_symlink() and _nested(p):
-                inner = foreign(p)
-                if inner is not None and not inner:
-                    continue  # a layerscope directory of its own, unchanged
-                if inner is not None:
-                    unrecorded += [f"{rel}/{r}" for r in inner.unrecorded]
-                    changed += [f"{rel}/{r}" for r in inner.changed]
-                    continue
             unrecorded.append(rel + ("/" if p.is_dir() and not p.is_symlink() else ""))
             skip.append(rel)
             continue
@@ -289,27 +287,30 @@ def foreign(path: Path) -> Foreign | None:
     return Foreign(unrecorded, changed)
 
 
-def _names(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+def _names(names: list[str], limit: int = 3) -> str:
+    if limit == 3:
+        return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f", and {more} more" if more > 0 else "")
 
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def _describe(path: Path, names: list[str]) -> str:
-    return f"{path}/ holds {_count(len(names), 'file')} that layerscope did not make ({_names(names)})"
+def _describe(path: Path, names: list[str], limit: int = 3) -> str:
+    return f"{path}/ holds {_count(len(names), 'file')} that layerscope did not make ({_names(names, limit)})"
 
 
 def describe_foreign(path: Path, found: Foreign) -> str:
     parts = []
     if found.unrecorded:
-        parts.append(_describe(path, found.unrecorded))
+        parts.append(_describe(path, found.unrecorded, limit=10))
     if found.changed:
         what = _count(len(found.changed), "file")
         parts.append(f"{path}/ holds {what} layerscope wrote that {'was' if len(found.changed) == 1 else 'were'} "
                      f"changed since, so {'it is' if len(found.changed) == 1 else 'they are'} yours now "
-                     f"({_names(found.changed)})")
+                     f"({_names(found.changed, limit=10)})")
     return "; ".join(parts)
 
 
@@ -394,7 +395,7 @@ def _delete_owned(path: Path) -> None:
     marker = _read_marker(path) or {}
     owned = marker.get("owned") if isinstance(marker.get("owned"), dict) else {}
     for rel, p in sorted(_walk(path), key=lambda item: item[0].count("/"), reverse=True):
-        if rel not in owned and p.is_dir() and not p.is_symlink() and _nested(p):
+        if _nested(p):
             _delete_owned(p)
     for rel in sorted(owned, key=lambda r: (r.count("/"), r), reverse=True):
         p = inside(path, rel) if "symlink" not in owned[rel] else path / rel
@@ -472,9 +473,13 @@ def not_layerscopes(path: Path) -> list[str]:
 
 @contextlib.contextmanager
 def writing(path: str | Path, kind: str) -> Iterator[None]:
-    """Around a writer that adds to or rewrites a layerscope directory in place (holding its lock): what it
-    wrote is recorded when it ends, however it ends; what was not layerscope's before is left out."""
+    """Around a writer that adds to or rewrites a layerscope directory in place: what it wrote is recorded
+    when it ends, however it ends; what was not layerscope's before is left out. A directory without a
+    record (an older layerscope's) gets none."""
     path = Path(path)
+    if path.is_dir() and any(path.iterdir()) and foreign(path) is None:
+        yield  # made by an older layerscope: no record to add to (--force keeps refusing it, saying why)
+        return
     before = not_layerscopes(path)
     try:
         yield

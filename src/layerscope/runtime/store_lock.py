@@ -45,10 +45,13 @@ def store_writer(store_dir: str | Path) -> Iterator[None]:
     """Hold the store's write lock, and record what this writer wrote in the store's record of
     layerscope's files however it ends (hashed when it completes; entries that were not layerscope's
     when it started are left out), so ``--force`` later replaces exactly those."""
-    from layerscope.ownership import not_layerscopes
+    from layerscope.ownership import foreign, not_layerscopes
 
     store_dir = Path(store_dir)
     with store_lock(store_dir):
+        if store_dir.is_dir() and any(store_dir.iterdir()) and foreign(store_dir) is None:
+            yield  # an older layerscope's store (no record): none is started (--force keeps refusing it)
+            return
         before = not_layerscopes(store_dir)
         ok = False
         try:
