@@ -202,14 +202,20 @@ def test_a_weights_hash_from_a_manifest_never_leads_outside_results(bad, bert_ex
 
 
 def test_result_folder_parts_are_slugged_and_checked_under_the_root(tmp_path):
-    from layerscope.analyses.layout import default_result_dir
+    from layerscope.analyses.layout import model_name, model_revision
     from layerscope.errors import InputError
     from layerscope.ownership import check_under
 
     man = {"source": {"alias": "../../etc", "revision": "../../../tmp", "weights_sha256": "ab" * 32}}
-    path = default_result_dir("sts", [("x", man, "k")], root=tmp_path / "results")
+    parts = [model_name("x", man), model_revision(man, "k")]
+    assert all("/" not in p and p not in (".", "..") and not p.startswith(".") for p in parts), parts
+    path = check_under(tmp_path / "results" / parts[0] / parts[1] / "sts", tmp_path / "results")
     assert path.resolve().is_relative_to((tmp_path / "results").resolve())
-    assert ".." not in path.relative_to(tmp_path / "results").parts
+    del man["source"]["revision"]
+    assert model_revision(man, "k") == "ab" * 6
+    man["source"]["weights_sha256"] = "../../../../tmp"
+    with pytest.raises(InputError, match="not a sha256"):
+        model_revision(man, "k")
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "link").symlink_to("/tmp")
     with pytest.raises(InputError, match="outside"):
