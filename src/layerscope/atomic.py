@@ -50,7 +50,7 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
         if kind is not None:
             from layerscope.ownership import record
 
-            record(stage, kind)  # every file in the private stage is layerscope's: recorded with its hash
+            record(stage, kind, known=_known_hashes(stage))  # every file in the private stage is layerscope's
         if target.exists():
             if kind is not None and any(target.iterdir()):
                 from layerscope.ownership import remove
@@ -62,6 +62,16 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def _known_hashes(stage: Path) -> dict[str, str]:
+    """The sha256 an export's manifest recorded a moment ago for the files of its stage (not hashed again)."""
+    try:
+        files = json.loads((stage / "manifest.json").read_text(encoding="utf-8")).get("files") or {}
+        return {rel: rec["sha256"] for rel, rec in files.items()
+                if isinstance(rec, dict) and isinstance(rec.get("sha256"), str)}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _stage_prefix(target: Path) -> str:
