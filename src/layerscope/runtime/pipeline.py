@@ -111,15 +111,15 @@ def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
 
 
 def _one_writer(fn: Callable) -> Callable:
-    """Run ``fn`` holding the store's write lock; a full disk (or file-size limit) becomes one line."""
+    """Run ``fn`` holding the store's write lock (and recording what it wrote); a full disk (or file-size limit) becomes one line."""
 
     @functools.wraps(fn)
     def wrapper(req, *args, **kwargs):
-        from layerscope.runtime.store_lock import store_lock
+        from layerscope.runtime.store_lock import store_writer
         from layerscope.runtime.store_space import FULL
 
         out = req.out
-        with store_lock(out):
+        with store_writer(out):
             try:
                 return fn(req, *args, **kwargs)
             except OSError as exc:

@@ -171,6 +171,9 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
                        "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
                        "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
                        "range_writers": not lengths_now})  # lengths.npy is filled range by range
+    from layerscope.ownership import record
+
+    record(out, "store", hashes=False)  # a run killed from here on leaves a store --force may replace
     return store
 
 
@@ -183,7 +186,7 @@ def make_store_dir(ex: Extraction) -> bool:
         remove(ex.out, "store")
     created = not ex.out.exists()
     ex.out.mkdir(parents=True, exist_ok=True)
-    if not (ex.out / MARKER).exists():
+    if not (ex.out / MARKER).exists() and not (ex.out / STORE_JSON).exists():  # an older store: left unmarked
         write_marker(ex.out, "store")
     return created
 

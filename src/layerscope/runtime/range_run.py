@@ -130,14 +130,19 @@ def parse_shard(spec: str) -> tuple[str, int, int]:
                      f"not {spec!r}")
 
 
-def wait_for_lock(out: Path, wait_s: float):
-    """The store lock, waiting while another shard holds it to make the store (or finish it)."""
-    from layerscope.runtime.store_lock import StoreLockedError, acquire
+def waiting_writer(out: Path, wait_s: float):
+    """The store's writer lock (``store_lock.store_writer``: the lock, and the record of what was written),
+    waiting while another shard holds it to make the store (or finish it). Use as ``with waiting_writer(...)``."""
+    import contextlib
+
+    from layerscope.runtime.store_lock import StoreLockedError, store_writer
 
     deadline = time.monotonic() + wait_s
     while True:
+        stack = contextlib.ExitStack()
         try:
-            return acquire(out)
+            stack.enter_context(store_writer(out))
+            return stack
         except StoreLockedError:
             if time.monotonic() > deadline:
                 raise

@@ -120,10 +120,10 @@ def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local"
     check_engine_name(req.engine)
     t0 = time.perf_counter()
     started = connect(address)
-    from layerscope.runtime.store_lock import store_lock
+    from layerscope.runtime.store_lock import store_writer
 
     try:
-        with store_lock(req.out):  # one driver per store, as for a plain extract
+        with store_writer(req.out):  # one driver per store, as for a plain extract
             return _extract(req, address=address, workers=workers, shard_rows=shard_rows,
                             cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard,
                             _kill_once=_kill_once, start_s=time.perf_counter() - t0)

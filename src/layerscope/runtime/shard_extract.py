@@ -45,7 +45,6 @@ class ShardReport:
 def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None) -> ShardReport:
     """Write shard ``index`` of ``count`` of ``req`` into its store; finish the store when it is the last."""
     from layerscope.runtime.range_writer import RangeWriter
-    from layerscope.runtime.store_lock import release
 
     if req.tokens:
         raise InputError("--tokens is not supported with --shard yet; run without it")
@@ -60,11 +59,8 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     from dataclasses import replace
 
     req = replace(req, resume=True)
-    fd = range_run.wait_for_lock(req.out, LOCK_WAIT_S)
-    try:
+    with range_run.waiting_writer(req.out, LOCK_WAIT_S):
         ex, store = range_run.open_or_create(req, range_rows=range_rows)
-    finally:
-        release(req.out, fd)
     if store.complete:
         return ShardReport(index, count, 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, False, True)
     mine = store_ranges.shard_ranges(range_run.ranges_of(store), index, count)
@@ -107,23 +103,20 @@ def _test_pause(k: int) -> None:
 def _finish_if_last(store) -> bool:
     """Finish the store when every range is done and no other process holds its lock (else leave it)."""
     from layerscope.runtime.store import LayerStore
-    from layerscope.runtime.store_lock import StoreLockedError, acquire, release
+    from layerscope.runtime.store_lock import StoreLockedError, store_writer
 
     if not range_run.range_status(store).complete:
         return False
     try:
-        fd = acquire(store.path)
+        with store_writer(store.path):
+            fresh = LayerStore.open(store.path, allow_incomplete=True)
+            if fresh.complete:
+                return False
+            fresh.mode = "r+"
+            range_run.finish(fresh)
+            return True
     except StoreLockedError:  # another shard is finishing it
         return False
-    try:
-        fresh = LayerStore.open(store.path, allow_incomplete=True)
-        if fresh.complete:
-            return False
-        fresh.mode = "r+"
-        range_run.finish(fresh)
-        return True
-    finally:
-        release(store.path, fd)
 
 
 def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
@@ -141,9 +134,9 @@ def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
 def shard_finish(out) -> dict:
     """``--shard finish``: check every range and write the checksums (under the store lock)."""
     from layerscope.runtime.store import LayerStore
-    from layerscope.runtime.store_lock import store_lock
+    from layerscope.runtime.store_lock import store_writer
 
-    with store_lock(out):
+    with store_writer(out):
         store = LayerStore.open(out, allow_incomplete=True)
         if store.complete:
             return {"already": True}
