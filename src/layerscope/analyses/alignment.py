@@ -272,8 +272,10 @@ class Alignment(Analysis):
     def console_summary(self, results, console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results["per_model"].items():
-            t = Table(title=f"alignment - {model} ({results['combined'].get('data', {}).get('n')} pairs)")
+            t = Table(title=f"alignment - {esc(model)} ({results['combined'].get('data', {}).get('n')} pairs)")
             for c in ("pooling", "layer", "matched", "scrambled", "z", "acc@1 s>t", "acc@1 t>s", "MRR s>t",
                       "mutual kNN", "|d| PC0"):
                 t.add_column(c, justify="right" if c not in ("pooling",) else "left")
@@ -283,8 +285,8 @@ class Alignment(Analysis):
                           _f(r["mutual_knn"]), _f(r["pc0_abs_d"], 2))
             console.print(t)
             s = fig["summary"]
-            console.print(f"{model}: {s['pooling']} pooling, last layer z = {_f(s['z'], 1)}, best z "
-                          f"{_f(s['best_z'], 1)} at layer {s['best_z_layer']}; nearest neighbours: {s.get('faiss')}")
+            console.print(f"{esc(model)}: {s['pooling']} pooling, last layer z = {_f(s['z'], 1)}, best z "
+                          f"{_f(s['best_z'], 1)} at layer {s['best_z_layer']}; nearest neighbours: {esc(s.get('faiss'))}")
 
 
 def _f(v, digits: int = 3) -> str:

@@ -115,7 +115,9 @@ class Context:
 
     def say(self, msg: str) -> None:
         if self.console is not None:
-            self.console.print(f"[dim]- {msg}[/dim]")
+            from rich.markup import escape
+
+            self.console.print(f"[dim]- {escape(msg)}[/dim]")
 
     def vectors(self, run: ModelRun, texts: list[str], *, layers: list[str], poolings: list[str],
                 tag: str = "") -> dict[tuple[str, str], np.ndarray]:

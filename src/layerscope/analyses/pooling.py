@@ -265,9 +265,11 @@ class Pooling(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results.get("per_model", {}).items():
             q = {(r["variant"], r["method"]): r for r in fig["tables"]["quantization"]}
-            table = Table(title=f"{model}: vector choices (STS Spearman / retrieval MRR; share kept when quantized)")
+            table = Table(title=f"{esc(model)}: vector choices (STS Spearman / retrieval MRR; share kept when quantized)")
             for c in ("variant", "Spearman", "MRR", "acc@1", "binary kept", "int8 kept"):
                 table.add_column(c, justify="left" if c == "variant" else "right")
             for r in fig["tables"]["variants"]:
@@ -277,7 +279,7 @@ class Pooling(Analysis):
                               f"{_f(i['retention_spearman'], 3)} / {_f(i['retention_mrr'], 3)}")
             console.print(table)
             for n in fig["summary"].get("notes", []):
-                console.print(f"[dim]{n}[/dim]")
+                console.print(f"[dim]{esc(n)}[/dim]")
 
 
 def _f(v, digits: int = 4) -> str:

@@ -286,7 +286,7 @@ class STS(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
-        from layerscope.report.console import layer_by_pooling_table
+        from layerscope.report.console import esc, layer_by_pooling_table
 
         def spearman_cell(r):
             if r["spearman"] is None:
@@ -304,11 +304,11 @@ class STS(Analysis):
             if b:
                 console.print(f"best: layer {b['layer']} ({b['pooling']}) Spearman {b['spearman']:.4f}")
             if fig.get("probe"):
-                pt = Table(title=f"{model}: probes vs single layers (test)")
+                pt = Table(title=f"{esc(model)}: probes vs single layers (test)")
                 for c in ("model", "Spearman", "Pearson"):
                     pt.add_column(c, justify="right" if c != "model" else "left")
                 for r in fig["probe"]["rows"]:
-                    pt.add_row(r["name"], _f(r["spearman"]), _f(r["pearson"]))
+                    pt.add_row(esc(r["name"]), _f(r["spearman"]), _f(r["pearson"]))
                 console.print(pt)
 
 

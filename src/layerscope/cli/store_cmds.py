@@ -105,7 +105,9 @@ def export_store(
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
 ):
     """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
+    from rich.markup import escape
+
     from layerscope.runtime.store_export import export_store as run_export
 
     path = run_export(store, fmt, out, force=force)
-    console().print(f"[bold green]wrote[/bold green] {path}")
+    console().print(f"[bold green]wrote[/bold green] {escape(str(path))}")
