@@ -241,6 +241,13 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     if cls.metadata.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
                          f"drop --engine {ctx.engine} or use --engine torch")
+    from layerscope.export.open import require_engine
+    from layerscope.vocab.pooling import check_poolings
+
+    if not cls.metadata.needs_gradients:
+        require_engine(ctx.engine)  # can it start here at all? before any model is read, hashed or exported
+    if ctx.poolings:
+        check_poolings(ctx.poolings)
     t0 = time.perf_counter()
     from layerscope.analyses.layout import claim_result_dir, default_result_dir, result_identity
 
@@ -251,6 +258,11 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
         # --layers resolved once per model, here: a bad spec fails before any model runs
         layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
+        if ctx.poolings:
+            from layerscope.vocab.pooling import require_pooled_output
+
+            for handle in handles:  # 'eos' of a model without its own pooled output: refused before any export
+                require_pooled_output(ctx.poolings, handle.manifest.get("pooled_output"), handle.manifest["family"])
         sources = [(spec, h.manifest, h.key) for spec, h in zip(ctx.models, handles)]
     settings = _jsonable({"engine": ctx.engine, "layers": ctx.layers, "poolings": ctx.poolings, "data": ctx.data,
                           "seed": ctx.seed, "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}})
