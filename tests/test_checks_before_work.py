@@ -112,3 +112,31 @@ def test_extract_checks_layers_and_poolings_before_the_export(args, needles, spi
                                  tmp_path / "s", "--engine", "ort", *args], capsys)
     one_error(code, err, *needles)
     assert [c for c in spies if c != "hash_files"] == []
+
+
+def test_an_unreachable_hub_is_one_line_at_once(tmp_path, capsys, monkeypatch):
+    """Without a network: one line naming the hub within seconds, not half a minute of retries."""
+    import socket
+
+    import huggingface_hub.constants
+
+    import layerscope.model.source as source
+
+    def no_network(*args, **kwargs):
+        raise OSError(-3, "Temporary failure in name resolution")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(source, "_HUB_REACHABLE", {})
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    import transformers  # noqa: F401  (its import takes seconds on a loaded machine; not what is timed)
+
+    t0 = time.perf_counter()
+    code, out, err = cli_output(["export", "some-org/not-a-model", "-o", tmp_path / "o"], capsys)
+    seconds = time.perf_counter() - t0
+    one_error(code, err, "some-org/not-a-model", "cannot be reached", "not in the local cache", "minilm")
+    assert seconds < 5, seconds
+    assert not (tmp_path / "o").exists()
