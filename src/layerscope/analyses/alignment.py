@@ -190,20 +190,23 @@ class Alignment(Analysis):
                         continue
                     cf = category_figures(src[idx], tgt[idx], n_perm=o.get("permutations") or 1000, seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
-        main = "mean" if "mean" in poolings else poolings[0]
+        # the headline follows the model's own pooling (a decoder's is 'last'), when it was run
+        own = run.handle.manifest.get("default_pooling", "mean")
+        main = own if own in poolings else "mean" if "mean" in poolings else poolings[0]
         z_rows_for_comparison(self, run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
-        mine = [r for r in layer_rows if r["pooling"] == main]
-        defined = [r for r in mine if r["z"] is not None]
-        best = max(defined, key=lambda r: r["z"]) if defined else None
-        best_acc = max(mine, key=lambda r: r["acc@1_src2tgt"])
-        summary = {
-            "pooling": main,
-            "z": mine[-1]["z"], "layer": mine[-1]["layer"],
-            "acc@1_src2tgt": mine[-1]["acc@1_src2tgt"], "acc@1_tgt2src": mine[-1]["acc@1_tgt2src"],
-            "best_z": best["z"] if best else None, "best_z_layer": best["layer"] if best else None,
-            "best_acc@1_src2tgt": best_acc["acc@1_src2tgt"], "best_acc@1_layer": best_acc["layer"],
-            "n_pairs": n, "duplicates": data.duplicates, "faiss": backend,
-        }
+
+        def headline(pooling: str) -> dict[str, Any]:
+            mine = [r for r in layer_rows if r["pooling"] == pooling]
+            defined = [r for r in mine if r["z"] is not None]
+            best = max(defined, key=lambda r: r["z"]) if defined else None
+            best_acc = max(mine, key=lambda r: r["acc@1_src2tgt"])
+            return {"z": mine[-1]["z"], "layer": mine[-1]["layer"],
+                    "acc@1_src2tgt": mine[-1]["acc@1_src2tgt"], "acc@1_tgt2src": mine[-1]["acc@1_tgt2src"],
+                    "best_z": best["z"] if best else None, "best_z_layer": best["layer"] if best else None,
+                    "best_acc@1_src2tgt": best_acc["acc@1_src2tgt"], "best_acc@1_layer": best_acc["layer"]}
+
+        summary = {"pooling": main, **headline(main), "n_pairs": n, "duplicates": data.duplicates, "faiss": backend,
+                   "by_pooling": {p: headline(p) for p in poolings}}
         hit = sorted({j for by_layer in shown.values() for got in by_layer.values() for row in got["ids"] for j in row
                       if j >= 0} | {int(q) for q in queries})
         neighbours = {"k": k_shown, "direction": "source -> target", "queries": [int(q) for q in queries],
@@ -285,8 +288,10 @@ class Alignment(Analysis):
                           _f(r["mutual_knn"]), _f(r["pc0_abs_d"], 2))
             console.print(t)
             s = fig["summary"]
-            console.print(f"{esc(model)}: {s['pooling']} pooling, last layer z = {_f(s['z'], 1)}, best z "
-                          f"{_f(s['best_z'], 1)} at layer {s['best_z_layer']}; nearest neighbours: {esc(s.get('faiss'))}")
+            for p, h in (s.get("by_pooling") or {s["pooling"]: s}).items():
+                console.print(f"{esc(model)}: {p} pooling{' (headline)' if p == s['pooling'] else ''}, last layer "
+                              f"z = {_f(h['z'], 1)}, best z {_f(h['best_z'], 1)} at layer {h['best_z_layer']}")
+            console.print(f"nearest neighbours: {esc(s.get('faiss'))}")
 
 
 def _f(v, digits: int = 3) -> str:

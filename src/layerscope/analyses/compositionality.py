@@ -78,7 +78,7 @@ class Compositionality(Analysis):
         from layerscope.metrics.comparison import compositionality_summary
 
         layers = layers_for(ctx, run)
-        poolings = poolings_for(ctx, run)
+        poolings = poolings_for(ctx, run, self.metadata.default_poolings, follow_family=True)
         pos: dict[str, int] = {}
         for it in items:
             for t in it.texts():

@@ -158,7 +158,7 @@ class MtebAnalysis(Analysis):
         from layerscope.session import EmbeddingModel
 
         layers = layers_for(ctx, run)
-        poolings = poolings_for(ctx, run)
+        poolings = poolings_for(ctx, run, self.metadata.default_poolings)
         cache = VectorCache(EmbeddingModel.from_engine(run.engine), layers, poolings)
         slug = run.name.replace("/", "-")
         src = run.handle.manifest.get("source", {})

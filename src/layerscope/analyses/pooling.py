@@ -105,7 +105,7 @@ class Pooling(Analysis):
         from layerscope.metrics.vectors import paired_cosine
 
         L = run.num_layers
-        poolings = poolings_for(ctx, run)
+        poolings = poolings_for(ctx, run, self.metadata.default_poolings)
         notes = []
         if run.handle.manifest.get("pooled_output"):
             if "eos" not in poolings:

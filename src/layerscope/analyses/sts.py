@@ -104,7 +104,7 @@ class STS(Analysis):
 
         pairs = data["test"]
         layers = layers_for(ctx, run)
-        poolings = poolings_for(ctx, run)
+        poolings = poolings_for(ctx, run, self.metadata.default_poolings, follow_family=True)
         n_boot = int(ctx.options.get("n_boot", 1000))
         texts, i1, i2 = pairs.unique_texts()
         vecs = ctx.vectors(run, texts, layers=layers, poolings=poolings, tag="sts")
@@ -132,7 +132,8 @@ class STS(Analysis):
                    "by_pooling": by_pooling, "data": pairs.describe()}
         figures: dict[str, Any] = {"summary": summary, "tables": {"layers": rows}}
         if ctx.options.get("probe"):
-            figures["probe"] = self._probe(ctx, run, data, layers, poolings[0], vecs, i1, i2, n_boot)
+            figures["probe"] = _every_pooling([self._probe(ctx, run, data, layers, p, vecs, i1, i2, n_boot)
+                                               for p in poolings])
             figures["tables"]["probe"] = figures["probe"]["rows"]
             summary["probe_spearman"] = {r["name"]: r["spearman"] for r in figures["probe"]["rows"]}
         return figures
@@ -310,6 +311,19 @@ class STS(Analysis):
                 for r in fig["probe"]["rows"]:
                     pt.add_row(esc(r["name"]), _f(r["spearman"]), _f(r["pearson"]))
                 console.print(pt)
+
+
+def _every_pooling(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One probe record over every pooling asked for: each row and training record names its pooling (in the
+    row's name too when there are several), so probes are compared with the layers of their own pooling."""
+    several = len(probes) > 1
+    rows, training = [], {}
+    for probe in probes:
+        p = probe["pooling"]
+        label = (lambda name: f"{p}: {name}") if several else (lambda name: name)
+        rows += [{**r, "pooling": p, "name": label(r["name"])} for r in probe["rows"]]
+        training.update({label(name): rec for name, rec in probe["training"].items()})
+    return {**probes[0], "poolings": [p["pooling"] for p in probes], "rows": rows, "training": training}
 
 
 def _f(v) -> str:

@@ -166,7 +166,7 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
     data = data_source(data, dataset, config, split, "--data", required=False)
     c = console()
     context = Context(models=list(model), engine=engine, layers=layers,
-                      poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
+                      poolings=split_list(pooling), data=data,
                       out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
                       force=force, trust_remote_code=trust_remote_code, max_length=max_length,
                       batch_tokens=batch_tokens)
