@@ -113,3 +113,18 @@ def test_errors_and_interruptions_print_their_text_exactly(capsys):
     assert code == 2 and f"the column [citation needed] is missing; {HINT}" in flat(err), err
     code, out, err = cli_output(["stopped-for-test"], capsys)
     assert code == 130 and "kept 3 rows of [red]store[/red]" in flat(err), err
+
+
+def test_autos_choice_is_one_line_and_its_reasons_come_with_verbose(bert_export, tmp_path, capsys):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a cat\na dog\n")
+    code, out, err = cli_output(["extract", "--model", bert_export, "--input", corpus, "--out", tmp_path / "s",
+                                 "--layers", "-1"], capsys)
+    assert code == 0, err
+    (note,) = [line for line in out.splitlines() if line.startswith("auto picked")]
+    assert "passed over (layerscope -v ... says why)" in note and "accuracy not recorded" not in out
+    assert len(note) <= 120  # one line of a terminal
+    code, out, err = cli_output(["-v", "extract", "--model", bert_export, "--input", corpus, "--out",
+                                 tmp_path / "s2", "--layers", "-1"], capsys)
+    assert code == 0, err
+    assert "passed over" in out and "not recorded" in flat(out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-STATE = {"debug": False}
+STATE = {"debug": False, "verbose": False}
 
 
 def console():

@@ -20,8 +20,11 @@ app.add_typer(cache_app, name="cache")
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print results and errors.")):
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print results and errors."),
+          verbose: bool = typer.Option(False, "--verbose", "-v", help="Say more, e.g. why --engine auto passed "
+                                       "over each engine.")):
     STATE["debug"] = debug
+    STATE["verbose"] = verbose or debug
     level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
     logging.basicConfig(level=level, format="%(message)s")
     for noisy in ("transformers", "optimum", "torch", "urllib3", "huggingface_hub", "matplotlib", "faiss"):

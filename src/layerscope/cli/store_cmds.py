@@ -79,7 +79,9 @@ def extract(
         from layerscope.runtime.pipeline import extract as run_extract
 
         report = run_extract(model, source, out, prompt_name=prompt_name, prompt=prompt, **common)
-    print_extract_summary(console(), report)
+    from layerscope.cli.common import STATE
+
+    print_extract_summary(console(), report, verbose=STATE["verbose"])
 
 
 @app.command()

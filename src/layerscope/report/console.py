@@ -58,7 +58,16 @@ def print_engines(console, statuses) -> None:
     console.print(table)
 
 
-def print_extract_summary(console, report) -> None:
+def engine_note(note: str, verbose: bool = False) -> str:
+    """An engine note as printed: auto's choice in one line, why it passed over the others only when verbose."""
+    if verbose or not note.startswith("auto picked"):
+        return note
+    head, _, passed = note.partition("; passed over ")
+    head, cut, _ = head.partition("; order from ")
+    return head + (")" if cut else "") + ("; others passed over (layerscope -v ... says why)" if passed else "")
+
+
+def print_extract_summary(console, report, verbose: bool = False) -> None:
     import numpy as np
     from rich.table import Table
 
@@ -72,7 +81,7 @@ def print_extract_summary(console, report) -> None:
                   f"{report.run_seconds:.1f} s extracting at {report.texts_per_s:,.1f} texts/s, "
                   f"{report.tokens_per_s:,.0f} tokens/s{resumed}")
     for note in eng.get("notes", []):
-        console.print(f"[dim]{esc(note)}[/dim]")
+        console.print(f"[dim]{esc(engine_note(note, verbose))}[/dim]")
     table = Table(title="what the store holds: vector norms, and anisotropy = mean cosine of random pairs")
     table.add_column("pooling")
     table.add_column("layer")
