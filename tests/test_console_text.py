@@ -128,3 +128,14 @@ def test_autos_choice_is_one_line_and_its_reasons_come_with_verbose(bert_export,
                                  tmp_path / "s2", "--layers", "-1"], capsys)
     assert code == 0, err
     assert "passed over" in out and "not recorded" in flat(out)
+
+
+@pytest.mark.parametrize("command", [["export", "--help"], ["extract", "--help"], ["run", "sts", "--help"],
+                                     ["--help"]])
+def test_help_shows_no_value_type_for_flags(command, capsys):
+    code, out, err = cli_output(command, capsys)
+    assert code == 0, err
+    assert "--force" in out or "--debug" in out or "--probe" in out
+    assert "<bool>" not in out and "BOOLEAN" not in out, out
+    if command != ["--help"]:
+        assert "<int>" in out or "<text>" in out or "<path>" in out  # options that take a value keep their type
