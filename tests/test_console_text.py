@@ -139,3 +139,11 @@ def test_help_shows_no_value_type_for_flags(command, capsys):
     assert "<bool>" not in out and "BOOLEAN" not in out, out
     if command != ["--help"]:
         assert "<int>" in out or "<text>" in out or "<path>" in out  # options that take a value keep their type
+
+
+def test_similarity_says_when_it_runs_on_generated_pairs(tiny_model, tmp_path, capsys):
+    code, out, err = cli_output(["run", "similarity", "--model", tiny_model("bert"), "--engine", "torch", "--n", "8",
+                                 "--no-cache", "--out", tmp_path / "s"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "no --data or --store given: comparing layers on 16 texts of generated zh-en" in text, out

@@ -116,3 +116,4 @@ def test_raw_equal_to_layer0_is_said_where_both_are_shown(tiny_model, tmp_path):
         rows = {(r["pooling"], r["layer"]): r for r in next(iter(res["per_model"].values()))["tables"]["layers"]}
         same = rows["mean", "raw"]["mean_diff"] == pytest.approx(rows["mean", "0"]["mean_diff"], abs=1e-6)
         assert same is said  # and the note is true
+

@@ -193,6 +193,8 @@ class Similarity(Analysis):
             ps = generate_pairs(o.get("n") or 500, ctx.seed)
             texts = [p.source for p in ps] + [p.target for p in ps]
             origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
+            ctx.say(f"no --data or --store given: comparing layers on {len(texts)} texts of {origin}; "
+                    "give --data FILE for your own texts")
         if len(texts) < 4:
             raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
         self._kept: dict[str, Any] = {}
