@@ -50,17 +50,21 @@ def raw_note(manifest, layers) -> str | None:
             "word embeddings, nothing added), so their figures are equal")
 
 
-def poolings_for(ctx, run, defaults=("mean",), *, follow_family: bool = False) -> list[str]:
-    """``--pooling`` as given, else ``defaults``; with ``follow_family`` the defaults come from the model's
-    family instead where it has its own (decoders: last and mean; CLIP: eos), see vocab/pooling.py."""
-    from layerscope.vocab.pooling import check_poolings, family_poolings, require_pooled_output
+def resolve_poolings(ctx, handle, default=("mean",)) -> list[str]:
+    """``--pooling`` (else ``default``) checked against one model, once where the run starts (a typo: "did
+    you mean")."""
+    from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
-    if ctx.poolings:
-        pools = check_poolings(ctx.poolings)
-    else:
-        pools = check_poolings(family_poolings(run.handle.manifest, defaults) if follow_family else defaults)
-    require_pooled_output(pools, run.handle.manifest.get("pooled_output"), run.handle.manifest.get("family"))
+    pools = check_poolings(list(ctx.poolings or default))
+    require_pooled_output(pools, handle.manifest.get("pooled_output"), handle.manifest.get("family"))
     return pools
+
+
+def poolings_for(ctx, run) -> list[str]:
+    """The run's poolings: resolved once where the run started (run_analysis), else here."""
+    if run.poolings is not None:
+        return run.poolings
+    return resolve_poolings(ctx, run.handle)
 
 
 def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int, seed: int) -> dict[str, Any]:
