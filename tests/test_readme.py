@@ -26,12 +26,10 @@ def test_nothing_points_outside_the_repository():
 
 
 def test_the_results_folder_the_docs_name_is_the_one_runs_write():
-    from layerscope.analyses.layout import default_result_dir
+    from layerscope.analyses.layout import model_name
     from layerscope.model.handle import ModelHandle
 
-    handle = ModelHandle.resolve("minilm")
-    folder = default_result_dir("sts", [("minilm", handle.manifest, handle.key)], root=Path("results"))
-    model_part = folder.parts[1]
+    model_part = model_name("minilm", ModelHandle.resolve("minilm").manifest)  # the folder runs write under results/
     assert model_part == "sentence-transformers__all-MiniLM-L6-v2"
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")
