@@ -21,14 +21,15 @@ from layerscope.runtime.request import ExtractionRequest
 from layerscope.runtime.store import LayerStore
 
 
-def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None) -> tuple[Extraction, LayerStore]:
+def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
+                   engine_runs_here: bool = True) -> tuple[Extraction, LayerStore]:
     """Prepare ``req`` and make its store (spooled, arrays reserved, plan recorded) or reopen it to continue.
 
     The caller holds the store lock. A store made by the in-process ``extract`` gets a plan here too.
     """
     from layerscope.model.tokenize import Encoder
 
-    ex = prepare_request(req)
+    ex = prepare_request(req, engine_runs_here=engine_runs_here)
     make_store_dir(ex)
     reader = req.reader.as_kwargs()
     store = open_to_resume(ex, req.source, reader)

@@ -138,7 +138,7 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
     # the same checks, spool and store as a plain extract and --shard: --force replaces only a store layerscope
     # made that does not hold the corpus, and an existing folder of anything else is refused before anything is written
     t0 = time.perf_counter()
-    ex, store = range_run.open_or_create(req, range_rows=shard_rows)
+    ex, store = range_run.open_or_create(req, range_rows=shard_rows, engine_runs_here=False)
     out, engine = ex.out, req.engine
     if shard_rows and int(store.meta["ranges"]["rows"]) != int(shard_rows):
         raise InputError(f"{out} is cut into ranges of {store.meta['ranges']['rows']} rows, not {shard_rows}; "
