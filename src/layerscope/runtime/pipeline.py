@@ -29,7 +29,7 @@ from layerscope.engines.base import Engine
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
-from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
+from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, check_finite, encode_plan, iter_pooled
 from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
 from layerscope.progress import progress_bar
 from layerscope.runtime.spool import spool_corpus
@@ -198,7 +198,7 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     pending: list[np.ndarray] = []
     try:
         for batch in batches:
-            pooled = eng.run(batch, ex.layers, ex.poolings)
+            pooled = check_finite(eng.run(batch, ex.layers, ex.poolings), ex.layers, batch)
             store.write(batch.index, pooled, ex.layers)
             pending.append(batch.index)
             tokens_done += batch.n_tokens
