@@ -37,6 +37,24 @@ class Batch:
         return int(self.mask.sum())
 
 
+def min_max_length(tokenizer, prompt: str = "") -> int:
+    """The smallest max length that keeps a token of text: the special tokens the tokenizer adds (and the
+    prompt's tokens) plus one. Below it a tokenizer either drops the text whole or, unable to cut its
+    special tokens, does not truncate at all (a fast BERT tokenizer asked for 1 token returns them all)."""
+    enc = tokenizer([prompt], add_special_tokens=True, truncation=False, return_attention_mask=False,
+                    return_token_type_ids=False, verbose=False)
+    return len(enc["input_ids"][0]) + 1
+
+
+def check_room(tokenizer, max_length: int, prompt: str = "") -> None:
+    """One line refusing a max length that cannot keep any text (see ``min_max_length``)."""
+    least = min_max_length(tokenizer, prompt)
+    if int(max_length) < least:
+        what = "its special tokens" + (" and the prompt" if prompt else "")
+        raise InputError(f"--max-length {max_length} leaves no room for text: this model's tokenizer adds "
+                         f"{least - 1} tokens ({what}) to every text; use at least {least}")
+
+
 class Encoder:
     """Tokenizes texts into the inputs a model expects, right-padded, truncated at ``max_length``."""
 
@@ -45,6 +63,7 @@ class Encoder:
         self.input_names = list(input_names)
         self.max_length = int(max_length)
         self.prompt = prompt or ""  # put before every text, as sentence-transformers' prompts are
+        check_room(tokenizer, self.max_length, self.prompt)
 
     def _prompted(self, texts) -> list[str]:
         return [self.prompt + t for t in texts] if self.prompt else list(texts)

@@ -309,6 +309,10 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     layer_list, pool_list, prompt_text = check_request(
         handle.manifest, str(getattr(handle, "spec", "the model")), layers=layers, poolings=poolings,
         max_length=max_length, prompt_name=prompt_name, prompt=prompt)
+    if max_length is not None:  # before the engine starts
+        from layerscope.model.tokenize import check_room
+
+        check_room(handle.encoding_tokenizer(), max_length, prompt_text or "")
     eng = engine if isinstance(engine, Engine) else open_engine(handle, engine, **(engine_options or {}))
     manifest = eng.manifest
     out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
