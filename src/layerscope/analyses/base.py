@@ -337,6 +337,9 @@ def rerender(result_dir: Path) -> list[str]:
         results = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON ({exc})") from None
+    except RecursionError:  # nested deeper than the JSON reader goes: never what layerscope writes
+        raise InputError(f"{path} is nested too deeply to read; it was not written by layerscope run: "
+                         "re-run layerscope run") from None
     if not isinstance(results, dict) or not isinstance(results.get("analysis"), str):
         raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
     try:

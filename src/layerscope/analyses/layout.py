@@ -115,7 +115,7 @@ def claim_result_dir(out: Path, identity: dict[str, Any], *, recompute: bool = F
         return "new", None
     try:
         earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the JSON reader goes
         earlier = None
     complete = isinstance(earlier, dict) and "per_model" in earlier
     same = complete and earlier.get("identity") == identity
