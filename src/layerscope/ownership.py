@@ -40,7 +40,8 @@ LAYOUT = {
                "merges.txt", "spiece.model", "sentencepiece.bpe.model", "config.json", "chat_template.jinja",
                "trt_cache", "peers", "*.tmp*"),
     "store": ("store.json", "texts.jsonl", "texts.jsonl.partial", "lengths.npy", "done.npy", "arrays",
-              "arrays.partial", "index-*", "*.lock", "*.tmp*", "checksums*", "shards", "ray-offsets.npy"),
+              "arrays.partial", "tokens", "tokens.partial", "index-*", "*.lock", "*.tmp*", "checksums*", "shards",
+              "ray-offsets.npy"),
     "result": ("results.json", "report.md", "*.csv", "*.png", "*.svg", "*.html", "mteb", "*.tmp*"),
     "index": ("index.json", "index.faiss", "index.faiss.partial", "*.tmp*"),
 }

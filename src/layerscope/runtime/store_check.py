@@ -36,6 +36,8 @@ def structure_sha256(meta: dict[str, Any]) -> str:
     """Hash of the fields that say what the arrays hold; recorded at creation, checked on every open."""
     fields = {k: meta.get(k) for k in STRUCTURE_KEYS}
     fields["corpus_sha256"] = (meta.get("settings") or {}).get("corpus_sha256")
+    if meta.get("token_arrays"):  # token-level arrays (runtime/token_store.py); absent from pooled-only stores
+        fields["token_arrays"] = meta["token_arrays"]
     fields = json.loads(json.dumps(fields))  # as store.json will hold them (keys as strings, tuples as lists)
     blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -103,6 +105,9 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     problem = _check_npy(root, DONE, (n,), np.dtype(np.uint8))
     if problem:
         problems.append(problem)
+    from layerscope.runtime.token_store import token_layout_problems
+
+    problems += token_layout_problems(root, meta, _check_npy)
     texts = root / TEXTS
     if not texts.is_file():
         problems.append(f"{TEXTS} is missing")
@@ -123,7 +128,9 @@ def _names(problems: list[str], rel: str) -> bool:
 
 
 def checksum_files(meta: dict[str, Any], root: Path) -> list[str]:
-    rels = array_files(meta) + [DONE, TEXTS]
+    from layerscope.runtime.token_store import token_files
+
+    rels = array_files(meta) + [DONE, TEXTS] + token_files(meta)
     return rels + ([LENGTHS] if (Path(root) / LENGTHS).is_file() else [])
 
 
