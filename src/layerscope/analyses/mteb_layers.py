@@ -162,7 +162,9 @@ class MtebAnalysis(Analysis):
         cache = VectorCache(EmbeddingModel.from_engine(run.engine), layers, poolings)
         slug = run.name.replace("/", "-")
         src = run.handle.manifest.get("source", {})
-        revision = (src.get("weights_sha256") or "local")[:12]
+        from layerscope.ownership import safe_part
+
+        revision = safe_part(str(src.get("weights_sha256") or "local")[:12], "the model's source.weights_sha256")
         st = run.handle.manifest.get("sentence_transformers") or {}
         rows, files = [], {}
         with tempfile.TemporaryDirectory(prefix="layerscope-mteb-") as tmp:

@@ -307,12 +307,14 @@ class Similarity(Analysis):
         return files
 
     def report(self, results) -> str:
+        from layerscope.report.writer import sig
+
         parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; pooling "
                  f"{results.get('combined', {}).get('data', {}).get('pooling')}."]
         for model, fig in results["per_model"].items():
             s = fig["summary"]
-            parts.append(f"\n## {model}\n\nMean CKA between adjacent layers {s['mean_adjacent_cka']}; first vs last "
-                         f"{s['first_last_cka']} ({s['n']} texts).\n")
+            parts.append(f"\n## {model}\n\nMean CKA between adjacent layers {sig(s['mean_adjacent_cka'])}; first vs "
+                         f"last {sig(s['first_last_cka'])} ({s['n']} texts).\n")
             parts.append(_grid_md(fig["linear_cka"], fig["layers"], fig["layers"]))
         return "\n".join(parts)
 

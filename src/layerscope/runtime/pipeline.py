@@ -118,14 +118,14 @@ def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
 
 
 def _one_writer(fn: Callable) -> Callable:
-    """Run ``fn`` holding the store's write lock; a full disk (or file-size limit) becomes one line."""
+    """Run ``fn`` holding the store's write lock (and recording what it wrote); a full disk (or file-size limit) becomes one line."""
 
     @functools.wraps(fn)
     def wrapper(model, source, out, *args, **kwargs):
-        from layerscope.runtime.store_lock import store_lock
+        from layerscope.runtime.store_lock import store_writer
         from layerscope.runtime.store_space import FULL
 
-        with store_lock(out):
+        with store_writer(out):
             try:
                 return fn(model, source, out, *args, **kwargs)
             except OSError as exc:
@@ -187,6 +187,9 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
             dtype=settings["dtype"], manifest=manifest, settings=settings)
         store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
                            "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
+        from layerscope.ownership import record
+
+        record(out, "store", hashes=False)  # a run killed from here on leaves a store --force may replace
     lengths = np.load(out / "lengths.npy")
     from layerscope.runtime.token_write import start_tokens
 

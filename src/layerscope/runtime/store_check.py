@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
         num_layers = int(meta["manifest"]["num_layers"])
     except (KeyError, TypeError, ValueError) as exc:
         return [f"store.json lacks or garbles a field the store needs ({exc})"]
+    escape = outside_paths(root, meta)
+    if escape:  # nothing outside the store is read, not even its size
+        return [escape]
     problems: list[str] = []
     recorded = meta.get("structure_sha256")
     if recorded and recorded != structure_sha256(meta):
@@ -120,6 +124,25 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
             problems.append(f"{rel} is {path.stat().st_size:,} bytes, {int(rec.get('bytes', -1)):,} were "
                             "recorded when the store was completed")
     return problems
+
+
+def outside_paths(root: Path, meta: dict[str, Any]) -> str | None:
+    """A line naming the first path store.json leads outside the store (a pooling or layer that is not one
+    plain name, a checksum key with ``..``, an absolute path or a symlink leading out); None when all stay in."""
+    from layerscope.ownership import inside
+
+    names = [("pooling", p) for p in meta.get("poolings") or []] + [("layer", l) for l in meta.get("layers") or []]
+    for what, name in names:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
+            return f"store.json names {what} {str(name)[:80]!r}, which is not a plain name inside the store"
+    sums = meta.get("checksums") or {}
+    rels = array_files(meta) + [DONE, TEXTS] + (list(sums) if isinstance(sums, dict) else [])
+    for rel in rels:
+        if inside(root, rel) is None:
+            return f"store.json names {str(rel)[:80]!r}, a path outside the store"
+    if not isinstance(sums, dict) or not all(isinstance(rec, dict) for rec in sums.values()):
+        return "store.json's checksums are not a table of files"
+    return None
 
 
 def _names(problems: list[str], rel: str) -> bool:
@@ -163,6 +186,8 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
         problems.append("store.json records no checksums (made by an older layerscope); re-run layerscope "
                         "extract --force to get them")
     checked = 0
+    if outside_paths(root, meta):
+        return checked, problems  # layout_problems named it; nothing is read
     rels = [rel for rel in recorded if (root / rel).is_file()]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         digests = dict(zip(rels, pool.map(lambda rel: file_sha256(root / rel), rels)))
