@@ -348,8 +348,8 @@ def check_writable(path: Path, what: str = "--out") -> None:
 
     path = Path(path)
     here = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
-    if here is None or os.access(here, os.W_OK | os.X_OK):
-        return
+    if here is None or not here.is_dir() or os.access(here, os.W_OK | os.X_OK):
+        return  # a file in the way is check_output_path's line
     try:
         readonly = bool(os.statvfs(here).f_flag & os.ST_RDONLY)
     except OSError:
@@ -385,9 +385,6 @@ def claim(path: str | Path, kind: str, *, force: bool = False, keep: bool = Fals
         raise InputError(_describe(path, sorted(entries)) + f"; choose another {option}")
     if keep:
         return Claim(path, True, kind, False)
-    if force and path.is_symlink():
-        raise InputError(f"{option} {path} is a symlink to {path.resolve()}; --force does not replace through a "
-                         f"link: pass {path.resolve()} itself, or another {option}")
     if not force:
         also = "--resume to continue it, " if kind == "store" else ""
         raise InputError(f"{path} already holds {WHAT[kind]}; pass {also}--force to replace it or choose another "
