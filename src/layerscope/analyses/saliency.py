@@ -371,9 +371,11 @@ class Saliency(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results["per_model"].items():
             s = fig["summary"]
-            console.print(f"[bold]{model}[/bold]: {s['objective_text']}; head = {fig['head']['kind']}")
+            console.print(f"[bold]{esc(model)}[/bold]: {esc(s['objective_text'])}; head = {esc(fig['head']['kind'])}")
             table = Table(title="hiding (drop of y) and revealing (y kept) games")
             table.add_column("method", no_wrap=True)
             for col in ("hide AOPC", "hide k=1", "hide k=3", "hide k=5", "reveal k=1", "reveal k=3",

@@ -58,7 +58,7 @@ def _main(argv: list[str] | None) -> None:
         # exiting, so the code must be passed on here (dropping it made Ctrl-C exit 0).
         code = app(args=argv, standalone_mode=False, prog_name="layerscope")
     except Interrupted as exc:  # the library's own Ctrl-C message: how much was kept, how to continue
-        err_console().print(f"[yellow]{exc}[/yellow]", soft_wrap=True)
+        err_console().print(f"[yellow]{escape(str(exc))}[/yellow]", soft_wrap=True)
         sys.exit(_interrupt_code(exc.exit_code))
     except LayerscopeError as exc:
         if STATE["debug"]:

@@ -341,4 +341,6 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         for p in pool_list:
             for li, layer in enumerate(layer_list):
                 out[p, layer][batch.index] = pooled[p][li]
-    return out
+    from layerscope.vocab.layers import LayerVectors
+
+    return LayerVectors(out, manifest["num_layers"])  # ("mean", 6), ("mean", -1) and ("mean", "6") as in a store
