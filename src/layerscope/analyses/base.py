@@ -334,6 +334,10 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     meta = cls.metadata
     if not ctx.models:
         raise InputError("give at least one --model")
+    if ctx.out is not None:  # a read-only --out is one line before any model starts
+        from layerscope.ownership import check_output_path
+
+        check_output_path(Path(ctx.out))
     declared = engine_spec(ctx.engine)  # an unknown --engine is one line, before anything runs
     if meta.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "

@@ -144,9 +144,34 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         if source.is_local:
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
+    except Exception as exc:  # transformers refusing a config it reads (xlnet: "no sequence length limit")
+        _check_family(_declared_type(source))
+        raise ModelNotFoundError(f"transformers cannot read the config of {source.spec} "
+                                 f"({type(exc).__name__}: {exc})") from exc
     if not trust_remote_code:
         warn_ignored_code(source, getattr(config, "auto_map", None) or {}, "config.json")
     return config
+
+
+def _declared_type(source: ModelSource) -> str | None:
+    """The ``model_type`` a local checkpoint's config.json declares, read without transformers."""
+    import json
+
+    if not source.is_local:
+        return None
+    try:
+        value = json.loads((Path(source.path_or_id) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _check_family(model_type: str | None) -> None:
+    """One line for a model type no family covers (model/families.py)."""
+    if model_type is not None:
+        from layerscope.model.families import family_for
+
+        family_for(model_type)
 
 
 _WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader

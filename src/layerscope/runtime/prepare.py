@@ -116,6 +116,10 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)
     max_len = int(max_length or manifest["max_length"])
+    if max_length is not None:  # a length that cannot hold one token of text: refused before any work
+        from layerscope.model.tokenize import check_room
+
+        check_room(handle.encoding_tokenizer(), max_len, prompt_text or "")
     max_batch = int(max_batch or DEFAULT_MAX_BATCH)
     variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
     settings = {

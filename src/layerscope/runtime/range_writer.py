@@ -60,16 +60,17 @@ class RangeWriter:
     def compute(self, r: store_ranges.Range, claim: store_ranges.Claim | None = None
                 ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
         """``({pooling: float32 [layers, rows, hidden]}, token lengths, tokens run)`` of range ``r``."""
-        from layerscope.runtime.batching import encode_plan
+        from layerscope.runtime.batching import check_finite, encode_plan
 
         texts = self._texts(r)
         lengths = np.asarray(self.encoder.token_lengths(texts), dtype=np.int32)
         out = {p: np.zeros((len(self.layers), r.rows, self.hidden), dtype=np.float32) for p in self.poolings}
         tokens = 0
-        for b in encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch):
-            pooled = self.eng.run(b, self.layers, self.poolings)
+        for b in encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch,
+                             index=np.arange(r.start, r.stop)):
+            pooled = check_finite(self.eng.run(b, self.layers, self.poolings), self.layers, b)  # rows named as stored
             for p in self.poolings:
-                out[p][:, b.index] = pooled[p]
+                out[p][:, np.asarray(b.index) - r.start] = pooled[p]
             tokens += b.n_tokens
             if claim is not None:
                 claim.touch()
