@@ -280,7 +280,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
         per_model[key] = figures
         from layerscope.export.cache import export_record
 
-        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
+        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
                             "export": export_record(run.handle)}
     combined = analysis.combine(ctx, per_model, data)
     results = {

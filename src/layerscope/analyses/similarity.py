@@ -231,7 +231,7 @@ class Similarity(Analysis):
             label = label if label not in per_model else f"{label}#b"
             per_model[label] = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
             per_model[label]["store"] = str(st.path)
-            meta[label] = {"spec": str(st.path), "manifest": st.manifest, "engine": st.settings.get("engine", {})
+            meta[label] = {"spec": str(st.path), "manifest": st.manifest.to_dict(), "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
             self._kept = getattr(self, "_kept", {})
             self._kept[label] = (lambda la, st=st: st[pooling, la], layers, st.n)
