@@ -113,7 +113,7 @@ class Parity:
     outputs: Mapping[str, OutputCheck] = field(default_factory=dict)
     tolerance_abs: float | None = None
     tolerance_rel: float | None = None
-    tolerance_fp16: float | None = None
+    tolerance_fp16: Mapping[str, Any] | None = None  # an fp16 export's per-output cosine floors
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "Parity | None":
@@ -121,7 +121,7 @@ class Parity:
             return None
         outs = {str(k): OutputCheck.from_dict(v) for k, v in (d.get("outputs") or {}).items()}
         return cls(MappingProxyType(outs), _opt_float(d.get("tolerance_abs")), _opt_float(d.get("tolerance_rel")),
-                   _opt_float(d.get("tolerance_fp16")))
+                   d.get("tolerance_fp16"))
 
     def min_cosine(self) -> float | None:
         """Worst cosine over every hidden-state and pooled output; None if none was recorded (or NaN)."""
@@ -146,6 +146,7 @@ class Variant:
     parity: Parity | None = None
     tolerance: Mapping[str, float | None] = field(default_factory=dict)
     external_data: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the entry as recorded
 
     @classmethod
     def from_dict(cls, kind: str, d: Mapping[str, Any]) -> "Variant":
@@ -153,7 +154,12 @@ class Variant:
                    sha256=d.get("sha256"),
                    precision=str(d.get("precision") or "fp32"), engine=d.get("engine"),
                    parity=Parity.from_dict(d.get("parity")), tolerance=_frozen(d.get("tolerance")),
-                   external_data=_frozen(d["external_data"]) if d.get("external_data") else None)
+                   external_data=_frozen(d["external_data"]) if d.get("external_data") else None,
+                   raw=MappingProxyType(copy.deepcopy(dict(d))))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as ``layerscope optimize`` recorded it (a fresh copy)."""
+        return copy.deepcopy(dict(self.raw))
 
 
 _REQUIRED = ("source", "family", "num_layers", "hidden_size")
