@@ -227,7 +227,7 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
 
 def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
-    from layerscope.engines.registry import engine_spec
+    from layerscope.engines.registry import engine_spec, gradient_engine
     from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
 
@@ -267,7 +267,7 @@ def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
     else:
         per_model, models_meta = {}, {}
     for spec, handle, model_layers in zip(ctx.models, handles, layers):
-        engine_name = "torch" if cls.metadata.needs_gradients else ctx.engine
+        engine_name = gradient_engine(ctx.engine) if cls.metadata.needs_gradients else ctx.engine
         ctx.say(f"{spec}: starting engine {engine_name}")
         limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
         engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})

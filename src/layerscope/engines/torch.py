@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine
 
-from layerscope.engines.registry import BenchRow, EngineSpec, register
+from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.pooling import ST, pool, with_st
@@ -31,7 +31,9 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
 
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
-    device="any", fallback=True, gradients=True, bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
+    device="any", fallback=True, gradients=True,
+    options=(EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),),
+    bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     name = "torch"
 
@@ -91,7 +93,7 @@ class TorchEngine(Engine):
         import numpy as np
 
         states = self.run_tokens(batch, layers)
-        eos = self.manifest.get("eos_token_id")
+        eos = self.manifest.eos_token_id
         out = {}
         for mode in poolings:
             out[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
@@ -100,7 +102,7 @@ class TorchEngine(Engine):
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
         """The model's own pooled output (CLIP's EOS vector after the final norm), where it has one."""
-        name = self.manifest.get("pooled_output")
+        name = self.manifest.pooled_output
         if not name:
             return None
         _, _, out = self.forward(batch)

@@ -39,7 +39,10 @@ def open_engine(model: str | Path | ModelHandle, engine: str = "auto", *, trust_
     """Engine ``engine`` running ``model``, exporting the model first when that engine runs exports."""
     from layerscope.engines.base import check_engine_name, create_engine, needs_export
 
+    from layerscope.engines.registry import check_engine_options
+
     check_engine_name(engine)
+    check_engine_options(engine, options)  # a mistyped option is one line, before anything is exported
     handle = resolve_model(model, trust_remote_code=trust_remote_code)
     if needs_export(engine) and not handle.is_export:
         handle = ensure_export(handle)
