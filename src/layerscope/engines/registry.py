@@ -217,4 +217,4 @@ def gradient_engine(name: str) -> str:
     if not spec.picks_engine:
         return spec.name
     able = [s for s in engines().values() if s.gradients and not s.picks_engine]
-    return min(able, key=lambda s: (s.first_rank, s.fallback)).name
+    return min(able, key=lambda s: (s.first_rank, not s.fallback)).name  # unranked: the fallback first
