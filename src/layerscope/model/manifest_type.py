@@ -267,6 +267,10 @@ class Manifest(Mapping):
         """The JSON form, as read (a fresh copy the caller may change)."""
         return copy.deepcopy(dict(self.raw))
 
+    def source_dict(self) -> dict[str, Any]:
+        """The source entry as recorded (what results and store exports name the model by)."""
+        return copy.deepcopy(dict(self.raw.get("source") or {}))
+
     # -- what callers ask ----------------------------------------------------------
     @property
     def is_export(self) -> bool:
@@ -315,6 +319,13 @@ class Manifest(Mapping):
         return copy.deepcopy(self.raw[name]) if name in self.raw else default
 
 
+def variant_entries(manifest: "Manifest | Mapping[str, Any]") -> Mapping[str, Variant]:
+    """The typed variants of a manifest, or of a bare mapping holding only a ``variants`` entry."""
+    if isinstance(manifest, Manifest):
+        return manifest.variants
+    return {str(k): Variant.from_dict(k, v) for k, v in (manifest.get("variants") or {}).items() if v}
+
+
 def as_manifest(value: "Manifest | Mapping[str, Any]", *, where: str = "the manifest") -> Manifest:
     """``value`` as a ``Manifest`` (a dict from a store or a results file is read here)."""
     return value if isinstance(value, Manifest) else Manifest.from_dict(value, where=where)
@@ -328,4 +339,4 @@ def manifest_dict(value: "Manifest | Mapping[str, Any] | None") -> dict[str, Any
 
 
 __all__ = ["FORMAT_VERSION", "Manifest", "OutputCheck", "Parity", "SourceInfo", "TokenizerInfo", "Variant",
-           "as_manifest", "manifest_dict"]
+           "as_manifest", "manifest_dict", "variant_entries"]

@@ -169,13 +169,13 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     store = state["store"] = open_to_resume(ex, source, reader, variant_later=eng is None and engine == "auto")
     # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
     encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
-        Encoder(ex.handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")
+        Encoder(ex.handle.encoding_tokenizer(), list(manifest.inputs), max_len, settings["prompt"] or "")
     created = store is None
     if created:
         spool = spool_corpus(records_of(source, **reader), out, encoder=encoder)
         settings["corpus_sha256"] = spool["sha256"]
         store = state["store"] = LayerStore.create(
-            out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=int(manifest["hidden_size"]),
+            out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=manifest.hidden_size,
             dtype=settings["dtype"], manifest=manifest, settings=settings)
         store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
                            "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
@@ -311,7 +311,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         max_length=max_length, prompt_name=prompt_name, prompt=prompt)
     eng = engine if isinstance(engine, Engine) else open_engine(handle, engine, **(engine_options or {}))
     manifest = eng.manifest
-    out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
+    out = {(p, l): np.zeros((len(texts), manifest.hidden_size), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
                                         max_length=max_length, prompt=prompt_text):
         for p in pool_list:

@@ -160,7 +160,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
         np.save(out / OFFSETS, spool["offsets"])
         ex.settings["corpus_sha256"] = spool["sha256"]
         store = LayerStore.create(out, n=spool["n"], layers=layer_list, poolings=pool_list,
-                                  hidden_size=int(ex.manifest["hidden_size"]), dtype=dtype,
+                                  hidden_size=ex.manifest.hidden_size, dtype=dtype,
                                   manifest=ex.manifest, settings=ex.settings)
         store.update_meta({"empty_texts": spool["empty"]})
         offsets = spool["offsets"]

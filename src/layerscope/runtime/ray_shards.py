@@ -107,7 +107,7 @@ class ShardWorker:
         lengths = self.encoder.token_lengths(texts)
         t_tok = time.perf_counter() - t_read
         t_engine = 0.0
-        hidden = int(self.eng.manifest["hidden_size"])
+        hidden = self.eng.manifest.hidden_size
         out = {p: np.zeros((len(self.layers), stop - start, hidden), dtype=self.dtype) for p in self.poolings}
         tokens = 0
         t = time.perf_counter()
