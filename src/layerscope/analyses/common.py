@@ -37,7 +37,7 @@ def poolings_for(ctx, run) -> list[str]:
     from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
     pools = check_poolings(ctx.poolings or ["mean"])
-    require_pooled_output(pools, run.handle.manifest.get("pooled_output"), run.handle.manifest.get("family"))
+    require_pooled_output(pools, run.handle.manifest.pooled_output, run.handle.manifest.family)
     return pools
 
 

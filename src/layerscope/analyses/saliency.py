@@ -108,14 +108,14 @@ class Saliency(Analysis):
         k_max = int(o.get("k", 10))
         names = lens_layers(ctx, run)
         layers = [int(x) for x in names]
-        pooling = (ctx.poolings or [run.handle.manifest.get("default_pooling", "mean")])[0]
+        pooling = (ctx.poolings or [run.handle.manifest.default_pooling])[0]
         handle = run.handle
         tok = handle.tokenizer()
         special = set(int(i) for i in tok.all_special_ids)
         repl, repl_str = replacement_token(tok)
         torch.manual_seed(ctx.seed)
         model = load_decoding_model(handle)
-        max_len = handle.manifest["max_length"]
+        max_len = handle.manifest.max_length
 
         texts: list[str] = data["texts"]
         encoded = [model_inputs(handle, tok, [t], max_len) for t in texts]

@@ -91,8 +91,9 @@ class Engine(ABC):
         raise InputError(f"engine '{self.name}' does not run named graph outputs; use an ONNX engine (ort, ov)")
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
-        """The model's own pooled output (e.g. BERT's pooler) ``[batch, hidden]``, or None when it has none."""
-        raise InputError(f"engine '{self.name}' does not give the model's own pooled output")
+        """The model's own pooled output (e.g. CLIP's pooler) ``[batch, hidden]``; None when the model has none
+        or this engine cannot give it (callers then leave the figure out)."""
+        return None
 
     def close(self) -> None:
         """Release sessions and memory."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from layerscope.errors import ManifestError
 from layerscope.hashing import file_sha256
-from layerscope.model.manifest_type import FORMAT_VERSION, ONNX_FILE, Manifest
+from layerscope.model.manifest_type import FORMAT_VERSION, ONNX_FILE, Manifest, as_manifest
 
 MANIFEST = "manifest.json"
 
@@ -39,12 +39,7 @@ def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, chec
     """Check that model.onnx is the graph the manifest describes (see manifest_check for what is checked)."""
     from layerscope.model.manifest_check import check_external_data, check_graph, check_paths
 
-    if not isinstance(manifest, Manifest):
-        if manifest.get("format_version") not in (FORMAT_VERSION,):
-            raise ManifestError(
-                f"{export_dir} was written by a different layerscope export format "
-                f"({manifest.get('format_version')}, this version reads {FORMAT_VERSION}); re-run layerscope export")
-        manifest = Manifest.from_dict(manifest, where=str(Path(export_dir) / MANIFEST))
+    manifest = as_manifest(manifest, where=str(Path(export_dir) / MANIFEST))  # a version it cannot read: one line
     onnx_path = check_paths(Path(export_dir), manifest)
     if not onnx_path.exists():
         raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run layerscope export")
