@@ -118,3 +118,13 @@ def test_a_failing_row_reports_its_reason(tmp_path):
            "layers": ["0"], "pooling": "mean", "passes": 1, "n_acc": 2, "max_batch": 8}
     res = _run_worker(job, tmp_path, 300)
     assert res["available"] is False and "missing" in res["reason"]
+
+
+def test_gpu_peer_says_why_it_cannot_run_without_a_gpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sentence_transformers")
+    from layerscope.bench.peers import missing
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert missing("st-cuda-fp16") == "needs a CUDA GPU, and PyTorch sees none here"
+    assert missing("st-torch") is None

@@ -20,7 +20,7 @@ def test_each_engine_class_is_declared_under_its_own_name():
     for name, spec in registry.engines().items():
         if isinstance(spec.factory, type):
             assert spec.factory.name == name
-    assert set(registry.engine_names()) == {"torch", "ort", "ov", "cuda", "trt", "auto"}
+    assert set(registry.engine_names()) == {"torch", "torch-fp16", "torch-bf16", "ort", "ov", "cuda", "trt", "auto"}
 
 
 def test_auto_tries_todays_order():
@@ -128,3 +128,20 @@ def test_reading_the_registry_loads_no_numpy_or_engine_library():
                          env={"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_gpu_libraries_are_preloaded_once_before_a_gpu_provider(monkeypatch):
+    """Catches: a CUDA provider that cannot find libcudart/cuDNN from the nvidia-* pip packages because
+    onnxruntime's preload_dlls was never called (it is not called by importing onnxruntime)."""
+    from layerscope.engines import ort as ort_mod
+
+    calls = []
+    fake = SimpleNamespace(preload_dlls=lambda: calls.append(1),
+                           get_available_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(ort_mod, "_PRELOADED", [])
+    ort_mod.preload_gpu_libraries(fake)
+    ort_mod.preload_gpu_libraries(fake)
+    assert calls == [1]
+    monkeypatch.setattr(ort_mod, "_PRELOADED", [])
+    ort_mod.preload_gpu_libraries(SimpleNamespace())  # an older build without it: nothing to do
+    assert ort_mod._PRELOADED == []

@@ -77,3 +77,27 @@ def test_fp16_variant_on_cuda_matches_plain_hugging_face(providers, exported, ti
     engine = create_engine("cuda", str(export_dir), variant="fp16")
     assert engine.info.precision == "fp16"
     check_engine(engine, hf_reference(tiny_model("bert"), "bert"), GPU_FP16_MAX_ABS, "cuda fp16")
+
+
+@pytest.mark.parametrize("engine_name,bar", [("torch-fp16", 0.9999), ("torch-bf16", 0.999)])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "qwen2"])
+def test_torch_half_on_cuda_matches_fp32_on_the_same_gpu(tiny_model, engine_name, bar, family):
+    import numpy as np
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA GPU")
+    from layerscope.engines.base import create_engine
+    from layerscope.model.handle import ModelHandle
+
+    handle = ModelHandle.resolve(str(tiny_model(family)))
+    ref = create_engine("torch", handle, device="cuda")
+    half = create_engine(engine_name, handle, device="cuda")
+    assert min(v["min_cos"] for v in half.parity.values()) > bar
+    batch = ref.encoder()(["A man is playing a guitar.", "Hi", "Two dogs play in the snow."])
+    layers = ref.layer_names
+    want, got = ref.run(batch, layers, ["mean", "last"]), half.run(batch, layers, ["mean", "last"])
+    for mode in want:
+        a, b = want[mode].reshape(-1, want[mode].shape[-1]), got[mode].reshape(-1, got[mode].shape[-1])
+        cos = np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        assert cos.min() > bar, (mode, cos.min())

@@ -86,15 +86,30 @@ def test_recall_at_k_and_backend_choice():
         VectorIndex.build(np.ones((3, 2), np.float32), "lsh")
 
 
-def test_torch_topk_matches_faiss_on_gpu():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_topk_matches_faiss(device):
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from layerscope.index.backend import torch_topk
+    from layerscope.metrics.neighbors_torch import topk_inner
 
     S, T = _pairs(n=3000, d=32)
-    s, i = torch_topk(S[:50], T, 7, block_rows=1000)
+    s, i = topk_inner(S[:50], T, 7, device=device, db_block=1000, query_block=16)
     exact = VectorIndex.build(T, "flat", normalized=True, device="cpu")
     es, ei = exact.search(S[:50], 7, normalized=True)
     np.testing.assert_array_equal(i, ei)
-    np.testing.assert_allclose(s, es, atol=1e-4)
+    np.testing.assert_allclose(s, es, atol=1e-5)
+
+
+def test_exact_search_stays_exact_above_the_ann_threshold_only_on_a_gpu(monkeypatch):
+    from layerscope.index import backend as backend_mod
+    from layerscope.index.backend import Backend
+    from layerscope.index.search import choose_kind
+
+    assert choose_kind(10, "auto", 50) == "flat"
+    monkeypatch.setattr(backend_mod, "select_backend", lambda kind, prefer="auto": Backend("faiss-cpu"))
+    assert choose_kind(100, "auto", 50) == "ivf"
+    monkeypatch.setattr(backend_mod, "select_backend", lambda kind, prefer="auto": Backend("torch-cuda", 1))
+    assert choose_kind(100, "auto", 50) == "flat"
+    assert choose_kind(100, "auto", 50, device="cpu") == "ivf"
+    assert choose_kind(100, "hnsw", 50) == "hnsw"

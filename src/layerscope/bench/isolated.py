@@ -100,7 +100,8 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
                          variant=spec.variant, options=dict(spec.options), note=spec.note))
     for peer in cfg.peers:
         rows.append(dict(common, name=peer, kind="st", row_kind="peer", backend=PEERS[peer]["backend"],
-                         precision=PEERS[peer]["precision"], skip=missing(peer),
+                         precision=PEERS[peer]["precision"], device=PEERS[peer].get("device", "cpu"),
+                         skip=missing(peer),
                          note=f"SentenceTransformer.encode ({PEERS[peer]['backend']}), batch {cfg.st_batch_size}, "
                               "final layer only"))
     return rows

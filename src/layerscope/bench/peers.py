@@ -26,6 +26,8 @@ PEERS: dict[str, dict[str, Any]] = {
     "st-onnx-O3": {"backend": "onnx", "file": "onnx/model_O3.onnx", "precision": "fp32 (O3: GELU approximated)"},
     "st-onnx-qint8": {"backend": "onnx", "file": "quantized", "precision": "int8"},
     "st-openvino": {"backend": "openvino", "file": None, "precision": "fp32"},
+    # on a CUDA GPU: what a sentence-transformers user runs there (model.half() on the GPU)
+    "st-cuda-fp16": {"backend": "torch", "file": None, "precision": "fp16", "device": "cuda"},
 }
 PEER_DIR = Path("peers") / "sentence-transformers"
 
@@ -46,6 +48,11 @@ def missing(peer: str) -> str | None:
     if importlib.util.find_spec("sentence_transformers") is None:
         return "sentence-transformers is not installed (pip install 'layerscope[compare]')"
     backend = PEERS[peer]["backend"]
+    if PEERS[peer].get("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU, and PyTorch sees none here"
     if backend == "onnx" and (importlib.util.find_spec("optimum") is None
                               or importlib.util.find_spec("optimum.onnxruntime") is None):
         return "sentence-transformers' ONNX backend needs optimum[onnxruntime], which is not installed"

@@ -34,7 +34,19 @@ from layerscope.errors import InputError
 from layerscope.progress import track
 
 
+DEFAULT_ROWS = "ort,ort-int8,ov"
+
+
+def default_rows() -> str:
+    """The bench's rows when ``--engines`` is not given: ``ov-bf16`` joins them where this CPU computes in bf16."""
+    from layerscope.export.cpu_precision import bf16_cpu
+
+    return DEFAULT_ROWS + ("" if bf16_cpu() else ",ov-bf16")
+
+
 def parse_engines(spec: str | list[str]) -> list[str]:
+    if spec == "default":
+        spec = default_rows()
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     known = tuple(bench_engines()) + BASELINES
     out: list[str] = []

@@ -169,7 +169,10 @@ def _st_row(job: dict[str, Any]) -> Row:
         import torch
 
         torch.set_num_threads(int(job["threads"]))
-    model = SentenceTransformer(job["model_dir"], backend=backend, device="cpu", **kwargs)
+    device = job.get("device", "cpu")
+    model = SentenceTransformer(job["model_dir"], backend=backend, device=device, **kwargs)
+    if job.get("precision") == "fp16":
+        model.half()
     if job.get("max_length"):
         model.max_seq_length = int(job["max_length"])
     size = int(job["st_batch_size"])
@@ -186,7 +189,7 @@ def _st_row(job: dict[str, Any]) -> Row:
         return {"tokenize_s": tokenize, "engine_s": max(best_s - tokenize, 0.0), "pool_copy_s": None,
                 "write_s": None}
 
-    info = {"provider": f"sentence-transformers {backend}" + (f" ({file_name})" if file_name else ""),
+    info = {"provider": f"sentence-transformers {backend} on {device}" + (f" ({file_name})" if file_name else ""),
             "precision": job.get("precision", "fp32"), "notes": []}
     return Row(encode, [job["layers"][-1]], info, split)
 

@@ -34,8 +34,9 @@ def optimize(
 @app.command()
 def bench(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir (or a model, exported on first use)."),
-    engines: str = typer.Option("ort,ort-int8,ov", "--engines", "-e",
-                                help=f"Comma list: {', '.join(bench_rows())} (hf-eager always runs)."),
+    engines: str = typer.Option("default", "--engines", "-e",
+                                help=f"Comma list: {', '.join(bench_rows())} (hf-eager always runs); default: "
+                                     "ort, ort-int8 and ov, and ov-bf16 where this CPU computes in bf16."),
     peers: str = typer.Option("all", "--peers", help="sentence-transformers rows: all, none, or a comma list of "
                                                      "st-torch, st-onnx, st-onnx-O3, st-onnx-qint8, st-openvino."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus file (.txt, .jsonl, .csv, ...)."),

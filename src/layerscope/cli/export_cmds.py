@@ -29,6 +29,9 @@ def export(
                               "Softmax kept fp32; held to a depth-scaled cosine against torch fp32)."),
     lens_k: Optional[int] = typer.Option(None, "--lens-k",
                                          help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
+    cpu_precisions: bool = typer.Option(True, "--cpu-precisions/--no-cpu-precisions",
+                                        help="Also check and record OpenVINO bf16 where this CPU computes in bf16, "
+                                             "so --engine auto can pick it."),
 ):
     """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
     from layerscope.export.exporter import export_model
@@ -43,6 +46,11 @@ def export(
     from layerscope.report.console import print_export_summary
 
     print_export_summary(c, out, manifest)
+    if cpu_precisions:
+        from layerscope.export.cpu_precision import record_cpu_precisions
+
+        for line in record_cpu_precisions(out, progress=progress_printer(c)):
+            c.print(line, markup=False, highlight=False)
     if lens_k is not None:
         from layerscope.decoding.lens_onnx import export_lens
 

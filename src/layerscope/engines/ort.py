@@ -81,6 +81,21 @@ def ort_module():
 
 
 _PROBED: dict[str, str] = {}  # provider -> "" when it loads, else the reason (per process)
+_PRELOADED: list[bool] = []
+
+
+def preload_gpu_libraries(ort) -> None:
+    """Load the CUDA and cuDNN libraries once per process where this build knows how (onnxruntime-gpu >= 1.21:
+    from PyTorch's lib dir or the ``nvidia-*`` pip packages), so the CUDA provider finds them without
+    LD_LIBRARY_PATH. Where it cannot, the provider's own start reports the missing file by name."""
+    if _PRELOADED or not hasattr(ort, "preload_dlls"):
+        return
+    _PRELOADED.append(True)
+    with captured_stderr():
+        try:
+            ort.preload_dlls()
+        except Exception:  # noqa: BLE001 - a failed preload leaves the provider to name what it misses
+            pass
 
 
 def make_session(model_path: str | Path, provider: str, provider_options: dict | None = None, *,
@@ -91,6 +106,8 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
         raise EngineUnavailableError(
             f"{provider} is not in this onnxruntime build (it has {', '.join(ort.get_available_providers())}); "
             "install onnxruntime-gpu for CUDA/TensorRT")
+    if provider != "CPUExecutionProvider":
+        preload_gpu_libraries(ort)
     if provider != "CPUExecutionProvider" and Path(model_path) != _probe_model():
         # Find out on a one-node graph first: a GPU provider that cannot load fails in milliseconds
         # there, instead of after the full model was read and partitioned.

@@ -29,13 +29,32 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
     return raw, out.hidden_states, out
 
 
+PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# The probe a half-precision engine checks itself on at start, against fp32 on the same device: mixed
+# lengths (padding), a non-Latin script, digits and symbols, and one text of a few hundred tokens.
+PARITY_TEXTS = (
+    "A man is playing a guitar.",
+    "Hi",
+    "一个人正在弹吉他。",
+    "Numbers like 3.14159 and 2,718 appear here; so do symbols: #, @, & and %!",
+    " ".join(["Two dogs play in the snow while their owners watch from a bench near the frozen lake."] * 12),
+)
+
+
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
     device="any", fallback=True, gradients=True,
     options=(EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),),
     bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
+    """PyTorch in fp32 with eager attention; subclasses run fp16/bf16 with scaled-dot-product attention.
+
+    Off the CPU, or in half precision, poolings run on the device in fp32 (``pool_torch``) and only the
+    pooled vectors are copied back; the fp32 CPU reference pools in numpy as it always has.
+    """
+
     name = "torch"
+    precision = "fp32"
 
     def __init__(self, model, *, device: str | None = None, threads: int | None = None, **_ignored):
         super().__init__(model)
@@ -43,21 +62,49 @@ class TorchEngine(Engine):
 
         from layerscope.model.families import get_submodule
 
-        from layerscope.model.source import load_torch_model
+        from layerscope.model.source import load_torch_model, supports_sdpa
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise EngineUnavailableError("torch on cuda: PyTorch sees no CUDA GPU on this machine; use --device cpu")
+            raise EngineUnavailableError(f"{self.name} on cuda: PyTorch sees no CUDA GPU on this machine; "
+                                         "use --device cpu")
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
         self.device = torch.device(device)
-        self.net = load_torch_model(self.model.source(), self.model.family(),
-                                    trust_remote_code=self.model.trust_remote_code).to(self.device)
-        self.word_embeddings = get_submodule(self.net, self.model.family().word_embeddings)
+        family = self.model.family()
+        attention = "eager"
+        if self.precision != "fp32":
+            attention = "sdpa" if supports_sdpa(self.model.source(), family,
+                                                trust_remote_code=self.model.trust_remote_code) else "eager"
+        self.attention = attention
+        # Loaded in fp32 first: a half-precision engine measures itself against it, then casts in place
+        # (one copy of the weights in memory, never two).
+        self.net = load_torch_model(self.model.source(), family, trust_remote_code=self.model.trust_remote_code,
+                                    attn_implementation=attention).to(self.device)
+        self.word_embeddings = get_submodule(self.net, family.word_embeddings)
         self.info.provider = f"torch-{self.device.type}"
         self.info.device = str(self.device)
+        self.info.precision = self.precision
+        self.parity: dict[str, dict[str, float]] = {}
+        if self.precision != "fp32":
+            self._become_half()
+
+    def _become_half(self) -> None:
+        """Cast to the engine's half type and record each layer's max |diff| and min cosine against fp32."""
+        torch = self.torch
+        encoder = self.encoder()
+        batches = [encoder(list(PARITY_TEXTS[:4])), encoder([PARITY_TEXTS[4]])]
+        layers = self.layer_names
+        ref = [self.run_tokens(b, layers) for b in batches]
+        self.net.to(getattr(torch, PRECISIONS[self.precision]))
+        got = [self.run_tokens(b, layers) for b in batches]
+        self.parity = half_parity(ref, got, [b.mask for b in batches], layers)
+        worst = min(self.parity, key=lambda k: self.parity[k]["min_cos"])
+        w = self.parity[worst]
+        self.info.notes.append(f"{self.precision} ({self.attention} attention) against fp32 on {self.device.type}: "
+                               f"worst layer {worst}, min cosine {w['min_cos']:.6f}, max |diff| {w['max_abs']:.3g}")
 
     @classmethod
     def probe(cls, export_dir=None) -> tuple[bool, str]:
@@ -92,6 +139,8 @@ class TorchEngine(Engine):
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         import numpy as np
 
+        if self.device.type != "cpu" or self.precision != "fp32":
+            return self._pool_on_device(batch, layers, poolings)
         states = self.run_tokens(batch, layers)
         eos = self.manifest.eos_token_id
         out = {}
@@ -99,6 +148,22 @@ class TorchEngine(Engine):
             out[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
                                   for s in states])
         return out
+
+    def _pool_on_device(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+        """Pool on the device in fp32 and copy back only ``[layers, batch, hidden]`` per pooling."""
+        import numpy as np
+
+        from layerscope.vocab.pooling import pool_torch
+
+        torch = self.torch
+        raw, hidden, _ = self.forward(batch)
+        with torch.inference_mode():
+            states = torch.stack([(raw if n == "raw" else hidden[int(n)]).float() for n in layers])
+            mask = torch.from_numpy(np.ascontiguousarray(batch.mask)).to(self.device)
+            ids = torch.from_numpy(np.ascontiguousarray(batch.input_ids)).to(self.device)
+            eos = self.manifest.get("eos_token_id")
+            return {mode: pool_torch(states, mask, mode, input_ids=ids, eos_token_id=eos).cpu().numpy()
+                    for mode in poolings}
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
         """The model's own pooled output (CLIP's EOS vector after the final norm), where it has one."""
@@ -110,3 +175,37 @@ class TorchEngine(Engine):
 
     def close(self) -> None:
         self.net = None
+
+
+def half_parity(ref: list[list[np.ndarray]], got: list[list[np.ndarray]], masks: list[np.ndarray],
+                layers: list[str]) -> dict[str, dict[str, float]]:
+    """Per layer: max |ref - got| and min cosine over the real (unpadded) token vectors of every batch."""
+    import numpy as np
+
+    out: dict[str, dict[str, float]] = {}
+    for li, layer in enumerate(layers):
+        r = np.concatenate([b[li][m.astype(bool)] for b, m in zip(ref, masks)]).astype(np.float64)
+        g = np.concatenate([b[li][m.astype(bool)] for b, m in zip(got, masks)]).astype(np.float64)
+        nr, ng = np.linalg.norm(r, axis=1), np.linalg.norm(g, axis=1)
+        cos = np.sum(r * g, axis=1) / np.maximum(nr * ng, 1e-300)
+        cos = np.where((nr == 0) & (ng == 0), 1.0, cos)
+        out[layer] = {"max_abs": float(np.max(np.abs(r - g))), "min_cos": float(np.min(cos))}
+    return out
+
+
+@register(EngineSpec(
+    "torch-fp16", "PyTorch in float16 with scaled-dot-product attention (the GPU baseline; checks itself "
+    "against fp32 at start)", needs_export=False, device="any",
+    bench=(BenchRow(note="PyTorch fp16 + SDPA, poolings on the device"),)))
+class TorchFp16Engine(TorchEngine):
+    name = "torch-fp16"
+    precision = "fp16"
+
+
+@register(EngineSpec(
+    "torch-bf16", "PyTorch in bfloat16 with scaled-dot-product attention (checks itself against fp32 at "
+    "start)", needs_export=False, device="any",
+    bench=(BenchRow(note="PyTorch bf16 + SDPA, poolings on the device"),)))
+class TorchBf16Engine(TorchEngine):
+    name = "torch-bf16"
+    precision = "bf16"

@@ -126,6 +126,10 @@ def cached_export(handle, options: dict[str, Any] | None = None):
         options.pop("force", None)
         export_model(handle.spec, target, trust_remote_code=handle.trust_remote_code,
                      revision=handle.source().revision, force=True, cache_entry=ident, **options)
+        from layerscope.export.cpu_precision import record_cpu_precisions
+
+        for line in record_cpu_precisions(target):
+            log.info("%s", line)
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 
 

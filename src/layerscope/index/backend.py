@@ -4,7 +4,7 @@
 support and a GPU is present (sharded over all GPUs when there are several),
 FAISS on the CPU otherwise. Where faiss has no GPU build but PyTorch sees a
 GPU, exact k-NN (``flat``) runs as a blocked matrix product on the GPU
-(:func:`torch_topk`). The backend actually used is recorded and printed.
+(:func:`layerscope.metrics.neighbors_torch.topk_inner`). The backend actually used is recorded and printed.
 """
 
 from __future__ import annotations
@@ -84,26 +84,3 @@ def select_backend(kind: str = "flat", prefer: str = "auto") -> Backend:
     if tgpu > 0:
         return Backend("faiss-cpu", 0, f"the installed faiss has no GPU support and a {kind} index needs it")
     return Backend("faiss-cpu", 0, "no GPU found" if ngpu == 0 and tgpu == 0 else "")
-
-
-def torch_topk(q: np.ndarray, x: np.ndarray, k: int, *, block_rows: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k inner products of ``q`` against ``x`` on the GPU, ``x`` streamed in row blocks."""
-    import torch
-
-    dev = torch.device("cuda")
-    qt = torch.from_numpy(np.ascontiguousarray(q)).to(dev)
-    best_s = best_i = None
-    for r0 in range(0, x.shape[0], block_rows):
-        xb = torch.from_numpy(np.ascontiguousarray(x[r0:r0 + block_rows])).to(dev)
-        s = qt @ xb.T
-        kk = min(k, s.shape[1])
-        bs, bi = torch.topk(s, kk, dim=1)
-        bi = bi + r0
-        if best_s is None:
-            best_s, best_i = bs, bi
-        else:
-            cs = torch.cat([best_s, bs], dim=1)
-            ci = torch.cat([best_i, bi], dim=1)
-            best_s, pos = torch.topk(cs, min(k, cs.shape[1]), dim=1)
-            best_i = torch.gather(ci, 1, pos)
-    return best_s.float().cpu().numpy(), best_i.cpu().numpy().astype(np.int64)

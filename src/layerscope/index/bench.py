@@ -69,7 +69,7 @@ def bench_indexes(n: int, d: int, seed: int, nprobes=(1, 4, 16, 64), n_queries: 
     return res
 
 
-def bench_alignment(n: int, d: int, seed: int, n_perm: int, nprobe: int | None) -> dict:
+def bench_alignment(n: int, d: int, seed: int, n_perm: int, nprobe: int | None, device: str = "auto") -> dict:
     from layerscope.index.alignment import alignment_figures
 
     s = random_unit(n, d, seed)
@@ -80,14 +80,14 @@ def bench_alignment(n: int, d: int, seed: int, n_perm: int, nprobe: int | None) 
         t[r0:r0 + b.shape[0]] = b / np.linalg.norm(b, axis=1, keepdims=True)
     timings: dict = {}
     t0 = time.perf_counter()
-    f = alignment_figures(s, t, n_perm=n_perm, seed=seed, knn_k=10,
+    f = alignment_figures(s, t, n_perm=n_perm, seed=seed, knn_k=10, device=device,
                           index_params={"nprobe": nprobe} if nprobe else None, timings=timings)
     total = time.perf_counter() - t0
     r = f["retrieval"]
     return {
         "n": n, "dim": d, "permutations": n_perm, "seconds_total": round(total, 1), "seconds": timings,
         "z": f["z"], "z_exact": f.get("z_exact"),
-        "retrieval": {"index": r["index"], "mrr_cutoff": r["mrr_cutoff"],
+        "retrieval": {"index": r["index"], "backend": r.get("backend"), "mrr_cutoff": r["mrr_cutoff"],
                       **{dn: {kk: r[dn][kk] for kk in ("acc@1", "acc@10", "mrr", "seconds_build", "seconds_search",
                                                         "recall_vs_exact", "params") if kk in r[dn]}
                          for dn in ("src2tgt", "tgt2src")}},
@@ -109,6 +109,8 @@ def main(argv=None) -> None:
     ap.add_argument("--align", default="1000000", help="sizes for the alignment benchmark ('' for none)")
     ap.add_argument("--permutations", type=int, default=20)
     ap.add_argument("--nprobe", type=int, default=8, help="IVF cells searched in the alignment benchmark")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"),
+                    help="where nearest-neighbour search runs (gpu: FAISS GPU or exact PyTorch top-k)")
     ap.add_argument("--out", default="benchmarks/faiss")
     args = ap.parse_args(argv)
     import faiss
@@ -126,7 +128,7 @@ def main(argv=None) -> None:
         print(json.dumps(r), flush=True)
         path.write_text(json.dumps(record, indent=2) + "\n")
     for n in [int(v) for v in args.align.split(",") if v]:
-        r = bench_alignment(n, args.dim, args.seed, args.permutations, args.nprobe)
+        r = bench_alignment(n, args.dim, args.seed, args.permutations, args.nprobe, args.device)
         record["alignment"].append(r)
         print(json.dumps(r), flush=True)
         path.write_text(json.dumps(record, indent=2) + "\n")

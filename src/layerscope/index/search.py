@@ -26,10 +26,16 @@ DEFAULT_ANN_THRESHOLD = 50_000
 DEFAULT_MRR_CUTOFF = 1000
 
 
-def choose_kind(n: int, kind: str = "auto", ann_threshold: int = DEFAULT_ANN_THRESHOLD) -> str:
+def choose_kind(n: int, kind: str = "auto", ann_threshold: int = DEFAULT_ANN_THRESHOLD, device: str = "auto") -> str:
+    """``kind`` as asked; under ``auto``, exact (``flat``) up to ``ann_threshold`` rows, IVF above it, except
+    where exact search runs on a GPU (FAISS GPU or PyTorch), which stays exact at any size."""
     if kind != "auto":
         return kind
-    return "flat" if n <= ann_threshold else "ivf"
+    if n <= ann_threshold:
+        return "flat"
+    from layerscope.index.backend import select_backend
+
+    return "flat" if device != "cpu" and select_backend("flat", device).name != "faiss-cpu" else "ivf"
 
 
 def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, block: int = 4096) -> np.ndarray:
@@ -52,7 +58,7 @@ def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "a
               index_params: dict | None = None) -> dict[str, Any]:
     """Retrieval both ways over unit-normalised float32 ``src``/``tgt`` (row i of each is a pair)."""
     n = src.shape[0]
-    kind = choose_kind(n, kind, ann_threshold)
+    kind = choose_kind(n, kind, ann_threshold, device)
     cutoff = int(min(n, mrr_cutoff))
     out: dict[str, Any] = {"index": kind, "n": int(n), "mrr_cutoff": cutoff, "mrr_exact": cutoff >= n}
     for name, (q, base) in (("src2tgt", (src, tgt)), ("tgt2src", (tgt, src))):
@@ -84,7 +90,7 @@ def self_knn(x: np.ndarray, k: int, *, kind: str = "auto", ann_threshold: int = 
     last result is dropped instead (:func:`layerscope.metrics.neighbors.drop_self`).
     """
     n = x.shape[0]
-    kind = choose_kind(n, kind, ann_threshold)
+    kind = choose_kind(n, kind, ann_threshold, device)
     vi = VectorIndex.build(x, kind, normalized=True, seed=seed, device=device, **(index_params or {}))
     out = np.empty((n, k), dtype=np.int64)
     for q0 in range(0, n, block):

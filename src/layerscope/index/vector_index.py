@@ -26,7 +26,7 @@ import numpy as np
 
 from layerscope.errors import InputError, StoreError
 from layerscope.progress import track
-from layerscope.index.backend import Backend, _faiss, select_backend, torch_topk
+from layerscope.index.backend import Backend, _faiss, select_backend
 from layerscope.metrics.neighbors import recall_at_k
 from layerscope.metrics.quantization import binary_quantize
 from layerscope.metrics.vectors import l2_normalize
@@ -162,7 +162,9 @@ class VectorIndex:
             dist, idx = self.index.search(binary_quantize(qb, bitorder="little"), k)
             return (1.0 - dist.astype(np.float32) / self.dim), idx.astype(np.int64)
         if self.backend.name == "torch-cuda" and self._vectors is not None:
-            return torch_topk(qb, self._vectors, k)
+            from layerscope.metrics.neighbors_torch import topk_inner
+
+            return topk_inner(qb, self._vectors, k, device="cuda")
         index = self._gpu_index if self._gpu_index is not None else self.index
         s, i = index.search(qb, k)
         return s, i.astype(np.int64)

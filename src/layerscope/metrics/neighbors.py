@@ -69,11 +69,13 @@ def ranks_from_scores(scores, correct) -> np.ndarray:
     return out
 
 
-def cosine_ranks(src, tgt, *, block_size: int = 1024) -> np.ndarray:
+def cosine_ranks(src, tgt, *, block_size: int = 1024, backend: str = "auto") -> np.ndarray:
     """Rank of ``tgt[i]`` among all targets for query ``src[i]`` by cosine.
 
     Blocked over queries, so it holds ``block_size x n`` scores, never
     ``n x n``. Ties share the mean rank as in :func:`ranks_from_scores`.
+    ``backend``: ``"numpy"``, ``"pytorch"`` (float32 blocked products on a CUDA GPU,
+    :mod:`layerscope.metrics.neighbors_torch`) or ``"auto"`` (PyTorch where it sees a GPU).
     """
     S = as_matrix(src, "src")
     T = as_matrix(tgt, "tgt")
@@ -81,9 +83,14 @@ def cosine_ranks(src, tgt, *, block_size: int = 1024) -> np.ndarray:
         raise ValueError(f"src and tgt must have the same shape, got {S.shape} and {T.shape}")
     check_finite(S, "src")
     check_finite(T, "tgt")
-    dtype = float_dtype(S, T)
+    device = _torch_device(backend)
+    dtype = np.float32 if device else float_dtype(S, T)
     Sn = l2_normalize(S.astype(dtype, copy=False))
     Tn = l2_normalize(T.astype(dtype, copy=False))
+    if device:
+        from layerscope.metrics import neighbors_torch
+
+        return neighbors_torch.cosine_ranks(Sn, Tn, device=device)
     n = S.shape[0]
     out = np.empty(n, dtype=np.float64)
     for q0 in range(0, n, max(1, block_size)):
@@ -203,6 +210,20 @@ def _knn_numpy(x: np.ndarray, k: int, metric: str, block_size: int) -> np.ndarra
     return out
 
 
+def _torch_device(backend: str) -> str | None:
+    """The device a ``"pytorch"``/``"auto"`` backend runs on (None: not PyTorch)."""
+    if backend not in ("auto", "numpy", "faiss", "pytorch"):
+        raise ValueError(f"backend must be 'auto', 'numpy', 'faiss' or 'pytorch', got {backend!r}")
+    if backend in ("numpy", "faiss"):
+        return None
+    from layerscope.metrics.neighbors_torch import cuda_device
+
+    device = cuda_device()
+    if backend == "pytorch":
+        return device or "cpu"
+    return device
+
+
 def knn_indices(
     x, k: int, *, metric: str = "cosine", block_size: int = 4096, backend: str = "auto"
 ) -> np.ndarray:
@@ -211,17 +232,18 @@ def knn_indices(
     ``metric``: ``"cosine"`` (rows L2-normalised, inner product), ``"dot"``
     (raw inner product) or ``"l2"`` (Euclidean). Returns int64 ``[n, k]``,
     nearest first. Uses a faiss ``IndexFlatIP``/``IndexFlatL2`` on float32
-    (``backend="faiss"``), or blocked numpy matrix products where faiss is not
-    installed (``backend="numpy"``; ``"auto"`` picks faiss when it imports).
+    (``backend="faiss"``), blocked numpy matrix products (``backend="numpy"``), or
+    blocked float32 products in PyTorch (``backend="pytorch"``, on a CUDA GPU where
+    present); ``"auto"`` picks PyTorch where PyTorch sees a GPU, else faiss when it
+    imports, else numpy.
     Queries go in blocks of ``block_size``, so no n x n array is ever held.
-    Among exact ties the numpy backend takes and lists lower indices first;
-    faiss uses its own order.
+    Among exact ties the numpy and pytorch backends take and list lower indices
+    first; faiss uses its own order.
     """
     X = as_matrix(x, "x")
     if metric not in _KNN_METRICS:
         raise ValueError(f"metric must be one of {_KNN_METRICS}, got {metric!r}")
-    if backend not in ("auto", "faiss", "numpy"):
-        raise ValueError(f"backend must be 'auto', 'faiss' or 'numpy', got {backend!r}")
+    device = _torch_device(backend)
     n = X.shape[0]
     if int(k) != k or k < 1 or k > n - 1:
         raise ValueError(f"k must be an integer in [1, n-1] = [1, {n - 1}], got {k}")
@@ -233,6 +255,10 @@ def knn_indices(
     if metric == "cosine":
         xf = l2_normalize(xf)
     xf = np.ascontiguousarray(xf)
+    if device:
+        from layerscope.metrics import neighbors_torch
+
+        return neighbors_torch.knn(xf, k, metric, device=device)
     if backend == "auto":
         try:
             import faiss  # noqa: F401

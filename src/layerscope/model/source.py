@@ -110,12 +110,26 @@ def _loader_class(name: str):
     return getattr(transformers, name)
 
 
+def supports_sdpa(source: ModelSource, family: Family, *, trust_remote_code: bool = False) -> bool:
+    """Whether the transformers class that loads ``source`` implements scaled-dot-product attention."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(source.path_or_id, revision=source.revision,
+                                                     trust_remote_code=trust_remote_code)
+    auto = _loader_class(family.loader)
+    try:
+        cls = auto._model_mapping[type(config)]
+    except (AttributeError, KeyError):
+        return bool(getattr(auto, "_supports_sdpa", False))
+    return bool(getattr(cls, "_supports_sdpa", False))
+
+
 def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: bool = False,
                      with_head: bool = False, attn_implementation: str | None = "eager",
                      output_loading_info: bool = False, dtype: str = "fp32"):
     """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode.
 
-    ``dtype``: "fp32" (default), "fp16", or "auto" (as the checkpoint stores it: a bf16 checkpoint then
+    ``dtype``: "fp32" (default), "fp16", "bf16", or "auto" (as the checkpoint stores it: a bf16 checkpoint then
     takes half the memory, for callers that only read some tensors and widen those).
 
     With ``output_loading_info`` it returns ``(model, info)`` where ``info["missing_keys"]`` lists
@@ -128,7 +142,8 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     cls = _loader_class(cls_name)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
                                   use_safetensors=True,
-                                  dtype={"fp32": torch.float32, "fp16": torch.float16, "auto": "auto"}[dtype])
+                                  dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                                         "auto": "auto"}[dtype])
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     info = None

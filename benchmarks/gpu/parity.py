@@ -1,0 +1,61 @@
+"""Per-layer parity of the GPU engines against PyTorch fp32 on the same GPU, for one export.
+
+    python benchmarks/gpu/parity.py EXPORT_DIR [--engines cuda,torch-fp16,torch-bf16] [--out FILE.json]
+
+Every token-level state (raw embeddings and every hidden state) of the export's own validation texts, in
+its own padded batches, compared over real tokens only: max |diff| and min cosine per layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("export_dir")
+    ap.add_argument("--engines", default="cuda,torch-fp16,torch-bf16")
+    ap.add_argument("--device", default="cuda", help="where the torch engines run (cpu: to try this script)")
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    from layerscope.engines.base import create_engine
+    from layerscope.engines.torch import half_parity
+    from layerscope.export.validate import VALIDATION_TEXTS, validation_batches
+    from layerscope.model.handle import ModelHandle
+
+    handle = ModelHandle.resolve(a.export_dir)
+    ref = create_engine("torch", handle, device=a.device)
+    layers = ref.layer_names
+    batches = [ref.encoder()(texts) for texts in validation_batches(VALIDATION_TEXTS)]
+    want = [ref.run_tokens(b, layers) for b in batches]
+    ref.close()
+    record = {"export": str(a.export_dir), "reference": f"torch fp32 eager on {a.device}", "engines": {}}
+    for name in a.engines.split(","):
+        try:
+            eng = create_engine(name, handle, device=a.device) if name.startswith("torch") else create_engine(name, handle)
+        except Exception as exc:  # noqa: BLE001 - reported, the other engines still run
+            record["engines"][name] = {"error": str(exc).splitlines()[0]}
+            print(f"{name}: {str(exc).splitlines()[0]}")
+            continue
+        got = [eng.run_tokens(b, layers) for b in batches]
+        per_layer = half_parity(want, got, [b.mask for b in batches], layers)
+        worst = min(per_layer, key=lambda k: per_layer[k]["min_cos"])
+        record["engines"][name] = {"provider": eng.info.provider, "layers": per_layer}
+        print(f"{name} ({eng.info.provider}): worst layer {worst} min cosine {per_layer[worst]['min_cos']:.7f}, "
+              f"max |diff| over layers {max(v['max_abs'] for v in per_layer.values()):.3g}")
+        eng.close()
+    text = json.dumps(record, indent=1)
+    if a.out:
+        Path(a.out).write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
