@@ -41,10 +41,13 @@ PARITY_TEXTS = (
 )
 
 
+TORCH_OPTIONS = (EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),)
+
+
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
     device="any", fallback=True, gradients=True,
-    options=(EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),),
+    options=TORCH_OPTIONS,
     bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     """PyTorch in fp32 with eager attention; subclasses run fp16/bf16 with scaled-dot-product attention.
@@ -161,7 +164,7 @@ class TorchEngine(Engine):
             states = torch.stack([(raw if n == "raw" else hidden[int(n)]).float() for n in layers])
             mask = torch.from_numpy(np.ascontiguousarray(batch.mask)).to(self.device)
             ids = torch.from_numpy(np.ascontiguousarray(batch.input_ids)).to(self.device)
-            eos = self.manifest.get("eos_token_id")
+            eos = self.manifest.eos_token_id
             return {mode: pool_torch(states, mask, mode, input_ids=ids, eos_token_id=eos).cpu().numpy()
                     for mode in poolings}
 
@@ -195,7 +198,7 @@ def half_parity(ref: list[list[np.ndarray]], got: list[list[np.ndarray]], masks:
 
 @register(EngineSpec(
     "torch-fp16", "PyTorch in float16 with scaled-dot-product attention (the GPU baseline; checks itself "
-    "against fp32 at start)", needs_export=False, device="any",
+    "against fp32 at start)", needs_export=False, device="any", options=TORCH_OPTIONS,
     bench=(BenchRow(note="PyTorch fp16 + SDPA, poolings on the device"),)))
 class TorchFp16Engine(TorchEngine):
     name = "torch-fp16"
@@ -204,7 +207,7 @@ class TorchFp16Engine(TorchEngine):
 
 @register(EngineSpec(
     "torch-bf16", "PyTorch in bfloat16 with scaled-dot-product attention (checks itself against fp32 at "
-    "start)", needs_export=False, device="any",
+    "start)", needs_export=False, device="any", options=TORCH_OPTIONS,
     bench=(BenchRow(note="PyTorch bf16 + SDPA, poolings on the device"),)))
 class TorchBf16Engine(TorchEngine):
     name = "torch-bf16"
