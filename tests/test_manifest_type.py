@@ -86,6 +86,10 @@ def test_a_manifest_without_required_facts_is_one_line():
         Manifest.from_dict(d)
     with pytest.raises(ManifestError, match="wrong type"):
         Manifest.from_dict(_plain(hidden_size="wide"))
+    bad = _plain()
+    bad["source"]["weights_sha256"] = "../../elsewhere"  # result folders are named from it
+    with pytest.raises(ManifestError, match="not a sha256 hex digest"):
+        Manifest.from_dict(bad)
 
 
 def test_an_old_copy_without_a_version_still_opens_from_a_store(tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,9 @@ FORMAT_VERSION = 1  # the manifest.json layout this version writes
 READABLE_VERSIONS = (1,)  # the layouts this version reads
 UPGRADE = "re-export it with: layerscope export MODEL OUT --force"
 ONNX_FILE = "model.onnx"
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _frozen(value: Any) -> Mapping:
@@ -59,6 +63,10 @@ class SourceInfo:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SourceInfo":
+        for key in ("weights_sha256", "files_sha256"):  # result folders are named from them: hex digests only
+            value = d.get(key)
+            if value is not None and not (isinstance(value, str) and _SHA256.fullmatch(value)):
+                raise ManifestError(f"the manifest's source.{key} {value!r} is not a sha256 hex digest; {UPGRADE}")
         spec = d.get("spec") or d.get("path_or_id") or ""
         return cls(spec=str(spec), path_or_id=str(d.get("path_or_id") or spec), is_local=bool(d.get("is_local")),
                    revision=d.get("revision"), alias=d.get("alias"), weights_sha256=d.get("weights_sha256"),
