@@ -140,8 +140,10 @@ class LayerStore:
 
     @property
     def manifest(self) -> Manifest:
-        """The model's manifest as the store recorded it, typed (a copy made before format versions opens)."""
-        return as_manifest(self.meta["manifest"], where=f"{self.path / STORE_JSON}'s model manifest")
+        """The model's manifest as the store recorded it, typed once (a copy made before format versions opens)."""
+        if getattr(self, "_manifest", None) is None:
+            self._manifest = as_manifest(self.meta["manifest"], where=f"{self.path / STORE_JSON}'s model manifest")
+        return self._manifest
 
     @property
     def settings(self) -> dict:
