@@ -170,18 +170,17 @@ def test_cka_reports_its_row_blocks_and_layer_pairs(finished):
 
 
 def test_model_comparison_counts_its_bootstraps(finished):
-    from layerscope.analyses.compare import ScoreRow, compare_models, keep_rows
+    from layerscope.analyses.base import ModelOutput, PerModel
+    from layerscope.analyses.compare import ScoreRow, compare_models, model_rows
     from layerscope.metrics.paired import win_rate_scorer
 
-    class Holder:
-        pass
-
-    holder = Holder()
     rng = np.random.default_rng(1)
-    for _ in range(3):  # three models of two layers: 3 pairs x (best of each + 3 layers) = 12 bootstraps
-        keep_rows(holder, 2, 20, [ScoreRow("mean", str(x), 0.5, None, win_rate_scorer(rng.normal(size=20)),
-                                           bootstrap_ci=True) for x in range(3)])
-    compare_models(holder, {"A": {}, "B": {}, "C": {}}, score="win_rate", score_label="win rate", n_resamples=20)
+    outputs = {}
+    for name in "ABC":  # three models of two layers: 3 pairs x (best of each + 3 layers) = 12 bootstraps
+        outputs[name] = ModelOutput({}, compare=model_rows(2, 20, [
+            ScoreRow("mean", str(x), 0.5, None, win_rate_scorer(rng.normal(size=20)), bootstrap_ci=True)
+            for x in range(3)]))
+    compare_models(PerModel(outputs), score="win_rate", score_label="win rate", n_resamples=20)
     by = {label: (done, total) for label, done, total in finished}
     assert by["comparing models (paired bootstrap)"] == (12, 12)
     assert by["intervals of the side-by-side table"] == (9, 9)  # 3 layers x 3 models, none had an interval

@@ -1,5 +1,5 @@
-"""inspect run keeps runs apart (results/<model>/<revision>/<analysis>/), reuses a run it already has,
-never overwrites a different run without --force, and never deletes the user's files beside the results."""
+"""inspect run keeps runs apart (results/<model>/<revision>/<analysis>/<spec hash>/), reuses a run it already
+has, never overwrites a different run without --force, and never deletes the user's files beside the results."""
 
 from __future__ import annotations
 
@@ -50,15 +50,24 @@ def weights_prefix(model_dir: Path) -> str:
     return weights_hash(ModelSource(str(model_dir), str(model_dir), True, None))[:12]
 
 
+def only_run(analysis_dir: Path) -> Path:
+    """The one run folder (``<spec hash>/``) under an analysis folder."""
+    runs = [p.parent for p in analysis_dir.glob("*/results.json")]
+    assert len(runs) == 1, runs
+    assert runs[0].name == json.loads((runs[0] / "results.json").read_text())["spec_hash"]
+    return runs[0]
+
+
 def test_default_layout_keeps_models_and_weights_apart(two_models, tmp_path, capsys):
     base, other = two_models
     code, text = cli(RUN + ["--model", base], capsys)
     assert code == 0, text
-    first = Path("results") / "mybert" / weights_prefix(base) / "compositionality"
+    first = only_run(Path("results") / "mybert" / weights_prefix(base) / "compositionality")
     assert (first / "results.json").exists() and (first / ".layerscope.json").exists(), text
+    assert first.name in (first.parent / "runs.md").read_text()  # the readable index of the runs
     code, text = cli(RUN + ["--model", other], capsys)
     assert code == 0, text
-    second = Path("results") / "mybert" / weights_prefix(other) / "compositionality"
+    second = only_run(Path("results") / "mybert" / weights_prefix(other) / "compositionality")
     assert second != first and (second / "results.json").exists()
     assert (first / "results.json").exists()  # the earlier model's results are still there
     a = json.loads((first / "results.json").read_text())["per_model"]
@@ -67,8 +76,8 @@ def test_default_layout_keeps_models_and_weights_apart(two_models, tmp_path, cap
     # two models side by side: names and revisions joined with '+'
     code, text = cli(RUN + ["--model", base, "--model", other], capsys)
     assert code == 0, text
-    both = (Path("results") / "mybert+mybert" / f"{weights_prefix(base)}+{weights_prefix(other)}"
-            / "compositionality")
+    both = only_run(Path("results") / "mybert+mybert" / f"{weights_prefix(base)}+{weights_prefix(other)}"
+                    / "compositionality")
     assert (both / "results.json").exists()
     # inspect report still works on the new layout
     code, text = cli(["report", both], capsys)
@@ -92,17 +101,25 @@ def test_same_run_is_reused_and_recompute_runs_it_again(two_models, capsys):
     assert path.stat().st_mtime_ns != stamp
 
 
-def test_other_options_are_refused_not_overwritten(two_models, capsys):
+def test_other_options_get_their_own_folder_or_are_refused_behind_out(two_models, capsys):
     base, _ = two_models
     assert cli(RUN + ["--model", base], capsys)[0] == 0
     path = next(Path("results").rglob("results.json"))
     saved = path.read_text()
     code, text = cli(RUN[:-3] + ["--layers", "0", "--no-cache", "--model", base], capsys)
-    assert code == 2 and "differs in layers='-1'" in text and "--out" in text and "--force" in text, text
+    assert code == 0 and "wrote" in text, text  # another spec: its own folder beside the first
     assert path.read_text() == saved
-    code, text = cli(RUN[:-3] + ["--layers", "0", "--no-cache", "--model", base, "--force"], capsys)
+    runs = sorted(p.parent.name for p in path.parent.parent.glob("*/results.json"))
+    assert len(runs) == 2 and all(r in (path.parent.parent / "runs.md").read_text() for r in runs)
+    # behind an explicit --out: refused, naming the key that differs with its old and new value
+    assert cli(RUN + ["--model", base, "--out", "r"], capsys)[0] == 0
+    saved = Path("r/results.json").read_text()
+    code, text = cli(RUN[:-3] + ["--layers", "0", "--no-cache", "--model", base, "--out", "r"], capsys)
+    assert code == 2 and "differs in layers '-1' -> '0'" in text and "--out" in text and "--force" in text, text
+    assert Path("r/results.json").read_text() == saved
+    code, text = cli(RUN[:-3] + ["--layers", "0", "--no-cache", "--model", base, "--out", "r", "--force"], capsys)
     assert code == 0, text
-    assert json.loads(path.read_text())["settings"]["layers"] == "0"
+    assert json.loads(Path("r/results.json").read_text())["settings"]["layers"] == "0"
 
 
 def test_user_files_beside_results_are_never_deleted(two_models, capsys):
@@ -110,7 +127,7 @@ def test_user_files_beside_results_are_never_deleted(two_models, capsys):
     assert cli(RUN + ["--model", base], capsys)[0] == 0
     out = next(Path("results").rglob("results.json")).parent
     (out / "notes.md").write_text("what I think of layer 2")
-    for extra in (["--recompute"], ["--force"], ["--layers", "0", "--force"]):
+    for extra in (["--recompute"], ["--force"], ["--layers", "0", "--force", "--out", out]):
         code, text = cli(RUN + ["--model", base] + extra, capsys)
         assert code == 2 and "notes.md" in text and "layerscope did not make" in text, text
         assert (out / "notes.md").read_text() == "what I think of layer 2"

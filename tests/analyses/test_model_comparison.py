@@ -9,7 +9,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from layerscope.analyses.base import Context, rerender, run_analysis
-from layerscope.analyses.compare import ScoreRow, compare_models, keep_rows
+from layerscope.analyses.base import ModelOutput, PerModel
+from layerscope.analyses.compare import ScoreRow, compare_models, model_rows
 from layerscope.metrics.paired import correlation_scorer
 
 
@@ -41,10 +42,6 @@ def _ctx(models, tmp_path, name, **kw):
     return Context(**base)
 
 
-class _Holder:
-    pass
-
-
 def test_models_of_different_depth_line_up_by_relative_depth():
     """A 4-layer and a 6-layer model: depth k/4 takes the 6-layer model's nearest layer (1.5 -> 2, 4.5 -> 5)."""
     rng = np.random.default_rng(0)
@@ -58,11 +55,10 @@ def test_models_of_different_depth_line_up_by_relative_depth():
                                 correlation_scorer(sims, human)))
         return out
 
-    holder = _Holder()
     rows_a, rows_b = rows(4, 0.5), rows(6, 2.0)
-    keep_rows(holder, 4, 60, rows_a)
-    keep_rows(holder, 6, 60, rows_b)
-    out = compare_models(holder, {"A": {}, "B": {}}, score="spearman", score_label="Spearman", n_resamples=100)
+    per_model = PerModel({"A": ModelOutput({}, compare=model_rows(4, 60, rows_a)),
+                          "B": ModelOutput({}, compare=model_rows(6, 60, rows_b))})
+    out = compare_models(per_model, score="spearman", score_label="Spearman", n_resamples=100)
     side = out["tables"]["side_by_side"]
     assert out["comparison"]["by"] == "relative depth"
     assert [(r["relative depth"], r["A layer"], r["B layer"]) for r in side] == [
@@ -80,13 +76,11 @@ def test_models_of_different_depth_line_up_by_relative_depth():
     assert (matched["depth 0.75"]["layer_a"], matched["depth 0.75"]["layer_b"]) == ("3", "5")
     for r in pairs:
         assert r["ci_low"] <= r["difference"] <= r["ci_high"] and 0 < r["p_value"] <= 1
-    assert holder.__dict__.get("_compare_rows") is None  # handed over once, not carried into a later run
 
 
 def test_one_model_gets_no_comparison():
-    holder = _Holder()
-    keep_rows(holder, 2, 10, [ScoreRow("mean", "1", 0.5, None, None)])
-    assert compare_models(holder, {"A": {}}, score="spearman", score_label="Spearman") == {}
+    per_model = PerModel({"A": ModelOutput({}, compare=model_rows(2, 10, [ScoreRow("mean", "1", 0.5, None, None)]))})
+    assert compare_models(per_model, score="spearman", score_label="Spearman") == {}
 
 
 def test_two_model_sts_run_writes_side_by_side_and_paired_tests(tiny_model, tmp_path):

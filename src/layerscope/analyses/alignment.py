@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.index.alignment import PCA_KS, alignment_figures, category_figures
 
@@ -112,38 +112,40 @@ class Alignment(Analysis):
         ),
     )
 
+    def default_poolings(self, handle) -> list[str]:
+        return list(self.metadata.default_poolings)
+
     # -- data --------------------------------------------------------------
     def prepare(self, ctx: Context):
         from layerscope.data.aligned import PairSet, read_line_pairs, read_pairs
 
-        o = ctx.options
+        o = self.options(ctx)
         for name in ("permutations", "knn", "n", "examples"):
             least = {"permutations": 2, "examples": 0}.get(name, 1)
-            if o.get(name) is not None and o[name] < least:
-                raise InputError(f"--{name} must be at least {least}, got {o[name]}")
-        if o.get("index", "auto") not in INDEX_KINDS:
-            raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o['index']!r}")
-        given = [s for s, v in (("--data", ctx.data), ("--generate", o.get("generate")),
-                                ("--source-file/--target-file", o.get("source_file") or o.get("target_file")))
+            if getattr(o, name) is not None and getattr(o, name) < least:
+                raise InputError(f"--{name} must be at least {least}, got {getattr(o, name)}")
+        if o.index not in INDEX_KINDS:
+            raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o.index!r}")
+        given = [s for s, v in (("--data", ctx.data), ("--generate", o.generate),
+                                ("--source-file/--target-file", o.source_file or o.target_file))
                  if v]
         if len(given) > 1:
             raise InputError(f"give one source of pairs, not {' and '.join(given)}")
-        if o.get("source_file") or o.get("target_file"):
-            if not (o.get("source_file") and o.get("target_file")):
+        if o.source_file or o.target_file:
+            if not (o.source_file and o.target_file):
                 raise InputError("--source-file and --target-file go together; give both")
-            pairs = read_line_pairs(o["source_file"], o["target_file"])
+            pairs = read_line_pairs(o.source_file, o.target_file)
         elif ctx.data:
-            pairs = read_pairs(ctx.data, source=o.get("source_column") or "source",
-                               target=o.get("target_column") or "target",
-                               category=o.get("category_column") or "category")
+            pairs = read_pairs(ctx.data, source=o.source_column, target=o.target_column,
+                               category=o.category_column)
         else:
-            gen = o.get("generate") or self.metadata.default_data
+            gen = o.generate or self.metadata.default_data
             if gen not in GENERATORS:
                 raise InputError(f"--generate {gen!r} is not a built-in pair set; available: {', '.join(GENERATORS)}")
             from layerscope.data.bilingual import generate_pairs
             from layerscope.data.aligned import pairs_from_records
 
-            gp = generate_pairs(o.get("n") or 200, ctx.seed)
+            gp = generate_pairs(o.n, ctx.seed)
             pairs: PairSet = pairs_from_records(
                 [(i + 1, p.source, p.target, p.category, p.id) for i, p in enumerate(gp)],
                 f"generated {gen} (n={len(gp)}, seed={ctx.seed})", where="pair")
@@ -154,12 +156,14 @@ class Alignment(Analysis):
         return pairs
 
     # -- figures -----------------------------------------------------------
-    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data) -> ModelOutput:
         from layerscope.analyses.common import layers_for
 
-        o = ctx.options
+        from layerscope.analyses.common import poolings_for
+
+        o = self.options(ctx)
         layers = layers_for(ctx, run)
-        poolings = list(ctx.poolings or self.metadata.default_poolings)
+        poolings = poolings_for(ctx, run)
         n = len(data)
         vecs = ctx.vectors(run, data.sources + data.targets, layers=layers, poolings=poolings, tag="alignment")
         cats = sorted(set(data.categories)) if data.categories else []
@@ -168,16 +172,15 @@ class Alignment(Analysis):
         from layerscope.progress import track
 
         layer_rows, cat_rows, backend = [], [], None
-        queries = example_queries(n, 50 if o.get("examples") is None else o["examples"], ctx.seed)
+        queries = example_queries(n, o.examples, ctx.seed)
         k_shown = min(5, n)
         shown: dict[str, dict[str, Any]] = {}
         for pooling in poolings:
             for layer in track(layers, f"alignment, {pooling} pooling: layers"):
                 v = vecs[pooling, layer]
                 src, tgt = v[:n], v[n:]
-                f = alignment_figures(src, tgt, n_perm=o.get("permutations") or 1000, seed=ctx.seed,
-                                      knn_k=o.get("knn") or 10, ann_threshold=o.get("ann_threshold") or 50000,
-                                      index_kind=o.get("index") or "auto", device=o.get("device") or "auto")
+                f = alignment_figures(src, tgt, n_perm=o.permutations, seed=ctx.seed, knn_k=o.knn,
+                                      ann_threshold=o.ann_threshold, index_kind=o.index, device=o.device)
                 backend = f["retrieval"].get("backend")
                 layer_rows.append(layer_row(pooling, layer, f))
                 if len(queries):
@@ -188,10 +191,10 @@ class Alignment(Analysis):
                         cat_rows.append({"pooling": pooling, "layer": layer, "category": c, "n": int(len(idx)),
                                          "z": None, "undefined": "fewer than 2 pairs"})
                         continue
-                    cf = category_figures(src[idx], tgt[idx], n_perm=o.get("permutations") or 1000, seed=ctx.seed)
+                    cf = category_figures(src[idx], tgt[idx], n_perm=o.permutations, seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
         main = "mean" if "mean" in poolings else poolings[0]
-        z_rows_for_comparison(self, run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
+        compare = z_rows_for_comparison(run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
         mine = [r for r in layer_rows if r["pooling"] == main]
         defined = [r for r in mine if r["z"] is not None]
         best = max(defined, key=lambda r: r["z"]) if defined else None
@@ -209,15 +212,16 @@ class Alignment(Analysis):
         neighbours = {"k": k_shown, "direction": "source -> target", "queries": [int(q) for q in queries],
                       "by": shown, "sources": {str(int(q)): data.sources[q] for q in queries},
                       "targets": {str(j): data.targets[j] for j in hit}}
-        return {"summary": summary, "layers": layers, "poolings": poolings, "neighbours": neighbours,
-                "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}}
+        return ModelOutput({"summary": summary, "layers": layers, "poolings": poolings, "neighbours": neighbours,
+                            "tables": {"alignment_layers": layer_rows, "alignment_categories": cat_rows}},
+                           compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models, merge_combined
 
         info = {"origin": data.origin, "n": len(data), "duplicates": data.duplicates, "notes": data.notes,
                 "categories": sorted(set(data.categories)) if data.categories else []}
-        several = compare_models(self, per_model, score="z_exact", score_label="z (exact permutation moments)",
+        several = compare_models(per_model, score="z_exact", score_label="z (exact permutation moments)",
                                  seed=ctx.seed, say=ctx.say)
         if data.answers is not None:
             rows = [{"id": i, "category": c, "source": s, "target": t, "answer": a}

@@ -81,6 +81,7 @@ class ModelRun:
     handle: Any
     engine: Any
     layers: list[str] | None = None  # --layers resolved for this model where the run started (vocab/layers.py)
+    poolings: list[str] | None = None  # --pooling checked for this model where the run started
 
     @property
     def name(self) -> str:
@@ -90,6 +91,31 @@ class ModelRun:
     @property
     def num_layers(self) -> int:
         return int(self.handle.manifest["num_layers"])
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """What ``compute`` returns for one model: its figures (saved in results.json) and what ``combine``
+    needs across models without saving it: the rows a model-vs-model comparison resamples
+    (``analyses/compare.py``'s ``ModelRows``) and anything else the analysis hands on (``kept``).
+    ``compute`` may also return the figures dict alone."""
+
+    figures: dict[str, Any]
+    compare: Any = None
+    kept: Any = None
+
+
+def as_output(value) -> ModelOutput:
+    return value if isinstance(value, ModelOutput) else ModelOutput(value)
+
+
+class PerModel(dict):
+    """What ``combine`` is handed: each model's figures by name (a plain dict to read), and in ``outputs``
+    the ``ModelOutput`` each came in."""
+
+    def __init__(self, outputs: dict[str, ModelOutput]):
+        super().__init__({name: out.figures for name, out in outputs.items()})
+        self.outputs = dict(outputs)
 
 
 @dataclass
@@ -109,9 +135,10 @@ class Context:
     trust_remote_code: bool = False  # run the model repo's own code (off unless asked)
     recompute: bool = False  # run again even when the result dir holds this very run
     force: bool = False  # replace a result dir holding a different run
-    reused: bool = False  # set by run_analysis: the saved result was reused, nothing was computed
     max_length: int | None = None  # tokens per text (default: the model's); also caps TensorRT's profile
     batch_tokens: int | None = None  # padded tokens per batch (default: the engine's)
+    opts: Any = None  # the analysis's typed options (analyses/spec.py), set on run_analysis's own copy
+    spec: Any = None  # the run's RunSpec (analyses/spec.py), set on run_analysis's own copy
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -122,8 +149,9 @@ class Context:
         """Pooled vectors of ``texts`` (reusing a matching cached LayerStore when there is one)."""
         from layerscope.analyses.cache import cached_vectors
 
+        spec = self.spec if self.spec is not None else self  # the run's spec; a bare context for library callers
         return cached_vectors(run, texts, layers=layers, poolings=poolings, use_cache=self.cache,
-                              say=self.say, tag=tag, max_length=self.max_length, batch_tokens=self.batch_tokens)
+                              say=self.say, tag=tag, max_length=spec.max_length, batch_tokens=spec.batch_tokens)
 
 
 class Analysis(ABC):
@@ -133,13 +161,28 @@ class Analysis(ABC):
         """Read and check the data once, before any model is loaded (bad input fails fast)."""
         return None
 
+    def default_poolings(self, handle) -> list[str]:
+        """The poolings of a model when the run names none (the CLI passes the metadata's own)."""
+        return ["mean"]
+
     def option_values(self, ctx: Context) -> dict[str, Any]:
         """Every declared option: its value in ``ctx.options``, else its default (library callers may give few)."""
-        return {o.name: o.default for o in self.metadata.options} | dict(ctx.options)
+        from layerscope.analyses.spec import options_dict
+
+        return options_dict(self.options(ctx))
+
+    def options(self, ctx: Context):
+        """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
+        if ctx.opts is not None:
+            return ctx.opts
+        from layerscope.analyses.spec import make_options
+
+        return make_options(self.metadata, {k: v for k, v in ctx.options.items() if k != "engine_options"})
 
     @abstractmethod
-    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
-        """Figures for one model: a JSON-able dict with at least ``summary`` and ``tables``."""
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput | dict[str, Any]:
+        """Figures for one model (a JSON-able dict with at least ``summary`` and ``tables``), as a
+        ``ModelOutput`` when ``combine`` needs more from each model than its saved figures."""
 
     def stored_sources(self, ctx: Context, data: Any) -> list[tuple[str, dict, str]] | None:
         """For a run made from LayerStores instead of models: ``(path, manifest, identity)`` per store.
@@ -148,15 +191,16 @@ class Analysis(ABC):
         """
         return None
 
-    def offline(self, ctx: Context, data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
-        """Figures made without loading any model (e.g. from LayerStores): ``(per_model, models_meta)``.
+    def offline(self, ctx: Context, data: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Figures made without loading any model (e.g. from LayerStores): ``(per_model, models_meta)``;
+        each model's value is its figures or a ``ModelOutput``.
 
         Return None (the default) to run ``compute`` once per ``--model``.
         """
         return None
 
-    def combine(self, ctx: Context, per_model: dict[str, dict[str, Any]], data: Any) -> dict[str, Any]:
-        """Figures across models (optional)."""
+    def combine(self, ctx: Context, per_model: PerModel, data: Any) -> dict[str, Any]:
+        """Figures across models (optional); ``per_model.outputs`` holds each model's ``ModelOutput``."""
         return {}
 
     # -- rendering from saved results only ---------------------------------
@@ -225,83 +269,164 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
         raise InputError(f"--layers {spec} for model {model}: {exc}") from None
 
 
-def run_analysis(name: str, ctx: Context) -> tuple[Path, dict[str, Any]]:
-    """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results)."""
-    from layerscope.engines.registry import engine_spec, gradient_engine
+@dataclass(frozen=True)
+class RunOutcome:
+    """What ``run_analysis`` hands back: the result dir, its results, whether it was reused, and the run's spec.
+
+    It unpacks as ``(dir, results)`` (and indexes so), as the Python API always returned.
+    """
+
+    out: Path
+    results: dict[str, Any]
+    reused: bool
+    spec: Any  # the RunSpec (analyses/spec.py)
+
+    def __iter__(self):
+        return iter((self.out, self.results))
+
+    def __getitem__(self, i):
+        return (self.out, self.results)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+
+def _resolved_engine(engine_name: str, engine_options: dict[str, Any], opened) -> tuple[str, str | None]:
+    """The engine that runs a model and its variant: auto's pick (``opened``), else the one asked for."""
+    if opened is not None:
+        variant = getattr(opened, "variant", None)
+        return opened.info.name, (None if variant in (None, "", "fp32") else str(variant))
+    variant = engine_options.get("variant")
+    return engine_name, (None if variant in (None, "", "fp32") else str(variant))
+
+
+def run_analysis(name: str, ctx: Context) -> RunOutcome:
+    """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results) as a RunOutcome.
+
+    Every check (engine, options, data, models, layers, poolings) runs before any result folder is touched;
+    the run's ``RunSpec`` is made once here and everything else (identity, settings, folder) derives from it.
+    ``ctx`` is not changed: the run works on its own copy.
+    """
+    from dataclasses import replace
+
+    from layerscope.analyses.common import resolve_poolings
+    from layerscope.analyses.layout import (claim_result_dir, default_result_dir, model_name, model_revision,
+                                            write_runs_index)
+    from layerscope.analyses.spec import RESULTS_FORMAT, ModelSpec, RunSpec, make_options, options_dict
+    from layerscope.engines.registry import check_engine_options, engine_spec, gradient_engine
     from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
 
     cls = get_analysis(name)
     analysis = cls()
+    meta = cls.metadata
     if not ctx.models:
         raise InputError("give at least one --model")
     declared = engine_spec(ctx.engine)  # an unknown --engine is one line, before anything runs
-    if cls.metadata.needs_gradients and not declared.gradients:
+    if meta.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
                          f"drop --engine {ctx.engine} or use --engine torch")
     t0 = time.perf_counter()
-    from layerscope.analyses.layout import claim_result_dir, default_result_dir, result_identity
+    given = dict(ctx.options)
+    engine_options = dict(given.pop("engine_options", None) or {})
+    check_engine_options(ctx.engine, engine_options)  # a mistyped engine option: one line, before any folder
+    opts = make_options(meta, given, say=ctx.say)  # every default filled in
+    ctx = replace(ctx, options=options_dict(opts), opts=opts)  # the run's own copy; the caller's is untouched
 
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
-    handles, layers = [], []
+    handles, layers, poolings = [], [], []
     sources = analysis.stored_sources(ctx, data)
     if sources is None:
         handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
-        # --layers resolved once per model, here: a bad spec fails before any model runs
+        # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
+        poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]
         sources = [(spec, h.manifest, h.key) for spec, h in zip(ctx.models, handles)]
-    settings = _jsonable({"engine": ctx.engine, "layers": ctx.layers, "poolings": ctx.poolings, "data": ctx.data,
-                          "seed": ctx.seed, "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}})
-    identity = result_identity(name, settings, sources, ctx.data)
-    out = Path(ctx.out) if ctx.out is not None else default_result_dir(name, sources)
-    action, earlier = claim_result_dir(out, identity, recompute=ctx.recompute, force=ctx.force,
-                                       inputs=[ctx.data, *ctx.models])
-    if action == "reuse":
-        ctx.reused = True
-        ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
-                "(--recompute to run again)")
-        return out, earlier
-    offline = analysis.offline(ctx, data) if handles == [] else None  # from stores alone: no model runs
-    if offline is not None:
-        per_model, models_meta = offline
-    else:
-        per_model, models_meta = {}, {}
-    for spec, handle, model_layers in zip(ctx.models, handles, layers):
-        engine_name = gradient_engine(ctx.engine) if cls.metadata.needs_gradients else ctx.engine
-        ctx.say(f"{spec}: starting engine {engine_name}")
-        limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
-        engine = open_engine(handle, engine_name, **{**limits, **ctx.options.get("engine_options", {})})
-        run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine, model_layers)
-        try:
-            figures = analysis.compute(ctx, run, data)
-        finally:
-            engine.close()
-        key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
-        per_model[key] = figures
-        from layerscope.export.cache import export_record
+    elif ctx.poolings:
+        from layerscope.vocab.pooling import check_poolings
 
-        models_meta[key] = {"spec": spec, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
-                            "export": export_record(run.handle)}
+        check_poolings(ctx.poolings)
+    engine_name = gradient_engine(ctx.engine) if meta.needs_gradients else ctx.engine
+    limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
+    opened: list[Any] = [None] * len(handles)
+    try:
+        if engine_name == "auto":  # what auto picks is part of the run: start the engines to learn it
+            for i, (spec, handle) in enumerate(zip(ctx.models, handles)):
+                ctx.say(f"{spec}: starting engine auto")
+                opened[i] = open_engine(handle, "auto", **{**limits, **engine_options})
+        models = []
+        for i, (spec, man, key) in enumerate(sources):
+            resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles
+                                 else (None, None))
+            models.append(ModelSpec(given=spec, key=key, folder=model_name(spec, man),
+                                    revision=model_revision(man, key),
+                                    layers=tuple(layers[i]) if handles else None,
+                                    poolings=tuple(poolings[i]) if handles else None,
+                                    engine=resolved, variant=variant))
+        run_spec = RunSpec.make(name, models, engine=ctx.engine, layers=ctx.layers, poolings=ctx.poolings,
+                                max_length=ctx.max_length, batch_tokens=ctx.batch_tokens,
+                                engine_options=engine_options, data=ctx.data, seed=ctx.seed, options=opts)
+        ctx = replace(ctx, spec=run_spec)
+        default_layout = ctx.out is None
+        out = Path(ctx.out) if not default_layout else default_result_dir(run_spec)
+        action, earlier = claim_result_dir(out, run_spec, recompute=ctx.recompute, force=ctx.force,
+                                           inputs=[ctx.data, *ctx.models], default_layout=default_layout)
+        if action == "reuse":
+            ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
+                    "(--recompute to run again)")
+            if default_layout:
+                write_runs_index(out.parent)
+            return RunOutcome(out, earlier, True, run_spec)
+        offline = analysis.offline(ctx, data) if handles == [] else None  # from stores alone: no model runs
+        if offline is not None:
+            per_model, models_meta = offline
+        else:
+            per_model, models_meta = {}, {}
+        for i, (spec, handle) in enumerate(zip(ctx.models, handles)):
+            engine = opened[i]
+            if engine is None:
+                ctx.say(f"{spec}: starting engine {engine_name}")
+                engine = open_engine(handle, engine_name, **{**limits, **engine_options})
+            opened[i] = None
+            run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine, layers[i],
+                           poolings[i])
+            try:
+                figures = analysis.compute(ctx, run, data)
+            finally:
+                engine.close()
+            key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
+            per_model[key] = as_output(figures)
+            from layerscope.export.cache import export_record
+
+            models_meta[key] = {"spec": spec, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
+                                "export": export_record(run.handle)}
+    finally:
+        for engine in opened:
+            if engine is not None:
+                engine.close()
+    per_model = PerModel({key: as_output(value) for key, value in per_model.items()})
     combined = analysis.combine(ctx, per_model, data)
     results = {
+        "format": RESULTS_FORMAT,
         "analysis": name,
-        "description": cls.metadata.description,
-        "main_score": cls.metadata.main_score,
+        "description": meta.description,
+        "main_score": meta.main_score,
         "layerscope_version": layerscope.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.perf_counter() - t0, 2),
-        "settings": {"models": ctx.models if offline is None else list(models_meta), "engine": ctx.engine, "layers": ctx.layers,
-                     "poolings": ctx.poolings, "data": ctx.data, "seed": ctx.seed,
-                     "max_length": ctx.max_length, "batch_tokens": ctx.batch_tokens,
-                     "options": {k: v for k, v in ctx.options.items() if k != "engine_options"}},
-        "identity": identity,
+        "settings": run_spec.settings(None if offline is None else list(models_meta)),
+        "spec_hash": run_spec.hash,
+        "identity": run_spec.identity(),
+        "spec": run_spec.to_json(),
         "models": models_meta,
         "per_model": per_model,
         "combined": combined,
     }
     results = _jsonable(results)
     write_results(out, results, analysis)
-    return out, results
+    if default_layout:
+        write_runs_index(out.parent)
+    return RunOutcome(out, results, False, run_spec)
 
 
 def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> None:
@@ -330,15 +455,10 @@ def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None)
 
 def rerender(result_dir: Path) -> list[str]:
     result_dir = Path(result_dir)
-    path = result_dir / "results.json"
-    if not path.exists():
-        raise InputError(f"{result_dir} has no results.json; give a directory written by layerscope run")
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(results, dict) or not isinstance(results.get("analysis"), str):
-        raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
+    from layerscope.analyses.spec import load_results
+
+    saved = load_results(result_dir)  # older results (no run spec) still render
+    path, results = saved.path, saved.document
     try:
         return render(result_dir, results)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:

@@ -85,7 +85,8 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
                             max_length=max_length, batch_tokens=batch_tokens, progress=progress_mode()).store
         except StoreLockedError:  # another run is filling this cache entry: do not wait for it, nor race it
             say(f"{path} is being written by another run; computing these vectors in memory")
-            return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings)
+            return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings,
+                         max_length=max_length, batch_tokens=batch_tokens)
         except Interrupted:  # the cache store is not the user's to --resume; a rerun rebuilds it
             raise Interrupted("interrupted") from None
     return {(p, layer): np.asarray(store[p, layer], dtype=np.float32) for p in poolings for layer in layers}

@@ -33,12 +33,21 @@ def layers_for(ctx, run) -> list[str]:
         raise InputError(f"--layers {ctx.layers}: {exc}") from None
 
 
-def poolings_for(ctx, run) -> list[str]:
+def resolve_poolings(ctx, handle, default=("mean",)) -> list[str]:
+    """``--pooling`` (else ``default``) checked against one model, once where the run starts (a typo: "did
+    you mean")."""
     from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
-    pools = check_poolings(ctx.poolings or ["mean"])
-    require_pooled_output(pools, run.handle.manifest.pooled_output, run.handle.manifest.family)
+    pools = check_poolings(list(ctx.poolings or default))
+    require_pooled_output(pools, handle.manifest.pooled_output, handle.manifest.family)
     return pools
+
+
+def poolings_for(ctx, run) -> list[str]:
+    """The run's poolings: resolved once where the run started (run_analysis), else here."""
+    if run.poolings is not None:
+        return run.poolings
+    return resolve_poolings(ctx, run.handle)
 
 
 def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int, seed: int) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Several models in one run: a side-by-side table of the main score and paired model-vs-model tests.
 
-An analysis hands over, per model, the rows of its main per-layer score (:func:`keep_rows`, called in
-``compute``) with the score as a function of the items it was computed on; its ``combine`` then calls
-:func:`compare_models`, which
+An analysis hands over, per model, the rows of its main per-layer score (:func:`model_rows`, returned by
+``compute`` in its ``ModelOutput``) with the score as a function of the items it was computed on; its
+``combine`` then calls :func:`compare_models` with the models' outputs, which
 
 * lines the models up, one row per layer when they have the same depth, else one row per relative depth
   (the shallower model's layers ``k / L_min``; a deeper model takes its layer nearest that depth), with each
@@ -45,14 +45,13 @@ class ModelRows:
     notes: list[str] = field(default_factory=list)
 
 
-def keep_rows(analysis, num_layers: int, n_items: int, rows: list[ScoreRow], notes: list[str] | None = None) -> None:
-    """Remember one model's score rows on the analysis (models are kept in the order they ran)."""
-    analysis.__dict__.setdefault("_compare_rows", []).append(
-        ModelRows(int(num_layers), int(n_items), rows, list(notes or [])))
+def model_rows(num_layers: int, n_items: int, rows: list[ScoreRow], notes: list[str] | None = None) -> ModelRows:
+    """One model's score rows, for ``compute`` to return in its ``ModelOutput.compare``."""
+    return ModelRows(int(num_layers), int(n_items), rows, list(notes or []))
 
 
-def keep_correlation_rows(analysis, num_layers: int, rows: list[dict], sims: dict, targets, *, n_items=None,
-                          value: str = "spearman", group: str = "pooling") -> None:
+def correlation_rows(num_layers: int, rows: list[dict], sims: dict, targets, *, n_items=None,
+                     value: str = "spearman", group: str = "pooling") -> ModelRows:
     """Rows of a similarity-vs-human-score table (sts, pooling): ``sims[group, layer]`` are the per-pair
     similarities the row's ``value`` correlates with ``targets``."""
     from layerscope.metrics.paired import correlation_scorer
@@ -63,13 +62,13 @@ def keep_correlation_rows(analysis, num_layers: int, rows: list[dict], sims: dic
         ci = (r.get(f"{value}_ci_low"), r.get(f"{value}_ci_high"))
         scorer = correlation_scorer(sims[key], targets, value) if r.get(value) is not None else None
         kept.append(ScoreRow(str(r[group]), str(r["layer"]), r.get(value), ci, scorer))
-    keep_rows(analysis, num_layers, len(targets) if n_items is None else n_items, kept)
+    return model_rows(num_layers, len(targets) if n_items is None else n_items, kept)
 
 
 GRAM_MAX_PAIRS = 500  # above this, a z resample costs too much (n x n per resample): z is shown, not tested
 
 
-def z_rows_for_comparison(analysis, num_layers: int, rows: list[dict], vecs, pooling: str, n: int) -> None:
+def z_rows_for_comparison(num_layers: int, rows: list[dict], vecs, pooling: str, n: int) -> ModelRows:
     """Alignment rows of one pooling: z with exact permutation moments, resampled through the pairs' Gram matrix."""
     from layerscope.metrics.paired import gram_z_scorer
 
@@ -84,7 +83,7 @@ def z_rows_for_comparison(analysis, num_layers: int, rows: list[dict], vecs, poo
     if n > GRAM_MAX_PAIRS:
         notes.append(f"z is compared across models only up to {GRAM_MAX_PAIRS} pairs (each resample needs the "
                      f"pairs' n x n cosines); this run has {n}, so the table shows z without intervals or tests")
-    keep_rows(analysis, num_layers, n, kept, notes)
+    return model_rows(num_layers, n, kept, notes)
 
 
 def _depth_layer(k: int, l_min: int, num_layers: int) -> str:
@@ -129,17 +128,19 @@ def _best(rows: list[ScoreRow]) -> ScoreRow | None:
     return max(defined, key=lambda r: r.value) if defined else None
 
 
-def compare_models(analysis, per_model: dict[str, Any], *, score: str, score_label: str, group_label: str = "pooling",
+def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, group_label: str = "pooling",
                    n_resamples: int = 1000, seed: int = 0, say=None) -> dict[str, Any]:
     """The ``combined`` part for several models: ``{"comparison": meta, "tables": {side_by_side, model_comparison}}``.
 
-    Empty for one model (or when the analysis kept no rows for every model).
+    Empty for one model (or when the analysis kept no rows for every model). ``per_model``: the ``PerModel``
+    that ``combine`` is handed (each model's figures, with the ``ModelOutput`` that holds its rows).
     """
     from layerscope.metrics.paired import one_sample_interval, paired_bootstrap
     from layerscope.progress import steps, track
 
-    kept = analysis.__dict__.pop("_compare_rows", [])
     names = list(per_model)
+    outputs = getattr(per_model, "outputs", {})
+    kept = [outputs[n].compare for n in names if n in outputs and outputs[n].compare is not None]
     if len(names) < 2 or len(kept) != len(names):
         return {}
     models = dict(zip(names, kept))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, register
 from layerscope.analyses.common import layers_for, model_layer_series, poolings_for
 
 OWN = "own"  # pooling label of the model's own pooled output
@@ -74,7 +74,7 @@ class Compositionality(Analysis):
         ctx.say(f"{len(items)} items from {ctx.data} (categories: {', '.join(cats)})")
         return items
 
-    def compute(self, ctx: Context, run: ModelRun, items) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, items) -> ModelOutput:
         from layerscope.metrics.comparison import compositionality_summary
 
         layers = layers_for(ctx, run)
@@ -92,7 +92,7 @@ class Compositionality(Analysis):
         own = own_pooled_vectors(run, texts)
         if own is not None:
             variants.append((OWN, OWN_LAYER, own))
-        from layerscope.analyses.compare import ScoreRow, keep_rows
+        from layerscope.analyses.compare import ScoreRow, model_rows
         from layerscope.metrics.paired import win_rate_scorer
 
         rows, group_rows, item_rows, kept = [], [], [], []
@@ -111,7 +111,7 @@ class Compositionality(Analysis):
                     g = compositionality_summary(para_mean[sel], neg[sel])
                     g.pop("per_item_diffs")
                     group_rows.append({"pooling": p, "layer": layer, "group": group, "value": value, **g})
-        keep_rows(self, run.num_layers, len(items), kept)  # for model vs model
+        compare = model_rows(run.num_layers, len(items), kept)  # for model vs model
         best = max(rows, key=lambda r: (r["win_rate"], r["mean_diff"]))
         final = str(run.num_layers)
         summary = {
@@ -122,12 +122,13 @@ class Compositionality(Analysis):
                       for r in rows if r["layer"] in (final, OWN_LAYER)},
             "own_pooled_output": run.handle.manifest.pooled_output if own is not None else None,
         }
-        return {"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}}
+        return ModelOutput({"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}},
+                           compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(self, per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
+        return compare_models(per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:

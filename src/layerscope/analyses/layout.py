@@ -1,23 +1,24 @@
 """Where an analysis writes its results, and whether an earlier result there is reused or replaced.
 
-Default layout, as MTEB keeps runs apart: ``results/<model>/<revision>/<analysis>/``, where
-``<model>`` is the model's alias or name (a hub id ``org/name`` becomes ``org__name``) and
+Default layout, as MTEB keeps runs apart: ``results/<model>/<revision>/<analysis>/<spec hash>/``, where
+``<model>`` is the model's alias or name (a hub id ``org/name`` becomes ``org__name``),
 ``<revision>`` is the hub revision asked for, else the first 12 hex digits of the weights'
-sha256 (so a retrained local model gets a new folder instead of overwriting the old figures).
+sha256 (so a retrained local model gets a new folder instead of overwriting the old figures), and
+``<spec hash>`` is 12 hex digits of the run's ``RunSpec`` identity (analyses/spec.py): another engine,
+max length, pooling or option is another run in its own folder beside the others. ``runs.md`` under
+the analysis folder lists them (rebuilt from the runs' results.json after every run).
 Several models in one run (side-by-side figures): their names and revisions joined with ``+``,
-in the order given, e.g. ``results/minilm+bert-tiny/1a2b3c4d5e6f+77aa88bb99cc/sts/``.
+in the order given, e.g. ``results/minilm+bert-tiny/1a2b3c4d5e6f+77aa88bb99cc/sts/0a1b2c3d4e5f/``.
 
-A result directory records the identity of its run (analysis, each model's weights identity,
-the settings, and the sha256 of the data file). Running the same identity again reuses the
-saved result (``--recompute`` runs it again). A different identity (other options, data or
-weights behind an explicit ``--out``) is refused rather than overwritten: keep both with another
-``--out``, or replace with ``--force``.
+Running the same spec again reuses the saved result (``--recompute`` runs it again). Behind an
+explicit ``--out``, a result of another spec is refused rather than overwritten, with one line naming
+each key that differs, old and new: keep both with another ``--out``, or replace with ``--force``.
+A result written before results carried a spec is never reused; it still opens with ``layerscope report``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -52,81 +53,92 @@ def model_revision(manifest: dict, key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
 
 
-def default_result_dir(analysis: str, sources: list[tuple[str, dict, str]], root: Path = RESULTS_ROOT) -> Path:
-    """``results/<model>/<revision>/<analysis>``; several models joined with ``+``."""
-    names = "+".join(model_name(spec, man) for spec, man, _ in sources) or "no-model"
-    revs = "+".join(model_revision(man, key) for _, man, key in sources) or "none"
-    return Path(root) / names / revs / analysis
+def default_result_dir(spec, root: Path = RESULTS_ROOT) -> Path:
+    """``results/<model>/<revision>/<analysis>/<spec hash>``; several models joined with ``+``.
 
-
-def _file_sha256(path: str | None) -> str | None:
-    if not path:
-        return None
-    p = Path(path)
-    if not p.is_file():
-        return None
-    from layerscope.hashing import file_sha256
-
-    return file_sha256(p)
-
-
-def result_identity(analysis: str, settings: dict[str, Any], sources: list[tuple[str, dict, str]],
-                    data: str | None) -> dict[str, Any]:
-    """What makes two runs the same: analysis, each model's identity, the settings, the data's content.
-
-    A data file counts by its content (the same file named by another relative path is the same data).
+    The one place the default folder of a run is built (``spec``: its RunSpec).
     """
-    settings = json.loads(json.dumps(settings, sort_keys=True, default=str))
-    digest = _file_sha256(data)
-    if digest is not None and "data" in settings:
-        settings["data"] = Path(str(data)).name
-    return {"analysis": analysis, "models": [key for _, _, key in sources], "settings": settings,
-            "data_sha256": digest}
+    names = "+".join(m.folder for m in spec.models) or "no-model"
+    revs = "+".join(m.revision for m in spec.models) or "none"
+    return Path(root) / names / revs / spec.analysis / spec.hash
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    diffs = []
-    if old.get("analysis") != new.get("analysis"):
-        diffs.append(f"analysis {old.get('analysis')}")
-    if old.get("models") != new.get("models"):
-        diffs.append("model weights")
-    if old.get("data_sha256") != new.get("data_sha256"):
-        diffs.append("data")
-    o, n = old.get("settings", {}), new.get("settings", {})
-    for key in sorted(set(o) | set(n)):
-        if key == "models":
-            continue
-        if o.get(key) != n.get(key):
-            diffs.append(f"{key}={o.get(key)!r}")
-    return diffs
+def _older_layout(analysis_dir: Path) -> InputError:
+    return InputError(f"{analysis_dir} holds a result written before results kept one folder per run spec; it "
+                      f"still opens with `layerscope report {analysis_dir}`; to upgrade, move it aside "
+                      f"(mv {analysis_dir} {analysis_dir}-old) and run again, or give --out")
 
 
-def claim_result_dir(out: Path, identity: dict[str, Any], *, recompute: bool = False, force: bool = False,
-                     inputs=()) -> tuple[str, dict[str, Any] | None]:
+def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = False, inputs=(),
+                     default_layout: bool = False) -> tuple[str, dict[str, Any] | None]:
     """``("new", None)``, ``("reuse", earlier results)`` or ``("replace", None)`` for result dir ``out``.
 
     Refuses (InputError): a file, a folder layerscope did not make, user files in a result dir
-    that would be replaced, a folder holding an input, and a result of another identity without --force.
+    that would be replaced, a folder holding an input, and a result of another spec without --force.
     """
+    from layerscope.analyses.spec import load_results
     from layerscope.ownership import claim
 
+    if default_layout and (out.parent / "results.json").is_file():
+        raise _older_layout(out.parent)
     where = claim(out, "result", keep=True, inputs=inputs)
     if where.kind is None:
         return "new", None
     try:
-        earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        earlier = load_results(out)
+    except InputError:
         earlier = None
-    complete = isinstance(earlier, dict) and "per_model" in earlier
-    same = complete and earlier.get("identity") == identity
+    complete = earlier is not None and earlier.complete
+    older = complete and (earlier.older or earlier.spec_hash is None or earlier.identity is None)
+    same = complete and not older and earlier.spec_hash == spec.hash and earlier.identity == spec.identity()
     if same and not (recompute or force):
-        return "reuse", earlier
-    if not (same or force or (recompute and complete and "identity" not in earlier)):
-        if complete and "identity" in earlier:
-            why = "a result that differs in " + ", ".join(_differences(earlier["identity"], identity))
+        return "reuse", earlier.document
+    if not (same or force or (recompute and older)):
+        if older:
+            why = ("a result written by an older layerscope, without a run spec; it still opens with "
+                   f"`layerscope report {out}`; replace it with --force (or --recompute), or keep it with another --out")
+            raise InputError(f"{out} holds {why}")
+        if complete:
+            why = "a run that differs in " + ", ".join(spec.differences(earlier.identity))
         else:
-            why = ("a result whose settings were not recorded (use --recompute)" if complete
-                   else "an unreadable results.json")
+            why = "an unreadable results.json"
         raise InputError(f"{out} holds {why}; keep both with another --out, or replace it with --force")
     claim(out, "result", force=True, inputs=inputs)  # user files or an input inside: refused, never deleted
     return "replace", None
+
+
+def write_runs_index(analysis_dir: Path) -> Path | None:
+    """Rebuild ``runs.md``: one row per run folder under ``analysis_dir``, read from its results.json.
+
+    The index is derived, never read back: two runs finishing together at worst leave it one run
+    behind, and the next run rewrites it.
+    """
+    import os
+
+    from layerscope.analyses.spec import load_results
+
+    rows = []
+    for path in sorted(Path(analysis_dir).glob("*/results.json")):
+        try:
+            saved = load_results(path)
+        except InputError:
+            continue
+        settings = saved.document.get("settings") or {}
+        opts = ", ".join(f"{k}={v}" for k, v in sorted((settings.get("options") or {}).items()) if v not in (None, False))
+        engines = ",".join(str(e) for e in settings.get("engines_resolved") or []) or "-"
+        rows.append([path.parent.name, str(saved.document.get("created", "")),
+                     f"{settings.get('engine')} -> {engines}", str(settings.get("layers")),
+                     ",".join(settings.get("poolings") or []) or "default", str(settings.get("max_length") or "model's"),
+                     str(settings.get("data") or "-"), opts or "-"])
+    if not rows:
+        return None
+    head = ["run", "created", "engine (asked -> ran)", "layers", "poolings", "max length", "data", "options"]
+    lines = [f"# Runs of {Path(analysis_dir).name}", "",
+             "One folder per run spec; `layerscope report RUN` re-renders one.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    index = Path(analysis_dir) / "runs.md"
+    tmp = index.with_name(f"{index.name}.tmp{os.getpid()}")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, index)
+    return index

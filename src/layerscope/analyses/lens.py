@@ -55,11 +55,11 @@ class Lens(Analysis):
     def prepare(self, ctx: Context) -> Any:
         from layerscope.data.examples import LENS_TEXTS, read_texts
 
-        o = self.option_values(ctx)
-        k = int(o["top_k"])
+        o = self.options(ctx)
+        k = int(o.top_k)
         if k < 1:
             raise InputError(f"--top-k must be at least 1, not {k}")
-        if int(o["batch"]) < 1:
+        if int(o.batch) < 1:
             raise InputError("--batch must be at least 1")
         return read_texts(ctx.data or LENS_TEXTS)
 
@@ -67,10 +67,10 @@ class Lens(Analysis):
         from layerscope.decoding.lens import LensAccumulator, LensBatch
 
         texts: list[str] = data
-        o = self.option_values(ctx)
-        k = int(o["top_k"])
-        show = max(0, int(o["show"]))
-        bs = int(o["batch"])
+        o = self.options(ctx)
+        k = int(o.top_k)
+        show = max(0, int(o.show))
+        bs = int(o.batch)
         names = lens_layers(ctx, run)
         idx = [int(x) for x in names]
         handle = run.handle

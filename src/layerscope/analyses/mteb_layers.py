@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import layers_for, poolings_for
 from layerscope.errors import InputError, MissingExtraError
 from layerscope.progress import track
@@ -113,7 +113,7 @@ class MtebAnalysis(Analysis):
     def prepare(self, ctx: Context) -> dict[str, Any]:
         mteb = _mteb()
         _datasets_or_hint()
-        names = [t.strip() for t in str(ctx.options.get("tasks") or "").split(",") if t.strip()]
+        names = [t.strip() for t in str(self.options(ctx).tasks or "").split(",") if t.strip()]
         if not names:
             raise InputError("--tasks is empty; name MTEB tasks such as STSBenchmark")
         if ctx.data and len(names) != 1:
@@ -150,7 +150,7 @@ class MtebAnalysis(Analysis):
                 return read_pairs(path)
         return None
 
-    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> ModelOutput:
         import logging
         import warnings
 
@@ -179,7 +179,7 @@ class MtebAnalysis(Analysis):
                             try:
                                 res = mteb.evaluate(enc, task, cache=result_cache, overwrite_strategy="always",
                                                     show_progress_bar=False, raise_error=True,
-                                                    encode_kwargs={"batch_size": int(ctx.options.get("batch", 64))})
+                                                    encode_kwargs={"batch_size": self.options(ctx).batch})
                             except Exception as exc:  # dataset download refused offline, and the like
                                 raise InputError(f"MTEB could not run {task_name}: "
                                                  f"{str(exc).splitlines()[0][:200]}; give its data with --data "
@@ -198,7 +198,7 @@ class MtebAnalysis(Analysis):
         for r in rows:  # MTEB gives NaN where every text got the same vector (an undefined correlation)
             if r["main_score"] is None or not np.isfinite(r["main_score"]):
                 r["main_score"] = None
-        _keep_sts_rows(self, run, cache, rows, data.get("pairs") or {})
+        compare = _sts_rows(run, cache, rows, data.get("pairs") or {})
         defined = [r for r in rows if r["main_score"] is not None]
         best = max(defined, key=lambda r: r["main_score"]) if defined else None
         final = str(run.num_layers)
@@ -206,12 +206,12 @@ class MtebAnalysis(Analysis):
                    "best_main_score": best["main_score"] if best else None,
                    "best": {k: best[k] for k in ("task", "pooling", "layer", "main_score")} if best else None,
                    "final_layer": {f"{r['task']}/{r['pooling']}": r["main_score"] for r in rows if r["layer"] == final}}
-        return {"summary": summary, "tables": {"layers": rows}, "mteb_files": files}
+        return ModelOutput({"summary": summary, "tables": {"layers": rows}, "mteb_files": files}, compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(self, per_model, score="main_score", score_label="MTEB main score",
+        return compare_models(per_model, score="main_score", score_label="MTEB main score",
                               group_label="task_pooling", seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
@@ -274,10 +274,10 @@ def _datasets_or_hint() -> None:
         raise MissingExtraError("datasets", "mteb") from None
 
 
-def _keep_sts_rows(analysis, run: ModelRun, cache: VectorCache, rows: list[dict], pairs: dict) -> None:
+def _sts_rows(run: ModelRun, cache: VectorCache, rows: list[dict], pairs: dict):
     """Rows for model vs model: on an STS task whose pairs we hold, the main score (Spearman of cosines) as a
     function of the pairs, from the same cached vectors MTEB scored; it must reproduce MTEB's own figure."""
-    from layerscope.analyses.compare import ScoreRow, keep_rows
+    from layerscope.analyses.compare import ScoreRow, model_rows
     from layerscope.metrics.vectors import paired_cosine
     from layerscope.metrics.paired import correlation_scorer
 
@@ -298,4 +298,4 @@ def _keep_sts_rows(analysis, run: ModelRun, cache: VectorCache, rows: list[dict]
     if len(n_items) > 1:  # several STS tasks: items differ per task, so no resampling across them
         kept = [ScoreRow(k.group, k.layer, k.value) for k in kept]
         notes.append("several local STS tasks: scores are shown side by side without resampled tests")
-    keep_rows(analysis, run.num_layers, n_items.pop() if len(n_items) == 1 else 0, kept, notes)
+    return model_rows(run.num_layers, n_items.pop() if len(n_items) == 1 else 0, kept, notes)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import PAIR_COLUMN_OPTIONS, poolings_for, similarity_correlations
 from layerscope.errors import InputError
 
@@ -90,16 +90,16 @@ class Pooling(Analysis):
         if ctx.layers not in (None, "all"):
             raise InputError("--layers: the pooling analysis compares fixed layer choices (final, second-to-last, "
                              "mean of the last four); drop --layers")
-        if ctx.options.get("n_boot", 1000) < 0:
+        if self.options(ctx).n_boot < 0:
             raise InputError("--n-boot must be >= 0")
         data = ctx.data or str(default_sts_file("test"))
         ctx.data = data
-        o = ctx.options
-        pairs = read_pairs(data, sentence1=o.get("sentence1"), sentence2=o.get("sentence2"), score=o.get("score"))
+        o = self.options(ctx)
+        pairs = read_pairs(data, sentence1=o.sentence1, sentence2=o.sentence2, score=o.score)
         ctx.say(f"{data}: {len(pairs)} pairs")
         return pairs
 
-    def compute(self, ctx: Context, run: ModelRun, pairs) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, pairs) -> ModelOutput:
         from layerscope.metrics.quantization import (binary_quantize, hamming_similarity, int8_dequantize,
                                                      int8_quantize, retention, truncate_dims)
         from layerscope.metrics.vectors import paired_cosine
@@ -125,7 +125,7 @@ class Pooling(Analysis):
                              np.mean([vecs["mean", layer] for layer in last4], axis=0).astype(np.float32)))
         if L >= 2:
             variants.append((f"mean@{L - 1}", "mean", str(L - 1), vecs["mean", str(L - 1)]))
-        n_boot = int(ctx.options.get("n_boot", 1000))
+        n_boot = self.options(ctx).n_boot
         hidden = run.handle.manifest.hidden_size
         var_rows, quant_rows, trunc_rows, sims_by = [], [], [], {}
         for name, pool, layer_desc, v in variants:
@@ -160,10 +160,10 @@ class Pooling(Analysis):
                     "retention_spearman": (retention(c["spearman"], base["spearman"])
                                            if c["spearman"] is not None and base["spearman"] is not None else None),
                     "retention_mrr": retention(rk["mrr"], base["mrr"]), "undefined": c["undefined"]})
-        from layerscope.analyses.compare import keep_correlation_rows
+        from layerscope.analyses.compare import correlation_rows
 
-        keep_correlation_rows(self, L, [{**r, "layer": _choice(r["layers"], L)} for r in var_rows], sims_by,
-                              pairs.scores)  # for model vs model, matched by choice (final, last4, ...)
+        compare = correlation_rows(L, [{**r, "layer": _choice(r["layers"], L)} for r in var_rows], sims_by,
+                                   pairs.scores)  # for model vs model, matched by choice (final, last4, ...)
         defined = [r for r in var_rows if r["spearman"] is not None]
         best = max(defined, key=lambda r: r["spearman"]) if defined else None
         best_ret = max(var_rows, key=lambda r: r["mrr"])
@@ -177,14 +177,15 @@ class Pooling(Analysis):
                    "best_variant": best["variant"] if best else None,
                    "best_retrieval_variant": best_ret["variant"], "best_mrr": best_ret["mrr"],
                    "default_variant": default, "retention_default": keep, "notes": notes}
-        return {"summary": summary,
-                "tables": {"variants": var_rows, "quantization": quant_rows, "truncation": trunc_rows}}
+        return ModelOutput({"summary": summary,
+                            "tables": {"variants": var_rows, "quantization": quant_rows, "truncation": trunc_rows}},
+                           compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(self, per_model, score="spearman", score_label="STS Spearman (float32)",
-                              n_resamples=int(ctx.options.get("n_boot", 1000)), seed=ctx.seed, say=ctx.say)
+        return compare_models(per_model, score="spearman", score_label="STS Spearman (float32)",
+                              n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:

@@ -52,31 +52,34 @@ class Saliency(Analysis):
         ),
     )
 
+    def default_poolings(self, handle) -> list[str]:
+        return [handle.manifest.get("default_pooling", "mean")]
+
     # ------------------------------------------------------------------ data
     def prepare(self, ctx: Context) -> Any:
         from layerscope.data.examples import SENTIMENT, read_labeled, read_texts_field
 
-        o = self.option_values(ctx)
-        objective = o.get("objective", "probe")
+        o = self.options(ctx)
+        objective = o.objective
         if objective not in ("probe", "similarity"):
             raise InputError(f"--objective must be 'probe' or 'similarity', not {objective!r}")
-        if o.get("decode", "probs") not in ("probs", "logits"):
-            raise InputError(f"--decode must be 'probs' or 'logits', not {o.get('decode')!r}")
+        if o.decode not in ("probs", "logits"):
+            raise InputError(f"--decode must be 'probs' or 'logits', not {o.decode!r}")
         for name, low in (("k", 1), ("ig_steps", 1), ("random_draws", 1)):
-            if int(o.get(name) or 0) < low:
-                raise InputError(f"--{name.replace('_', '-')} must be at least {low}, not {o.get(name)}")
-        if not 0.0 < float(o.get("eval_fraction", 0.5)) < 1.0:
+            if int(getattr(o, name) or 0) < low:
+                raise InputError(f"--{name.replace('_', '-')} must be at least {low}, not {getattr(o, name)}")
+        if not 0.0 < float(o.eval_fraction) < 1.0:
             raise InputError("--eval-fraction must be between 0 and 1 (exclusive)")
         path = ctx.data or SENTIMENT
         if objective == "similarity":
-            ref = o.get("reference")
+            ref = o.reference
             if ref is None:
                 raise InputError("--objective similarity needs --reference \"a text to compare with\"")
             if not str(ref).strip():
                 raise InputError("--reference is empty; give a text to compare with")
             return {"objective": "similarity", "texts": read_texts_field(path, "text"), "labels": None,
                     "reference": str(ref), "path": str(path)}
-        if o.get("reference") is not None:
+        if o.reference is not None:
             raise InputError("--reference is for --objective similarity; the probe objective does not use it")
         texts, labels = read_labeled(path)
         classes = sorted(set(labels))
@@ -88,7 +91,7 @@ class Saliency(Analysis):
         if lonely:
             raise InputError(f"{path}: label(s) {', '.join(map(repr, lonely))} have a single text; the probe "
                              "needs at least 2 texts per class (one to train on, one to explain)")
-        target = o.get("target", "predicted")
+        target = o.target
         if target != "predicted" and target not in classes:
             raise InputError(f"--target {target!r} is not a label of the probe; its labels: "
                              f"{', '.join(classes)} (or 'predicted')")
@@ -104,11 +107,13 @@ class Saliency(Analysis):
         from layerscope.decoding.saliency import (Objective, content_positions, evaluate_ids, objective_pooling,
                                                   replacement_token, text_scores)
 
-        o = self.option_values(ctx)
-        k_max = int(o.get("k", 10))
+        o = self.options(ctx)
+        k_max = int(o.k)
         names = lens_layers(ctx, run)
         layers = [int(x) for x in names]
-        pooling = (ctx.poolings or [run.handle.manifest.default_pooling])[0]
+        from layerscope.analyses.common import poolings_for
+
+        pooling = poolings_for(ctx, run)[0]
         handle = run.handle
         tok = handle.tokenizer()
         special = set(int(i) for i in tok.all_special_ids)
@@ -142,7 +147,7 @@ class Saliency(Analysis):
 
             classes = data["classes"]
             y_all = np.array([classes.index(label) for label in data["labels"]])
-            train, held = stratified_split(y_all, float(o.get("eval_fraction", 0.5)), ctx.seed)
+            train, held = stratified_split(y_all, float(o.eval_fraction), ctx.seed)
             ctx.say(f"training a probe on {len(train)} texts (final layer, {pooling} pooling); explaining "
                     f"{len(held)} held-out texts")
             feats = final_pooled(encoded)
@@ -152,11 +157,11 @@ class Saliency(Analysis):
                                   labels=classes)
             explain = held.tolist()
             gold = {i: int(y_all[i]) for i in explain}
-            fixed = None if o.get("target", "predicted") == "predicted" else classes.index(o["target"])
+            fixed = None if o.target == "predicted" else classes.index(o.target)
             extra["probe"] = {"labels": classes, "train_texts": len(train), "eval_texts": len(held),
                               "train_accuracy": probe.train_accuracy, "eval_accuracy": eval_acc,
                               "features": f"final layer, {pooling} pooling", "l2": 1e-3}
-            obj_text = (f"probe logit of the {'predicted class' if fixed is None else repr(o['target'])} "
+            obj_text = (f"probe logit of the {'predicted class' if fixed is None else repr(o.target)} "
                         f"(linear probe on final-layer {pooling} vectors; held-out accuracy {eval_acc:.3f})")
         else:
             ref_inp = model_inputs(handle, tok, [data["reference"]], max_len)
@@ -168,7 +173,7 @@ class Saliency(Analysis):
             explain = list(range(len(texts)))
             gold, fixed = {}, 0
             obj_text = f"cosine to the reference {data['reference']!r} (final layer, {pooling} pooling)"
-        max_texts = int(o.get("max_texts", 0) or 0)
+        max_texts = int(o.max_texts or 0)
         if max_texts > 0 and len(explain) > max_texts:
             ctx.say(f"explaining the first {max_texts} of {len(explain)} texts (--max-texts)")
             explain = explain[:max_texts]
@@ -176,7 +181,7 @@ class Saliency(Analysis):
         rng = np.random.default_rng(ctx.seed)
         acc = GameAccumulator(k_max)
         shown, ig_gaps = [], []
-        show = int(o.get("show", 40))
+        show = int(o.show)
         methods: list[str] = []
         for n_done, i in enumerate(track(explain, "saliency: texts explained")):
             inp = encoded[i]
@@ -189,15 +194,15 @@ class Saliency(Analysis):
             base_ids = ids.copy()
             base_ids[content] = repl
             scores, info = text_scores(model, inp, objective, layers, target=target,
-                                       baseline_ids=torch.from_numpy(base_ids), decode=o.get("decode", "probs"),
-                                       ig_steps=int(o.get("ig_steps", 20)))
+                                       baseline_ids=torch.from_numpy(base_ids), decode=o.decode,
+                                       ig_steps=int(o.ig_steps))
             ig_gaps.append(abs(info["ig_sum"] - info["ig_delta"]))
             if not methods:
                 methods = [f"decoded@{x}" for x in layers] + \
-                          ([f"gxa@{x}" for x in layers] if o.get("gxa") else []) + ["grad-x-input",
+                          ([f"gxa@{x}" for x in layers] if o.gxa else []) + ["grad-x-input",
                                                                                     "integrated-gradients"]
             rankings = {m: [ranking(scores[m], content, rng)] for m in methods}
-            rankings["random"] = [rng.permutation(content) for _ in range(int(o.get("random_draws", 5)))]
+            rankings["random"] = [rng.permutation(content) for _ in range(int(o.random_draws))]
 
             def evaluate(batch_ids):
                 return evaluate_ids(model, inp, torch.from_numpy(batch_ids), objective)
@@ -242,8 +247,8 @@ class Saliency(Analysis):
             "grad_x_input_hide_aopc": by["grad-x-input"]["hide_aopc"],
             "integrated_gradients_hide_aopc": by["integrated-gradients"]["hide_aopc"],
             "objective": data["objective"], "objective_text": obj_text, "pooling": pooling,
-            "replacement_token": f"{repl_str} (id {repl})", "k_max": k_max, "decode": o.get("decode", "probs"),
-            "n_explained": len(explain), "ig_steps": int(o.get("ig_steps", 20)),
+            "replacement_token": f"{repl_str} (id {repl})", "k_max": k_max, "decode": o.decode,
+            "n_explained": len(explain), "ig_steps": int(o.ig_steps),
             "ig_completeness_gap_mean": float(np.mean(ig_gaps)), **ref,
         }
         return {"summary": summary, "head": model.info.to_dict(), "layers": names, "methods": all_methods,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.progress import track
 
@@ -156,19 +156,19 @@ class Similarity(Analysis):
     def prepare(self, ctx: Context):
         from layerscope.runtime.store import LayerStore
 
-        o = ctx.options
-        if o.get("knn") is not None and o["knn"] < 0:
-            raise InputError(f"--knn must be >= 0, got {o['knn']}")
+        o = self.options(ctx)
+        if o.knn < 0:
+            raise InputError(f"--knn must be >= 0, got {o.knn}")
         pooling = (ctx.poolings or ["mean"])[0]
         if ctx.poolings and len(ctx.poolings) > 1:
             raise InputError("similarity compares layers at one pooling; give one --pooling")
-        if o.get("store_b") and not o.get("store"):
+        if o.store_b and not o.store:
             raise InputError("--store-b needs --store")
-        if o.get("store"):
+        if o.store:
             if ctx.data:
                 raise InputError("give --store or --data, not both (a store already holds its texts)")
-            a = LayerStore.open(o["store"])
-            b = LayerStore.open(o["store_b"]) if o.get("store_b") else None
+            a = LayerStore.open(o.store)
+            b = LayerStore.open(o.store_b) if o.store_b else None
             for st in (a, b):
                 if st is not None and pooling not in st.poolings:
                     raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
@@ -189,20 +189,19 @@ class Similarity(Analysis):
         else:
             from layerscope.data.bilingual import generate_pairs
 
-            ps = generate_pairs(o.get("n") or 500, ctx.seed)
+            ps = generate_pairs(o.n, ctx.seed)
             texts = [p.source for p in ps] + [p.target for p in ps]
             origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
         if len(texts) < 4:
             raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
-        self._kept: dict[str, Any] = {}
         return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling}
 
     # -- per model (or store) ----------------------------------------------
     def _figures(self, ctx: Context, get, layers: list[str], n: int) -> dict[str, Any]:
-        o = ctx.options
-        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.get("no_unbiased"))
-        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
-        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        o = self.options(ctx)
+        lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.no_unbiased)
+        k = min(o.knn, n - 1)
+        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.device) if k else None
         adjacent = [lin[i, i + 1] for i in range(len(layers) - 1) if not np.isnan(lin[i, i + 1])]
         return {"summary": {"mean_adjacent_cka": float(np.mean(adjacent)) if adjacent else None,
                             "first_last_cka": None if np.isnan(lin[0, -1]) else float(lin[0, -1]), "n": n,
@@ -228,36 +227,32 @@ class Similarity(Analysis):
             layers = _store_layers(st, ctx.layers)
             label = _label(st.manifest, st.path.name)
             label = label if label not in per_model else f"{label}#b"
-            per_model[label] = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
-            per_model[label]["store"] = str(st.path)
+            figures = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
+            figures["store"] = str(st.path)
+            per_model[label] = ModelOutput(figures, kept=(lambda la, st=st: st[pooling, la], layers, st.n))
             meta[label] = {"spec": str(st.path), "manifest": st.manifest.to_dict(), "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
-            self._kept = getattr(self, "_kept", {})
-            self._kept[label] = (lambda la, st=st: st[pooling, la], layers, st.n)
         return per_model, meta
 
-    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data) -> ModelOutput:
         from layerscope.analyses.common import layers_for
 
         layers = layers_for(ctx, run)
         pooling = data["pooling"]
         vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
         get = (lambda la, v=vecs: v[pooling, la])
-        figs = self._figures(ctx, get, layers, len(data["texts"]))
-        self._kept[run.name if run.name not in self._kept else f"{run.name}#{len(self._kept)}"] = (
-            get, layers, len(data["texts"]))
-        return figs
+        return ModelOutput(self._figures(ctx, get, layers, len(data["texts"])), kept=(get, layers, len(data["texts"])))
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
-        kept = list(getattr(self, "_kept", {}).items())
+        kept = [(name, out.kept) for name, out in getattr(per_model, "outputs", {}).items() if out.kept is not None]
         info = {"origin": data.get("origin") or str(data.get("a").path), "pooling": data["pooling"]}
         if len(kept) < 2:
             return {"data": info}
         (name_a, (get_a, la, n)), (name_b, (get_b, lb, _)) = kept[0], kept[1]
-        o = ctx.options
-        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.get("no_unbiased"))
-        k = min(o.get("knn") if o.get("knn") is not None else 10, n - 1)
-        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.get("device") or "auto") if k else None
+        o = self.options(ctx)
+        lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.no_unbiased)
+        k = min(o.knn, n - 1)
+        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.device) if k else None
         rows = [{"model_a": name_a, "model_b": name_b, **r} for r in matrix_rows(lin, unb, knn, la, lb)]
         return {"data": info, "cross": {"model_a": name_a, "model_b": name_b, "layers_a": la, "layers_b": lb,
                                         "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn},

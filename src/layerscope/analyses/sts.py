@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import (PAIR_COLUMN_OPTIONS, best_row, data_label, layers_for, model_layer_series,
                                         poolings_for, similarity_correlations)
 from layerscope.analyses.probe import KINDS as PROBE_KINDS
@@ -73,23 +73,22 @@ class STS(Analysis):
         from layerscope.analyses.probe import KINDS, LOSSES
         from layerscope.data.pairs import default_sts_file, read_pairs
 
-        o = ctx.options
-        if o.get("n_boot", 1000) < 0:
+        o = self.options(ctx)
+        if o.n_boot < 0:
             raise InputError("--n-boot must be >= 0")
         data = ctx.data or str(default_sts_file("test"))
         ctx.data = data
-        cols = dict(sentence1=o.get("sentence1"), sentence2=o.get("sentence2"), score=o.get("score"))
+        cols = dict(sentence1=o.sentence1, sentence2=o.sentence2, score=o.score)
         out: dict[str, Any] = {"test": read_pairs(data, **cols)}
-        if o.get("probe"):
-            kind = o.get("probe_kind") or "all"
-            if kind != "all" and kind not in KINDS:
-                raise InputError(f"--probe-kind {kind}: choose from {', '.join(KINDS)} or all")
-            if (o.get("probe_loss") or "mse") not in LOSSES:
-                raise InputError(f"--probe-loss {o.get('probe_loss')}: choose from {', '.join(LOSSES)}")
-            if o.get("probe_epochs") is not None and o["probe_epochs"] < 1:
+        if o.probe:
+            if o.probe_kind != "all" and o.probe_kind not in KINDS:
+                raise InputError(f"--probe-kind {o.probe_kind}: choose from {', '.join(KINDS)} or all")
+            if o.probe_loss not in LOSSES:
+                raise InputError(f"--probe-loss {o.probe_loss}: choose from {', '.join(LOSSES)}")
+            if o.probe_epochs is not None and o.probe_epochs < 1:
                 raise InputError("--probe-epochs must be >= 1")
-            train = _sibling(data, "train", o.get("train"), "--train", True)
-            dev = _sibling(data, "dev", o.get("dev"), "--dev", False)
+            train = _sibling(data, "train", o.train, "--train", True)
+            dev = _sibling(data, "dev", o.dev, "--dev", False)
             out["train"] = read_pairs(train, **cols)
             out["dev"] = read_pairs(dev, **cols) if dev else None
             ctx.say(f"probe data: train {train} ({len(out['train'])} pairs), "
@@ -98,14 +97,14 @@ class STS(Analysis):
         return out
 
     # ------------------------------------------------------------ compute
-    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> dict[str, Any]:
-        from layerscope.analyses.compare import keep_correlation_rows
+    def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> ModelOutput:
+        from layerscope.analyses.compare import correlation_rows
         from layerscope.metrics.vectors import paired_cosine
 
         pairs = data["test"]
         layers = layers_for(ctx, run)
         poolings = poolings_for(ctx, run)
-        n_boot = int(ctx.options.get("n_boot", 1000))
+        n_boot = self.options(ctx).n_boot
         texts, i1, i2 = pairs.unique_texts()
         vecs = ctx.vectors(run, texts, layers=layers, poolings=poolings, tag="sts")
         rows, sims_by = [], {}
@@ -115,7 +114,7 @@ class STS(Analysis):
                 sims = sims_by[p, layer] = paired_cosine(v[i1], v[i2])
                 rows.append({"pooling": p, "layer": layer,
                              **similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)})
-        keep_correlation_rows(self, run.num_layers, rows, sims_by, pairs.scores)  # for model vs model
+        compare = correlation_rows(run.num_layers, rows, sims_by, pairs.scores)  # for model vs model
         final = str(run.num_layers)
         by_pooling = {}
         for p in poolings:
@@ -131,17 +130,17 @@ class STS(Analysis):
                    "best": {k: best[k] for k in ("pooling", "layer", "spearman", "pearson")} if best else None,
                    "by_pooling": by_pooling, "data": pairs.describe()}
         figures: dict[str, Any] = {"summary": summary, "tables": {"layers": rows}}
-        if ctx.options.get("probe"):
+        if self.options(ctx).probe:
             figures["probe"] = self._probe(ctx, run, data, layers, poolings[0], vecs, i1, i2, n_boot)
             figures["tables"]["probe"] = figures["probe"]["rows"]
             summary["probe_spearman"] = {r["name"]: r["spearman"] for r in figures["probe"]["rows"]}
-        return figures
+        return ModelOutput(figures, compare=compare)
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(self, per_model, score="spearman", score_label="Spearman",
-                              n_resamples=int(ctx.options.get("n_boot", 1000)), seed=ctx.seed, say=ctx.say)
+        return compare_models(per_model, score="spearman", score_label="Spearman",
+                              n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
 
     def _split(self, ctx, run, pairs, layers, pooling, tag, vecs=None, idx=None):
         from layerscope.analyses.probe import PairSplit
@@ -160,11 +159,11 @@ class STS(Analysis):
         from layerscope.analyses.probe import KINDS, ProbeConfig, train_probe
         from layerscope.metrics.vectors import layer_cosines
 
-        o = ctx.options
+        o = self.options(ctx)
         test, _ = self._split(ctx, run, data["test"], layers, pooling, "sts", test_vecs, (i1, i2))
         train, train_vecs = self._split(ctx, run, data["train"], layers, pooling, "sts-train")
         dev = self._split(ctx, run, data["dev"], layers, pooling, "sts-dev")[0] if data.get("dev") else None
-        kinds = list(KINDS) if (o.get("probe_kind") or "all") == "all" else [o["probe_kind"]]
+        kinds = list(KINDS) if o.probe_kind == "all" else [o.probe_kind]
         rows: list[dict[str, Any]] = []
         records = {}
 
@@ -173,8 +172,8 @@ class STS(Analysis):
                          **similarity_correlations(sims, test.y, n_boot=n_boot, seed=ctx.seed)})
 
         for kind in kinds:
-            cfg = ProbeConfig(kind=kind, loss=o.get("probe_loss") or "mse", epochs=o.get("probe_epochs"),
-                              pretrain=bool(o.get("pretrain")) and kind == "siamese", seed=ctx.seed)
+            cfg = ProbeConfig(kind=kind, loss=o.probe_loss, epochs=o.probe_epochs,
+                              pretrain=o.pretrain and kind == "siamese", seed=ctx.seed)
             unlabeled = None
             if cfg.pretrain:  # the train split's sentences, without their scores
                 unlabeled = np.stack([train_vecs[pooling, layer] for layer in layers])

@@ -44,7 +44,7 @@ def _shared_options(meta=None) -> list[tuple[str, Any, Any]]:
         ("config", Optional[str], typer.Option(None, "--config", help="Dataset configuration (with --dataset).")),
         ("split", Optional[str], typer.Option(None, "--split", help="Dataset split (with --dataset).")),
         ("out", Optional[Path], typer.Option(None, "--out", "-o", help="Result directory (default "
-                                             "results/<model>/<revision>/<analysis>).")),
+                                             "results/<model>/<revision>/<analysis>/<run spec hash>).")),
         ("seed", int, typer.Option(0, help="Seed for every random choice.")),
         ("no_cache", bool, typer.Option(False, "--no-cache", help="Do not reuse or write cached vectors.")),
         ("trust_remote_code", bool, typer.Option(False, "--trust-remote-code",
@@ -170,12 +170,13 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
                       out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
                       force=force, trust_remote_code=trust_remote_code, max_length=max_length,
                       batch_tokens=batch_tokens)
-    result_dir, results = run_analysis(name, context)
+    outcome = run_analysis(name, context)
+    result_dir, results = outcome.out, outcome.results
     cls().console_summary(results, c)
     from layerscope.report.compare import print_comparison
 
     print_comparison(results, c)
-    if context.reused:
+    if outcome.reused:
         c.print(f"[bold green]reused[/bold green] {result_dir}/ (same models, data and options; "
                 "--recompute runs it again)")
     else:

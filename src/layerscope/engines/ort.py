@@ -291,7 +291,8 @@ class OrtEngine(Engine):
 
 @register(EngineSpec(
     "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu",
-    auto=(AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")), variant_files=True,
+    auto=(AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
+    variant_files=True,
     options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),),
     bench=(BenchRow(note="fp32, session optimizations on, in-graph pooling"),
            BenchRow("tokens", options=(("in_graph_pooling", False),),
@@ -299,6 +300,7 @@ class OrtEngine(Engine):
            BenchRow("noopt", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
            BenchRow("opt", "opt", note="offline transformer-optimizer variant"),
            BenchRow("int8", "int8", note="dynamic int8 variant"),
+           BenchRow("int8-block", "int8-block", note="int8 weights and activations per block of 32 (MatMulNBits)"),
            BenchRow("fp16", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),
            BenchRow("bf16", "bf16", note="bf16 variant"))))
 class CpuEngine(OrtEngine):

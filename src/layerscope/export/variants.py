@@ -15,6 +15,11 @@ tolerance is not written.
   weights, uint8 activations quantized per batch).  Activation x activation
   MatMuls (attention scores, the in-graph pooling) stay in fp32: quantizing
   those is what drops layers' cosine to ~0.9.
+- ``int8-block``: int8 weights in blocks of 32 along the reduction axis, each block with its own
+  scale (ONNX Runtime's ``MatMulNBits``, 8 bits), run with accuracy level 4: activations quantized to
+  int8 per block of 32 at run time, products in int8 on VNNI. Finer scales on both sides than
+  ``int8``'s one scale per output channel and one per activation tensor: on all-MiniLM-L6-v2 every
+  hidden state stays at cosine >= 0.9996 to fp32, where ``int8`` drops the last layers to 0.967.
 - ``fp16``: weights and compute in fp16, inputs/outputs fp32, with
   LayerNormalization/Softmax/reductions/pooling kept in fp32.
 - ``bf16``: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add
@@ -44,6 +49,7 @@ from layerscope.model.variants import OV_KINDS, check_kind, variant_file
 TOLERANCES: dict[str, dict[str, float | None]] = {
     "opt": {"max_abs": 1e-4, "min_cos": 0.99999},
     "int8": {"max_abs": None, "min_cos": 0.96},
+    "int8-block": {"max_abs": None, "min_cos": 0.99},
     "fp16": {"max_abs": None, "min_cos": 0.999},
 }
 
@@ -131,6 +137,30 @@ def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN
     return {"quantized_nodes": len(targets), "activation_matmuls_fp32": skipped,
             "down_projections_fp32": kept_down, "weight_type": "int8 per-channel",
             "activations": "uint8 dynamic per batch"}
+
+
+INT8_BLOCK = 32
+
+
+def quantize_int8_block(src: Path, dst: Path, *, block: int = INT8_BLOCK, external: bool = False) -> dict[str, Any]:
+    """Weight MatMuls to ``MatMulNBits`` with 8-bit symmetric weights per block of ``block`` rows, run at
+    accuracy level 4 (int8 activations per block); the in-graph pooling and raw embeddings stay fp32."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    model = onnx.load(str(src))
+    keep = [n.name for n in model.graph.node if n.name.startswith("layerscope/")]
+    config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, accuracy_level=4, bits=8)
+    with _quiet():
+        quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=keep, algo_config=config)
+        quantizer.process()
+    out = quantizer.model.model
+    quantized = sum(1 for n in out.graph.node if n.op_type == "MatMulNBits")
+    if not quantized:
+        raise ExportError(f"{src.name} has no weight MatMul to quantize")
+    _save(out, dst, external=external)
+    return {"quantized_nodes": quantized, "weight_type": f"int8 symmetric per block of {block}",
+            "activations": f"int8 per block of {block} at run time (accuracy level 4)"}
 
 
 def convert_fp16(src: Path, dst: Path, *, external: bool = False) -> dict[str, Any]:
@@ -241,6 +271,9 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         elif kind == "int8":
             say("quantizing weight MatMuls to int8")
             details = quantize_int8(src, dst, external=big)
+        elif kind == "int8-block":
+            say(f"quantizing weight MatMuls to int8 in blocks of {INT8_BLOCK}")
+            details = quantize_int8_block(src, dst, external=big)
         elif kind == "fp16":
             say("converting to fp16 (LayerNorm, Softmax, reductions and pooling kept in fp32)")
             details = convert_fp16(src, dst, external=big)
@@ -267,7 +300,7 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     entry = {
         "file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()),
         "external_data": data or None,
-        "precision": {"opt": "fp32", "int8": "int8", "fp16": "fp16"}[kind],
+        "precision": {"opt": "fp32", "int8": "int8", "int8-block": "int8", "fp16": "fp16"}[kind],
         "build_seconds": round(build_s, 2), "fusions": fusions, "details": details,
         "tolerance": tol, "parity": parity,
     }

@@ -1,0 +1,214 @@
+"""``RunSpec``: everything that makes one analysis run what it is, made once where the run starts.
+
+The run's identity (whether a saved result is this very run), results.json's ``settings``, the
+vector cache's extraction settings and the default result folder all derive from one frozen
+``RunSpec``; none of them is rebuilt from the loose settings elsewhere, so they cannot disagree.
+
+Also here: the typed options of an analysis (a frozen dataclass generated from its declared
+``Option``s, every default filled in) and results.json's format version with its typed loader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from layerscope.errors import InputError
+
+# results.json's format: 1 added "format", "spec" and "spec_hash" (a result without them is older).
+RESULTS_FORMAT = 1
+
+
+# ---------------------------------------------------------------- typed analysis options
+
+def options_type(meta) -> type:
+    """The frozen dataclass of an analysis's declared options (``meta``: its AnalysisMetadata), made once."""
+    try:
+        return _options_type(meta)
+    except TypeError:  # a default that cannot be hashed: made afresh
+        return _options_type.__wrapped__(meta)
+
+
+@lru_cache(maxsize=None)
+def _options_type(meta) -> type:
+    from typing import Optional
+
+    fields = [(o.name, o.type if o.default is not None or o.type is bool else Optional[o.type],
+               dataclasses.field(default=o.default)) for o in meta.options]
+    cls_name = "".join(part.capitalize() for part in meta.name.replace("-", "_").split("_")) + "Options"
+    return dataclasses.make_dataclass(cls_name, fields, frozen=True)
+
+
+def make_options(meta, given: dict[str, Any], say=None):
+    """The analysis's options: ``given`` over the declared defaults.
+
+    A name the analysis does not declare (a library caller sharing one options dict between analyses;
+    the CLI refuses them while parsing) is left out, and ``say`` is told which, with the closest name.
+    """
+    from layerscope.errors import did_you_mean
+
+    declared = [o.name for o in meta.options]
+    for name in given:
+        if name not in declared and say is not None:
+            say(f"analysis '{meta.name}' has no option {name!r}{did_you_mean(name, declared)}; ignored "
+                f"(its options: {', '.join(declared) or 'none'})")
+    return options_type(meta)(**{k: v for k, v in given.items() if k in declared})
+
+
+def options_dict(options) -> dict[str, Any]:
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)}
+
+
+# ---------------------------------------------------------------- the spec
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a run, resolved where the run started."""
+
+    given: str  # as the user named it (--model)
+    key: str  # its weights identity (ModelHandle.key), or a store's identity
+    folder: str  # its folder name under the results root
+    revision: str  # its revision folder (the hub revision, else a short weights hash)
+    layers: tuple[str, ...] | None = None  # --layers resolved for this model (None: read from stores)
+    poolings: tuple[str, ...] | None = None  # --pooling checked for this model
+    engine: str | None = None  # the engine that runs it: what `auto` picked, else the one asked for
+    variant: str | None = None  # the precision variant that engine loads (None: the fp32 graph)
+
+
+def _frozen_items(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((d or {}).items()))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A whole analysis run: models, engine (as asked and as resolved), extraction settings, data, options."""
+
+    analysis: str
+    models: tuple[ModelSpec, ...]
+    engine: str  # as asked (e.g. "auto"); each ModelSpec.engine is what runs
+    layers: str  # as asked; each ModelSpec.layers is what it resolved to
+    poolings: tuple[str, ...] | None  # as asked (None: each model's default)
+    max_length: int | None
+    batch_tokens: int | None
+    engine_options: tuple[tuple[str, Any], ...]  # sorted (name, value): variant, min_cosine, ...
+    data: str | None  # as given (a path, hf:..., a generator name)
+    data_sha256: str | None  # the data file's content, when it is a file
+    seed: int
+    options: tuple[tuple[str, Any], ...]  # sorted (name, value): every declared option, defaults filled in
+
+    @classmethod
+    def make(cls, analysis: str, models, *, engine: str, layers: str, poolings, max_length, batch_tokens,
+             engine_options: dict[str, Any] | None, data: str | None, seed: int, options) -> RunSpec:
+        return cls(analysis=analysis, models=tuple(models), engine=engine, layers=str(layers),
+                   poolings=tuple(poolings) if poolings else None, max_length=max_length,
+                   batch_tokens=batch_tokens, engine_options=_frozen_items(_plain(engine_options)),
+                   data=None if data is None else str(data), data_sha256=_file_sha256(data), seed=int(seed),
+                   options=_frozen_items(_plain(options_dict(options) if dataclasses.is_dataclass(options)
+                                                else options)))
+
+    # -- what derives from it ---------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same, as flat JSON: a data file counts by its content, not its path."""
+        data = Path(self.data).name if self.data_sha256 else self.data
+        ident: dict[str, Any] = {"analysis": self.analysis, "engine": self.engine, "layers": self.layers,
+                                 "poolings": list(self.poolings) if self.poolings else None,
+                                 "max_length": self.max_length, "batch_tokens": self.batch_tokens,
+                                 "data": data, "data_sha256": self.data_sha256, "seed": self.seed}
+        ident.update({f"engine_options.{k}": v for k, v in self.engine_options})
+        ident.update({f"options.{k}": v for k, v in self.options})
+        for i, m in enumerate(self.models):
+            where = f"models[{i}]" if len(self.models) > 1 else "model"
+            ident.update({f"{where}.weights": m.key, f"{where}.engine": m.engine, f"{where}.variant": m.variant,
+                          f"{where}.layers": list(m.layers) if m.layers is not None else None,
+                          f"{where}.poolings": list(m.poolings) if m.poolings is not None else None})
+        return _plain(ident)
+
+    @property
+    def hash(self) -> str:
+        """12 hex digits of the identity: the run's own folder under the default results root."""
+        blob = json.dumps(self.identity(), sort_keys=True, ensure_ascii=True).encode("utf-8")
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    def settings(self, models: list[str] | None = None) -> dict[str, Any]:
+        """results.json's ``settings`` (``models``: the names to record, default the ones given)."""
+        return _plain({"models": models if models is not None else [m.given for m in self.models],
+                       "engine": self.engine, "engines_resolved": [m.engine for m in self.models],
+                       "variants": [m.variant for m in self.models], "layers": self.layers,
+                       "poolings": list(self.poolings) if self.poolings else None, "data": self.data,
+                       "data_sha256": self.data_sha256, "seed": self.seed, "max_length": self.max_length,
+                       "batch_tokens": self.batch_tokens, "engine_options": dict(self.engine_options),
+                       "options": dict(self.options)})
+
+    def differences(self, earlier: dict[str, Any]) -> list[str]:
+        """Each key whose value differs from an earlier run's identity, as ``key old -> new``."""
+        now = self.identity()
+        return [f"{key} {earlier.get(key)!r} -> {now.get(key)!r}" for key in sorted(set(earlier) | set(now))
+                if earlier.get(key) != now.get(key)]
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(obj):
+    """JSON's own values (tuples as lists, paths as strings), so an identity read back compares equal."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def _file_sha256(path: str | None) -> str | None:
+    if not path:
+        return None
+    p = Path(str(path))
+    if not p.is_file():
+        return None
+    from layerscope.hashing import file_sha256
+
+    return file_sha256(p)
+
+
+# ---------------------------------------------------------------- results.json, typed
+
+@dataclass(frozen=True)
+class SavedResults:
+    """A results.json read back: its format, the run's identity and hash, and the whole document."""
+
+    path: Path
+    format: int  # 0: written before results carried a run spec
+    analysis: str
+    spec_hash: str | None
+    identity: dict[str, Any] | None
+    complete: bool  # it holds the per-model figures
+    document: dict[str, Any]
+
+    @property
+    def older(self) -> bool:
+        return self.format < RESULTS_FORMAT
+
+
+def load_results(path: str | Path) -> SavedResults:
+    """Read ``DIR/results.json`` (or the file itself); a missing, garbled or foreign file is one line."""
+    path = Path(path)
+    if path.is_dir() or not path.name.endswith(".json"):
+        path = path / "results.json"
+    if not path.exists():
+        raise InputError(f"{path.parent} has no results.json; give a directory written by layerscope run")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("analysis"), str):
+        raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
+    fmt = doc.get("format", 0)
+    if not isinstance(fmt, int) or fmt < 0:
+        raise InputError(f"{path} has an unreadable format {fmt!r}; re-run layerscope run")
+    if fmt > RESULTS_FORMAT:
+        raise InputError(f"{path} was written by a newer layerscope (results format {fmt}, this one reads "
+                         f"{RESULTS_FORMAT}); upgrade layerscope to read it")
+    ident = doc.get("identity") if isinstance(doc.get("identity"), dict) else None
+    spec_hash = doc.get("spec_hash") if isinstance(doc.get("spec_hash"), str) else None
+    return SavedResults(path=path, format=fmt, analysis=doc["analysis"], spec_hash=spec_hash, identity=ident,
+                        complete=isinstance(doc.get("per_model"), dict), document=doc)
