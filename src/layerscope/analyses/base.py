@@ -85,12 +85,11 @@ class ModelRun:
 
     @property
     def name(self) -> str:
-        src = self.handle.manifest.get("source", {})
-        return src.get("alias") or self.spec
+        return self.handle.manifest.source.alias or self.spec
 
     @property
     def num_layers(self) -> int:
-        return int(self.handle.manifest["num_layers"])
+        return self.handle.manifest.num_layers
 
 
 @dataclass(frozen=True)
@@ -264,7 +263,7 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
     from layerscope.vocab.layers import resolve_layers
 
     try:
-        return resolve_layers(spec, int(handle.manifest["num_layers"]))
+        return resolve_layers(spec, handle.manifest.num_layers)
     except InputError as exc:
         raise InputError(f"--layers {spec} for model {model}: {exc}") from None
 

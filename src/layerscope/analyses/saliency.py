@@ -53,7 +53,7 @@ class Saliency(Analysis):
     )
 
     def default_poolings(self, handle) -> list[str]:
-        return [handle.manifest.get("default_pooling", "mean")]
+        return [handle.manifest.default_pooling]
 
     # ------------------------------------------------------------------ data
     def prepare(self, ctx: Context) -> Any:
