@@ -73,17 +73,21 @@ def test_every_directory_layerscope_makes_is_marked_with_its_kind(bert_export, c
 
 
 def test_directories_made_before_markers_are_recognised_by_their_own_files(bert_export, corpus_file, tmp_path):
+    """Their kind is known, but not which files layerscope wrote: --force refuses them, saying what to do."""
     old_export = tmp_path / "old-export"
     shutil.copytree(bert_export, old_export)
     (old_export / MARKER).unlink()
     assert kind_of(old_export) == "export"
-    where = claim(old_export, "export", force=True)
-    assert where.replace
+    with pytest.raises(InputError, match=r"older layerscope.*delete it yourself \(rm -r .*old-export\)"):
+        claim(old_export, "export", force=True)
     store = tmp_path / "old-store"
     extract(bert_export, str(corpus_file), store, engine="ort")
     (store / MARKER).unlink()
-    report = extract(bert_export, str(corpus_file), store, engine="ort", force=True)  # not locked out
-    assert report.n == len(TEXTS) and (store / MARKER).exists()
+    before = snapshot(store)
+    with pytest.raises(InputError, match="older layerscope"):
+        extract(bert_export, str(corpus_file), store, engine="ort", force=True)
+    assert snapshot(store) == before
+    assert LayerStore.open(store).n == len(TEXTS)  # still readable, and resumable
 
 
 # ---------------------------------------------------------------- extract --force
@@ -247,6 +251,11 @@ def test_ownership_is_one_rule(tmp_path):
         (d / sig).write_text("{}")
         with pytest.raises(LayerscopeError, match="--force"):
             claim(d, kind)
+        with pytest.raises(InputError, match="did not record the files it wrote"):
+            claim(d, kind, force=True)  # no record of which files layerscope wrote
+        from layerscope.ownership import record
+
+        record(d, kind)
         assert claim(d, kind, force=True).replace
         others = [k for k in ("export", "store", "result", "index") if k != kind]
         with pytest.raises(InputError, match="not"):

@@ -30,7 +30,8 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     """Yield an empty staging directory beside ``target``; on success it replaces ``target``.
 
     ``kind`` (export, result, ...): the ownership marker written into the staging directory, so
-    the directory is marked from the moment it appears. The caller checks with
+    the directory is marked from the moment it appears; every file in it is recorded there (with its
+    sha256) before it replaces ``target``. The caller checks with
     :func:`layerscope.ownership.claim` that ``target`` may be replaced before calling this.
     On any error (or Ctrl-C) the staging directory is removed and ``target`` is left as it was.
     """
@@ -46,6 +47,10 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
 
             write_marker(stage, kind)
         yield stage
+        if kind is not None:
+            from layerscope.ownership import record
+
+            record(stage, kind, known=_known_hashes(stage))  # every file in the private stage is layerscope's
         if target.exists():
             if kind is not None and any(target.iterdir()):
                 from layerscope.ownership import remove
@@ -57,6 +62,16 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def _known_hashes(stage: Path) -> dict[str, str]:
+    """The sha256 an export's manifest recorded a moment ago for the files of its stage (not hashed again)."""
+    try:
+        files = json.loads((stage / "manifest.json").read_text(encoding="utf-8")).get("files") or {}
+        return {rel: rec["sha256"] for rel, rec in files.items()
+                if isinstance(rec, dict) and isinstance(rec.get("sha256"), str)}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _stage_prefix(target: Path) -> str:

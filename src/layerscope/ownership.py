@@ -1,29 +1,34 @@
 """Which directories layerscope may replace: the one rule behind every ``--out`` and ``--force``.
 
-Every directory layerscope makes (an export, a store, a result directory, an index)
-carries a small marker file, ``.layerscope.json``, naming its kind. ``--force`` replaces
-a directory only when
+Every directory layerscope makes (an export, a store, a result directory, an index) carries a
+small marker file, ``.layerscope.json``, naming its kind and recording every file and folder
+layerscope wrote there, each file with its sha256, size and modification time when written
+(``owned``). ``--force`` replaces a directory only when
 
-* it is of the kind being written (its marker says so; directories made before markers
-  existed are recognised by their own metadata file: manifest.json, store.json,
-  results.json, index.json),
-* everything in it belongs to that kind's layout (a ``notes.md`` a user put there is
-  never deleted: the directory is refused instead, naming the file), and
-* it does not hold any input of the command (the corpus, the model being exported,
-  the store an index is built from).
+* it is of the kind being written (its marker says so; directories made before markers existed
+  are recognised by their own metadata file: manifest.json, store.json, results.json, index.json),
+* it holds nothing but what the record lists, each file unchanged since layerscope wrote it (a
+  ``notes.md`` a user put there, or a ``report.md`` the user edited, is never deleted: the directory
+  is refused instead, naming the files); a layerscope directory inside it (an index built in its
+  store) counts by its own record, and
+* it does not hold any input of the command (the corpus, the model being exported, the store an
+  index is built from).
 
-Anything else is refused with one line that says what is there.
+Nothing is decided by a file's name. A directory without a record (made by an older layerscope)
+is refused, saying to delete it by hand or choose another ``--out``. Anything else is refused with
+one line that says what is there.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import contextlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from layerscope.errors import InputError
 
@@ -31,19 +36,6 @@ MARKER = ".layerscope.json"
 
 # The metadata file that identifies a directory of each kind made before markers existed.
 SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "results.json", "index": "index.json"}
-
-# What layerscope itself writes at the top of each kind of directory (shell patterns).
-LAYOUT = {
-    "export": ("manifest.json", "model*.onnx", "model*.onnx_data", "*.onnx.tmp", "lens-k*.onnx", "lens-k*.onnx_data", "lens-k*.json",
-               "lm_head.safetensors",
-               "tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.txt", "vocab.json",
-               "merges.txt", "spiece.model", "sentencepiece.bpe.model", "config.json", "chat_template.jinja",
-               "trt_cache", "peers", "*.tmp*"),
-    "store": ("store.json", "texts.jsonl", "texts.jsonl.partial", "lengths.npy", "done.npy", "arrays",
-              "arrays.partial", "index-*", "*.lock", "*.tmp*", "checksums*", "shards", "ray-offsets.npy"),
-    "result": ("results.json", "report.md", "*.csv", "*.png", "*.svg", "*.html", "mteb", "*.tmp*"),
-    "index": ("index.json", "index.faiss", "index.faiss.partial", "*.tmp*"),
-}
 
 WHAT = {"export": "an export", "store": "a layer store", "result": "a result directory", "index": "an index"}
 
@@ -58,45 +50,276 @@ class Claim:
     replace: bool  # the caller may delete it and write a new one
 
 
+@dataclass(frozen=True)
+class Foreign:
+    """What in a layerscope directory is not layerscope's to delete."""
+
+    unrecorded: list[str]  # relative paths layerscope has no record of writing
+    changed: list[str]  # files layerscope wrote that were changed since (the user's now)
+
+    def __bool__(self) -> bool:
+        return bool(self.unrecorded or self.changed)
+
+
+# ---------------------------------------------------------------- path parts from files
+
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def safe_part(text: object, what: str = "a name") -> str:
+    """``text`` (a name, revision or alias read from a file) as one safe path component: characters other
+    than letters, digits and ``._+-`` become ``-``, and no ``.``/``..`` or leading dot can remain."""
+    part = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(text)).strip("-.")
+    if not part:
+        raise InputError(f"{what} {str(text)!r} leaves nothing usable as a folder name; give --out")
+    return part
+
+
+def hex_part(text: object, what: str, length: int = 12) -> str:
+    """The first ``length`` characters of a hash read from a file, which must be lowercase hex."""
+    value = str(text)
+    if len(value) < length or not _HEX.fullmatch(value):
+        raise InputError(f"{what} is {value[:80]!r}, not a sha256 hex digest; the file was edited or damaged "
+                         "(re-export the model, or give --out)")
+    return value[:length]
+
+
+def check_under(path: Path, root: Path, what: str = "the result folder") -> Path:
+    """``path`` once resolved (symlinks followed) lies inside ``root``; one line otherwise."""
+    path, root = Path(path), Path(root)
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise InputError(f"{what} {path} would lie outside {root}/ (a name or hash read from a file leads "
+                         f"there); give --out") from None
+    return path
+
+
+def inside(root: Path, rel: object) -> Path | None:
+    """``root / rel`` when ``rel`` (a relative path read from a file) stays inside ``root`` once resolved
+    (no absolute path, no ``..``, no symlink leading out); None otherwise."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
+        return None
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or any(p in ("..", "") for p in parts):
+        return None
+    root = Path(root)
+    try:
+        (root / rel).resolve().relative_to(root.resolve())
+    except (ValueError, OSError, RuntimeError):
+        return None
+    return root / rel
+
+
+# ---------------------------------------------------------------- the marker and its record
+
+def _read_marker(path: Path) -> dict | None:
+    try:
+        data = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def kind_of(path: Path) -> str | None:
     """The layerscope kind of directory ``path``: its marker's, else the one its metadata file implies."""
     path = Path(path)
-    marker = path / MARKER
-    if marker.is_file():
-        try:
-            kind = json.loads(marker.read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError):
-            kind = None
-        if kind in SIGNATURE:
-            return kind
+    marker = _read_marker(path) if (path / MARKER).is_file() else None
+    if marker is not None and marker.get("kind") in SIGNATURE:
+        return marker["kind"]
     for kind, name in SIGNATURE.items():
         if (path / name).is_file():
             return kind
     return None
 
 
+def _write(path: Path, data: dict) -> None:
+    """Replace the marker atomically (a temporary sibling, fsynced, renamed over it)."""
+    target = Path(path) / MARKER
+    tmp = target.with_name(f"{MARKER}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, ensure_ascii=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+
+
 def write_marker(path: Path, kind: str) -> None:
-    """Mark directory ``path`` as one layerscope made, of ``kind``."""
+    """Mark directory ``path`` as one layerscope made, of ``kind``, with an empty record of its files."""
     import layerscope
 
     if kind not in SIGNATURE:
         raise ValueError(f"unknown directory kind {kind!r}")
-    data = {"kind": kind, "layerscope_version": layerscope.__version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    (Path(path) / MARKER).write_text(json.dumps(data) + "\n", encoding="utf-8")
+    _write(path, {"kind": kind, "layerscope_version": layerscope.__version__,
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "owned": {}})
 
 
-def foreign_entries(path: Path, kind: str) -> list[str]:
-    """Names at the top of ``path`` that are not part of ``kind``'s layout."""
-    patterns = LAYOUT[kind] + (MARKER,)
-    return sorted(e.name for e in Path(path).iterdir()
-                  if not any(fnmatch.fnmatchcase(e.name, p) for p in patterns))
+def _nested(path: Path) -> bool:
+    """A layerscope directory of its own (an index inside a store): it counts by its own record."""
+    marker = _read_marker(path) if (path / MARKER).is_file() and not path.is_symlink() else None
+    return marker is not None and marker.get("kind") in SIGNATURE and isinstance(marker.get("owned"), dict)
 
 
-def _describe(path: Path, names: list[str]) -> str:
-    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return f"{path}/ holds {len(names)} file{'s' if len(names) != 1 else ''} that layerscope did not make ({shown})"
+def _walk(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative path, path) of every entry under ``root``, parents first; symlinks are not followed, and a
+    nested layerscope directory is listed but not entered."""
+    stack = [root]
+    while stack:
+        top = stack.pop()
+        try:
+            entries = sorted(os.scandir(top), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            p = Path(entry.path)
+            rel = p.relative_to(root).as_posix()
+            if rel == MARKER:
+                continue
+            yield rel, p
+            if entry.is_dir(follow_symlinks=False) and not _nested(p):
+                stack.append(p)
 
+
+def _signature(p: Path) -> dict:
+    st = p.lstat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _entry(p: Path, old: dict | None, hashes: bool, known: str | None) -> dict:
+    from layerscope.hashing import file_sha256
+
+    if p.is_symlink():
+        return {"symlink": os.readlink(p)}
+    if p.is_dir():
+        return {"dir": True}
+    sig = _signature(p)
+    if known is not None:
+        return {"sha256": known, **sig}
+    if old and old.get("sha256") and all(old.get(k) == v for k, v in sig.items()):
+        return dict(old)  # unchanged since it was hashed: not read again
+    return {"sha256": file_sha256(p) if hashes else None, **sig}
+
+
+def _excluded(rel: str, exclude: Iterable[str]) -> bool:
+    return any(rel == e or rel.startswith(e + "/") for e in exclude)
+
+
+def record(path: Path, kind: str, *, exclude: Iterable[str] = (), hashes: bool = True,
+           known: dict[str, str] | None = None) -> None:
+    """Record every file and folder under ``path`` (but those under ``exclude``, relative paths that were
+    not layerscope's when its writer started) as written by layerscope, each file with its sha256.
+
+    Called by a writer that holds the directory (its lock, or a private staging folder) when it has
+    written: ``hashes=False`` marks files still being written (no hash yet: any content counts as
+    layerscope's until the writer records them again); ``known`` passes hashes the writer already has.
+    """
+    path = Path(path)
+    marker = _read_marker(path) or {}
+    if marker.get("kind") not in SIGNATURE:
+        write_marker(path, kind)
+        marker = _read_marker(path) or {}
+    old = marker.get("owned") if isinstance(marker.get("owned"), dict) else {}
+    exclude = [e for e in exclude]
+    owned: dict[str, dict] = {}
+    for rel, p in _walk(path):
+        if _excluded(rel, exclude) or not os.path.lexists(p) or _nested(p):
+            continue  # a layerscope directory inside (an index in its store) counts by its own record
+        try:
+            owned[rel] = _entry(p, old.get(rel), hashes, (known or {}).get(rel))
+        except FileNotFoundError:  # a temporary file renamed away meanwhile
+            continue
+    marker["owned"] = owned
+    _write(path, marker)
+
+
+def foreign(path: Path) -> Foreign | None:
+    """What under layerscope directory ``path`` is not layerscope's to delete; None when it has no record
+    (made by an older layerscope, or not by layerscope)."""
+    from layerscope.hashing import file_sha256
+
+    path = Path(path)
+    marker = _read_marker(path)
+    owned = marker.get("owned") if marker else None
+    if not isinstance(owned, dict):
+        return None
+    unrecorded: list[str] = []
+    changed: list[str] = []
+    skip: list[str] = []
+    for rel, p in _walk(path):
+        if _excluded(rel, skip):
+            continue
+        if _nested(p):  # a layerscope directory of its own: checked by its own record
+            inner = foreign(p)
+            if inner is not None:
+                unrecorded += [f"{rel}/{r}" for r in inner.unrecorded]
+                changed += [f"{rel}/{r}" for r in inner.changed]
+                continue
+        rec = owned.get(rel)
+        if not isinstance(rec, dict):
+            unrecorded.append(rel + ("/" if p.is_dir() and not p.is_symlink() else ""))
+            skip.append(rel)
+            continue
+        if "symlink" in rec:
+            if not p.is_symlink() or os.readlink(p) != rec["symlink"]:
+                changed.append(rel)
+            continue
+        if rec.get("dir"):
+            if p.is_symlink() or not p.is_dir():
+                changed.append(rel)
+                skip.append(rel)
+            continue
+        if p.is_symlink() or not p.is_file():
+            changed.append(rel)
+            skip.append(rel)
+            continue
+        if rec.get("sha256") is None:
+            continue  # still being written by layerscope when it was recorded
+        sig = _signature(p)
+        if all(rec.get(k) == v for k, v in sig.items()):
+            continue
+        try:
+            same = sig["bytes"] == rec.get("bytes") and file_sha256(p) == rec["sha256"]
+        except OSError:
+            same = False
+        if not same:
+            changed.append(rel)
+    return Foreign(unrecorded, changed)
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    if limit == 3:
+        return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f", and {more} more" if more > 0 else "")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def _describe(path: Path, names: list[str], limit: int = 3) -> str:
+    return f"{path}/ holds {_count(len(names), 'file')} that layerscope did not make ({_names(names, limit)})"
+
+
+def describe_foreign(path: Path, found: Foreign) -> str:
+    parts = []
+    if found.unrecorded:
+        parts.append(_describe(path, found.unrecorded, limit=10))
+    if found.changed:
+        what = _count(len(found.changed), "file")
+        parts.append(f"{path}/ holds {what} layerscope wrote that {'was' if len(found.changed) == 1 else 'were'} "
+                     f"changed since, so {'it is' if len(found.changed) == 1 else 'they are'} yours now "
+                     f"({_names(found.changed, limit=10)})")
+    return "; ".join(parts)
+
+
+def _no_record(path: Path, kind: str, option: str) -> str:
+    return (f"{path} holds {WHAT[kind]} made by an older layerscope, which did not record the files it wrote, "
+            f"so --force cannot tell them from yours; delete it yourself (rm -r {path}) or choose another {option}")
+
+
+# ---------------------------------------------------------------- claiming and replacing
 
 def _inside(child: Path, parent: Path) -> bool:
     try:
@@ -122,7 +345,8 @@ def claim(path: str | Path, kind: str, *, force: bool = False, keep: bool = Fals
     ``keep``: the caller continues or reuses an existing directory of this kind (e.g. ``--resume``).
     ``force``: the caller will replace an existing directory of this kind (``replace`` in the answer).
     Raises InputError for anything else: a file, a foreign or differently-kinded non-empty folder, a
-    folder holding one of ``inputs``, or (without ``force``/``keep``) an existing one of this kind.
+    folder holding one of ``inputs``, one without a record of its files, one holding files layerscope did
+    not write or that changed since, or (without ``force``/``keep``) an existing one of this kind.
     """
     path = check_output_path(Path(path), option)
     if not path.exists():
@@ -146,38 +370,87 @@ def claim(path: str | Path, kind: str, *, force: bool = False, keep: bool = Fals
         if p.exists() and _inside(p, path):
             raise InputError(f"{option} {path} holds this command's input {p}; --force never deletes it: "
                              f"choose another {option}")
-    foreign = foreign_entries(path, kind)
-    if foreign:
-        raise InputError(_describe(path, foreign) + f"; --force only replaces what layerscope made: move them "
-                         f"or choose another {option}")
+    check_replaceable(path, kind, option)
     return Claim(path, True, kind, True)
 
 
+def check_replaceable(path: Path, kind: str, option: str = "--out") -> None:
+    """Raise InputError unless everything in ``path`` is what layerscope wrote there, unchanged."""
+    if Path(path).is_symlink():
+        raise InputError(f"{option} {path} is a symlink to {os.path.realpath(path)}; --force replaces only a real "
+                         f"folder: give {option} its real path")
+    found = foreign(path)
+    if found is None:
+        raise InputError(_no_record(path, kind, option))
+    if found:
+        raise InputError(describe_foreign(path, found) + f"; --force only replaces what layerscope wrote: move "
+                         f"them or choose another {option}")
+
+
+def _delete_owned(path: Path) -> None:
+    """Delete the files and folders ``path``'s record lists (nested layerscope directories by their own
+    records), deepest first, then ``path`` itself if nothing else is left."""
+    import shutil
+
+    marker = _read_marker(path) or {}
+    owned = marker.get("owned") if isinstance(marker.get("owned"), dict) else {}
+    for rel, p in sorted(_walk(path), key=lambda item: item[0].count("/"), reverse=True):
+        if _nested(p):
+            _delete_owned(p)
+    for rel in sorted(owned, key=lambda r: (r.count("/"), r), reverse=True):
+        p = inside(path, rel) if "symlink" not in owned[rel] else path / rel
+        if p is None or not os.path.lexists(p):
+            continue
+        if owned[rel].get("dir") and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (path / MARKER).unlink()
+    try:
+        os.rmdir(path)
+    except OSError:
+        left = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
+        if left:
+            raise InputError(f"{path} changed while this command ran ({_names(left)} appeared); those were "
+                             "not deleted") from None
+        shutil.rmtree(path)
+
+
 def remove(path: Path, kind: str) -> None:
-    """Delete a directory that :func:`claim` allowed to be replaced (re-checking its kind first)."""
-    import shutil
-
+    """Delete a directory that :func:`claim` allowed to be replaced, re-checking it first: only the files
+    its record lists, unchanged, are deleted."""
     path = Path(path)
-    if kind_of(path) != kind or foreign_entries(path, kind):
-        raise InputError(f"{path} changed while this command ran; it was not deleted")
-    shutil.rmtree(path)
+    found = foreign(path) if kind_of(path) == kind else None
+    if found is None or found:
+        what = describe_foreign(path, found) if found else "its record of layerscope's files is gone"
+        raise InputError(f"{path} changed while this command ran ({what}); it was not deleted")
+    _delete_owned(path)
 
 
-def clear_own(path: Path, kind: str) -> None:
-    """Delete what belongs to ``kind``'s layout (and the marker) inside ``path``; leave anything else."""
-    import shutil
-
+def clear_own(path: Path, kind: str, *, exclude: Iterable[str] = ()) -> None:
+    """Delete what layerscope wrote inside ``path`` (recorded now, but for ``exclude``: entries that were not
+    its own when the writer started); leave anything else, and the folder itself."""
     path = Path(path)
     if not path.is_dir():
         return
-    foreign = set(foreign_entries(path, kind))
-    for entry in path.iterdir():
-        if entry.name in foreign:
+    record(path, kind, exclude=exclude, hashes=False)
+    marker = _read_marker(path) or {}
+    owned = marker.get("owned") or {}
+    for rel in sorted(owned, key=lambda r: (r.count("/"), r), reverse=True):
+        p = path / rel
+        if not os.path.lexists(p):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+        if owned[rel].get("dir") and not p.is_symlink():
+            with contextlib.suppress(OSError):
+                os.rmdir(p)
         else:
-            entry.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (path / MARKER).unlink()
 
 
 def remove_if_empty(path: Path) -> None:
@@ -185,3 +458,31 @@ def remove_if_empty(path: Path) -> None:
         os.rmdir(path)
     except OSError:
         pass
+
+
+def not_layerscopes(path: Path) -> list[str]:
+    """Relative paths under ``path`` that are not layerscope's at this moment (all of them without a record)."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    found = foreign(path)
+    if found is None:
+        return [rel for rel, _ in _walk(path)]
+    return [r.rstrip("/") for r in found.unrecorded + found.changed]
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, kind: str) -> Iterator[None]:
+    """Around a writer that adds to or rewrites a layerscope directory in place: what it wrote is recorded
+    when it ends, however it ends; what was not layerscope's before is left out. A directory without a
+    record (an older layerscope's) gets none."""
+    path = Path(path)
+    if path.is_dir() and any(path.iterdir()) and foreign(path) is None:
+        yield  # made by an older layerscope: no record to add to (--force keeps refusing it, saying why)
+        return
+    before = not_layerscopes(path)
+    try:
+        yield
+    finally:
+        if path.is_dir() and any(path.iterdir()):
+            record(path, kind, exclude=before)

@@ -85,6 +85,44 @@ def layer_row(pooling: str, layer: str, f: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def mrr_chance(n: int) -> float:
+    """The MRR of a random ranking of ``n`` candidates: the mean of 1/r over r = 1..n."""
+    return float(np.mean(1.0 / np.arange(1, n + 1)))
+
+
+def with_intervals(row: dict[str, Any], f: dict[str, Any], src: np.ndarray, tgt: np.ndarray,
+                   seed: int) -> dict[str, Any]:
+    """The row with 95% pair-bootstrap intervals of z, acc@k and MRR both ways (see analyses/intervals.py).
+
+    z's interval resamples per-pair terms whose mean is the row's z: each pair's matched cosine with its
+    source's and its target's mean cosine to every text taken out (the doubly centred diagonal of the n x n
+    cosines, computed from column sums, never the matrix), over the row's scrambled std held fixed. A source
+    close to every target is then no evidence of alignment, as in the permutation z itself. (Rescrambling
+    each resample instead would count a pair drawn twice as its own scrambled partner and pull every
+    resampled z down.)
+    """
+    from layerscope.analyses.intervals import add_interval
+    from layerscope.index.vector_index import normalize
+    from layerscope.metrics.paired import mean_scorer
+
+    n = len(src)
+    moments = f["z"]  # the row's z: the same scrambled moments, so the interval is about the z it reports
+    scorer = None
+    if moments.get("z") is not None:
+        S, T = normalize(src).astype(np.float64), normalize(tgt).astype(np.float64)
+        s_sum, t_sum = S.sum(axis=0), T.sum(axis=0)
+        grand = float(s_sum @ t_sum) / (n * n)
+        centred = np.einsum("ij,ij->i", S, T) - S @ t_sum / n - T @ s_sum / n + grand  # mean: matched - grand
+        scorer = mean_scorer((centred + grand - moments["scrambled_mean"]) / moments["scrambled_std"])
+    add_interval(row, "z", scorer, n, seed=seed)
+    for d in ("src2tgt", "tgt2src"):
+        ranks = np.asarray(f["retrieval"][d]["ranks"], dtype=np.float64)
+        for k in (1, 5, 10):
+            add_interval(row, f"acc@{k}_{d}", mean_scorer(ranks <= k), n, seed=seed)
+        add_interval(row, f"mrr_{d}", mean_scorer(1.0 / ranks), n, seed=seed)
+    return row
+
+
 @register
 class Alignment(Analysis):
     metadata = AnalysisMetadata(
@@ -169,6 +207,7 @@ class Alignment(Analysis):
         cats = sorted(set(data.categories)) if data.categories else []
         cat_idx = {c: np.array([i for i, x in enumerate(data.categories) if x == c]) for c in cats}
         from layerscope.analyses.compare import z_rows_for_comparison
+        from layerscope.analyses.intervals import headline, method
         from layerscope.progress import track
 
         layer_rows, cat_rows, backend = [], [], None
@@ -182,7 +221,7 @@ class Alignment(Analysis):
                 f = alignment_figures(src, tgt, n_perm=o.permutations, seed=ctx.seed, knn_k=o.knn,
                                       ann_threshold=o.ann_threshold, index_kind=o.index, device=o.device)
                 backend = f["retrieval"].get("backend")
-                layer_rows.append(layer_row(pooling, layer, f))
+                layer_rows.append(with_intervals(layer_row(pooling, layer, f), f, src, tgt, ctx.seed))
                 if len(queries):
                     shown.setdefault(pooling, {})[layer] = nearest_targets(src, tgt, queries, k_shown)
                 for c in cats:
@@ -199,7 +238,21 @@ class Alignment(Analysis):
         defined = [r for r in mine if r["z"] is not None]
         best = max(defined, key=lambda r: r["z"]) if defined else None
         best_acc = max(mine, key=lambda r: r["acc@1_src2tgt"])
+        last = mine[-1]
         summary = {
+            "headline": [
+                headline("z, last layer", last, "z", f"layer {last['layer']}, {main} pooling", chance=0.0),
+                headline("best z", best, "z", f"layer {best['layer']}, {main} pooling" if best else "", chance=0.0),
+                headline("acc@1 source → target, last layer", last, "acc@1_src2tgt",
+                         f"layer {last['layer']}, {main} pooling", chance=1 / n),
+                headline("best acc@1 source → target", best_acc, "acc@1_src2tgt",
+                         f"layer {best_acc['layer']}, {main} pooling", chance=1 / n),
+                headline("MRR source → target, last layer", last, "mrr_src2tgt",
+                         f"layer {last['layer']}, {main} pooling", chance=mrr_chance(n))],
+            "intervals": method(n, "pairs", ctx.seed) + "; z: the matched pairs resampled against the "
+                         "scrambled mean and std of the row's z (held fixed)",
+            "chance": {"z": 0.0, "acc@1": 1 / n, "acc@5": min(1.0, 5 / n), "acc@10": min(1.0, 10 / n),
+                       "mrr": mrr_chance(n)},
             "pooling": main,
             "z": mine[-1]["z"], "layer": mine[-1]["layer"],
             "acc@1_src2tgt": mine[-1]["acc@1_src2tgt"], "acc@1_tgt2src": mine[-1]["acc@1_tgt2src"],
@@ -231,8 +284,9 @@ class Alignment(Analysis):
 
     # -- rendering ---------------------------------------------------------
     @staticmethod
-    def _series(results, key: str) -> dict[str, tuple[list[str], list]]:
-        series = {}
+    def _series(results, key: str):
+        """``(series, bands)`` of one figure per model and pooling (bands where the rows hold an interval)."""
+        series, bands = {}, {}
         multi = len(results["per_model"]) > 1
         for model, fig in results["per_model"].items():
             rows = fig["tables"]["alignment_layers"]
@@ -240,36 +294,58 @@ class Alignment(Analysis):
                 rs = [r for r in rows if r["pooling"] == pooling]
                 label = f"{model} / {pooling}" if multi else pooling
                 series[label] = ([r["layer"] for r in rs], [r.get(key) for r in rs])
-        return series
+                if any(r.get(f"{key}_ci_low") is not None for r in rs):
+                    bands[label] = ([r.get(f"{key}_ci_low") for r in rs], [r.get(f"{key}_ci_high") for r in rs])
+        return series, bands
 
     def plots(self, results, out_dir: Path) -> list[str]:
         from layerscope.report.plots import layer_lines
 
         out_dir = Path(out_dir)
+        ns = {fig["summary"].get("n_pairs") for fig in results["per_model"].values()}
+        n = ns.pop() if len(ns) == 1 else None
+        z, z_bands = self._series(results, "z")
+        acc, acc_bands = self._series(results, "acc@1_src2tgt")
         files = [
-            layer_lines(out_dir / "z_by_layer.png", self._series(results, "z"),
+            layer_lines(out_dir / "z_by_layer.png", z, bands=z_bands, hline=0.0, hline_label="chance (z = 0)",
                         title="matched vs scrambled pairs: z-score by layer", ylabel="z (matched - scrambled) / std"),
-            layer_lines(out_dir / "acc1_by_layer.png", self._series(results, "acc@1_src2tgt"),
+            layer_lines(out_dir / "acc1_by_layer.png", acc, bands=acc_bands, from_zero=True,
+                        hline=1 / n if n else None, hline_label=f"chance (1/n = 1/{n})" if n else None,
                         title="retrieval source -> target: accuracy@1 by layer", ylabel="accuracy@1"),
-            layer_lines(out_dir / "pc0_separation_by_layer.png", self._series(results, "pc0_abs_d"),
+            layer_lines(out_dir / "pc0_separation_by_layer.png", self._series(results, "pc0_abs_d")[0],
                         title="language split on PC0: |Cohen's d| by layer", ylabel="|d| on PC0"),
         ]
         return files
 
     def report(self, results) -> str:
-        from layerscope.report.writer import md_table
+        from layerscope.report.writer import ci, md_table, sig
 
         data = results.get("combined", {}).get("data", {})
         parts = [f"## Data\n\n{data.get('n')} pairs from {data.get('origin')}; "
                  f"{data.get('duplicates', 0)} duplicate pairs (kept)."]
         parts += [f"- {note}" for note in data.get("notes", [])]
-        cols = ["pooling", "layer", "matched", "scrambled_mean", "z", "z_exact", "acc@1_src2tgt", "acc@1_tgt2src",
+        cols = ["pooling", "layer", "matched", "scrambled_mean", "z", "z_ci_low", "z_ci_high", "z_exact",
+                "acc@1_src2tgt", "acc@1_src2tgt_ci_low", "acc@1_src2tgt_ci_high", "acc@1_tgt2src",
                 "mrr_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10", "index"]
         for model, fig in results["per_model"].items():
             s = fig["summary"]
-            parts.append(f"## {model}\n\nLast layer ({s['pooling']} pooling): z = {s['z']}, acc@1 "
-                         f"{s['acc@1_src2tgt']} (source -> target), {s['acc@1_tgt2src']} (target -> source); best z "
-                         f"{s['best_z']} at layer {s['best_z_layer']}. Nearest neighbours: {s.get('faiss')}.\n")
+            by = {(r["pooling"], r["layer"]): r for r in fig["tables"]["alignment_layers"]}
+            last = by.get((s["pooling"], s["layer"]), {})
+            best = by.get((s["pooling"], s.get("best_z_layer")), {})
+
+            def val(row, key, fallback):
+                return sig(row.get(key, fallback)) + ci(row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high"))
+
+            chance = s.get("chance") or {}
+            parts.append(f"## {model}\n\nLast layer ({s['pooling']} pooling): z = {val(last, 'z', s['z'])}, "
+                         f"acc@1 {val(last, 'acc@1_src2tgt', s['acc@1_src2tgt'])} (source -> target), "
+                         f"{val(last, 'acc@1_tgt2src', s['acc@1_tgt2src'])} (target -> source), MRR "
+                         f"{val(last, 'mrr_src2tgt', None)} (source -> target); best z "
+                         f"{val(best, 'z', s['best_z'])} at layer {s['best_z_layer']}. "
+                         + (f"Chance: z = 0, acc@1 = 1/n = {sig(chance['acc@1'])}, MRR = {sig(chance['mrr'])}. "
+                            if chance else "")
+                         + (f"Brackets: {s['intervals']}. " if s.get("intervals") else "")
+                         + f"Nearest neighbours: {s.get('faiss')}.\n")
             parts.append(md_table(fig["tables"]["alignment_layers"], cols, digits=3))
         return "\n".join(parts)
 

@@ -301,6 +301,15 @@ def _resolved_engine(engine_name: str, engine_options: dict[str, Any], opened) -
 
 def run_analysis(name: str, ctx: Context) -> RunOutcome:
     """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results) as a RunOutcome.
+    The result folder's write lock is held from its claim to its last file (one writer per folder)."""
+    import contextlib
+
+    with contextlib.ExitStack() as hold:
+        return _run_analysis(name, ctx, hold)
+
+
+def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
+    """``run_analysis``; ``hold`` (an ExitStack) keeps the result folder's lock until the run returns.
 
     Every check (engine, options, data, models, layers, poolings) runs before any result folder is touched;
     the run's ``RunSpec`` is made once here and everything else (identity, settings, folder) derives from it.
@@ -368,6 +377,9 @@ def run_analysis(name: str, ctx: Context) -> RunOutcome:
         ctx = replace(ctx, spec=run_spec)
         default_layout = ctx.out is None
         out = Path(ctx.out) if not default_layout else default_result_dir(run_spec)
+        from layerscope.out_lock import out_lock
+
+        hold.enter_context(out_lock(out))
         action, earlier = claim_result_dir(out, run_spec, recompute=ctx.recompute, force=ctx.force,
                                            inputs=[ctx.data, *ctx.models], default_layout=default_layout)
         if action == "reuse":
@@ -458,8 +470,12 @@ def rerender(result_dir: Path) -> list[str]:
 
     saved = load_results(result_dir)  # older results (no run spec) still render
     path, results = saved.path, saved.document
+    from layerscope.out_lock import out_lock
+    from layerscope.ownership import writing
+
     try:
-        return render(result_dir, results)
+        with out_lock(result_dir), writing(result_dir, "result"):  # the files it rewrites stay layerscope's
+            return render(result_dir, results)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InputError(f"{path} lacks or garbles a field its report needs ({type(exc).__name__}: {exc}); "
                          "it was edited or written by another version: re-run layerscope run") from exc

@@ -109,3 +109,30 @@ def data_label(results: dict) -> str:
     if not data:
         return ""
     return f" (on {str(data).replace(chr(92), '/').rstrip('/').split('/')[-1]})"
+
+
+def series_with_bands(results: dict, table: str, value: str, *, split: str = "pooling", where=None,
+                      says_nothing=None) -> tuple[dict[str, tuple[list[str], list]], dict[str, tuple[list, list]]]:
+    """``(series, bands)`` for layer_lines: the rows' ``value`` and its ``value_ci_low/high`` per layer.
+
+    ``where(row)`` keeps a row; ``says_nothing(row)`` marks a row whose figure tells nothing (every item a
+    tie, say): it stays a gap, not a point.
+    """
+    series: dict[str, tuple[list[str], list]] = {}
+    bands: dict[str, tuple[list, list]] = {}
+    multi = len(results.get("per_model", {})) > 1
+    for model, figures in results.get("per_model", {}).items():
+        for row in figures.get("tables", {}).get(table, []):
+            if where is not None and not where(row):
+                continue
+            label = f"{model} {row[split]}" if multi else str(row[split])
+            layers, values = series.setdefault(label, ([], []))
+            low, high = bands.setdefault(label, ([], []))
+            blank = says_nothing is not None and says_nothing(row)
+            layers.append(str(row["layer"]))
+            values.append(None if blank else row.get(value))
+            low.append(None if blank else row.get(f"{value}_ci_low"))
+            high.append(None if blank else row.get(f"{value}_ci_high"))
+    if not any(v is not None for low, high in bands.values() for v in low):
+        bands = {}
+    return series, bands

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, register
-from layerscope.analyses.common import layers_for, model_layer_series, poolings_for
+from layerscope.analyses.common import layers_for, poolings_for, series_with_bands
 
 OWN = "own"  # pooling label of the model's own pooled output
 OWN_LAYER = "pooled"
@@ -36,6 +36,11 @@ def own_pooled_vectors(run: ModelRun, texts: list[str], batch_size: int = 64) ->
             return None
         parts.append(np.asarray(v, dtype=np.float32))
     return np.concatenate(parts)
+
+
+def all_ties(row: dict) -> bool:
+    """Every item a tie: the positive, its paraphrases and its negative get one vector, so the row says nothing."""
+    return row.get("ties") == row.get("n_items")
 
 
 def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
@@ -93,12 +98,16 @@ class Compositionality(Analysis):
         if own is not None:
             variants.append((OWN, OWN_LAYER, own))
         from layerscope.analyses.compare import ScoreRow, model_rows
-        from layerscope.metrics.paired import win_rate_scorer
+        from layerscope.analyses.intervals import add_interval, headline, method
+        from layerscope.metrics.paired import mean_scorer, win_rate_scorer
 
         rows, group_rows, item_rows, kept = [], [], [], []
         for p, layer, v in variants:
             summ, neg, para_mean, diffs = _summary_row(items, idx_pos, idx_neg, idx_para, v)
-            rows.append({"pooling": p, "layer": layer, **summ})
+            row = {"pooling": p, "layer": layer, **summ}
+            add_interval(row, "win_rate", win_rate_scorer(diffs), len(items), seed=ctx.seed)
+            add_interval(row, "mean_diff", mean_scorer(diffs), len(items), seed=ctx.seed)
+            rows.append(row)
             kept.append(ScoreRow(p, layer, summ["win_rate"], None, win_rate_scorer(diffs), bootstrap_ci=True))
             for it, n_c, p_c, d in zip(items, neg, para_mean, diffs):
                 item_rows.append({"pooling": p, "layer": layer, "id": it.id, "category": it.category,
@@ -109,17 +118,30 @@ class Compositionality(Analysis):
                 for value in values:
                     sel = [k for k, it in enumerate(items) if getattr(it, group) == value]
                     g = compositionality_summary(para_mean[sel], neg[sel])
-                    g.pop("per_item_diffs")
-                    group_rows.append({"pooling": p, "layer": layer, "group": group, "value": value, **g})
+                    g_diffs = np.asarray(g.pop("per_item_diffs"))
+                    g_row = {"pooling": p, "layer": layer, "group": group, "value": value, **g}
+                    add_interval(g_row, "win_rate", win_rate_scorer(g_diffs), len(sel), seed=ctx.seed)
+                    group_rows.append(g_row)
         compare = model_rows(run.num_layers, len(items), kept)  # for model vs model
-        best = max(rows, key=lambda r: (r["win_rate"], r["mean_diff"]))
+        told = [r for r in rows if not all_ties(r)] or rows  # an all-tie row tells nothing: never the best
+        best = max(told, key=lambda r: (r["win_rate"], r["mean_diff"]))
         final = str(run.num_layers)
+        ci_keys = ("win_rate_ci_low", "win_rate_ci_high", "mean_diff_ci_low", "mean_diff_ci_high")
+        where = f"layer {best['layer']}, {best['pooling']} pooling"
+        heads = [headline("best win rate", best, "win_rate", where, chance=0.5),
+                 headline("its mean diff", best, "mean_diff", where, chance=0.0)]
+        for r in rows:
+            if r["layer"] in (final, OWN_LAYER):
+                at = f"final layer {final}" if r["layer"] == final else "the model's own pooled output"
+                heads.append(headline("win rate", r, "win_rate", f"{at}, {r['pooling']} pooling", chance=0.5))
         summary = {
             "items": len(items),
             "best_win_rate": best["win_rate"],
-            "best": {k: best[k] for k in ("pooling", "layer", "win_rate", "mean_diff", "sign_p")},
-            "final": {r["pooling"]: {k: r[k] for k in ("win_rate", "mean_diff", "sign_p", "ties")}
+            "best": {k: best[k] for k in ("pooling", "layer", "win_rate", "mean_diff", "sign_p", *ci_keys)},
+            "final": {r["pooling"]: {k: r[k] for k in ("win_rate", "mean_diff", "sign_p", "ties", *ci_keys)}
                       for r in rows if r["layer"] in (final, OWN_LAYER)},
+            "headline": heads,
+            "intervals": method(len(items), "items", ctx.seed),
             "own_pooled_output": run.handle.manifest.pooled_output if own is not None else None,
         }
         return ModelOutput({"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}},
@@ -139,24 +161,30 @@ class Compositionality(Analysis):
         suffix = f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""
         for value, label, hline in (("mean_diff", "mean cos(paraphrase) - cos(negative)", 0.0),
                                     ("win_rate", "win rate (paraphrases closer than negative)", 0.5)):
-            series = {k: v for k, v in model_layer_series(results, "layers", value).items() if OWN not in k}
+            # a layer where every item is a tie tells nothing (see report.md): a gap, not a point at 0
+            series, bands = series_with_bands(results, "layers", value, where=lambda r: r["pooling"] != OWN,
+                                              says_nothing=all_ties)
             if series:
                 made.append(layer_lines(out_dir / f"compositionality_{value}_by_layer.png", series,
-                                        title=f"Compositionality: {label}{suffix}", ylabel=label, hline=hline))
+                                        title=f"Compositionality: {label}{suffix}", ylabel=label, hline=hline,
+                                        bands=bands, hline_label="no preference"))
         groups: dict[str, dict[str, float | None]] = {}
+        errors: dict[str, dict[str, tuple]] = {}
         for model, fig in results.get("per_model", {}).items():
             final = str(results["models"][model]["manifest"]["num_layers"])
             for r in fig["tables"].get("groups", []):
                 if r["layer"] == final and r["group"] == "category":
                     key = f"{model} {r['pooling']}" if len(names) > 1 else r["pooling"]
                     groups.setdefault(key, {})[r["value"]] = r["win_rate"]
+                    if r.get("win_rate_ci_low") is not None:
+                        errors.setdefault(key, {})[r["value"]] = (r["win_rate_ci_low"], r["win_rate_ci_high"])
         if groups:
-            made.append(bars(out_dir / "compositionality_categories_final_layer.png", groups,
+            made.append(bars(out_dir / "compositionality_categories_final_layer.png", groups, errors=errors or None,
                              title=f"Win rate by category at the final layer{suffix}", ylabel="win rate"))
         return made
 
     def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import fmt, md_table
+        from layerscope.report.writer import ci, md_table, sig
 
         lines = []
         for model, fig in results.get("per_model", {}).items():
@@ -164,14 +192,19 @@ class Compositionality(Analysis):
             b = s["best"]
             lines += [f"## {model}", "",
                       f"{s['items']} items. Per item, diff = mean cos(positive, paraphrase) - cos(positive, "
-                      "negative); a win is diff > 0. The sign test is two-sided, ties dropped.", "",
-                      f"**Best:** layer {b['layer']} with {b['pooling']} pooling, win rate {fmt(b['win_rate'], 3)}, "
-                      f"mean diff {fmt(b['mean_diff'])} (sign test p = {b['sign_p']:.2g}).", ""]
+                      "negative); a win is diff > 0 (chance: win rate 0.5, diff 0). The sign test is two-sided, "
+                      "ties dropped." + (f" Brackets: {s['intervals']}." if s.get("intervals") else ""), "",
+                      f"**Best:** layer {b['layer']} with {b['pooling']} pooling, win rate {sig(b['win_rate'])}"
+                      f"{ci(b.get('win_rate_ci_low'), b.get('win_rate_ci_high'))}, mean diff {sig(b['mean_diff'])}"
+                      f"{ci(b.get('mean_diff_ci_low'), b.get('mean_diff_ci_high'))} "
+                      f"(sign test p = {b['sign_p']:.2g}).", ""]
             if s.get("own_pooled_output"):
                 lines += [f"The model's own pooled output (`{s['own_pooled_output']}`) is the row "
                           f"pooling={OWN}, layer={OWN_LAYER}.", ""]
             rows = [{"pooling": r["pooling"], "layer": r["layer"], "win rate": r["win_rate"],
+                     "win rate 95% CI": ci(r.get("win_rate_ci_low"), r.get("win_rate_ci_high")).strip() or "-",
                      "wins/losses/ties": f"{r['wins']}/{r['losses']}/{r['ties']}", "mean diff": r["mean_diff"],
+                     "mean diff 95% CI": ci(r.get("mean_diff_ci_low"), r.get("mean_diff_ci_high")).strip() or "-",
                      "cos paraphrase": r["mean_paraphrase"], "cos negative": r["mean_negative"],
                      "sign p": f"{r['sign_p']:.2g}"} for r in fig["tables"]["layers"]]
             lines.append(md_table(rows))

@@ -49,18 +49,24 @@ def model_revision(manifest: dict, key: str) -> str:
     if src.get("revision"):
         return _slug(str(src["revision"]))
     if src.get("weights_sha256"):
-        return str(src["weights_sha256"])[:12]
+        from layerscope.ownership import hex_part
+
+        return hex_part(src["weights_sha256"], "the model's source.weights_sha256")
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
 
 
 def default_result_dir(spec, root: Path = RESULTS_ROOT) -> Path:
     """``results/<model>/<revision>/<analysis>/<spec hash>``; several models joined with ``+``.
 
-    The one place the default folder of a run is built (``spec``: its RunSpec).
+    The one place the default folder of a run is built (``spec``: its RunSpec). Every part read from a file
+    is slugged (names, revisions) or must be hex (a weights hash, see ``model_revision``), and the folder
+    must lie under ``root`` once resolved.
     """
+    from layerscope.ownership import check_under
+
     names = "+".join(m.folder for m in spec.models) or "no-model"
     revs = "+".join(m.revision for m in spec.models) or "none"
-    return Path(root) / names / revs / spec.analysis / spec.hash
+    return check_under(Path(root) / names / revs / spec.analysis / spec.hash, root)
 
 
 def _older_layout(analysis_dir: Path) -> InputError:

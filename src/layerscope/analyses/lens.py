@@ -36,6 +36,18 @@ def lens_layers(ctx, run) -> list[str]:
     return layers
 
 
+def add_text_intervals(rows: list[dict[str, Any]], positions, agree, top1, *, seed: int) -> None:
+    """Each layer's top-1 shares with 95% bootstrap intervals over the texts: ``top1_agrees_with_last_ci_*``
+    and ``top1_is_target_ci_*`` (the share is counted positions over all counted positions of the resample)."""
+    from layerscope.analyses.intervals import add_interval
+    from layerscope.metrics.paired import ratio_scorer
+
+    n = len(positions)
+    for li, row in enumerate(rows):
+        add_interval(row, "top1_agrees_with_last", ratio_scorer(agree[:, li], positions), n, seed=seed)
+        add_interval(row, "top1_is_target", ratio_scorer(top1[:, li], positions), n, seed=seed)
+
+
 @register
 class Lens(Analysis):
     metadata = AnalysisMetadata(
@@ -97,8 +109,15 @@ class Lens(Analysis):
         if truncated:
             ctx.say(f"warning: {truncated} text(s) were longer than the model's max length and were truncated")
         table = acc.table(names)
+        add_text_intervals(table, *acc.per_text(), seed=ctx.seed)
         mid = table[len(table) // 2]
+        from layerscope.analyses.intervals import headline, method
+
         summary = {
+            "headline": [headline("top-1 = last layer's top-1", mid, "top1_agrees_with_last", f"layer {mid['layer']} "
+                                  "(middle)"),
+                         headline("top-1 = target", mid, "top1_is_target", f"layer {mid['layer']} (middle)")],
+            "intervals": method(len(texts), "texts (a text's positions resample together)", ctx.seed),
             "top1_agrees_with_last_mid_layer": mid["top1_agrees_with_last"], "mid_layer": mid["layer"],
             "n_texts": len(texts), "n_positions": acc.n, "head": head_info["kind"],
             "target": "next token" if decoder else "input token", "computed_by": path,
@@ -156,19 +175,25 @@ class Lens(Analysis):
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
         from layerscope.report.plots import layer_lines
 
-        rank, agree = {}, {}
+        rank, agree, bands = {}, {}, {}
+        names = list(results["per_model"])
         for model, fig in results["per_model"].items():
             rows = fig["tables"]["lens_by_layer"]
             layers = [r["layer"] for r in rows]
-            rank[f"{model} mean log10 rank"] = (layers, [r["mean_log10_rank"] for r in rows])
-            agree[f"{model} top-1 = last layer's top-1"] = (layers, [r["top1_agrees_with_last"] for r in rows])
-            agree[f"{model} top-1 = target ({fig['summary']['target']})"] = (layers, [r["top1_is_target"]
-                                                                                 for r in rows])
+            pre = f"{model}: " if len(names) > 1 else ""  # one model: its name is in the title, not every entry
+            rank[f"{pre}mean log10 rank"] = (layers, [r["mean_log10_rank"] for r in rows])
+            for key, label in (("top1_agrees_with_last", "top-1 = last layer's top-1"),
+                               ("top1_is_target", f"top-1 = {fig['summary']['target']}")):
+                agree[pre + label] = (layers, [r[key] for r in rows])
+                if any(r.get(f"{key}_ci_low") is not None for r in rows):
+                    bands[pre + label] = ([r.get(f"{key}_ci_low") for r in rows],
+                                          [r.get(f"{key}_ci_high") for r in rows])
+        suffix = f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""
         return [
-            layer_lines(Path(out_dir) / "lens_rank.png", rank, title="logit lens: rank of the target token",
+            layer_lines(Path(out_dir) / "lens_rank.png", rank, title=f"logit lens: rank of the target token{suffix}",
                         ylabel="mean log10 rank (0 = top)"),
-            layer_lines(Path(out_dir) / "lens_agreement.png", agree, title="logit lens: top-1 agreement",
-                        ylabel="fraction of positions"),
+            layer_lines(Path(out_dir) / "lens_agreement.png", agree, title=f"logit lens: top-1 agreement{suffix}",
+                        ylabel="fraction of positions", bands=bands, from_zero=True),
         ]
 
     def report(self, results: dict[str, Any]) -> str:

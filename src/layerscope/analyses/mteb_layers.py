@@ -161,7 +161,10 @@ class MtebAnalysis(Analysis):
         poolings = poolings_for(ctx, run)
         cache = VectorCache(EmbeddingModel.from_engine(run.engine), layers, poolings)
         slug = run.name.replace("/", "-")
-        revision = (run.handle.manifest.source.weights_sha256 or "local")[:12]
+        from layerscope.ownership import safe_part
+
+        revision = safe_part(str(run.handle.manifest.source.weights_sha256 or "local")[:12],
+                             "the model's source.weights_sha256")
         st = run.handle.manifest.sentence_transformers or {}
         rows, files = [], {}
         with tempfile.TemporaryDirectory(prefix="layerscope-mteb-") as tmp:

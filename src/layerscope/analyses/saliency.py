@@ -25,6 +25,26 @@ from layerscope.progress import track
 BASELINES = ("grad-x-input", "integrated-gradients", "random")
 
 
+def method_tests(per_text: dict[str, dict[str, list[float]]], best: str, seed: int) -> list[dict[str, Any]]:
+    """Paired bootstrap of the hiding AOPC between methods on the same texts: the best decoded layer against
+    every baseline, and each gradient baseline against random (difference, 95% interval, two-sided p)."""
+    from layerscope.metrics.paired import mean_scorer, paired_bootstrap
+
+    pairs = [(best, b) for b in BASELINES] + [(b, "random") for b in BASELINES if b != "random"]
+    rows = []
+    for a, b in pairs:
+        n = len(per_text[a]["hide"])
+        row: dict[str, Any] = {"method_a": a, "method_b": b, "texts": n}
+        if n >= 2:
+            res = paired_bootstrap(mean_scorer(per_text[a]["hide"]), mean_scorer(per_text[b]["hide"]), n, seed=seed)
+            row.update({"hide_aopc_a": res.score_a, "hide_aopc_b": res.score_b, "difference": res.difference,
+                        "ci_low": res.ci_low, "ci_high": res.ci_high, "p_value": res.p_value})
+        else:
+            row["undefined"] = "a paired test needs at least 2 texts"
+        rows.append(row)
+    return rows
+
+
 @register
 class Saliency(Analysis):
     metadata = AnalysisMetadata(
@@ -223,11 +243,17 @@ class Saliency(Analysis):
         ref = acc.reference()
         all_methods = methods + ["random"]
         summary_rows, curve_rows = [], []
+        from layerscope.analyses.intervals import add_interval, headline, method as interval_method
+        from layerscope.metrics.paired import mean_scorer
+
+        per_text = {m: acc.per_text_aopc(m) for m in all_methods}
         for m in all_methods:
             c = curves[m]
             kind, _, layer = m.partition("@")
             row = {"method": m, "kind": kind, "layer": layer or None,
                    "hide_aopc": float(np.mean(c["hide_drop"])), "reveal_aopc": float(np.mean(c["reveal_value"]))}
+            for game in ("hide", "reveal"):
+                add_interval(row, f"{game}_aopc", mean_scorer(per_text[m][game]), len(explain), seed=ctx.seed)
             for kk in (1, 3, 5):
                 if kk <= k_max:
                     row[f"hide_drop_k{kk}"] = c["hide_drop"][kk - 1]
@@ -241,7 +267,11 @@ class Saliency(Analysis):
         decoded = [r for r in summary_rows if r["kind"] == "decoded"]
         best = max(decoded, key=lambda r: r["hide_aopc"])
         by = {r["method"]: r for r in summary_rows}
+        tests = method_tests(per_text, best["method"], ctx.seed)
         summary = {
+            "headline": [headline("best decoded hiding AOPC", best, "hide_aopc", f"decoded@{best['layer']}"),
+                         *(headline(f"{b} hiding AOPC", by[b], "hide_aopc", "no layer") for b in BASELINES)],
+            "intervals": interval_method(len(explain), "texts explained", ctx.seed),
             "best_decoded_hide_aopc": best["hide_aopc"], "best_decoded_layer": best["layer"],
             "random_hide_aopc": by["random"]["hide_aopc"],
             "grad_x_input_hide_aopc": by["grad-x-input"]["hide_aopc"],
@@ -253,7 +283,7 @@ class Saliency(Analysis):
         }
         return {"summary": summary, "head": model.info.to_dict(), "layers": names, "methods": all_methods,
                 "curves": curves, "texts": shown, **extra,
-                "tables": {"saliency_methods": summary_rows, "saliency_curves": curve_rows}}
+                "tables": {"saliency_methods": summary_rows, "saliency_tests": tests, "saliency_curves": curve_rows}}
 
     # ------------------------------------------------------------------ rendering
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
@@ -281,18 +311,24 @@ class Saliency(Analysis):
             rows = fig["tables"]["saliency_methods"]
             layers = fig["layers"]
             by = {r["method"]: r for r in rows}
-            series = {"decoded (hide AOPC)": (layers, [by[f"decoded@{x}"]["hide_aopc"] for x in layers])}
-            if f"gxa@{layers[0]}" in by:
-                series["gxa, not decoded (hide AOPC)"] = (layers, [by[f"gxa@{x}"]["hide_aopc"] for x in layers])
-            for b in BASELINES:
-                series[f"{b} (hide AOPC)"] = (layers, [by[b]["hide_aopc"]] * len(layers))
+            series, bands = {}, {}
+            for family, label in (("decoded", "decoded (hide AOPC)"), ("gxa", "gxa, not decoded (hide AOPC)")):
+                if f"{family}@{layers[0]}" not in by:
+                    continue
+                got = [by[f"{family}@{x}"] for x in layers]
+                series[label] = (layers, [r["hide_aopc"] for r in got])
+                if any(r.get("hide_aopc_ci_low") is not None for r in got):
+                    bands[label] = ([r.get("hide_aopc_ci_low") for r in got], [r.get("hide_aopc_ci_high") for r in got])
+            # the baselines do not depend on the layer: one horizontal reference each, not a line per layer
+            refs = {f"{b} (no layer)": by[b]["hide_aopc"] for b in BASELINES}
             files.append(layer_lines(out_dir / f"aopc_by_layer_{slug}.png", series, ylabel="mean drop over k=1..K",
-                                     title=f"hiding game AOPC by layer ({model})"))
+                                     title=f"hiding game AOPC by layer ({model})", bands=bands, refs=refs,
+                                     from_zero=True))
         write_saliency_html(out_dir / "saliency.html", results)
         return files
 
     def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import md_table
+        from layerscope.report.writer import ci, md_table, sig
 
         lines = ["Token highlights per method: [saliency.html](saliency.html)", ""]
         for model, fig in results["per_model"].items():
@@ -312,6 +348,20 @@ class Saliency(Analysis):
                                                                           "reveal_k5", "hide_acc_k3", "reveal_acc_k3")
                                                              if c in fig["tables"]["saliency_methods"][0]]
             lines += [md_table(fig["tables"]["saliency_methods"], cols), ""]
+            table = [{"method": r["method"], "hide AOPC": sig(r["hide_aopc"]),
+                      "hide 95% CI": ci(r.get("hide_aopc_ci_low"), r.get("hide_aopc_ci_high")).strip() or "-",
+                      "reveal AOPC": sig(r["reveal_aopc"]),
+                      "reveal 95% CI": ci(r.get("reveal_aopc_ci_low"), r.get("reveal_aopc_ci_high")).strip() or "-"}
+                     for r in fig["tables"]["saliency_methods"]]
+            lines += ["AOPC with " + (s.get("intervals") or "95% bootstrap intervals") + ":", "", md_table(table), ""]
+            tests = fig["tables"].get("saliency_tests") or []
+            if tests:
+                lines += ["Paired tests of the hiding AOPC (paired percentile bootstrap on the same texts; the best "
+                          "decoded layer was picked on these texts, so its p-values are optimistic):", "",
+                          md_table([{"A": t["method_a"], "B": t["method_b"], "A - B": sig(t.get("difference")),
+                                     "95% CI": ci(t.get("ci_low"), t.get("ci_high")).strip() or "-",
+                                     "p": "-" if t.get("p_value") is None else f"{t['p_value']:.2g}"}
+                                    for t in tests]), ""]
         return "\n".join(lines)
 
     def console_summary(self, results: dict[str, Any], console) -> None:

@@ -150,6 +150,9 @@ class Similarity(Analysis):
             Option("knn", int, 10, "k for mutual k-NN (0 to skip)"),
             Option("no_unbiased", bool, False, "skip the unbiased CKA (one more pass over the data per pair)"),
             Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
+            Option("tokens", bool, False, "compare token vectors (every non-special token; a --store made with "
+                   "extract --tokens) instead of pooled ones"),
+            Option("max_tokens", int, 4000, "with --tokens: a seeded sample of at most this many tokens"),
         ),
     )
 
@@ -170,7 +173,9 @@ class Similarity(Analysis):
             a = LayerStore.open(o.store)
             b = LayerStore.open(o.store_b) if o.store_b else None
             for st in (a, b):
-                if st is not None and pooling not in st.poolings:
+                if st is not None and o.tokens and "token_arrays" not in st.meta:
+                    raise InputError(f"{st.path} holds no token vectors; make it with layerscope extract ... --tokens")
+                if st is not None and not o.tokens and pooling not in st.poolings:
                     raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
                                      "choose one with --pooling")
             if b is not None:
@@ -227,9 +232,13 @@ class Similarity(Analysis):
             layers = _store_layers(st, ctx.layers)
             label = _label(st.manifest, st.path.name)
             label = label if label not in per_model else f"{label}#b"
-            figures = self._figures(ctx, lambda la, st=st: st[pooling, la], layers, st.n)
+            get, n = lambda la, st=st: st[pooling, la], st.n
+            if self.options(ctx).tokens:
+                get, n = _token_getter(ctx, self.options(ctx),
+                                       lambda la, st=st: st.tokens(la).take, st.tokens(layers[0]).special)
+            figures = self._figures(ctx, get, layers, n)
             figures["store"] = str(st.path)
-            per_model[label] = ModelOutput(figures, kept=(lambda la, st=st: st[pooling, la], layers, st.n))
+            per_model[label] = ModelOutput(figures, kept=(get, layers, n))
             meta[label] = {"spec": str(st.path), "manifest": st.manifest.to_dict(), "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
         return per_model, meta
@@ -239,9 +248,21 @@ class Similarity(Analysis):
 
         layers = layers_for(ctx, run)
         pooling = data["pooling"]
-        vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
-        get = (lambda la, v=vecs: v[pooling, la])
-        return ModelOutput(self._figures(ctx, get, layers, len(data["texts"])), kept=(get, layers, len(data["texts"])))
+        o = self.options(ctx)
+        n = len(data["texts"])
+        if o.tokens:
+            from layerscope.runtime.token_embed import embed_tokens
+
+            spec = ctx.spec if ctx.spec is not None else ctx
+            tv = embed_tokens(run.engine, data["texts"], layers, batch_tokens=spec.batch_tokens,
+                              max_length=spec.max_length)
+            get, n = _token_getter(ctx, o, lambda la: tv.layers[la].__getitem__, tv.special)
+        else:
+            vecs = ctx.vectors(run, data["texts"], layers=layers, poolings=[pooling], tag="similarity")
+            get = (lambda la, v=vecs: v[pooling, la])
+        figures = self._figures(ctx, get, layers, n)
+        figures["summary"]["vectors"] = "tokens" if o.tokens else pooling
+        return ModelOutput(figures, kept=(get, layers, n))
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         kept = [(name, out.kept) for name, out in getattr(per_model, "outputs", {}).items() if out.kept is not None]
@@ -285,12 +306,14 @@ class Similarity(Analysis):
         return files
 
     def report(self, results) -> str:
+        from layerscope.report.writer import sig
+
         parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; pooling "
                  f"{results.get('combined', {}).get('data', {}).get('pooling')}."]
         for model, fig in results["per_model"].items():
             s = fig["summary"]
-            parts.append(f"\n## {model}\n\nMean CKA between adjacent layers {s['mean_adjacent_cka']}; first vs last "
-                         f"{s['first_last_cka']} ({s['n']} texts).\n")
+            parts.append(f"\n## {model}\n\nMean CKA between adjacent layers {sig(s['mean_adjacent_cka'])}; first vs "
+                         f"last {sig(s['first_last_cka'])} ({s['n']} texts).\n")
             parts.append(_grid_md(fig["linear_cka"], fig["layers"], fig["layers"]))
         return "\n".join(parts)
 
@@ -315,6 +338,30 @@ class Similarity(Analysis):
         if cross:
             show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns)", cross["linear_cka"],
                  cross["layers_a"], cross["layers_b"])
+
+
+def token_sample(special: np.ndarray, max_tokens: int, seed: int) -> np.ndarray:
+    """Positions of the non-special tokens on the token axis; a seeded sample of ``max_tokens`` of them
+    (kept in token order) when there are more. Two models of one tokenizer get the same tokens."""
+    rows = np.nonzero(np.asarray(special) == 0)[0]
+    if len(rows) > max_tokens:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, max_tokens, replace=False))
+    return rows
+
+
+def _token_getter(ctx: Context, o, take, special):
+    """(layer -> float32 [tokens, hidden] of the sampled tokens, their count); ``take(layer)`` reads rows."""
+    rows = token_sample(special, o.max_tokens, ctx.seed)
+    if len(rows) < 4:
+        raise InputError(f"{len(rows)} non-special tokens; CKA needs at least 4")
+    cache: dict[str, np.ndarray] = {}
+
+    def get(layer: str) -> np.ndarray:
+        if layer not in cache:
+            cache[layer] = np.asarray(take(layer)(rows), dtype=np.float32)
+        return cache[layer]
+
+    return get, len(rows)
 
 
 def _nan(m):

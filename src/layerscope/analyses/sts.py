@@ -44,6 +44,17 @@ def _best_layer(cosines: np.ndarray, y: np.ndarray) -> int:
     return int(np.argmax(scores))
 
 
+def sts_headline(rows: list[dict], best: dict | None, final: str) -> list[dict]:
+    """The best Spearman and each pooling's final-layer Spearman, with their intervals, for the reports."""
+    from layerscope.analyses.intervals import headline
+
+    heads = [headline("best Spearman", best, "spearman",
+                      f"layer {best['layer']}, {best['pooling']} pooling" if best else "")]
+    heads += [headline("Spearman, final layer", r, "spearman", f"layer {final}, {r['pooling']} pooling")
+              for r in rows if r["layer"] == final]
+    return heads
+
+
 @register
 class STS(Analysis):
     metadata = AnalysisMetadata(
@@ -128,7 +139,10 @@ class STS(Analysis):
         best = best_row(rows, "spearman")
         summary = {"pairs": len(pairs), "best_spearman": best["spearman"] if best else None,
                    "best": {k: best[k] for k in ("pooling", "layer", "spearman", "pearson")} if best else None,
-                   "by_pooling": by_pooling, "data": pairs.describe()}
+                   "by_pooling": by_pooling, "data": pairs.describe(),
+                   "headline": sts_headline(rows, best, final),
+                   "intervals": f"95% percentile bootstrap over the {len(pairs):,} pairs ({n_boot} resamples, "
+                                f"scipy.stats.bootstrap, seed {ctx.seed})" if n_boot else None}
         figures: dict[str, Any] = {"summary": summary, "tables": {"layers": rows}}
         if self.options(ctx).probe:
             figures["probe"] = self._probe(ctx, run, data, layers, poolings[0], vecs, i1, i2, n_boot)

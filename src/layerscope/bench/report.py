@@ -84,6 +84,19 @@ def write_results(bench: dict[str, Any], out_dir: str | Path, *, plot: bool = Tr
 
 
 FINAL_ONLY = "\n(final layer only)"
+ACCURACY_BAR = 0.999  # min cosine to the fp32 reference below which a row is not the same accuracy class
+
+
+def row_min_cos(row: dict[str, Any]) -> float | None:
+    """A row's worst cosine to the fp32 reference over its layers (None where it was not measured)."""
+    if row.get("min_cos") is not None:
+        return float(row["min_cos"])
+    return worst_accuracy(row)[1]
+
+
+def below_accuracy(row: dict[str, Any]) -> bool:
+    min_cos = row_min_cos(row)
+    return min_cos is not None and min_cos < ACCURACY_BAR
 
 
 def bar_labels(bench: dict[str, Any]) -> list[str]:
@@ -110,16 +123,30 @@ def bar_plot(bench: dict[str, Any], path: Path) -> None:
         if name.endswith(FINAL_ONLY):  # peers: hatched, and said in the label and the legend
             bar.set_hatch("//")
             bar.set_facecolor("#d9a441")
-    if any(n.endswith(FINAL_ONLY) for n in names):
-        from matplotlib.patches import Patch
+    below = [below_accuracy(r) for r in rows]
+    for bar, low in zip(bars, below):  # less accurate than the class: a red edge, its min cos in the label
+        if low:
+            bar.set_edgecolor("#c0392b")
+            bar.set_linewidth(2.0)
+            bar.set_linestyle("--")
+            bar.set_gid("below-accuracy")
+    from matplotlib.patches import Patch
 
-        ax.legend(handles=[Patch(facecolor="#3b6ea5", label=f"all {len(bench['settings']['layers'])} layers"),
-                           Patch(facecolor="#d9a441", hatch="//", label="final layer only (peers)")],
-                  fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    for bar, r in zip(bars, rows):
+    handles = []
+    if any(n.endswith(FINAL_ONLY) for n in names):
+        handles += [Patch(facecolor="#3b6ea5", label=f"all {len(bench['settings']['layers'])} layers"),
+                    Patch(facecolor="#d9a441", hatch="//", label="final layer only (peers)")]
+    if any(below):
+        handles.append(Patch(facecolor="white", edgecolor="#c0392b", linewidth=2.0, linestyle="--",
+                             label=f"min cos to fp32 < {ACCURACY_BAR:g}"))
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for bar, r, low in zip(bars, rows, below):
         x = r.get("speedup_vs_hf_eager", r.get("x_hf_eager"))
-        ax.annotate(f"{r['texts_per_s']:,.0f}" + (f"\n{x:.1f}x" if x else ""),
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"{r['texts_per_s']:,.0f}" + (f"\n{x:.1f}x" if x else "")
+                    + (f"\nmin cos {row_min_cos(r):.4f}" if low else ""),
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8,
+                    color="#c0392b" if low else "black")
     ax.set_ylabel("texts / s")
     ax.tick_params(axis="x", rotation=30)
     ax.margins(y=0.2)

@@ -32,6 +32,10 @@ def extract(
                                               "(default: its default_prompt_name, if any)."),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Text put before every input (overrides --prompt-name)."),
     dtype: str = typer.Option("float32", help="Store dtype: float32 or float16."),
+    tokens: bool = typer.Option(False, "--tokens", help="Also store every token's vector of --layers, with token "
+                                "ids, strings, character spans and the special-token mask (a ragged store)."),
+    store_dtype: Optional[str] = typer.Option(None, "--store-dtype", help="Storage type of token vectors: "
+                                              "float32, float16 or bfloat16 (default: --dtype)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget per batch (padded tokens; default: "
                                                           "the engine's, 2048 on CPU, 16384 on GPU)."),
     max_batch: int = typer.Option(256, help="Most texts per batch."),
@@ -63,6 +67,8 @@ def extract(
     source = data_source(input, dataset, config, split, "--input")
     if ray is None and ray_workers is not None:
         raise InputError("--ray-workers needs --ray (local, auto or a cluster address)")
+    if ray is not None and tokens:
+        raise InputError("--tokens is not supported with --ray yet; run without --ray")
     if ray is not None and (prompt_name or prompt):
         raise InputError("--prompt and --prompt-name are not supported with --ray yet; run without --ray")
     common = dict(engine=engine, layers=layers, poolings=split_list(pooling), dtype=dtype, batch_tokens=batch_tokens,
@@ -78,7 +84,8 @@ def extract(
     else:
         from layerscope.runtime.pipeline import extract as run_extract
 
-        report = run_extract(model, source, out, prompt_name=prompt_name, prompt=prompt, **common)
+        report = run_extract(model, source, out, prompt_name=prompt_name, prompt=prompt, tokens=tokens,
+                             store_dtype=store_dtype, **common)
     print_extract_summary(console(), report)
 
 
@@ -103,9 +110,11 @@ def export_store(
     fmt: str = typer.Option(..., "--format", "-f", help="parquet or safetensors."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output file (default <store>.<format>)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output file."),
+    tokens: bool = typer.Option(False, "--tokens", help="Write the token-level vectors (a store made with "
+                                "extract --tokens): one row per token (default <store>.tokens.<format>)."),
 ):
     """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
     from layerscope.runtime.store_export import export_store as run_export
 
-    path = run_export(store, fmt, out, force=force)
+    path = run_export(store, fmt, out, force=force, tokens=tokens)
     console().print(f"[bold green]wrote[/bold green] {path}")

@@ -117,6 +117,13 @@ class GameAccumulator:
             out[method] = c
         return out
 
+    def per_text_aopc(self, method: str) -> dict[str, list[float]]:
+        """Per text explained, in order: the hiding AOPC (mean drop over k = 1..K) and the revealing AOPC
+        (mean y kept over k); their means over the texts are the method's AOPCs."""
+        acc = self.rows[method]
+        return {"hide": [float(np.mean(d)) for d in acc["drop"]],
+                "reveal": [float(np.mean(r)) for r in acc["reveal"]]}
+
     def reference(self) -> dict[str, float | None]:
         return {"mean_full": float(np.mean(self.full)), "mean_all_masked": float(np.mean(self.masked)),
                 "accuracy_full": float(np.mean(self.full_correct)) if self.full_correct else None,

@@ -122,6 +122,10 @@ class LensAccumulator:
         self.ranks: list[list[np.ndarray]] = [[] for _ in layers]
         self.agree = np.zeros(len(layers))
         self.n = 0
+        # per text, for intervals over texts: positions counted, and per layer agreements and top-1 hits
+        self.text_positions: list[int] = []
+        self.text_agree: list[np.ndarray] = []
+        self.text_top1: list[np.ndarray] = []
 
     def add(self, b: LensBatch) -> np.ndarray:
         """Add a batch; returns the [B, S] mask of positions counted."""
@@ -129,11 +133,24 @@ class LensAccumulator:
             [b.input_ids[:, 1:], np.zeros_like(b.input_ids[:, :1])], axis=1)
         keep = (b.rank[0] > 0) & ~np.isin(target, self.special)
         last_top1 = b.topk_ids[-1, :, :, 0]
+        agrees = (b.topk_ids[:, :, :, 0] == last_top1[None]) & keep[None]  # [L, B, S]
+        hits = (b.rank == 1) & keep[None]
         for li in range(len(self.layers)):
             self.ranks[li].append(b.rank[li][keep])
-            self.agree[li] += float((b.topk_ids[li, :, :, 0] == last_top1)[keep].sum())
+            self.agree[li] += float(agrees[li].sum())
         self.n += int(keep.sum())
+        self.text_positions += [int(v) for v in keep.sum(axis=1)]
+        self.text_agree += list(agrees.sum(axis=2).T.astype(np.int64))
+        self.text_top1 += list(hits.sum(axis=2).T.astype(np.int64))
         return keep
+
+    def per_text(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per text: positions counted ``[n]``, and per layer top-1 agreements with the last layer and top-1
+        hits of the target ``[n, layers]`` (for intervals over texts, whose positions resample together)."""
+        n = len(self.text_positions)
+        return (np.asarray(self.text_positions, dtype=np.int64),
+                np.asarray(self.text_agree, dtype=np.int64).reshape(n, len(self.layers)),
+                np.asarray(self.text_top1, dtype=np.int64).reshape(n, len(self.layers)))
 
     def table(self, names: list[str]) -> list[dict[str, Any]]:
         rows = []

@@ -98,7 +98,15 @@ def _append(model_proto, head_proto, keep: set[str], prefix: str = "lens/") -> N
 
 
 def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
-    """Write ``lens-k{k}.onnx`` (+ sidecar json) next to ``model.onnx``; returns the sidecar dict."""
+    """Write ``lens-k{k}.onnx`` (+ sidecar json) next to ``model.onnx``; returns the sidecar dict. The files
+    join the export's record of layerscope's files (``--force`` may replace them)."""
+    from layerscope.ownership import writing
+
+    with writing(export_dir, "export"):
+        return _export_lens(export_dir, k, check=check)
+
+
+def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
     import onnx
 
     from layerscope.decoding.heads import load_decoding_model

@@ -95,6 +95,25 @@ class Engine(ABC):
         or this engine cannot give it (callers then leave the figure out)."""
         return None
 
+    def run_with_tokens(self, batch: Batch, layers: list[str],
+                        poolings: list[str]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """``(run(...), run_tokens(...))`` from one forward pass: the pooled vectors are pooled here from
+        the token states (engines whose graph pools in place override this to fetch both at once)."""
+        import numpy as np
+
+        from layerscope.model.stconfig import st_recipe
+        from layerscope.vocab.pooling import ST, pool, with_st
+
+        states = self.run_tokens(batch, layers)
+        eos = self.manifest.eos_token_id
+
+        def compute(modes: list[str]) -> dict[str, np.ndarray]:
+            return {m: np.stack([pool(s, batch.mask, m, input_ids=batch.input_ids, eos_token_id=eos)
+                                 for s in states]) for m in modes}
+
+        recipe = st_recipe(self.manifest) if ST in poolings else None
+        return with_st(poolings, compute, recipe), states
+
     def close(self) -> None:
         """Release sessions and memory."""
 

@@ -257,19 +257,38 @@ class OrtEngine(Engine):
         recipe = st_recipe(self.manifest) if ST in poolings else None
         return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
 
-    def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
+    def run_with_tokens(self, batch: Batch, layers: list[str],
+                        poolings: list[str]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+        """Pooled vectors and token states from one ``session.run``: the graph's pooled outputs and its
+        ``hidden_states.N`` outputs are fetched together, so the pooled rows equal a pooled-only run's."""
+        got: dict[str, list] = {}
+        recipe = st_recipe(self.manifest) if ST in poolings else None
+        pooled = with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes, keep=got), recipe)
+        return pooled, got["states"]
+
+    def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str],
+                    keep: dict | None = None) -> dict[str, np.ndarray]:
+        """Pooled vectors; with ``keep``, the token states of ``layers`` are fetched in the same run and
+        left in ``keep["states"]``."""
         import numpy as np
 
         in_graph = [p for p in poolings if pooled_output(p) in self.output_names] if self.in_graph_pooling else []
+        token_names = [self.token_output(n) for n in layers] if keep is not None else []
+        states = None
         if in_graph and all(layer in self.pooled_layers for layer in layers):
             rows = [self.pooled_layers.index(layer) for layer in layers]
-            outs = self._run(batch, [pooled_output(p) for p in in_graph])
+            outs = self._run(batch, [pooled_output(p) for p in in_graph] + token_names)
             result = {p: np.asarray(o, dtype=np.float32)[rows] for p, o in zip(in_graph, outs)}
+            if keep is not None:
+                states = [np.asarray(o, dtype=np.float32) for o in outs[len(in_graph):]]
         else:
             in_graph, result = [], {}
         rest = [p for p in poolings if p not in in_graph]
-        if rest:
+        if states is None and (rest or keep is not None):
             states = self.run_tokens(batch, layers)
+        if keep is not None:
+            keep["states"] = states
+        if rest:
             eos = self.manifest.eos_token_id
             for mode in rest:
                 result[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)

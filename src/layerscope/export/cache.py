@@ -124,8 +124,12 @@ def cached_export(handle, options: dict[str, Any] | None = None):
             return found
         log.info("exporting %s to the cache: %s", handle.spec, target)
         options.pop("force", None)
+        if target.is_dir() and not target.is_symlink():  # the cache's own entry, found unusable: replaced whole
+            import shutil
+
+            shutil.rmtree(target)
         export_model(handle.spec, target, trust_remote_code=handle.trust_remote_code,
-                     revision=handle.source().revision, force=True, cache_entry=ident, **options)
+                     revision=handle.source().revision, force=True, cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
         for line in record_cpu_precisions(target):

@@ -49,6 +49,23 @@ def default_pooled(family_name: str) -> list[str]:
     return modes
 
 
+def _one_writer(fn):
+    """Run ``fn`` holding ``output``'s write lock (``lock=False``: the caller holds it already)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(spec, output, *args, lock: bool = True, **kwargs):
+        if not lock:
+            return fn(spec, output, *args, **kwargs)
+        from layerscope.out_lock import out_lock
+
+        with out_lock(output):
+            return fn(spec, output, *args, **kwargs)
+
+    return wrapper
+
+
+@_one_writer
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
                  atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,

@@ -28,6 +28,15 @@ OV_TOLERANCES: dict[str, dict[str, float | None]] = {
 
 def make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
                     tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
+    """Make and record an OpenVINO variant; what it writes joins the export's record of layerscope's files."""
+    from layerscope.ownership import writing
+
+    with writing(export_dir, "export"):
+        return _make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
+
+
+def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
+                     tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     from layerscope.engines.ov import OvSession, check_precision
     from layerscope.model.manifest import verify_export
     from layerscope.export.variants import _record, _worst, make_variant, variant_parity

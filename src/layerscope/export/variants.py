@@ -242,7 +242,16 @@ class _quiet:
 
 def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
                  tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
-    """Write ``model.<kind>.onnx`` next to ``model.onnx``, check it against torch, record it; return its entry."""
+    """Write ``model.<kind>.onnx`` next to ``model.onnx``, check it against torch, record it; return its entry.
+    The files it writes join the export's record of layerscope's files (``--force`` may replace them)."""
+    from layerscope.ownership import writing
+
+    with writing(export_dir, "export"):
+        return _make_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
+
+
+def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
+                  tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     from layerscope.model.manifest import verify_export
 
     check_kind(kind)

@@ -68,6 +68,7 @@ def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "a
         ranks = partner_ranks(vi, q, cutoff)
         t2 = time.perf_counter()
         figs: dict[str, Any] = retrieval_metrics(ranks, ks)
+        figs["ranks"] = ranks  # per query, for intervals over the queries (not written to results files)
         figs["seconds_build"] = round(t1 - t0, 3)
         figs["seconds_search"] = round(t2 - t1, 3)
         if kind != "flat":

@@ -22,12 +22,22 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
                       kind: str = "flat", nlist: int | None = None, nprobe: int | None = None,
                       hnsw_m: int = 32, ef_search: int = 128, seed: int = 0, device: str = "auto",
                       recall_queries: int = 1000, force: bool = False) -> dict[str, Any]:
-    """Build an index over one (pooling, layer) of a LayerStore and save it with its metadata."""
+    """Build an index over one (pooling, layer) of a LayerStore and save it with its metadata, holding
+    ``out``'s write lock (one writer per index)."""
+    from layerscope.out_lock import out_lock
+
+    with out_lock(out):
+        return _build(store_path, Path(out), layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
+                      hnsw_m=hnsw_m, ef_search=ef_search, seed=seed, device=device,
+                      recall_queries=recall_queries, force=force)
+
+
+def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, nprobe, hnsw_m, ef_search, seed,
+           device, recall_queries, force) -> dict[str, Any]:
     from layerscope.runtime.store import LayerStore
 
-    from layerscope.ownership import claim, remove
+    from layerscope.ownership import claim, record, remove
 
-    out = Path(out)
     where = claim(out, "index", force=force, inputs=[store_path])  # never a folder layerscope did not make
     store = LayerStore.open(store_path)
     layer_name = store.resolve_layer(layer)
@@ -55,6 +65,7 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
         "pooling": pooling,
         "store": str(Path(store_path).resolve()),
         "store_created": store.meta.get("created"),
+        "store_identity": store_identity(store.meta, pooling, layer_name),
         "max_length": store.settings.get("max_length") if isinstance(store.settings, dict) else None,
         "seconds": {"normalize": round(t_norm, 3), "build": round(t_build, 3)},
         "recall_vs_exact": recall,
@@ -64,7 +75,50 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
     if where.replace:
         remove(out, "index")
     vi.save(out, meta)
+    record(out, "index")
     return vi.meta
+
+
+def store_identity(store_meta: dict[str, Any], pooling: str, layer: str) -> dict[str, Any]:
+    """What an index must find again in its store: the corpus hash, the recorded checksums of the texts and
+    of the indexed array, the row count and the store's structure hash (all read from store.json)."""
+    sums = store_meta.get("checksums") or {}
+    settings = store_meta.get("settings") if isinstance(store_meta.get("settings"), dict) else {}
+
+    def sha(rel: str) -> str | None:
+        rec = sums.get(rel)
+        return rec.get("sha256") if isinstance(rec, dict) else None
+
+    return {"corpus_sha256": settings.get("corpus_sha256"), "structure_sha256": store_meta.get("structure_sha256"),
+            "n": store_meta.get("n"), "texts_sha256": sha("texts.jsonl"),
+            "array_sha256": sha(f"arrays/{pooling}/{layer}.npy")}
+
+
+def check_store(index_path: str | Path, meta: dict[str, Any]):
+    """The index's store, opened, once it is the store the index was built from; one line otherwise."""
+    from layerscope.runtime.store import LayerStore
+
+    store_path = Path(str(meta.get("store")))
+    rebuild = (f"rebuild the index with layerscope index build --store {store_path} --out {index_path} "
+               "--force")
+    recorded = meta.get("store_identity")
+    if not isinstance(recorded, dict):
+        raise StoreError(f"index {index_path} does not record which store it was built from (made by an older "
+                         f"layerscope), so its answers cannot be trusted; {rebuild}")
+    if not (store_path / "store.json").is_file():
+        raise StoreError(f"the index's store {store_path} is gone (no store.json); {rebuild}, or move the "
+                         "store back")
+    store = LayerStore.open(store_path)
+    now = store_identity(store.meta, str(meta.get("pooling")), str(meta.get("layer")))
+    changed = [k for k in ("corpus_sha256", "texts_sha256", "array_sha256", "structure_sha256", "n")
+               if recorded.get(k) != now.get(k)]
+    if changed:
+        what = {"corpus_sha256": "corpus", "texts_sha256": "texts", "array_sha256": "vectors",
+                "structure_sha256": "layout", "n": "row count"}
+        raise StoreError(f"index {index_path} no longer matches its store {store_path} (its "
+                         f"{', '.join(what[k] for k in changed)} changed since the index was built, e.g. by "
+                         f"extract --force); {rebuild}")
+    return store
 
 
 def _model_label(meta_model: dict) -> str:
@@ -90,6 +144,7 @@ def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, mod
         raise InputError("give a non-empty query text")
     vi = VectorIndex.load(index_path, device=device)
     meta = vi.meta
+    check_store(index_path, meta)  # before any model runs: a stale index answers with other texts
     spec = model or meta["model"].get("spec") or meta["model"].get("path_or_id")
     handle = ModelHandle.resolve(spec)
     key = handle.key

@@ -157,6 +157,22 @@ def win_rate_scorer(diffs) -> Scorer:
     return lambda idx: (d[idx] > 0).mean(axis=-1)
 
 
+def ratio_scorer(numerators, denominators) -> Scorer:
+    """``sum(numerators) / sum(denominators)`` over the given items: a share of positions counted per text
+    (the positions of one text resample together); NaN where the items hold no position."""
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    if num.shape != den.shape or num.ndim != 1:
+        raise ValueError(f"numerators and denominators must be 1-D of one length, got {num.shape} and {den.shape}")
+
+    def score(idx: np.ndarray) -> np.ndarray:
+        top, bottom = num[idx].sum(axis=-1), den[idx].sum(axis=-1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(bottom > 0, top / np.where(bottom > 0, bottom, 1.0), np.nan)
+
+    return score
+
+
 def mean_scorer(values) -> Scorer:
     v = np.asarray(values, dtype=np.float64)
     return lambda idx: v[idx].mean(axis=-1)

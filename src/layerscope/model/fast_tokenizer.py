@@ -41,6 +41,7 @@ class FastTokenizer:
     def __call__(self, texts: list[str], *, add_special_tokens: bool = True, truncation: bool = False,
                  max_length: int | None = None, padding: bool = False, return_tensors: str | None = None,
                  return_attention_mask: bool = True, return_token_type_ids: bool = True,
+                 return_offsets_mapping: bool = False, return_special_tokens_mask: bool = False,
                  verbose: bool = False) -> dict[str, Any]:
         tk = self.tokenizer
         if truncation and max_length:
@@ -57,9 +58,15 @@ class FastTokenizer:
             out["attention_mask"] = [e.attention_mask for e in encodings]
         if return_token_type_ids:
             out["token_type_ids"] = [e.type_ids for e in encodings]
+        if return_special_tokens_mask:
+            out["special_tokens_mask"] = [e.special_tokens_mask for e in encodings]
+        if return_offsets_mapping:
+            out["offset_mapping"] = [e.offsets for e in encodings]
         if return_tensors == "np":
             width = max((len(ids) for ids in out["input_ids"]), default=0)
-            out = {k: np.asarray(v, dtype=np.int64).reshape(len(encodings), width) for k, v in out.items()}
+            out = {k: np.asarray(v, dtype=np.int64).reshape(len(encodings), width, *((2,) if k == "offset_mapping"
+                                                                                     else ()))
+                   for k, v in out.items()}
         return out
 
 

@@ -153,12 +153,15 @@ def check_paths(export_dir: Path, manifest: Manifest) -> Path:
 
 
 def file_records(export_dir: Path) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"sha256", "bytes"}}`` of every file in the export dir but the manifest."""
+    """``{relative path: {"sha256", "bytes"}}`` of every file in the export dir but the manifest and the
+    ownership marker (which records the files layerscope writes there, so it changes as they are added)."""
+    from layerscope.ownership import MARKER
+
     root = Path(export_dir)
     out = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
         rel = path.relative_to(root).as_posix()
-        if rel != MANIFEST:
+        if rel not in (MANIFEST, MARKER):
             out[rel] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
     return out
 
@@ -177,9 +180,12 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
         verify_export(export_dir, manifest, check_hash=False)  # paths, graph and sizes; hashes below
     except ManifestError as exc:
         problems.append(str(exc))
+    from layerscope.ownership import MARKER
+
     expected: dict[str, str] = {}
     for rel, rec in manifest.files.items():
-        expected[rel] = (rec or {}).get("sha256")
+        if rel != MARKER:  # older exports recorded the ownership marker too; it changes as files are added
+            expected[rel] = (rec or {}).get("sha256")
     if not expected:
         problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
                         "re-export with layerscope export --force")

@@ -19,6 +19,10 @@ class Batch:
     inputs: dict[str, np.ndarray]  # int64 arrays named as the model's inputs
     index: np.ndarray  # row positions of these texts in the corpus
     truncated: np.ndarray  # bool per text: longer than max length
+    # with ``Encoder(..., details=True)``: per token, 1 for special tokens (BOS, CLS, SEP, pad) and the
+    # character span [start, end) in the text as given (a prompt's characters are not counted)
+    special: np.ndarray | None = None  # uint8 [batch, seq]
+    spans: np.ndarray | None = None  # int32 [batch, seq, 2]
 
     @property
     def mask(self) -> np.ndarray:
@@ -45,6 +49,7 @@ class Encoder:
         self.input_names = list(input_names)
         self.max_length = int(max_length)
         self.prompt = prompt or ""  # put before every text, as sentence-transformers' prompts are
+        self.details = False  # the default of __call__'s ``details``
 
     def _prompted(self, texts) -> list[str]:
         return [self.prompt + t for t in texts] if self.prompt else list(texts)
@@ -64,13 +69,22 @@ class Encoder:
         return np.fromiter((max(len(ids), 1) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
 
     def __call__(self, texts: list[str], index: np.ndarray | None = None,
-                 lengths: np.ndarray | None = None) -> Batch:
+                 lengths: np.ndarray | None = None, *, details: bool | None = None) -> Batch:
+        """A right-padded batch; ``details`` adds each token's special-token flag and character span."""
         texts = list(texts)
         if lengths is None:
             lengths = self.token_lengths(texts)
-        enc = self.tokenizer(self._prompted(texts), padding=True, truncation=True, max_length=self.max_length,
-                             return_tensors="np", verbose=False)
+        details = self.details if details is None else details
+        extra = {"return_offsets_mapping": True, "return_special_tokens_mask": True} if details else {}
+        try:
+            enc = self.tokenizer(self._prompted(texts), padding=True, truncation=True, max_length=self.max_length,
+                                 return_tensors="np", verbose=False, **extra)
+        except NotImplementedError:  # a slow (Python) tokenizer has no character offsets
+            raise InputError("this model's tokenizer gives no character offsets (a slow tokenizer); token-level "
+                             "extraction needs a fast (tokenizers-backed) one") from None
         enc = {k: np.asarray(v) for k, v in enc.items()}
+        special = enc.pop("special_tokens_mask", None)
+        offsets = enc.pop("offset_mapping", None)
         if enc["input_ids"].shape[1] == 0:  # every text in the batch tokenized to nothing
             enc = {k: np.zeros((len(texts), 1), dtype=np.int64) for k in enc}
         mask = enc["attention_mask"].astype(np.int64)
@@ -92,4 +106,25 @@ class Encoder:
                 raise InputError(f"the model wants an input '{name}' that its tokenizer does not make")
         inputs["attention_mask"] = mask
         idx = np.arange(len(texts)) if index is None else np.asarray(index)
-        return Batch(inputs=inputs, index=idx, truncated=np.asarray(lengths) > self.max_length)
+        batch = Batch(inputs=inputs, index=idx, truncated=np.asarray(lengths) > self.max_length)
+        if details:
+            batch.special, batch.spans = self._details(special, offsets, mask, empty)
+        return batch
+
+    def _details(self, special, offsets, mask: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(special uint8 [b, s], spans int32 [b, s, 2]) shaped as ``mask``; spans count from the text's
+        first character (after the prompt); a token inside the prompt or a special token has span (0, 0)."""
+        if special is None or offsets is None:
+            raise InputError("this model's tokenizer gives no character offsets (a slow tokenizer); token-level "
+                             "extraction needs a fast (tokenizers-backed) one")
+        shape = mask.shape
+        special = np.asarray(special, dtype=np.uint8).reshape(shape[0], -1)
+        offsets = np.asarray(offsets, dtype=np.int64).reshape(shape[0], -1, 2)
+        if special.shape[1] < shape[1]:  # every text tokenized to nothing: one fallback column
+            special = np.ones(shape, dtype=np.uint8)
+            offsets = np.zeros(shape + (2,), dtype=np.int64)
+        special[empty, 0] = 1  # the fallback token fed for an empty text
+        spans = offsets - len(self.prompt)
+        inside = (spans[..., 0] < 0) | (special == 1)
+        spans[inside] = 0
+        return special, np.clip(spans, 0, None).astype(np.int32)

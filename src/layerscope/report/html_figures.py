@@ -110,11 +110,24 @@ def layer_order(series: Sequence[Series]) -> list[str]:
         pos = layer_position(name)
         return (0, pos) if pos is not None else (1, names.index(name))
 
-    return sorted(names, key=key)
+    ordered = sorted(names, key=key)
+    numbers = [p for p in map(layer_position, ordered) if p is not None]
+    if numbers:  # the layers between measured ones get their place, so a gap shows as a gap
+        have = set(numbers)
+        ordered = sorted(ordered + [str(k) for k in range(min(numbers), max(numbers)) if k not in have], key=key)
+    return ordered
+
+
+def _gap_points(layers: Sequence[str]) -> list[int]:
+    """Indices after which the next layer is not the next block (0 then 6): a line must break there."""
+    pos = [layer_position(x) for x in layers]
+    return [j for j in range(len(pos) - 1) if pos[j] is not None and pos[j + 1] is not None
+            and pos[j + 1] - pos[j] > 1]
 
 
 def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: str, xlabel: str = "layer",
-                 hline: float | None = None, relative: bool = False, digits: int = 4) -> Chart:
+                 hline: float | None = None, relative: bool = False, digits: int = 4,
+                 from_zero: bool = False) -> Chart:
     """Lines over layers, each with its interval band and hover values.
 
     ``relative`` puts every series at layer / num_layers (0 = embedding output, 1 = last block), so models
@@ -139,7 +152,15 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
             lo.append(num(s.low[j]) if s.low is not None else None)
             hi.append(num(s.high[j]) if s.high is not None else None)
         has_band = any(a is not None and b is not None for a, b in zip(lo, hi))
-        if has_band:
+        # layers measured sparsely (0 and 6, not 1-5): points with whiskers, no line or band between them
+        sparse = bool(_gap_points([s.layers[j] for j in range(len(s.layers))
+                                   if not relative or layer_position(s.layers[j]) is not None]))
+        error = None
+        if sparse and has_band:
+            error = {"type": "data", "symmetric": False, "color": colour, "thickness": 1.5, "width": 5,
+                     "array": [None if b is None or y is None else b - y for y, b in zip(ys, hi)],
+                     "arrayminus": [None if a is None or y is None else y - a for y, a in zip(ys, lo)]}
+        if has_band and not sparse:
             keep = [k for k in range(len(xs)) if lo[k] is not None and hi[k] is not None]
             traces.append(go.Scatter(
                 x=[xs[k] for k in keep] + [xs[k] for k in reversed(keep)],
@@ -154,13 +175,17 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
                  + f"<br>{esc(ylabel)}: %{{y:.{digits}f}}"
                  + (f"<br>{CI_NAME}: [%{{customdata[2]}}, %{{customdata[3]}}]" if has_band else "")
                  + "<extra></extra>")
-        traces.append(go.Scatter(x=xs, y=ys, mode="lines" if s.dash else "lines+markers", name=esc(s.label),
-                                 legendgroup=f"g{i}",
+        traces.append(go.Scatter(x=xs, y=ys, mode="markers" if sparse else "lines" if s.dash else "lines+markers",
+                                 name=esc(s.label), legendgroup=f"g{i}", error_y=error,
                                  line={"color": colour, "width": 2, "dash": s.dash or "solid"},
                                  marker={"size": 7}, customdata=custom,
                                  hovertemplate=hover, connectgaps=False))
     if any(t.fill == "toself" for t in traces):
         notes.append(f"Shaded bands: {CI_NAME}s (hover a point for its interval).")
+    if any(t.error_y is not None and t.error_y.array is not None for t in traces):
+        notes.append(f"Whiskers: {CI_NAME}s.")
+    if any(t.mode == "markers" for t in traces):
+        notes.append("Layers measured sparsely are drawn as points, not joined across the layers in between.")
     if dropped and relative:
         notes.append("Layers without a block number (raw) are left out of the relative-depth axis.")
     xaxis: dict[str, Any] = {"range": [-0.03, 1.03]} if relative else {
@@ -170,7 +195,7 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
         shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": hline, "y1": hline,
                        "line": {"color": "#888", "width": 1, "dash": "dash"}})
     layout = _layout(title, "relative depth (layer / number of layers)" if relative else xlabel, ylabel,
-                     xaxis=xaxis, shapes=shapes)
+                     xaxis=xaxis, shapes=shapes, **({"yaxis": {"rangemode": "tozero"}} if from_zero else {}))
     return Chart(title, caption, _finish(go, traces, layout), "lines", notes)
 
 

@@ -162,35 +162,43 @@ def _header(results: dict[str, Any]) -> str:
 
 
 def _summary(results: dict[str, Any]) -> str:
-    """Each model's summary figures side by side: one row per figure, one column per model."""
+    """A short table of the headline figures with their 95% intervals (each summary's ``headline``); an
+    analysis without one shows its main score and top-level figures. The whole summary stays one click away."""
+    from layerscope.report.writer import ci, sig
+
     main = results.get("main_score")
-    columns: dict[str, dict[str, Any]] = {}
-    for model, figures in (results.get("per_model") or {}).items():
-        summary = figures.get("summary") if isinstance(figures, dict) else None
-        if isinstance(summary, dict):
-            columns[str(model)] = {r["setting"]: r["value"] for r in _kv_rows(summary, depth=2)
-                                   if not isinstance(r["value"], (dict, list))}
-    if not columns:
+    models = {str(m): f.get("summary") for m, f in (results.get("per_model") or {}).items()
+              if isinstance(f, dict) and isinstance(f.get("summary"), dict)}
+    if not models:
         return ""
-    keys: list[str] = []
-    for figures in columns.values():
-        keys += [k for k in figures if k not in keys]
-    if main in keys:
-        keys.remove(main)
-        keys.insert(0, main)
-    rows = [{"figure": k, **{m: figures.get(k) for m, figures in columns.items()}} for k in keys]
+    several = len(models) > 1
+    rows, notes = [], []
+    for model, summary in models.items():
+        heads = [h for h in summary.get("headline") or [] if isinstance(h, dict)]
+        if heads:
+            for h in heads:
+                rows.append({**({"model": model} if several else {}), "figure": h.get("figure"),
+                             "value": h.get("value"),
+                             "95% interval": ci(h.get("ci_low"), h.get("ci_high")).strip() or "–",
+                             "where": h.get("where") or "", "chance": h.get("chance")})
+        else:
+            scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for k in sorted(scalars, key=lambda k: k != main):
+                rows.append({**({"model": model} if several else {}), "figure": k, "value": scalars[k],
+                             "95% interval": "–", "where": "main score" if k == main else "", "chance": None})
+        if summary.get("intervals"):
+            notes.append((f"{model}: " if several else "") + str(summary["intervals"]))
+    columns = [c for c in (rows[0] if rows else []) if c in ("figure", "value")
+               or any(r.get(c) not in (None, "", "–") for r in rows)]  # no column of dashes alone
     lead = ""
-    if main in keys:
-        scores = "; ".join(f"{html.escape(m)} <b>{html.escape(_fmt(figures.get(main)))}</b>"
-                           for m, figures in columns.items())
+    if main is not None:
+        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(s.get(main), 4))}</b>"
+                           for m, s in models.items())
         lead = f"<p>Main score <code>{html.escape(str(main))}</code>: {scores}</p>"
-    return lead + html_table(rows, ["figure", *columns])
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4f}" if math.isfinite(value) else str(value)
-    return str(value)
+    note = "".join(f"<p class='note'>Intervals: {html.escape(n)}.</p>" for n in notes)
+    full = html.escape(json.dumps(models, indent=2, ensure_ascii=False, default=str))
+    return (lead + (html_table(rows, columns) if rows else "") + note
+            + f"<details><summary>every summary figure (JSON)</summary><pre>{full}</pre></details>")
 
 
 def _tables(results: dict[str, Any]) -> str:

@@ -126,21 +126,29 @@ def compositionality_views(results) -> list[Section]:
     charts = []
     for value, label, hline in (("mean_diff", "mean cos(paraphrase) − cos(same-words negative)", 0.0),
                                 ("win_rate", "win rate (paraphrase closer than negative)", 0.5)):
-        charts += curves(results, table_series(results, "layers", value, where=lambda r: r.get("pooling") != OWN),
-                         title=f"Compositionality: {label}, by layer{_model_suffix(results)}", ylabel=label,
-                         hline=hline, caption=f"Per item of {data_name(results)}: cosine of the sentence to its "
-                                              "paraphrases minus its cosine to the same words in another order. "
-                                              f"Dashed line: {hline} (no preference).")
+        # a layer where every item is a tie (one vector for every text) tells nothing: left out, not drawn at 0
+        told = table_series(results, "layers", value, where=lambda r: r.get("pooling") != OWN
+                            and r.get("ties") != r.get("n_items"))
+        charts += curves(results, told, title=f"Compositionality: {label}, by layer{_model_suffix(results)}",
+                         ylabel=label, hline=hline,
+                         caption=f"Per item of {data_name(results)}: cosine of the sentence to its "
+                                 "paraphrases minus its cosine to the same words in another order. "
+                                 f"Dashed line: {hline} (no preference). Band: 95% item bootstrap interval. "
+                                 "Layers where every item is a tie are left out (they tell nothing).")
     groups: dict[str, dict[str, Any]] = {}
+    errors: dict[str, dict[str, Any]] = {}
     for model, fig in per_model(results).items():
         final = str(num_layers(results, model))
         for r in (fig.get("tables") or {}).get("groups", []):
             if str(r.get("layer")) == final and r.get("group") == "category":
                 key = f"{model} {r.get('pooling')}" if multi(results) else str(r.get("pooling"))
                 groups.setdefault(str(r.get("value")), {})[key] = r.get("win_rate")
+                errors.setdefault(str(r.get("value")), {})[key] = (r.get("win_rate_ci_low"), r.get("win_rate_ci_high"))
     if groups:
         charts.append(bars(groups, title=f"Compositionality: win rate by category at the final layer"
                                          f"{_model_suffix(results)}", ylabel="win rate",
+                           errors=errors if any(lo is not None for e in errors.values() for lo, _ in e.values())
+                           else None,
                            caption="Share of items whose paraphrases are closer than their same-words negative."))
     return [Section("figures", "Layer curves", charts)]
 
@@ -193,17 +201,24 @@ def alignment_views(results) -> list[Section]:
 
     origin = ((results.get("combined") or {}).get("data") or {}).get("origin") or data_name(results)
     cap = f"Pairs: {origin}."
+    chances = [(f.get("summary") or {}).get("chance") or {} for f in per_model(results).values()]
+    chance = chances[0] if chances and all(c == chances[0] for c in chances) else {}
+    intervals = next((str(s) for s in ((f.get("summary") or {}).get("intervals") for f in per_model(results).values())
+                      if s), "")
     charts = []
     for value, title, ylabel, hline in (
             ("z", "matched vs scrambled pairs: z-score by layer", "z = (matched − scrambled mean) / std", 0.0),
-            ("acc@1_src2tgt", "retrieval source → target: accuracy@1 by layer", "accuracy@1", None),
-            ("acc@1_tgt2src", "retrieval target → source: accuracy@1 by layer", "accuracy@1", None),
-            ("mrr_src2tgt", "retrieval source → target: MRR by layer", "MRR", None),
+            ("acc@1_src2tgt", "retrieval source → target: accuracy@1 by layer", "accuracy@1", chance.get("acc@1")),
+            ("acc@1_tgt2src", "retrieval target → source: accuracy@1 by layer", "accuracy@1", chance.get("acc@1")),
+            ("mrr_src2tgt", "retrieval source → target: MRR by layer", "MRR", chance.get("mrr")),
             ("mutual_knn", "mutual k-NN overlap of the two sides by layer", "share of shared neighbours", None),
             ("pc0_abs_d", "language split on PC0: |Cohen's d| by layer", "|d| on PC0", None)):
+        notes = [" z above ~3 means the pairs line up beyond chance." if value == "z" else "",
+                 f" Dashed line: chance ({hline:.3g})." if hline is not None else "",
+                 f" Band: {intervals}." if intervals and value in ("z", "acc@1_src2tgt", "acc@1_tgt2src",
+                                                                   "mrr_src2tgt") else ""]
         charts += curves(results, table_series(results, "alignment_layers", value), title=title, ylabel=ylabel,
-                         hline=hline, caption=cap + (" z above ~3 means the pairs line up beyond chance."
-                                                     if value == "z" else ""))
+                         hline=hline, caption=cap + "".join(notes))
     sections = [Section("figures", "Layer curves", charts)]
     nb = neighbour_section(results)
     if nb is not None:
@@ -247,15 +262,17 @@ def lens_views(results) -> list[Section]:
         target = (fig.get("summary") or {}).get("target")
         rank.append(Series(f"{pre}mean log10 rank", layers, [r.get("mean_log10_rank") for r in rows],
                            num_layers=num_layers(results, model)))
-        agree.append(Series(f"{pre}top-1 = last layer's top-1", layers, [r.get("top1_agrees_with_last") for r in rows],
-                            num_layers=num_layers(results, model)))
-        agree.append(Series(f"{pre}top-1 = target ({target})", layers, [r.get("top1_is_target") for r in rows],
-                            num_layers=num_layers(results, model)))
+        for key, label in (("top1_agrees_with_last", "top-1 = last layer's top-1"),
+                           ("top1_is_target", f"top-1 = target ({target})")):
+            agree.append(Series(f"{pre}{label}", layers, [r.get(key) for r in rows],
+                                [r.get(f"{key}_ci_low") for r in rows], [r.get(f"{key}_ci_high") for r in rows],
+                                num_layers=num_layers(results, model)))
     charts += curves(results, rank, title="Logit lens: rank of the target token by layer",
                      ylabel="mean log10 rank (0 = top)", caption="Each layer decoded through the model's LM head; "
                      "rank of the target token among the vocabulary, averaged over positions.")
     charts += curves(results, agree, title="Logit lens: top-1 agreement by layer", ylabel="fraction of positions",
-                     caption="Share of positions whose top-1 decoded token equals the last layer's, or the target.")
+                     caption="Share of positions whose top-1 decoded token equals the last layer's, or the target. "
+                             "Band: 95% bootstrap interval over the texts (a text's positions resample together).")
     for model, fig in per_model(results).items():
         for t in (fig.get("texts") or [])[:4]:
             tokens, by_layer = t.get("tokens") or [], t.get("layers") or {}
@@ -284,17 +301,35 @@ def saliency_views(results) -> list[Section]:
     for model, fig in per_model(results).items():
         rows = {r.get("method"): r for r in (fig.get("tables") or {}).get("saliency_methods", [])}
         layers = [str(x) for x in fig.get("layers") or []]
-        decoded = [(rows.get(f"decoded@{x}") or {}).get("hide_aopc") for x in layers]
-        series = [Series("decoded saliency", layers, decoded, num_layers=num_layers(results, model))]
-        if f"gxa@{layers[0] if layers else ''}" in rows:
-            series.append(Series("grad × input, not decoded", layers,
-                                 [(rows.get(f"gxa@{x}") or {}).get("hide_aopc") for x in layers]))
-        for method, r in rows.items():
+        series = []
+        for family, label in (("decoded", "decoded saliency"), ("gxa", "grad × input, not decoded")):
+            got = [rows.get(f"{family}@{x}") or {} for x in layers]
+            if family == "decoded" or any(got):
+                series.append(Series(label, layers, [r.get("hide_aopc") for r in got],
+                                     [r.get("hide_aopc_ci_low") for r in got], [r.get("hide_aopc_ci_high") for r in got],
+                                     num_layers=num_layers(results, model)))
+        for method, r in rows.items():  # no layer: a flat dashed reference over the layers
             if method and "@" not in str(method):
                 series.append(Series(f"{method} (no layer)", layers, [r.get("hide_aopc")] * len(layers), dash="dash"))
+        intervals = (fig.get("summary") or {}).get("intervals")
         charts.append(layer_curves(series, title=f"Hiding game AOPC by layer ({model})", ylabel="mean drop of y over k",
+                                   from_zero=True,
                                    caption="Mean drop of the objective y when the k most salient tokens are hidden, "
-                                           "averaged over k = 1..K; higher = the method found the tokens y rests on."))
+                                           "averaged over k = 1..K; higher = the method found the tokens y rests on. "
+                                           "Dashed: methods that do not depend on the layer."
+                                           + (f" Band: {intervals}." if intervals else "")))
+        tests = [t for t in (fig.get("tables") or {}).get("saliency_tests") or [] if t.get("difference") is not None]
+        if tests:
+            groups = {f"{t['method_a']} − {t['method_b']}": {"hide AOPC difference": t["difference"]} for t in tests}
+            errors = {f"{t['method_a']} − {t['method_b']}": {"hide AOPC difference": (t.get("ci_low"), t.get("ci_high"))}
+                      for t in tests}
+            ps = "; ".join(f"{t['method_a']} − {t['method_b']}: p = {t['p_value']:.2g}" for t in tests
+                           if t.get("p_value") is not None)
+            charts.append(bars(groups, errors=errors, ylabel="difference of hiding AOPC",
+                               title=f"Paired tests between methods: hiding AOPC differences ({model})",
+                               caption="Paired percentile bootstrap on the same texts (two-sided p: " + ps + "). "
+                                       "The best decoded layer was picked on these texts, so its p-values are "
+                                       "optimistic."))
         curves_ = fig.get("curves") or {}
         k = (fig.get("summary") or {}).get("k_max") or 0
         for key, game in (("hide_drop", "hiding"), ("reveal_value", "revealing")):

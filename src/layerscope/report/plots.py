@@ -38,19 +38,51 @@ def _layer_order(series) -> list[str]:
         except ValueError:
             return (1, names.index(name), name)
 
-    return sorted(names, key=key)
+    ordered = sorted(names, key=key)
+    numbers = [int(n) for n in ordered if n.lstrip("-").isdigit()]
+    if numbers:  # the layers between measured ones get their place on the axis, so a gap shows as a gap
+        missing = [str(k) for k in range(min(numbers), max(numbers) + 1) if str(k) not in ordered]
+        ordered = sorted(ordered + missing, key=lambda n: key(n) if n not in missing else (0, int(n), ""))
+    return ordered
+
+
+def _break_gaps(xs: list[int], *columns: list) -> tuple[list, ...]:
+    """Points in x order with a NaN between two that are not next to each other on the axis: a line is
+    drawn only between neighbouring layers, never across layers that were not measured."""
+    out_x: list = []
+    outs: list[list] = [[] for _ in columns]
+    for i, x in enumerate(xs):
+        if i and x - xs[i - 1] > 1:
+            out_x.append((x + xs[i - 1]) / 2)
+            for o in outs:
+                o.append(float("nan"))
+        out_x.append(x)
+        for o, c in zip(outs, columns):
+            o.append(c[i])
+    return (out_x, *outs)
 
 
 CI_LABEL = "95% bootstrap CI"
 
 
-def _outside_legend(ax, extra=()) -> None:
-    """The legend to the right of the axes, where it cannot cover lines, bars or their value labels."""
+LONG_LABEL = 30  # legend entries longer than this go under the axes, where they do not squeeze the plot
+
+
+def _outside_legend(ax, extra=(), below: bool | None = None) -> None:
+    """The legend outside the axes, where it cannot cover lines, bars or their value labels: to the right,
+    or under the axes in columns when its entries are long (``below`` None: decided by their length)."""
     handles, labels = ax.get_legend_handles_labels()
     for handle in extra:
         handles.append(handle)
         labels.append(handle.get_label())
-    if handles:
+    if not handles:
+        return
+    if below is None:
+        below = max(len(label) for label in labels) > LONG_LABEL
+    if below:
+        ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+                  ncol=2 if len(handles) > 1 else 1, borderaxespad=0.0, frameon=False)
+    else:
         ax.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
                   frameon=False)
 
@@ -80,10 +112,10 @@ def save(plt, fig, path: Path) -> str:
 
 
 def _finish(plt, fig, ax, path: Path, *, title: str, xlabel: str, ylabel: str, hline: float | None,
-            legend: bool, extra_handles=()) -> str:
+            legend: bool, extra_handles=(), hline_label: str | None = None) -> str:
     """The common end of a line plot: reference line, labels, grid, legend, save, close."""
     if hline is not None:
-        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--")
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--", label=hline_label or "_reference")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -99,12 +131,18 @@ def _nan(values) -> list[float]:
 
 def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[float | None]]], *, title: str,
                 ylabel: str, xlabel: str = "layer", hline: float | None = None,
-                bands: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None) -> str:
+                bands: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
+                hline_label: str | None = None, refs: dict[str, float | None] | None = None,
+                from_zero: bool = False) -> str:
     """One line per series over layer names; None values leave gaps (undefined figures).
 
     Series may cover different layers (models of different depth side by side): the x axis is the
-    union of their layer names, each series drawn at its own names. ``bands`` gives, per series label,
-    the (low, high) ends of an interval at the same layers, drawn as a shaded band in the line's colour.
+    union of their layer names (with the layers between measured ones), each series drawn at its own
+    names and joined only between neighbouring layers. ``bands`` gives, per series label, the (low, high)
+    ends of an interval at the same layers, drawn as a shaded band in the line's colour. ``refs`` are
+    levels that do not depend on the layer (a baseline method), drawn as labelled horizontal lines;
+    ``hline`` is an unlabelled (or ``hline_label``) dashed reference such as chance. ``from_zero``: the
+    y axis starts at 0 (or below, where a value is negative).
     """
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
@@ -112,21 +150,40 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
     pos = {name: i for i, name in enumerate(order)}
     extra = []
     for label, (layers, values) in series.items():
-        xs = [pos[str(name)] for name in layers]
-        (line,) = ax.plot(xs, _nan(values), marker="o", label=label)
         band = (bands or {}).get(label)
+        lows, highs = (_nan(band[0]), _nan(band[1])) if band is not None else ([None] * len(layers),) * 2
+        order_ = sorted(range(len(layers)), key=lambda i: pos[str(layers[i])])
+        xs, ys, lows, highs = _break_gaps([pos[str(layers[i])] for i in order_], [_nan(values)[i] for i in order_],
+                                          [lows[i] for i in order_], [highs[i] for i in order_])
+        (line,) = ax.plot(xs, ys, marker="o", label=label)
         if band is not None:
-            poly = ax.fill_between(xs, _nan(band[0]), _nan(band[1]), color=line.get_color(), alpha=0.2,
+            poly = ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2,
                                    linewidth=0, label=f"_{label} {CI_LABEL}")
             poly.set_gid(f"ci:{label}")
     if bands and any(b is not None for b in bands.values()):
         from matplotlib.patches import Patch
 
         extra.append(Patch(facecolor="grey", alpha=0.3, label=f"shaded: {CI_LABEL}"))
+    styles = ("--", "-.", ":", (0, (5, 1, 1, 1)))
+    levels = [v for v in (refs or {}).values() if v is not None]
+    for i, (label, level) in enumerate((refs or {}).items()):
+        if level is not None:  # after the series' colours, so a reference never shares a line's colour
+            ax.axhline(level, color=f"C{(len(series) + i) % 10}", linewidth=1.4, linestyle=styles[i % len(styles)],
+                       label=label, gid=f"ref:{label}")
+    if from_zero or levels:  # the y range holds every line, band and reference (and 0 when asked)
+        import numpy as np
+
+        seen = [v for _, vals in series.values() for v in _nan(vals)] + levels + \
+            [v for lo_hi in (bands or {}).values() if lo_hi for end in lo_hi for v in _nan(end)]
+        seen = [v for v in seen if np.isfinite(v)] + ([0.0] if from_zero else [])
+        if seen:
+            bottom, top = min(seen), max(seen)
+            pad = 0.05 * (top - bottom or 1.0)
+            ax.set_ylim(bottom - (pad if bottom < 0 or not from_zero else 0.0), top + pad)
     ax.set_xticks(range(len(order)))
     ax.set_xticklabels(order)
     return _finish(plt, fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel, hline=hline,
-                   legend=bool(series), extra_handles=extra)
+                   legend=bool(series), extra_handles=extra, hline_label=hline_label)
 
 
 def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float | None]]], *, title: str,

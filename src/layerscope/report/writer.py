@@ -93,6 +93,34 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
+def sig(value, digits: int = 3) -> str:
+    """A figure with ``digits`` significant digits for prose (27.481466671788475 -> 27.5, 0.012345 -> 0.0123);
+    whole numbers of more digits are rounded to an integer, never put in scientific notation."""
+    if value is None:
+        return "undefined"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value == 0:
+        return "0"
+    if abs(value) >= 10 ** digits:
+        return f"{value:.0f}"
+    if abs(value) < 1e-4:
+        return f"{value:.{max(0, digits - 1)}e}"
+    text = f"{value:#.{digits}g}"
+    return text.rstrip(".") if "e" not in text else text
+
+
+def ci(low, high, digits: int = 3) -> str:
+    """`` [low, high]`` for a 95% interval, or "" where there is none."""
+    if low is None or high is None:
+        return ""
+    return f" [{sig(low, digits)}, {sig(high, digits)}]"
+
+
 def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None, digits: int = 4) -> str:
     if not rows:
         return "_no rows_\n"
@@ -101,6 +129,28 @@ def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None, digit
     for row in rows:
         lines.append("| " + " | ".join(fmt(row.get(c), digits) for c in columns) + " |")
     return "\n".join(lines) + "\n"
+
+
+def headline_section(results: dict[str, Any]) -> list[str]:
+    """``## Headline figures``: each model's headline figures (summary["headline"]) with their 95% intervals."""
+    lines: list[str] = []
+    for model, figures in (results.get("per_model") or {}).items():
+        summary = (figures or {}).get("summary") or {}
+        heads = [h for h in summary.get("headline") or [] if isinstance(h, dict)]
+        if not heads:
+            continue
+        several = len(results.get("per_model") or {}) > 1
+        lines += [f"- **{model}**" if several else ""]
+        bullet = "  - " if several else "- "
+        for h in heads:
+            chance = f"; chance {sig(h['chance'])}" if h.get("chance") is not None else ""
+            where = f" ({h['where']}{chance})" if h.get("where") or chance else ""
+            lines.append(f"{bullet}{h.get('figure')}: **{sig(h.get('value'))}**{ci(h.get('ci_low'), h.get('ci_high'))}"
+                         f"{where}")
+        if summary.get("intervals"):
+            lines.append(f"{bullet}brackets: {summary['intervals']}")
+    lines = [x for x in lines if x]
+    return ["## Headline figures", "", *lines, ""] if lines else []
 
 
 def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str],
@@ -121,6 +171,7 @@ def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str
                      f"precision {eng.get('precision')}")
     settings = results.get("settings", {})
     lines += ["", "## Settings", "", "```", *(f"{k}: {v}" for k, v in settings.items()), "```", ""]
+    lines += headline_section(results)
     if body:
         lines += [body.rstrip(), ""]
     from layerscope.report.compare import comparison_markdown

@@ -118,14 +118,14 @@ def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
 
 
 def _one_writer(fn: Callable) -> Callable:
-    """Run ``fn`` holding the store's write lock; a full disk (or file-size limit) becomes one line."""
+    """Run ``fn`` holding the store's write lock (and recording what it wrote); a full disk (or file-size limit) becomes one line."""
 
     @functools.wraps(fn)
     def wrapper(model, source, out, *args, **kwargs):
-        from layerscope.runtime.store_lock import store_lock
+        from layerscope.runtime.store_lock import store_writer
         from layerscope.runtime.store_space import FULL
 
-        with store_lock(out):
+        with store_writer(out):
             try:
                 return fn(model, source, out, *args, **kwargs)
             except OSError as exc:
@@ -145,15 +145,23 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
             force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | str | None | Callable = False,
             engine_options: dict | None = None, prompt_name: str | None = None,
-            prompt: str | None = None, trust_remote_code: bool = False) -> ExtractReport:
+            prompt: str | None = None, trust_remote_code: bool = False, tokens: bool = False,
+            store_dtype: str | None = None) -> ExtractReport:
     """Extract pooled per-layer vectors of every text in ``source`` into a LayerStore at ``out``.
 
     ``trust_remote_code`` lets a model whose repository ships its own code be resolved (off unless asked).
+    ``tokens`` also stores every token's vector of ``layers`` (runtime/token_store.py), in ``store_dtype``
+    (float32, float16 or bfloat16; default ``dtype``).
     """
+    from layerscope.runtime.token_write import token_settings
+
+    tok_settings = token_settings(tokens, dtype, store_dtype)  # checked before anything starts
     ex = prepare_extraction(model, source, out, engine=engine, layers=layers, poolings=poolings, dtype=dtype,
                             batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length, resume=resume,
                             force=force, engine_options=engine_options, prompt_name=prompt_name, prompt=prompt,
                             trust_remote_code=trust_remote_code)
+    if tok_settings is not None:
+        ex.settings["tokens"] = tok_settings
     t0 = time.perf_counter()
     with _cleanup_on_failure(ex) as state:
         return _extract_into(ex, state, source=source, engine=engine, engine_options=engine_options,
@@ -179,7 +187,15 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
             dtype=settings["dtype"], manifest=manifest, settings=settings)
         store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
                            "nul_dropped_by_tokenizer": _drops_nul(encoder) if spool["nul"] else None})
+        from layerscope.ownership import record
+
+        record(out, "store", hashes=False)  # a run killed from here on leaves a store --force may replace
     lengths = np.load(out / "lengths.npy")
+    from layerscope.runtime.token_write import start_tokens
+
+    tok = start_tokens(store, settings, lengths, max_len, ex.layers)
+    encoder.details = tok is not None
+    commit = store.commit if tok is None else functools.partial(tok.commit, store)
     if eng is None:
         eng = _start_engine(ex, store, engine, engine_options, lengths, check_variant=not created)
     batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
@@ -198,21 +214,22 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     pending: list[np.ndarray] = []
     try:
         for batch in batches:
-            pooled = eng.run(batch, ex.layers, ex.poolings)
+            pooled = eng.run(batch, ex.layers, ex.poolings) if tok is None else tok.run(eng, batch, ex.layers,
+                                                                                       ex.poolings)
             store.write(batch.index, pooled, ex.layers)
             pending.append(batch.index)
             tokens_done += batch.n_tokens
             if time.perf_counter() - last_commit > 2.0 or len(pending) >= 64:
-                store.commit(np.concatenate(pending))
+                commit(np.concatenate(pending))
                 pending.clear()
                 last_commit = time.perf_counter()
             bar.advance(batch.size, batch.n_tokens)
         if pending:
-            store.commit(np.concatenate(pending))
+            commit(np.concatenate(pending))
             pending.clear()
     except BaseException:
         if pending:  # rows already written: keep them, so --resume does not redo them
-            store.commit(np.concatenate(pending))
+            commit(np.concatenate(pending))
         raise
     finally:
         batches.close()
@@ -223,6 +240,8 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     run_seconds = time.perf_counter() - t_run
     seconds = time.perf_counter() - t0
     truncated = int((lengths > max_len).sum())
+    if tok is not None:
+        tok.finish(encoder.tokenizer)
     store.finish({"engine": eng.info.to_dict(), "truncated_texts": truncated, "warnings": warnings,
                   "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
                   # this call's extraction loop alone (no engine start), and what it extracted

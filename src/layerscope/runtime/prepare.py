@@ -139,7 +139,7 @@ def make_store_dir(ex: Extraction) -> bool:
         remove(ex.out, "store")
     created = not ex.out.exists()
     ex.out.mkdir(parents=True, exist_ok=True)
-    if not (ex.out / MARKER).exists():
+    if not (ex.out / MARKER).exists() and not (ex.out / STORE_JSON).exists():  # an older store: left unmarked
         write_marker(ex.out, "store")
     return created
 

@@ -116,10 +116,10 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     check_engine_name(engine)
     t0 = time.perf_counter()
     started = connect(address)
-    from layerscope.runtime.store_lock import store_lock
+    from layerscope.runtime.store_lock import store_writer
 
     try:
-        with store_lock(out):  # one writer per store, as for a plain extract
+        with store_writer(out):  # one writer per store, as for a plain extract
             return _extract(model, source, out, address=address, workers=workers, engine=engine, dtype=dtype,
                             start_s=time.perf_counter() - t0, **options)
     finally:

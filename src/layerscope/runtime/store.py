@@ -180,6 +180,14 @@ class LayerStore:
             self._arrays[k] = np.load(self.path / "arrays" / _pool_dir(pooling) / f"{name}.npy", mmap_mode=mode)
         return self._arrays[k]
 
+    def tokens(self, layer: int | str):
+        """Token-level vectors of ``layer`` (stores made with ``extract --tokens``), memory-mapped: a
+        ``TokenLayer`` (runtime/token_store.py) with ``offsets``, ``ids``, ``special``, ``spans`` and
+        float32 reads per text (``text(i)``), per token id (``of_id``) or per slice (``rows``)."""
+        from layerscope.runtime.token_store import open_token_layer
+
+        return open_token_layer(self.path, self.meta, self.resolve_layer(layer))
+
     def done_mask(self) -> np.ndarray:
         if self._done is None:
             self._done = np.load(self.path / DONE, mmap_mode="r+" if self.mode == "r+" else "r")

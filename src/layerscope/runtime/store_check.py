@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ def structure_sha256(meta: dict[str, Any]) -> str:
     """Hash of the fields that say what the arrays hold; recorded at creation, checked on every open."""
     fields = {k: meta.get(k) for k in STRUCTURE_KEYS}
     fields["corpus_sha256"] = (meta.get("settings") or {}).get("corpus_sha256")
+    if meta.get("token_arrays"):  # token-level arrays (runtime/token_store.py); absent from pooled-only stores
+        fields["token_arrays"] = meta["token_arrays"]
     fields = json.loads(json.dumps(fields))  # as store.json will hold them (keys as strings, tuples as lists)
     blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
@@ -85,6 +88,9 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
         num_layers = int(meta["manifest"]["num_layers"])
     except (KeyError, TypeError, ValueError) as exc:
         return [f"store.json lacks or garbles a field the store needs ({exc})"]
+    escape = outside_paths(root, meta)
+    if escape:  # nothing outside the store is read, not even its size
+        return [escape]
     problems: list[str] = []
     recorded = meta.get("structure_sha256")
     if recorded and recorded != structure_sha256(meta):
@@ -103,6 +109,9 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     problem = _check_npy(root, DONE, (n,), np.dtype(np.uint8))
     if problem:
         problems.append(problem)
+    from layerscope.runtime.token_store import token_layout_problems
+
+    problems += token_layout_problems(root, meta, _check_npy)
     texts = root / TEXTS
     if not texts.is_file():
         problems.append(f"{TEXTS} is missing")
@@ -117,13 +126,34 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     return problems
 
 
+def outside_paths(root: Path, meta: dict[str, Any]) -> str | None:
+    """A line naming the first path store.json leads outside the store (a pooling or layer that is not one
+    plain name, a checksum key with ``..``, an absolute path or a symlink leading out); None when all stay in."""
+    from layerscope.ownership import inside
+
+    names = [("pooling", p) for p in meta.get("poolings") or []] + [("layer", l) for l in meta.get("layers") or []]
+    for what, name in names:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
+            return f"store.json names {what} {str(name)[:80]!r}, which is not a plain name inside the store"
+    sums = meta.get("checksums") or {}
+    rels = array_files(meta) + [DONE, TEXTS] + (list(sums) if isinstance(sums, dict) else [])
+    for rel in rels:
+        if inside(root, rel) is None:
+            return f"store.json names {str(rel)[:80]!r}, a path outside the store"
+    if not isinstance(sums, dict) or not all(isinstance(rec, dict) for rec in sums.values()):
+        return "store.json's checksums are not a table of files"
+    return None
+
+
 def _names(problems: list[str], rel: str) -> bool:
     return any(p.startswith(rel + " ") for p in problems)
 
 
 
 def checksum_files(meta: dict[str, Any], root: Path) -> list[str]:
-    rels = array_files(meta) + [DONE, TEXTS]
+    from layerscope.runtime.token_store import token_files
+
+    rels = array_files(meta) + [DONE, TEXTS] + token_files(meta)
     return rels + ([LENGTHS] if (Path(root) / LENGTHS).is_file() else [])
 
 
@@ -156,6 +186,8 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
         problems.append("store.json records no checksums (made by an older layerscope); re-run layerscope "
                         "extract --force to get them")
     checked = 0
+    if outside_paths(root, meta):
+        return checked, problems  # layout_problems named it; nothing is read
     rels = [rel for rel in recorded if (root / rel).is_file()]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         digests = dict(zip(rels, pool.map(lambda rel: file_sha256(root / rel), rels)))

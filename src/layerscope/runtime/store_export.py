@@ -39,12 +39,16 @@ def _description(store: LayerStore) -> dict[str, Any]:
 
 
 def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None, *,
-                 force: bool = False) -> Path:
-    """Write the store as ``fmt`` (parquet or safetensors); return the file's path."""
+                 force: bool = False, tokens: bool = False) -> Path:
+    """Write the store as ``fmt`` (parquet or safetensors); return the file's path. ``tokens``: its
+    token-level vectors instead (runtime/token_export.py), default ``<store>.tokens.<fmt>``."""
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt}: choose parquet or safetensors")
     store = LayerStore.open(store_path)
-    out = Path(out) if out else Path(store_path).with_suffix(f".{fmt}")
+    if tokens and "token_arrays" not in store.meta:
+        raise InputError(f"{store_path} holds no token-level vectors; make it with layerscope extract ... --tokens")
+    suffix = f".tokens.{fmt}" if tokens else f".{fmt}"
+    out = Path(out) if out else Path(store_path).with_suffix(suffix)
     if out.exists() and not force:
         raise InputError(f"{out} exists; pass --force to replace it, or --out another file")
     if out.exists() and not _made_by_layerscope(out, fmt):
@@ -52,7 +56,12 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
                          "layerscope's own files: choose another --out")
     tmp = out.with_name(out.name + ".partial")
     try:
-        (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
+        if tokens:
+            from layerscope.runtime.token_export import token_parquet, token_safetensors
+
+            (token_parquet if fmt == "parquet" else token_safetensors)(store, tmp)
+        else:
+            (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
         os.replace(tmp, out)
     finally:
         if tmp.exists():

@@ -1,0 +1,157 @@
+"""token_alignment: where the alignment of paired texts comes from, token by token, layer by layer.
+
+The decomposition the cross-lingual study did by hand, per layer (figures from metrics/tokens.py):
+
+* cosine of tokens shared by both sides (same id, e.g. digits, operators, names), of the language-specific
+  tokens (the ids only one side has), of the special tokens (BOS/CLS/SEP) and of the two first tokens;
+* the alignment z of mean-pooled vectors (matched vs scrambled pairs, exact permutation moments) against the
+  same z with the shared tokens removed from the pooled vectors: how much of the alignment the shared
+  tokens carry;
+* cosine by relative position (``--bins`` equal bins of ``(p + 0.5) / len``): is alignment uniform across
+  the text?
+
+Token vectors come from one forward pass per batch (runtime/token_embed.py), as ``extract --tokens`` stores them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.errors import InputError
+
+
+PAIR_OPTIONS = ("generate", "n", "source_file", "target_file", "source_column", "target_column", "category_column")
+
+
+def layer_figures(src, tgt, bins: int) -> dict[str, Any]:
+    """One layer's row: the decomposition, z with and without shared tokens, cosine by position."""
+    from layerscope.metrics.permutation import scrambled_z_exact
+    from layerscope.metrics.tokens import pooled_without_shared, position_cosine, token_decomposition
+
+    row: dict[str, Any] = dict(token_decomposition(src, tgt))
+    mean_s = np.stack([src.text(i)[0].mean(0) for i in range(len(src))])
+    mean_t = np.stack([tgt.text(i)[0].mean(0) for i in range(len(tgt))])
+    row["z"] = scrambled_z_exact(mean_s, mean_t)["z"]
+    row["z_without_shared"] = scrambled_z_exact(*pooled_without_shared(src, tgt))["z"]
+    for b, c in enumerate(position_cosine(src, tgt, bins)):
+        row[f"pos{b}"] = c
+    return row
+
+
+@register
+class TokenAlignment(Analysis):
+    metadata = AnalysisMetadata(
+        name="token_alignment",
+        description="Token-level decomposition of paired-text alignment: shared, language-specific and "
+                    "special tokens, z without shared tokens, alignment by relative position",
+        inputs=("aligned",),
+        main_score="z_without_shared",
+        default_data="zh-en",
+        options=(
+            Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)",
+                   choices=("zh-en",)),
+            Option("n", int, 200, "pairs to generate with --generate"),
+            Option("source_file", str, None, "line-aligned source texts (with --target-file)"),
+            Option("target_file", str, None, "line-aligned target texts (with --source-file)"),
+            Option("source_column", str, "source", "column/field of the source text in --data"),
+            Option("target_column", str, "target", "column/field of the target text in --data"),
+            Option("category_column", str, "category", "column/field of the category in --data (optional)"),
+            Option("bins", int, 10, "relative-position bins"),
+        ),
+    )
+
+    def prepare(self, ctx: Context):
+        from dataclasses import replace
+
+        from layerscope.analyses.alignment import Alignment
+
+        o = self.options(ctx)
+        if o.bins < 1:
+            raise InputError(f"--bins must be at least 1, got {o.bins}")
+        # the same pair sources and checks as alignment: its prepare, given this run's pair options
+        pair_options = {k: getattr(o, k) for k in PAIR_OPTIONS}
+        return Alignment().prepare(replace(ctx, opts=None, options=pair_options))
+
+    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+        from layerscope.analyses.common import layers_for
+        from layerscope.metrics.tokens import Side
+        from layerscope.progress import track
+        from layerscope.runtime.token_embed import embed_tokens
+
+        layers = layers_for(ctx, run)
+        bins = self.options(ctx).bins
+        n = len(data)
+        if n < 2:
+            raise InputError("token_alignment needs at least 2 pairs")
+        spec = ctx.spec if ctx.spec is not None else ctx
+        tv = embed_tokens(run.engine, data.sources + data.targets, layers, batch_tokens=spec.batch_tokens,
+                          max_length=spec.max_length)
+        src_tv, tgt_tv = tv.select(np.arange(n)), tv.select(np.arange(n, 2 * n))
+        rows = []
+        for layer in track(layers, "token_alignment: layers"):
+            src = Side(src_tv.layers[layer], src_tv.ids, src_tv.special, src_tv.offsets)
+            tgt = Side(tgt_tv.layers[layer], tgt_tv.ids, tgt_tv.special, tgt_tv.offsets)
+            rows.append({"layer": layer, **layer_figures(src, tgt, bins)})
+        last = rows[-1]
+        summary = {"layer": last["layer"], "z": last["z"], "z_without_shared": last["z_without_shared"],
+                   "shared_cosine": last["shared_cosine"], "specific_cosine": last["specific_cosine"],
+                   "special_cosine": last["special_cosine"], "shared_token_share": last["shared_token_share"],
+                   "n_pairs": n, "tokens": int(tv.offsets[-1])}
+        return {"summary": summary, "layers": layers, "bins": bins, "tables": {"token_alignment_layers": rows}}
+
+    # -- rendering -----------------------------------------------------------
+    def plots(self, results, out_dir: Path) -> list[str]:
+        from layerscope.report.plots import layer_lines
+
+        out_dir = Path(out_dir)
+        files = []
+        for model, fig in results["per_model"].items():
+            rows = fig["tables"]["token_alignment_layers"]
+            names = [r["layer"] for r in rows]
+            tag = model.replace("/", "_") if len(results["per_model"]) > 1 else ""
+            files.append(layer_lines(
+                out_dir / f"token_cosines{'_' + tag if tag else ''}.png",
+                {k: (names, [r[f"{k}_cosine"] for r in rows]) for k in ("shared", "specific", "special")}
+                | {"first token": (names, [r["first_token_cosine"] for r in rows])},
+                title="paired texts: cosine of shared, language-specific and special tokens", ylabel="mean cosine"))
+            files.append(layer_lines(
+                out_dir / f"z_without_shared{'_' + tag if tag else ''}.png",
+                {"all tokens": (names, [r["z"] for r in rows]),
+                 "shared tokens removed": (names, [r["z_without_shared"] for r in rows])},
+                title="alignment z of mean-pooled vectors, with and without shared tokens", ylabel="z"))
+        return files
+
+    def report(self, results) -> str:
+        from layerscope.report.writer import md_table
+
+        parts = []
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            parts.append(f"## {model}\n\n{s['n_pairs']} pairs, {s['tokens']:,} tokens; {s['shared_token_share']:.1%} "
+                         f"of the non-special tokens have an id the other side shares. Last layer: z = {s['z']:.2f}, "
+                         f"without shared tokens {s['z_without_shared']:.2f}.\n")
+            cols = ["layer", "shared_cosine", "specific_cosine", "special_cosine", "first_token_cosine", "z",
+                    "z_without_shared"] + [f"pos{b}" for b in range(fig["bins"])]
+            parts.append(md_table(fig["tables"]["token_alignment_layers"], cols, digits=3))
+        return "\n".join(parts)
+
+    def console_summary(self, results, console) -> None:
+        from rich.table import Table
+
+        for model, fig in results["per_model"].items():
+            t = Table(title=f"token_alignment - {model}")
+            for c in ("layer", "shared", "specific", "special", "first", "z", "z w/o shared"):
+                t.add_column(c, justify="right")
+            for r in fig["tables"]["token_alignment_layers"]:
+                t.add_row(r["layer"], *(_f(r[k]) for k in ("shared_cosine", "specific_cosine", "special_cosine",
+                                                            "first_token_cosine")), _f(r["z"], 1),
+                          _f(r["z_without_shared"], 1))
+            console.print(t)
+
+
+def _f(v, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"

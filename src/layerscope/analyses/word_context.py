@@ -1,0 +1,161 @@
+"""word_context: word embeddings in context, and whether the same word finds itself across contexts.
+
+A word's vector in one context is the mean of the tokens covering it (its sub-word pieces, found by their
+character spans) at one layer, or averaged over the last ``--last-k`` layers (the recipe of the BERT
+notes: the last four). Per layer (and for the last-k average) the figure is the same-word share: for each
+occurrence of the chosen words, the share of its ``--knn`` nearest other occurrences (cosine) that are the
+same word. A nearest-neighbour view of a sample of occurrences (with their texts) goes to the results.
+
+Words: ``--words a,b,c``, else the most frequent words (letters only, at least 4 of them) that occur in at
+least 3 texts. Texts: ``--data``, else the English side of the built-in zh-en problems.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.errors import InputError
+
+WORD = re.compile(r"[^\W\d_]{4,}")
+
+
+def find_occurrences(texts: list[str], words: list[str], most: int) -> list[tuple[str, int, int, int]]:
+    """``(word, text, start, end)`` of each whole-word, case-insensitive occurrence, at most ``most`` per word
+    (the first ones in corpus order)."""
+    out, count = [], Counter()
+    patterns = {w: re.compile(rf"(?<!\w){re.escape(w)}(?!\w)", re.IGNORECASE) for w in words}
+    for t, text in enumerate(texts):
+        for w, pat in patterns.items():
+            for m in pat.finditer(text):
+                if count[w] < most:
+                    out.append((w, t, m.start(), m.end()))
+                    count[w] += 1
+    return out
+
+
+def frequent_words(texts: list[str], top: int) -> list[str]:
+    """The ``top`` words (lower-cased, letters only, 4+) found in the most texts, at least 3 of them."""
+    in_texts = Counter(w for text in texts for w in {m.group().lower() for m in WORD.finditer(text)})
+    return [w for w, c in sorted(in_texts.items(), key=lambda x: (-x[1], x[0])) if c >= 3][:top]
+
+
+@register
+class WordContext(Analysis):
+    metadata = AnalysisMetadata(
+        name="word_context",
+        description="Word embeddings in context (one layer or the last k averaged): does the same word find "
+                    "itself across contexts? Same-word nearest-neighbour share per layer",
+        inputs=("texts",),
+        main_score="same_word_share",
+        default_data="zh-en",
+        options=(
+            Option("words", str, None, "comma list of words (default: the most frequent words in 3+ texts)"),
+            Option("top_words", int, 8, "how many frequent words when --words is not given"),
+            Option("last_k", int, 4, "layers averaged for the last-k vectors"),
+            Option("knn", int, 5, "neighbours per occurrence"),
+            Option("max_per_word", int, 40, "occurrences kept per word"),
+            Option("n", int, 100, "built-in zh-en problems (English side) used as texts when no --data"),
+            Option("examples", int, 12, "occurrences whose nearest neighbours are kept for the report"),
+        ),
+    )
+
+    def prepare(self, ctx: Context):
+        o = self.options(ctx)
+        for name in ("top_words", "last_k", "knn", "max_per_word", "n"):
+            if getattr(o, name) < 1:
+                raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
+        if ctx.data:
+            from layerscope.data.corpus import read_corpus
+
+            records, stats = read_corpus(ctx.data)
+            texts, origin = [r.text for r in records], ctx.data
+        else:
+            from layerscope.data.bilingual import generate_pairs
+
+            texts = [p.target for p in generate_pairs(o.n, ctx.seed)]
+            origin = f"generated zh-en problems, English side (n={len(texts)}, seed={ctx.seed})"
+        words = [w.strip() for w in o.words.split(",") if w.strip()] if o.words else frequent_words(texts, o.top_words)
+        occ = find_occurrences(texts, words, o.max_per_word)
+        found = sorted({w for w, *_ in occ})
+        missing = [w for w in words if w not in found]
+        if missing:
+            ctx.say(f"not found in the texts: {', '.join(missing)}")
+        if len(found) < 2 or len(occ) < 3:
+            raise InputError(f"{origin}: the words {', '.join(words) or '(none)'} occur {len(occ)} times "
+                             f"({len(found)} distinct); give --words that occur in several texts")
+        ctx.say(f"{len(occ):,} occurrences of {len(found)} words in {len(texts):,} texts from {origin}")
+        return {"texts": texts, "origin": origin, "words": found, "occurrences": occ}
+
+    def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
+        from layerscope.analyses.common import layers_for
+        from layerscope.metrics.tokens import same_word_share, span_vectors
+        from layerscope.runtime.token_embed import embed_tokens
+
+        o = self.options(ctx)
+        layers = layers_for(ctx, run)
+        k_last = min(o.last_k, run.num_layers)
+        last = [str(i) for i in range(run.num_layers - k_last + 1, run.num_layers + 1)]
+        needed = layers + [x for x in last if x not in layers]
+        spec = ctx.spec if ctx.spec is not None else ctx
+        tv = embed_tokens(run.engine, data["texts"], needed, batch_tokens=spec.batch_tokens,
+                          max_length=spec.max_length)
+        occ = data["occurrences"]
+        where = [(t, a, b) for _, t, a, b in occ]
+        labels = [w for w, *_ in occ]
+        knn = min(o.knn, len(occ) - 1)
+        rows = []
+        for layer in layers:
+            share, _ = same_word_share(span_vectors([tv.layers[layer]], tv.spans, tv.offsets, where), labels, knn)
+            rows.append({"layer": layer, "same_word_share": share})
+        name = f"last{k_last}"
+        share, nbrs = same_word_share(span_vectors([tv.layers[x] for x in last], tv.spans, tv.offsets, where),
+                                      labels, knn)
+        rows.append({"layer": name, "same_word_share": share})
+        chance = float(np.mean([(labels.count(w) - 1) / (len(labels) - 1) for w in labels]))
+        shown = np.linspace(0, len(occ) - 1, min(o.examples, len(occ))).astype(int)
+        texts = data["texts"]
+        view = [{"word": labels[i], "text": int(occ[i][1]), "context": texts[occ[i][1]],
+                 "neighbours": [{"word": labels[j], "text": int(occ[j][1]), "context": texts[occ[j][1]]}
+                                for j in nbrs[i]]} for i in shown]
+        return {"summary": {"same_word_share": share, "vectors": name, "chance": chance, "knn": knn,
+                            "occurrences": len(occ), "words": data["words"]},
+                "layers": layers, "neighbours": view, "tables": {"word_context_layers": rows}}
+
+    def plots(self, results, out_dir: Path) -> list[str]:
+        from layerscope.report.plots import layer_lines
+
+        series = {}
+        for model, fig in results["per_model"].items():
+            rows = [r for r in fig["tables"]["word_context_layers"] if not r["layer"].startswith("last")]
+            series[model] = ([r["layer"] for r in rows], [r["same_word_share"] for r in rows])
+        chance = next(iter(results["per_model"].values()))["summary"]["chance"]
+        return [layer_lines(Path(out_dir) / "same_word_share.png", series, hline=chance,
+                            title="same word among an occurrence's nearest neighbours (line: chance)",
+                            ylabel="same-word share")]
+
+    def report(self, results) -> str:
+        from layerscope.report.writer import md_table
+
+        parts = []
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            parts.append(f"## {model}\n\n{s['occurrences']} occurrences of {', '.join(s['words'])}; same-word share "
+                         f"among {s['knn']} nearest neighbours with the {s['vectors']} vectors: "
+                         f"{s['same_word_share']:.3f} (chance {s['chance']:.3f}).\n")
+            parts.append(md_table(fig["tables"]["word_context_layers"], ["layer", "same_word_share"], digits=3))
+            for v in fig["neighbours"][:5]:
+                near = "; ".join(f"{n['word']} (text {n['text']})" for n in v["neighbours"])
+                parts.append(f"- **{v['word']}** in text {v['text']}: {near}")
+        return "\n".join(parts)
+
+    def console_summary(self, results, console) -> None:
+        for model, fig in results["per_model"].items():
+            s = fig["summary"]
+            rows = ", ".join(f"{r['layer']}: {r['same_word_share']:.2f}" for r in fig["tables"]["word_context_layers"])
+            console.print(f"{model}: same-word share ({s['knn']}-NN, chance {s['chance']:.2f}) {rows}")
