@@ -21,7 +21,7 @@ else
   echo "STS Benchmark not found at $sts; using the bundled example sentences" >&2
   "$py" -c "from layerscope.data import example_sentences as e; print('\n'.join(e()))" > "$work/corpus.txt"
 fi
-"$bin/inspect" engines
-"$bin/inspect" export minilm --out "$work/exports/minilm" --force
-"$bin/inspect" extract --model "$work/exports/minilm" --engine auto --input "$work/corpus.txt" \
+"$bin/layerscope" engines
+"$bin/layerscope" export minilm --out "$work/exports/minilm" --force
+"$bin/layerscope" extract --model "$work/exports/minilm" --engine auto --input "$work/corpus.txt" \
   --out "$work/stores/sts-test" --layers all --pooling mean,cls --force

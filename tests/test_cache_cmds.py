@@ -108,3 +108,40 @@ def test_a_recent_unfinished_export_is_left_for_its_writer(home, capsys):
     os.utime(partial, (t, t))
     cli(["cache", "clear"], capsys)
     assert not partial.exists()
+
+
+def test_clear_leaves_a_store_that_a_run_is_writing(home, bert_export, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from layerscope.runtime.store import LayerStore
+
+    words = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
+    rng = np.random.default_rng(3)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words, size=30)) for _ in range(3000)) + "\n", encoding="utf-8")
+    busy = home / "stores" / "sts-busy"
+    idle = _store_entry(home, "sts-idle", "/models/mine")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    writer = subprocess.Popen([sys.executable, "-m", "layerscope", "extract", "--model", str(bert_export),
+                               "--engine", "ort", "--input", str(corpus), "--out", str(busy), "--batch-tokens", "64",
+                               "--pooling", "mean", "--threads", "1"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and writer.poll() is None and not (busy / "store.json").exists():
+            time.sleep(0.05)
+        assert writer.poll() is None, writer.communicate()
+        code, out = cli(["cache", "clear", "--stores"], capsys)
+        running = writer.poll() is None
+    finally:
+        stdout, stderr = writer.communicate(timeout=300)
+    assert running, "the writer finished before the clear: the test proves nothing"
+    assert code == 0, out
+    flat = " ".join(out.split())
+    assert f"left alone {busy}: being written by another process right now" in flat, out
+    assert "removed 1 cache entry" in flat and not idle.exists()
+    assert writer.returncode == 0, stderr
+    assert LayerStore.open(busy).complete

@@ -205,3 +205,32 @@ def test_other_commands_interrupted_exit_130(capsys):
     cli_module.app.command("wait-for-test")(wait_for_test)
     code, text = cli(["wait-for-test"], capsys)
     assert code == 130 and "interrupted" in text and "Traceback" not in text
+
+
+def test_sigterm_during_extract_is_handled_like_ctrl_c(bert_export, tmp_path):
+    texts = corpus(4000, seed=6)
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "terminated"
+    cmd = [sys.executable, "-m", "layerscope", "extract", "--model", str(bert_export), "--engine", "ort",
+           "--input", str(path), "--out", str(out), "--batch-tokens", "64", "--pooling", "mean", "--threads", "1"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if int(np.load(out / "done.npy", mmap_mode="r").sum()) > 0:
+                break
+        except (ValueError, OSError):
+            pass
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be terminated"
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (stdout, stderr)
+    kept = int(LayerStore.open(out, allow_incomplete=True).done_mask().sum())
+    assert 0 < kept < 4000
+    assert f"interrupted: {kept:,} of 4,000 rows done; continue with --resume" in " ".join(stderr.split()), stderr
+    assert "Traceback" not in stderr
+    report = extract(bert_export, str(path), out, engine="ort", poolings=["mean"], batch_tokens=64, resume=True)
+    assert report.resumed_rows == kept and report.store.complete

@@ -82,7 +82,9 @@ def test_options_arrive_typed_with_every_default(recorded, capsys):
     defaults = {o.name: o.default for o in base.get_analysis("sts").metadata.options}
     assert ctx.options == {**defaults, "n_boot": 7, "probe": True, "probe_kind": "siamese"}
     assert type(ctx.options["n_boot"]) is int and ctx.options["probe_epochs"] is None
-    assert ctx.models == ["a", "b"] and ctx.poolings == ["mean", "cls"]  # the analysis's default poolings
+    # no --pooling: None, so each model gets the analysis's default for its family (sts: mean,cls for encoders,
+    # last,mean for decoders; tests/analyses/test_decoder_defaults.py)
+    assert ctx.models == ["a", "b"] and ctx.poolings is None
     assert recorded["name"] == "sts"
     ctx = _options_of("saliency", ["--eval-fraction", "0.25"], recorded, capsys)
     assert ctx.options["eval_fraction"] == 0.25 and ctx.options["k"] == 10

@@ -14,6 +14,19 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_umask_allows(path: Path) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would under the user's umask (tempfile makes its
+    directories 0700 and some writers their files 0600; a shared export must be readable as the user set)."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~umask())
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to a temporary sibling, fsync it, and rename it over ``path``."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -42,6 +55,7 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
     # the name says which process on which host stages it, so a later run can tell a killed one's leftovers
     stage = Path(tempfile.mkdtemp(prefix=f"{_stage_prefix(target)}{os.getpid()}-", dir=target.parent))
     try:
+        as_umask_allows(stage)  # mkdtemp's 0700 would become the final directory's mode
         if kind is not None:
             from layerscope.ownership import write_marker
 

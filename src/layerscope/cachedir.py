@@ -127,12 +127,42 @@ def clear(kinds: tuple[str, ...] = tuple(MARKERS), older_than_days: float | None
             continue
         if older_than_days is not None and entry.age_days < older_than_days:
             continue
-        shutil.rmtree(entry.path)  # removes links inside, never what they point to
+        release = _writer_lock(entry)
+        if release is None:
+            skipped.append(Skipped(entry.path, "being written by another process right now; left alone"))
+            continue
+        try:
+            shutil.rmtree(entry.path)  # removes links inside, never what they point to
+        finally:
+            release()
         removed.append(entry)
     hashes = root / "hashes"
     if set(kinds) == set(MARKERS) and older_than_days is None and hashes.is_dir() and not hashes.is_symlink():
         shutil.rmtree(hashes)
     return removed, skipped
+
+
+def _writer_lock(entry: Entry):
+    """Take the lock a writer of ``entry`` holds (a store's write lock, an export's file lock), so it is
+    never removed under a run that is filling it; a function releasing it, or None when it is held."""
+    if entry.kind == "stores":
+        from layerscope.runtime.store_lock import StoreLockedError, acquire, release
+
+        try:
+            fd = acquire(entry.path)
+        except StoreLockedError:
+            return None
+        return lambda: release(entry.path, fd)
+    if entry.kind == "exports":
+        from filelock import FileLock, Timeout
+
+        lock = FileLock(str(entry.path.parent / f".{entry.path.name}.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return None
+        return lock.release
+    return lambda: None
 
 
 def human_size(n: int) -> str:

@@ -48,6 +48,9 @@ def acquire(out: Path, *, error: type[LayerscopeError] = InputError,
     process holds it, ``error`` if it cannot be taken."""
     import fcntl
 
+    from layerscope.ownership import check_writable
+
+    check_writable(out)  # a read-only place is named as such, before its lock file is tried
     path = lock_path(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -335,7 +335,31 @@ def check_output_path(path: Path, option: str = "--out") -> Path:
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             raise InputError(f"{option} {path}: {p} is a file, not a directory; choose another {option}")
+    check_writable(path, option)
     return path
+
+
+def check_writable(path: Path, what: str = "--out") -> None:
+    """One line, before any work, when ``path`` (or the nearest folder that exists above it, where it
+    would be made) cannot be written: a read-only file system, or a folder without write permission.
+    A path inside layerscope's cache root is named as the cache (``LAYERSCOPE_HOME``), which the user
+    chose rather than ``what``."""
+    import os
+
+    path = Path(path)
+    here = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if here is None or not here.is_dir() or os.access(here, os.W_OK | os.X_OK):
+        return  # a file in the way is check_output_path's line
+    try:
+        readonly = bool(os.statvfs(here).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly = False
+    why = "is on a read-only file system" if readonly else "is not writable by this user"
+    home = Path(os.environ.get("LAYERSCOPE_HOME", Path.home() / ".cache" / "layerscope")).absolute()
+    if path.absolute() == home or home in path.absolute().parents:
+        raise InputError(f"layerscope's cache {home} cannot be written: {here} {why}; set LAYERSCOPE_HOME "
+                         "to a writable folder")
+    raise InputError(f"{what} {path} cannot be written: {here} {why}; choose a writable place")
 
 
 def claim(path: str | Path, kind: str, *, force: bool = False, keep: bool = False,

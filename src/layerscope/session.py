@@ -107,7 +107,10 @@ class EmbeddingModel:
         canonical = list(dict.fromkeys(name for _, name in pairs))
         got = embed(self.engine.model, texts, engine=self.engine, layers=canonical, poolings=pool_list,
                     batch_tokens=batch_tokens, max_length=max_length, prompt_name=prompt_name, prompt=prompt)
-        return {(p.strip(), key): got[p.strip(), name] for p in pool_list for key, name in pairs}
+        from layerscope.vocab.layers import LayerVectors
+
+        return LayerVectors({(p.strip(), key): got[p.strip(), name] for p in pool_list for key, name in pairs},
+                            self.num_layers)  # takes ("mean", 6), ("mean", -1) or ("mean", "6") as a LayerStore does
 
     def encode(self, texts: str | Iterable[str], *, pooling: str | None = None, layer=-1,
                prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:

@@ -139,3 +139,14 @@ def test_saliency_txt_file_has_no_labels(tiny_model, tmp_path):
     with pytest.raises(InputError, match="a labeled file is needed"):
         run_analysis("saliency", _ctx(tiny_model, tmp_path, data=str(p), options={"k": 2, "objective": "probe",
                                                                                   "eval_fraction": 0.5}))
+
+
+def test_saliency_help_names_the_integrated_gradients_baseline(capsys):
+    from cli_helpers import run_cli
+
+    import re
+
+    code, text = run_cli(["run", "saliency", "--help"], capsys)
+    flat = " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())  # without the help panel's box lines
+    assert code == 0, text
+    assert "from a mask baseline" in flat and "not captum's default all-zero embeddings" in flat, text

@@ -190,9 +190,12 @@ def test_compositionality_item_without_paraphrases_fails_before_models(tmp_path)
     assert not (tmp_path / "c").exists()
 
 
-def _by_hand_quantized(v: np.ndarray, i1: np.ndarray, i2: np.ndarray, scores: np.ndarray) -> dict:
+def _by_hand_quantized(v: np.ndarray, i1: np.ndarray, i2: np.ndarray, scores: np.ndarray, relevant: float = 4.0,
+                       seed: int = 0) -> dict:
     """Spearman and MRR of float32, binary and int8 versions of ``v``, written out with plain numpy/scipy
-    (nothing from layerscope.analyses): sign bits and Hamming distance; per-dimension min/max int8."""
+    (nothing from layerscope.analyses): sign bits and Hamming distance; per-dimension min/max int8 with the
+    ranges of each half of the texts taken from the other half (seeded permutation); retrieval queries are the
+    pairs scored at least ``relevant``."""
     from scipy.stats import spearmanr
 
     def cos(a, b):
@@ -203,7 +206,9 @@ def _by_hand_quantized(v: np.ndarray, i1: np.ndarray, i2: np.ndarray, scores: np
         recip = []
         for q_idx, d_idx in ((i1, i2), (i2, i1)):
             docs = sorted(set(d_idx.tolist()))
-            for q, d in zip(q_idx, d_idx):
+            for q, d, score in zip(q_idx, d_idx, scores):
+                if score < relevant:
+                    continue
                 s = np.array([score_fn(q, doc) for doc in docs])
                 right = s[docs.index(d)]
                 rank = 1 + (s > right).sum() + ((s == right).sum() - 1) / 2  # ties share the mean rank
@@ -212,10 +217,14 @@ def _by_hand_quantized(v: np.ndarray, i1: np.ndarray, i2: np.ndarray, scores: np
 
     bits = v > 0
     hamming = lambda a, b: (bits[a] != bits[b]).sum(-1)  # noqa: E731
-    lo, hi = v.min(0).astype(np.float64), v.max(0).astype(np.float64)
-    scale = (hi - lo) / 255
-    codes = np.clip(np.round((v - (lo + 128 * scale)) / scale), -128, 127)
-    deq = (codes * scale + lo + 128 * scale).astype(np.float32)
+    order = np.random.default_rng(seed).permutation(len(v))
+    halves = (order[: len(v) // 2], order[len(v) // 2:])
+    deq = np.empty_like(v)
+    for rows, other in ((halves[0], halves[1]), (halves[1], halves[0])):
+        lo, hi = v[other].min(0).astype(np.float64), v[other].max(0).astype(np.float64)
+        scale = (hi - lo) / 255
+        codes = np.clip(np.round((v[rows] - (lo + 128 * scale)) / scale), -128, 127)
+        deq[rows] = (codes * scale + lo + 128 * scale).astype(np.float32)
     unit = lambda x: x.astype(np.float64) / np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)  # noqa: E731
     uf, ud = unit(v), unit(deq)
     with warnings.catch_warnings():

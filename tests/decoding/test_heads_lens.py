@@ -139,6 +139,31 @@ def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
     assert p["rank_mismatch_fraction"] == 0.0 and p["top1_mismatch_fraction"] == 0.0
 
 
+def _hf_causal_lens(path, inputs, k):
+    """The logit lens written out on transformers' own GPT-2 (not layerscope's head): every layer below the
+    last through ln_f and lm_head, the last as the model's own logits; the target is the next token, the
+    rank 1 + the number of logits strictly above the target's (0 where there is no next token)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    with torch.no_grad():
+        out = lm(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        logits = [lm.lm_head(lm.transformer.ln_f(h)) for h in out.hidden_states[:-1]] + [out.logits]
+    target = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+    valid = (mask > 0) & (torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], dim=1) > 0)
+    ranks, top_ids, top_probs = [], [], []
+    for lg in logits:
+        above = (lg > torch.gather(lg, -1, target.unsqueeze(-1))).sum(-1) + 1
+        ranks.append(torch.where(valid, above, torch.zeros_like(above)).numpy())
+        p, i = torch.topk(torch.softmax(lg, -1), k, dim=-1)
+        top_ids.append(i.numpy())
+        top_probs.append(p.numpy())
+    return SimpleNamespace(rank=np.stack(ranks), topk_ids=np.stack(top_ids), topk_probs=np.stack(top_probs))
+
+
 def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
     """The traced head alone (fed torch hidden states), for a decoder with its final norm."""
     from layerscope.decoding.lens_onnx import OUTPUTS, _trace_head, run_onnx_lens
@@ -147,7 +172,7 @@ def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
     handle, model, inputs = _setup(tiny_model("gpt2"))
     path = tmp_path / "head.onnx"
     _trace_head(model, 3, int(handle.manifest["hidden_size"]), 18, path)
-    ref = torch_lens(model, inputs, list(range(model.num_layers + 1)), 3)
+    ref = _hf_causal_lens(tiny_model("gpt2"), inputs, 3)
     with torch.no_grad():
         hidden = model.base(**inputs, output_hidden_states=True).hidden_states
     feed = {f"hidden_states.{i}": h.numpy() for i, h in enumerate(hidden)}
@@ -155,8 +180,9 @@ def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
     r, ids, p = run_onnx_lens(make_session(path, "CPUExecutionProvider"), feed)
     assert [o.name for o in make_session(path, "CPUExecutionProvider").get_outputs()] == list(OUTPUTS)
     assert np.array_equal(r, ref.rank)
-    assert np.array_equal(ids[..., 0], ref.topk_ids[..., 0])
-    np.testing.assert_allclose(p, ref.topk_probs, atol=1e-5)
+    real = inputs["attention_mask"].numpy().astype(bool)  # padding is in no figure (and GPT-2 pads differently)
+    assert np.array_equal(ids[:, real, 0], ref.topk_ids[:, real, 0])
+    np.testing.assert_allclose(p[:, real], ref.topk_probs[:, real], atol=1e-5)
 
 
 def test_lens_k_errors(tiny_model, tmp_path):

@@ -48,3 +48,26 @@ def test_external_data_when_the_model_is_big(tiny_model, tmp_path, monkeypatch):
     for mode in got:
         np.testing.assert_allclose(got[mode], ref[mode], atol=1e-4)
     assert json.loads((out / "manifest.json").read_text())["parity"]["outputs"]["pooled.last"]["max_abs"] < 1e-4
+
+
+@pytest.mark.parametrize("drift, refused", [(2e-3, True), (2e-5, False)])
+def test_the_default_tolerance_catches_a_small_drift(drift, refused, tiny_model, tmp_path, monkeypatch):
+    """An ONNX graph that drifts 2e-3 from PyTorch in one layer is refused with the default tolerance (the one
+    cached exports and the Python API use), while fp32 noise of 2e-5 passes: a default loosened to 0.1 (or
+    tightened below float32 noise) fails here."""
+    import layerscope.engines.torch as torch_engine
+
+    real = torch_engine.torch_forward
+
+    def drifted(net, word_embeddings, inputs, device="cpu"):
+        raw, hidden, out = real(net, word_embeddings, inputs, device)
+        return raw, tuple(h + drift if i == 1 else h for i, h in enumerate(hidden)), out
+
+    monkeypatch.setattr(torch_engine, "torch_forward", drifted)  # the reference the export is checked against
+    out = tmp_path / "onnx"
+    if refused:
+        with pytest.raises(ExportError, match=r"does not match PyTorch: worst output \S+ differs by 0.002"):
+            exporter.export_model(str(tiny_model("bert")), out)
+        assert not out.exists()
+    else:
+        assert exporter.export_model(str(tiny_model("bert")), out)["parity"]["tolerance_abs"] > 0

@@ -232,7 +232,20 @@ class Alignment(Analysis):
                         continue
                     cf = category_figures(src[idx], tgt[idx], n_perm=o.permutations, seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
-        main = "mean" if "mean" in poolings else poolings[0]
+        # the headline follows the model's own pooling (a decoder's is 'last'), when it was run
+        own = run.handle.manifest.get("default_pooling", "mean")
+        main = own if own in poolings else "mean" if "mean" in poolings else poolings[0]
+
+        def figures_of(pooling: str) -> dict[str, Any]:
+            rows = [r for r in layer_rows if r["pooling"] == pooling]
+            ok = [r for r in rows if r["z"] is not None]
+            top = max(ok, key=lambda r: r["z"]) if ok else None
+            top_acc = max(rows, key=lambda r: r["acc@1_src2tgt"])
+            return {"z": rows[-1]["z"], "layer": rows[-1]["layer"],
+                    "acc@1_src2tgt": rows[-1]["acc@1_src2tgt"], "acc@1_tgt2src": rows[-1]["acc@1_tgt2src"],
+                    "best_z": top["z"] if top else None, "best_z_layer": top["layer"] if top else None,
+                    "best_acc@1_src2tgt": top_acc["acc@1_src2tgt"], "best_acc@1_layer": top_acc["layer"]}
+
         compare = z_rows_for_comparison(run.num_layers, [r for r in layer_rows if r["pooling"] == main], vecs, main, n)
         mine = [r for r in layer_rows if r["pooling"] == main]
         defined = [r for r in mine if r["z"] is not None]
@@ -259,6 +272,7 @@ class Alignment(Analysis):
             "best_z": best["z"] if best else None, "best_z_layer": best["layer"] if best else None,
             "best_acc@1_src2tgt": best_acc["acc@1_src2tgt"], "best_acc@1_layer": best_acc["layer"],
             "n_pairs": n, "duplicates": data.duplicates, "faiss": backend,
+            "by_pooling": {p: figures_of(p) for p in poolings},
         }
         hit = sorted({j for by_layer in shown.values() for got in by_layer.values() for row in got["ids"] for j in row
                       if j >= 0} | {int(q) for q in queries})
@@ -352,8 +366,10 @@ class Alignment(Analysis):
     def console_summary(self, results, console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results["per_model"].items():
-            t = Table(title=f"alignment - {model} ({results['combined'].get('data', {}).get('n')} pairs)")
+            t = Table(title=f"alignment - {esc(model)} ({results['combined'].get('data', {}).get('n')} pairs)")
             for c in ("pooling", "layer", "matched", "scrambled", "z", "acc@1 s>t", "acc@1 t>s", "MRR s>t",
                       "mutual kNN", "|d| PC0"):
                 t.add_column(c, justify="right" if c not in ("pooling",) else "left")
@@ -363,8 +379,10 @@ class Alignment(Analysis):
                           _f(r["mutual_knn"]), _f(r["pc0_abs_d"], 2))
             console.print(t)
             s = fig["summary"]
-            console.print(f"{model}: {s['pooling']} pooling, last layer z = {_f(s['z'], 1)}, best z "
-                          f"{_f(s['best_z'], 1)} at layer {s['best_z_layer']}; nearest neighbours: {s.get('faiss')}")
+            for p, h in (s.get("by_pooling") or {s["pooling"]: s}).items():
+                console.print(f"{esc(model)}: {p} pooling{' (headline)' if p == s['pooling'] else ''}, last layer "
+                              f"z = {_f(h['z'], 1)}, best z {_f(h['best_z'], 1)} at layer {h['best_z_layer']}")
+            console.print(f"nearest neighbours: {esc(s.get('faiss'))}")
 
 
 def _f(v, digits: int = 3) -> str:

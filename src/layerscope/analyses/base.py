@@ -141,7 +141,9 @@ class Context:
 
     def say(self, msg: str) -> None:
         if self.console is not None:
-            self.console.print(f"[dim]- {msg}[/dim]")
+            from rich.markup import escape
+
+            self.console.print(f"[dim]- {escape(msg)}[/dim]")
 
     def vectors(self, run: ModelRun, texts: list[str], *, layers: list[str], poolings: list[str],
                 tag: str = "") -> dict[tuple[str, str], np.ndarray]:
@@ -161,8 +163,9 @@ class Analysis(ABC):
         return None
 
     def default_poolings(self, handle) -> list[str]:
-        """The poolings of a model when the run names none (the CLI passes the metadata's own)."""
-        return ["mean"]
+        """The poolings of a model when the run names none: the metadata's own (an analysis may choose them
+        per model, e.g. from the family: ``vocab.pooling.family_poolings``)."""
+        return list(self.metadata.default_poolings)
 
     def option_values(self, ctx: Context) -> dict[str, Any]:
         """Every declared option: its value in ``ctx.options``, else its default (library callers may give few)."""
@@ -330,10 +333,21 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     meta = cls.metadata
     if not ctx.models:
         raise InputError("give at least one --model")
+    if ctx.out is not None:  # a read-only --out is one line before any model starts
+        from layerscope.ownership import check_output_path
+
+        check_output_path(Path(ctx.out))
     declared = engine_spec(ctx.engine)  # an unknown --engine is one line, before anything runs
     if meta.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
                          f"drop --engine {ctx.engine} or use --engine torch")
+    from layerscope.export.open import require_engine
+    from layerscope.vocab.pooling import check_poolings
+
+    if not meta.needs_gradients:
+        require_engine(ctx.engine)  # can it start here at all? before any model is read, hashed or exported
+    if ctx.poolings:
+        check_poolings(ctx.poolings)
     t0 = time.perf_counter()
     given = dict(ctx.options)
     engine_options = dict(given.pop("engine_options", None) or {})

@@ -24,13 +24,30 @@ PAIR_COLUMN_OPTIONS = (
 def layers_for(ctx, run) -> list[str]:
     """The run's layers: resolved once where the run started (run_analysis), else here."""
     if run.layers is not None:
-        return run.layers
-    from layerscope.vocab.layers import resolve_layers
+        layers = run.layers
+    else:
+        from layerscope.vocab.layers import resolve_layers
 
-    try:
-        return resolve_layers(ctx.layers, run.num_layers)
-    except InputError as exc:
-        raise InputError(f"--layers {ctx.layers}: {exc}") from None
+        try:
+            layers = resolve_layers(ctx.layers, run.num_layers)
+        except InputError as exc:
+            raise InputError(f"--layers {ctx.layers}: {exc}") from None
+    note = raw_note(run.handle.manifest, layers)
+    if note:
+        ctx.say(note)
+    return layers
+
+
+def raw_note(manifest, layers) -> str | None:
+    """Where both ``raw`` and layer 0 are shown for a family whose layer 0 is the raw word embeddings
+    (no position embeddings or norm added: Qwen), one line saying they are the same by construction."""
+    from layerscope.model.families import FAMILIES
+
+    family = FAMILIES.get(manifest.get("family"))
+    if family is None or not family.raw_is_layer0 or not {"raw", "0"} <= set(map(str, layers)):
+        return None
+    return (f"{manifest.get('family')}: 'raw' and layer 0 are the same vectors by construction (layer 0 is the "
+            "word embeddings, nothing added), so their figures are equal")
 
 
 def resolve_poolings(ctx, handle, default=("mean",)) -> list[str]:

@@ -79,6 +79,12 @@ class Compositionality(Analysis):
         ctx.say(f"{len(items)} items from {ctx.data} (categories: {', '.join(cats)})")
         return items
 
+    def default_poolings(self, handle) -> list[str]:
+        """The family's own when it has them (decoders: last and mean; CLIP: eos), else mean and cls."""
+        from layerscope.vocab.pooling import family_poolings
+
+        return family_poolings(handle.manifest, self.metadata.default_poolings)
+
     def compute(self, ctx: Context, run: ModelRun, items) -> ModelOutput:
         from layerscope.metrics.comparison import compositionality_summary
 

@@ -217,9 +217,11 @@ class Lens(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results["per_model"].items():
-            console.print(f"[bold]{model}[/bold]: head = {fig['head']['kind']} ({fig['summary']['computed_by']})")
-            table = Table(title=f"logit lens by layer (target: {fig['summary']['target']})")
+            console.print(f"[bold]{esc(model)}[/bold]: head = {esc(fig['head']['kind'])} ({esc(fig['summary']['computed_by'])})")
+            table = Table(title=f"logit lens by layer (target: {esc(fig['summary']['target'])})")
             for col in ("layer", "mean rank", "median rank", "top-1 = target", "top-1 = last layer"):
                 table.add_column(col, justify="right")
             for r in fig["tables"]["lens_by_layer"]:

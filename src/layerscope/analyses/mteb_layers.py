@@ -255,13 +255,15 @@ class MtebAnalysis(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, figures in results.get("per_model", {}).items():
-            t = Table(title=f"{model}: MTEB main score per layer")
+            t = Table(title=f"{esc(model)}: MTEB main score per layer")
             for col in ("task", "pooling", "layer", "main score"):
                 t.add_column(col)
             for r in figures["tables"]["layers"]:
                 score = r["main_score"]
-                t.add_row(r["task"], r["pooling"], r["layer"], "undefined" if score is None else f"{score:.4f}")
+                t.add_row(esc(r["task"]), r["pooling"], r["layer"], "undefined" if score is None else f"{score:.4f}")
             console.print(t)
 
 

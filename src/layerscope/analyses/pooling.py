@@ -36,20 +36,47 @@ def truncation_sizes(hidden: int) -> list[int]:
     return ks + [hidden]
 
 
-class RetrievalSet:
-    """Queries (pair sides) against the distinct sentences of the other side, both directions."""
+RELEVANT_SCORE = 4.0  # STS 0-5: "mostly equivalent" and above
 
-    def __init__(self, pairs):
+
+class RetrievalSet:
+    """Queries (pair sides) against the distinct sentences of the other side, both directions.
+
+    Only pairs whose human score is at least ``min_score`` are queries: an unrelated pair (scored 0) is no
+    match to find.  Every distinct sentence of the other side stays a document (a distractor)."""
+
+    def __init__(self, pairs, min_score: float = RELEVANT_SCORE):
         texts, i1, i2 = pairs.unique_texts()
         self.texts = texts
+        self.min_score = float(min_score)
+        relevant = np.asarray(pairs.scores, dtype=np.float64) >= self.min_score
+        self.relevant_pairs = int(relevant.sum())
         self.directions = []
         for q_idx, d_idx in ((i1, i2), (i2, i1)):
             docs, correct = np.unique(d_idx, return_inverse=True)
-            self.directions.append((q_idx, docs, correct.astype(np.int64)))
+            self.directions.append((np.asarray(q_idx)[relevant], docs, correct.astype(np.int64)[relevant]))
 
     def describe(self) -> dict:
         return {"queries": int(sum(len(q) for q, _, _ in self.directions)),
-                "documents": [int(len(d)) for _, d, _ in self.directions]}
+                "documents": [int(len(d)) for _, d, _ in self.directions],
+                "relevant_score": self.min_score, "relevant_pairs": self.relevant_pairs}
+
+
+def int8_held_out(v: np.ndarray, seed: int) -> np.ndarray:
+    """int8 round trip of every row with per-dimension ranges calibrated on the other half of the rows (two
+    folds, seeded): no vector is encoded with ranges made from itself, as in use, where the ranges come from
+    a sample before the corpus is indexed."""
+    from layerscope.metrics.quantization import int8_dequantize, int8_quantize
+
+    if len(v) < 2:
+        raise InputError("int8 calibration on a held-out half needs at least 2 texts")
+    order = np.random.default_rng(seed).permutation(len(v))
+    halves = (order[: len(v) // 2], order[len(v) // 2:])
+    out = np.empty_like(v, dtype=np.float32)
+    for rows, calibration in ((halves[0], halves[1]), (halves[1], halves[0])):
+        q, scale, offset = int8_quantize(v[rows], calibration=v[calibration])
+        out[rows] = int8_dequantize(q, scale, offset)
+    return out
 
 
 def _retrieval_float(vectors: np.ndarray, rs: RetrievalSet) -> dict:
@@ -81,6 +108,8 @@ class Pooling(Analysis):
         options=(
             *PAIR_COLUMN_OPTIONS,
             Option("n_boot", int, 1000, "bootstrap resamples for the float32 Spearman intervals (0: none)"),
+            Option("relevant_score", float, RELEVANT_SCORE, "retrieval counts a pair as a match to find only when "
+                   "its human score is at least this (STS scores run 0-5)"),
         ),
     )
 
@@ -97,11 +126,14 @@ class Pooling(Analysis):
         o = self.options(ctx)
         pairs = read_pairs(data, sentence1=o.sentence1, sentence2=o.sentence2, score=o.score)
         ctx.say(f"{data}: {len(pairs)} pairs")
+        least = RELEVANT_SCORE if o.relevant_score is None else o.relevant_score
+        if not (np.asarray(pairs.scores, dtype=np.float64) >= least).any():
+            raise InputError(f"no pair in {data} has a score of at least {least} (--relevant-score), so retrieval "
+                             f"has nothing to find; scores run {min(pairs.scores)} to {max(pairs.scores)}")
         return pairs
 
     def compute(self, ctx: Context, run: ModelRun, pairs) -> ModelOutput:
-        from layerscope.metrics.quantization import (binary_quantize, hamming_similarity, int8_dequantize,
-                                                     int8_quantize, retention, truncate_dims)
+        from layerscope.metrics.quantization import binary_quantize, hamming_similarity, retention, truncate_dims
         from layerscope.metrics.vectors import paired_cosine
 
         L = run.num_layers
@@ -116,7 +148,11 @@ class Pooling(Analysis):
         last4 = [str(i) for i in range(max(1, L - 3), L + 1)]
         layers = list(dict.fromkeys(last4 + ([str(L - 1)] if L >= 2 else [])))
         need_pool = list(dict.fromkeys(poolings + ["mean"]))
-        rs = RetrievalSet(pairs)
+        least = self.options(ctx).relevant_score
+        rs = RetrievalSet(pairs, RELEVANT_SCORE if least is None else least)
+        notes.append(f"retrieval: {rs.relevant_pairs} of {len(pairs)} pairs have a score of at least {rs.min_score:g} "
+                     "and are the matches to find; int8 ranges are calibrated on a held-out half of the texts "
+                     "(two folds), never on the vectors they encode")
         vecs = ctx.vectors(run, rs.texts, layers=layers, poolings=need_pool, tag="pooling")
         _, i1, i2 = pairs.unique_texts()
         variants: list[tuple[str, str, str, np.ndarray]] = [(f"{p}@{L}", p, str(L), vecs[p, str(L)]) for p in poolings]
@@ -148,8 +184,7 @@ class Pooling(Analysis):
             quant("float32", 32, sims, ret)
             codes = binary_quantize(v)
             quant("binary", 1, hamming_similarity(codes[i1], codes[i2], dim=hidden), _retrieval_binary(codes, hidden, rs))
-            q, scale, offset = int8_quantize(v)
-            deq = int8_dequantize(q, scale, offset)
+            deq = int8_held_out(v, ctx.seed)
             quant("int8", 8, paired_cosine(deq[i1], deq[i2]), _retrieval_float(deq, rs))
             for k in truncation_sizes(hidden):
                 t = np.ascontiguousarray(truncate_dims(v, k))
@@ -266,9 +301,11 @@ class Pooling(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results.get("per_model", {}).items():
             q = {(r["variant"], r["method"]): r for r in fig["tables"]["quantization"]}
-            table = Table(title=f"{model}: vector choices (STS Spearman / retrieval MRR; share kept when quantized)")
+            table = Table(title=f"{esc(model)}: vector choices (STS Spearman / retrieval MRR; share kept when quantized)")
             for c in ("variant", "Spearman", "MRR", "acc@1", "binary kept", "int8 kept"):
                 table.add_column(c, justify="left" if c == "variant" else "right")
             for r in fig["tables"]["variants"]:
@@ -278,7 +315,7 @@ class Pooling(Analysis):
                               f"{_f(i['retention_spearman'], 3)} / {_f(i['retention_mrr'], 3)}")
             console.print(table)
             for n in fig["summary"].get("notes", []):
-                console.print(f"[dim]{n}[/dim]")
+                console.print(f"[dim]{esc(n)}[/dim]")
 
 
 def _f(v, digits: int = 4) -> str:

@@ -197,6 +197,8 @@ class Similarity(Analysis):
             ps = generate_pairs(o.n, ctx.seed)
             texts = [p.source for p in ps] + [p.target for p in ps]
             origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
+            ctx.say(f"no --data or --store given: comparing layers on {len(texts)} texts of {origin}; "
+                    "give --data FILE for your own texts")
         if len(texts) < 4:
             raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
         return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling}
@@ -320,8 +322,10 @@ class Similarity(Analysis):
     def console_summary(self, results, console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         def show(title, m, ra, ca):
-            t = Table(title=title)
+            t = Table(title=esc(title))
             t.add_column("layer")
             for c in ca:
                 t.add_column(c, justify="right")
@@ -332,8 +336,8 @@ class Similarity(Analysis):
         for model, fig in results["per_model"].items():
             show(f"linear CKA between layers - {model}", fig["linear_cka"], fig["layers"], fig["layers"])
             s = fig["summary"]
-            console.print(f"{model}: mean adjacent-layer CKA {s['mean_adjacent_cka']:.3f}" if s["mean_adjacent_cka"]
-                          is not None else f"{model}: CKA undefined")
+            console.print(f"{esc(model)}: mean adjacent-layer CKA {s['mean_adjacent_cka']:.3f}"
+                          if s["mean_adjacent_cka"] is not None else f"{esc(model)}: CKA undefined")
         cross = results.get("combined", {}).get("cross")
         if cross:
             show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns)", cross["linear_cka"],

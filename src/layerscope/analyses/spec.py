@@ -200,6 +200,9 @@ def load_results(path: str | Path) -> SavedResults:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path} is not valid JSON ({exc})") from None
+    except RecursionError:  # nested deeper than the JSON reader goes: never what layerscope writes
+        raise InputError(f"{path} is nested too deeply to read; it was not written by layerscope run: "
+                         "re-run layerscope run") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("analysis"), str):
         raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
     fmt = doc.get("format", 0)

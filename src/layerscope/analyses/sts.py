@@ -108,6 +108,12 @@ class STS(Analysis):
         return out
 
     # ------------------------------------------------------------ compute
+    def default_poolings(self, handle) -> list[str]:
+        """The family's own when it has them (decoders: last and mean; CLIP: eos), else mean and cls."""
+        from layerscope.vocab.pooling import family_poolings
+
+        return family_poolings(handle.manifest, self.metadata.default_poolings)
+
     def compute(self, ctx: Context, run: ModelRun, data: dict[str, Any]) -> ModelOutput:
         from layerscope.analyses.compare import correlation_rows
         from layerscope.metrics.vectors import paired_cosine
@@ -145,7 +151,8 @@ class STS(Analysis):
                                 f"scipy.stats.bootstrap, seed {ctx.seed})" if n_boot else None}
         figures: dict[str, Any] = {"summary": summary, "tables": {"layers": rows}}
         if self.options(ctx).probe:
-            figures["probe"] = self._probe(ctx, run, data, layers, poolings[0], vecs, i1, i2, n_boot)
+            figures["probe"] = _every_pooling([self._probe(ctx, run, data, layers, p, vecs, i1, i2, n_boot)
+                                               for p in poolings])
             figures["tables"]["probe"] = figures["probe"]["rows"]
             summary["probe_spearman"] = {r["name"]: r["spearman"] for r in figures["probe"]["rows"]}
         return ModelOutput(figures, compare=compare)
@@ -299,7 +306,7 @@ class STS(Analysis):
     def console_summary(self, results: dict[str, Any], console) -> None:
         from rich.table import Table
 
-        from layerscope.report.console import layer_by_pooling_table
+        from layerscope.report.console import esc, layer_by_pooling_table
 
         def spearman_cell(r):
             if r["spearman"] is None:
@@ -317,12 +324,25 @@ class STS(Analysis):
             if b:
                 console.print(f"best: layer {b['layer']} ({b['pooling']}) Spearman {b['spearman']:.4f}")
             if fig.get("probe"):
-                pt = Table(title=f"{model}: probes vs single layers (test)")
+                pt = Table(title=f"{esc(model)}: probes vs single layers (test)")
                 for c in ("model", "Spearman", "Pearson"):
                     pt.add_column(c, justify="right" if c != "model" else "left")
                 for r in fig["probe"]["rows"]:
-                    pt.add_row(r["name"], _f(r["spearman"]), _f(r["pearson"]))
+                    pt.add_row(esc(r["name"]), _f(r["spearman"]), _f(r["pearson"]))
                 console.print(pt)
+
+
+def _every_pooling(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One probe record over every pooling asked for: each row and training record names its pooling (in the
+    row's name too when there are several), so probes are compared with the layers of their own pooling."""
+    several = len(probes) > 1
+    rows, training = [], {}
+    for probe in probes:
+        p = probe["pooling"]
+        label = (lambda name: f"{p}: {name}") if several else (lambda name: name)
+        rows += [{**r, "pooling": p, "name": label(r["name"])} for r in probe["rows"]]
+        training.update({label(name): rec for name, rec in probe["training"].items()})
+    return {**probes[0], "poolings": [p["pooling"] for p in probes], "rows": rows, "training": training}
 
 
 def _f(v) -> str:

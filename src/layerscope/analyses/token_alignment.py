@@ -142,8 +142,10 @@ class TokenAlignment(Analysis):
     def console_summary(self, results, console) -> None:
         from rich.table import Table
 
+        from layerscope.report.console import esc
+
         for model, fig in results["per_model"].items():
-            t = Table(title=f"token_alignment - {model}")
+            t = Table(title=f"token_alignment - {esc(model)}")
             for c in ("layer", "shared", "specific", "special", "first", "z", "z w/o shared"):
                 t.add_column(c, justify="right")
             for r in fig["tables"]["token_alignment_layers"]:

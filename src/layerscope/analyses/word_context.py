@@ -155,7 +155,9 @@ class WordContext(Analysis):
         return "\n".join(parts)
 
     def console_summary(self, results, console) -> None:
+        from layerscope.report.console import esc
+
         for model, fig in results["per_model"].items():
             s = fig["summary"]
             rows = ", ".join(f"{r['layer']}: {r['same_word_share']:.2f}" for r in fig["tables"]["word_context_layers"])
-            console.print(f"{model}: same-word share ({s['knn']}-NN, chance {s['chance']:.2f}) {rows}")
+            console.print(f"{esc(model)}: same-word share ({s['knn']}-NN, chance {s['chance']:.2f}) {rows}")

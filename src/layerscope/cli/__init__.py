@@ -20,7 +20,35 @@ from layerscope.cli import export_cmds, store_cmds, analysis_cmds, index_cmds, b
 __all__ = ["app", "main"]
 
 
+_SIGNALLED: list[int] = []  # the signal that stopped this run, when it was SIGTERM
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (what schedulers send before SIGKILL) stops a run the way Ctrl-C does: the work done is kept
+    and the same resume hint is printed; the exit code is then 143 (128 + SIGTERM)."""
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt
+
+
+def _interrupt_code(code: int = 130) -> int:
+    return 128 + _SIGNALLED[-1] if _SIGNALLED else code
+
+
 def main(argv: list[str] | None = None) -> None:
+    import signal
+    import threading
+
+    _SIGNALLED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> None:
     from rich.markup import escape
 
     from layerscope.errors import Interrupted, LayerscopeError
@@ -30,8 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         # exiting, so the code must be passed on here (dropping it made Ctrl-C exit 0).
         code = app(args=argv, standalone_mode=False, prog_name="layerscope")
     except Interrupted as exc:  # the library's own Ctrl-C message: how much was kept, how to continue
-        err_console().print(f"[yellow]{exc}[/yellow]", soft_wrap=True)
-        sys.exit(exc.exit_code)
+        err_console().print(f"[yellow]{escape(str(exc))}[/yellow]", soft_wrap=True)
+        sys.exit(_interrupt_code(exc.exit_code))
     except LayerscopeError as exc:
         if STATE["debug"]:
             raise
@@ -40,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:  # outside typer's own handling (e.g. while it starts)
         err_console().print("[yellow]interrupted[/yellow]")
-        sys.exit(130)
+        sys.exit(_interrupt_code())
     except Exception as exc:  # usage errors and the unexpected
         # typer >= 0.29 carries its own click; older typer uses the click package
         exit_cls, abort_cls = getattr(typer, "Exit", None), getattr(typer, "Abort", None)
@@ -52,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
             sys.exit(exc.exit_code)
         if abort_cls is not None and isinstance(exc, abort_cls):
-            sys.exit(130)
+            sys.exit(_interrupt_code())
         if STATE["debug"]:
             raise
         err_console().print(f"[bold red]internal error:[/bold red] {type(exc).__name__}: {escape(str(exc))} "
@@ -61,4 +89,5 @@ def main(argv: list[str] | None = None) -> None:
     if isinstance(code, int) and not isinstance(code, bool) and code != 0:
         if code == 130:
             err_console().print("[yellow]interrupted[/yellow]")
+            code = _interrupt_code()
         sys.exit(code)

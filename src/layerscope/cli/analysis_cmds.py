@@ -166,7 +166,7 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
     data = data_source(data, dataset, config, split, "--data", required=False)
     c = console()
     context = Context(models=list(model), engine=engine, layers=layers,
-                      poolings=split_list(pooling) or list(cls.metadata.default_poolings), data=data,
+                      poolings=split_list(pooling), data=data,
                       out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
                       force=force, trust_remote_code=trust_remote_code, max_length=max_length,
                       batch_tokens=batch_tokens)
@@ -176,11 +176,13 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
     from layerscope.report.compare import print_comparison
 
     print_comparison(results, c)
+    from rich.markup import escape
+
     if outcome.reused:
-        c.print(f"[bold green]reused[/bold green] {result_dir}/ (same models, data and options; "
+        c.print(f"[bold green]reused[/bold green] {escape(str(result_dir))}/ (same models, data and options; "
                 "--recompute runs it again)")
     else:
-        c.print(f"[bold green]wrote[/bold green] {result_dir}/ (results.json, report.md, tables, plots)")
+        c.print(f"[bold green]wrote[/bold green] {escape(str(result_dir))}/ (results.json, report.md, tables, plots)")
 
 
 @app.command()
@@ -188,8 +190,10 @@ def report(result_dir: Path = typer.Argument(..., help="A directory written by l
     """Re-render the plots, tables and report.md of a result directory from results.json alone."""
     from layerscope.analyses.base import rerender
 
+    from rich.markup import escape
+
     plots = rerender(result_dir)
-    console().print(f"[bold green]re-rendered[/bold green] {result_dir}/report.md and {len(plots)} plot(s)")
+    console().print(f"[bold green]re-rendered[/bold green] {escape(str(result_dir))}/report.md and {len(plots)} plot(s)")
 
 
 @app.command()

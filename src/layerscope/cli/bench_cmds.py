@@ -95,5 +95,5 @@ def bench(
     if record(result, paths["json"]):
         c.print("[dim]- engine speeds recorded for this CPU: --engine auto now ranks by them[/dim]")
     c.print(paths["markdown"].read_text(encoding="utf-8") if not in_process else markdown_table(result),
-            soft_wrap=True)
-    c.print(f"saved {', '.join(str(p) for p in paths.values())}")
+            soft_wrap=True, markup=False)
+    c.print(f"saved {', '.join(str(p) for p in paths.values())}", markup=False)

@@ -27,6 +27,8 @@ def cache_clear(
     older_than: Optional[float] = typer.Option(None, "--older-than", help="Only entries older than DAYS."),
 ):
     """Delete what layerscope made in its cache (never anything else, never through a symlink)."""
+    from rich.markup import escape
+
     from layerscope.cachedir import MARKERS, clear, human_size
 
     kinds = tuple(k for k, on in (("exports", exports), ("stores", stores)) if on) or tuple(MARKERS)
@@ -35,4 +37,4 @@ def cache_clear(
     c.print(f"removed {len(removed)} cache entr{'y' if len(removed) == 1 else 'ies'} "
             f"({human_size(sum(e.size for e in removed))})")
     for s in skipped:
-        c.print(f"[yellow]left alone[/yellow] {s.path}: {s.reason}", soft_wrap=True)
+        c.print(f"[yellow]left alone[/yellow] {escape(str(s.path))}: {escape(s.reason)}", soft_wrap=True)

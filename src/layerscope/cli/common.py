@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-STATE = {"debug": False}
+STATE = {"debug": False, "verbose": False}
 
 
 def console():
@@ -25,7 +25,9 @@ def err_console():
 
 def progress_printer(c):
     """A progress callback that prints each step dim on console ``c``."""
-    return lambda msg: c.print(f"[dim]- {msg}[/dim]")
+    from rich.markup import escape
+
+    return lambda msg: c.print(f"[dim]- {escape(str(msg))}[/dim]")
 
 
 def split_list(value: str | None) -> list[str] | None:

@@ -43,6 +43,8 @@ def export(
     manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, rtol=rtol, revision=revision,
                             trust_remote_code=trust_remote_code, force=force, dtype=dtype,
                             progress=progress_printer(c))
+    from rich.markup import escape
+
     from layerscope.report.console import print_export_summary
 
     print_export_summary(c, out, manifest)
@@ -55,7 +57,7 @@ def export(
         from layerscope.decoding.lens_onnx import export_lens
 
         meta = export_lens(out, lens_k)
-        c.print(f"[bold green]lens graph[/bold green] {out / meta['file']} (head {meta['head']['kind']}; parity "
+        c.print(f"[bold green]lens graph[/bold green] {escape(str(out / meta['file']))} (head {meta['head']['kind']}; parity "
                 f"vs torch: rank mismatches {meta['parity']['rank_mismatch_fraction']:.4f}, max prob diff "
                 f"{meta['parity']['max_prob_diff']:.1e})")
 
@@ -63,6 +65,8 @@ def export(
 @app.command()
 def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try each engine on this export.")):
     """Which engines really work on this machine, and why not."""
+    from rich.markup import escape
+
     from layerscope.engines.ort_packages import ort_packages
     from layerscope.engines.probe import probe_all
     from layerscope.report.console import print_engines
@@ -72,6 +76,6 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     c = console()
     print_engines(c, probe_all(ensure_export(model) if model else None))
     packages = ort_packages()
-    c.print(f"ONNX Runtime: {packages.line()}")
+    c.print(f"ONNX Runtime: {escape(packages.line())}")
     for w in packages.warnings:
-        c.print(f"[yellow]warning:[/yellow] {w}")
+        c.print(f"[yellow]warning:[/yellow] {escape(w)}")

@@ -28,17 +28,19 @@ def index_build(
     force: bool = typer.Option(False, "--force", help="Replace an existing index."),
 ):
     """Build a FAISS index over one layer and pooling of a store."""
+    from rich.markup import escape
+
     from layerscope.index.store_index import build_store_index
 
     out = out or Path(store) / f"index-{kind}-{pooling}-{layer.replace('-', 'm')}"
     meta = build_store_index(store, out, layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
                              hnsw_m=hnsw_m, ef_search=ef_search, seed=seed, device=device, force=force)
     c = console()
-    c.print(f"[bold green]index[/bold green] {out}: {meta['kind']} over {meta['n']:,} vectors of dim {meta['dim']} "
+    c.print(f"[bold green]index[/bold green] {escape(str(out))}: {meta['kind']} over {meta['n']:,} vectors of dim {meta['dim']} "
             f"(layer {meta['layer']}, {meta['pooling']} pooling) in {meta['seconds']['build']:.2f} s; "
-            f"{meta['backend_detail']}")
+            f"{escape(str(meta['backend_detail']))}")
     if meta.get("params"):
-        c.print(f"parameters: {meta['params']}")
+        c.print(f"parameters: {escape(str(meta['params']))}")
     rec = meta.get("recall_vs_exact")
     if rec:
         c.print(f"recall@{rec['k']} against exact search on {rec['queries']:,} stored vectors: {rec['recall@k']:.4f}")
@@ -54,6 +56,7 @@ def search(
     device: str = typer.Option("auto", "--device", help="Where FAISS runs: auto, cpu or gpu."),
 ):
     """Embed query texts with the index's model, layer and pooling; print the top-k stored texts."""
+    from rich.markup import escape
     from rich.table import Table
 
     from layerscope.index.store_index import search_index
@@ -61,13 +64,13 @@ def search(
     meta, results = search_index(index, list(query), k=k, model=model, engine=engine, device=device)
     c = console()
     for q, hits in zip(query, results):
-        t = Table(title=f"{q!r} - top {len(hits)} of {meta['n']:,} ({meta['kind']}, layer {meta['layer']}, "
+        t = Table(title=f"{escape(repr(q))} - top {len(hits)} of {meta['n']:,} ({meta['kind']}, layer {meta['layer']}, "
                         f"{meta['pooling']})")
         t.add_column("#", justify="right")
         t.add_column("score", justify="right")
         t.add_column("id")
         t.add_column("text")
         for h in hits:
-            t.add_row(str(h.rank), f"{h.score:.4f}", h.id, h.text)
+            t.add_row(str(h.rank), f"{h.score:.4f}", escape(str(h.id)), escape(h.text))
         c.print(t)
-    c.print(f"[dim]{meta['backend_used']}[/dim]")
+    c.print(f"[dim]{escape(str(meta['backend_used']))}[/dim]")

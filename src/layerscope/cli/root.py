@@ -9,6 +9,25 @@ import typer
 
 from layerscope.cli.common import STATE
 
+
+def _flags_show_no_type() -> None:
+    """typer 0.29 prints a type (``<bool>``) beside every flag in --help, though a flag takes no value; show
+    none for flags (every other option keeps its ``<int>``, ``<path>``, ...)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+    if getattr(shown, "layerscope_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag or self.count else shown(self, ctx)
+
+    display_type_rich.layerscope_flags = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="layerscope: look inside embedding models layer by layer, fast. "
                        "(`inspect` is the same command, kept as an alias; it collides with inspect-ai's CLI.)")
@@ -20,8 +39,11 @@ app.add_typer(cache_app, name="cache")
 
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
-          quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print results and errors.")):
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print results and errors."),
+          verbose: bool = typer.Option(False, "--verbose", "-v", help="Say more, e.g. why --engine auto passed "
+                                       "over each engine.")):
     STATE["debug"] = debug
+    STATE["verbose"] = verbose or debug
     level = logging.DEBUG if debug else (logging.WARNING if quiet else logging.INFO)
     logging.basicConfig(level=level, format="%(message)s")
     for noisy in ("transformers", "optimum", "torch", "urllib3", "huggingface_hub", "matplotlib", "faiss"):

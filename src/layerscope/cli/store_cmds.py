@@ -86,7 +86,9 @@ def extract(
 
         report = run_extract(model, source, out, prompt_name=prompt_name, prompt=prompt, tokens=tokens,
                              store_dtype=store_dtype, **common)
-    print_extract_summary(console(), report)
+    from layerscope.cli.common import STATE
+
+    print_extract_summary(console(), report, verbose=STATE["verbose"])
 
 
 @app.command()
@@ -114,7 +116,9 @@ def export_store(
                                 "extract --tokens): one row per token (default <store>.tokens.<format>)."),
 ):
     """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
+    from rich.markup import escape
+
     from layerscope.runtime.store_export import export_store as run_export
 
     path = run_export(store, fmt, out, force=force, tokens=tokens)
-    console().print(f"[bold green]wrote[/bold green] {path}")
+    console().print(f"[bold green]wrote[/bold green] {escape(str(path))}")

@@ -39,7 +39,7 @@ from layerscope.data.corpus_csv import csv_rows
 from layerscope.data.corpus_detect import (DEFAULT_FIELD, check_options, check_path, detect_format,
                                            is_empty_file, resolve_field, resolve_file_fmt, resolve_stdin_fmt)
 from layerscope.data.corpus_jsonl import jsonl_rows
-from layerscope.data.corpus_lines import decoded_lines, open_bytes, stdin_bytes, txt_rows
+from layerscope.data.corpus_lines import bounded_lines, decoded_lines, open_bytes, stdin_bytes, txt_rows
 from layerscope.data.corpus_parquet import parquet_rows
 from layerscope.errors import InputError, MissingExtraError
 
@@ -213,7 +213,7 @@ def _file_rows(
     path: Path, name: str, fmt: str, field: str | None, id_field: str | None
 ) -> Iterator[tuple[str, str | None, int]]:
     with open_bytes(path, name) as fh:
-        yield from _rows_from_lines(fmt, decoded_lines(fh, name), name, field, id_field)
+        yield from _rows_from_lines(fmt, decoded_lines(bounded_lines(fh), name), name, field, id_field)
 
 
 def _rows_from_lines(

@@ -136,6 +136,8 @@ def check_path(path: Path, name: str) -> None:
             shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
             hint = f" (it holds: {shown})"
         raise InputError(f"{name} is a directory; pass a corpus file inside it{hint}")
+    if not (path.is_file() or path.is_fifo() or path.is_socket()):
+        raise InputError(f"{name} is a device, not a file, and never ends; pass a corpus file or pipe texts in")
 
 
 def is_empty_file(path: Path) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterable, Iterator
@@ -15,6 +17,33 @@ from layerscope.errors import InputError
 BOM = b"\xef\xbb\xbf"
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_LISTED = 20
+# The longest line read. A text only matters up to the model's max length in tokens, and the encoder keeps
+# at most a bounded number of characters of it (model/tokenize.py, TEXT_CHARS_PER_TOKEN); this bound only
+# keeps memory flat on a source that never ends a line (a pipe from /dev/zero): 64 MiB is 16 times what the
+# encoder keeps of a 32k-token context, and a longer line is refused with its number instead of being held.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+def bounded_lines(fh, limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
+    """The lines of a binary stream, each read with a bound: a line longer than ``limit`` bytes comes back
+    as its first ``limit + 1`` bytes (no ending), which ``decoded_lines`` refuses, so no line is held whole."""
+    readline = fh.readline
+    while True:
+        line = readline(limit + 1)
+        if not line:
+            return
+        yield line
+
+
+def check_stream(fd: int, name: str) -> None:
+    """Refuse a source that is neither a regular file nor a pipe or socket, which end (a character device
+    such as /dev/zero or /dev/urandom never does)."""
+    with contextlib.suppress(OSError):
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            kind = "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else \
+                "not a regular file"
+            raise InputError(f"{name} is {kind}, which never ends; pass a corpus file or pipe texts in")
 
 
 def stdin_bytes() -> Iterator[bytes]:
@@ -29,7 +58,12 @@ def stdin_bytes() -> Iterator[bytes]:
             )
     buffer = getattr(stdin, "buffer", None)
     if buffer is not None:
-        return iter(buffer)
+        fd = None
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # io.UnsupportedOperation: no descriptor
+            fd = buffer.fileno()
+        if fd is not None:
+            check_stream(fd, "stdin (-)")
+        return bounded_lines(buffer)
     # A text-only stdin (e.g. replaced by io.StringIO): get back to bytes.
     return (line.encode("utf-8", "surrogateescape") for line in stdin)
 
@@ -42,6 +76,7 @@ def open_bytes(path: Path, name: str) -> Iterator[BinaryIO]:
     except OSError as exc:
         raise InputError(f"cannot read {name}: {exc.strerror or exc}") from exc
     with fh:
+        check_stream(fh.fileno(), name)
         if fh.peek(2)[:2] == _GZIP_MAGIC:
             with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
                 yield gz  # type: ignore[misc]
@@ -71,6 +106,9 @@ def decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[tuple[int, 
         except OSError as exc:
             raise InputError(f"cannot read {name} after line {lineno}: {exc}") from exc
         lineno += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise InputError(f"{name} line {lineno} is longer than {MAX_LINE_BYTES // 2 ** 20} MiB without a line "
+                             "end; split it, or check that this is a text corpus")
         skipped = 0
         if lineno == 1 and raw.startswith(BOM):
             raw = raw[len(BOM):]

@@ -383,6 +383,16 @@ class TensorrtEngine(CudaEngine):
     name = "trt"
     provider = "TensorrtExecutionProvider"
 
+    def __init__(self, model, **options):
+        cache = Path(model.export_dir) / "trt_cache"
+        made_here = not cache.exists()
+        try:
+            super().__init__(model, **options)
+        except BaseException:
+            if made_here and cache.is_dir() and not any(cache.iterdir()):
+                cache.rmdir()  # TensorRT never started: leave no empty cache behind
+            raise
+
     def provider_options(self) -> dict:
         cache = Path(self.model.export_dir) / "trt_cache"
         cache.mkdir(exist_ok=True)

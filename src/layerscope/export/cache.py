@@ -117,6 +117,9 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])
     if found is not None:
         return found
+    from layerscope.ownership import check_writable
+
+    check_writable(root)  # a read-only LAYERSCOPE_HOME: one line before the export starts
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f".{target.name}.lock")):
         found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])  # made while we waited?

@@ -116,6 +116,9 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
     tensors, aliases = _collect(net, prefixes)
     path = Path(out_dir) / HEAD_FILE
     save_file(tensors, str(path))
+    from layerscope.atomic import as_umask_allows
+
+    as_umask_allows(path)  # safetensors writes 0600; the export is shared like every other file
     entry = {"file": HEAD_FILE, "sha256": file_sha256(path), "bytes": path.stat().st_size, "kind": kind,
              "description": desc, "final_norm_below_last": kind == CAUSAL and family.final_norm is not None,
              "missing_head_weights": list(missing), "loader": loader, "tensors": sorted(tensors),

@@ -22,6 +22,21 @@ def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = 
     return ModelHandle.resolve(model, trust_remote_code=trust_remote_code)
 
 
+def require_engine(engine: str) -> None:
+    """One clear line when engine ``engine`` cannot start on this machine, found out on a one-node graph
+    before any export, weights hash or model load (a missing CUDA/TensorRT provider, say)."""
+    from layerscope.engines.registry import engine_spec
+    from layerscope.errors import EngineUnavailableError
+
+    spec = engine_spec(engine)  # an unknown name: one line with the closest one
+    probe = getattr(spec.factory, "probe", None)
+    if spec.name == "auto" or not spec.needs_export or probe is None:
+        return  # auto tries the others in turn; torch runs the model itself, no export to wait for
+    works, detail = probe()
+    if not works:
+        raise EngineUnavailableError(f"--engine {engine} cannot run on this machine: {detail}")
+
+
 def ensure_export(model: str | Path | ModelHandle, *, trust_remote_code: bool = False,
                   **export_options: Any) -> ModelHandle:
     """The handle of an export of ``model``: itself if it is an export dir, else its cached export,
@@ -43,6 +58,8 @@ def open_engine(model: str | Path | ModelHandle, engine: str = "auto", *, trust_
 
     check_engine_name(engine)
     check_engine_options(engine, options)  # a mistyped option is one line, before anything is exported
+    if needs_export(engine) and not (isinstance(model, ModelHandle) and model.is_export):
+        require_engine(engine)  # before the export (or the hash of the weights it is keyed by)
     handle = resolve_model(model, trust_remote_code=trust_remote_code)
     if needs_export(engine) and not handle.is_export:
         handle = ensure_export(handle)

@@ -206,11 +206,21 @@ class VectorIndex:
         if meta.get("format") != INDEX_FORMAT:
             raise StoreError(f"{path} has index format {meta.get('format')}, this layerscope reads {INDEX_FORMAT}")
         faiss = _faiss()
-        kind = meta["kind"]
-        if kind == "binary":
-            index = faiss.read_index_binary(str(path / INDEX_FILE))
-        else:
-            index = faiss.read_index(str(path / INDEX_FILE))
+        kind = meta.get("kind")
+        if kind not in KINDS or not isinstance(meta.get("n"), int) or not isinstance(meta.get("dim"), int):
+            raise StoreError(f"{meta_path} is damaged (kind {kind!r}, n {meta.get('n')!r}, dim {meta.get('dim')!r}; "
+                             f"kinds: {', '.join(KINDS)}); rebuild the index")
+        try:
+            if kind == "binary":
+                index = faiss.read_index_binary(str(path / INDEX_FILE))
+            else:
+                index = faiss.read_index(str(path / INDEX_FILE))
+        except RuntimeError:  # FAISS's own error, a C++ message: the file is not an index of this kind
+            raise StoreError(f"{path / INDEX_FILE} is not a readable {kind} index (damaged, or {META_FILE} names "
+                             "another kind); rebuild the index") from None
+        if kind != "binary" and index.d != meta["dim"]:
+            raise StoreError(f"{path}: {INDEX_FILE} holds vectors of dimension {index.d} but {META_FILE} says "
+                             f"{meta['dim']}; rebuild the index")
         if index.ntotal != meta["n"]:
             raise StoreError(f"{path}: {INDEX_FILE} holds {index.ntotal:,} vectors but {META_FILE} says "
                              f"{meta['n']:,}; rebuild the index")

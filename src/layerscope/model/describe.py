@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import layerscope
+from layerscope.errors import InputError
 from layerscope.model.families import family_for, model_dims
 from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
 from layerscope.vocab.layers import layer_names
@@ -31,6 +32,20 @@ def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: in
     return positions, "position embeddings"
 
 
+def check_vocab_fits(spec: str, tokenizer, text_config) -> None:
+    """One line when the tokenizer can give ids beyond the rows of the model's embedding matrix (a tokenizer
+    that does not belong to these weights): every text with such a token would fail inside the engine."""
+    rows = getattr(text_config, "vocab_size", None)
+    try:
+        size = len(tokenizer)
+    except TypeError:
+        return
+    if isinstance(rows, int) and rows > 0 and size > rows:
+        raise InputError(f"{spec}: its tokenizer has {size:,} tokens but the model's embedding matrix has "
+                         f"{rows:,} rows (vocab_size in config.json), so ids {rows:,} and above have no vector; "
+                         "the tokenizer does not belong to these weights: use the model's own tokenizer")
+
+
 def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str | None = None,
                    with_hash: bool = True) -> dict[str, Any]:
     source = resolve_source(spec, revision)
@@ -42,6 +57,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
     max_length, max_from = max_length_for(source, getattr(tok, "model_max_length", None), positions)
     text_cfg = family.text_model_config(config)
+    check_vocab_fits(source.spec, tok, text_cfg)
     src = source.to_dict()
     src["weights_sha256"] = weights_hash(source) if with_hash else None
     if with_hash and source.is_local:  # config and tokenizer files too: they change the vectors as well

@@ -46,6 +46,9 @@ class Family:
     lm_head: str | None = None
     lm_head_new: str | None = None
     final_norm: str | None = None
+    # hidden_states[0] is the word embeddings themselves (no position embeddings, no norm added), so the
+    # ``raw`` output and layer 0 are equal by construction
+    raw_is_layer0: bool = False
 
     def input_names(self, config) -> list[str]:
         """The model inputs the export takes, for this checkpoint's config."""
@@ -88,11 +91,11 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2", ("qwen2",), "decoder", "Qwen2OnnxConfig", "AutoModel", "embed_tokens",
                "last", final_norm_in_last_hidden_state=True, position_ids_input=True,
                lm_head_loader="AutoModelForCausalLM", inputs=DECODER_INPUTS, lm_head="lm_head",
-               final_norm="model.norm"),
+               final_norm="model.norm", raw_is_layer0=True),
         Family("qwen3", ("qwen3",), "decoder", "Qwen3OnnxConfig", "AutoModel", "embed_tokens",
                "last", final_norm_in_last_hidden_state=True, position_ids_input=True,
                lm_head_loader="AutoModelForCausalLM", inputs=DECODER_INPUTS, lm_head="lm_head",
-               final_norm="model.norm"),
+               final_norm="model.norm", raw_is_layer0=True),
     )
 }
 

@@ -71,7 +71,69 @@ def _hub_error(source: ModelSource, exc: Exception) -> ModelNotFoundError:
     )
 
 
+HUB_CONNECT_TIMEOUT = 3.0  # seconds to open a connection to the hub before calling it unreachable
+_HUB_REACHABLE: dict[str, str | None] = {}  # endpoint -> None when it answered, else why not (per process)
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached (one short reason), or None; asked once per process.
+
+    huggingface_hub retries a failed connection five times with backoff (half a minute) before it falls
+    back to its cache; one plain connection with a short timeout tells the same at once.  In the hub's
+    offline mode (HF_HUB_OFFLINE=1) nothing is asked."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    endpoint = constants.ENDPOINT
+    if endpoint not in _HUB_REACHABLE:
+        url = urlparse(endpoint)
+        host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+        try:
+            socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT).close()
+            _HUB_REACHABLE[endpoint] = None
+        except OSError as exc:
+            _HUB_REACHABLE[endpoint] = f"{host} cannot be reached ({exc.strerror or exc or type(exc).__name__})"
+    return _HUB_REACHABLE[endpoint]
+
+
+def _go_offline() -> None:
+    """The hub's offline mode for the rest of this process, as HF_HUB_OFFLINE=1 at start would give."""
+    import huggingface_hub.constants
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        import transformers.utils.hub as transformers_hub
+
+        transformers_hub._is_offline_mode = True  # transformers reads the flag once, at import
+    except (ImportError, AttributeError):
+        pass
+
+
+def check_hub(source: ModelSource) -> None:
+    """For a hub id, before the first download: an unreachable hub is one line now (or, when the model is
+    in the local cache, the hub's offline mode), never half a minute of retries."""
+    if source.is_local:
+        return
+    reason = hub_unreachable()
+    if reason is None:
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(source.path_or_id, "config.json", revision=source.revision), str):
+        _go_offline()  # cached: use the copy on disk
+        return
+    raise ModelNotFoundError(
+        f"could not load '{source.spec}': the Hugging Face hub {reason} and the model is not in the local "
+        "cache; check your network, or give a local directory, or use 'minilm' (works offline)")
+
+
 def load_config(source: ModelSource, *, trust_remote_code: bool = False):
+    check_hub(source)  # before transformers is imported: seconds under load
     from transformers import AutoConfig
 
     try:
@@ -82,9 +144,34 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         if source.is_local:
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
+    except Exception as exc:  # transformers refusing a config it reads (xlnet: "no sequence length limit")
+        _check_family(_declared_type(source))
+        raise ModelNotFoundError(f"transformers cannot read the config of {source.spec} "
+                                 f"({type(exc).__name__}: {exc})") from exc
     if not trust_remote_code:
         warn_ignored_code(source, getattr(config, "auto_map", None) or {}, "config.json")
     return config
+
+
+def _declared_type(source: ModelSource) -> str | None:
+    """The ``model_type`` a local checkpoint's config.json declares, read without transformers."""
+    import json
+
+    if not source.is_local:
+        return None
+    try:
+        value = json.loads((Path(source.path_or_id) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _check_family(model_type: str | None) -> None:
+    """One line for a model type no family covers (model/families.py)."""
+    if model_type is not None:
+        from layerscope.model.families import family_for
+
+        family_for(model_type)
 
 
 _WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader

@@ -13,6 +13,15 @@ import numpy as np
 
 from layerscope.errors import InputError
 
+# Characters of a text kept per token of max length before tokenizing. Only the first max_length tokens of
+# a text reach the model, and a token covers at most about 100 characters of text (WordPiece reads a word
+# of up to 100 characters as one token, longer ones as one [UNK]; byte-level BPE and SentencePiece tokens
+# are shorter), so 128 characters per token keep every character that can matter while a 20 MB line is no
+# longer tokenized whole (its token list and offsets took gigabytes). The cut is made at a space, and used
+# only when the kept part still holds more than max_length tokens, so the tokens the model sees are the
+# same as without it; a cut text counts among the truncated ones.
+TEXT_CHARS_PER_TOKEN = 128
+
 
 @dataclass
 class Batch:
@@ -41,6 +50,34 @@ class Batch:
         return int(self.mask.sum())
 
 
+def min_max_length(tokenizer, prompt: str = "") -> int:
+    """The smallest max length that keeps a token of text: the special tokens the tokenizer adds (and the
+    prompt's tokens) plus one. Below it a tokenizer either drops the text whole or, unable to cut its
+    special tokens, does not truncate at all (a fast BERT tokenizer asked for 1 token returns them all)."""
+    enc = tokenizer([prompt], add_special_tokens=True, truncation=False, return_attention_mask=False,
+                    return_token_type_ids=False, verbose=False)
+    return len(enc["input_ids"][0]) + 1
+
+
+def check_room(tokenizer, max_length: int, prompt: str = "") -> None:
+    """One line refusing a max length that cannot keep any text (see ``min_max_length``)."""
+    least = min_max_length(tokenizer, prompt)
+    if int(max_length) < least:
+        what = "its special tokens" + (" and the prompt" if prompt else "")
+        raise InputError(f"--max-length {max_length} leaves no room for text: this model's tokenizer adds "
+                         f"{least - 1} tokens ({what}) to every text; use at least {least}")
+
+
+def _cut_at_space(text: str, cap: int) -> str:
+    """The first ``cap`` characters of ``text``, ending before the last whitespace among them (in the second
+    half), so no word is split."""
+    head = text[:cap]
+    for k in range(len(head) - 1, cap // 2, -1):
+        if head[k].isspace():
+            return head[:k]
+    return head
+
+
 class Encoder:
     """Tokenizes texts into the inputs a model expects, right-padded, truncated at ``max_length``."""
 
@@ -50,9 +87,29 @@ class Encoder:
         self.max_length = int(max_length)
         self.prompt = prompt or ""  # put before every text, as sentence-transformers' prompts are
         self.details = False  # the default of __call__'s ``details``
+        self.cut = 0  # texts cut to TEXT_CHARS_PER_TOKEN * max_length characters before tokenizing
+        check_room(tokenizer, self.max_length, self.prompt)
 
     def _prompted(self, texts) -> list[str]:
-        return [self.prompt + t for t in texts] if self.prompt else list(texts)
+        texts = self._kept(texts)
+        return [self.prompt + t for t in texts] if self.prompt else texts
+
+    def _kept(self, texts) -> list[str]:
+        """``texts``, each longer than ``TEXT_CHARS_PER_TOKEN * max_length`` characters cut there (at the last
+        space), when what is kept still fills max length; ``self.cut`` counts the texts cut."""
+        texts = list(texts)
+        cap = TEXT_CHARS_PER_TOKEN * self.max_length
+        long = [i for i, t in enumerate(texts) if len(t) > cap]
+        if not long:
+            return texts
+        kept = [_cut_at_space(texts[i], cap) for i in long]
+        enc = self.tokenizer([self.prompt + t for t in kept], add_special_tokens=True, truncation=False,
+                             return_attention_mask=False, return_token_type_ids=False, verbose=False)
+        for i, text, ids in zip(long, kept, enc["input_ids"]):
+            if len(ids) > self.max_length:  # else (mostly spaces) the whole text is read, as it must be
+                texts[i] = text
+                self.cut += 1
+        return texts
 
     @property
     def fallback_token_id(self) -> int:

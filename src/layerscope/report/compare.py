@@ -103,23 +103,25 @@ def print_comparison(results: dict[str, Any], console) -> None:
     """The side-by-side table and the model-vs-model tests on the terminal (nothing for one model)."""
     from rich.table import Table
 
+    from layerscope.report.console import esc
+
     side = side_by_side_rows(results)
     if side is None:
         return
     meta = results["combined"]["comparison"]
     label = meta.get("score_label") or meta["score"]
-    table = Table(title=f"models side by side: {label} [95% CI]")
+    table = Table(title=f"models side by side: {esc(label)} [95% CI]")
     for i, h in enumerate(side[0]):
-        table.add_column(h, justify="left" if i < 2 else "right")
+        table.add_column(esc(h), justify="left" if i < 2 else "right")
     for row in side[1]:
-        table.add_row(*row)
+        table.add_row(*(esc(v) for v in row))
     console.print(table)
     for n in meta.get("notes") or []:
-        console.print(f"[dim]{n}[/dim]")
+        console.print(f"[dim]{esc(n)}[/dim]")
     rows = (results["combined"].get("tables") or {}).get("model_comparison") or []
     group = meta["group_label"]
     for a_name, b_name in dict.fromkeys((r["model_a"], r["model_b"]) for r in rows):
-        t = Table(title=f"A = {a_name}, B = {b_name}: {label}, paired bootstrap over {meta['n_items']} items")
+        t = Table(title=f"A = {esc(a_name)}, B = {esc(b_name)}: {esc(label)}, paired bootstrap over {meta['n_items']} items")
         for h in ("comparison", "A", "B", "score A", "score B", "A - B [95% CI]", "p"):
             t.add_column(h, justify="left" if h in ("comparison", "A", "B") else "right")
         for r in rows:
@@ -127,7 +129,8 @@ def print_comparison(results: dict[str, Any], console) -> None:
                 continue
             ci = (f" [{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
                   and r.get("ci_high") is not None else "")
-            t.add_row(r["comparison"], f"{r.get(f'{group}_a')} {r['layer_a']}", f"{r.get(f'{group}_b')} {r['layer_b']}",
+            t.add_row(esc(r["comparison"]), esc(f"{r.get(f'{group}_a')} {r['layer_a']}"),
+                      esc(f"{r.get(f'{group}_b')} {r['layer_b']}"),
                       _num(r.get(f"{meta['score']}_a")), _num(r.get(f"{meta['score']}_b")),
-                      f"{_num(r.get('difference'))}{ci}", _p(r.get("p_value")))
+                      esc(f"{_num(r.get('difference'))}{ci}"), _p(r.get("p_value")))
         console.print(t)

@@ -1,8 +1,19 @@
-"""Console summaries for the core commands (Rich tables)."""
+"""Console summaries for the core commands (Rich tables).
+
+Every string that comes from data, a model, a path or a hint goes through ``esc`` (or ``markup=False``):
+Rich reads ``[red]`` or ``[citation needed]`` as markup and would drop it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def esc(value) -> str:
+    """``value`` as text Rich prints exactly (square brackets kept)."""
+    from rich.markup import escape
+
+    return escape(str(value))
 
 
 def print_export_summary(console, out: Path, manifest) -> None:
@@ -12,7 +23,7 @@ def print_export_summary(console, out: Path, manifest) -> None:
     parity = {name: {k: v for k, v in vars(c).items() if v is not None}  # as recorded: absent figures left out
               for name, c in manifest.parity.outputs.items()}
     worst = max(parity.items(), key=lambda kv: kv[1]["max_abs"])
-    console.print(f"[bold green]exported[/bold green] {manifest.source.spec} -> {out}  "
+    console.print(f"[bold green]exported[/bold green] {esc(manifest.source.spec)} -> {esc(out)}  "
                   f"({manifest.family}, {manifest.num_layers} layers, hidden {manifest.hidden_size}, "
                   f"opset {manifest.opset}, {manifest.export_seconds} s)")
     table = Table(title="parity against PyTorch (max |diff| and min cosine over padded batches)")
@@ -45,25 +56,34 @@ def print_engines(console, statuses) -> None:
     table.add_column("works")
     table.add_column("detail")
     for s in statuses:
-        table.add_row(s.name, "[green]yes[/green]" if s.works else "[red]no[/red]", s.detail)
+        table.add_row(esc(s.name), "[green]yes[/green]" if s.works else "[red]no[/red]", esc(s.detail))
     console.print(table)
 
 
-def print_extract_summary(console, report) -> None:
+def engine_note(note: str, verbose: bool = False) -> str:
+    """An engine note as printed: auto's choice in one line, why it passed over the others only when verbose."""
+    if verbose or not note.startswith("auto picked"):
+        return note
+    head, _, passed = note.partition("; passed over ")
+    head, cut, _ = head.partition("; order from ")
+    return head + (")" if cut else "") + ("; others passed over (layerscope -v ... says why)" if passed else "")
+
+
+def print_extract_summary(console, report, verbose: bool = False) -> None:
     import numpy as np
     from rich.table import Table
 
     store = report.store
     for w in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        console.print(f"[yellow]warning:[/yellow] {esc(w)}")
     eng = report.engine
     resumed = f", {report.resumed_rows:,} rows kept from the earlier run" if report.resumed_rows else ""
-    console.print(f"[bold green]extracted[/bold green] {report.n:,} texts -> {store.path}  "
-                  f"engine {eng['engine']} ({eng['provider']}); {report.seconds:.1f} s in all, "
+    console.print(f"[bold green]extracted[/bold green] {report.n:,} texts -> {esc(store.path)}  "
+                  f"engine {esc(eng['engine'])} ({esc(eng['provider'])}); {report.seconds:.1f} s in all, "
                   f"{report.run_seconds:.1f} s extracting at {report.texts_per_s:,.1f} texts/s, "
                   f"{report.tokens_per_s:,.0f} tokens/s{resumed}")
     for note in eng.get("notes", []):
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{esc(engine_note(note, verbose))}[/dim]")
     table = Table(title="what the store holds: vector norms, and anisotropy = mean cosine of random pairs")
     table.add_column("pooling")
     table.add_column("layer")
@@ -85,7 +105,7 @@ def print_extract_summary(console, report) -> None:
                 aniso = "-"
             table.add_row(pooling, layer, f"{store.n}x{store.meta['hidden_size']}", f"{norms.mean():.3f}", aniso)
     console.print(table)
-    console.print(f"open it with: LayerStore.open('{store.path}')['{store.poolings[0]}', -1]")
+    console.print(f"open it with: LayerStore.open('{store.path}')['{store.poolings[0]}', -1]", markup=False)
 
 
 def layer_by_pooling_table(title: str, rows: list[dict], column: str, cell) -> "object":
@@ -98,12 +118,12 @@ def layer_by_pooling_table(title: str, rows: list[dict], column: str, cell) -> "
 
     pools = list(dict.fromkeys(r["pooling"] for r in rows))
     by_key = {(r["layer"], r["pooling"]): r for r in rows}
-    table = Table(title=title)
+    table = Table(title=esc(title))
     table.add_column("layer")
     for p in pools:
         table.add_column(f"{p} {column}", justify="right")
     for layer in dict.fromkeys(r["layer"] for r in rows):
-        table.add_row(layer, *("-" if (layer, p) not in by_key else cell(by_key[layer, p]) for p in pools))
+        table.add_row(esc(layer), *("-" if (layer, p) not in by_key else cell(by_key[layer, p]) for p in pools))
     return table
 
 
@@ -112,7 +132,7 @@ def print_variant(console, kind: str, entry: dict) -> None:
     from rich.table import Table
 
     tol = entry["tolerance"]
-    console.print(f"variant [bold]{kind}[/bold] -> {entry['file']} ({entry['bytes'] / 2**20:.1f} MiB, "
+    console.print(f"variant [bold]{esc(kind)}[/bold] -> {esc(entry['file'])} ({entry['bytes'] / 2**20:.1f} MiB, "
                   f"{entry['precision']}, built in {entry['build_seconds']:.1f} s)")
     if entry.get("fusions") is not None:
         fused = ", ".join(f"{k} x{v}" for k, v in entry["fusions"].items()) or "none"
@@ -127,20 +147,28 @@ def print_variant(console, kind: str, entry: dict) -> None:
     console.print(table)
 
 
+def _natural_width(console, renderable) -> int:
+    """The width ``renderable`` takes when nothing in it is wrapped or cut."""
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update(max_width=10_000), renderable).maximum
+
+
 def print_cache(console, root: Path, entries, skipped) -> None:
     from rich.table import Table
 
     from layerscope.cachedir import human_size
 
-    table = Table(title=f"layerscope cache: {root}")
+    table = Table(title=f"layerscope cache: {esc(root)}")
     for col, just in (("kind", "left"), ("model", "left"), ("size", "right"), ("age (days)", "right"),
                       ("made by layerscope", "left"), ("entry", "left")):
-        table.add_column(col, justify=just)
+        table.add_column(col, justify=just, no_wrap=col in ("model", "entry"))
     for e in entries:
-        table.add_row(e.kind, e.model, human_size(e.size), f"{e.age_days:.1f}", e.made_by or "?", e.path.name)
-    console.print(table)
+        table.add_row(e.kind, esc(e.model), human_size(e.size), f"{e.age_days:.1f}", esc(e.made_by or "?"),
+                      esc(e.path.name))
+    console.print(table, width=max(console.width, _natural_width(console, table)))  # model names never cut
     console.print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
                   f"{human_size(sum(e.size for e in entries))}; clear with: layerscope cache clear "
                   "[--exports|--stores] [--older-than DAYS]")
     for s in skipped:
-        console.print(f"[yellow]not layerscope's[/yellow] {s.path}: {s.reason}", soft_wrap=True)
+        console.print(f"[yellow]not layerscope's[/yellow] {esc(s.path)}: {esc(s.reason)}", soft_wrap=True)

@@ -65,6 +65,26 @@ def encode_plan(encoder: Encoder, texts: list[str], lengths: np.ndarray, *, batc
                       lengths=lengths[rows])
 
 
+def check_finite(pooled: dict[str, np.ndarray], layers: list[str], batch: Batch) -> dict[str, np.ndarray]:
+    """``pooled`` as the engine gave it, or one line naming the first layer whose vectors hold NaN or inf.
+
+    A model with broken weights (or one that overflows its precision) gives non-finite vectors; stored,
+    they would turn every later figure into NaN or a silent tie, so no engine's output passes unchecked.
+    """
+    for mode, arr in pooled.items():
+        if np.isfinite(arr).all():
+            continue
+        bad = ~np.isfinite(arr).reshape(arr.shape[0], arr.shape[1], -1).all(axis=2)  # [layer, text]
+        li = int(np.nonzero(bad.any(axis=1))[0][0])
+        rows = np.nonzero(bad[li])[0]
+        first = int(np.asarray(batch.index)[rows[0]])
+        more = f" and {len(rows) - 1:,} other texts of its batch" if len(rows) > 1 else ""
+        raise InputError(f"the model gives non-finite vectors (NaN or inf) at layer {layers[li]} ({mode} pooling, "
+                         f"row {first}{more}): its weights hold NaN/inf or its activations overflow; "
+                         "check the checkpoint (layerscope export refuses such a model)")
+    return pooled
+
+
 _END = object()
 
 
@@ -139,6 +159,6 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
     with Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
         for batch in feed:
             t = time.perf_counter()
-            pooled = eng.run(batch, layers, poolings)
+            pooled = check_finite(eng.run(batch, layers, poolings), layers, batch)
             yield batch, pooled, time.perf_counter() - t
 

@@ -29,7 +29,7 @@ from layerscope.engines.base import Engine
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
-from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, encode_plan, iter_pooled
+from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, check_finite, encode_plan, iter_pooled
 from layerscope.runtime.prepare import Extraction, make_store_dir, open_to_resume, prepare_extraction
 from layerscope.progress import progress_bar
 from layerscope.runtime.spool import spool_corpus
@@ -216,6 +216,7 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
         for batch in batches:
             pooled = eng.run(batch, ex.layers, ex.poolings) if tok is None else tok.run(eng, batch, ex.layers,
                                                                                        ex.poolings)
+            pooled = check_finite(pooled, ex.layers, batch)
             store.write(batch.index, pooled, ex.layers)
             pending.append(batch.index)
             tokens_done += batch.n_tokens
@@ -328,6 +329,10 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     layer_list, pool_list, prompt_text = check_request(
         handle.manifest, str(getattr(handle, "spec", "the model")), layers=layers, poolings=poolings,
         max_length=max_length, prompt_name=prompt_name, prompt=prompt)
+    if max_length is not None:  # before the engine starts
+        from layerscope.model.tokenize import check_room
+
+        check_room(handle.encoding_tokenizer(), max_length, prompt_text or "")
     eng = engine if isinstance(engine, Engine) else open_engine(handle, engine, **(engine_options or {}))
     manifest = eng.manifest
     out = {(p, l): np.zeros((len(texts), manifest.hidden_size), np.float32) for p in pool_list for l in layer_list}
@@ -336,4 +341,6 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         for p in pool_list:
             for li, layer in enumerate(layer_list):
                 out[p, layer][batch.index] = pooled[p][li]
-    return out
+    from layerscope.vocab.layers import LayerVectors
+
+    return LayerVectors(out, manifest["num_layers"])  # ("mean", 6), ("mean", -1) and ("mean", "6") as in a store

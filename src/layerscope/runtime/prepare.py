@@ -84,13 +84,15 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
                        poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
                        max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
                        force: bool = False, engine_options: dict | None = None, prompt_name: str | None = None,
-                       prompt: str | None = None, trust_remote_code: bool = False) -> Extraction:
+                       prompt: str | None = None, trust_remote_code: bool = False,
+                       engine_runs_here: bool = True) -> Extraction:
     """Check everything that can be checked before the corpus is read; raise one clear error otherwise.
 
     ``model`` is a name, a path or a ModelHandle (resolved with ``trust_remote_code``, off unless
-    asked); an ``Engine`` passed as ``engine`` brings its own model.
+    asked); an ``Engine`` passed as ``engine`` brings its own model.  ``engine_runs_here``: the engine
+    starts on this machine, so whether it can is checked first (on Ray the workers' machines decide).
     """
-    from layerscope.export.open import resolve_model
+    from layerscope.export.open import require_engine, resolve_model
     from layerscope.limits import check_engine_options, check_limits
     from layerscope.ownership import claim
 
@@ -101,6 +103,10 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
         from layerscope.engines.registry import check_engine_options as check_declared
 
         check_declared(engine, engine_options or {})
+    if isinstance(engine, str) and engine_runs_here:
+        require_engine(engine)  # a GPU engine missing here is one line now, not after the export
+    if poolings is not None:  # names need no model: refused before it is read or hashed
+        check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     out = Path(out)
     # --force replaces only a store layerscope made that does not hold the corpus; nothing is deleted yet
     where = claim(out, "store", force=force and not resume, keep=resume,
@@ -114,6 +120,10 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)
     max_len = int(max_length or manifest.max_length)
+    if max_length is not None:  # a length that cannot hold one token of text: refused before any work
+        from layerscope.model.tokenize import check_room
+
+        check_room(handle.encoding_tokenizer(), max_len, prompt_text or "")
     max_batch = int(max_batch or DEFAULT_MAX_BATCH)
     variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
     settings = {

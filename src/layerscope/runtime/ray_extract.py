@@ -143,7 +143,7 @@ def _extract(model, source, out: str | Path, *, address: str | None, workers: in
     ex = prepare_extraction(model, source, Path(out).resolve(), engine=engine, layers=layers, poolings=poolings,
                             dtype=dtype, batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length,
                             resume=resume, force=force, engine_options=engine_options,
-                            trust_remote_code=trust_remote_code)
+                            trust_remote_code=trust_remote_code, engine_runs_here=False)
     if ex.settings["prompt"]:
         raise InputError(f"{ex.handle.spec} puts a default prompt before every text, which --ray does not apply "
                          "yet; run without --ray")

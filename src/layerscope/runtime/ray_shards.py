@@ -90,7 +90,7 @@ class ShardWorker:
         return texts
 
     def _one(self, k: int, start: int, stop: int, offset: int) -> dict[str, Any]:
-        from layerscope.runtime.batching import encode_plan
+        from layerscope.runtime.batching import check_finite, encode_plan
 
         final = shard_dir(self.store_dir, k)
         if shard_ready(self.store_dir, k):  # a retry after the shard was already written
@@ -114,7 +114,7 @@ class ShardWorker:
         for b in encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch):
             t_run = time.perf_counter()  # the batch was tokenized while the loop asked for it
             t_tok += t_run - t
-            pooled = self.eng.run(b, self.layers, self.poolings)
+            pooled = check_finite(self.eng.run(b, self.layers, self.poolings), self.layers, b)
             t_engine += time.perf_counter() - t_run
             for p in self.poolings:
                 out[p][:, b.index] = pooled[p]

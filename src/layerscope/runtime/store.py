@@ -214,7 +214,10 @@ class LayerStore:
     def commit(self, index: np.ndarray) -> None:
         """Flush the arrays, then mark rows done (in that order).
 
-        Once flushed, the written pages are released from this process's mapping
+        A memmap's flush is ``msync(MS_SYNC)``: it returns once the rows are on the disk, not only in the
+        page cache, so an OS crash can lose rows that are not marked done, never mark rows whose vectors
+        were lost. ``done`` is changed only after that (a shared mapping reaches the file as soon as it is
+        written to). Once flushed, the written pages are released from this process's mapping
         (they stay in the file and the page cache), so the resident memory of a long
         extraction stays flat instead of growing with the store.
         """

@@ -26,6 +26,51 @@ class Layers(list):
         self.with_raw = bool(with_raw)
 
 
+def canonical_layer(layer: int | str, num_layers: int) -> str | None:
+    """The canonical name of one layer given as ``6``, ``-1``, ``"6"`` or ``"raw"``, None if it is none."""
+    name = str(layer).strip()
+    if name == RAW:
+        return RAW
+    try:
+        i = int(name)
+    except ValueError:
+        return None
+    i = i + num_layers + 1 if i < 0 else i
+    return str(i) if 0 <= i <= num_layers else None
+
+
+class LayerVectors(dict):
+    """``{(pooling, layer): vectors}`` that takes a layer as ``LayerStore`` does: ``("mean", 6)``,
+    ``("mean", -1)``, ``("mean", "6")`` all name the last layer of a 6-layer model (keys iterate as made)."""
+
+    def __init__(self, items, num_layers: int):
+        super().__init__(items)
+        self.num_layers = int(num_layers)
+
+    def _key(self, key):
+        if dict.__contains__(self, key):
+            return key
+        if not (isinstance(key, tuple) and len(key) == 2):
+            return None
+        pooling, layer = key
+        name = canonical_layer(layer, self.num_layers)
+        return next((k for k in dict.keys(self) if k[0] == pooling and name is not None
+                     and canonical_layer(k[1], self.num_layers) == name), None)
+
+    def __getitem__(self, key):
+        found = self._key(key)
+        if found is None:
+            raise KeyError(key)
+        return dict.__getitem__(self, found)
+
+    def __contains__(self, key) -> bool:
+        return self._key(key) is not None
+
+    def get(self, key, default=None):
+        found = self._key(key)
+        return default if found is None else dict.__getitem__(self, found)
+
+
 def layer_names(num_layers: int, *, with_raw: bool = True) -> list[str]:
     """Canonical names: ``raw`` (word embeddings), ``0`` (embedding output), ``1``..``L``."""
     return ([RAW] if with_raw else []) + [str(i) for i in range(num_layers + 1)]

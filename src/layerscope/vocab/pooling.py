@@ -320,6 +320,18 @@ def with_st(poolings: list[str], compute: Callable[[list[str]], Mapping[str, Any
     return {p: got[p] for p in poolings}
 
 
+def family_poolings(manifest: Mapping[str, Any], analysis_defaults) -> list[str]:
+    """The poolings an analysis compares when none are asked for, from the model's family: a decoder's
+    first token is just the first word, so decoders get ``last`` (their own) and ``mean``; CLIP gets ``eos``
+    (its own pooled output); every other family the analysis's defaults (``mean``, ``cls``)."""
+    own = manifest.get("default_pooling", "mean")
+    if manifest.get("kind") == "decoder" or own == "last":
+        return [own, "mean"] if own != "mean" else ["mean", "last"]
+    if own == EOS and manifest.get("pooled_output"):
+        return [EOS]
+    return list(analysis_defaults)
+
+
 def default_poolings(manifest: Any) -> list[str]:
     """``st`` for a sentence-transformers checkpoint layerscope can reproduce, else the family default
     (``manifest``: the typed Manifest of model/manifest_type.py, read by its attributes)."""
