@@ -27,7 +27,7 @@ class FakeEngine(Engine):
     def __init__(self, model, **options):
         super().__init__(model)
         self.info.provider = "fake"
-        hidden = int(self.manifest["hidden_size"])
+        hidden = int(self.manifest.hidden_size)
         self._basis = np.random.default_rng(0).standard_normal((4096, hidden)).astype(np.float32)
 
     def run(self, batch, layers, poolings):

@@ -26,12 +26,12 @@ def check_limits(*, batch_tokens=None, max_batch=None, max_length=None, threads=
     _positive("--threads", threads, "threads")
 
 
-def check_max_length(max_length, manifest: dict, spec: str = "the model") -> None:
+def check_max_length(max_length, manifest, spec: str = "the model") -> None:
     """``--max-length`` within 1 .. the model's own limit (``max_length`` in its manifest)."""
     if max_length is None:
         return
     _positive("--max-length", max_length, "tokens")
-    limit = manifest.get("max_length")
+    limit = manifest.max_length  # the typed Manifest (model/manifest_type.py)
     if limit is not None and max_length > int(limit):
         raise InputError(f"--max-length {max_length} is above what {spec} can read ({int(limit)} tokens, "
                          f"its position limit); use at most {int(limit)}")

@@ -7,11 +7,14 @@ the caller used: ask for ``-1`` and the key is ``-1``, not the canonical ``'6'``
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
 from layerscope.errors import InputError
+
+if TYPE_CHECKING:
+    from layerscope.model.manifest_type import Manifest
 
 LayerKey = Any  # a layer as the caller named it: -1, "-1", "raw", "last", or a canonical name from a range
 
@@ -63,16 +66,17 @@ class EmbeddingModel:
 
     # -- what the model is --------------------------------------------------
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Manifest:
+        """The model's typed manifest (model/manifest_type.py); ``manifest.to_dict()`` gives its JSON form."""
         return self.engine.manifest
 
     @property
     def num_layers(self) -> int:
-        return int(self.manifest["num_layers"])
+        return self.manifest.num_layers
 
     @property
     def hidden_size(self) -> int:
-        return int(self.manifest["hidden_size"])
+        return self.manifest.hidden_size
 
     @property
     def default_poolings(self) -> list[str]:
@@ -82,11 +86,11 @@ class EmbeddingModel:
 
     @property
     def prompts(self) -> dict[str, str]:
-        return dict((self.manifest.get("sentence_transformers") or {}).get("prompts") or {})
+        return self.manifest.st_prompts
 
     @property
     def similarity_fn_name(self) -> str:
-        return (self.manifest.get("sentence_transformers") or {}).get("similarity_fn_name") or "cosine"
+        return self.manifest.similarity_fn_name
 
     # -- encoding -------------------------------------------------------------
     def embed(self, texts: str | Iterable[str], *, layers="all", poolings=None, prompt_name: str | None = None,
@@ -125,7 +129,7 @@ class EmbeddingModel:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"EmbeddingModel({self.manifest['source'].get('spec')!r}, engine={self.engine.info.name}, "
+        return (f"EmbeddingModel({self.manifest.source.spec!r}, engine={self.engine.info.name}, "
                 f"layers=raw,0..{self.num_layers}, default pooling={self.default_poolings[0]})")
 
 

@@ -130,12 +130,17 @@ def test_older_results_still_open_and_say_how_to_upgrade(tiny_model, tmp_path, c
     doc = json.loads(Path("r/results.json").read_text())
     for key in ("format", "spec", "spec_hash"):
         doc.pop(key)
-    Path("r/results.json").write_text(json.dumps(doc))  # as an older layerscope wrote it
+    Path("r/results.json").write_text(json.dumps(doc))  # as an older layerscope wrote it,
+    Path("r/.layerscope.json").unlink()  # which recorded no files
     code, text = cli(["report", "r"], capsys)
     assert code == 0 and "re-rendered" in text, text
     code, text = cli(sts(model, data, "--out", "r"), capsys)
-    assert code == 2 and "older layerscope" in text and "--force" in text, text
-    assert cli(sts(model, data, "--out", "r", "--force"), capsys)[0] == 0
+    assert code == 2 and "older layerscope" in text and "mv r r-old" in text, text
+    # --force never deletes a folder whose files were not recorded as layerscope's: it says so
+    code, text = cli(sts(model, data, "--out", "r", "--force"), capsys)
+    assert code == 2 and "older layerscope" in text and Path("r/results.json").is_file(), text
+    Path("r").rename("r-old")
+    assert cli(sts(model, data, "--out", "r"), capsys)[0] == 0
     assert json.loads(Path("r/results.json").read_text())["format"] >= 1
 
 

@@ -107,7 +107,9 @@ def test_a_failed_reservation_names_the_bytes_and_cleans_up(tmp_path, monkeypatc
 
 def test_reserved_arrays_are_allocated_not_sparse(tmp_path):
     store = LayerStore.create(tmp_path / "s", n=1000, layers=["raw"], poolings=["mean"], hidden_size=256,
-                              dtype="float32", manifest={"num_layers": 0, "hidden_size": 256}, settings={})
+                              dtype="float32", settings={},
+                              manifest={"num_layers": 0, "hidden_size": 256, "family": "bert",
+                                        "source": {"spec": "m", "path_or_id": "m"}})
     path = tmp_path / "s" / "arrays" / "mean" / "raw.npy"
     st = path.stat()
     if st.st_blocks * 512 < st.st_size and os.statvfs(path).f_bsize:  # tmpfs, ext4, xfs all support it

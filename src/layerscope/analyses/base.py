@@ -85,12 +85,11 @@ class ModelRun:
 
     @property
     def name(self) -> str:
-        src = self.handle.manifest.get("source", {})
-        return src.get("alias") or self.spec
+        return self.handle.manifest.source.alias or self.spec
 
     @property
     def num_layers(self) -> int:
-        return int(self.handle.manifest["num_layers"])
+        return self.handle.manifest.num_layers
 
 
 @dataclass(frozen=True)
@@ -267,7 +266,7 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
     from layerscope.vocab.layers import resolve_layers
 
     try:
-        return resolve_layers(spec, int(handle.manifest["num_layers"]))
+        return resolve_layers(spec, handle.manifest.num_layers)
     except InputError as exc:
         raise InputError(f"--layers {spec} for model {model}: {exc}") from None
 
@@ -325,7 +324,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     from layerscope.analyses.layout import (claim_result_dir, default_result_dir, model_name, model_revision,
                                             write_runs_index)
     from layerscope.analyses.spec import RESULTS_FORMAT, ModelSpec, RunSpec, make_options, options_dict
-    from layerscope.engines.registry import engine_spec
+    from layerscope.engines.registry import check_engine_options, engine_spec, gradient_engine
     from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
 
@@ -352,6 +351,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     t0 = time.perf_counter()
     given = dict(ctx.options)
     engine_options = dict(given.pop("engine_options", None) or {})
+    check_engine_options(ctx.engine, engine_options)  # a mistyped engine option: one line, before any folder
     opts = make_options(meta, given, say=ctx.say)  # every default filled in
     ctx = replace(ctx, options=options_dict(opts), opts=opts)  # the run's own copy; the caller's is untouched
 
@@ -368,7 +368,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
         from layerscope.vocab.pooling import check_poolings
 
         check_poolings(ctx.poolings)
-    engine_name = "torch" if meta.needs_gradients else ctx.engine
+    engine_name = gradient_engine(ctx.engine) if meta.needs_gradients else ctx.engine
     limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
     opened: list[Any] = [None] * len(handles)
     try:
@@ -423,7 +423,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
             per_model[key] = as_output(figures)
             from layerscope.export.cache import export_record
 
-            models_meta[key] = {"spec": spec, "manifest": run.handle.manifest, "engine": engine.info.to_dict(),
+            models_meta[key] = {"spec": spec, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
                                 "export": export_record(run.handle)}
     finally:
         for engine in opened:

@@ -56,7 +56,7 @@ def resolve_poolings(ctx, handle, default=("mean",)) -> list[str]:
     from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
     pools = check_poolings(list(ctx.poolings or default))
-    require_pooled_output(pools, handle.manifest.get("pooled_output"), handle.manifest.get("family"))
+    require_pooled_output(pools, handle.manifest.pooled_output, handle.manifest.family)
     return pools
 
 

@@ -26,7 +26,7 @@ OWN_LAYER = "pooled"
 
 def own_pooled_vectors(run: ModelRun, texts: list[str], batch_size: int = 64) -> np.ndarray | None:
     """The model's own pooled output for every text (CLIP's pooler_output), or None where it has none."""
-    if not run.handle.manifest.get("pooled_output") or not hasattr(run.engine, "pooled_output"):
+    if not run.handle.manifest.pooled_output:
         return None
     encoder = run.engine.encoder()
     parts = []
@@ -148,7 +148,7 @@ class Compositionality(Analysis):
                       for r in rows if r["layer"] in (final, OWN_LAYER)},
             "headline": heads,
             "intervals": method(len(items), "items", ctx.seed),
-            "own_pooled_output": run.handle.manifest.get("pooled_output") if own is not None else None,
+            "own_pooled_output": run.handle.manifest.pooled_output if own is not None else None,
         }
         return ModelOutput({"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}},
                            compare=compare)

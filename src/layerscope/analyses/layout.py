@@ -102,7 +102,7 @@ def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = 
     if not (same or force or (recompute and older)):
         if older:
             why = ("a result written by an older layerscope, without a run spec; it still opens with "
-                   f"`layerscope report {out}`; replace it with --force (or --recompute), or keep it with another --out")
+                   f"`layerscope report {out}`; keep it and give another --out, or move it aside (mv {out} {out}-old)")
             raise InputError(f"{out} holds {why}")
         if complete:
             why = "a run that differs in " + ", ".join(spec.differences(earlier.identity))

@@ -87,10 +87,10 @@ class Lens(Analysis):
         idx = [int(x) for x in names]
         handle = run.handle
         tok = handle.tokenizer()
-        vocab = int(handle.manifest["vocab_size"])
+        vocab = int(handle.manifest.vocab_size)
         if k > vocab:
             raise InputError(f"--top-k {k} is larger than the vocabulary ({vocab})")
-        decoder = handle.manifest["kind"] == "decoder"
+        decoder = handle.manifest.kind == "decoder"
         special = set(int(i) for i in tok.all_special_ids)
         runner, head_info, path = self._runner(ctx, run, k)
         acc = LensAccumulator(idx, special, decoder)

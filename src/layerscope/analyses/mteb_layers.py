@@ -161,11 +161,11 @@ class MtebAnalysis(Analysis):
         poolings = poolings_for(ctx, run)
         cache = VectorCache(EmbeddingModel.from_engine(run.engine), layers, poolings)
         slug = run.name.replace("/", "-")
-        src = run.handle.manifest.get("source", {})
         from layerscope.ownership import safe_part
 
-        revision = safe_part(str(src.get("weights_sha256") or "local")[:12], "the model's source.weights_sha256")
-        st = run.handle.manifest.get("sentence_transformers") or {}
+        revision = safe_part(str(run.handle.manifest.source.weights_sha256 or "local")[:12],
+                             "the model's source.weights_sha256")
+        st = run.handle.manifest.sentence_transformers or {}
         rows, files = [], {}
         with tempfile.TemporaryDirectory(prefix="layerscope-mteb-") as tmp:
             result_cache = mteb.ResultCache(tmp)

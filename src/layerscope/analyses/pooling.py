@@ -139,11 +139,11 @@ class Pooling(Analysis):
         L = run.num_layers
         poolings = poolings_for(ctx, run)
         notes = []
-        if run.handle.manifest.get("pooled_output"):
+        if run.handle.manifest.pooled_output:
             if "eos" not in poolings:
                 poolings.append("eos")
         else:
-            notes.append(f"eos: {run.handle.manifest.get('family')} has no pooled output of its own, so there is "
+            notes.append(f"eos: {run.handle.manifest.family} has no pooled output of its own, so there is "
                          "no eos vector (its last token is 'last')")
         last4 = [str(i) for i in range(max(1, L - 3), L + 1)]
         layers = list(dict.fromkeys(last4 + ([str(L - 1)] if L >= 2 else [])))
@@ -162,7 +162,7 @@ class Pooling(Analysis):
         if L >= 2:
             variants.append((f"mean@{L - 1}", "mean", str(L - 1), vecs["mean", str(L - 1)]))
         n_boot = self.options(ctx).n_boot
-        hidden = int(run.handle.manifest["hidden_size"])
+        hidden = run.handle.manifest.hidden_size
         var_rows, quant_rows, trunc_rows, sims_by = [], [], [], {}
         for name, pool, layer_desc, v in variants:
             sims = sims_by[pool, _choice(layer_desc, L)] = paired_cosine(v[i1], v[i2])
@@ -202,7 +202,7 @@ class Pooling(Analysis):
         defined = [r for r in var_rows if r["spearman"] is not None]
         best = max(defined, key=lambda r: r["spearman"]) if defined else None
         best_ret = max(var_rows, key=lambda r: r["mrr"])
-        default = f"{run.handle.manifest.get('default_pooling', 'mean')}@{L}"
+        default = f"{run.handle.manifest.default_pooling}@{L}"
         if default not in {r["variant"] for r in var_rows}:
             default = var_rows[0]["variant"]
         keep = {r["method"]: {k: r[k] for k in ("retention_spearman", "retention_mrr", "retention_acc@1")}

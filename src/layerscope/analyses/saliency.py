@@ -77,7 +77,7 @@ class Saliency(Analysis):
     )
 
     def default_poolings(self, handle) -> list[str]:
-        return [handle.manifest.get("default_pooling", "mean")]
+        return [handle.manifest.default_pooling]
 
     # ------------------------------------------------------------------ data
     def prepare(self, ctx: Context) -> Any:
@@ -144,7 +144,7 @@ class Saliency(Analysis):
         repl, repl_str = replacement_token(tok)
         torch.manual_seed(ctx.seed)
         model = load_decoding_model(handle)
-        max_len = handle.manifest["max_length"]
+        max_len = handle.manifest.max_length
 
         texts: list[str] = data["texts"]
         encoded = [model_inputs(handle, tok, [t], max_len) for t in texts]

@@ -123,16 +123,15 @@ def _store_layers(store, spec: str) -> list[str]:
         return store.layers
     from layerscope.vocab.layers import resolve_layers
 
-    wanted = resolve_layers(spec, int(store.manifest["num_layers"]))
+    wanted = resolve_layers(spec, store.manifest.num_layers)
     missing = [w for w in wanted if w not in store.layers]
     if missing:
         raise InputError(f"layers {', '.join(missing)} are not in {store.path} (it holds {', '.join(store.layers)})")
     return wanted
 
 
-def _label(manifest: dict, fallback: str) -> str:
-    src = manifest.get("source", {})
-    return src.get("alias") or src.get("spec") or fallback
+def _label(manifest, fallback: str) -> str:
+    return manifest.source.alias or manifest.source.spec or fallback
 
 
 @register
@@ -242,7 +241,7 @@ class Similarity(Analysis):
             figures = self._figures(ctx, get, layers, n)
             figures["store"] = str(st.path)
             per_model[label] = ModelOutput(figures, kept=(get, layers, n))
-            meta[label] = {"spec": str(st.path), "manifest": st.manifest, "engine": st.settings.get("engine", {})
+            meta[label] = {"spec": str(st.path), "manifest": st.manifest.to_dict(), "engine": st.settings.get("engine", {})
                            if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
         return per_model, meta
 

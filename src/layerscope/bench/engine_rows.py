@@ -54,7 +54,7 @@ def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n
         except InputError as exc:
             run.fail(str(exc))
             return run, None, None, None
-        if spec.variant not in handle.manifest.get("variants", {}):
+        if spec.variant not in handle.manifest.variants:
             if not cfg.make_variants:
                 run.fail(f"the export has no '{spec.variant}' variant (make it with layerscope optimize "
                          f"{handle.export_dir} --variant {spec.variant})")

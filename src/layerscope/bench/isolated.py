@@ -173,7 +173,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         raise InputError("--rounds and --passes must be at least 1")
     handle = ensure_export(cfg.model)
     manifest = handle.manifest
-    num_layers = int(manifest["num_layers"])
+    num_layers = manifest.num_layers
     layers = (layer_names(num_layers, with_raw=False) if cfg.layers == "all-hidden"
               else resolve_layers(cfg.layers, num_layers, with_raw=False))
     n_acc = min(len(cfg.texts), cfg.accuracy_rows)
@@ -222,10 +222,9 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     return {
         "kind": "layerscope-bench-isolated",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": {"spec": cfg.model, "export_dir": str(handle.export_dir), "family": manifest["family"],
-                  "num_layers": num_layers, "hidden_size": int(manifest["hidden_size"]), "shapes": shapes,
-                  "source": manifest["source"].get("alias") or manifest["source"].get("path_or_id"),
-                  "onnx_sha256": manifest.get("onnx_sha256")},
+        "model": {"spec": cfg.model, "export_dir": str(handle.export_dir), "family": manifest.family,
+                  "num_layers": num_layers, "hidden_size": manifest.hidden_size, "shapes": shapes,
+                  "source": manifest.source.label, "onnx_sha256": manifest.onnx_sha256},
         "corpus": {"name": cfg.corpus, "texts": len(cfg.texts), "tokens_unpadded": int(lengths.sum()),
                    "flops": flops},
         "settings": {"layers": layers, "pooling": cfg.pooling, "rounds": cfg.rounds, "passes": cfg.passes,
@@ -242,8 +241,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
 def _token_lengths(handle, cfg: IsolatedConfig) -> np.ndarray:
     from layerscope.model.tokenize import Encoder
 
-    max_length = int(cfg.max_length or handle.manifest["max_length"])
-    enc = Encoder(handle.encoding_tokenizer(), handle.manifest["inputs"], max_length)
+    max_length = int(cfg.max_length or handle.manifest.max_length)
+    enc = Encoder(handle.encoding_tokenizer(), list(handle.manifest.inputs), max_length)
     return np.minimum(enc.token_lengths(cfg.texts), max_length)
 
 

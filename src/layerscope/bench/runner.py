@@ -131,7 +131,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         handle = ensure_export(handle)
     manifest = handle.manifest
     check_max_length(cfg.max_length, manifest, cfg.model)
-    num_layers = int(manifest["num_layers"])
+    num_layers = manifest.num_layers
     if cfg.layers == "all-hidden":
         layers = layer_names(num_layers, with_raw=False)
     else:
@@ -139,8 +139,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.vocab.pooling import MASK_POOLINGS, check_poolings
 
     cfg.pooling = check_poolings([cfg.pooling], available=MASK_POOLINGS)[0]
-    cfg.extra.setdefault("hidden_size", int(manifest["hidden_size"]))
-    cfg.extra.setdefault("max_length", int(manifest["max_length"]))
+    cfg.extra.setdefault("hidden_size", manifest.hidden_size)
+    cfg.extra.setdefault("max_length", int(manifest.max_length))
     n_acc = min(len(cfg.texts), cfg.accuracy_rows)
     source = handle.source()
     family = handle.family()
@@ -200,9 +200,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     return {
         "kind": "layerscope-bench",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": {"spec": cfg.model, "export_dir": str(handle.export_dir), "family": manifest["family"],
-                  "num_layers": num_layers, "hidden_size": int(manifest["hidden_size"]),
-                  "source": manifest["source"].get("alias") or manifest["source"].get("path_or_id")},
+        "model": {"spec": cfg.model, "export_dir": str(handle.export_dir), "family": manifest.family,
+                  "num_layers": num_layers, "hidden_size": manifest.hidden_size, "source": manifest.source.label},
         "corpus": {"name": cfg.corpus, "texts": len(cfg.texts),
                    "tokens_unpadded": next((r["tokens"] for r in results if r.get("tokens")), None)},
         "settings": {"layers": layers, "pooling": cfg.pooling, "batch_tokens": cfg.batch_tokens,

@@ -47,7 +47,7 @@ def _engine_row(job: dict[str, Any]) -> Row:
     options = dict(job.get("options") or {})
     variant = job.get("variant")
     needs = "int8" if job["engine"] == "ov" and variant == "int8" else (variant if job["engine"] != "ov" else None)
-    if needs and needs not in handle.manifest.get("variants", {}):
+    if needs and needs not in handle.manifest.variants:
         from layerscope.export.variants import make_variant
         from layerscope.model.variants import check_kind
 
@@ -61,7 +61,7 @@ def _engine_row(job: dict[str, Any]) -> Row:
     eng = open_engine(handle, job["engine"], **options)
     layers, pooling = job["layers"], job["pooling"]
     kw = dict(batch_tokens=job.get("batch_tokens"), max_batch=job["max_batch"], max_length=job.get("max_length"))
-    hidden = int(handle.manifest["hidden_size"])
+    hidden = handle.manifest.hidden_size
 
     def encode(texts: list[str]) -> np.ndarray:
         out = np.empty((len(layers), len(texts), hidden), np.float32)
@@ -124,7 +124,7 @@ def _hf_row(job: dict[str, Any]) -> Row:
     tok = AutoTokenizer.from_pretrained(source.path_or_id)
     net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32).eval()
     layers, size = job["layers"], int(job["hf_batch_size"])
-    max_len = int(job.get("max_length") or handle.manifest["max_length"])
+    max_len = int(job.get("max_length") or handle.manifest.max_length)
     parts = dict.fromkeys(("tokenize_s", "engine_s", "pool_copy_s", "write_s"), 0.0)
 
     def encode(texts: list[str]) -> np.ndarray:

@@ -122,7 +122,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
     from layerscope.model.source import load_torch_model
 
     family = handle.family()
-    num_layers = int(handle.manifest["num_layers"])
+    num_layers = handle.manifest.num_layers
     source = handle.source()
     trc = getattr(handle, "trust_remote_code", False)
     stored = None
@@ -131,7 +131,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
 
         stored = load_stored_head(handle.export_dir, handle.manifest)
     if stored is not None:
-        entry = handle.manifest["lm_head"]
+        entry = handle.manifest.lm_head
         info = HeadInfo(entry["kind"], entry["description"], bool(entry["final_norm_below_last"]),
                         tuple(entry.get("missing_head_weights") or ()))
         head = _decoding_module(stored["kind"], stored["head"], stored["norm"], stored["word_embeddings"],
@@ -186,5 +186,5 @@ def model_inputs(handle, tokenizer, texts: list[str], max_length: int | None = N
 
     from layerscope.model.tokenize import Encoder
 
-    enc = Encoder(tokenizer, handle.manifest["inputs"], max_length or handle.manifest["max_length"])(texts)
+    enc = Encoder(tokenizer, list(handle.manifest.inputs), max_length or handle.manifest.max_length)(texts)
     return {k: torch.from_numpy(v) for k, v in enc.inputs.items()}

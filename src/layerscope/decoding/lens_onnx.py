@@ -119,7 +119,7 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
     handle = ModelHandle.resolve(export_dir)
     if not handle.is_export:
         raise InputError(f"{export_dir} is not an export dir; run layerscope export first")
-    vocab = int(handle.manifest["vocab_size"])
+    vocab = int(handle.manifest.vocab_size)
     if k > vocab:
         raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")
     model = load_decoding_model(handle)
@@ -131,7 +131,7 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
     out_dir = Path(handle.export_dir)
     with tempfile.TemporaryDirectory() as tmp:
         head_path = Path(tmp) / "head.onnx"
-        _trace_head(model, k, int(handle.manifest["hidden_size"]), opset, head_path)
+        _trace_head(model, k, handle.manifest.hidden_size, opset, head_path)
         head = onnx.load(str(head_path))
     keep = {*hidden_outputs(model.num_layers), "input_ids", "attention_mask", *OUTPUTS}
     _append(base, head, keep)
@@ -147,7 +147,7 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
     os.replace(tmp_file, target)
     external.check_graph(target)
     sidecar = {"file": target.name, "k": k, "head": model.info.to_dict(), "outputs": list(OUTPUTS),
-               "sha256": file_sha256(target), "model_onnx_sha256": handle.manifest.get("onnx_sha256")}
+               "sha256": file_sha256(target), "model_onnx_sha256": handle.manifest.onnx_sha256}
     if check:
         sidecar["parity"] = lens_parity(handle, model, target, k)
         if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
@@ -163,7 +163,7 @@ def read_sidecar(handle, k: int) -> dict[str, Any] | None:
     if not path.exists() or not (Path(handle.export_dir) / lens_file(k)).exists():
         return None
     meta = json.loads(path.read_text(encoding="utf-8"))
-    if meta.get("model_onnx_sha256") != handle.manifest.get("onnx_sha256"):
+    if meta.get("model_onnx_sha256") != handle.manifest.onnx_sha256:
         return None  # made for an earlier model.onnx
     return meta
 

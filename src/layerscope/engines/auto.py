@@ -19,25 +19,22 @@ from typing import Any
 
 from layerscope.engines.registry import EngineSpec, auto_order, engines, fallback_engine, register
 from layerscope.errors import EngineUnavailableError, InputError
-from layerscope.vocab.outputs import is_layer_or_pooled
+from layerscope.model.manifest_type import Manifest, Parity
 
 DEFAULT_MIN_COSINE = 0.9999
 
 
-def recorded_min_cosine(manifest: dict[str, Any], key: str) -> float | None:
-    """Worst cosine to torch fp32 over every hidden-state and pooled output, or None if not recorded."""
-    parity = manifest.get("parity") if key == "fp32" else (manifest.get("variants", {}).get(key) or {}).get("parity")
-    outputs = (parity or {}).get("outputs") or {}
-    values = [s["min_cos"] for name, s in outputs.items()
-              if is_layer_or_pooled(name) and s.get("min_cos") is not None]
-    if not values:
-        return None
-    worst = min(values)
-    return None if worst != worst else float(worst)  # NaN: not a usable record
+def recorded_min_cosine(manifest: Manifest | dict[str, Any], key: str) -> float | None:
+    """Worst cosine to torch fp32 over every hidden-state and pooled output, or None if not recorded (or NaN)."""
+    if isinstance(manifest, Manifest):
+        return manifest.min_cosine(key)
+    entry = manifest.get("parity") if key == "fp32" else ((manifest.get("variants") or {}).get(key) or {}).get("parity")
+    parity = Parity.from_dict(entry)  # a bare mapping (a partial one in tests): read through the same type
+    return parity.min_cosine() if parity is not None else None
 
 
 @register(EngineSpec("auto", "the fastest engine that starts here and whose recorded cosine to PyTorch fp32 meets "
-                            "--min-cosine", needs_export=True, device="any", gradients=True))
+                            "--min-cosine", needs_export=True, device="any", gradients=True, picks_engine=True))
 def pick_engine(handle, *, min_cosine: float | None = None, **options):
     min_cos = DEFAULT_MIN_COSINE if min_cosine is None else float(min_cosine)
     if not 0.0 < min_cos <= 1.0:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from layerscope.errors import InputError
 from layerscope.vocab.layers import layer_names
@@ -17,6 +18,8 @@ from layerscope.vocab.layers import layer_names
 if TYPE_CHECKING:  # numpy and the tokenizer load when an engine runs, not when the registry is read
     import numpy as np
 
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest_type import Manifest
     from layerscope.model.tokenize import Batch, Encoder
 
 
@@ -34,30 +37,46 @@ class EngineInfo:
 
 
 class Engine(ABC):
-    """One backend that runs a model and hands back per-layer outputs as numpy arrays."""
+    """One backend that runs a model and hands back per-layer outputs as numpy arrays.
 
-    name: str = ""
+    Everything callers use is declared here: the handle it runs (``model``, also ``handle``), its typed
+    ``manifest``, the ``variant`` it loaded, what ran (``info``), ``encoder``, ``run`` and ``run_tokens``,
+    ``run_outputs`` (named graph outputs), ``pooled_output`` (the model's own pooled output) and ``probe``.
+    """
+
+    name: ClassVar[str] = ""
     preferred_batch_tokens: int = 16384  # padded tokens per batch when the caller does not say
+    variant: str | None = None  # the variant it loaded (None: the fp32 export, or a plain model)
+    model: ModelHandle
+    info: EngineInfo
 
-    def __init__(self, model):
-        from layerscope.model.handle import ModelHandle
-
-        self.model: ModelHandle = model
+    def __init__(self, model: ModelHandle):
+        self.model = model
         self.info = EngineInfo(self.name, "unknown", "cpu")
 
     @property
-    def manifest(self) -> dict[str, Any]:
+    def handle(self) -> ModelHandle:
+        """The model this engine runs (the same object as ``model``)."""
+        return self.model
+
+    @property
+    def manifest(self) -> Manifest:
         return self.model.manifest
 
     @property
     def layer_names(self) -> list[str]:
-        return layer_names(self.manifest["num_layers"])
+        return layer_names(self.manifest.num_layers)
 
     def encoder(self, max_length: int | None = None, prompt: str = "") -> Encoder:
         from layerscope.model.tokenize import Encoder
 
-        return Encoder(self.model.encoding_tokenizer(), self.manifest["inputs"],
-                       max_length or self.manifest["max_length"], prompt)
+        return Encoder(self.model.encoding_tokenizer(), list(self.manifest.inputs),
+                       max_length or self.manifest.max_length, prompt)
+
+    @classmethod
+    def probe(cls, export_dir: Path | None = None) -> tuple[bool, str]:
+        """(works, detail): whether this engine really starts on this machine (``layerscope engines``)."""
+        return True, "no check declared"
 
     @abstractmethod
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
@@ -66,6 +85,15 @@ class Engine(ABC):
     @abstractmethod
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         """Per layer: float32 ``[batch, seq, dim]`` token-level states."""
+
+    def run_outputs(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
+        """The graph outputs ``names`` (an engine that runs ONNX graphs); others refuse in one line."""
+        raise InputError(f"engine '{self.name}' does not run named graph outputs; use an ONNX engine (ort, ov)")
+
+    def pooled_output(self, batch: Batch) -> np.ndarray | None:
+        """The model's own pooled output (e.g. CLIP's pooler) ``[batch, hidden]``; None when the model has none
+        or this engine cannot give it (callers then leave the figure out)."""
+        return None
 
     def run_with_tokens(self, batch: Batch, layers: list[str],
                         poolings: list[str]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
@@ -77,7 +105,7 @@ class Engine(ABC):
         from layerscope.vocab.pooling import ST, pool, with_st
 
         states = self.run_tokens(batch, layers)
-        eos = self.manifest.get("eos_token_id")
+        eos = self.manifest.eos_token_id
 
         def compute(modes: list[str]) -> dict[str, np.ndarray]:
             return {m: np.stack([pool(s, batch.mask, m, input_ids=batch.input_ids, eos_token_id=eos)
@@ -110,7 +138,10 @@ def create_engine(name: str, model: str | Any, **options) -> Engine:
     from layerscope.engines.registry import engine_spec
     from layerscope.model.handle import ModelHandle
 
+    from layerscope.engines.registry import check_engine_options
+
     spec = engine_spec(name)
+    check_engine_options(spec.name, options)  # a mistyped option is one line, before the model is read
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
     if spec.needs_export and not handle.is_export:
         raise InputError(f"engine '{name}' runs an ONNX export and {handle.spec} is not one: open it with "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine
 
-from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
+from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.outputs import layer_output, pooled_output
@@ -161,6 +161,15 @@ def physical_cores() -> int | None:
         return None
 
 
+ORT_OPTIONS = (
+    EngineOption("variant", str, None, "a variant recorded by layerscope optimize (int8, fp16, opt)"),
+    EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
+    EngineOption("opt_level", str, "all", "ONNX Runtime graph optimizations: all, extended, basic or none"),
+    EngineOption("onnx_file", str, None, "another graph of the export to run (the lens graphs)"),
+)
+CUDA_OPTIONS = ORT_OPTIONS + (EngineOption("device_id", int, 0, "the CUDA device"),)
+
+
 class OrtEngine(Engine):
     """Shared session logic; subclasses choose the provider and how outputs come back."""
 
@@ -184,8 +193,8 @@ class OrtEngine(Engine):
             from layerscope.errors import ManifestError
             from layerscope.hashing import file_sha256
 
-            entry = handle.manifest["variants"][self.variant]
-            if not path.exists() or file_sha256(path) != entry["sha256"]:
+            entry = handle.manifest.variants[self.variant]
+            if not path.exists() or file_sha256(path) != entry.sha256:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
@@ -193,11 +202,10 @@ class OrtEngine(Engine):
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.pooled_layers: list[str] = list(self.manifest.get("pooled_layers", []))
+        self.pooled_layers: list[str] = list(self.manifest.pooled_layers)
         self.info.provider = self.session.get_providers()[0]
         self.info.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
-        self.info.precision = (self.manifest.get("variants", {}).get(self.variant, {}).get("precision", "fp32")
-                               if self.variant else self.manifest.get("precision", "fp32"))
+        self.info.precision = self.manifest.variants[self.variant].precision if self.variant else self.manifest.precision
         if self.variant:
             self.info.notes.append(f"variant {self.variant} ({path.name})")
 
@@ -281,7 +289,7 @@ class OrtEngine(Engine):
         if keep is not None:
             keep["states"] = states
         if rest:
-            eos = self.manifest.get("eos_token_id")
+            eos = self.manifest.eos_token_id
             for mode in rest:
                 result[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
                                          for s in states])
@@ -289,7 +297,7 @@ class OrtEngine(Engine):
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
         """The model's own pooled output (CLIP's ``pooler_output``) where the export has it as an output."""
-        name = self.manifest.get("pooled_output")
+        name = self.manifest.pooled_output
         if not name or name not in self.output_names:
             return None
         import numpy as np
@@ -304,6 +312,7 @@ class OrtEngine(Engine):
     "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu",
     auto=(AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
     variant_files=True,
+    options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),),
     bench=(BenchRow(note="fp32, session optimizations on, in-graph pooling"),
            BenchRow("tokens", options=(("in_graph_pooling", False),),
                     note="fp32, token-level states copied out and pooled in numpy"),
@@ -338,7 +347,7 @@ class CpuEngine(OrtEngine):
 
 @register(EngineSpec(
     "cuda", "ONNX Runtime, CUDA execution provider with IO binding", needs_export=True, device="gpu",
-    auto=(AutoRank(20, None, "fp32"),), variant_files=True,
+    auto=(AutoRank(20, None, "fp32"),), variant_files=True, options=CUDA_OPTIONS,
     bench=(BenchRow(note="CUDA EP, IO binding"), BenchRow("fp16", "fp16", note="CUDA EP, fp16 variant"))))
 class CudaEngine(OrtEngine):
     """CUDA EP with IO binding: inputs copied once, outputs allocated by ORT on the device."""
@@ -364,6 +373,9 @@ class CudaEngine(OrtEngine):
 @register(EngineSpec(
     "trt", "ONNX Runtime, TensorRT execution provider (engine and timing caches beside the export)",
     needs_export=True, device="gpu", auto=(AutoRank(10, None, "fp32"),), variant_files=True,
+    options=CUDA_OPTIONS + (EngineOption("fp16", bool, False, "let TensorRT run in fp16"),
+                            EngineOption("opt_batch", int, None, "the batch size TensorRT's profile is tuned for"),
+                            EngineOption("opt_seq", int, None, "the length TensorRT's profile is tuned for")),
     bench=(BenchRow(note="TensorRT EP fp32"), BenchRow("fp16", options=(("fp16", True),), note="TensorRT EP fp16"))))
 class TensorrtEngine(CudaEngine):
     """TensorRT EP: engine and timing caches next to the export, profiles from the batching plan."""
@@ -385,10 +397,10 @@ class TensorrtEngine(CudaEngine):
         cache = Path(self.model.export_dir) / "trt_cache"
         cache.mkdir(exist_ok=True)
         max_batch = int(self.options.get("max_batch", 256))
-        max_seq = int(self.options.get("max_seq", self.manifest["max_length"]))
+        max_seq = int(self.options.get("max_seq", self.manifest.max_length))
         opt_batch = int(self.options.get("opt_batch", min(64, max_batch)))
         opt_seq = int(self.options.get("opt_seq", min(128, max_seq)))
-        names = self.manifest["inputs"]
+        names = self.manifest.inputs
 
         def shapes(b, s):
             return ",".join(f"{n}:{b}x{s}" for n in names)

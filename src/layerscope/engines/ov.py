@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine
 
-from layerscope.engines.registry import AutoRank, BenchRow, EngineSpec, register
+from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.engines.ort import OrtEngine, physical_cores
 from layerscope.errors import EngineUnavailableError, InputError
 
@@ -139,6 +139,8 @@ def ov_variant_key(precision: str) -> str:
 @register(EngineSpec(
     "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
     device="cpu", auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
+    options=(EngineOption("variant", str, None, "the OpenVINO precision: fp32, bf16 or int8"),
+             EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)")),
     bench=(BenchRow(note="OpenVINO fp32, in-graph pooling"),
            BenchRow("bf16", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
            BenchRow("int8", "int8", note="OpenVINO running the dynamic int8 variant"))))
@@ -170,11 +172,11 @@ class OvEngine(OrtEngine):
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.pooled_layers = list(self.manifest.get("pooled_layers", []))
+        self.pooled_layers = list(self.manifest.pooled_layers)
         self.info.provider = f"openvino {self.session.version} CPU ({self.session.precision})"
         self.info.device = "cpu"
         self.info.precision = precision
-        recorded = self.manifest.get("variants", {}).get(ov_variant_key(precision))
+        recorded = self.manifest.variant(ov_variant_key(precision))
         if recorded is None:
             self.info.notes.append(f"accuracy of ov {precision} not recorded yet (layerscope optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
@@ -195,7 +197,7 @@ def _check_sha(handle, kind: str, path: Path) -> None:
     from layerscope.errors import ManifestError
     from layerscope.hashing import file_sha256
 
-    entry = handle.manifest["variants"][kind]
-    if not path.exists() or file_sha256(path) != entry["sha256"]:
+    entry = handle.manifest.variants[kind]
+    if not path.exists() or file_sha256(path) != entry.sha256:
         raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                             f"layerscope optimize {handle.export_dir} --variant {kind} --force")

@@ -41,6 +41,42 @@ class BenchRow:
 
 
 @dataclass(frozen=True)
+class EngineOption:
+    """One option an engine takes (``layerscope.open(model, engine=..., name=value)``, ``--threads``, ...)."""
+
+    name: str
+    type: type  # int, float, bool or str; None is always allowed and means the default
+    default: Any = None
+    help: str = ""
+
+    def check(self, engine: str, value: Any) -> None:
+        """One line when ``value`` is not of this option's type."""
+        import numbers
+
+        if value is None:
+            return
+        ok = {bool: lambda v: isinstance(v, bool),
+              int: lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool),
+              float: lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+              str: lambda v: isinstance(v, str)}.get(self.type, lambda v: isinstance(v, self.type))
+        if not ok(value):
+            from layerscope.errors import InputError
+
+            raise InputError(f"engine '{engine}' option {self.name}={value!r} must be {self.type.__name__}"
+                             f"{f' ({self.help})' if self.help else ''}")
+
+
+# Options every engine takes: hints the batching plan or the CLI hands to whichever engine runs (an engine
+# that has no use for one ignores it; TensorRT builds its profile from max_seq and max_batch).
+COMMON_OPTIONS = (
+    EngineOption("threads", int, None, "intra-op threads"),
+    EngineOption("max_seq", int, None, "the longest input the run feeds, in tokens"),
+    EngineOption("max_batch", int, None, "the most texts in one batch"),
+    EngineOption("min_cosine", float, None, "auto only: the lowest recorded cosine to PyTorch fp32 it accepts"),
+)
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     name: str
     description: str  # one line, shown by ``layerscope engines`` and the docs
@@ -50,6 +86,8 @@ class EngineSpec:
     variant_files: bool = False  # loads a variant's own .onnx file for --variant (auto keeps rank order then)
     fallback: bool = False  # auto's last resort when no ranked candidate starts
     gradients: bool = False  # can run the analyses that need gradients (auto: by picking such an engine)
+    options: tuple[EngineOption, ...] = ()  # what it takes besides COMMON_OPTIONS; anything else is refused
+    picks_engine: bool = False  # starts another engine and hands it the options (auto): takes any engine's options
     bench: tuple[BenchRow, ...] = ()
     factory: Callable[..., Any] | None = field(default=None, compare=False)  # the engine class (or auto's picker)
 
@@ -140,3 +178,43 @@ def bench_rows() -> dict[str, tuple[str, BenchRow]]:
         for row in spec.bench:
             out[spec.name + (f"-{row.suffix}" if row.suffix else "")] = (spec.name, row)
     return out
+
+
+def engine_options(name: str) -> dict[str, EngineOption]:
+    """Every option engine ``name`` takes, by name (an engine that picks another takes any engine's)."""
+    spec = engine_spec(name)
+    declared = [*COMMON_OPTIONS, *spec.options]
+    if spec.picks_engine:
+        declared += [o for s in engines().values() for o in s.options]
+    out: dict[str, EngineOption] = {}
+    for opt in declared:
+        out.setdefault(opt.name, opt)
+    return out
+
+
+def check_engine_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse, in one line and before anything starts, an option engine ``name`` does not take (with the
+    closest one it does) or a value of the wrong type."""
+    known = engine_options(name)
+    for key, value in options.items():
+        if key not in known:
+            from layerscope.errors import InputError, did_you_mean
+
+            raise InputError(f"engine '{name}' has no option '{key}'{did_you_mean(key, known)}; it takes "
+                             f"{', '.join(sorted(known))}")
+        known[key].check(name, value)
+
+
+def gradient_engine(name: str) -> str:
+    """The engine an analysis that needs gradients runs on when ``name`` was asked: ``name`` itself when it
+    declares gradients, or, for an engine that picks another (auto), the first by rank that declares them."""
+    spec = engine_spec(name)
+    if not spec.gradients:
+        from layerscope.errors import InputError
+
+        able = [s.name for s in engines().values() if s.gradients]
+        raise InputError(f"engine '{name}' cannot compute gradients; use --engine {' or '.join(able)}")
+    if not spec.picks_engine:
+        return spec.name
+    able = [s for s in engines().values() if s.gradients and not s.picks_engine]
+    return min(able, key=lambda s: (s.first_rank, not s.fallback)).name  # unranked: the fallback first

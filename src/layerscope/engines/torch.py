@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine
 
-from layerscope.engines.registry import BenchRow, EngineSpec, register
+from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.pooling import ST, pool, with_st
@@ -41,9 +41,14 @@ PARITY_TEXTS = (
 )
 
 
+TORCH_OPTIONS = (EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),)
+
+
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
-    device="any", fallback=True, gradients=True, bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
+    device="any", fallback=True, gradients=True,
+    options=TORCH_OPTIONS,
+    bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     """PyTorch in fp32 with eager attention; subclasses run fp16/bf16 with scaled-dot-product attention.
 
@@ -140,7 +145,7 @@ class TorchEngine(Engine):
         if self.device.type != "cpu" or self.precision != "fp32":
             return self._pool_on_device(batch, layers, poolings)
         states = self.run_tokens(batch, layers)
-        eos = self.manifest.get("eos_token_id")
+        eos = self.manifest.eos_token_id
         out = {}
         for mode in poolings:
             out[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
@@ -159,13 +164,13 @@ class TorchEngine(Engine):
             states = torch.stack([(raw if n == "raw" else hidden[int(n)]).float() for n in layers])
             mask = torch.from_numpy(np.ascontiguousarray(batch.mask)).to(self.device)
             ids = torch.from_numpy(np.ascontiguousarray(batch.input_ids)).to(self.device)
-            eos = self.manifest.get("eos_token_id")
+            eos = self.manifest.eos_token_id
             return {mode: pool_torch(states, mask, mode, input_ids=ids, eos_token_id=eos).cpu().numpy()
                     for mode in poolings}
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
         """The model's own pooled output (CLIP's EOS vector after the final norm), where it has one."""
-        name = self.manifest.get("pooled_output")
+        name = self.manifest.pooled_output
         if not name:
             return None
         _, _, out = self.forward(batch)
@@ -193,7 +198,7 @@ def half_parity(ref: list[list[np.ndarray]], got: list[list[np.ndarray]], masks:
 
 @register(EngineSpec(
     "torch-fp16", "PyTorch in float16 with scaled-dot-product attention (the GPU baseline; checks itself "
-    "against fp32 at start)", needs_export=False, device="any",
+    "against fp32 at start)", needs_export=False, device="any", options=TORCH_OPTIONS,
     bench=(BenchRow(note="PyTorch fp16 + SDPA, poolings on the device"),)))
 class TorchFp16Engine(TorchEngine):
     name = "torch-fp16"
@@ -202,7 +207,7 @@ class TorchFp16Engine(TorchEngine):
 
 @register(EngineSpec(
     "torch-bf16", "PyTorch in bfloat16 with scaled-dot-product attention (checks itself against fp32 at "
-    "start)", needs_export=False, device="any",
+    "start)", needs_export=False, device="any", options=TORCH_OPTIONS,
     bench=(BenchRow(note="PyTorch bf16 + SDPA, poolings on the device"),)))
 class TorchBf16Engine(TorchEngine):
     name = "torch-bf16"

@@ -66,7 +66,7 @@ def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
              # the checkpoint's own sentence-transformers modules (1_Pooling/, Normalize, prompts) are recorded
              # in the manifest at export time: a change there, or an entry made before they were read, is a
              # different export
-             "sentence_transformers": handle.manifest.get("sentence_transformers")}
+             "sentence_transformers": handle.manifest.sentence_transformers}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return {"key": key, **parts}
 
@@ -74,8 +74,8 @@ def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
 def entry_name(handle, key: str) -> str:
     from layerscope.model.manifest import _slug
 
-    src = handle.manifest.get("source", {})
-    name = src.get("alias") or Path(str(src.get("path_or_id") or handle.spec)).name
+    src = handle.manifest.source
+    name = src.alias or Path(str(src.path_or_id or handle.spec)).name
     return f"{_slug(name)}-{key[:16]}"
 
 
@@ -92,10 +92,10 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
     except (ManifestError, OSError) as exc:  # OSError: another process is replacing it right now
         log.warning("cached export %s is damaged or being replaced (%s); exporting it again", target, exc)
         return None
-    if (handle.manifest.get("export_cache") or {}).get("key") != key:
+    if (handle.manifest.export_cache or {}).get("key") != key:
         log.warning("cached export %s was made from other files or settings; exporting it again", target)
         return None
-    if st_recipe is not None and handle.manifest.get("sentence_transformers") != st_recipe:
+    if st_recipe is not None and handle.manifest.sentence_transformers != st_recipe:
         log.warning("cached export %s lacks this checkpoint's sentence-transformers recipe; exporting it again",
                     target)
         return None
@@ -145,5 +145,5 @@ def export_record(handle) -> dict[str, Any] | None:
     if handle is None or getattr(handle, "export_dir", None) is None:
         return None
     man = handle.manifest
-    return {"dir": str(handle.export_dir), "onnx_sha256": man.get("onnx_sha256"),
-            "cache_key": (man.get("export_cache") or {}).get("key"), "made_by": man.get("layerscope_version")}
+    return {"dir": str(handle.export_dir), "onnx_sha256": man.onnx_sha256,
+            "cache_key": (man.export_cache or {}).get("key"), "made_by": man.layerscope_version}

@@ -27,6 +27,7 @@ from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.hashing import file_sha256
 from layerscope.model.describe import describe_model
 from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
+from layerscope.model.manifest_type import Manifest
 from layerscope.model.manifest_check import file_records
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
 from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
@@ -68,7 +69,7 @@ def _one_writer(fn):
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
                  atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
-                 progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> dict[str, Any]:
+                 progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> Manifest:
     """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
 
     ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
@@ -82,11 +83,12 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)
+    info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)  # the manifest's model half
+    model = Manifest.from_dict(info, where=f"the description of {spec}")
     from layerscope.model.families import FAMILIES
     from layerscope.model.source import load_torch_model, resolve_source
 
-    family = FAMILIES[info["family"]]
+    family = FAMILIES[model.family]
     requested = pooled if pooled is not None else default_pooled(family.name)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     require_pooled_output(pooled_modes, family.pooled_output, family.name)
@@ -94,41 +96,41 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     from layerscope.atomic import staged_dir
 
     with staged_dir(output, kind="export") as work:
-        trace = dict(spec=spec, revision=revision, family=family.name, num_layers=info["num_layers"], dtype=dtype,
+        trace = dict(spec=spec, revision=revision, family=family.name, num_layers=model.num_layers, dtype=dtype,
                      opset=opset, trust_remote_code=trust_remote_code, threshold=EXTERNAL_DATA_BYTES)
         weights = checkpoint_weight_bytes(source, dtype)
         if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
             # a big model is loaded and traced in a child process: its memory goes back to the OS when the
             # child exits (in-process, a 3B fp32 model's 12 GB stayed resident after it was freed)
-            say(f"loading and exporting {info['source']['path_or_id']} ({family.name}, {info['num_layers']} "
+            say(f"loading and exporting {model.source.path_or_id} ({family.name}, {model.num_layers} "
                 f"layers, {weights / 1e9:.1f} GB of weights) in a child process")
             trace_in_child(trace, work, weights)
         else:
-            say(f"loading {info['source']['path_or_id']} ({family.name}, {info['num_layers']} layers)")
+            say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers)")
             say("exporting with optimum")
             trace_step(trace, work)
         say("adding raw embeddings and in-graph pooling")
-        onnx_info = _postprocess(work, info, pooled_modes, half=dtype == "fp16")
-        tokenizer_info = _save_tokenizer(source, work, trust_remote_code, info["max_length"])
+        onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
+        tokenizer_info = _save_tokenizer(source, work, trust_remote_code, model.max_length)
         say("keeping the decoding head (lm_head.safetensors) for the lens")
         from layerscope.export.lm_head import save_head
 
-        head_entry = save_head(source, family, info["num_layers"], work, trust_remote_code=trust_remote_code)
+        head_entry = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code)
         say("checking every output against PyTorch (fp32)")
         parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
-                                 family, work / ONNX_FILE, info, validation_texts or VALIDATION_TEXTS,
+                                 family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
-        manifest = _manifest(info, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
+        manifest = _manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
-        manifest["tokenizer"] = tokenizer_info
-        manifest["lm_head"] = head_entry  # a lens made later reads its head here, not from the checkpoint
-        manifest["export_peak_rss_bytes"] = _peak_rss()
+        manifest.update(tokenizer=tokenizer_info,
+                        lm_head=head_entry,  # a lens made later reads its head here, not from the checkpoint
+                        export_peak_rss_bytes=_peak_rss())
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
-            manifest["export_cache"] = cache_entry
+            manifest.update(export_cache=cache_entry)
         if dtype == "fp16":
-            manifest["fp16_nodes_kept_fp32"] = onnx_info["fp16_nodes_kept_fp32"]
-            _check_half(spec, manifest, parity, info["num_layers"])
+            manifest.update(fp16_nodes_kept_fp32=onnx_info["fp16_nodes_kept_fp32"])
+            _check_half(spec, manifest, parity, model.num_layers)
         if dtype == "fp32":
             if not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
                 raise ExportError(
@@ -136,9 +138,9 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
                     f"{worst['max_abs']:.3g} (tolerance {worst['tolerance']:.3g} = {atol:g} + {rtol:g} x its "
                     f"largest value {worst.get('ref_max_abs', 0):.3g}; min cosine {worst['min_cos']:.6f}); "
                     "nothing was written. Try --opset 17, or report the model")
-        manifest["files"] = file_records(work)  # every file's sha256: layerscope verify re-hashes them
+        manifest.update(files=file_records(work))  # every file's sha256: layerscope verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return manifest
+    return Manifest.from_dict(manifest, where=str(output / MANIFEST))
 
 
 def fp32_worst(parity: dict[str, Any], atol: float, rtol: float = FP32_RTOL) -> tuple[str, dict[str, Any]]:
@@ -167,9 +169,8 @@ def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num
     from layerscope.export.half import fp16_failures, fp16_tolerance
 
     tolerance = fp16_tolerance(list(parity["outputs"]), num_layers)
-    manifest["precision"] = "fp16"
-    manifest["parity"]["tolerance_abs"] = None
-    manifest["parity"]["tolerance_fp16"] = tolerance
+    manifest.update(precision="fp16")
+    manifest["parity"].update(tolerance_abs=None, tolerance_fp16=tolerance)
     bad = fp16_failures(parity["outputs"], tolerance)
     if bad:
         raise ExportError(f"fp16 export of {spec} drifts from PyTorch fp32: {bad[0]}"
@@ -314,7 +315,7 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
     return lambda: None
 
 
-def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, half: bool = False) -> dict[str, Any]:
+def _postprocess(work: Path, info: Manifest, pooled_modes: list[str], *, half: bool = False) -> dict[str, Any]:
     import onnx
 
     path = work / ONNX_FILE
@@ -328,15 +329,15 @@ def _postprocess(work: Path, info: dict[str, Any], pooled_modes: list[str], *, h
         kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
         cast_outputs_fp32(model, [o.name for o in model.graph.output])
     hidden_names = hidden_output_names(model)
-    expected = hidden_outputs(info["num_layers"])
+    expected = hidden_outputs(info.num_layers)
     if hidden_names != expected:
         raise ExportError(f"the exported graph has hidden-state outputs {hidden_names}, expected {expected}")
-    add_raw_embeddings_output(model, info["vocab_size"])
+    add_raw_embeddings_output(model, info.vocab_size)
     raw_dim = _output_dim(model, RAW_OUTPUT)
-    layer_tensors = ([RAW_OUTPUT] if raw_dim in (None, info["hidden_size"]) else []) + hidden_names
+    layer_tensors = ([RAW_OUTPUT] if raw_dim in (None, info.hidden_size) else []) + hidden_names
     pooled_layers = [output_layer(t) for t in layer_tensors]
     if pooled_modes:
-        add_pooled_outputs(model, pooled_modes, layer_tensors, info["hidden_size"], info.get("eos_token_id"))
+        add_pooled_outputs(model, pooled_modes, layer_tensors, info.hidden_size, info.eos_token_id)
     # Without its weights the proto is small, so ByteSize is safe; with them it is < 2 GiB or external.
     big = was_external or model.ByteSize() >= EXTERNAL_DATA_BYTES
     external.save_graph(model, path, external=big)
@@ -376,13 +377,13 @@ def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int
     return {"fast": fast_ok, "special_ids": ids}
 
 
-def _manifest(info, onnx_info, pooled_modes, parity, opset, atol, seconds, work: Path) -> dict[str, Any]:
+def _manifest(model: Manifest, onnx_info, pooled_modes, parity, opset, atol, seconds, work: Path) -> dict[str, Any]:
     import onnxruntime
 
     import torch
     import transformers
 
-    manifest = dict(info)
+    manifest = model.to_dict()
     manifest.update({
         "format_version": FORMAT_VERSION,
         "layerscope_version": layerscope.__version__,

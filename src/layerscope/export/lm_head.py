@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ManifestError
+from layerscope.model.manifest_type import Manifest
 
 HEAD_FILE = "lm_head.safetensors"
 
@@ -127,9 +128,9 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
     return entry
 
 
-def load_stored_head(export_dir: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
     """The head parts rebuilt from the export alone, or None when the export keeps no head."""
-    entry = manifest.get("lm_head")
+    entry = manifest.lm_head
     if not entry:
         return None
     import torch
@@ -145,8 +146,8 @@ def load_stored_head(export_dir: Path, manifest: dict[str, Any]) -> dict[str, An
         raise ManifestError(f"{path} is missing or does not match its sha256 in the manifest (changed after "
                             "export); re-export with layerscope export --force")
     tensors = load_file(str(path))
-    family = FAMILIES[manifest["family"]]
-    num_layers = int(manifest["num_layers"])
+    family = FAMILIES[manifest.family]
+    num_layers = manifest.num_layers
     if entry["kind"] == TIED:
         weight = tensors[entry["embedding"]]
         emb = torch.nn.Embedding(weight.shape[0], weight.shape[1], _weight=weight)

@@ -54,7 +54,10 @@ def open_engine(model: str | Path | ModelHandle, engine: str = "auto", *, trust_
     """Engine ``engine`` running ``model``, exporting the model first when that engine runs exports."""
     from layerscope.engines.base import check_engine_name, create_engine, needs_export
 
+    from layerscope.engines.registry import check_engine_options
+
     check_engine_name(engine)
+    check_engine_options(engine, options)  # a mistyped option is one line, before anything is exported
     if needs_export(engine) and not (isinstance(model, ModelHandle) and model.is_export):
         require_engine(engine)  # before the export (or the hash of the weights it is keyed by)
     handle = resolve_model(model, trust_remote_code=trust_remote_code)

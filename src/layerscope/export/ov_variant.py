@@ -16,7 +16,7 @@ from typing import Any
 
 from layerscope.errors import ExportError
 from layerscope.hashing import file_sha256
-from layerscope.model.manifest import ONNX_FILE, read_manifest
+from layerscope.model.manifest import read_manifest
 
 OV_TOLERANCES: dict[str, dict[str, float | None]] = {
     "ov-fp32": {"max_abs": 1e-4, "min_cos": 0.99999},
@@ -52,11 +52,11 @@ def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         file = make_variant(export_dir, "int8", progress=progress)["file"]
         manifest = read_manifest(export_dir)
     else:
-        file = manifest.get("onnx_file", ONNX_FILE)
+        file = manifest.onnx_file
     path = export_dir / file
-    existing = manifest.get("variants", {}).get(kind)
-    if existing and not force and existing.get("file") == file and existing.get("sha256") == file_sha256(path):
-        return existing
+    existing = manifest.variant(kind)
+    if existing and not force and existing.file == file and existing.sha256 == file_sha256(path):
+        return existing.to_dict()
     t0 = time.perf_counter()
     say(f"compiling {file} with OpenVINO ({precision})")
     session = OvSession(path, precision)

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.model.manifest_type import Manifest
+
 VALIDATION_TEXTS = [
     "A man is playing a guitar.",
     "Hi",
@@ -56,7 +58,7 @@ def validation_batches(texts: list[str]) -> list[list[str]]:
     return batches
 
 
-def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: list[str],
+def compare_outputs(net, family, onnx_path: Path, info: Manifest, texts: list[str],
                     pooled_modes: list[str], pooled_layers: list[str], *, session=None,
                     trust_remote_code: bool = False) -> dict[str, Any]:
     """Run ONNX Runtime (CPU) and torch on the same batches; worst error and cosine per output.
@@ -81,7 +83,7 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
     # of a packed anonymous copy (a 3B fp32 export's 12 GB), and the session starts in seconds, not a minute
     session = session or make_session(onnx_path, "CPUExecutionProvider", extra={"session.disable_prepacking": "1"})
     output_names = [o.name for o in session.get_outputs()]
-    encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info["max_length"], MAX_VALIDATION_TOKENS))
+    encoder = Encoder(tok, [i.name for i in session.get_inputs()], min(info.max_length, MAX_VALIDATION_TOKENS))
     batches = validation_batches(texts)
     encoded = [encoder(group) for group in batches]
     outputs = []
@@ -106,7 +108,7 @@ def compare_outputs(net, family, onnx_path: Path, info: dict[str, Any], texts: l
         layer_states = [ref[layer_output(n)] for n in pooled_layers]
         for mode in pooled_modes:
             ref[pooled_output(mode)] = np.stack([
-                pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=info.get("eos_token_id"))
+                pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=info.eos_token_id)
                 for s in layer_states])
         token_valid = batch.mask.astype(bool)
         for name in output_names:

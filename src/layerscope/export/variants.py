@@ -39,7 +39,8 @@ from typing import Any
 
 from layerscope.errors import ExportError, InputError
 from layerscope.hashing import file_sha256
-from layerscope.model.manifest import MANIFEST, ONNX_FILE, read_manifest
+from layerscope.model.manifest import MANIFEST, read_manifest, read_manifest_dict
+from layerscope.model.manifest_type import Manifest
 from layerscope.model.variants import OV_KINDS, check_kind, variant_file
 
 
@@ -60,16 +61,16 @@ FP16_BLOCK_LIST = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLa
                    "Pow", "Sqrt", "Erf"]
 
 
-def _num_heads(export_dir: Path, manifest: dict[str, Any]) -> int:
+def _num_heads(export_dir: Path, manifest: Manifest) -> int:
     cfg_path = export_dir / "config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    cfg = cfg.get("text_config", cfg) if manifest.get("family") == "clip-text" else cfg
+    cfg = cfg.get("text_config", cfg) if manifest.family == "clip-text" else cfg
     return int(cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads") or 0)
 
 
 # ---------------------------------------------------------------- the three transforms
 
-def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: int, *,
+def optimize_graph(src: Path, dst: Path, manifest: Manifest, num_heads: int, *,
                    external: bool = False) -> dict[str, int]:
     """Offline transformer fusion; returns the optimizer's own fused-operator counts (non-zero ones)."""
     from onnxruntime.transformers.fusion_options import FusionOptions
@@ -77,12 +78,12 @@ def optimize_graph(src: Path, dst: Path, manifest: dict[str, Any], num_heads: in
 
     from layerscope.model.families import FAMILIES
 
-    family = FAMILIES.get(manifest.get("family", ""))
+    family = FAMILIES.get(manifest.family)
     model_type = family.optimizer_model_type if family else "bert"
     options = FusionOptions(model_type)
     with _quiet():
         opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
-                             hidden_size=int(manifest["hidden_size"]), opt_level=0, use_gpu=False,
+                             hidden_size=manifest.hidden_size, opt_level=0, use_gpu=False,
                              optimization_options=options)
     stats = {k: int(v) for k, v in opt.get_fused_operator_statistics().items() if v}
     if any(n.domain == "com.microsoft" for n in opt.model.graph.node) and \
@@ -262,12 +263,12 @@ def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
     verify_export(export_dir, manifest)
-    existing = manifest.get("variants", {}).get(kind)
-    if existing and not force and (export_dir / existing["file"]).exists() \
-            and file_sha256(export_dir / existing["file"]) == existing["sha256"]:
-        return existing
-    src = export_dir / manifest.get("onnx_file", ONNX_FILE)
-    big = bool(manifest.get("external_data"))  # then the variant keeps its weights in <file>_data too
+    existing = manifest.variant(kind)
+    if existing and not force and (export_dir / existing.file).exists() \
+            and file_sha256(export_dir / existing.file) == existing.sha256:
+        return existing.to_dict()
+    src = export_dir / manifest.onnx_file
+    big = manifest.external_data  # then the variant keeps its weights in <file>_data too
     dst = export_dir / variant_file(kind)
     t0 = time.perf_counter()
     details: dict[str, Any] = {}
@@ -327,18 +328,16 @@ def _check_outputs(src: Path, dst: Path) -> None:
                           "must keep every hidden-state and pooled output")
 
 
-def variant_parity(export_dir: Path, manifest: dict[str, Any], onnx_path: Path, *, session=None) -> dict[str, Any]:
+def variant_parity(export_dir: Path, manifest: Manifest, onnx_path: Path, *, session=None) -> dict[str, Any]:
     """The export's own parity check (same texts, same batches) run on a variant file."""
     from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
     from layerscope.model.families import FAMILIES
-    from layerscope.model.source import ModelSource, load_torch_model
+    from layerscope.model.source import load_torch_model
 
-    src = manifest["source"]
-    source = ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))
-    family = FAMILIES[manifest["family"]]
-    net = load_torch_model(source, family)
-    return compare_outputs(net, family, onnx_path, manifest, VALIDATION_TEXTS, manifest.get("pooled_modes", []),
-                           manifest.get("pooled_layers", []), session=session)
+    family = FAMILIES[manifest.family]
+    net = load_torch_model(manifest.source.model_source(), family)
+    return compare_outputs(net, family, onnx_path, manifest, VALIDATION_TEXTS, list(manifest.pooled_modes),
+                           list(manifest.pooled_layers), session=session)
 
 
 def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -> str | None:
@@ -359,8 +358,8 @@ def _discard(export_dir: Path, kind: str, dst: Path) -> None:
     from layerscope.atomic import write_json_atomic
 
     _remove(dst)
-    manifest = read_manifest(export_dir)
-    if kind in manifest.get("variants", {}):
+    manifest = read_manifest_dict(export_dir)  # edited and written back
+    if kind in (manifest.get("variants") or {}):
         del manifest["variants"][kind]
         write_json_atomic(export_dir / MANIFEST, manifest)
         logging.getLogger("layerscope").warning("the earlier '%s' variant of %s was replaced and is gone; "
@@ -370,6 +369,6 @@ def _discard(export_dir: Path, kind: str, dst: Path) -> None:
 def _record(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
     from layerscope.atomic import write_json_atomic
 
-    manifest = read_manifest(export_dir)
+    manifest = read_manifest_dict(export_dir)  # edited and written back
     manifest.setdefault("variants", {})[kind] = entry
     write_json_atomic(export_dir / MANIFEST, manifest)

@@ -57,10 +57,10 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         recall = measure_recall(vi, x, qs, k=10)
     manifest = store.manifest
     meta = {
-        "model_key": store.settings.get("model_key") or _manifest_key(manifest),
-        "model": manifest.get("source", {}),
-        "family": manifest.get("family"),
-        "num_layers": manifest.get("num_layers"),
+        "model_key": store.settings.get("model_key") or manifest.key,
+        "model": manifest.source_dict(),
+        "family": manifest.family,
+        "num_layers": manifest.num_layers,
         "layer": layer_name,
         "pooling": pooling,
         "store": str(Path(store_path).resolve()),
@@ -121,11 +121,6 @@ def check_store(index_path: str | Path, meta: dict[str, Any]):
     return store
 
 
-def _manifest_key(manifest: dict) -> str:
-    src = manifest.get("source", {})
-    return src.get("weights_sha256") or f"{src.get('path_or_id')}@{src.get('revision')}"
-
-
 def _model_label(meta_model: dict) -> str:
     return meta_model.get("alias") or meta_model.get("spec") or meta_model.get("path_or_id") or "?"
 
@@ -156,7 +151,7 @@ def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, mod
     if key != meta["model_key"]:
         raise InputError(
             f"index {index_path} was built from model '{_model_label(meta['model'])}' but the query model is "
-            f"'{_model_label(handle.manifest.get('source', {}))}' ({spec}); query with the index's model or "
+            f"'{_model_label(handle.manifest.source_dict())}' ({spec}); query with the index's model or "
             "build an index from this model's store")
     vecs = embed(handle, list(queries), engine=engine, layers=[meta["layer"]], poolings=[meta["pooling"]],
                  max_length=meta.get("max_length"))[meta["pooling"], meta["layer"]]

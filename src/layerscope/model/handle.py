@@ -8,12 +8,13 @@ its cached export when an engine needs one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ManifestError
 from layerscope.model.manifest import MANIFEST, ONNX_FILE, read_manifest, verify_export
+from layerscope.model.manifest_type import Manifest, as_manifest
 
 
 @dataclass
@@ -22,10 +23,16 @@ class ModelHandle:
 
     spec: str
     export_dir: Path | None = None
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Manifest = None  # type: ignore[assignment]  # read once by resolve (a dict given here is read too)
     trust_remote_code: bool = False
     _tokenizer: Any = None
     _fast: Any = None
+
+    def __post_init__(self) -> None:
+        if self.manifest is None:
+            raise ManifestError(f"{self.spec}: a model handle needs its manifest")
+        if not isinstance(self.manifest, Manifest):
+            self.manifest = as_manifest(self.manifest, where=f"the manifest of {self.spec}")
 
     @property
     def is_export(self) -> bool:
@@ -35,7 +42,7 @@ class ModelHandle:
     def onnx_path(self) -> Path:
         if self.export_dir is None:
             raise ManifestError(f"{self.spec} is not an export dir")
-        return self.export_dir / self.manifest.get("onnx_file", ONNX_FILE)
+        return self.export_dir / (self.manifest.onnx_file or ONNX_FILE)
 
     @classmethod
     def resolve(cls, spec: str | Path, *, trust_remote_code: bool = False, verify: bool = True) -> "ModelHandle":
@@ -49,20 +56,17 @@ class ModelHandle:
             raise ManifestError(f"{spec} has a model.onnx but no {MANIFEST}; export it with layerscope export")
         from layerscope.model.describe import describe_model
 
-        return cls(str(spec), None, describe_model(str(spec), trust_remote_code=trust_remote_code),
-                   trust_remote_code)
+        return cls(str(spec), None, Manifest.from_dict(describe_model(str(spec), trust_remote_code=trust_remote_code),
+                                                       where=f"the description of {spec}"), trust_remote_code)
 
     # -- pieces engines need -------------------------------------------------
     def source(self):
-        from layerscope.model.source import ModelSource
-
-        src = self.manifest["source"]
-        return ModelSource(src["spec"], src["path_or_id"], src["is_local"], src.get("revision"), src.get("alias"))
+        return self.manifest.source.model_source()
 
     def family(self):
         from layerscope.model.families import FAMILIES
 
-        return FAMILIES[self.manifest["family"]]
+        return FAMILIES[self.manifest.family]
 
     def tokenizer(self):
         if self._tokenizer is None:
@@ -79,17 +83,16 @@ class ModelHandle:
     def encoding_tokenizer(self):
         """What the engines tokenize with: the ``tokenizers``-only path when the export verified it
         gives exactly Hugging Face's ids (no transformers import), else the Hugging Face tokenizer."""
-        info = self.manifest.get("tokenizer") or {}
-        if self.export_dir is not None and info.get("fast") and (self.export_dir / "tokenizer.json").exists():
+        info = self.manifest.tokenizer
+        if self.export_dir is not None and info and info.fast and (self.export_dir / "tokenizer.json").exists():
             if self._fast is None:
                 from layerscope.model.fast_tokenizer import FastTokenizer
 
-                self._fast = FastTokenizer(self.export_dir / "tokenizer.json", info["special_ids"])
+                self._fast = FastTokenizer(self.export_dir / "tokenizer.json", dict(info.special_ids))
             return self._fast
         return self.tokenizer()
 
     @property
     def key(self) -> str:
         """A stable identity for caching: the weights hash where known, else the source id."""
-        src = self.manifest.get("source", {})
-        return src.get("weights_sha256") or f"{src.get('path_or_id')}@{src.get('revision')}"
+        return self.manifest.key

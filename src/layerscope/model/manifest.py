@@ -14,13 +14,18 @@ from typing import Any
 
 from layerscope.errors import ManifestError
 from layerscope.hashing import file_sha256
+from layerscope.model.manifest_type import FORMAT_VERSION, ONNX_FILE, Manifest, as_manifest
 
 MANIFEST = "manifest.json"
-ONNX_FILE = "model.onnx"
-FORMAT_VERSION = 1
 
 
-def read_manifest(export_dir: Path) -> dict[str, Any]:
+def read_manifest(export_dir: Path) -> Manifest:
+    """The export's manifest, typed (model/manifest_type.py); a missing or unknown format version is one line."""
+    return Manifest.read_export(Path(export_dir), MANIFEST)
+
+
+def read_manifest_dict(export_dir: Path) -> dict[str, Any]:
+    """The export's manifest.json as plain JSON, for the steps that add to it and write it back."""
     path = Path(export_dir) / MANIFEST
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -30,21 +35,22 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
         raise ManifestError(f"{path} is not valid JSON ({exc}); re-run layerscope export") from None
 
 
-def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: bool = True) -> None:
+def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, check_hash: bool = True) -> None:
     """Check that model.onnx is the graph the manifest describes (see manifest_check for what is checked)."""
     from layerscope.model.manifest_check import check_external_data, check_graph, check_paths
 
+    manifest = as_manifest(manifest, where=str(Path(export_dir) / MANIFEST))  # a version it cannot read: one line
     onnx_path = check_paths(Path(export_dir), manifest)
     if not onnx_path.exists():
         raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run layerscope export")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.format_version != FORMAT_VERSION:
         raise ManifestError(
             f"{export_dir} was written by a different layerscope export format "
-            f"({manifest.get('format_version')}, this version reads {FORMAT_VERSION}); re-run layerscope export")
-    if not manifest.get("onnx_sha256"):
+            f"({manifest.format_version}, this version reads {FORMAT_VERSION}); re-run layerscope export")
+    if not manifest.onnx_sha256:
         raise ManifestError(f"{Path(export_dir) / MANIFEST} has no onnx_sha256, so {onnx_path.name} cannot be "
                             "checked; re-export with layerscope export --force")
-    if check_hash and file_sha256(onnx_path) != manifest["onnx_sha256"]:
+    if check_hash and file_sha256(onnx_path) != manifest.onnx_sha256:
         raise ManifestError(
             f"{onnx_path} does not match its manifest (sha256 differs): the file was replaced or "
             "damaged after export; re-run layerscope export")
@@ -52,7 +58,7 @@ def verify_export(export_dir: Path, manifest: dict[str, Any], *, check_hash: boo
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     graph_outputs = [o.name for o in graph.output]
-    listed = list(manifest.get("outputs", {}))
+    listed = list(manifest.outputs)
     if graph_outputs != listed:
         missing = sorted(set(listed) - set(graph_outputs))
         extra = sorted(set(graph_outputs) - set(listed))

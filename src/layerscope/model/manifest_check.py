@@ -22,10 +22,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerscope.hashing import file_sha256
 from layerscope.errors import ManifestError
+
+if TYPE_CHECKING:
+    from layerscope.model.manifest_type import Manifest
 
 MANIFEST = "manifest.json"
 
@@ -71,7 +74,7 @@ def _stacked_layers(graph, layer_of: dict[str, str]) -> list[str] | None:
     return None
 
 
-def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
+def check_graph(export_dir: Path, manifest: Manifest, graph) -> None:
     """The manifest's structural fields against the graph (loaded without external data)."""
     from layerscope.vocab.outputs import RAW_OUTPUT, output_layer, pooled_mode, sorted_hidden_outputs
 
@@ -81,16 +84,13 @@ def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
         raise ManifestError(f"{where} does not match its graph: {what}; re-run layerscope export")
 
     outputs = {o.name: _dims(o) for o in graph.output}
-    listed = manifest.get("outputs")
-    if isinstance(listed, dict) and list(listed) == list(outputs):
+    listed = manifest.outputs
+    if list(listed) == list(outputs):
         for name, dims in outputs.items():
             if list(listed[name]) != dims:
                 refuse(f"output {name} is {dims} in the graph, {listed[name]} in the manifest")
     hidden = sorted_hidden_outputs(outputs)
-    try:
-        num_layers, hidden_size = int(manifest["num_layers"]), int(manifest["hidden_size"])
-    except (KeyError, TypeError, ValueError):
-        refuse("num_layers or hidden_size is missing or not a number")
+    num_layers, hidden_size = manifest.num_layers, manifest.hidden_size  # typed when the manifest was read
     if len(hidden) != num_layers + 1:
         refuse(f"num_layers is {num_layers}, the graph has {len(hidden)} hidden-state outputs")
     for name in hidden:
@@ -102,7 +102,7 @@ def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
         return
     layer_of = {name: output_layer(name) for name in [RAW_OUTPUT, *hidden]}
     stacked = _stacked_layers(graph, layer_of)
-    claimed = [str(x) for x in manifest.get("pooled_layers") or []]
+    claimed = list(manifest.pooled_layers)
     if stacked is None:
         refuse("its pooled outputs do not stack the layer outputs the way layerscope builds them")
     if claimed != stacked:
@@ -113,7 +113,7 @@ def check_graph(export_dir: Path, manifest: dict[str, Any], graph) -> None:
             refuse(f"{name} stacks {first} layers, pooled_layers lists {len(stacked)}")
 
 
-def check_external_data(export_dir: Path, manifest: dict[str, Any], graph) -> None:
+def check_external_data(export_dir: Path, manifest: Manifest, graph) -> None:
     """Every external-data location inside the dir, present, and as large as the graph needs (no hashing)."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
@@ -125,7 +125,7 @@ def check_external_data(export_dir: Path, manifest: dict[str, Any], graph) -> No
         info = ExternalDataInfo(t)
         end = int(info.offset or 0) + int(info.length or 0)
         needed[info.location] = max(needed.get(info.location, 0), end)
-    files = manifest.get("files") or {}
+    files = manifest.files
     for location, end in needed.items():
         path = member(export_dir, location, "the graph's external data file")
         if not path.is_file():
@@ -139,12 +139,12 @@ def check_external_data(export_dir: Path, manifest: dict[str, Any], graph) -> No
                                 "re-run layerscope export")
 
 
-def check_paths(export_dir: Path, manifest: dict[str, Any]) -> Path:
+def check_paths(export_dir: Path, manifest: Manifest) -> Path:
     """Check every path the manifest names; return the main graph's path."""
-    onnx_path = member(export_dir, manifest.get("onnx_file", "model.onnx"), "onnx_file")
-    for kind, entry in (manifest.get("variants") or {}).items():
-        member(export_dir, (entry or {}).get("file"), f"variant {kind!r} file")
-    for rel in manifest.get("files") or {}:
+    onnx_path = member(export_dir, manifest.onnx_file, "onnx_file")
+    for kind, entry in manifest.variants.items():
+        member(export_dir, entry.file, f"variant {kind!r} file")
+    for rel in manifest.files:
         member(export_dir, rel, "file")
     return onnx_path
 
@@ -183,16 +183,16 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     from layerscope.ownership import MARKER
 
     expected: dict[str, str] = {}
-    for rel, rec in (manifest.get("files") or {}).items():
+    for rel, rec in manifest.files.items():
         if rel != MARKER:  # older exports recorded the ownership marker too; it changes as files are added
             expected[rel] = (rec or {}).get("sha256")
     if not expected:
         problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
                         "re-export with layerscope export --force")
-    expected.setdefault(manifest.get("onnx_file", "model.onnx"), manifest.get("onnx_sha256"))
-    for kind, entry in (manifest.get("variants") or {}).items():
-        expected[(entry or {}).get("file")] = (entry or {}).get("sha256")
-        for rel, rec in ((entry or {}).get("external_data") or {}).items():  # a variant of a big export
+    expected.setdefault(manifest.onnx_file, manifest.onnx_sha256)
+    for kind, entry in manifest.variants.items():
+        expected[entry.file] = entry.sha256
+        for rel, rec in (entry.external_data or {}).items():  # a variant of a big export
             expected[rel] = (rec or {}).get("sha256")
     for sidecar in sorted(export_dir.glob("lens-k*.json")):
         try:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layerscope.errors import InputError
+
+if TYPE_CHECKING:
+    from layerscope.model.manifest_type import Manifest
 
 # sentence-transformers pooling mode -> our pooling name
 ST_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last", "max": "max"}
@@ -96,12 +99,12 @@ def read_st_config(model_dir: str | Path) -> dict[str, Any] | None:
     return out
 
 
-def st_recipe(manifest: dict[str, Any]) -> dict[str, Any]:
+def st_recipe(manifest: Manifest) -> dict[str, Any]:
     """The manifest's recipe for the ``st`` pooling, or a clear error when there is none."""
-    if "sentence_transformers" not in manifest and manifest.get("format_version"):
+    if not manifest.records_st:
         raise InputError("pooling 'st' needs the export to record the checkpoint's sentence-transformers "
                          "modules, and this export was made before layerscope did: re-run layerscope export --force")
-    st = manifest.get("sentence_transformers")
+    st = manifest.sentence_transformers
     if not st:
         raise InputError("pooling 'st' needs a sentence-transformers checkpoint (modules.json with a Pooling "
                          "module); this model has none: use mean, cls or last")
@@ -111,7 +114,7 @@ def st_recipe(manifest: dict[str, Any]) -> dict[str, Any]:
     return st
 
 
-def resolve_prompt(manifest: dict[str, Any], prompt_name: str | None = None, prompt: str | None = None) -> str:
+def resolve_prompt(manifest: Manifest, prompt_name: str | None = None, prompt: str | None = None) -> str:
     """The text put before every input, as sentence-transformers' ``encode`` chooses it.
 
     An explicit ``prompt`` wins; else ``prompt_name`` from the checkpoint's prompts; else the
@@ -119,9 +122,8 @@ def resolve_prompt(manifest: dict[str, Any], prompt_name: str | None = None, pro
     """
     if prompt is not None:
         return prompt
-    st = manifest.get("sentence_transformers") or {}
-    prompts = st.get("prompts") or {}
-    name = prompt_name if prompt_name is not None else st.get("default_prompt_name")
+    prompts = manifest.st_prompts
+    name = prompt_name if prompt_name is not None else (manifest.sentence_transformers or {}).get("default_prompt_name")
     if name is None:
         return ""
     if name not in prompts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.errors import InputError
+from layerscope.model.manifest_type import Manifest, variant_entries
 
 VARIANT_KINDS = ("opt", "int8", "int8-block", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
@@ -40,15 +41,15 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-def variant_onnx_file(manifest: dict[str, Any], kind: str | None) -> str | None:
+def variant_onnx_file(manifest: Manifest, kind: str | None) -> str | None:
     """The file an engine should load for ``kind`` (None: the fp32 export)."""
     if kind in (None, "", "fp32"):
         return None
     check_kind(kind)
     if kind in OV_KINDS:
         raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
-    entry = manifest.get("variants", {}).get(kind)
+    entry = variant_entries(manifest).get(kind)
     if not entry:
         raise InputError(f"this export has no '{kind}' variant yet; make it with: layerscope optimize EXPORT_DIR "
                          f"--variant {kind}")
-    return entry["file"]
+    return entry.file

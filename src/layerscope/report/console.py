@@ -16,34 +16,36 @@ def esc(value) -> str:
     return escape(str(value))
 
 
-def print_export_summary(console, out: Path, manifest: dict) -> None:
+def print_export_summary(console, out: Path, manifest) -> None:
+    """``manifest``: the typed Manifest export_model returns (model/manifest_type.py)."""
     from rich.table import Table
 
-    parity = manifest["parity"]["outputs"]
+    parity = {name: {k: v for k, v in vars(c).items() if v is not None}  # as recorded: absent figures left out
+              for name, c in manifest.parity.outputs.items()}
     worst = max(parity.items(), key=lambda kv: kv[1]["max_abs"])
-    console.print(f"[bold green]exported[/bold green] {esc(manifest['source']['spec'])} -> {esc(out)}  "
-                  f"({manifest['family']}, {manifest['num_layers']} layers, hidden {manifest['hidden_size']}, "
-                  f"opset {manifest['opset']}, {manifest['export_seconds']} s)")
+    console.print(f"[bold green]exported[/bold green] {esc(manifest.source.spec)} -> {esc(out)}  "
+                  f"({manifest.family}, {manifest.num_layers} layers, hidden {manifest.hidden_size}, "
+                  f"opset {manifest.opset}, {manifest.export_seconds} s)")
     table = Table(title="parity against PyTorch (max |diff| and min cosine over padded batches)")
     table.add_column("output")
     table.add_column("shape")
     table.add_column("max abs diff", justify="right")
     table.add_column("min cosine", justify="right")
-    for name, dims in manifest["outputs"].items():
+    for name, dims in manifest.outputs.items():
         p = parity.get(name, {})
         short = {"batch_size": "batch", "sequence_length": "seq"}
         table.add_row(name, " x ".join(str(short.get(d, d)) for d in dims), f"{p.get('max_abs', float('nan')):.2e}",
                       f"{p.get('min_cos', float('nan')):.7f}")
     console.print(table)
-    fp16 = manifest["parity"].get("tolerance_fp16")
+    fp16 = manifest.parity.tolerance_fp16
     if fp16:  # an fp16 export is held to a depth-scaled cosine, not to an absolute difference
         worst = min(parity.items(), key=lambda kv: kv[1]["min_cos"])
         rule = f"min cosine {worst[1]['min_cos']:.7f}, tolerance {fp16['min_cos'].get(worst[0], float('nan')):.6f}"
     else:
-        tol = worst[1].get("tolerance", manifest["parity"]["tolerance_abs"])  # scaled by the output (fp32_worst)
+        tol = worst[1].get("tolerance", manifest.parity.tolerance_abs)  # scaled by the output (fp32_worst)
         rule = f"{worst[1]['max_abs']:.2e} (tolerance {tol:.2g})"
     console.print(f"worst output {worst[0]}: {rule}; in-graph pooling: "
-                  f"{', '.join(manifest['pooled_modes']) or 'none'}")
+                  f"{', '.join(manifest.pooled_modes) or 'none'}")
 
 
 def print_engines(console, statuses) -> None:

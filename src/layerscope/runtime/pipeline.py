@@ -182,7 +182,7 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
                          "(layerscope extract ... --shard i/N, or --ray ... --resume)")
     # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
     encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
-        Encoder(ex.handle.encoding_tokenizer(), manifest["inputs"], max_len, settings["prompt"] or "")
+        Encoder(ex.handle.encoding_tokenizer(), list(manifest.inputs), max_len, settings["prompt"] or "")
     created = store is None
     if created:
         store = state["store"] = create_store(ex, source, reader, encoder, lengths_now=True)
@@ -335,7 +335,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         check_room(handle.encoding_tokenizer(), max_length, prompt_text or "")
     eng = engine if isinstance(engine, Engine) else open_engine(handle, engine, **(engine_options or {}))
     manifest = eng.manifest
-    out = {(p, l): np.zeros((len(texts), manifest["hidden_size"]), np.float32) for p in pool_list for l in layer_list}
+    out = {(p, l): np.zeros((len(texts), manifest.hidden_size), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
                                         max_length=max_length, prompt=prompt_text):
         for p in pool_list:

@@ -17,6 +17,7 @@ from typing import Any
 import layerscope
 from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
+from layerscope.model.manifest_type import Manifest
 from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
 from layerscope.ownership import Claim
@@ -40,7 +41,7 @@ class Extraction:
     resume: bool
     handle: Any  # the ModelHandle
     engine: Engine | None  # the engine the caller passed, else None (started once the corpus is known)
-    manifest: dict
+    manifest: Manifest
     layers: list[str]
     poolings: list[str]
     max_length: int
@@ -61,7 +62,7 @@ def describe_source(source) -> str:
     return f"<{len(source)} texts in memory>" if hasattr(source, "__len__") else "<iterable of texts>"
 
 
-def check_request(manifest: dict, spec: str, *, layers, poolings, max_length: int | None, prompt_name: str | None,
+def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length: int | None, prompt_name: str | None,
                   prompt: str | None) -> tuple:
     """``(layers, poolings, prompt)`` of one extraction, checked against the model's manifest before any engine
     starts or anything is written (extract and embed); one clear error otherwise."""
@@ -70,11 +71,11 @@ def check_request(manifest: dict, spec: str, *, layers, poolings, max_length: in
     from layerscope.vocab.pooling import default_poolings
 
     check_max_length(max_length, manifest, spec)
-    layer_list = resolve_layers(layers, manifest["num_layers"])
+    layer_list = resolve_layers(layers, manifest.num_layers)
     if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
         poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
-    require_pooled_output(pool_list, manifest.get("pooled_output"), manifest["family"])
+    require_pooled_output(pool_list, manifest.pooled_output, manifest.family)
     if "st" in pool_list:
         st_recipe(manifest)  # a clear error before anything is written
     return layer_list, pool_list, resolve_prompt(manifest, prompt_name, prompt)
@@ -99,6 +100,10 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     check_dtype(dtype)
     check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
     check_engine_options(engine_options)
+    if isinstance(engine, str):  # a mistyped option is one line, before the folder is claimed
+        from layerscope.engines.registry import check_engine_options as check_declared
+
+        check_declared(engine, engine_options or {})
     if isinstance(engine, str) and engine_runs_here:
         require_engine(engine)  # a GPU engine missing here is one line now, not after the export
     if poolings is not None:  # names need no model: refused before it is read or hashed
@@ -115,7 +120,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     manifest = handle.manifest
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)
-    max_len = int(max_length or manifest["max_length"])
+    max_len = int(max_length or manifest.max_length)
     if max_length is not None:  # a length that cannot hold one token of text: refused before any work
         from layerscope.model.tokenize import check_room
 
@@ -171,7 +176,7 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
     if not lengths_now:
         allocate_npy(out / "lengths.npy", np.dtype(np.int32), (spool["n"],))
     ex.settings["corpus_sha256"] = spool["sha256"]
-    hidden = int(ex.manifest["hidden_size"])
+    hidden = int(ex.manifest.hidden_size)
     store = LayerStore.create(out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=hidden,
                               dtype=ex.settings["dtype"], manifest=ex.manifest, settings=ex.settings)
     row_bytes = hidden * itemsize(ex.settings["dtype"]) * len(ex.layers) * len(ex.poolings)

@@ -35,7 +35,7 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
     store = open_to_resume(ex, req.source, reader)
     if store is None:
         prompt = ex.settings["prompt"] or ""
-        encoder = Encoder(ex.handle.encoding_tokenizer(), ex.manifest["inputs"], ex.max_length, prompt)
+        encoder = Encoder(ex.handle.encoding_tokenizer(), list(ex.manifest.inputs), ex.max_length, prompt)
         store = create_store(ex, req.source, reader, encoder, lengths_now=False, range_rows=range_rows)
     elif "ranges" not in store.meta:  # begun by the in-process extract: cut it now
         from layerscope.runtime.store_dtype import itemsize

@@ -42,7 +42,7 @@ class RangeWriter:
         self.layers, self.poolings, self.store_dtype = list(layers), list(poolings), sd.check(store_dtype)
         self.batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
         self.max_batch = int(max_batch)
-        self.hidden = int(eng.manifest["hidden_size"])
+        self.hidden = int(eng.manifest.hidden_size)
         self._offsets: dict[str, int] = {}
 
     def _data_offset(self, rel: str) -> int:

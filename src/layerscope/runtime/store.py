@@ -26,6 +26,7 @@ import numpy as np
 from layerscope.atomic import write_json_atomic
 from layerscope.errors import StoreError
 from layerscope.runtime import store_dtype as sd
+from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
 from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
 from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
 
@@ -91,7 +92,7 @@ class LayerStore:
 
     @classmethod
     def create(cls, path: str | Path, *, n: int, layers: list[str], poolings: list[str], hidden_size: int,
-               dtype: str, manifest: dict, settings: dict) -> "LayerStore":
+               dtype: str, manifest: Manifest | dict, settings: dict) -> "LayerStore":
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         staging = path / "arrays.partial"
@@ -117,7 +118,7 @@ class LayerStore:
         os.replace(staging, path / "arrays")
         meta = {
             "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
-            "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest,
+            "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
             "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         meta["structure_sha256"] = structure_sha256(meta)
@@ -140,8 +141,11 @@ class LayerStore:
         return list(self.meta["poolings"])
 
     @property
-    def manifest(self) -> dict:
-        return self.meta["manifest"]
+    def manifest(self) -> Manifest:
+        """The model's manifest as the store recorded it, typed once (a copy made before format versions opens)."""
+        if getattr(self, "_manifest", None) is None:
+            self._manifest = as_manifest(self.meta["manifest"], where=f"{self.path / STORE_JSON}'s model manifest")
+        return self._manifest
 
     @property
     def settings(self) -> dict:
@@ -153,7 +157,7 @@ class LayerStore:
 
     def resolve_layer(self, layer: int | str) -> str:
         """Canonical layer name for ``6``, ``-1``, ``"raw"`` or ``"3"``, checked against what is stored."""
-        num_layers = int(self.manifest["num_layers"])
+        num_layers = self.manifest.num_layers
         name = str(layer)
         if name != "raw":
             try:

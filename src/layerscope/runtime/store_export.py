@@ -34,7 +34,7 @@ def column_name(pooling: str, layer: str) -> str:
 def _description(store: LayerStore) -> dict[str, Any]:
     return {"n": store.n, "layers": store.layers, "poolings": store.poolings,
             "hidden_size": store.meta["hidden_size"], "dtype": store.meta["dtype"],
-            "settings": store.settings, "model": store.manifest.get("source"),
+            "settings": store.settings, "model": store.manifest.source_dict(),
             "columns": {column_name(p, l): {"pooling": p, "layer": l} for p in store.poolings for l in store.layers}}
 
 

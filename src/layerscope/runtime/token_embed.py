@@ -37,7 +37,7 @@ def embed_tokens(eng, texts: list[str], layers: list[str], *, batch_tokens: int 
     encoder.details = True
     lengths = encoder.token_lengths(texts)
     offsets = offsets_of(token_counts(lengths, encoder.max_length))
-    total, hidden = int(offsets[-1]), int(eng.manifest["hidden_size"])
+    total, hidden = int(offsets[-1]), eng.manifest.hidden_size
     out = TokenVectors(offsets, np.zeros(total, np.int32), np.zeros(total, np.uint8), np.zeros((total, 2), np.int32),
                        {layer: np.zeros((total, hidden), np.float32) for layer in layers})
     budget = int(batch_tokens or eng.preferred_batch_tokens)

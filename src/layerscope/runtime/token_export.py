@@ -36,7 +36,7 @@ def token_column(layer: str) -> str:
 def _description(store, layers: list[TokenLayer]) -> dict[str, Any]:
     sec = layers[0].section
     return {"n": store.n, "total_tokens": sec.total_tokens, "layers": sec.layers, "hidden_size": sec.hidden_size,
-            "dtype": sec.dtype, "settings": store.settings, "model": store.manifest.get("source")}
+            "dtype": sec.dtype, "settings": store.settings, "model": store.manifest.source_dict()}
 
 
 def token_parquet(store, path: Path) -> None:

@@ -332,7 +332,8 @@ def family_poolings(manifest: Mapping[str, Any], analysis_defaults) -> list[str]
     return list(analysis_defaults)
 
 
-def default_poolings(manifest: Mapping[str, Any]) -> list[str]:
-    """``st`` for a sentence-transformers checkpoint layerscope can reproduce, else the family default."""
-    st = manifest.get("sentence_transformers") or {}
-    return [ST] if st.get("supported") else [manifest.get("default_pooling", "mean")]
+def default_poolings(manifest: Any) -> list[str]:
+    """``st`` for a sentence-transformers checkpoint layerscope can reproduce, else the family default
+    (``manifest``: the typed Manifest of model/manifest_type.py, read by its attributes)."""
+    st = manifest.sentence_transformers or {}
+    return [ST] if st.get("supported") else [manifest.default_pooling]
