@@ -180,7 +180,7 @@ def old_merge() -> dict:
     try:
         n, hidden, layers = 2048, 2048, [str(i) for i in range(37)]
         store = LayerStore.create(work, n=n, layers=layers, poolings=["mean"], hidden_size=hidden, dtype="float32",
-                                  manifest={"num_layers": 36, "hidden_size": hidden}, settings={})
+                                  manifest={"source": {"spec": "bench"}, "family": "bert", "num_layers": 36, "hidden_size": hidden}, settings={})
         lengths = np.lib.format.open_memmap(work / "lengths.npy", mode="w+", dtype=np.int32, shape=(n,))
         rows, timing, total = 512, {}, 0.0
         rng = np.random.default_rng(0)
@@ -211,7 +211,7 @@ from layerscope.runtime.range_writer import RangeWriter
 store, index, count, rows, hidden, layers = sys.argv[1], *map(int, sys.argv[2:7])
 
 class Eng:  # only what the writer reads when it does not compute
-    manifest = {"hidden_size": hidden}
+    manifest = __import__("types").SimpleNamespace(hidden_size=hidden)
     preferred_batch_tokens = 1
     def encoder(self, *a):
         return None
@@ -245,7 +245,7 @@ def new_writes() -> list[dict]:
         work = Path(tempfile.mkdtemp(prefix="writes-"))
         try:
             LayerStore.create(work, n=n, layers=[str(i) for i in range(layers)], poolings=["mean"], hidden_size=hidden,
-                              dtype="float32", manifest={"num_layers": 36, "hidden_size": hidden}, settings={})
+                              dtype="float32", manifest={"source": {"spec": "bench"}, "family": "bert", "num_layers": 36, "hidden_size": hidden}, settings={})
             np.lib.format.open_memmap(work / "lengths.npy", mode="w+", dtype=np.int32, shape=(n,)).flush()
             procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(work), str(i), str(count), str(rows),
                                        str(hidden), str(layers), str(n)], env=env(), stdout=subprocess.PIPE, text=True)
