@@ -51,7 +51,7 @@ def _pairs(s1, s2, scores):
 def test_retrieval_float_and_binary_ranks_by_hand():
     # texts: q0, q1 (side 1), d0, d1 (side 2); pairs (q0,d0), (q1,d1)
     pairs = _pairs(["q0", "q1"], ["d0", "d1"], [1, 2])
-    rs = RetrievalSet(pairs)
+    rs = RetrievalSet(pairs, min_score=0)  # the rank arithmetic; the relevance threshold is tested on its own
     assert rs.texts == ["q0", "q1", "d0", "d1"]
     v = np.array([[1.0, 0.2], [1.0, -0.1], [0.9, 0.3], [0.0, 1.0]])
     # q0 -> d0 cos .99 vs d1 .196: rank 1; q1 -> d1 cos -.1 vs d0 .85: rank 2
@@ -65,7 +65,7 @@ def test_retrieval_float_and_binary_ranks_by_hand():
     m = _retrieval_binary(binary_quantize(v), 2, rs)
     assert m["acc@1"] == pytest.approx(0.5) and m["mrr"] == pytest.approx(0.75)
     # ties share the mean rank. texts q0 q1 q2 d0 d1 d2; bits q0 11, q1 10, q2 00, d0 11, d1 11, d2 01
-    rs = RetrievalSet(_pairs(["q0", "q1", "q2"], ["d0", "d1", "d2"], [1, 2, 3]))
+    rs = RetrievalSet(_pairs(["q0", "q1", "q2"], ["d0", "d1", "d2"], [1, 2, 3]), min_score=0)
     v = np.array([[1, 1], [1, -1], [-1, -1], [1, 1], [1, 1], [-1, 1]], float)
     # q->d: q0 d0/d1 tie at 0 -> 1.5; q1 d0/d1 tie at 1 -> 1.5; q2 d2 at 1 beats 2,2 -> 1
     # d->q: d0 q0 at 0 -> 1; d1 q1 at 1 behind q0 at 0 -> 2; d2 q2 at 1 tied with q0 at 1 -> 1.5
