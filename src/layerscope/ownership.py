@@ -421,8 +421,21 @@ def _delete_owned(path: Path) -> None:
     for rel, p in sorted(_walk(path), key=lambda item: item[0].count("/"), reverse=True):
         if _nested(p):
             _delete_owned(p)
+    _delete_entries(path, owned, lambda rel: inside(path, rel) if "symlink" not in owned[rel] else path / rel)
+    try:
+        os.rmdir(path)
+    except OSError:
+        left = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
+        if left:
+            raise InputError(f"{path} changed while this command ran ({_names(left)} appeared); those were "
+                             "not deleted") from None
+        shutil.rmtree(path)
+
+
+def _delete_entries(path: Path, owned: dict, where) -> None:
+    """Delete the recorded entries ``owned`` (deepest first; a folder only once empty), then the record."""
     for rel in sorted(owned, key=lambda r: (r.count("/"), r), reverse=True):
-        p = inside(path, rel) if "symlink" not in owned[rel] else path / rel
+        p = where(rel)
         if p is None or not os.path.lexists(p):
             continue
         if owned[rel].get("dir") and not p.is_symlink():
@@ -433,14 +446,6 @@ def _delete_owned(path: Path) -> None:
                 p.unlink()
     with contextlib.suppress(FileNotFoundError):
         (path / MARKER).unlink()
-    try:
-        os.rmdir(path)
-    except OSError:
-        left = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
-        if left:
-            raise InputError(f"{path} changed while this command ran ({_names(left)} appeared); those were "
-                             "not deleted") from None
-        shutil.rmtree(path)
 
 
 def remove(path: Path, kind: str) -> None:
@@ -463,18 +468,7 @@ def clear_own(path: Path, kind: str, *, exclude: Iterable[str] = ()) -> None:
     record(path, kind, exclude=exclude, hashes=False)
     marker = _read_marker(path) or {}
     owned = marker.get("owned") or {}
-    for rel in sorted(owned, key=lambda r: (r.count("/"), r), reverse=True):
-        p = path / rel
-        if not os.path.lexists(p):
-            continue
-        if owned[rel].get("dir") and not p.is_symlink():
-            with contextlib.suppress(OSError):
-                os.rmdir(p)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-    with contextlib.suppress(FileNotFoundError):
-        (path / MARKER).unlink()
+    _delete_entries(path, owned, lambda rel: path / rel)
 
 
 def remove_if_empty(path: Path) -> None:

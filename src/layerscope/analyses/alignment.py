@@ -30,6 +30,16 @@ from layerscope.errors import InputError
 from layerscope.index.alignment import PCA_KS, alignment_figures, category_figures
 
 GENERATORS = ("zh-en",)
+# Where aligned pairs come from: shared by every analysis that reads source/target pairs
+ALIGNED_DATA_OPTIONS = (
+    Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)", choices=GENERATORS),
+    Option("n", int, 200, "pairs to generate with --generate"),
+    Option("source_file", str, None, "line-aligned source texts (with --target-file)"),
+    Option("target_file", str, None, "line-aligned target texts (with --source-file)"),
+    Option("source_column", str, "source", "column/field of the source text in --data"),
+    Option("target_column", str, "target", "column/field of the target text in --data"),
+    Option("category_column", str, "category", "column/field of the category in --data (optional)"),
+)
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")  # retrieval: auto picks exact or IVF by size
 
 
@@ -133,14 +143,7 @@ class Alignment(Analysis):
         default_poolings=("last", "mean", "mean-nobos"),
         default_data="zh-en",
         options=(
-            Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)",
-                   choices=GENERATORS),
-            Option("n", int, 200, "pairs to generate with --generate"),
-            Option("source_file", str, None, "line-aligned source texts (with --target-file)"),
-            Option("target_file", str, None, "line-aligned target texts (with --source-file)"),
-            Option("source_column", str, "source", "column/field of the source text in --data"),
-            Option("target_column", str, "target", "column/field of the target text in --data"),
-            Option("category_column", str, "category", "column/field of the category in --data (optional)"),
+            *ALIGNED_DATA_OPTIONS,
             Option("permutations", int, 1000, "scrambled permutations for the z-score"),
             Option("knn", int, 10, "k for mutual k-NN"),
             Option("ann_threshold", int, 50000, "pairs above which retrieval uses an IVF index, not exact"),

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.analyses.alignment import ALIGNED_DATA_OPTIONS
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
 
@@ -52,14 +53,7 @@ class TokenAlignment(Analysis):
         main_score="z_without_shared",
         default_data="zh-en",
         options=(
-            Option("generate", str, None, "built-in pairs instead of --data: zh-en (math word problems)",
-                   choices=("zh-en",)),
-            Option("n", int, 200, "pairs to generate with --generate"),
-            Option("source_file", str, None, "line-aligned source texts (with --target-file)"),
-            Option("target_file", str, None, "line-aligned target texts (with --source-file)"),
-            Option("source_column", str, "source", "column/field of the source text in --data"),
-            Option("target_column", str, "target", "column/field of the target text in --data"),
-            Option("category_column", str, "category", "column/field of the category in --data (optional)"),
+            *ALIGNED_DATA_OPTIONS,
             Option("bins", int, 10, "relative-position bins"),
         ),
     )
