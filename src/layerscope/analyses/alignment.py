@@ -321,16 +321,18 @@ class Alignment(Analysis):
         out_dir = Path(out_dir)
         ns = {fig["summary"].get("n_pairs") for fig in results["per_model"].values()}
         n = ns.pop() if len(ns) == 1 else None
+        models = list(results["per_model"])
+        who = f" ({models[0].split('/')[-1]})" if len(models) == 1 else ""
         z, z_bands = self._series(results, "z")
         acc, acc_bands = self._series(results, "acc@1_src2tgt")
         files = [
             layer_lines(out_dir / "z_by_layer.png", z, bands=z_bands, hline=0.0, hline_label="chance (z = 0)",
-                        title="matched vs scrambled pairs: z-score by layer", ylabel="z (matched - scrambled) / std"),
+                        title=f"matched vs scrambled pairs: z-score by layer{who}", ylabel="z (matched - scrambled) / std"),
             layer_lines(out_dir / "acc1_by_layer.png", acc, bands=acc_bands, from_zero=True,
                         hline=1 / n if n else None, hline_label=f"chance (1/n = 1/{n})" if n else None,
-                        title="retrieval source -> target: accuracy@1 by layer", ylabel="accuracy@1"),
+                        title=f"retrieval source -> target: accuracy@1 by layer{who}", ylabel="accuracy@1"),
             layer_lines(out_dir / "pc0_separation_by_layer.png", self._series(results, "pc0_abs_d")[0],
-                        title="language split on PC0: |Cohen's d| by layer", ylabel="|d| on PC0"),
+                        title=f"language split on PC0: |Cohen's d| by layer{who}", ylabel="|d| on PC0"),
         ]
         return files
 
