@@ -63,3 +63,14 @@ def test_bench_default_rows_follow_the_cpu(monkeypatch):
     assert parse_engines("default") == ["ort", "ort-int8", "ov", "ov-bf16"]
     monkeypatch.setattr(cpu_precision, "bf16_cpu", lambda: "no bf16")
     assert parse_engines("default") == ["ort", "ort-int8", "ov"]
+
+
+def test_engines_table_says_what_auto_picks_for_a_fresh_export():
+    """An export made on a CPU with bf16 compute records ov-bf16, so the table must not promise ort there."""
+    from layerscope.engines.probe import EngineStatus, _auto_detail
+
+    base = [EngineStatus("ort", True, "onnxruntime"), EngineStatus("torch", True, "PyTorch")]
+    with_bf16 = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (BF16, FP32; bf16 too)")], None)
+    assert with_bf16.startswith("picks ov bf16 here for a fresh export") and "else ort" in with_bf16
+    without = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (FP32; no bf16 on this CPU)")], None)
+    assert without.startswith("picks ort here for a fresh export")

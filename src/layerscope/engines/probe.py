@@ -48,6 +48,11 @@ def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
     if export_dir is None:
         fresh = next((n for n, _, key in auto_order(explicit_variant=False) if key == "fp32" and works.get(n)),
                      fallback_engine().name)
+        ov_detail = next((s.detail for s in statuses if s.name == "ov" and s.works), "")
+        if ov_detail and "no bf16" not in ov_detail:
+            return (f"picks ov bf16 here for a fresh export where its recorded cosine to fp32 meets --min-cosine "
+                    f"({DEFAULT_MIN_COSINE:g}; an export on this CPU records it), else {fresh}; give --model to see "
+                    "which")
         return (f"picks {fresh} here for a fresh export; the fastest CPU engine whose recorded cosine to fp32 meets "
                 f"--min-cosine ({DEFAULT_MIN_COSINE:g}) once variants are recorded (give --model to see which)")
     from layerscope.model.manifest import read_manifest
