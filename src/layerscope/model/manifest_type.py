@@ -29,7 +29,8 @@ from layerscope.errors import ManifestError
 
 FORMAT_VERSION = 1  # the manifest.json layout this version writes
 READABLE_VERSIONS = (1,)  # the layouts this version reads
-UPGRADE = "re-export it with: layerscope export MODEL OUT --force"
+# --force replaces only a folder whose files layerscope recorded, which an older export's folder is not
+UPGRADE = "export the model again into a new folder: layerscope export MODEL --out NEW_DIR"
 ONNX_FILE = "model.onnx"
 
 
