@@ -190,3 +190,35 @@ def test_a_hub_model_is_keyed_by_its_cached_snapshot(tmp_path, monkeypatch):
     assert old["commit"] == "a" * 40 and new["commit"] == "b" * 40
     assert new["weights_sha256"] == hashlib.sha256(b"new").hexdigest() != old["weights_sha256"]
     assert model_identity(ModelSource("org/absent", "org/absent", False))["commit"] is None
+
+
+def test_moved_weights_reuse_the_entry_and_it_records_where_they_are_now(model_dir, tmp_path):
+    """Content keys let a moved checkpoint reuse its export; what reloads the weights (a variant's parity,
+    the bench's reference rows) must then read them from the new place, not the vanished one."""
+    import shutil
+
+    from layerscope.errors import ModelNotFoundError
+    from layerscope.export.open import ensure_export
+    from layerscope.export.variants import make_variant
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.source import load_torch_model
+
+    first = ensure_export(ModelHandle.resolve(model_dir))
+    old_source = first.manifest.source.model_source()
+    moved = tmp_path / "elsewhere" / model_dir.name  # an entry's name is the folder's: same name, new place
+    moved.parent.mkdir()
+    shutil.move(str(model_dir), moved)
+    with pytest.raises(ModelNotFoundError, match="no longer exists") as err:
+        load_torch_model(old_source, FAMILIES["bert"])
+    assert str(model_dir) in str(err.value)
+
+    again = ensure_export(ModelHandle.resolve(moved))
+    assert again.export_dir == first.export_dir  # same weights, same entry
+    assert again.manifest.source.path_or_id == str(moved.resolve())
+    assert again.manifest.onnx_sha256 == first.manifest.onnx_sha256
+    entry = make_variant(again.export_dir, "int8")  # reloads the torch weights for its parity check
+    assert entry["parity"]["outputs"]
+    from layerscope.model.manifest import verify_export, read_manifest
+
+    verify_export(again.export_dir, read_manifest(again.export_dir))

@@ -116,7 +116,7 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     target = root / entry_name(handle, ident["key"])
     found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])
     if found is not None:
-        return found
+        return _repoint(found, handle, root / f".{target.name}.lock")
     from layerscope.ownership import check_writable
 
     check_writable(root)  # a read-only LAYERSCOPE_HOME: one line before the export starts
@@ -124,7 +124,7 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     with FileLock(str(root / f".{target.name}.lock")):
         found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])  # made while we waited?
         if found is not None:
-            return found
+            return _repoint(found, handle, None)
         log.info("exporting %s to the cache: %s", handle.spec, target)
         options.pop("force", None)
         if target.is_dir() and not target.is_symlink():  # the cache's own entry, found unusable: replaced whole
@@ -137,6 +137,35 @@ def cached_export(handle, options: dict[str, Any] | None = None):
 
         for line in record_cpu_precisions(target):
             log.info("%s", line)
+    return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
+
+
+def _repoint(found, handle, lock_path: Path | None):
+    """An entry is keyed by content, so the same weights found at a new place (a moved folder, a rebuilt
+    environment's copy of an alias's package) reuse it; when the place it recorded is gone, it records the
+    new one, so that what loads the weights again (parity of a variant, the bench's reference rows) finds
+    them."""
+    old = found.manifest.source
+    new = handle.source()
+    if not (old.is_local and new.is_local) or old.path_or_id == new.path_or_id or Path(old.path_or_id).is_dir():
+        return found
+    if lock_path is not None:
+        from filelock import FileLock
+
+        with FileLock(str(lock_path)):
+            return _repoint(found, handle, None)
+    from layerscope.atomic import write_json_atomic
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest import MANIFEST, read_manifest_dict
+    from layerscope.ownership import writing
+
+    target = found.export_dir
+    with writing(target, "export"):
+        manifest = read_manifest_dict(target)
+        manifest["source"].update(spec=new.spec, path_or_id=new.path_or_id, alias=new.alias)
+        write_json_atomic(target / MANIFEST, manifest)
+    log.info("cached export %s: its weights are now read from %s (%s is gone)", target, new.path_or_id,
+             old.path_or_id)
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 
 

@@ -225,6 +225,12 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     """
     import torch
 
+    if source.is_local and not Path(source.path_or_id).is_dir():
+        # an export or store remembers where its weights were; a moved folder or a rebuilt environment
+        # would otherwise reach the hub client as a malformed repository id
+        raise ModelNotFoundError(
+            f"the weights of {source.spec} were read from {source.path_or_id}, which no longer exists (moved, "
+            "or its environment was rebuilt); export the model again from where it is now")
     cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
     cls = _loader_class(cls_name)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
