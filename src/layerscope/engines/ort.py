@@ -310,7 +310,7 @@ class OrtEngine(Engine):
 
 @register(EngineSpec(
     "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu",
-    auto=(AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
+    auto=(AutoRank(45, "gqa", "gqa"), AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
     variant_files=True,
     options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),),
     bench=(BenchRow(note="fp32, session optimizations on, in-graph pooling"),
@@ -318,6 +318,7 @@ class OrtEngine(Engine):
                     note="fp32, token-level states copied out and pooled in numpy"),
            BenchRow("noopt", options=(("opt_level", "none"),), note="fp32, graph optimizations off"),
            BenchRow("opt", "opt", note="offline transformer-optimizer variant"),
+           BenchRow("gqa", "gqa", note="attention fused into GroupQueryAttention (rotary decoders)"),
            BenchRow("int8", "int8", note="dynamic int8 variant"),
            BenchRow("int8-block", "int8-block", note="int8 weights and activations per block of 32 (MatMulNBits)"),
            BenchRow("fp16", "fp16", note="fp16 variant (LayerNorm/Softmax fp32)"),

@@ -11,6 +11,9 @@ tolerance is not written.
 - ``opt``: ONNX Runtime's offline transformer optimizer (attention, LayerNorm,
   GELU, embedding fusion).  Fusion counts come from the optimizer itself, so
   an extra graph output that blocks a fusion shows up as a missing count.
+- ``gqa``: rotary decoders (Qwen2, Qwen2.5, Qwen3) with each layer's attention one
+  ``GroupQueryAttention`` node, rotary embedding and Qwen3's q/k norms fused, grouped key/value heads
+  read without the ``repeat_kv`` copies (``export/gqa.py``); fp32.
 - ``int8``: dynamic quantization of the weight MatMuls only (per-channel int8
   weights, uint8 activations quantized per batch).  Activation x activation
   MatMuls (attention scores, the in-graph pooling) stay in fp32: quantizing
@@ -48,6 +51,7 @@ from layerscope.model.variants import OV_KINDS, check_kind, variant_file
 # reduced precision is judged by direction (cosine), since hidden-state magnitudes differ by layer.
 TOLERANCES: dict[str, dict[str, float | None]] = {
     "opt": {"max_abs": 1e-4, "min_cos": 0.99999},
+    "gqa": {"max_abs": None, "min_cos": 0.99999},  # fp32; decoders' hidden states reach 1e3-1e4
     "int8": {"max_abs": None, "min_cos": 0.96},
     "int8-block": {"max_abs": None, "min_cos": 0.99},
     "fp16": {"max_abs": None, "min_cos": 0.999},
@@ -262,6 +266,10 @@ def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     say = progress or (lambda msg: None)
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
+    if kind == "gqa":
+        from layerscope.export.gqa import check_gqa
+
+        check_gqa(export_dir, manifest)  # before the export's files are hashed
     verify_export(export_dir, manifest)
     existing = manifest.variant(kind)
     if existing and not force and (export_dir / existing.file).exists() \
@@ -277,6 +285,11 @@ def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         if kind == "opt":
             say("fusing with the ONNX Runtime transformer optimizer")
             fusions = optimize_graph(src, dst, manifest, _num_heads(export_dir, manifest), external=big)
+        elif kind == "gqa":
+            from layerscope.export.gqa import fuse_gqa
+
+            say("fusing each layer's attention into one GroupQueryAttention node")
+            details = fuse_gqa(src, dst, manifest, external=big)
         elif kind == "int8":
             say("quantizing weight MatMuls to int8")
             details = quantize_int8(src, dst, external=big)
@@ -309,7 +322,7 @@ def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     entry = {
         "file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()),
         "external_data": data or None,
-        "precision": {"opt": "fp32", "int8": "int8", "int8-block": "int8", "fp16": "fp16"}[kind],
+        "precision": {"opt": "fp32", "gqa": "fp32", "int8": "int8", "int8-block": "int8", "fp16": "fp16"}[kind],
         "build_seconds": round(build_s, 2), "fusions": fusions, "details": details,
         "tolerance": tol, "parity": parity,
     }

@@ -12,7 +12,7 @@ from typing import Any
 from layerscope.errors import InputError
 from layerscope.model.manifest_type import Manifest, variant_entries
 
-VARIANT_KINDS = ("opt", "int8", "int8-block", "fp16", "bf16")
+VARIANT_KINDS = ("opt", "gqa", "int8", "int8-block", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
 
 

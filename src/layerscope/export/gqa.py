@@ -1,0 +1,267 @@
+"""The ``gqa`` variant: each attention block of a rotary decoder (Qwen2, Qwen2.5, Qwen3) as one
+ONNX Runtime ``GroupQueryAttention`` node.
+
+The exported graph computes attention the way the checkpoint's eager code does: rotary embedding on
+q and k, ``repeat_kv`` copying each key/value head to every query head of its group (``Expand``: 7x for
+Qwen2.5-0.5B's 14/2 heads), a masked softmax over the full score matrix, and the value product. Neither
+ONNX Runtime's session optimizer nor its transformer optimizer fuses that pattern (see
+``benchmarks/models/README.md``), so this transform rewrites it directly: for every layer the
+projections' outputs (q, k, v after their biases) go into one ``com.microsoft.GroupQueryAttention``
+node with the rotary embedding fused (``do_rotary``, cos/sin tables computed by the checkpoint's own
+rotary module), grouped key/value heads read in place, and the causal and padding masks applied by the kernel; its output
+replaces the input of the output projection, and the nodes that computed attention before are dropped.
+Qwen3's per-head q/k RMS norms stay graph nodes: the kernel's own norm prologue (``q_norm_weight``) runs on
+CUDA and WebGPU only (onnxruntime 1.32 refuses it on the CPU).
+Every hidden-state and pooled output is kept, and the variant is held to fp32 parity like any other.
+
+The kernel reads positions as 0..n-1 within each row and the valid length of each row from the
+attention mask (``seqlens_k``), i.e. right-padded batches; layerscope's tokenizers always pad on the
+right, and this file records that assumption.
+
+Anchors are the module scopes torch.onnx writes into node names (``/layers.N/self_attn/q_proj/...``),
+not the shape of the eager attention subgraph, so a change in how transformers writes attention does not
+silently mis-fuse: a layer whose anchors are missing is an error and nothing is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.errors import ExportError, InputError
+from layerscope.model.manifest_type import Manifest
+
+GQA_FAMILIES = ("qwen2", "qwen3")
+_ROTARY_CLASS = {"qwen2": "Qwen2RotaryEmbedding", "qwen3": "Qwen3RotaryEmbedding"}
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the fused node needs to know of the model."""
+
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    qk_norm: bool
+
+
+def check_gqa(export_dir: Path, manifest: Manifest) -> AttentionShape:
+    """The attention shape the fused node will take; one line (InputError) where the kernel cannot run it."""
+    if manifest.family not in GQA_FAMILIES:
+        raise InputError(f"variant 'gqa' fuses the attention of rotary decoders ({', '.join(GQA_FAMILIES)}); "
+                         f"this export is a {manifest.family} model: use 'opt' for its fusions")
+    config = _config(Path(export_dir))
+    _rotary_kind(config)
+    return attention_shape(config, manifest.family)
+
+
+def _rotary_kind(config) -> str:
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if kind in ("dynamic", "longrope"):
+        raise InputError(f"variant 'gqa': '{kind}' rotary scaling changes its tables with the sequence length; "
+                         "the fused kernel takes one table: use the fp32 export")
+    return kind
+
+
+def _config(export_dir: Path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(export_dir))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"cannot read {export_dir / 'config.json'} for the attention shape: {exc}") from None
+
+
+def attention_shape(config, family: str) -> AttentionShape:
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise InputError("variant 'gqa': this checkpoint uses sliding-window attention in some layers; the fused "
+                         "graph would need a window per layer, which is not written yet: use the fp32 export")
+    heads = int(config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    if head_dim % 16:
+        raise InputError(f"variant 'gqa': this model's attention heads are {head_dim} wide; ONNX Runtime's "
+                         "GroupQueryAttention kernel takes a multiple of 16: use the fp32 export")
+    return AttentionShape(num_heads=heads, kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+                          head_dim=head_dim, qk_norm=family == "qwen3")
+
+
+def rotary_tables(config, family: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[rows, head_dim / 2]`` as the checkpoint's own rotary module computes them (float32,
+    its attention scaling included); refused for rotary kinds whose tables depend on the sequence length."""
+    import importlib
+
+    import torch
+
+    _rotary_kind(config)
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    rotary = getattr(module, _ROTARY_CLASS[family])(config=config)
+    with torch.no_grad():
+        cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(rows)[None, :])
+    cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
+    half = cos.shape[-1] // 2
+    if not (np.array_equal(cos[:, :half], cos[:, half:]) and np.array_equal(sin[:, :half], sin[:, half:])):
+        raise ExportError("variant 'gqa': this rotary embedding is not the rotate-half layout the fused kernel "
+                          "computes")
+    return np.ascontiguousarray(cos[:, :half]), np.ascontiguousarray(sin[:, :half])
+
+
+@dataclass
+class _Layer:
+    q: str  # [batch, seq, heads * head_dim], what the kernel reads (after Qwen3's q/k norms, before rotary)
+    k: str
+    v: str
+    out_node: Any  # the output projection's MatMul: its input 0 becomes the fused node's output
+    reshape: tuple[str, ...] = ()  # q and k still [batch, seq, heads, head_dim] (after a per-head norm)
+
+
+def _module_output(graph, consumers: dict, scope: str) -> str:
+    """The one output of the nodes under ``scope`` that a node outside it reads."""
+    inside = [n for n in graph.node if n.name.startswith(scope + "/")]
+    names = {n.name for n in inside}
+    outs = [o for n in inside for o in n.output if any(c not in names for c in consumers.get(o, ()))]
+    if len(outs) != 1:
+        raise ExportError(f"variant 'gqa': found {len(outs)} outputs of {scope} where one was expected; the export's "
+                          "naming is not the one this transform knows (made by another torch or transformers?): "
+                          "nothing was written")
+    return outs[0]
+
+
+def _find_layers(graph, num_layers: int, shape: AttentionShape) -> list[_Layer]:
+    by_name = {n.name: n for n in graph.node}
+    consumers: dict[str, list[str]] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.name)
+    # torch.onnx names nodes by module path: "/layers.N/..." for a base model, "/model/layers.N/..." under a head
+    prefixes = {n.name[: -len("layers.0/self_attn/o_proj/MatMul")] for n in graph.node
+                if n.name.endswith("layers.0/self_attn/o_proj/MatMul")}
+    if len(prefixes) != 1:
+        raise ExportError("variant 'gqa': no single layers.0/self_attn/o_proj/MatMul node in the graph; the export's "
+                          "naming is not the one this transform knows (made by another torch or transformers?): "
+                          "nothing was written")
+    prefix = prefixes.pop()
+    layers = []
+    for i in range(num_layers):
+        scope = f"{prefix}layers.{i}/self_attn"
+        out = by_name.get(f"{scope}/o_proj/MatMul")
+        if out is None:
+            raise ExportError(f"variant 'gqa': layer {i} has no {scope}/o_proj/MatMul; nothing was written")
+        q, k, v = (_module_output(graph, consumers, f"{scope}/{p}_proj") for p in "qkv")
+        layer = _Layer(q, k, v, out_node=out)
+        if shape.qk_norm:  # ONNX Runtime's CPU kernel has no q/k norm prologue: the norms stay, the kernel reads theirs
+            layer.q = _module_output(graph, consumers, f"{scope}/q_norm")
+            layer.k = _module_output(graph, consumers, f"{scope}/k_norm")
+            layer.reshape = ("q", "k")
+        layers.append(layer)
+    return layers
+
+
+def _drop_dead_nodes(graph) -> int:
+    """Remove nodes none of whose outputs reach a graph output; returns how many went."""
+    needed = {o.name for o in graph.output}
+    keep = []
+    for node in reversed(list(graph.node)):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+    dropped = len(graph.node) - len(keep)
+    del graph.node[:]
+    graph.node.extend(reversed(keep))
+    used = {i for n in graph.node for i in n.input}
+    kept_inits = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept_inits)
+    return dropped
+
+
+def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False) -> dict[str, Any]:
+    """Write ``dst``: ``src`` with every layer's attention one GroupQueryAttention node."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = check_gqa(src.parent, manifest)
+    config = _config(src.parent)
+    rows = int(manifest.max_length)
+    cos, sin = rotary_tables(config, manifest.family, rows)
+    model = onnx.load(str(src))
+    graph = model.graph
+    layers = _find_layers(graph, manifest.num_layers, shape)
+    inputs = {i.name for i in graph.input}
+    if "attention_mask" not in inputs or "input_ids" not in inputs:
+        raise ExportError("variant 'gqa' needs the export's input_ids and attention_mask inputs")
+
+    p = "layerscope/gqa/"
+    new_nodes = [
+        # seqlens_k: each row's valid length - 1 (right padding); total_sequence_length: the padded length
+        helper.make_node("ReduceSum", ["attention_mask", p + "axis1"], [p + "lengths"], keepdims=0, name=p + "lengths"),
+        helper.make_node("Sub", [p + "lengths", p + "one"], [p + "last"], name=p + "last"),
+        helper.make_node("Cast", [p + "last"], [p + "seqlens_k"], to=TensorProto.INT32, name=p + "seqlens_k"),
+        helper.make_node("Shape", ["input_ids"], [p + "shape"], start=1, end=2, name=p + "shape"),
+        helper.make_node("Squeeze", [p + "shape"], [p + "total64"], name=p + "total64"),
+        helper.make_node("Cast", [p + "total64"], [p + "total"], to=TensorProto.INT32, name=p + "total"),
+    ]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([1], dtype=np.int64), p + "axis1"),
+        numpy_helper.from_array(np.array(1, dtype=np.int64), p + "one"),
+        numpy_helper.from_array(cos, p + "cos"),
+        numpy_helper.from_array(sin, p + "sin"),
+    ])
+    if any(layer.reshape for layer in layers):
+        graph.initializer.append(numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), p + "flat"))
+    for i, layer in enumerate(layers):
+        out = f"{p}layer{i}"
+        for which in layer.reshape:  # [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
+            flat = f"{p}layer{i}/{which}"
+            new_nodes.append(helper.make_node("Reshape", [getattr(layer, which), p + "flat"], [flat], name=flat))
+            setattr(layer, which, flat)
+        ins = [layer.q, layer.k, layer.v, "", "", p + "seqlens_k", p + "total", p + "cos", p + "sin"]
+        new_nodes.append(helper.make_node("GroupQueryAttention", ins, [out], domain="com.microsoft",
+                                          name=f"{p}attention{i}", num_heads=shape.num_heads,
+                                          kv_num_heads=shape.kv_heads, do_rotary=1))
+        layer.out_node.input[0] = out
+    graph.node.extend(new_nodes)
+    _move_after_producers(graph)
+    dropped = _drop_dead_nodes(graph)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    from layerscope.export.variants import _save
+
+    _save(model, dst, external=external)
+    return {"fused_attention_nodes": len(layers), "nodes_dropped": dropped, "num_heads": shape.num_heads,
+            "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "rotary_rows": rows,
+            "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm else None, "padding": "right (positions 0..n-1 per row, lengths from the mask)"}
+
+
+def _move_after_producers(graph) -> None:
+    """A stable topological order: each node after the nodes whose outputs it reads."""
+    produced_by = {o: idx for idx, n in enumerate(graph.node) for o in n.output}
+    nodes = list(graph.node)
+    order: list[int] = []
+    state = [0] * len(nodes)  # 0 new, 1 visiting, 2 placed
+
+    def place(idx: int) -> None:
+        stack = [(idx, False)]
+        while stack:
+            cur, expanded = stack.pop()
+            if state[cur] == 2:
+                continue
+            if expanded:
+                state[cur] = 2
+                order.append(cur)
+                continue
+            state[cur] = 1
+            stack.append((cur, True))
+            for name in reversed(nodes[cur].input):
+                dep = produced_by.get(name)
+                if dep is not None and state[dep] == 0:
+                    stack.append((dep, False))
+
+    for idx in range(len(nodes)):
+        place(idx)
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
+
