@@ -441,3 +441,24 @@ def test_every_foreign_file_is_named_up_to_ten(tmp_path):
     assert "holds 12 files that layerscope did not make" in str(err.value)
     assert all(f"mine{i:02d}.csv" in str(err.value) for i in range(10)) and "and 2 more" in str(err.value)
     unchanged(d, mine)
+
+
+def test_a_damaged_store_says_what_will_work_and_it_does(bert_export, tmp_path):
+    """A store whose vectors file was cut short: the line must not offer --force on the same folder (the changed
+    file is no longer layerscope's to delete, so that would be a second refusal); its advice must work."""
+    from layerscope.errors import StoreError
+
+    store = tmp_path / "store"
+    extract(bert_export, TEXTS, store, engine="ort")
+    victim = max(sorted((store / "arrays").rglob("*.npy")), key=lambda p: p.stat().st_size)
+    with open(victim, "r+b") as fh:
+        fh.truncate(victim.stat().st_size - 16)
+    with pytest.raises(StoreError) as err:
+        LayerStore.open(store)
+    line = str(err.value)
+    assert "is damaged" in line and "another --out" in line and "extract --force" not in line
+    with pytest.raises(Exception, match="changed since"):  # why --force is not offered
+        extract(bert_export, TEXTS, store, engine="ort", force=True)
+    assert victim.exists()
+    extract(bert_export, TEXTS, tmp_path / "store2", engine="ort")  # what the line offers
+    assert LayerStore.open(tmp_path / "store2").n == len(TEXTS)

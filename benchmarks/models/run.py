@@ -1,7 +1,7 @@
 """Real model shapes end to end: build (random weights), export, extract per engine; one JSON per step.
 
-    python benchmarks/models/run.py qwen2.5-0.5b [--dtype fp32|fp16] [--texts 200] [--engines ort,torch]
-                                                 [--steps build,export,extract]
+    python benchmarks/models/run.py qwen2.5-0.5b [--dtype fp32|fp16] [--texts 200] [--engines ort,ort:gqa,torch]
+                                                 [--steps build,export,variants,extract] [--variants gqa]
 
 Each step runs in its own process under ``/usr/bin/time -v`` (peak RSS of that process alone):
 ``build.py`` -> ``inspect export`` -> ``inspect extract`` once per engine, on the first ``--texts``
@@ -56,11 +56,11 @@ def _sts_texts(n: int, path: Path) -> Path:
     return path
 
 
-STEPS = ("build", "export", "extract")
+STEPS = ("build", "export", "variants", "extract")
 
 
 def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, weights_dtype: str,
-        steps: tuple[str, ...] = STEPS) -> dict:
+        steps: tuple[str, ...] = STEPS, variants: tuple[str, ...] = ()) -> dict:
     py = sys.executable
     model_dir, export_dir = work / "models" / shape, work / "exports" / f"{shape}-{dtype}"
     logs = work / "logs"
@@ -83,13 +83,25 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
             "parity_max_abs": max(v["max_abs"] for v in outs.values()),
             "parity_min_cos": min(v["min_cos"] for v in outs.values()),
             "peak_rss_in_manifest_gib": round(m.get("export_peak_rss_bytes", 0) / 2**30, 2)})
+    for kind in variants if "variants" in steps and (export_dir / "manifest.json").exists() else ():
+        r = _timed([py, "-m", "layerscope", "optimize", str(export_dir), "--variant", kind, "--force"],
+                   logs / f"{shape}-{dtype}-variant-{kind}.log")
+        if r["rc"] == 0:
+            entry = json.loads((export_dir / "manifest.json").read_text())["variants"][kind]
+            outs = entry["parity"]["outputs"]
+            r.update({"build_seconds": entry["build_seconds"], "details": entry["details"],
+                      "fusions": entry["fusions"], "parity_max_abs": max(v["max_abs"] for v in outs.values()),
+                      "parity_min_cos": min(v["min_cos"] for v in outs.values())})
+        result[f"variant_{kind}"] = r
     if "extract" in steps and (export_dir / "manifest.json").exists():
         result["texts"] = n_texts
         corpus = _sts_texts(n_texts, work / "texts.txt")
-        for engine in engines:
-            store = work / "stores" / f"{shape}-{dtype}-{engine}"
+        for engine in engines:  # "ort:gqa": the ort engine on the export's gqa variant
+            name, _, variant = engine.partition(":")
+            store = work / "stores" / f"{shape}-{dtype}-{engine.replace(':', '-')}"
             r = _timed([py, "-m", "layerscope", "extract", "--model", str(export_dir), "--input", str(corpus),
-                        "--out", str(store), "--engine", engine, "--layers", "all", "--force"],
+                        "--out", str(store), "--engine", name, "--layers", "all", "--force"]
+                       + (["--variant", variant] if variant else []),
                        logs / f"{shape}-{dtype}-extract-{engine}.log")
             if r["rc"] == 0:
                 meta = json.loads((store / "store.json").read_text())
@@ -137,9 +149,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
     ap.add_argument("--weights-dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--texts", type=int, default=200)
-    ap.add_argument("--engines", default="ort,torch")
+    ap.add_argument("--engines", default="ort,torch", help="comma list; engine:variant runs a variant, e.g. ort:gqa")
+    ap.add_argument("--variants", default="", help="variants the variants step makes (layerscope optimize), e.g. gqa")
     ap.add_argument("--work", type=Path, default=Path("/tmp/layerscope-shapes"))
-    ap.add_argument("--steps", default=",".join(STEPS), help="which of build,export,extract to run")
+    ap.add_argument("--steps", default=",".join(STEPS), help="which of build,export,variants,extract to run")
     ap.add_argument("--table", action="store_true")
     args = ap.parse_args()
     if args.table:
@@ -149,7 +162,7 @@ def main() -> None:
     if unknown := set(steps) - set(STEPS):
         ap.error(f"unknown step(s) {sorted(unknown)}: choose from {','.join(STEPS)}")
     print(json.dumps(run(args.shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype,
-                         steps), indent=1))
+                         steps, tuple(v for v in args.variants.split(",") if v)), indent=1))
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def test_a_variant_path_out_of_the_export_is_refused(export):
 
 def test_a_manifest_without_onnx_sha256_is_refused(export, capsys):
     edit(export, lambda m: m.pop("onnx_sha256"))
-    with pytest.raises(ManifestError, match="has no onnx_sha256.*re-export with layerscope export --force"):
+    with pytest.raises(ManifestError, match="has no onnx_sha256.*export it again into a new folder"):
         ModelHandle.resolve(export)
     code, _, err = verify_cli(export, capsys)
     assert code == 2 and any("has no onnx_sha256" in line for line in err)

@@ -144,7 +144,7 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
     path = member(Path(export_dir), entry.get("file"), "lm_head file")
     if not path.is_file() or file_sha256(path) != entry.get("sha256"):
         raise ManifestError(f"{path} is missing or does not match its sha256 in the manifest (changed after "
-                            "export); re-export with layerscope export --force")
+                            "export); export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
     tensors = load_file(str(path))
     family = FAMILIES[manifest.family]
     num_layers = manifest.num_layers
@@ -170,5 +170,5 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
     for what in ("head", "norm", "word_embeddings"):
         mod = parts[what]
         if mod is not None and any(t.is_meta for t in list(mod.parameters()) + list(mod.buffers())):
-            raise ManifestError(f"{path.name} lacks some weights of the head's {what}; re-export with --force")
+            raise ManifestError(f"{path.name} lacks some weights of the head's {what}; export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
     return parts

@@ -49,7 +49,7 @@ def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, chec
             f"({manifest.format_version}, this version reads {FORMAT_VERSION}); re-run layerscope export")
     if not manifest.onnx_sha256:
         raise ManifestError(f"{Path(export_dir) / MANIFEST} has no onnx_sha256, so {onnx_path.name} cannot be "
-                            "checked; re-export with layerscope export --force")
+                            "checked; export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
     if check_hash and file_sha256(onnx_path) != manifest.onnx_sha256:
         raise ManifestError(
             f"{onnx_path} does not match its manifest (sha256 differs): the file was replaced or "

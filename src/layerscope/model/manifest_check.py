@@ -188,7 +188,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
             expected[rel] = (rec or {}).get("sha256")
     if not expected:
         problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
-                        "re-export with layerscope export --force")
+                        "export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
     expected.setdefault(manifest.onnx_file, manifest.onnx_sha256)
     for kind, entry in manifest.variants.items():
         expected[entry.file] = entry.sha256

@@ -103,7 +103,7 @@ def st_recipe(manifest: Manifest) -> dict[str, Any]:
     """The manifest's recipe for the ``st`` pooling, or a clear error when there is none."""
     if not manifest.records_st:
         raise InputError("pooling 'st' needs the export to record the checkpoint's sentence-transformers "
-                         "modules, and this export was made before layerscope did: re-run layerscope export --force")
+                         "modules, and this export was made before layerscope did: export it again into a new folder")
     st = manifest.sentence_transformers
     if not st:
         raise InputError("pooling 'st' needs a sentence-transformers checkpoint (modules.json with a Pooling "

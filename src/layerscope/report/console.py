@@ -137,8 +137,9 @@ def print_variant(console, kind: str, entry: dict) -> None:
     if entry.get("fusions") is not None:
         fused = ", ".join(f"{k} x{v}" for k, v in entry["fusions"].items()) or "none"
         console.print(f"fusions applied: {fused}")
-    table = Table(title=f"parity against PyTorch fp32 (tolerance: max abs {tol.get('max_abs')}, "
-                        f"min cosine {tol.get('min_cos')})")
+    bars = [f"max abs {tol['max_abs']:g}" if tol.get("max_abs") is not None else "",
+            f"min cosine {tol['min_cos']:g}" if tol.get("min_cos") is not None else ""]
+    table = Table(title=f"parity against PyTorch fp32 (held to {', '.join(b for b in bars if b) or 'no bar'})")
     table.add_column("output")
     table.add_column("max abs diff", justify="right")
     table.add_column("min cosine", justify="right")

@@ -81,8 +81,9 @@ class LayerStore:
         problems = layout_problems(path, meta)
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-            raise StoreError(f"{path} is damaged: {problems[0]}{more}; re-run layerscope extract --force "
-                             f"(layerscope verify {path} lists every problem)")
+            raise StoreError(f"{path} is damaged: {problems[0]}{more}; extract again into another --out, or delete "
+                             f"this folder yourself first (--force replaces only files layerscope wrote, unchanged; "
+                             f"layerscope verify {path} lists every problem)")
         store = cls(path, meta, "r")
         if not meta.get("complete") and not allow_incomplete:
             done = int(store.done_mask().sum())

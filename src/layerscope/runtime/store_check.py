@@ -185,8 +185,8 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
         problems.append("the store is incomplete (no checksums until it completes); finish it with "
                         "layerscope extract ... --resume")
     elif not recorded:
-        problems.append("store.json records no checksums (made by an older layerscope); re-run layerscope "
-                        "extract --force to get them")
+        problems.append("store.json records no checksums (made by an older layerscope); extract it again "
+                        "into a new folder to get them")
     checked = 0
     if outside_paths(root, meta):
         return checked, problems  # layout_problems named it; nothing is read
