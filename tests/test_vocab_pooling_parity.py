@@ -151,3 +151,34 @@ def test_st_is_the_recipe_pooling_normalized():
         with_st([ST], compute, None)
     with pytest.raises(InputError, match="did you mean 'mean-nobos'"):
         check_poolings(["mean-nobo"])
+
+
+def test_graph_last_finds_the_last_token_of_a_long_row_when_floats_run_in_bf16():
+    """OpenVINO's bf16 inference precision computes float ops in bf16, whose integers are exact only up to 256:
+    a position arithmetic in floats picks an earlier token of a 300-token text (pooled 'last' of a Qwen export
+    came out at cosine -0.02 to torch). The graph must find the index in integers."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from layerscope.engines.ov import cpu_capabilities, ov_core
+    from layerscope.export.graph import add_pooled_outputs
+
+    if "BF16" not in cpu_capabilities():
+        pytest.skip("this CPU has no bf16 compute for OpenVINO")
+    seq, hidden = 400, 8
+    inputs = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["batch", "seq", hidden])]
+    model = helper.make_model(helper.make_graph([], "pool", inputs, []), opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    add_pooled_outputs(model, ["last"], ["h0"], hidden, None)
+    lengths = [400, 387, 301, 257, 5]
+    mask = np.array([[1] * n + [0] * (seq - n) for n in lengths], dtype=np.int64)
+    states = np.zeros((len(lengths), seq, hidden), dtype=np.float32)
+    states[np.arange(len(lengths)), np.array(lengths) - 1, :] = 1.0  # only the last real token is non-zero
+    core = ov_core()
+    compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "bf16"})
+    out = compiled({"attention_mask": mask, "h0": states})  # "last" reads no ids
+    pooled = np.asarray(next(iter(out.values())))
+    np.testing.assert_array_equal(pooled.reshape(len(lengths), hidden), np.ones((len(lengths), hidden)))

@@ -27,6 +27,9 @@ log = logging.getLogger("layerscope")
 # The packages whose versions change what an export holds (graph tracing, conversion, parity check).
 EXPORT_PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
 NOT_KEYED = ("progress", "force")  # options that do not change the export
+# what layerscope adds to the traced graph, where it changes within one version: 2 = the 'last' pooling's index
+# found in integers (a bf16 runtime rounded float positions above 256)
+GRAPH_RECIPE = 2
 
 
 def _dist_version(name: str) -> str | None:
@@ -60,7 +63,7 @@ def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
     from layerscope.model.identity import model_identity
 
     source = handle.source()
-    parts = {"model": model_identity(source), "revision": source.revision,
+    parts = {"model": model_identity(source), "revision": source.revision, "graph": GRAPH_RECIPE,
              "trust_remote_code": bool(handle.trust_remote_code), "versions": tool_versions(),
              "options": export_options(options or {}),
              # the checkpoint's own sentence-transformers modules (1_Pooling/, Normalize, prompts) are recorded

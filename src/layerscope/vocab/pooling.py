@@ -246,9 +246,15 @@ class OnnxPooling:
         return self.b.node("ArgMax", [self.mask()], f"{self.hint}_first_idx", axis=1, keepdims=0)
 
     def last(self):  # the highest position whose mask is 1: argmax of mask * (position + 1)
-        pos1 = self._float(self.b.node("Add", [self._positions_row(), self._const("one_i", 1, "int64")]), "pos1")
-        return self.b.node("ArgMax", [self.b.node("Mul", [self.mask(), pos1])], f"{self.hint}_last_idx",
-                           axis=1, keepdims=0)
+        # in integers: a runtime computing float ops in bf16 (OpenVINO on AVX512_BF16) rounds positions above
+        # 256, so a float argmax picks an earlier token of a long text
+        import onnx
+
+        pos1 = self.b.node("Add", [self._positions_row(), self._const("one_i", 1, "int64")], "pos1")
+        weighted = self.b.node("Mul", [self.mask_input, pos1], f"{self.hint}_last_pos")
+        return self.b.node("ArgMax", [self.b.node("Cast", [weighted], f"{self.hint}_last_pos32",
+                                                  to=onnx.TensorProto.INT32)],
+                           f"{self.hint}_last_idx", axis=1, keepdims=0)
 
     def eos(self):
         import onnx
