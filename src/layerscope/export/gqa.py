@@ -48,23 +48,22 @@ class AttentionShape:
     qk_norm: bool
 
 
-def check_gqa(export_dir: Path, manifest: Manifest) -> AttentionShape:
-    """The attention shape the fused node will take; one line (InputError) where the kernel cannot run it."""
+def check_gqa(export_dir: Path, manifest: Manifest):
+    """``(config, AttentionShape)`` for the fused node; one line (InputError) where the kernel cannot run it."""
     if manifest.family not in GQA_FAMILIES:
         raise InputError(f"variant 'gqa' fuses the attention of rotary decoders ({', '.join(GQA_FAMILIES)}); "
                          f"this export is a {manifest.family} model: use 'opt' for its fusions")
     config = _config(Path(export_dir))
     _rotary_kind(config)
-    return attention_shape(config, manifest.family)
+    return config, attention_shape(config, manifest.family)
 
 
-def _rotary_kind(config) -> str:
+def _rotary_kind(config) -> None:
     scaling = getattr(config, "rope_scaling", None) or {}
     kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
     if kind in ("dynamic", "longrope"):
         raise InputError(f"variant 'gqa': '{kind}' rotary scaling changes its tables with the sequence length; "
                          "the fused kernel takes one table: use the fp32 export")
-    return kind
 
 
 def _config(export_dir: Path):
@@ -91,12 +90,11 @@ def attention_shape(config, family: str) -> AttentionShape:
 
 def rotary_tables(config, family: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin ``[rows, head_dim / 2]`` as the checkpoint's own rotary module computes them (float32,
-    its attention scaling included); refused for rotary kinds whose tables depend on the sequence length."""
+    its attention scaling included), for a config ``check_gqa`` accepted."""
     import importlib
 
     import torch
 
-    _rotary_kind(config)
     module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
     rotary = getattr(module, _ROTARY_CLASS[family])(config=config)
     with torch.no_grad():
@@ -115,7 +113,7 @@ class _Layer:
     k: str
     v: str
     out_node: Any  # the output projection's MatMul: its input 0 becomes the fused node's output
-    reshape: tuple[str, ...] = ()  # q and k still [batch, seq, heads, head_dim] (after a per-head norm)
+    per_head: bool = False  # q and k are [batch, seq, heads, head_dim] (read after a per-head norm)
 
 
 def _module_output(graph, consumers: dict, scope: str) -> str:
@@ -155,27 +153,9 @@ def _find_layers(graph, num_layers: int, shape: AttentionShape) -> list[_Layer]:
         if shape.qk_norm:  # ONNX Runtime's CPU kernel has no q/k norm prologue: the norms stay, the kernel reads theirs
             layer.q = _module_output(graph, consumers, f"{scope}/q_norm")
             layer.k = _module_output(graph, consumers, f"{scope}/k_norm")
-            layer.reshape = ("q", "k")
+            layer.per_head = True
         layers.append(layer)
     return layers
-
-
-def _drop_dead_nodes(graph) -> int:
-    """Remove nodes none of whose outputs reach a graph output; returns how many went."""
-    needed = {o.name for o in graph.output}
-    keep = []
-    for node in reversed(list(graph.node)):
-        if any(o in needed for o in node.output):
-            keep.append(node)
-            needed.update(i for i in node.input if i)
-    dropped = len(graph.node) - len(keep)
-    del graph.node[:]
-    graph.node.extend(reversed(keep))
-    used = {i for n in graph.node for i in n.input}
-    kept_inits = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept_inits)
-    return dropped
 
 
 def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False) -> dict[str, Any]:
@@ -183,8 +163,7 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    shape = check_gqa(src.parent, manifest)
-    config = _config(src.parent)
+    config, shape = check_gqa(src.parent, manifest)
     rows = int(manifest.max_length)
     cos, sin = rotary_tables(config, manifest.family, rows)
     model = onnx.load(str(src))
@@ -210,22 +189,32 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
         numpy_helper.from_array(cos, p + "cos"),
         numpy_helper.from_array(sin, p + "sin"),
     ])
-    if any(layer.reshape for layer in layers):
+    if any(layer.per_head for layer in layers):
         graph.initializer.append(numpy_helper.from_array(np.array([0, 0, -1], dtype=np.int64), p + "flat"))
+
+    def flat(name: str, out: str) -> str:  # [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
+        new_nodes.append(helper.make_node("Reshape", [name, p + "flat"], [out], name=out))
+        return out
+
     for i, layer in enumerate(layers):
         out = f"{p}layer{i}"
-        for which in layer.reshape:  # [batch, seq, heads, head_dim] -> [batch, seq, heads * head_dim]
-            flat = f"{p}layer{i}/{which}"
-            new_nodes.append(helper.make_node("Reshape", [getattr(layer, which), p + "flat"], [flat], name=flat))
-            setattr(layer, which, flat)
-        ins = [layer.q, layer.k, layer.v, "", "", p + "seqlens_k", p + "total", p + "cos", p + "sin"]
+        q, k = (flat(layer.q, f"{out}/q"), flat(layer.k, f"{out}/k")) if layer.per_head else (layer.q, layer.k)
+        ins = [q, k, layer.v, "", "", p + "seqlens_k", p + "total", p + "cos", p + "sin"]
         new_nodes.append(helper.make_node("GroupQueryAttention", ins, [out], domain="com.microsoft",
                                           name=f"{p}attention{i}", num_heads=shape.num_heads,
                                           kv_num_heads=shape.kv_heads, do_rotary=1))
         layer.out_node.input[0] = out
     graph.node.extend(new_nodes)
-    _move_after_producers(graph)
-    dropped = _drop_dead_nodes(graph)
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    from layerscope.export.variants import _quiet
+
+    before = len(graph.node)
+    with _quiet():
+        tools = OnnxModel(model)
+        tools.prune_graph(allow_remove_graph_inputs=False)  # the old attention nodes, unused initializers
+        tools.topological_sort(is_deterministic=True)  # the fused nodes after what they read
+    dropped = before - len(graph.node)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     from layerscope.export.variants import _save
@@ -233,35 +222,6 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     _save(model, dst, external=external)
     return {"fused_attention_nodes": len(layers), "nodes_dropped": dropped, "num_heads": shape.num_heads,
             "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "rotary_rows": rows,
-            "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm else None, "padding": "right (positions 0..n-1 per row, lengths from the mask)"}
-
-
-def _move_after_producers(graph) -> None:
-    """A stable topological order: each node after the nodes whose outputs it reads."""
-    produced_by = {o: idx for idx, n in enumerate(graph.node) for o in n.output}
-    nodes = list(graph.node)
-    order: list[int] = []
-    state = [0] * len(nodes)  # 0 new, 1 visiting, 2 placed
-
-    def place(idx: int) -> None:
-        stack = [(idx, False)]
-        while stack:
-            cur, expanded = stack.pop()
-            if state[cur] == 2:
-                continue
-            if expanded:
-                state[cur] = 2
-                order.append(cur)
-                continue
-            state[cur] = 1
-            stack.append((cur, True))
-            for name in reversed(nodes[cur].input):
-                dep = produced_by.get(name)
-                if dep is not None and state[dep] == 0:
-                    stack.append((dep, False))
-
-    for idx in range(len(nodes)):
-        place(idx)
-    del graph.node[:]
-    graph.node.extend(nodes[i] for i in order)
+            "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm else None,
+            "padding": "right (positions 0..n-1 per row, lengths from the mask)"}
 
