@@ -11,7 +11,9 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
+
+from layerscope.jsonfile import write_json_atomic  # noqa: F401 - the writer callers import from here
 
 
 def umask() -> int:
@@ -25,17 +27,6 @@ def as_umask_allows(path: Path) -> None:
     """Give ``path`` the mode a plain ``open``/``mkdir`` would under the user's umask (tempfile makes its
     directories 0700 and some writers their files 0600; a shared export must be readable as the user set)."""
     os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~umask())
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary sibling, fsync it, and rename it over ``path``."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager

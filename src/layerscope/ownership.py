@@ -135,14 +135,9 @@ def kind_of(path: Path) -> str | None:
 
 def _write(path: Path, data: dict) -> None:
     """Replace the marker atomically (a temporary sibling, fsynced, renamed over it)."""
-    target = Path(path) / MARKER
-    tmp = target.with_name(f"{MARKER}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, target)
+    from layerscope.jsonfile import write_json_atomic
+
+    write_json_atomic(Path(path) / MARKER, data, indent=1)
 
 
 def write_marker(path: Path, kind: str) -> None:
