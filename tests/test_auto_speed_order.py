@@ -13,7 +13,7 @@ from layerscope.engines.auto import pick_engine
 SHA = "a" * 64
 # the engines' declared auto ranks (engines/registry.py), fastest first
 DECLARED = (("trt", None, "fp32"), ("cuda", None, "fp32"), ("ov", "bf16", "ov-bf16"), ("ov", "int8", "ov-int8"),
-            ("ort", "int8-block", "int8-block"), ("ort", "int8", "int8"), ("ov", None, "ov-fp32"), ("ort", None, "fp32"))
+            ("ort", "gqa", "gqa"), ("ort", "int8-block", "int8-block"), ("ort", "int8", "int8"), ("ov", None, "ov-fp32"), ("ort", None, "fp32"))
 CPU_RANK = DECLARED[2:]
 
 
@@ -35,9 +35,9 @@ def test_measured_engines_take_the_declared_slots_fastest_first(tmp_path):
     assert speed_order.record(_bench({"ort": 900.0, "ov": 500.0, "ort-int8": 700.0}), "b.json", root=tmp_path) == 3
     order, source = speed_order.ranked(CPU_RANK, {"onnx_sha256": SHA}, root=tmp_path)
     names = [speed_order.bench_name(e, v) for e, v, _ in order]
-    # declared: ov-bf16, ov-int8, ort-int8-block, ort-int8, ov, ort; the measured slots (3..5) get ort, ort-int8,
-    # ov; the unmeasured keep theirs
-    assert names == ["ov-bf16", "ov-int8", "ort-int8-block", "ort", "ort-int8", "ov"]
+    # declared: ov-bf16, ov-int8, ort-gqa, ort-int8-block, ort-int8, ov, ort; the measured slots (4..6) get ort,
+    # ort-int8, ov; the unmeasured keep theirs
+    assert names == ["ov-bf16", "ov-int8", "ort-gqa", "ort-int8-block", "ort", "ort-int8", "ov"]
     assert "ort 900, ort-int8 700, ov 500" in source and "same export" in source and "minilm" in source
     assert speed_order.speed_of(source, "ort", None) == ", 900 texts/s measured here"
     assert speed_order.speed_of(source, "ov", "bf16") == ""

@@ -27,7 +27,7 @@ def test_auto_tries_todays_order():
     """Catches: a mistyped rank that reorders auto (GPU engines first, then the CPU order the benchmarks measured)."""
     assert registry.auto_order(explicit_variant=False) == [
         ("trt", None, "fp32"), ("cuda", None, "fp32"), ("ov", "bf16", "ov-bf16"), ("ov", "int8", "ov-int8"),
-        ("ort", "int8-block", "int8-block"), ("ort", "int8", "int8"), ("ov", None, "ov-fp32"),
+        ("ort", "gqa", "gqa"), ("ort", "int8-block", "int8-block"), ("ort", "int8", "int8"), ("ov", None, "ov-fp32"),
         ("ort", None, "fp32")]
     assert registry.auto_order(explicit_variant=True) == [("trt", None, ""), ("cuda", None, ""), ("ort", None, "")]
     assert registry.fallback_engine().name == "torch"

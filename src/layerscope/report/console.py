@@ -6,6 +6,7 @@ Rich reads ``[red]`` or ``[citation needed]`` as markup and would drop it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -66,6 +67,8 @@ def engine_note(note: str, verbose: bool = False) -> str:
         return note
     head, _, passed = note.partition("; passed over ")
     head, cut, _ = head.partition("; order from ")
+    # the bar and "fastest such engine" come back with -v: with a measured speed the line must still fit
+    head = re.sub(r" >= [0-9.e-]+, fastest such engine", "", head)
     return head + (")" if cut else "") + ("; others passed over (layerscope -v ... says why)" if passed else "")
 
 
