@@ -106,6 +106,9 @@ def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused
     with monkeypatch.context() as m:  # another virtual environment sharing the cache
         m.setattr(cache, "tool_versions", lambda: {**base["versions"], "onnxruntime": "0.0-other-venv"})
         assert cache.export_key(handle)["key"] != base["key"]
+    with monkeypatch.context() as m:  # layerscope's additions to the graph changed within one version
+        m.setattr(cache, "GRAPH_RECIPE", cache.GRAPH_RECIPE + 1)
+        assert cache.export_key(handle)["key"] != base["key"]
 
     made = ensure_export(handle)
     # an entry whose manifest says another key (e.g. written by another version) is exported again
