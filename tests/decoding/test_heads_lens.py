@@ -191,3 +191,25 @@ def test_lens_k_errors(tiny_model, tmp_path):
 
     with pytest.raises(InputError, match="not an export dir"):
         export_lens(tiny_model("bert"), 5)
+
+
+def test_lens_probabilities_near_one_match_a_float64_softmax():
+    """A dominant logit over a 50,000-word vocabulary: the printed probability equals SciPy's float64 softmax
+    (a float32 softmax is off by about 1e-6 here)."""
+    from scipy.special import softmax
+
+    from layerscope.decoding.lens import lens_outputs
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0.0, 2.0, size=(1, 2, 50_000)).astype(np.float32)
+    logits[0, 0, 17] = 18.0  # p close to 1
+    logits[0, 1, 5] = 11.0
+    ids = torch.tensor([[17, 5]])
+    mask = torch.ones(1, 2, dtype=torch.int64)
+    _, top_ids, top_p = lens_outputs(lambda h, layer: h, [torch.from_numpy(logits)], [0], ids, mask, 3, False)
+    want = softmax(logits.astype(np.float64), axis=-1)
+    assert top_p.dtype == torch.float64
+    assert top_ids[0, 0, 0, 0] == 17 and 0.99 < want[0, 0, 17] < 1.0
+    for s in range(2):
+        np.testing.assert_allclose(top_p[0, 0, s].numpy(), want[0, s, top_ids[0, 0, s].numpy()], rtol=1e-13,
+                                   atol=0)

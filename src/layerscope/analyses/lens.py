@@ -164,7 +164,7 @@ class Lens(Analysis):
         def go(texts):
             batch = enc(texts)
             r, ids, p = engine.run_outputs(batch, list(OUTPUTS))
-            out = LensBatch(r.astype(np.int64), ids.astype(np.int64), p.astype(np.float32), batch.input_ids,
+            out = LensBatch(r.astype(np.int64), ids.astype(np.int64), p.astype(np.float64), batch.input_ids,
                             batch.mask)
             out.truncated = int(batch.truncated.sum())
             return out

@@ -28,7 +28,8 @@ def lens_targets(input_ids, attention_mask, decoder: bool):
 
 
 def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mask, k: int, decoder: bool):
-    """Per layer: rank of the target [B, S] (int64, 0 = no target), top-k ids and probabilities [B, S, k].
+    """Per layer: rank of the target [B, S] (int64, 0 = no target), top-k ids and probabilities [B, S, k]
+    (float64, :func:`top_probabilities`).
 
     Returns three tensors stacked over ``layers``: ``[n_layers, B, S]``, ``[n_layers, B, S, k]`` x2.
     The rank is 1 + the number of vocabulary entries with a strictly larger logit than the target's.
@@ -42,11 +43,22 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
         tgt = torch.gather(logits, -1, target.unsqueeze(-1))
         rank = (logits > tgt).sum(-1).to(torch.int64) + 1
         ranks.append(torch.where(valid, rank, torch.zeros_like(rank)))
-        p = torch.softmax(logits, dim=-1)
-        top_p, top_i = torch.topk(p, k, dim=-1)
+        top_l, top_i = torch.topk(logits, k, dim=-1)  # the softmax keeps the order of the logits
         ids.append(top_i.to(torch.int64))
-        probs.append(top_p)
+        probs.append(top_probabilities(logits, top_l))
     return torch.stack(ranks), torch.stack(ids), torch.stack(probs)
+
+
+def top_probabilities(logits, top_logits):
+    """Softmax probabilities of ``top_logits`` over the vocabulary ``logits`` (last axis), in float64.
+
+    A float32 softmax over tens of thousands of entries is off by about 2e-5 near probability 1 (the
+    normaliser sums many small terms); in float64 the printed digits are exact.
+    """
+    import torch
+
+    norm = torch.logsumexp(logits.to(torch.float64), dim=-1, keepdim=True)
+    return torch.exp(top_logits.to(torch.float64) - norm)
 
 
 def base_hidden_states(model, inputs: dict[str, Any]):
@@ -89,7 +101,7 @@ def rank_bands(model, inputs: dict[str, Any], layers: list[int], rel_tol: float,
 class LensBatch:
     rank: np.ndarray  # [n_layers, B, S] int64
     topk_ids: np.ndarray  # [n_layers, B, S, k]
-    topk_probs: np.ndarray  # [n_layers, B, S, k]
+    topk_probs: np.ndarray  # [n_layers, B, S, k] float64
     input_ids: np.ndarray  # [B, S]
     mask: np.ndarray  # [B, S]
 
@@ -105,7 +117,7 @@ def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int, hidden_
         hidden = [hidden_states[i] for i in layers]
         r, i, p = lens_outputs(model.head, hidden, layers, inputs["input_ids"], inputs["attention_mask"], k,
                                decoder)
-    return LensBatch(r.numpy(), i.numpy(), p.float().numpy(), inputs["input_ids"].numpy(),
+    return LensBatch(r.numpy(), i.numpy(), p.to(torch.float64).numpy(), inputs["input_ids"].numpy(),
                      inputs["attention_mask"].numpy())
 
 

@@ -7,7 +7,7 @@ nodes to a copy of ``model.onnx`` as ``lens-k{k}.onnx`` with three extra outputs
 
 * ``lens.rank``        int64 ``[L+1, batch, seq]`` (1 = top, 0 = no target)
 * ``lens.topk_ids``    int64 ``[L+1, batch, seq, k]``
-* ``lens.topk_probs``  float ``[L+1, batch, seq, k]``
+* ``lens.topk_probs``  double ``[L+1, batch, seq, k]`` (softmax in float64)
 
 Full vocabulary logits never leave the graph.  A sidecar ``lens-k{k}.json`` records the head,
 ``k``, the file's sha256 and the parity against torch measured at export time.
@@ -31,6 +31,7 @@ OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
 # Logits this close (relative to the target's, at least this absolute) are ties: ONNX Runtime and
 # torch sum in different orders, so near-equal logits may swap places without either being wrong.
 RANK_TIE_REL_TOL = 1e-5
+PROBABILITIES = "float64"  # the precision of lens.topk_probs, recorded in the sidecar
 PARITY_TEXTS = ["The cat sat on the mat.", "Layers refine hidden states, one block at a time, in 2024.", "Hi"]
 
 
@@ -147,7 +148,8 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
     os.replace(tmp_file, target)
     external.check_graph(target)
     sidecar = {"file": target.name, "k": k, "head": model.info.to_dict(), "outputs": list(OUTPUTS),
-               "sha256": file_sha256(target), "model_onnx_sha256": handle.manifest.onnx_sha256}
+               "probabilities": PROBABILITIES, "sha256": file_sha256(target),
+               "model_onnx_sha256": handle.manifest.onnx_sha256}
     if check:
         sidecar["parity"] = lens_parity(handle, model, target, k)
         if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
@@ -165,13 +167,15 @@ def read_sidecar(handle, k: int) -> dict[str, Any] | None:
     meta = json.loads(path.read_text(encoding="utf-8"))
     if meta.get("model_onnx_sha256") != handle.manifest.onnx_sha256:
         return None  # made for an earlier model.onnx
+    if meta.get("probabilities") != PROBABILITIES:
+        return None  # a graph whose softmax ran in another precision
     return meta
 
 
 def run_onnx_lens(session, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     feed = {i.name: np.ascontiguousarray(inputs[i.name]) for i in session.get_inputs()}
     r, ids, p = session.run(list(OUTPUTS), feed)
-    return np.asarray(r), np.asarray(ids), np.asarray(p, dtype=np.float32)
+    return np.asarray(r), np.asarray(ids), np.asarray(p, dtype=np.float64)
 
 
 def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None) -> dict[str, float]:
