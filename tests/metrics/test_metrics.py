@@ -345,9 +345,12 @@ def test_retrieval_metrics_hand_ranks():
     assert r == pytest.approx({"acc@1": 0.25, "acc@5": 0.75, "acc@10": 0.75,
                                "mrr": (1 + 0.5 + 0.2 + 1 / 11) / 4})
     assert list(r) == ["acc@1", "acc@5", "acc@10", "mrr"]
-    # a shared first place (rank 1.5) does not count at k=1; custom ks
-    r2 = neighbors.retrieval_metrics(np.array([1.5, 3.0]), ks=(1, 2))
-    assert r2 == pytest.approx({"acc@1": 0.0, "acc@2": 0.5, "mrr": (1 / 1.5 + 1 / 3) / 2})
+    # a first place shared by two (rank 1 or 2, each half the time) and a clear third place; custom ks:
+    # acc@1 = (1/2 + 0) / 2, acc@2 = (1 + 0) / 2, mrr = ((1 + 1/2) / 2 + 1/3) / 2
+    r2 = neighbors.retrieval_metrics(neighbors.TiedRanks(np.array([0.0, 2.0]), np.array([2, 1])), ks=(1, 2))
+    assert r2 == pytest.approx({"acc@1": 0.25, "acc@2": 0.5, "mrr": (0.75 + 1 / 3) / 2})
+    with pytest.raises(ValueError, match="fractional rank"):
+        neighbors.retrieval_metrics(np.array([1.5, 3.0]))
     with pytest.raises(ValueError, match="1-based"):
         neighbors.retrieval_metrics(np.array([0, 1]))
     with pytest.raises(ValueError):

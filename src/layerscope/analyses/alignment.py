@@ -2,17 +2,20 @@
 
 Per layer and pooling, over unit-normalised vectors of the paired texts:
 
-* matched mean cosine vs scrambled pairs (targets permuted ``--permutations``
-  times): scrambled mean, std and z (Monte Carlo, plus the exact
-  permutation moments in closed form as a check);
+* matched mean cosine vs scrambled pairs (the targets under a uniformly random
+  permutation): the scrambled mean and std are the permutation distribution's
+  exact moments (closed form), z = (matched - scrambled mean) / scrambled std,
+  and the effect = matched - scrambled mean in cosine units; ``--permutations N``
+  adds a Monte Carlo z from N permutations with its standard error, as a check;
 * retrieval both ways (source -> target, target -> source): acc@1/5/10 and
   MRR through FAISS (exact inner-product index; IVF above ``--ann-threshold``
-  pairs, with its recall against exact search);
+  pairs, with its recall against exact search), exact ties counted as their
+  expectation over a random order;
 * mutual k-NN: the share of each item's k nearest neighbours shared between
   the source-side and the target-side neighbourhoods;
 * PCA over both sides stacked: variance explained by the first components,
   Cohen's d of the source/target split on PC0, and the alignment z within
-  the first k = 2, 5, 10 components (centred projections);
+  the first k = 2, 5, 10 components (centred projections; exact moments);
 * per category, the headline figures again;
 * for the browser in report.html: the nearest targets of a sample of source texts
   (``--examples`` of them, exact cosine), per layer and pooling.
@@ -71,14 +74,18 @@ def example_queries(n: int, count: int, seed: int) -> np.ndarray:
 def layer_row(pooling: str, layer: str, f: dict[str, Any]) -> dict[str, Any]:
     """Flatten one layer's figures into a table row."""
     z, r = f["z"], f["retrieval"]
+    mc = f.get("z_monte_carlo") or {}
     row: dict[str, Any] = {
         "pooling": pooling, "layer": layer, "n": f["n"], "matched": z["matched"],
         "scrambled_mean": z["scrambled_mean"], "scrambled_std": z["scrambled_std"], "z": z["z"],
-        "z_exact": f.get("z_exact", {}).get("z"), "n_perm": z["n_perm"],
+        "z_method": Z_METHOD, "effect": z["matched"] - z["scrambled_mean"],
+        "z_exact": z["z"],  # the same exact z, under the name model-vs-model comparison reads
+        "z_monte_carlo": mc.get("z"), "z_monte_carlo_se": mc.get("z_se"), "n_perm": mc.get("n_perm"),
     }
     for d in ("src2tgt", "tgt2src"):
         for key in ("acc@1", "acc@5", "acc@10", "mrr"):
             row[f"{key}_{d}"] = r[d][key]
+        row[f"ties_{d}"] = r[d].get("ties")
         rec = r[d].get("recall_vs_exact")
         row[f"index_recall@10_{d}"] = rec["recall@k"] if rec else None
     row["index"] = r["index"]
@@ -100,36 +107,50 @@ def mrr_chance(n: int) -> float:
     return float(np.mean(1.0 / np.arange(1, n + 1)))
 
 
+Z_METHOD = "exact permutation moments"
+Z_CI_METHOD = "bootstrap-percentile-pair-terms"
+Z_INTERVAL = ("z and effect: percentile bootstrap over the pairs of per-pair terms whose mean is the exact z "
+              "(each pair's doubly centred matched cosine, over the exact scrambled std held fixed; the effect "
+              "is the same terms in cosine units) -- the spread of this sample's effect in units of its own null "
+              "spread, not an interval for a population z (z grows like the square root of n) and without the "
+              "error of the scrambled std")
+
+
 def with_intervals(row: dict[str, Any], f: dict[str, Any], src: np.ndarray, tgt: np.ndarray,
                    seed: int) -> dict[str, Any]:
-    """The row with 95% pair-bootstrap intervals of z, acc@k and MRR both ways (see analyses/intervals.py).
+    """The row with 95% intervals of z, the effect, acc@k and MRR both ways (see analyses/intervals.py).
 
-    z's interval resamples per-pair terms whose mean is the row's z: each pair's matched cosine with its
-    source's and its target's mean cosine to every text taken out (the doubly centred diagonal of the n x n
-    cosines, computed from column sums, never the matrix), over the row's scrambled std held fixed. A source
-    close to every target is then no evidence of alignment, as in the permutation z itself. (Rescrambling
-    each resample instead would count a pair drawn twice as its own scrambled partner and pull every
-    resampled z down.)
+    z's interval resamples per-pair terms whose mean is the row's exact z: each pair's matched cosine with
+    its source's and its target's mean cosine to every text taken out (the doubly centred diagonal of the
+    n x n cosines, computed from column sums, never the matrix), over the exact scrambled std held fixed. A
+    source close to every target is then no evidence of alignment, as in the permutation z itself.
+    (Rescrambling each resample instead would count a pair drawn twice as its own scrambled partner and pull
+    every resampled z down.) The same terms in cosine units (times the std) give the effect's interval.
+    acc@k are shares of the queries (a tie counts as its expected hit): Wilson intervals. MRR: percentile
+    bootstrap of the per-query expected reciprocal ranks.
     """
-    from layerscope.analyses.intervals import add_interval
+    from layerscope.analyses.intervals import add_interval, add_share_interval
     from layerscope.index.vector_index import normalize
     from layerscope.metrics.paired import mean_scorer
 
     n = len(src)
-    moments = f["z"]  # the row's z: the same scrambled moments, so the interval is about the z it reports
-    scorer = None
+    moments = f["z"]  # the row's exact z: the interval is about the z it reports
+    z_scorer = effect_scorer = None
     if moments.get("z") is not None:
         S, T = normalize(src).astype(np.float64), normalize(tgt).astype(np.float64)
         s_sum, t_sum = S.sum(axis=0), T.sum(axis=0)
         grand = float(s_sum @ t_sum) / (n * n)
         centred = np.einsum("ij,ij->i", S, T) - S @ t_sum / n - T @ s_sum / n + grand  # mean: matched - grand
-        scorer = mean_scorer((centred + grand - moments["scrambled_mean"]) / moments["scrambled_std"])
-    add_interval(row, "z", scorer, n, seed=seed)
+        effect = centred + grand - moments["scrambled_mean"]
+        z_scorer = mean_scorer(effect / moments["scrambled_std"])
+        effect_scorer = mean_scorer(effect)
+    add_interval(row, "z", z_scorer, n, seed=seed, ci_method=Z_CI_METHOD)
+    add_interval(row, "effect", effect_scorer, n, seed=seed, ci_method=Z_CI_METHOD)
     for d in ("src2tgt", "tgt2src"):
-        ranks = np.asarray(f["retrieval"][d]["ranks"], dtype=np.float64)
+        ranks = f["retrieval"][d]["ranks"]
         for k in (1, 5, 10):
-            add_interval(row, f"acc@{k}_{d}", mean_scorer(ranks <= k), n, seed=seed)
-        add_interval(row, f"mrr_{d}", mean_scorer(1.0 / ranks), n, seed=seed)
+            add_share_interval(row, f"acc@{k}_{d}", float(ranks.hits(k).sum()), n)
+        add_interval(row, f"mrr_{d}", mean_scorer(ranks.reciprocal()), n, seed=seed)
     return row
 
 
@@ -144,7 +165,8 @@ class Alignment(Analysis):
         default_data="zh-en",
         options=(
             *ALIGNED_DATA_OPTIONS,
-            Option("permutations", int, 1000, "scrambled permutations for the z-score"),
+            Option("permutations", int, 0, "also a Monte Carlo z from this many random permutations, with its "
+                   "standard error, as a check on the exact z (0: none)"),
             Option("knn", int, 10, "k for mutual k-NN"),
             Option("ann_threshold", int, 50000, "pairs above which retrieval uses an IVF index, not exact"),
             Option("index", str, "auto", "retrieval index: auto, flat, ivf or hnsw", choices=INDEX_KINDS),
@@ -162,9 +184,11 @@ class Alignment(Analysis):
 
         o = self.options(ctx)
         for name in ("permutations", "knn", "n", "examples"):
-            least = {"permutations": 2, "examples": 0}.get(name, 1)
+            least = {"permutations": 0, "examples": 0}.get(name, 1)
             if getattr(o, name) is not None and getattr(o, name) < least:
                 raise InputError(f"--{name} must be at least {least}, got {getattr(o, name)}")
+        if o.permutations == 1:
+            raise InputError("--permutations must be 0 (no Monte Carlo check) or at least 2, got 1")
         if o.index not in INDEX_KINDS:
             raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o.index!r}")
         given = [s for s, v in (("--data", ctx.data), ("--generate", o.generate),
@@ -233,7 +257,7 @@ class Alignment(Analysis):
                         cat_rows.append({"pooling": pooling, "layer": layer, "category": c, "n": int(len(idx)),
                                          "z": None, "undefined": "fewer than 2 pairs"})
                         continue
-                    cf = category_figures(src[idx], tgt[idx], n_perm=o.permutations, seed=ctx.seed)
+                    cf = category_figures(src[idx], tgt[idx], seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
         # the headline follows the model's own pooling (a decoder's is 'last'), when it was run
         own = run.handle.manifest.get("default_pooling", "mean")
@@ -258,6 +282,8 @@ class Alignment(Analysis):
         summary = {
             "headline": [
                 headline("z, last layer", last, "z", f"layer {last['layer']}, {main} pooling", chance=0.0),
+                headline("effect (matched - scrambled cosine), last layer", last, "effect",
+                         f"layer {last['layer']}, {main} pooling", chance=0.0),
                 headline("best z", best, "z", f"layer {best['layer']}, {main} pooling" if best else "", chance=0.0),
                 headline("acc@1 source → target, last layer", last, "acc@1_src2tgt",
                          f"layer {last['layer']}, {main} pooling", chance=1 / n),
@@ -265,8 +291,10 @@ class Alignment(Analysis):
                          f"layer {best_acc['layer']}, {main} pooling", chance=1 / n),
                 headline("MRR source → target, last layer", last, "mrr_src2tgt",
                          f"layer {last['layer']}, {main} pooling", chance=mrr_chance(n))],
-            "intervals": method(n, "pairs", ctx.seed) + "; z: the matched pairs resampled against the "
-                         "scrambled mean and std of the row's z (held fixed)",
+            "intervals": method(n, "pairs", ctx.seed, shares="acc@k (a tied partner counts its expected hit)")
+                         + "; " + Z_INTERVAL,
+            "z_method": Z_METHOD + (f"; a Monte Carlo z from {o.permutations} permutations, with its standard "
+                                    "error, beside it as a check" if o.permutations else ""),
             "chance": {"z": 0.0, "acc@1": 1 / n, "acc@5": min(1.0, 5 / n), "acc@10": min(1.0, 10 / n),
                        "mrr": mrr_chance(n)},
             "pooling": main,
@@ -343,9 +371,13 @@ class Alignment(Analysis):
         parts = [f"## Data\n\n{data.get('n')} pairs from {data.get('origin')}; "
                  f"{data.get('duplicates', 0)} duplicate pairs (kept)."]
         parts += [f"- {note}" for note in data.get("notes", [])]
-        cols = ["pooling", "layer", "matched", "scrambled_mean", "z", "z_ci_low", "z_ci_high", "z_exact",
-                "acc@1_src2tgt", "acc@1_src2tgt_ci_low", "acc@1_src2tgt_ci_high", "acc@1_tgt2src",
-                "mrr_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10", "index"]
+        cols = ["pooling", "layer", "matched", "scrambled_mean", "z", "z_ci_low", "z_ci_high", "effect",
+                "effect_ci_low", "effect_ci_high", "acc@1_src2tgt", "acc@1_src2tgt_ci_low", "acc@1_src2tgt_ci_high",
+                "acc@1_tgt2src", "mrr_src2tgt", "ties_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10",
+                "index"]
+        rows_mc = [r for fig in results["per_model"].values() for r in fig["tables"]["alignment_layers"]]
+        if any(r.get("z_monte_carlo") is not None for r in rows_mc):
+            cols[7:7] = ["z_monte_carlo", "z_monte_carlo_se"]
         for model, fig in results["per_model"].items():
             s = fig["summary"]
             by = {(r["pooling"], r["layer"]): r for r in fig["tables"]["alignment_layers"]}
@@ -356,13 +388,15 @@ class Alignment(Analysis):
                 return sig(row.get(key, fallback)) + ci(row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high"))
 
             chance = s.get("chance") or {}
-            parts.append(f"## {model}\n\nLast layer ({s['pooling']} pooling): z = {val(last, 'z', s['z'])}, "
+            parts.append(f"## {model}\n\nLast layer ({s['pooling']} pooling): z = {val(last, 'z', s['z'])} "
+                         f"(effect {val(last, 'effect', None)} in cosine units), "
                          f"acc@1 {val(last, 'acc@1_src2tgt', s['acc@1_src2tgt'])} (source -> target), "
                          f"{val(last, 'acc@1_tgt2src', s['acc@1_tgt2src'])} (target -> source), MRR "
                          f"{val(last, 'mrr_src2tgt', None)} (source -> target); best z "
                          f"{val(best, 'z', s['best_z'])} at layer {s['best_z_layer']}. "
                          + (f"Chance: z = 0, acc@1 = 1/n = {sig(chance['acc@1'])}, MRR = {sig(chance['mrr'])}. "
                             if chance else "")
+                         + (f"z: {s['z_method']}. " if s.get("z_method") else "")
                          + (f"Brackets: {s['intervals']}. " if s.get("intervals") else "")
                          + f"Nearest neighbours: {s.get('faiss')}.\n")
             parts.append(md_table(fig["tables"]["alignment_layers"], cols, digits=3))

@@ -72,6 +72,7 @@ def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int
 
     Constant similarities give ``None`` figures and an ``undefined`` reason, never NaN.
     """
+    from layerscope.analyses.intervals import BOOTSTRAP
     from layerscope.metrics.correlation import pearson, spearman
 
     sims = np.asarray(sims, dtype=np.float64)
@@ -81,13 +82,15 @@ def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int
         reason = (f"the similarities are constant (all {sims.mean():.6f}, spread {spread:.1e}): every "
                   "sentence gets the same vector here, so the correlation is undefined")
         for kind in ("pearson", "spearman"):
-            row.update({kind: None, f"{kind}_p": None, f"{kind}_ci_low": None, f"{kind}_ci_high": None})
+            row.update({kind: None, f"{kind}_p": None, f"{kind}_ci_low": None, f"{kind}_ci_high": None,
+                        f"{kind}_ci_method": BOOTSTRAP})
         row["undefined"] = reason
         return row
     reasons = []
     for kind, fn in (("pearson", pearson), ("spearman", spearman)):
         c = fn(sims, scores, n_boot=n_boot, seed=seed, x_name="similarity", y_name="score")
-        row.update({kind: c.value, f"{kind}_p": c.p_value, f"{kind}_ci_low": c.ci_low, f"{kind}_ci_high": c.ci_high})
+        row.update({kind: c.value, f"{kind}_p": c.p_value, f"{kind}_ci_low": c.ci_low, f"{kind}_ci_high": c.ci_high,
+                    f"{kind}_ci_method": BOOTSTRAP})
         if c.undefined:
             reasons.append(c.undefined)
     row["undefined"] = "; ".join(reasons) or None

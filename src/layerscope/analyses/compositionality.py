@@ -104,14 +104,14 @@ class Compositionality(Analysis):
         if own is not None:
             variants.append((OWN, OWN_LAYER, own))
         from layerscope.analyses.compare import ScoreRow, model_rows
-        from layerscope.analyses.intervals import add_interval, headline, method
+        from layerscope.analyses.intervals import add_interval, add_share_interval, headline, method
         from layerscope.metrics.paired import mean_scorer, win_rate_scorer
 
         rows, group_rows, item_rows, kept = [], [], [], []
         for p, layer, v in variants:
             summ, neg, para_mean, diffs = _summary_row(items, idx_pos, idx_neg, idx_para, v)
             row = {"pooling": p, "layer": layer, **summ}
-            add_interval(row, "win_rate", win_rate_scorer(diffs), len(items), seed=ctx.seed)
+            add_share_interval(row, "win_rate", summ["wins"], len(items))
             add_interval(row, "mean_diff", mean_scorer(diffs), len(items), seed=ctx.seed)
             rows.append(row)
             kept.append(ScoreRow(p, layer, summ["win_rate"], None, win_rate_scorer(diffs), bootstrap_ci=True))
@@ -124,15 +124,16 @@ class Compositionality(Analysis):
                 for value in values:
                     sel = [k for k, it in enumerate(items) if getattr(it, group) == value]
                     g = compositionality_summary(para_mean[sel], neg[sel])
-                    g_diffs = np.asarray(g.pop("per_item_diffs"))
+                    g.pop("per_item_diffs")
                     g_row = {"pooling": p, "layer": layer, "group": group, "value": value, **g}
-                    add_interval(g_row, "win_rate", win_rate_scorer(g_diffs), len(sel), seed=ctx.seed)
+                    add_share_interval(g_row, "win_rate", g["wins"], len(sel))
                     group_rows.append(g_row)
         compare = model_rows(run.num_layers, len(items), kept)  # for model vs model
         told = [r for r in rows if not all_ties(r)] or rows  # an all-tie row tells nothing: never the best
         best = max(told, key=lambda r: (r["win_rate"], r["mean_diff"]))
         final = str(run.num_layers)
-        ci_keys = ("win_rate_ci_low", "win_rate_ci_high", "mean_diff_ci_low", "mean_diff_ci_high")
+        ci_keys = ("win_rate_ci_low", "win_rate_ci_high", "win_rate_ci_method", "mean_diff_ci_low",
+                   "mean_diff_ci_high", "mean_diff_ci_method")
         where = f"layer {best['layer']}, {best['pooling']} pooling"
         heads = [headline("best win rate", best, "win_rate", where, chance=0.5),
                  headline("its mean diff", best, "mean_diff", where, chance=0.0)]
@@ -147,7 +148,7 @@ class Compositionality(Analysis):
             "final": {r["pooling"]: {k: r[k] for k in ("win_rate", "mean_diff", "sign_p", "ties", *ci_keys)}
                       for r in rows if r["layer"] in (final, OWN_LAYER)},
             "headline": heads,
-            "intervals": method(len(items), "items", ctx.seed),
+            "intervals": method(len(items), "items", ctx.seed, shares="win rates (wins over all items)"),
             "own_pooled_output": run.handle.manifest.pooled_output if own is not None else None,
         }
         return ModelOutput({"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}},

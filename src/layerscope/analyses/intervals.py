@@ -1,9 +1,15 @@
-"""Bootstrap 95% intervals of the figures an analysis reports, and its headline figures for the reports.
+"""95% intervals of the figures an analysis reports, and its headline figures for the reports.
 
-Every interval here is a percentile bootstrap over the analysis's items (``scipy.stats.bootstrap`` through
-:mod:`layerscope.metrics.paired`), seeded from the run's ``--seed``, so the same settings give the same
-intervals. A row's interval for figure ``x`` is stored beside it as ``x_ci_low`` / ``x_ci_high`` (the names
-the plots and report.html read as bands and whiskers).
+Two kinds, each named where it is stored:
+
+* a share of independent items (a win rate, acc@k): the Wilson score interval
+  (:mod:`layerscope.metrics.proportion`), valid at 0 and 1 -- ``ci_method`` ``"wilson"``;
+* every other figure: a percentile bootstrap over the analysis's items (``scipy.stats.bootstrap`` through
+  :mod:`layerscope.metrics.paired`), seeded from the run's ``--seed`` so that the same settings give the same
+  intervals -- ``ci_method`` ``"bootstrap-percentile"`` (or a more specific name an analysis gives).
+
+A row's interval for figure ``x`` is stored beside it as ``x_ci_low`` / ``x_ci_high`` (the names the plots
+and report.html read as bands and whiskers) and ``x_ci_method``.
 """
 
 from __future__ import annotations
@@ -14,13 +20,19 @@ import numpy as np
 
 N_RESAMPLES = 1000
 CONFIDENCE = 0.95
+BOOTSTRAP = "bootstrap-percentile"
+WILSON = "wilson"
 _INDEX_BUDGET = 4_000_000  # resampled item indices (times what a scorer builds from each) held at once
 
 
-def method(n_items: int, unit: str, seed: int, n_resamples: int = N_RESAMPLES) -> str:
-    """How the intervals of a run were made, in words for results.json and the reports."""
-    return (f"95% percentile bootstrap over the {n_items:,} {unit} ({n_resamples} resamples, "
+def method(n_items: int, unit: str, seed: int, n_resamples: int = N_RESAMPLES, shares: str = "") -> str:
+    """How the intervals of a run were made, in words for results.json and the reports; ``shares`` names the
+    figures that are shares of the items and get a Wilson interval instead."""
+    boot = (f"percentile bootstrap over the {n_items:,} {unit} ({n_resamples} resamples, "
             f"scipy.stats.bootstrap, seed {seed})")
+    if not shares:
+        return f"95% {boot}"
+    return f"95%; {shares}: Wilson score interval over the {n_items:,} {unit}; other figures: {boot}"
 
 
 def interval(scorer: Callable[[np.ndarray], np.ndarray], n_items: int, *, seed: int,
@@ -41,12 +53,25 @@ def mean_interval(values, *, seed: int, n_resamples: int = N_RESAMPLES) -> tuple
 
 
 def add_interval(row: dict[str, Any], key: str, scorer, n_items: int, *, seed: int, cost: int = 1,
-                 n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
-    """Set ``row[key_ci_low]``, ``row[key_ci_high]`` (None where the figure itself is undefined)."""
+                 n_resamples: int = N_RESAMPLES, ci_method: str = BOOTSTRAP) -> dict[str, Any]:
+    """Set ``row[key_ci_low]``, ``row[key_ci_high]`` (None where the figure itself is undefined), a percentile
+    bootstrap of ``scorer``, and ``row[key_ci_method]``."""
     lo = hi = None
     if row.get(key) is not None and scorer is not None:
         lo, hi = interval(scorer, n_items, seed=seed, cost=cost, n_resamples=n_resamples)
-    row[f"{key}_ci_low"], row[f"{key}_ci_high"] = lo, hi
+    row[f"{key}_ci_low"], row[f"{key}_ci_high"], row[f"{key}_ci_method"] = lo, hi, ci_method
+    return row
+
+
+def add_share_interval(row: dict[str, Any], key: str, successes: float, n_items: int) -> dict[str, Any]:
+    """Set the Wilson interval of the share ``row[key] = successes / n_items`` of independent items (a
+    success may be fractional: an expectation over tied orders); None where the share is undefined."""
+    from layerscope.metrics.proportion import wilson_interval
+
+    lo = hi = None
+    if row.get(key) is not None and n_items > 0:
+        lo, hi = wilson_interval(min(max(float(successes), 0.0), n_items), n_items, CONFIDENCE)
+    row[f"{key}_ci_low"], row[f"{key}_ci_high"], row[f"{key}_ci_method"] = lo, hi, WILSON
     return row
 
 
@@ -54,4 +79,5 @@ def headline(figure: str, row: dict[str, Any] | None, key: str, where: str = "",
     """One headline figure for the reports' summary: its value, interval and where it was measured."""
     row = row or {}
     return {"figure": figure, "value": row.get(key), "ci_low": row.get(f"{key}_ci_low"),
-            "ci_high": row.get(f"{key}_ci_high"), "where": where, **extra}
+            "ci_high": row.get(f"{key}_ci_high"), "ci_method": row.get(f"{key}_ci_method"), "where": where,
+            **extra}

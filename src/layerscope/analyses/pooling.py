@@ -80,20 +80,22 @@ def int8_held_out(v: np.ndarray, seed: int) -> np.ndarray:
 
 
 def _retrieval_float(vectors: np.ndarray, rs: RetrievalSet) -> dict:
-    from layerscope.metrics.neighbors import ranks_from_scores, retrieval_metrics
+    from layerscope.metrics.neighbors import TiedRanks, cosine_tie_counts, retrieval_metrics
     from layerscope.metrics.vectors import l2_normalize
 
     unit = l2_normalize(vectors.astype(np.float64))
-    ranks = [ranks_from_scores(unit[q] @ unit[d].T, c) for q, d, c in rs.directions]
-    return retrieval_metrics(np.concatenate(ranks), ks=KS)
+    ranks = [cosine_tie_counts(unit[q], unit[d], c) for q, d, c in rs.directions]
+    return retrieval_metrics(TiedRanks(np.concatenate([r.above for r in ranks]),
+                                       np.concatenate([r.tied for r in ranks])), ks=KS)
 
 
 def _retrieval_binary(codes: np.ndarray, dim: int, rs: RetrievalSet) -> dict:
-    """Hamming-distance retrieval over packed sign codes; ties share the mean rank."""
-    from layerscope.metrics.neighbors import hamming_ranks, retrieval_metrics
+    """Hamming-distance retrieval over packed sign codes; ties count as their expectation over a random order."""
+    from layerscope.metrics.neighbors import TiedRanks, hamming_tied_ranks, retrieval_metrics
 
-    ranks = [hamming_ranks(codes[q], codes[d], c) for q, d, c in rs.directions]
-    return retrieval_metrics(np.concatenate(ranks), ks=KS)
+    ranks = [hamming_tied_ranks(codes[q], codes[d], c) for q, d, c in rs.directions]
+    return retrieval_metrics(TiedRanks(np.concatenate([r.above for r in ranks]),
+                                       np.concatenate([r.tied for r in ranks])), ks=KS)
 
 
 @register
@@ -274,7 +276,8 @@ class Pooling(Analysis):
                       f"STS: {s['pairs']} pairs, cosine vs human score (Spearman). Retrieval: "
                       f"{s['retrieval']['queries']} queries (both sides of every pair) against the distinct "
                       f"sentences of the other side ({' and '.join(map(str, s['retrieval']['documents']))} "
-                      "documents); the relevant document is the pair partner; ties share the mean rank.", "",
+                      "documents); the relevant document is the pair partner; exact ties count as their "
+                      "expectation over a random order of the tied documents.", "",
                       f"**Best for STS:** {s['best_variant']} (Spearman {fmt(s['best_spearman'])}). "
                       f"**Best for retrieval:** {s['best_retrieval_variant']} (MRR {fmt(s['best_mrr'])}).", ""]
             for n in s.get("notes", []):

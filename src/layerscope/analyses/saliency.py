@@ -39,7 +39,8 @@ def method_tests(per_text: dict[str, dict[str, list[float]]], best: str, seed: i
         if n >= 2:
             res = paired_bootstrap(mean_scorer(per_text[a]["hide"]), mean_scorer(per_text[b]["hide"]), n, seed=seed)
             row.update({"hide_aopc_a": res.score_a, "hide_aopc_b": res.score_b, "difference": res.difference,
-                        "ci_low": res.ci_low, "ci_high": res.ci_high, "p_value": res.p_value})
+                        "ci_low": res.ci_low, "ci_high": res.ci_high, "ci_method": "paired-bootstrap-percentile",
+                        "p_value": res.p_value})
         else:
             row["undefined"] = "a paired test needs at least 2 texts"
         rows.append(row)

@@ -10,6 +10,9 @@
 Ranks are found in the top ``mrr_cutoff`` results (default 1000, capped at n):
 when n <= cutoff they are exact and MRR is the full MRR; above it a partner
 ranked below the cutoff counts 0 towards MRR (it would count < 1/cutoff).
+A partner that shares its cosine with other rows counts as its expectation
+over a random order of the tied rows (:class:`layerscope.metrics.neighbors.TiedRanks`),
+the same figure on every engine.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.index.vector_index import VectorIndex, measure_recall
-from layerscope.metrics.neighbors import drop_self, retrieval_metrics
+from layerscope.metrics.neighbors import SCREEN, TIE_TOL, TiedRanks, _float64_counts, drop_self, retrieval_metrics
 
 DEFAULT_ANN_THRESHOLD = 50_000
 DEFAULT_MRR_CUTOFF = 1000
@@ -38,18 +41,54 @@ def choose_kind(n: int, kind: str = "auto", ann_threshold: int = DEFAULT_ANN_THR
     return "flat" if device != "cpu" and select_backend("flat", device).name != "faiss-cpu" else "ivf"
 
 
-def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, block: int = 4096) -> np.ndarray:
-    """1-based rank of base row i for query row i within the top ``cutoff``; ``inf`` when not there."""
+def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, base: np.ndarray | None = None,
+                  block: int = 4096) -> TiedRanks:
+    """Where base row i lands for query row i within the top ``cutoff``, ties counted (``above = inf``: not
+    there).
+
+    With ``base`` (the index's unit float32 rows), exact ties are counted as on the numpy and PyTorch paths
+    (:func:`layerscope.metrics.neighbors.cosine_tie_counts`): a query whose partner scores within ``SCREEN``
+    of another returned row, or of the last returned row (a tie may run past the cutoff), is counted again
+    from float64 cosines over every base row, so the figure does not depend on the order FAISS lists equal
+    scores in. An approximate index (IVF, HNSW) counts only among the rows it returned. Without ``base``
+    (a binary index) the rank is the partner's place in the returned list.
+    """
     n = queries.shape[0]
     k = int(min(cutoff, index.n))
-    ranks = np.full(n, np.inf)
+    above = np.full(n, np.inf)
+    tied = np.ones(n, dtype=np.int64)
+    exact = index.kind == "flat"
     for q0 in range(0, n, block):
         q1 = min(n, q0 + block)
-        _, ids = index.search(queries[q0:q1], k, normalized=True, block=block)
-        hit = ids == np.arange(q0, q1)[:, None]
+        scores, ids = index.search(queries[q0:q1], k, normalized=True, block=block)
+        rows = np.arange(q0, q1)
+        hit = ids == rows[:, None]
         found = hit.any(axis=1)
-        ranks[q0:q1][found] = hit[found].argmax(axis=1) + 1
-    return ranks
+        if base is None:
+            above[q0:q1][found] = hit[found].argmax(axis=1)
+            continue
+        target = np.einsum("ij,ij->i", queries[q0:q1], base[q0:q1])[:, None]
+        valid = (ids >= 0) & ~hit
+        above_b = np.where(found | exact, ((scores > target + SCREEN) & valid).sum(axis=1), np.inf)
+        near = ((np.abs(scores - target) <= SCREEN) & valid).any(axis=1)
+        full = (ids[:, -1] < 0) | (k == index.n)
+        past = ~full & (scores[:, -1] >= target[:, 0] - SCREEN)  # the tie or the partner may run past the list
+        if exact:
+            above_b = np.where(~found & ~past, np.inf, above_b)
+            redo = np.flatnonzero(near | past)
+            if redo.size:
+                a64, t64 = _float64_counts(queries[q0:q1][redo], base, rows[redo])
+                above_b[redo], tied[q0:q1][redo] = np.where(a64 >= k, np.inf, a64), t64
+        else:
+            redo = np.flatnonzero(near & found)
+            for r in redo:  # approximate: count among the returned rows only
+                got = ids[r][ids[r] >= 0]
+                s64 = base[got].astype(np.float64) @ queries[q0 + r].astype(np.float64)
+                own = float(base[q0 + r].astype(np.float64) @ queries[q0 + r].astype(np.float64))
+                above_b[r] = float((s64 > own + TIE_TOL).sum())
+                tied[q0 + r] = int((np.abs(s64 - own) <= TIE_TOL).sum())
+        above[q0:q1] = above_b
+    return TiedRanks(above, tied)
 
 
 def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "auto",
@@ -65,9 +104,10 @@ def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "a
         t0 = time.perf_counter()
         vi = VectorIndex.build(base, kind, normalized=True, seed=seed, device=device, **(index_params or {}))
         t1 = time.perf_counter()
-        ranks = partner_ranks(vi, q, cutoff)
+        ranks = partner_ranks(vi, q, cutoff, base=None if vi.kind == "binary" else base)
         t2 = time.perf_counter()
         figs: dict[str, Any] = retrieval_metrics(ranks, ks)
+        figs["ties"] = int(np.count_nonzero(ranks.tied > 1))  # queries whose partner shares its score
         figs["ranks"] = ranks  # per query, for intervals over the queries (not written to results files)
         figs["seconds_build"] = round(t1 - t0, 3)
         figs["seconds_search"] = round(t2 - t1, 3)

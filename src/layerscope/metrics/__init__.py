@@ -7,7 +7,8 @@ No I/O, no torch, no onnxruntime; faiss is imported lazily by
 * ``vectors``      L2 normalisation, paired cosines, float64 column moments
 * ``correlation``  Pearson / Spearman with a percentile bootstrap interval
 * ``comparison``   sign test, paired differences, the compositionality summary
-* ``permutation``  matched vs scrambled pairs: z-scores (Monte Carlo, exhaustive, exact)
+* ``proportion``   Wilson and Clopper-Pearson intervals of a share (valid at 0 and 1)
+* ``permutation``  matched vs scrambled pairs: z-scores (exact, exhaustive, Monte Carlo with its SE)
 * ``neighbors``    nearest neighbours: exact k-NN, mutual k-NN, retrieval ranks and figures
 * ``cka``          linear CKA (in memory and streamed) and unbiased CKA
 * ``pca``          PCA summary and Cohen's d

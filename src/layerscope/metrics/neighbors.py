@@ -8,6 +8,7 @@ neighbourhoods with :func:`mutual_knn` and summarise ranks with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -15,41 +16,91 @@ import numpy as np
 from layerscope.metrics.checks import BLOCK_ELEMENTS, as_matrix, as_vector, check_finite, float_dtype, row_blocks
 from layerscope.metrics.vectors import l2_normalize
 
+# Cosines of float32 unit vectors: a float32 score within SCREEN of the right item's is recomputed in float64,
+# and float64 cosines within TIE_TOL of it are a tie. Float32 sums over the features may differ in the last
+# bits between engines (FAISS, BLAS, a GPU), so identical vectors may not score equal there; in float64 the
+# products of float32 values are exact and the rounding of their sum stays far below TIE_TOL.
+SCREEN = 1e-4
+TIE_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class TiedRanks:
+    """Where the right item lands per query when tied candidates come in a random order.
+
+    ``above``: candidates that score strictly higher (``inf``: the item lies beyond a search cutoff);
+    ``tied``: candidates that score the same, the item included (>= 1). Over the ``tied!`` orders of the
+    tied block the item's rank is uniform on ``above + 1 .. above + tied``: :attr:`mean` is the mean rank
+    of the block, :meth:`hits` and :meth:`reciprocal` the expected hit at k and reciprocal rank.
+    """
+
+    above: np.ndarray
+    tied: np.ndarray
+
+    @property
+    def mean(self) -> np.ndarray:
+        return np.asarray(self.above, dtype=np.float64) + (np.asarray(self.tied, dtype=np.float64) + 1.0) / 2.0
+
+    def hits(self, k: int) -> np.ndarray:
+        """P(rank <= k) per query: ``clip((k - above) / tied, 0, 1)``."""
+        a, t = np.asarray(self.above, dtype=np.float64), np.asarray(self.tied, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isinf(a), 0.0, np.clip((k - a) / t, 0.0, 1.0))
+
+    def reciprocal(self) -> np.ndarray:
+        """E[1 / rank] per query: ``(1/tied) sum_{j=1..tied} 1 / (above + j)`` (0 beyond a cutoff)."""
+        from scipy.special import digamma
+
+        a, t = np.asarray(self.above, dtype=np.float64), np.asarray(self.tied, dtype=np.float64)
+        fin = np.where(np.isinf(a), 0.0, a)
+        return np.where(np.isinf(a), 0.0, (digamma(fin + t + 1.0) - digamma(fin + 1.0)) / t)
+
+
+def as_tied_ranks(ranks) -> TiedRanks:
+    """``ranks`` as they are (a :class:`TiedRanks`), or whole 1-based ranks without ties (``inf``: beyond a
+    cutoff). A fractional rank is refused: it hides how many candidates share it."""
+    if isinstance(ranks, TiedRanks):
+        r = ranks
+        above = as_vector(r.above, "ranks.above").astype(np.float64)
+        tied = as_vector(r.tied, "ranks.tied")
+        if above.shape != tied.shape:
+            raise ValueError(f"ranks.above and ranks.tied differ in length: {above.shape} and {tied.shape}")
+        if np.any(above < 0) or np.any(tied < 1) or np.any(np.isnan(above)):
+            raise ValueError("ranks.above must be >= 0 and ranks.tied >= 1")
+        return TiedRanks(above, tied)
+    r = as_vector(ranks, "ranks").astype(np.float64)
+    check_finite(np.where(r == np.inf, 1.0, r), "ranks")
+    if r.size and np.any(r < 1):
+        raise ValueError(f"ranks are 1-based; got a minimum of {r.min():g}")
+    if np.any(np.isfinite(r) & (r != np.floor(r))):
+        raise ValueError("a fractional rank hides the size of its tie; pass TiedRanks (above, tied) instead")
+    return TiedRanks(r - 1.0, np.ones(r.shape, dtype=np.int64))
 
 
 def retrieval_metrics(ranks, ks: Sequence[int] = (1, 5, 10)) -> dict:
-    """Accuracy@k and mean reciprocal rank from 1-based ranks of the correct item.
+    """Accuracy@k and mean reciprocal rank of the correct item, ties counted as their expectation.
 
-    ``ranks`` may be fractional (ties share the mean rank, see
-    :func:`ranks_from_scores`); ``acc@k`` is the share of queries with
-    ``rank <= k``. A rank of ``+inf`` means the item was not within a search
-    cutoff (see :func:`layerscope.index.search.partner_ranks`): a miss at
-    every k, reciprocal rank 0. Returns ``{"acc@1": ..., "acc@5": ..., ...,
-    "mrr": ...}``.
+    ``ranks``: a :class:`TiedRanks`, or whole 1-based ranks (no ties). Where the item shares its score
+    with others, its hit at k and reciprocal rank are their means over every order of the tied block, so
+    the figures do not depend on the order an engine happens to list equal scores in. An item beyond a
+    search cutoff (``inf``, see :func:`layerscope.index.search.partner_ranks`) is a miss at every k and
+    counts 0 towards MRR. Returns ``{"acc@1": ..., "acc@5": ..., ..., "mrr": ...}``.
     """
-    r = as_vector(ranks, "ranks").astype(np.float64)
-    if r.size == 0:
+    r = as_tied_ranks(ranks)
+    if r.above.size == 0:
         raise ValueError("ranks is empty")
-    check_finite(np.where(r == np.inf, 1.0, r), "ranks")
-    if np.any(r < 1):
-        raise ValueError(f"ranks are 1-based; got a minimum of {r.min():g}")
     out: dict = {}
     for k in ks:
         if int(k) != k or k < 1:
             raise ValueError(f"every k must be a positive integer, got {k}")
-        out[f"acc@{int(k)}"] = float(np.mean(r <= k))
-    out["mrr"] = float(np.mean(1.0 / r))
+        out[f"acc@{int(k)}"] = float(np.mean(r.hits(int(k))))
+    out["mrr"] = float(np.mean(r.reciprocal()))
     return out
 
 
-def ranks_from_scores(scores, correct) -> np.ndarray:
-    """1-based rank of the correct item per query; higher score = better.
-
-    ``scores`` is ``[q, n]``, ``correct`` holds the index of the right item
-    for each query. Ties share the mean rank:
-    ``rank = 1 + #(strictly higher) + #(equal, other than itself) / 2``,
-    so a correct item tied with one other at the top gets 1.5. Returns float64.
-    """
+def tied_ranks_from_scores(scores, correct) -> TiedRanks:
+    """Per query, how many scores are strictly higher than the correct item's and how many equal it
+    (itself included); ``scores`` ``[q, n]``, higher = better, compared exactly as given."""
     S = as_matrix(scores, "scores")
     c = as_vector(correct, "correct")
     if c.shape[0] != S.shape[0]:
@@ -59,21 +110,74 @@ def ranks_from_scores(scores, correct) -> np.ndarray:
     if c.size and (c.min() < 0 or c.max() >= S.shape[1]):
         raise ValueError(f"correct indices must lie in [0, {S.shape[1]}), got {c.min()}..{c.max()}")
     check_finite(S, "scores")
-    out = np.empty(S.shape[0], dtype=np.float64)
+    above = np.empty(S.shape[0], dtype=np.float64)
+    tied = np.empty(S.shape[0], dtype=np.int64)
     for s in row_blocks(S.shape[0], S.shape[1]):
         block = S[s]
         target = block[np.arange(block.shape[0]), c[s]][:, None]
-        greater = (block > target).sum(axis=1)
-        equal = (block == target).sum(axis=1) - 1
-        out[s] = 1.0 + greater + equal / 2.0
-    return out
+        above[s] = (block > target).sum(axis=1)
+        tied[s] = (block == target).sum(axis=1)
+    return TiedRanks(above, tied)
+
+
+def cosine_tie_counts(queries: np.ndarray, base: np.ndarray, correct: np.ndarray,
+                      scores: np.ndarray | None = None) -> TiedRanks:
+    """Exact-tie counts of ``base[correct[i]]`` among all ``base`` rows for ``queries[i]`` (unit float rows).
+
+    ``scores``: ``queries @ base.T`` (float32 or float64) where already computed. A row where another candidate
+    scores within :data:`SCREEN` of the correct one is scored again in float64 and counted there with
+    :data:`TIE_TOL`, so every engine counts the same ties for the same vectors.
+    """
+    q32, b32 = np.asarray(queries), np.asarray(base)
+    c = np.asarray(correct, dtype=np.int64)
+    s = q32 @ b32.T if scores is None else np.asarray(scores)
+    target = np.einsum("ij,ij->i", q32, b32[c]).astype(s.dtype)[:, None]  # in the rows' own precision
+    above = (s > target + SCREEN).sum(axis=1).astype(np.float64)
+    near = np.abs(s - target) <= SCREEN
+    near[np.arange(len(c)), c] = False
+    tied = np.ones(len(c), dtype=np.int64)
+    redo = np.flatnonzero(near.any(axis=1))
+    if redo.size:
+        a64, t64 = _float64_counts(q32[redo], b32, c[redo])
+        above[redo], tied[redo] = a64, t64
+    return TiedRanks(above, tied)
+
+
+def _float64_counts(q32: np.ndarray, b32: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(strictly higher, tied with the correct item incl. itself) per query, from float64 cosines."""
+    base64 = b32.astype(np.float64)
+    above = np.empty(len(c), dtype=np.float64)
+    tied = np.empty(len(c), dtype=np.int64)
+    for s in row_blocks(len(c), b32.shape[0]):
+        s64 = q32[s].astype(np.float64) @ base64.T
+        t = s64[np.arange(s64.shape[0]), c[s]][:, None]
+        above[s] = (s64 > t + TIE_TOL).sum(axis=1)
+        tied[s] = (np.abs(s64 - t) <= TIE_TOL).sum(axis=1)
+    return above, tied
+
+
+def ranks_from_scores(scores, correct) -> np.ndarray:
+    """1-based rank of the correct item per query; higher score = better.
+
+    ``scores`` is ``[q, n]``, ``correct`` holds the index of the right item
+    for each query. Ties share the mean rank:
+    ``rank = 1 + #(strictly higher) + #(equal, other than itself) / 2``,
+    so a correct item tied with one other at the top gets 1.5. Returns float64
+    (:func:`tied_ranks_from_scores` keeps the size of each tie for :func:`retrieval_metrics`).
+    """
+    return tied_ranks_from_scores(scores, correct).mean
 
 
 def cosine_ranks(src, tgt, *, block_size: int = 1024, backend: str = "auto") -> np.ndarray:
+    """The mean rank of each pair's tied block (:func:`cosine_tied_ranks`), float64."""
+    return cosine_tied_ranks(src, tgt, block_size=block_size, backend=backend).mean
+
+
+def cosine_tied_ranks(src, tgt, *, block_size: int = 1024, backend: str = "auto") -> TiedRanks:
     """Rank of ``tgt[i]`` among all targets for query ``src[i]`` by cosine.
 
     Blocked over queries, so it holds ``block_size x n`` scores, never
-    ``n x n``. Ties share the mean rank as in :func:`ranks_from_scores`.
+    ``n x n``. Ties are exact cosine ties (:func:`cosine_tie_counts`), the same on every backend.
     ``backend``: ``"numpy"``, ``"pytorch"`` (float32 blocked products on a CUDA GPU,
     :mod:`layerscope.metrics.neighbors_torch`) or ``"auto"`` (PyTorch where it sees a GPU).
     """
@@ -90,22 +194,28 @@ def cosine_ranks(src, tgt, *, block_size: int = 1024, backend: str = "auto") -> 
     if device:
         from layerscope.metrics import neighbors_torch
 
-        return neighbors_torch.cosine_ranks(Sn, Tn, device=device)
+        return neighbors_torch.cosine_tied_ranks(Sn, Tn, device=device)
     n = S.shape[0]
-    out = np.empty(n, dtype=np.float64)
+    above = np.empty(n, dtype=np.float64)
+    tied = np.empty(n, dtype=np.int64)
     for q0 in range(0, n, max(1, block_size)):
         q1 = min(n, q0 + max(1, block_size))
-        scores = Sn[q0:q1] @ Tn.T
-        out[q0:q1] = ranks_from_scores(scores, np.arange(q0, q1))
-    return out
+        r = cosine_tie_counts(Sn[q0:q1], Tn, np.arange(q0, q1), scores=Sn[q0:q1] @ Tn.T)
+        above[q0:q1], tied[q0:q1] = r.above, r.tied
+    return TiedRanks(above, tied)
 
 
 def hamming_ranks(query_codes, doc_codes, correct) -> np.ndarray:
+    """The mean rank of each query's tied block (:func:`hamming_tied_ranks`), float64."""
+    return hamming_tied_ranks(query_codes, doc_codes, correct).mean
+
+
+def hamming_tied_ranks(query_codes, doc_codes, correct) -> TiedRanks:
     """1-based rank of ``doc_codes[correct[i]]`` for ``query_codes[i]`` by Hamming distance, nearest first.
 
     Codes are packed sign bits (uint8 ``[n, bytes]``, :func:`layerscope.metrics.quantization.binary_quantize`).
     Distances come from a FAISS ``IndexBinaryFlat`` (every document, exact);
-    ties share the mean rank as in :func:`ranks_from_scores`. Returns float64.
+    equal distances are ties (:func:`tied_ranks_from_scores`).
     """
     import faiss
 
@@ -118,7 +228,7 @@ def hamming_ranks(query_codes, doc_codes, correct) -> np.ndarray:
     dist, ids = index.search(np.ascontiguousarray(Q), D.shape[0])
     scores = np.empty(dist.shape, dtype=np.float64)
     np.put_along_axis(scores, ids.astype(np.int64), -dist.astype(np.float64), axis=1)
-    return ranks_from_scores(scores, correct)
+    return tied_ranks_from_scores(scores, correct)
 
 
 def mutual_knn(a_neighbors, b_neighbors) -> float:

@@ -3,7 +3,8 @@
 What FAISS's flat GPU index does, without FAISS: the database is streamed in row blocks, queries in
 query blocks, so at most ``query_block x db_block`` scores are held at once; products accumulate in
 float32 whatever the stored type. Results equal the numpy path of :mod:`layerscope.metrics.neighbors`,
-ties included: among equal scores the lower index comes first, and a rank counts ties as half.
+ties included: among equal scores the lower index comes first, and a rank counts the tied block (found from
+float64 cosines, as on the numpy path).
 
 The same functions run on CPU tensors (``device="cpu"``), which is how the tests hold them equal to the
 numpy and FAISS paths on a machine without a GPU. PyTorch is imported when a function runs.
@@ -109,28 +110,45 @@ def knn(xf: np.ndarray, k: int, metric: str, *, device: str = "cuda") -> np.ndar
 
 def cosine_ranks(sn: np.ndarray, tn: np.ndarray, *, device: str = "cuda",
                  query_block: int = QUERY_BLOCK, db_block: int = DB_BLOCK) -> np.ndarray:
-    """Rank of ``tn[i]`` among all rows of ``tn`` for query ``sn[i]`` (rows L2-normalised), ties as half:
-    ``1 + #(higher) + #(equal, other than itself) / 2``, as :func:`layerscope.metrics.neighbors.ranks_from_scores`."""
+    """The mean rank of each pair's tied block (:func:`cosine_tied_ranks`), float64."""
+    return cosine_tied_ranks(sn, tn, device=device, query_block=query_block, db_block=db_block).mean
+
+
+def cosine_tied_ranks(sn: np.ndarray, tn: np.ndarray, *, device: str = "cuda", query_block: int = QUERY_BLOCK,
+                      db_block: int = DB_BLOCK):
+    """Where ``tn[i]`` lands among all rows of ``tn`` for query ``sn[i]`` (rows L2-normalised), as
+    :func:`layerscope.metrics.neighbors.cosine_tie_counts` counts it: float32 products screen, and a query
+    with another row within ``SCREEN`` of its own pair is counted again from float64 cosines, so ties are
+    the same as on the numpy and FAISS paths."""
     import torch
+
+    from layerscope.metrics.neighbors import SCREEN, TiedRanks, _float64_counts
 
     dev = torch.device(device)
     n = sn.shape[0]
-    out = np.empty(n, dtype=np.float64)
+    above = np.empty(n, dtype=np.float64)
+    redo = np.zeros(n, dtype=bool)
     with torch.inference_mode():
         for q0 in range(0, n, query_block):
             qb = torch.from_numpy(np.ascontiguousarray(sn[q0:q0 + query_block], dtype=np.float32)).to(dev)
             own = torch.from_numpy(np.ascontiguousarray(tn[q0:q0 + query_block], dtype=np.float32)).to(dev)
-            target = (qb @ own.T).diagonal()[:, None]  # the same product the blocks below compute
+            target = (qb * own).sum(dim=1, keepdim=True)
             greater = torch.zeros(qb.shape[0], dtype=torch.int64, device=dev)
-            equal = torch.zeros_like(greater)
+            near = torch.zeros(qb.shape[0], dtype=torch.bool, device=dev)
             for r0 in range(0, n, db_block):
                 xb = torch.from_numpy(np.ascontiguousarray(tn[r0:r0 + db_block], dtype=np.float32)).to(dev)
                 s = qb @ xb.T
                 rows = torch.arange(qb.shape[0], device=dev)
                 cols = rows + q0 - r0
                 inside = (cols >= 0) & (cols < xb.shape[0])
-                s[rows[inside], cols[inside]] = target[inside, 0]  # the pair's own score, computed once
-                greater += (s > target).sum(dim=1)
-                equal += (s == target).sum(dim=1)
-            out[q0:q0 + qb.shape[0]] = (1.0 + greater + (equal - 1) / 2.0).double().cpu().numpy()
-    return out
+                s[rows[inside], cols[inside]] = -torch.inf  # the pair itself is neither above nor a tie
+                greater += (s > target + SCREEN).sum(dim=1)
+                near |= ((s - target).abs() <= SCREEN).any(dim=1)
+            above[q0:q0 + qb.shape[0]] = greater.double().cpu().numpy()
+            redo[q0:q0 + qb.shape[0]] = near.cpu().numpy()
+    tied = np.ones(n, dtype=np.int64)
+    idx = np.flatnonzero(redo)
+    if idx.size:
+        above[idx], tied[idx] = _float64_counts(np.asarray(sn[idx], dtype=np.float32), np.asarray(tn, dtype=np.float32),
+                                                idx)
+    return TiedRanks(above, tied)
