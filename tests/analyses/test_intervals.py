@@ -81,7 +81,14 @@ def test_lens_intervals_resample_texts_not_positions():
     add_text_intervals(rows, positions, agree, top1, seed=9)
     want = _hand_bootstrap(lambda idx: agree[idx, 0].sum() / positions[idx].sum(), 4, 1000, 9)
     assert (rows[0]["top1_agrees_with_last_ci_low"], rows[0]["top1_agrees_with_last_ci_high"]) == pytest.approx(want)
-    assert rows[1]["top1_agrees_with_last_ci_low"] == rows[1]["top1_agrees_with_last_ci_high"] == 1.0
+    assert rows[0]["top1_agrees_with_last_ci_method"] == "bootstrap-percentile"
+    # a share of 1 (every position of every text): no bootstrap spread, so Wilson with the 4 texts as trials
+    from scipy.stats import binomtest
+
+    want = binomtest(4, 4).proportion_ci(method="wilson")
+    assert (rows[1]["top1_agrees_with_last_ci_low"], rows[1]["top1_agrees_with_last_ci_high"]) == pytest.approx(
+        (want.low, want.high))
+    assert rows[1]["top1_agrees_with_last_ci_method"] == "wilson-texts"
 
 
 def test_saliency_paired_tests_between_methods():
@@ -125,6 +132,20 @@ def _brackets(row, key):
     return lo, hi
 
 
+def _every_interval_names_its_method(results):
+    """Every ``x_ci_low`` in a row of results.json has ``x_ci_method`` beside it; every headline a ci_method."""
+    seen = 0
+    for fig in results["per_model"].values():
+        for table in fig.get("tables", {}).values():
+            for row in table:
+                for key in [k for k in row if k.endswith("_ci_low")]:
+                    assert row.get(key[:-len("_ci_low")] + "_ci_method"), (key, row)
+                    seen += 1
+        for h in fig["summary"].get("headline", []):
+            assert h["ci_low"] is None or h["ci_method"], h
+    assert seen
+
+
 def test_compositionality_results_hold_seeded_intervals(tiny_model, tmp_path, torch_one_thread):
     out, results = _run("compositionality", tiny_model, tmp_path / "a", poolings=["mean", "cls"], seed=0)
     fig = next(iter(results["per_model"].values()))
@@ -136,6 +157,14 @@ def test_compositionality_results_hold_seeded_intervals(tiny_model, tmp_path, to
     assert best["win_rate_ci_low"] is not None and fig["summary"]["headline"][0]["ci_low"] is not None
     tied = [r for r in rows if r["ties"] == r["n_items"]]
     assert tied, "the tiny model's cls at raw/0 gives every item a tie"
+    from scipy.stats import binomtest
+
+    for r in rows + fig["tables"]["groups"]:  # win rates: Wilson intervals, valid at 0 (an all-tie row: 0 wins)
+        want = binomtest(r["wins"], r["n_items"]).proportion_ci(method="wilson")
+        assert (r["win_rate_ci_low"], r["win_rate_ci_high"]) == pytest.approx((want.low, want.high), abs=1e-12)
+        assert r["win_rate_ci_method"] == "wilson"
+    assert all(r["win_rate_ci_high"] > 0.05 for r in tied)
+    _every_interval_names_its_method(json.loads((out / "results.json").read_text()))
     assert (best["pooling"], best["layer"]) not in {(r["pooling"], r["layer"]) for r in tied}
     saved = json.loads((out / "results.json").read_text())
     assert saved["per_model"][next(iter(saved["per_model"]))]["tables"]["layers"][0]["mean_diff_ci_low"] is not None
@@ -163,6 +192,10 @@ def test_alignment_results_hold_intervals_and_chance(tiny_model, tmp_path, torch
             _brackets(r, key)
         if r["z"] is not None:
             _brackets(r, "z")
+            _brackets(r, "effect")
+            assert r["z_ci_method"] == "bootstrap-percentile-pair-terms" and r["acc@1_src2tgt_ci_method"] == "wilson"
+    _every_interval_names_its_method(json.loads((out / "results.json").read_text()))
+    assert "not an interval for a population z" in fig["summary"]["intervals"]
     s = fig["summary"]
     assert s["chance"]["acc@1"] == pytest.approx(1 / 24)
     assert s["chance"]["mrr"] == pytest.approx(np.mean(1 / np.arange(1, 25)))

@@ -211,8 +211,10 @@ def _by_hand_quantized(v: np.ndarray, i1: np.ndarray, i2: np.ndarray, scores: np
                     continue
                 s = np.array([score_fn(q, doc) for doc in docs])
                 right = s[docs.index(d)]
-                rank = 1 + (s > right).sum() + ((s == right).sum() - 1) / 2  # ties share the mean rank
-                recip.append(1 / rank)
+                above = int((s > right + 1e-9).sum())
+                tied = int((np.abs(s - right) <= 1e-9).sum())
+                # a tie: the reciprocal rank averaged over every order of the tied documents
+                recip.append(np.mean([1 / (above + j) for j in range(1, tied + 1)]))
         return float(np.mean(recip))
 
     bits = v > 0

@@ -36,16 +36,31 @@ def lens_layers(ctx, run) -> list[str]:
     return layers
 
 
+EDGE_CI_METHOD = "wilson-texts"
+
+
 def add_text_intervals(rows: list[dict[str, Any]], positions, agree, top1, *, seed: int) -> None:
-    """Each layer's top-1 shares with 95% bootstrap intervals over the texts: ``top1_agrees_with_last_ci_*``
-    and ``top1_is_target_ci_*`` (the share is counted positions over all counted positions of the resample)."""
-    from layerscope.analyses.intervals import add_interval
+    """Each layer's top-1 shares with 95% intervals over the texts: ``top1_agrees_with_last_ci_*`` and
+    ``top1_is_target_ci_*``.
+
+    The positions of one text are not independent, so the interval is a percentile bootstrap over the texts
+    (the share is counted positions over all counted positions of the resample). A share of exactly 0 or 1
+    leaves the bootstrap no spread; there the interval is the Wilson interval with the texts as the trials
+    (each text all hits, or all misses), ``ci_method`` ``"wilson-texts"``.
+    """
+    from layerscope.analyses.intervals import add_interval, add_share_interval
     from layerscope.metrics.paired import ratio_scorer
 
     n = len(positions)
+    counted = int(np.count_nonzero(np.asarray(positions) > 0))
     for li, row in enumerate(rows):
-        add_interval(row, "top1_agrees_with_last", ratio_scorer(agree[:, li], positions), n, seed=seed)
-        add_interval(row, "top1_is_target", ratio_scorer(top1[:, li], positions), n, seed=seed)
+        for key, hits in (("top1_agrees_with_last", agree), ("top1_is_target", top1)):
+            share = row.get(key)
+            if share in (0.0, 1.0) and counted:
+                add_share_interval(row, key, share * counted, counted)
+                row[f"{key}_ci_method"] = EDGE_CI_METHOD
+            else:
+                add_interval(row, key, ratio_scorer(hits[:, li], positions), n, seed=seed)
 
 
 @register
@@ -117,7 +132,8 @@ class Lens(Analysis):
             "headline": [headline("top-1 = last layer's top-1", mid, "top1_agrees_with_last", f"layer {mid['layer']} "
                                   "(middle)"),
                          headline("top-1 = target", mid, "top1_is_target", f"layer {mid['layer']} (middle)")],
-            "intervals": method(len(texts), "texts (a text's positions resample together)", ctx.seed),
+            "intervals": method(len(texts), "texts (a text's positions resample together)", ctx.seed)
+                         + "; a share of exactly 0 or 1: Wilson interval with the texts as trials",
             "top1_agrees_with_last_mid_layer": mid["top1_agrees_with_last"], "mid_layer": mid["layer"],
             "n_texts": len(texts), "n_positions": acc.n, "head": head_info["kind"],
             "target": "next token" if decoder else "input token", "computed_by": path,
