@@ -137,6 +137,17 @@ def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
     model = load_decoding_model(handle)
     p = lens_parity(handle, model, out / meta["file"], 5, texts=TEXTS)
     assert p["rank_mismatch_fraction"] == 0.0 and p["top1_mismatch_fraction"] == 0.0
+    # the graph's softmax runs in float64, and a sidecar that does not say so marks a graph to export again
+    from layerscope.decoding.lens_onnx import read_sidecar
+    from layerscope.engines.ort import make_session
+
+    probs = next(o for o in make_session(out / meta["file"], "CPUExecutionProvider").get_outputs()
+                 if o.name == "lens.topk_probs")
+    assert probs.type == "tensor(double)" and meta["probabilities"] == "float64"
+    assert read_sidecar(handle, 5) is not None
+    side = out / "lens-k5.json"
+    side.write_text(side.read_text().replace('"probabilities": "float64",', ""))
+    assert read_sidecar(handle, 5) is None
 
 
 def _hf_causal_lens(path, inputs, k):

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.index.vector_index import VectorIndex, measure_recall
+from layerscope.metrics.checks import BLOCK_ELEMENTS
 from layerscope.metrics.neighbors import SCREEN, TIE_TOL, TiedRanks, _float64_counts, drop_self, retrieval_metrics
 
 DEFAULT_ANN_THRESHOLD = 50_000
@@ -47,11 +48,12 @@ def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, base:
     there).
 
     With ``base`` (the index's unit float32 rows), exact ties are counted as on the numpy and PyTorch paths
-    (:func:`layerscope.metrics.neighbors.cosine_tie_counts`): a query whose partner scores within ``SCREEN``
-    of another returned row, or of the last returned row (a tie may run past the cutoff), is counted again
-    from float64 cosines over every base row, so the figure does not depend on the order FAISS lists equal
-    scores in. An approximate index (IVF, HNSW) counts only among the rows it returned. Without ``base``
-    (a binary index) the rank is the partner's place in the returned list.
+    (:func:`layerscope.metrics.neighbors.cosine_tie_counts`): the returned rows within ``SCREEN`` of the
+    partner's score are scored again in float64 and tie within ``TIE_TOL``, so the figure does not depend on
+    the order FAISS lists equal scores in. Where the last returned row is that close too (a tie may run past
+    the cutoff), an exact index counts over every base row in float64. An approximate index (IVF, HNSW)
+    counts among the rows it returned. Without ``base`` (a binary index) the rank is the partner's place in
+    the returned list.
     """
     n = queries.shape[0]
     k = int(min(cutoff, index.n))
@@ -67,28 +69,39 @@ def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, base:
         if base is None:
             above[q0:q1][found] = hit[found].argmax(axis=1)
             continue
-        target = np.einsum("ij,ij->i", queries[q0:q1], base[q0:q1])[:, None]
+        q = queries[q0:q1]
+        target = np.einsum("ij,ij->i", q, base[q0:q1])[:, None]
         valid = (ids >= 0) & ~hit
-        above_b = np.where(found | exact, ((scores > target + SCREEN) & valid).sum(axis=1), np.inf)
-        near = ((np.abs(scores - target) <= SCREEN) & valid).any(axis=1)
+        near = (np.abs(scores - target) <= SCREEN) & valid & found[:, None]
+        a_b = ((scores > target + SCREEN) & valid).sum(axis=1).astype(np.float64)
+        a_near, t_near = _near_counts(q, base, ids, near, rows)
+        a_b, t_b = np.where(found, a_b + a_near, np.inf), 1 + t_near
         full = (ids[:, -1] < 0) | (k == index.n)
         past = ~full & (scores[:, -1] >= target[:, 0] - SCREEN)  # the tie or the partner may run past the list
-        if exact:
-            above_b = np.where(~found & ~past, np.inf, above_b)
-            redo = np.flatnonzero(near | past)
-            if redo.size:
-                a64, t64 = _float64_counts(queries[q0:q1][redo], base, rows[redo])
-                above_b[redo], tied[q0:q1][redo] = np.where(a64 >= k, np.inf, a64), t64
-        else:
-            redo = np.flatnonzero(near & found)
-            for r in redo:  # approximate: count among the returned rows only
-                got = ids[r][ids[r] >= 0]
-                s64 = base[got].astype(np.float64) @ queries[q0 + r].astype(np.float64)
-                own = float(base[q0 + r].astype(np.float64) @ queries[q0 + r].astype(np.float64))
-                above_b[r] = float((s64 > own + TIE_TOL).sum())
-                tied[q0 + r] = int((np.abs(s64 - own) <= TIE_TOL).sum())
-        above[q0:q1] = above_b
+        redo = np.flatnonzero(past) if exact else np.empty(0, dtype=np.int64)
+        if redo.size:
+            a64, t64 = _float64_counts(q[redo], base, rows[redo])
+            a_b[redo], t_b[redo] = np.where(a64 >= k, np.inf, a64), t64
+        above[q0:q1], tied[q0:q1] = a_b, t_b
     return TiedRanks(above, tied)
+
+
+def _near_counts(q: np.ndarray, base: np.ndarray, ids: np.ndarray, near: np.ndarray,
+                 rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the ``near`` returned rows that score above its partner, and that tie with it, in float64."""
+    b = q.shape[0]
+    r, c = np.nonzero(near)
+    if r.size == 0:
+        return np.zeros(b), np.zeros(b, dtype=np.int64)
+    own = np.einsum("ij,ij->i", q.astype(np.float64), base[rows].astype(np.float64))
+    diff = np.empty(r.size)
+    step = max(1, BLOCK_ELEMENTS // max(1, q.shape[1]))
+    for e0 in range(0, r.size, step):
+        rr, cand = r[e0:e0 + step], ids[r[e0:e0 + step], c[e0:e0 + step]]
+        s64 = np.einsum("ij,ij->i", q[rr].astype(np.float64), base[cand].astype(np.float64))
+        diff[e0:e0 + step] = s64 - own[rr]
+    return (np.bincount(r[diff > TIE_TOL], minlength=b).astype(np.float64),
+            np.bincount(r[np.abs(diff) <= TIE_TOL], minlength=b))
 
 
 def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "auto",
