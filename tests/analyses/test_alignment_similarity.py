@@ -88,6 +88,9 @@ def test_alignment_bad_input_fails_before_models(tmp_path, tiny_model):
     ctx = _ctx(tmp_path, "no-such-model-dir", "bad", options={"source_file": str(s)})
     with pytest.raises(InputError, match="go together"):
         run_analysis("alignment", ctx)
+    ctx = _ctx(tmp_path, "no-such-model-dir", "bad", options={"generate": "zh-en", "permutations": 1})
+    with pytest.raises(InputError, match="0 .no Monte Carlo check. or at least 2"):
+        run_analysis("alignment", ctx)
     assert not (tmp_path / "bad").exists()
 
 

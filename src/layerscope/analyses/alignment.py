@@ -353,6 +353,7 @@ class Alignment(Analysis):
         who = f" ({models[0].split('/')[-1]})" if len(models) == 1 else ""
         z, z_bands = self._series(results, "z")
         acc, acc_bands = self._series(results, "acc@1_src2tgt")
+        effect, effect_bands = self._series(results, "effect")
         files = [
             layer_lines(out_dir / "z_by_layer.png", z, bands=z_bands, hline=0.0, hline_label="chance (z = 0)",
                         title=f"matched vs scrambled pairs: z-score by layer{who}", ylabel="z (matched - scrambled) / std"),
@@ -362,6 +363,10 @@ class Alignment(Analysis):
             layer_lines(out_dir / "pc0_separation_by_layer.png", self._series(results, "pc0_abs_d")[0],
                         title=f"language split on PC0: |Cohen's d| by layer{who}", ylabel="|d| on PC0"),
         ]
+        if any(v is not None for _, values in effect.values() for v in values):
+            files.append(layer_lines(out_dir / "effect_by_layer.png", effect, bands=effect_bands, hline=0.0,
+                                     hline_label="chance (no effect)", ylabel="effect (cosine)",
+                                     title=f"matched minus scrambled mean cosine by layer{who}"))
         return files
 
     def report(self, results) -> str:

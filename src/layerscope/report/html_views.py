@@ -208,6 +208,7 @@ def alignment_views(results) -> list[Section]:
     charts = []
     for value, title, ylabel, hline in (
             ("z", "matched vs scrambled pairs: z-score by layer", "z = (matched − scrambled mean) / std", 0.0),
+            ("effect", "matched minus scrambled mean cosine (the size-free effect) by layer", "cosine", 0.0),
             ("acc@1_src2tgt", "retrieval source → target: accuracy@1 by layer", "accuracy@1", chance.get("acc@1")),
             ("acc@1_tgt2src", "retrieval target → source: accuracy@1 by layer", "accuracy@1", chance.get("acc@1")),
             ("mrr_src2tgt", "retrieval source → target: MRR by layer", "MRR", chance.get("mrr")),
@@ -215,7 +216,7 @@ def alignment_views(results) -> list[Section]:
             ("pc0_abs_d", "language split on PC0: |Cohen's d| by layer", "|d| on PC0", None)):
         notes = [" z above ~3 means the pairs line up beyond chance." if value == "z" else "",
                  f" Dashed line: chance ({hline:.3g})." if hline is not None else "",
-                 f" Band: {intervals}." if intervals and value in ("z", "acc@1_src2tgt", "acc@1_tgt2src",
+                 f" Band: {intervals}." if intervals and value in ("z", "effect", "acc@1_src2tgt", "acc@1_tgt2src",
                                                                    "mrr_src2tgt") else ""]
         charts += curves(results, table_series(results, "alignment_layers", value), title=title, ylabel=ylabel,
                          hline=hline, caption=cap + "".join(notes))
