@@ -117,6 +117,8 @@ def test_sts_matches_plain_pytorch(tiny_model, tmp_path):
     assert checked == 6  # mean at raw, 0, 1, 2; cls at 1, 2
     data_json = json.loads((out / "results.json").read_text())
     assert data_json["models"][next(iter(data_json["models"]))]["engine"]["engine"] == "torch"
+    for row in next(iter(data_json["per_model"].values()))["tables"]["layers"]:  # each interval names its method
+        assert row["spearman_ci_method"] == row["pearson_ci_method"] == "bootstrap-percentile"
     assert {"layers.csv", "report.md", "sts_spearman_by_layer.png"} <= {p.name for p in out.iterdir()}
     assert "undefined at layer 0, cls" in (out / "report.md").read_text()
     (out / "report.md").unlink()
