@@ -64,14 +64,15 @@ def test_retrieval_float_and_binary_ranks_by_hand():
 
     m = _retrieval_binary(binary_quantize(v), 2, rs)
     assert m["acc@1"] == pytest.approx(0.5) and m["mrr"] == pytest.approx(0.75)
-    # ties share the mean rank. texts q0 q1 q2 d0 d1 d2; bits q0 11, q1 10, q2 00, d0 11, d1 11, d2 01
+    # ties: the rank is uniform over the tied block (first or second of two: hit@1 1/2, reciprocal rank 3/4).
+    # texts q0 q1 q2 d0 d1 d2; bits q0 11, q1 10, q2 00, d0 11, d1 11, d2 01
     rs = RetrievalSet(_pairs(["q0", "q1", "q2"], ["d0", "d1", "d2"], [1, 2, 3]), min_score=0)
     v = np.array([[1, 1], [1, -1], [-1, -1], [1, 1], [1, 1], [-1, 1]], float)
-    # q->d: q0 d0/d1 tie at 0 -> 1.5; q1 d0/d1 tie at 1 -> 1.5; q2 d2 at 1 beats 2,2 -> 1
-    # d->q: d0 q0 at 0 -> 1; d1 q1 at 1 behind q0 at 0 -> 2; d2 q2 at 1 tied with q0 at 1 -> 1.5
+    # q->d: q0 d0/d1 tie at 0 -> 1 or 2; q1 d0/d1 tie at 1 -> 1 or 2; q2 d2 at 1 beats 2,2 -> 1
+    # d->q: d0 q0 at 0 -> 1; d1 q1 at 1 behind q0 at 0 -> 2; d2 q2 at 1 tied with q0 at 1 -> 1 or 2
     m = _retrieval_binary(binary_quantize(v), 2, rs)
-    assert m["acc@1"] == pytest.approx(2 / 6)
-    assert m["mrr"] == pytest.approx((1 / 1.5 * 3 + 1 + 1 + 0.5) / 6)
+    assert m["acc@1"] == pytest.approx((0.5 + 0.5 + 1 + 1 + 0 + 0.5) / 6)
+    assert m["mrr"] == pytest.approx((0.75 * 3 + 1 + 1 + 0.5) / 6)
 
 
 def _synthetic(seed, n=200, layers=3, h=8):
