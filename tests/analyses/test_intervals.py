@@ -96,7 +96,7 @@ def test_saliency_paired_tests_between_methods():
     exact = rows["decoded@1", "grad-x-input"]  # the same texts shifted by 1: difference 1, no spread
     assert exact["difference"] == pytest.approx(1.0)
     assert exact["ci_low"] == pytest.approx(1.0) and exact["ci_high"] == pytest.approx(1.0)
-    assert exact["p_value"] == pytest.approx(1 / 1001)
+    assert exact["p_value"] == 0.0  # every resample above 0
     assert set(rows) == {("decoded@1", "grad-x-input"), ("decoded@1", "integrated-gradients"),
                          ("decoded@1", "random"), ("grad-x-input", "random"), ("integrated-gradients", "random")}
 
