@@ -256,6 +256,7 @@ class MtebAnalysis(Analysis):
         from rich.table import Table
 
         from layerscope.report.console import esc
+        from layerscope.report.writer import num
 
         for model, figures in results.get("per_model", {}).items():
             t = Table(title=f"{esc(model)}: MTEB main score per layer")
@@ -263,7 +264,7 @@ class MtebAnalysis(Analysis):
                 t.add_column(col)
             for r in figures["tables"]["layers"]:
                 score = r["main_score"]
-                t.add_row(esc(r["task"]), r["pooling"], r["layer"], "undefined" if score is None else f"{score:.4f}")
+                t.add_row(esc(r["task"]), r["pooling"], r["layer"], num(score, 4))
             console.print(t)
 
 

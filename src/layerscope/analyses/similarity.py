@@ -323,6 +323,7 @@ class Similarity(Analysis):
         from rich.table import Table
 
         from layerscope.report.console import esc
+        from layerscope.report.writer import num
 
         def show(title, m, ra, ca):
             t = Table(title=esc(title))
@@ -330,7 +331,7 @@ class Similarity(Analysis):
             for c in ca:
                 t.add_column(c, justify="right")
             for i, r in enumerate(ra):
-                t.add_row(r, *("-" if v is None else f"{v:.2f}" for v in m[i]))
+                t.add_row(r, *("-" if v is None else num(v, 2) for v in m[i]))
             console.print(t)
 
         for model, fig in results["per_model"].items():

@@ -6,7 +6,9 @@ from typing import Any
 
 
 def _num(v, digits: int = 4) -> str:
-    return "undefined" if v is None else f"{v:.{digits}f}"
+    from layerscope.report.writer import num
+
+    return num(v, digits)
 
 
 def _p(v, resamples: int | None = None) -> str:
@@ -28,7 +30,7 @@ def _cell(row: dict, name: str, score: str) -> str:
     if row.get(f"{name} layer") is None:
         return "-"
     lo, hi = row.get(f"{name} ci_low"), row.get(f"{name} ci_high")
-    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+    ci = f" [{_num(lo, 3)}, {_num(hi, 3)}]" if lo is not None and hi is not None else ""
     return f"{_num(value)}{ci}"
 
 
@@ -63,7 +65,7 @@ def comparison_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]
     header = ["comparison", "A", "B", "score A", "score B", "A - B", "95% CI", "p", "p (Holm)"]
     cells = []
     for r in rows:
-        ci = (f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+        ci = (f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r.get("ci_low") is not None
               and r.get("ci_high") is not None else "-")
         cells.append([r["comparison"], f"{r['model_a']} {r.get(f'{group}_a')} {r['layer_a']}{_best_label(r, 'a')}",
                       f"{r['model_b']} {r.get(f'{group}_b')} {r['layer_b']}{_best_label(r, 'b')}",
@@ -144,7 +146,7 @@ def print_comparison(results: dict[str, Any], console) -> None:
         for r in rows:
             if (r["model_a"], r["model_b"]) != (a_name, b_name):
                 continue
-            ci = (f" [{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+            ci = (f" [{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r.get("ci_low") is not None
                   and r.get("ci_high") is not None else "")
             t.add_row(esc(r["comparison"]), esc(f"{r.get(f'{group}_a')} {r['layer_a']}{_best_label(r, 'a')}"),
                       esc(f"{r.get(f'{group}_b')} {r['layer_b']}{_best_label(r, 'b')}"),

@@ -159,6 +159,8 @@ def _natural_width(console, renderable) -> int:
 
 
 def print_cache(console, root: Path, entries, skipped) -> None:
+    """A table where it fits the terminal; else one short block per entry, its model and entry name each on
+    a line of their own (never cut, never folded into a narrow column)."""
     from rich.table import Table
 
     from layerscope.cachedir import human_size
@@ -170,9 +172,19 @@ def print_cache(console, root: Path, entries, skipped) -> None:
     for e in entries:
         table.add_row(e.kind, esc(e.model), human_size(e.size), f"{e.age_days:.1f}", esc(e.made_by or "?"),
                       esc(e.path.name))
-    console.print(table, width=max(console.width, _natural_width(console, table)))  # model names never cut
+    if _natural_width(console, table) <= console.width:
+        console.print(table)
+    else:
+        console.print(f"layerscope cache: {esc(root)}", soft_wrap=True)
+        for e in entries:
+            console.print(f"\n[bold]{e.kind}[/bold]  {human_size(e.size)}  {e.age_days:.1f} days old  "
+                          f"made by layerscope {esc(e.made_by or '?')}", soft_wrap=True)
+            console.print(f"  model: {esc(e.model)}", soft_wrap=True)
+            console.print(f"  entry: {esc(e.path.name)}", soft_wrap=True)
+        if entries:
+            console.print()
     console.print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
                   f"{human_size(sum(e.size for e in entries))}; clear with: layerscope cache clear "
-                  "[--exports|--stores] [--older-than DAYS]")
+                  "\\[--exports|--stores] \\[--older-than DAYS]")
     for s in skipped:
         console.print(f"[yellow]not layerscope's[/yellow] {esc(s.path)}: {esc(s.reason)}", soft_wrap=True)
