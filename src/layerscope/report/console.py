@@ -87,6 +87,10 @@ def print_extract_summary(console, report, verbose: bool = False) -> None:
                   f"{report.tokens_per_s:,.0f} tokens/s{resumed}")
     for note in eng.get("notes", []):
         console.print(f"[dim]{esc(engine_note(note, verbose))}[/dim]")
+    if "id_field" in store.meta:
+        from layerscope.data.corpus import CorpusStats
+
+        console.print(esc(CorpusStats(id_field=store.meta["id_field"]).ids_line()))
     table = Table(title="what the store holds: vector norms, and anisotropy = mean cosine of random pairs")
     table.add_column("pooling")
     table.add_column("layer")
