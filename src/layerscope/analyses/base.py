@@ -465,7 +465,21 @@ def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None 
         render(stage, results, analysis)
 
 
-def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Rendered:
+    """What a render (re)wrote from results alone: plot and CSV file names, report.md, and report.html
+    (None where plotly is missing and the page was not written)."""
+
+    plots: tuple[str, ...]
+    tables: tuple[str, ...]
+    report: str
+    page: str | None
+
+    def files(self) -> list[str]:
+        return [self.report] + ([self.page] if self.page else [])
+
+
+def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> Rendered:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
     from layerscope.report.html_page import write_html_report
     from layerscope.report.writer import write_report, write_tables
@@ -475,10 +489,10 @@ def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None)
     plots = analysis.plots(results, out)
     page = write_html_report(out, results)
     write_report(out, results, analysis.report(results), tables, plots, page=page)
-    return plots
+    return Rendered(tuple(plots), tuple(tables), "report.md", page)
 
 
-def rerender(result_dir: Path) -> list[str]:
+def rerender(result_dir: Path) -> Rendered:
     result_dir = Path(result_dir)
     from layerscope.analyses.spec import load_results
 

@@ -187,13 +187,17 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
 
 @app.command()
 def report(result_dir: Path = typer.Argument(..., help="A directory written by layerscope run.")):
-    """Re-render the plots, tables and report.md of a result directory from results.json alone."""
+    """Re-render the plots, tables, report.md and report.html of a result directory from results.json alone."""
     from layerscope.analyses.base import rerender
 
     from rich.markup import escape
 
-    plots = rerender(result_dir)
-    console().print(f"[bold green]re-rendered[/bold green] {escape(str(result_dir))}/report.md and {len(plots)} plot(s)")
+    done = rerender(result_dir)
+    made = " and ".join(done.files())
+    console().print(f"[bold green]re-rendered[/bold green] {escape(str(result_dir))}: {escape(made)}, "
+                    f"{len(done.plots)} plot(s), {len(done.tables)} table(s)", soft_wrap=True)
+    if done.page is None:
+        console().print("report.html was not rewritten: it needs plotly (pip install plotly)")
 
 
 @app.command()

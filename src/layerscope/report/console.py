@@ -44,7 +44,10 @@ def print_export_summary(console, out: Path, manifest) -> None:
         rule = f"min cosine {worst[1]['min_cos']:.7f}, tolerance {fp16['min_cos'].get(worst[0], float('nan')):.6f}"
     else:
         tol = worst[1].get("tolerance", manifest.parity.tolerance_abs)  # scaled by the output (fp32_worst)
-        rule = f"{worst[1]['max_abs']:.2e} (tolerance {tol:.2g})"
+        atol, rtol, scale = manifest.parity.tolerance_abs, manifest.parity.tolerance_rel, worst[1].get("ref_max_abs")
+        how = (f" = {atol:g} + {rtol:g} x its largest |value| {scale:.3g}"
+               if atol is not None and rtol is not None and scale is not None else "")
+        rule = f"{worst[1]['max_abs']:.2e} (tolerance {tol:.2g}{how})"
     console.print(f"worst output {worst[0]}: {rule}; in-graph pooling: "
                   f"{', '.join(manifest.pooled_modes) or 'none'}")
 
