@@ -146,7 +146,7 @@ def test_similarity_says_when_it_runs_on_generated_pairs(tiny_model, tmp_path, c
                                  "--no-cache", "--out", tmp_path / "s"], capsys)
     assert code == 0, err
     text = " ".join(out.split())
-    assert "no --data or --store given: comparing layers on 16 texts of generated zh-en" in text, out
+    assert "no --data or --store given: comparing layers on 8 texts of generated zh-en problems, English" in text, out
 
 
 def _commands(group, path=()):
