@@ -83,7 +83,9 @@ def table_series(results: dict[str, Any], table: str, value: str, *, group: str 
 def curves(results, series: list[Series], *, title: str, ylabel: str, caption: str, hline=None) -> list[Chart]:
     if not series or all(all(num(v) is None for v in s.values) for s in series):
         return []
-    rel = multi(results)
+    from layerscope.report.depth import relative_depths
+
+    rel = relative_depths(results) is not None  # the axis the PNGs use (report/depth.py)
     if rel:
         caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
     return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline)]
