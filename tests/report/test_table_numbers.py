@@ -42,7 +42,7 @@ def test_constant_cls_vectors_are_undefined_in_compositionality_as_in_sts(tiny_m
     model = str(tiny_model("bert"))
     ctx = dict(models=[model], engine="torch", layers="raw,1", poolings=["cls"], seed=0, cache=False)
     _, comp = run_analysis("compositionality", Context(out=tmp_path / "comp", **ctx))
-    rows = {r["layer"]: r for r in comp["per_model"][model]["tables"]["layers"]}
+    rows = {r["layer"]: r for r in next(iter(comp["per_model"].values()))["tables"]["layers"]}
     raw = rows["raw"]
     assert raw["ties"] == raw["n_items"]
     assert raw["win_rate"] is None and raw["mean_diff"] is None and raw["sign_p"] is None
@@ -56,7 +56,7 @@ def test_constant_cls_vectors_are_undefined_in_compositionality_as_in_sts(tiny_m
     assert "undefined at layer raw, cls" in md
 
     _, sts = run_analysis("sts", Context(out=tmp_path / "sts", **ctx))
-    srows = {r["layer"]: r for r in sts["per_model"][model]["tables"]["layers"]}
+    srows = {r["layer"]: r for r in next(iter(sts["per_model"].values()))["tables"]["layers"]}
     assert srows["raw"]["spearman"] is None and srows["raw"].get("undefined")
     console, buf = _console()
     get_analysis("sts")().console_summary(sts, console)
