@@ -207,8 +207,8 @@ def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, g
             row = {"comparison": what, "model_a": a_name, f"{group_label}_a": ra.group, "layer_a": ra.layer,
                    "model_b": b_name, f"{group_label}_b": rb.group, "layer_b": rb.layer}
             if what == "best of each":
-                row["tied_a"] = [r.layer for r in best[a_name][1]]
-                row["tied_b"] = [r.layer for r in best[b_name][1]]
+                row["tied_a"] = ", ".join(r.layer for r in best[a_name][1]) or None  # layers tying the best
+                row["tied_b"] = ", ".join(r.layer for r in best[b_name][1]) or None
             if n_resamples:
                 res = paired_bootstrap(ra.scorer, rb.scorer, n, n_resamples=n_resamples, seed=seed, batch=batch)
                 row.update({f"{score}_a": res.score_a, f"{score}_b": res.score_b, "difference": res.difference,

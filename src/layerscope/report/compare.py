@@ -21,8 +21,8 @@ def _p(v, resamples: int | None = None) -> str:
 
 
 def _best_label(r: dict, side: str) -> str:
-    tied = r.get(f"tied_{side}") or []
-    return f" (tied with {', '.join(tied)})" if tied else ""
+    tied = r.get(f"tied_{side}")
+    return f" (tied with {tied})" if tied else ""
 
 
 def _cell(row: dict, name: str, score: str) -> str:
