@@ -145,3 +145,48 @@ def test_clear_leaves_a_store_that_a_run_is_writing(home, bert_export, tmp_path,
     assert "removed 1 cache entry" in flat and not idle.exists()
     assert writer.returncode == 0, stderr
     assert LayerStore.open(busy).complete
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_list_is_readable_at_a_terminal_width(width, tmp_path):
+    """At 80 and 120 columns no line runs past the terminal (it would wrap every table row into a mess); a
+    model name or entry name longer than the terminal sits alone on its own line, whole."""
+    import io
+
+    from rich.console import Console
+
+    from layerscope.cachedir import Entry
+    from layerscope.report.console import print_cache
+
+    model = "/work/wt/shared/models/tiny-qwen2-random-weights-for-the-side-by-side-run"
+    entries = [Entry("exports", tmp_path / "minilm-0123456789abcdef", "minilm", 91_000_000, 2.0, "0.4.0"),
+               Entry("exports", tmp_path / "tiny-qwen2-random-weights-fedcba9876543210", model, 3_000_000, 0.1,
+                     "0.4.0"),
+               Entry("stores", tmp_path / "sts-9f8e7d6c5b4a39281706f5e4d3c2b1a0", "minilm", 12_000, 0.5, "0.4.0")]
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    print_cache(console, tmp_path, entries, [])
+    lines = buf.getvalue().splitlines()
+    for line in lines:
+        alone = line.strip().removeprefix("model: ").removeprefix("entry: ")
+        assert len(line) <= width or alone in {model, str(tmp_path)} or str(tmp_path) in line, line
+    for e in entries:  # each name whole on one line
+        assert any(e.model in line for line in lines) and any(e.path.name in line for line in lines)
+    assert any("2.9 MB" in line and "0.1 days" in line and "0.4.0" in line for line in lines)
+    tail = " ".join(buf.getvalue().split("3 entries", 1)[1].split())
+    assert tail.endswith("clear with: layerscope cache clear [--exports|--stores] [--older-than DAYS]")
+
+
+def test_list_is_a_table_where_it_fits(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from layerscope.cachedir import Entry
+    from layerscope.report.console import print_cache
+
+    buf = io.StringIO()
+    print_cache(Console(file=buf, width=160, color_system=None), tmp_path,
+                [Entry("exports", tmp_path / "minilm-0123456789abcdef", "minilm", 1024, 2.0, "0.4.0")], [])
+    row = next(line for line in buf.getvalue().splitlines() if "minilm-0123456789abcdef" in line)
+    assert "exports" in row and "minilm" in row and "1.0 KB" in row and "2.0" in row and "0.4.0" in row

@@ -146,4 +146,44 @@ def test_similarity_says_when_it_runs_on_generated_pairs(tiny_model, tmp_path, c
                                  "--no-cache", "--out", tmp_path / "s"], capsys)
     assert code == 0, err
     text = " ".join(out.split())
-    assert "no --data or --store given: comparing layers on 16 texts of generated zh-en" in text, out
+    assert "no --data or --store given: comparing layers on 8 texts of generated zh-en problems, English" in text, out
+
+
+def _commands(group, path=()):
+    import click
+
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+def test_every_help_text_with_brackets_is_shown_whole(capsys, monkeypatch):
+    """Help text in square brackets (``layerscope[ray]``, ``[default]``) is text, not Rich markup: walk every
+    command and find each option's help, brackets included, in its --help."""
+    import re
+
+    import typer.main
+
+    from layerscope.cli import app
+
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setenv("TERMINAL_WIDTH", "400")
+    checked = 0
+    for path, cmd in _commands(typer.main.get_command(app)):
+        wanted = [p.help for p in cmd.params if p.help and re.search(r"\[[^\]]*\]", p.help)]
+        if not wanted:
+            continue
+        code, out, err = cli_output([*path, "--help"], capsys)
+        assert code == 0, err
+        shown = flat(re.sub(r"[│╭╮╰╯─]", " ", out))
+        for text in wanted:
+            from rich.markup import render
+
+            plain = render(text).plain  # what the text says once its escapes are read
+            assert flat(plain) in shown, (path, plain)
+            checked += 1
+    assert checked >= 1
+    code, out, err = cli_output(["extract", "--help"], capsys)
+    assert "layerscope[ray]" in flat(re.sub(r"[│╭╮╰╯─]", " ", out))

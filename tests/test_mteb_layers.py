@@ -93,3 +93,51 @@ def test_minilm_final_layer_equals_mteb_sentence_transformers_on_sts_test(sts_di
     for r in figures["tables"]["layers"]:
         # equal up to float noise: torch batches differ from sentence-transformers' (a near-tie may swap)
         assert r["main_score"] == pytest.approx(ref, abs=1e-5), r
+
+
+def test_mteb_time_left_is_not_the_first_layers_encoding_times_the_layers(tiny_model, tmp_path, capsys, caplog,
+                                                                         monkeypatch):
+    """Fake clock: the first score runs the model over the texts (100 s here), each later one reads the
+    cache (1 s). The progress lines time only the later ones, so the first estimate of the time left is
+    the truth (2 more scores: 2 s), not 100 s times the layers still to go."""
+    import logging
+
+    from layerscope import progress
+
+    class Clock:
+        now = 1000.0
+
+        @classmethod
+        def perf_counter(cls):
+            return cls.now
+
+    calls = []
+    real = mteb.evaluate
+
+    def evaluate(*args, **kwargs):
+        calls.append(1)
+        Clock.now += 100.0 if len(calls) == 1 else 1.0
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(progress, "time", Clock)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    monkeypatch.setattr(mteb, "evaluate", evaluate)
+    rng = random.Random(1)
+    pairs = tmp_path / "pairs.csv"
+    with open(pairs, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["sentence1", "sentence2", "score"])
+        for _ in range(12):
+            a, b = rng.sample(TRAINING_SENTENCES, 2)
+            w.writerow([a, b, round(rng.uniform(0, 5), 2)])
+    with caplog.at_level(logging.INFO, logger="layerscope"):
+        code, text = cli(["run", "mteb", "--model", str(tiny_model("bert")), "--engine", "torch", "--tasks",
+                          "STSBenchmark", "--data", str(pairs), "--layers", "all", "--pooling", "mean",
+                          "--no-cache", "--out", str(tmp_path / "r")], capsys)
+    assert code == 0, text
+    assert len(calls) == 4  # raw, 0, 1, 2
+    lines = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith("MTEB STSBenchmark") and " left" in r.getMessage()]
+    assert lines, caplog.text
+    first = lines[0]
+    assert "about 0:00:02 left" in first, first  # 2 scores of 1 s to go

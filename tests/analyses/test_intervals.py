@@ -103,7 +103,7 @@ def test_saliency_paired_tests_between_methods():
     exact = rows["decoded@1", "grad-x-input"]  # the same texts shifted by 1: difference 1, no spread
     assert exact["difference"] == pytest.approx(1.0)
     assert exact["ci_low"] == pytest.approx(1.0) and exact["ci_high"] == pytest.approx(1.0)
-    assert exact["p_value"] == pytest.approx(1 / 1001)
+    assert exact["p_value"] == 0.0  # every resample above 0
     assert set(rows) == {("decoded@1", "grad-x-input"), ("decoded@1", "integrated-gradients"),
                          ("decoded@1", "random"), ("grad-x-input", "random"), ("integrated-gradients", "random")}
 
@@ -151,6 +151,9 @@ def test_compositionality_results_hold_seeded_intervals(tiny_model, tmp_path, to
     fig = next(iter(results["per_model"].values()))
     rows = fig["tables"]["layers"]
     for r in rows:
+        if r["ties"] == r["n_items"]:  # undefined: no figure, no interval
+            assert r["win_rate"] is None and r["win_rate_ci_low"] is None and r["mean_diff_ci_high"] is None
+            continue
         _brackets(r, "win_rate")
         _brackets(r, "mean_diff")
     best = fig["summary"]["best"]

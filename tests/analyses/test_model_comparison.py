@@ -75,7 +75,49 @@ def test_models_of_different_depth_line_up_by_relative_depth():
     assert set(matched) == {"depth 0.00", "depth 0.25", "depth 0.50", "depth 0.75", "depth 1.00"}  # raw: undefined
     assert (matched["depth 0.75"]["layer_a"], matched["depth 0.75"]["layer_b"]) == ("3", "5")
     for r in pairs:
-        assert r["ci_low"] <= r["difference"] <= r["ci_high"] and 0 < r["p_value"] <= 1
+        assert r["ci_low"] <= r["difference"] <= r["ci_high"] and 0 <= r["p_value"] <= 1
+        assert (r["ci_low"] > 0 or r["ci_high"] < 0) == (r["p_value"] < 0.05)
+    # Holm over the 6 tests of the run, by hand: sort, multiply by m - rank, running maximum, cap at 1
+    ps = [r["p_value"] for r in pairs]
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    running, expected = 0.0, [0.0] * len(ps)
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        expected[i] = running
+    assert [r["p_holm"] for r in pairs] == pytest.approx(expected)
+    assert out["comparison"]["correction"] == "Holm over the 6 tests of this run"
+
+
+def _const_rows(values, group="mean"):
+    """Rows whose per-item score is the given constant (a scorer returning it for any resample)."""
+    out = []
+    for layer, v in values:
+        scorer = None if v is None else (lambda idx, v=v: np.full(np.asarray(idx).shape[:-1], v, dtype=float))
+        out.append(ScoreRow(group, layer, v, None, scorer))
+    return out
+
+
+def test_best_is_a_defined_layer_never_the_raw_embeddings_and_ties_are_named():
+    from layerscope.report.compare import comparison_markdown, comparison_rows
+
+    a = _const_rows([("raw", 0.9), ("0", float("nan")), ("1", 0.5), ("2", 0.7), ("3", 0.7)])
+    b = _const_rows([("raw", 0.4), ("0", 0.0), ("1", 0.0), ("2", 0.0), ("3", 0.0)])
+    per_model = PerModel({"A": ModelOutput({}, compare=model_rows(3, 10, a)),
+                          "B": ModelOutput({}, compare=model_rows(3, 10, b))})
+    out = compare_models(per_model, score="spearman", score_label="Spearman", n_resamples=20)
+    best = out["tables"]["model_comparison"][0]
+    assert best["comparison"] == "best of each"
+    assert (best["layer_a"], best["tied_a"]) == ("2", "3")  # raw's 0.9 and layer 0's NaN are not candidates
+    assert (best["layer_b"], best["tied_b"]) == ("0", "1, 2, 3")
+    assert out["tables"]["model_comparison"][1]["comparison"] != "best of each"
+    notes = out["comparison"]["notes"]
+    assert any(n.startswith("A: 2 layers tie for best at 0.7000 (mean 2, mean 3)") for n in notes)
+    assert any("B: 4 layers tie for best (every layer) at 0.0000" in n for n in notes)
+    header, cells = comparison_rows({"combined": out})
+    assert header[-2:] == ["p", "p (Holm)"]
+    assert cells[0][1] == "A mean 2 (tied with 3)" and cells[0][2] == "B mean 0 (tied with 1, 2, 3)"
+    md = comparison_markdown({"combined": out})
+    assert "Holm" in md and "4 layers tie for best (every layer)" in md
 
 
 def test_one_model_gets_no_comparison():

@@ -145,7 +145,7 @@ def test_similarity_on_tokens_equals_cka_of_hf_token_states(tmp_path, tiny_model
     fig = next(iter(res["per_model"].values()))
     assert fig["summary"]["vectors"] == "tokens"
     pairs = generate_pairs(6, 1)
-    ref = hf_tokens(model, [p.source for p in pairs] + [p.target for p in pairs])
+    ref = hf_tokens(model, [p.target for p in pairs])  # the default texts: the English side
     states = {layer: np.concatenate([np.asarray(layers[layer])[np.asarray(sp) == 0] for _, sp, layers in ref])
               for layer in ref[0][2]}
     assert fig["summary"]["n"] == len(states["0"])

@@ -28,7 +28,7 @@ def test_export_records_ov_bf16_on_a_bf16_cpu_and_auto_picks_it(tiny_model, tmp_
         pytest.skip(cpu_precision.bf16_cpu())
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))  # no bench speeds of this machine
     out = tmp_path / "exp"
-    code, text = run_cli(["export", str(tiny_model("bert")), "--out", str(out)], capsys)
+    code, text = run_cli(["-v", "export", str(tiny_model("bert")), "--out", str(out)], capsys)
     assert code == 0, text
     assert "ov-bf16 recorded (OpenVINO bf16 on this CPU): worst cosine to PyTorch fp32 0.99" in text
     entry = json.loads((out / "manifest.json").read_text())["variants"]["ov-bf16"]
@@ -43,10 +43,32 @@ def test_export_records_ov_bf16_on_a_bf16_cpu_and_auto_picks_it(tiny_model, tmp_
 def test_no_record_where_the_cpu_has_no_bf16(tiny_model, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cpu_precision, "bf16_cpu", lambda: "this CPU has no bf16 compute (OpenVINO reports FP32)")
     out = tmp_path / "exp"
-    code, text = run_cli(["export", str(tiny_model("bert")), "--out", str(out)], capsys)
+    code, text = run_cli(["-v", "export", str(tiny_model("bert")), "--out", str(out)], capsys)
     assert code == 0, text
     assert "ov-bf16 not recorded: this CPU has no bf16 compute (OpenVINO reports FP32)" in text
     assert "ov-bf16" not in json.loads((out / "manifest.json").read_text()).get("variants", {})
+
+
+@pytest.mark.parametrize("cpu", ["bf16", "fp32"])
+def test_an_export_says_nothing_of_openvino_unless_asked(cpu, tiny_model, tmp_path, capsys, monkeypatch):
+    """The check runs for --engine auto either way; without -v the user who never named OpenVINO reads no
+    line about it (recorded, not recorded, compiling)."""
+    calls = []
+
+    def record(*args, **kw):
+        calls.append(kw)
+        if cpu == "fp32":
+            return ["ov-bf16 not recorded: this CPU has no bf16 compute (OpenVINO reports FP32)"]
+        if kw.get("progress"):
+            kw["progress"]("compiling model.onnx with OpenVINO (bf16)")
+        return ["ov-bf16 recorded (OpenVINO bf16 on this CPU): worst cosine to PyTorch fp32 0.999900"]
+
+    monkeypatch.setattr(cpu_precision, "record_cpu_precisions", record)
+    code, text = run_cli(["export", str(tiny_model("bert")), "--out", str(tmp_path / "e")], capsys)
+    assert code == 0, text
+    assert len(calls) == 1 and "openvino" not in text.lower() and "ov-bf16" not in text, text
+    code, text = run_cli(["-v", "export", str(tiny_model("bert")), "--out", str(tmp_path / "v")], capsys)
+    assert code == 0 and "ov-bf16" in text
 
 
 def test_no_cpu_precisions_flag_skips_the_check(tiny_model, tmp_path, capsys, monkeypatch):

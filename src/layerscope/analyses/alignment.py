@@ -430,4 +430,6 @@ class Alignment(Analysis):
 
 
 def _f(v, digits: int = 3) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+    from layerscope.report.writer import num
+
+    return "-" if v is None else num(v, digits)

@@ -138,6 +138,7 @@ class Context:
     batch_tokens: int | None = None  # padded tokens per batch (default: the engine's)
     opts: Any = None  # the analysis's typed options (analyses/spec.py), set on run_analysis's own copy
     spec: Any = None  # the run's RunSpec (analyses/spec.py), set on run_analysis's own copy
+    labels: list[str] | None = None  # a short name per model (--label); default: analyses/labels.py
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -355,6 +356,9 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     opts = make_options(meta, given, say=ctx.say)  # every default filled in
     ctx = replace(ctx, options=options_dict(opts), opts=opts)  # the run's own copy; the caller's is untouched
 
+    from layerscope.analyses.labels import model_labels
+
+    model_labels(ctx.models, [None] * len(ctx.models), ctx.labels)  # a --label count or clash: one line, first
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
     handles, layers, poolings = [], [], []
     sources = analysis.stored_sources(ctx, data)
@@ -368,6 +372,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
         from layerscope.vocab.pooling import check_poolings
 
         check_poolings(ctx.poolings)
+    labels = model_labels(ctx.models, [h.manifest.source.alias for h in handles], ctx.labels) if handles else []
     engine_name = gradient_engine(ctx.engine) if meta.needs_gradients else ctx.engine
     limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
     opened: list[Any] = [None] * len(handles)
@@ -387,7 +392,8 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
                                     engine=resolved, variant=variant))
         run_spec = RunSpec.make(name, models, engine=ctx.engine, layers=ctx.layers, poolings=ctx.poolings,
                                 max_length=ctx.max_length, batch_tokens=ctx.batch_tokens,
-                                engine_options=engine_options, data=ctx.data, seed=ctx.seed, options=opts)
+                                engine_options=engine_options, data=ctx.data, seed=ctx.seed, options=opts,
+                                labels=ctx.labels)
         ctx = replace(ctx, spec=run_spec)
         default_layout = ctx.out is None
         out = Path(ctx.out) if not default_layout else default_result_dir(run_spec)
@@ -419,11 +425,11 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
                 figures = analysis.compute(ctx, run, data)
             finally:
                 engine.close()
-            key = run.name if run.name not in per_model else f"{run.name}#{len(per_model)}"
+            key = labels[i]
             per_model[key] = as_output(figures)
             from layerscope.export.cache import export_record
 
-            models_meta[key] = {"spec": spec, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
+            models_meta[key] = {"spec": spec, "label": key, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
                                 "export": export_record(run.handle)}
     finally:
         for engine in opened:
@@ -465,20 +471,38 @@ def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None 
         render(stage, results, analysis)
 
 
-def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> list[str]:
+@dataclass(frozen=True)
+class Rendered:
+    """What a render (re)wrote from results alone: plot and CSV file names, report.md, and report.html
+    (None where plotly is missing and the page was not written)."""
+
+    plots: tuple[str, ...]
+    tables: tuple[str, ...]
+    report: str
+    page: str | None
+
+    def files(self) -> list[str]:
+        return [self.report] + ([self.page] if self.page else [])
+
+
+def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> Rendered:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
     from layerscope.report.html_page import write_html_report
     from layerscope.report.writer import write_report, write_tables
 
+    from layerscope.report.depth import relative_depths
+    from layerscope.report.plots import depth_axis
+
     analysis = analysis or get_analysis(results["analysis"])()
     tables = write_tables(out, results)
-    plots = analysis.plots(results, out)
+    with depth_axis(relative_depths(results)):  # the axis report.html draws for the same results
+        plots = analysis.plots(results, out)
     page = write_html_report(out, results)
     write_report(out, results, analysis.report(results), tables, plots, page=page)
-    return plots
+    return Rendered(tuple(plots), tuple(tables), "report.md", page)
 
 
-def rerender(result_dir: Path) -> list[str]:
+def rerender(result_dir: Path) -> Rendered:
     result_dir = Path(result_dir)
     from layerscope.analyses.spec import load_results
 

@@ -8,8 +8,10 @@ An analysis hands over, per model, the rows of its main per-layer score (:func:`
   (the shallower model's layers ``k / L_min``; a deeper model takes its layer nearest that depth), with each
   model's layer, score and 95% interval in its own columns (table ``side_by_side``);
 * for every pair of models, scores both on the *same* resampled items (``metrics.paired``): each model's best
-  row against the other's, and every matched row of the side-by-side table; the difference, its 95% interval
-  and a two-sided p-value (table ``model_comparison``).
+  layer (among its layers with a defined score; ties are named in the notes) against the other's, and every
+  matched row of the side-by-side table; the difference, its 95% interval and the two-sided p-value read from
+  the same bootstrap distribution, and the p-value adjusted by Holm over every test of the run
+  (table ``model_comparison``).
 
 The figures are computed here, at run time, and saved in ``results.json``; reports only render them.
 """
@@ -123,9 +125,30 @@ def _needs_interval(r: ScoreRow | None) -> bool:
     return bool(r and r.bootstrap_ci and r.scorer and r.ci is None and r.value is not None)
 
 
-def _best(rows: list[ScoreRow]) -> ScoreRow | None:
-    defined = [r for r in rows if r.value is not None and r.scorer is not None]
-    return max(defined, key=lambda r: r.value) if defined else None
+def _is_layer(r: ScoreRow) -> bool:
+    return r.layer.isdigit()
+
+
+def best_rows(rows: list[ScoreRow]) -> tuple[ScoreRow | None, list[ScoreRow], int]:
+    """The best row among the model's layers (``0``..``L``, not the raw embeddings nor a named choice) whose
+    score is defined, the rows that tie it, and how many rows were candidates. With several tied, the
+    shallowest stands for them and the others are listed."""
+    defined = [r for r in rows if _is_layer(r) and r.scorer is not None and r.value is not None
+               and math.isfinite(r.value)]
+    if not defined:
+        return None, [], 0
+    top = max(r.value for r in defined)
+    tied = [r for r in defined if r.value == top]
+    return tied[0], tied[1:], len(defined)
+
+
+def _tie_note(name: str, best: ScoreRow, others: list[ScoreRow], candidates: int) -> str | None:
+    if not others:
+        return None
+    layers = ", ".join(f"{r.group} {r.layer}" for r in [best, *others])
+    every = " (every layer)" if len(others) + 1 == candidates else ""
+    return (f"{name}: {len(others) + 1} layers tie for best{every} at {best.value:.4f} ({layers}); "
+            f"'best of each' uses {best.group} {best.layer}")
 
 
 def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, group_label: str = "pooling",
@@ -135,7 +158,7 @@ def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, g
     Empty for one model (or when the analysis kept no rows for every model). ``per_model``: the ``PerModel``
     that ``combine`` is handed (each model's figures, with the ``ModelOutput`` that holds its rows).
     """
-    from layerscope.metrics.paired import one_sample_interval, paired_bootstrap
+    from layerscope.metrics.paired import holm, one_sample_interval, paired_bootstrap
     from layerscope.progress import steps, track
 
     names = list(per_model)
@@ -164,8 +187,10 @@ def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, g
             row[f"{name} ci_high"] = r.ci[1] if r and r.ci else None
         side.append(row)
     jobs: list[tuple[str, str, str, ScoreRow, ScoreRow]] = []
+    best = {name: best_rows(models[name].rows) for name in names}
+    tie_notes = [t for name in names if best[name][0] for t in [_tie_note(name, *best[name])] if t]
     for a_name, b_name in combinations(names, 2):
-        ba, bb = _best(models[a_name].rows), _best(models[b_name].rows)
+        ba, bb = best[a_name][0], best[b_name][0]
         if ba and bb:
             jobs.append(("best of each", a_name, b_name, ba, bb))
         for a in aligned:
@@ -181,6 +206,9 @@ def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, g
             batch = max(1, min(n_resamples, _INDEX_BUDGET // max(1, n * cost))) if n_resamples else None
             row = {"comparison": what, "model_a": a_name, f"{group_label}_a": ra.group, "layer_a": ra.layer,
                    "model_b": b_name, f"{group_label}_b": rb.group, "layer_b": rb.layer}
+            if what == "best of each":
+                row["tied_a"] = ", ".join(r.layer for r in best[a_name][1]) or None  # layers tying the best
+                row["tied_b"] = ", ".join(r.layer for r in best[b_name][1]) or None
             if n_resamples:
                 res = paired_bootstrap(ra.scorer, rb.scorer, n, n_resamples=n_resamples, seed=seed, batch=batch)
                 row.update({f"{score}_a": res.score_a, f"{score}_b": res.score_b, "difference": res.difference,
@@ -191,12 +219,18 @@ def compare_models(per_model: dict[str, Any], *, score: str, score_label: str, g
                             "ci_low": None, "ci_high": None, "p_value": None})
             pairs.append(row)
             bar.advance()
-    notes = list(dict.fromkeys(note for m in models.values() for note in m.notes))
+    for row, adjusted in zip(pairs, holm([r.get("p_value") for r in pairs])):
+        row["p_holm"] = adjusted
+    tested = sum(1 for r in pairs if r.get("p_value") is not None)
+    notes = list(dict.fromkeys(note for m in models.values() for note in m.notes)) + tie_notes
     meta = {"notes": notes, "models": names, "score": score, "score_label": score_label, "group_label": group_label,
             "by": by, "num_layers": {k: m.num_layers for k, m in models.items()}, "n_items": n,
             "n_resamples": n_resamples,
-            "seed": seed, "method": "paired percentile bootstrap (scipy.stats.bootstrap, paired=True): both models "
-            "scored on the same resampled items; two-sided p from the null-shifted bootstrap distribution"}
+            "seed": seed, "confidence_level": 0.95,
+            "method": "paired percentile bootstrap (scipy.stats.bootstrap, paired=True): both models scored on the "
+            "same resampled items; the 95% interval and the two-sided p are read from the same bootstrap "
+            "differences, so the interval excludes 0 exactly when p < 0.05",
+            "correction": f"Holm over the {tested} tests of this run" if tested else None}
     if say:
         say(f"compared {len(names)} models: {len(pairs)} paired bootstrap test(s) over {n} items")
     return {"comparison": meta, "tables": {"side_by_side": side, "model_comparison": pairs}}

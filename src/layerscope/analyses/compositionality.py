@@ -43,6 +43,18 @@ def all_ties(row: dict) -> bool:
     return row.get("ties") == row.get("n_items")
 
 
+TIED = ("every item is a tie (the positive, its paraphrases and its negative get the same vector, e.g. a "
+        "constant CLS vector)")
+
+
+def _undefined_if_tied(summ: dict) -> dict:
+    """Win rate, mean diff and sign test are undefined where every item ties (as a correlation of constant
+    cosines is in sts): None, with the reason, instead of a 0 that reads as a measured figure."""
+    if summ.get("ties") == summ.get("n_items"):
+        summ.update({"win_rate": None, "mean_diff": None, "sign_p": None, "undefined": TIED})
+    return summ
+
+
 def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
     from layerscope.metrics.comparison import compositionality_summary
     from layerscope.metrics.vectors import paired_cosine
@@ -55,7 +67,12 @@ def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.n
     para = [flat[bounds[k]:bounds[k + 1]] for k in range(len(items))]
     summ = compositionality_summary(para, neg)
     para_mean = np.array([p.mean() for p in para])
-    return summ, neg, para_mean, np.asarray(summ.pop("per_item_diffs"))
+    diffs = np.asarray(summ.pop("per_item_diffs"))
+    return _undefined_if_tied(summ), neg, para_mean, diffs
+
+
+def _p(v) -> str:
+    return "undefined" if v is None else f"{v:.2g}"
 
 
 @register
@@ -125,12 +142,13 @@ class Compositionality(Analysis):
                     sel = [k for k, it in enumerate(items) if getattr(it, group) == value]
                     g = compositionality_summary(para_mean[sel], neg[sel])
                     g.pop("per_item_diffs")
+                    _undefined_if_tied(g)
                     g_row = {"pooling": p, "layer": layer, "group": group, "value": value, **g}
                     add_share_interval(g_row, "win_rate", g["wins"], len(sel))
                     group_rows.append(g_row)
         compare = model_rows(run.num_layers, len(items), kept)  # for model vs model
-        told = [r for r in rows if not all_ties(r)] or rows  # an all-tie row tells nothing: never the best
-        best = max(told, key=lambda r: (r["win_rate"], r["mean_diff"]))
+        told = [r for r in rows if not all_ties(r)]  # an all-tie row tells nothing: never the best
+        best = max(told, key=lambda r: (r["win_rate"], r["mean_diff"])) if told else rows[0]
         final = str(run.num_layers)
         ci_keys = ("win_rate_ci_low", "win_rate_ci_high", "win_rate_ci_method", "mean_diff_ci_low",
                    "mean_diff_ci_high", "mean_diff_ci_method")
@@ -204,7 +222,7 @@ class Compositionality(Analysis):
                       f"**Best:** layer {b['layer']} with {b['pooling']} pooling, win rate {sig(b['win_rate'])}"
                       f"{ci(b.get('win_rate_ci_low'), b.get('win_rate_ci_high'))}, mean diff {sig(b['mean_diff'])}"
                       f"{ci(b.get('mean_diff_ci_low'), b.get('mean_diff_ci_high'))} "
-                      f"(sign test p = {b['sign_p']:.2g}).", ""]
+                      f"(sign test p = {_p(b['sign_p'])}).", ""]
             if s.get("own_pooled_output"):
                 lines += [f"The model's own pooled output (`{s['own_pooled_output']}`) is the row "
                           f"pooling={OWN}, layer={OWN_LAYER}.", ""]
@@ -213,25 +231,27 @@ class Compositionality(Analysis):
                      "wins/losses/ties": f"{r['wins']}/{r['losses']}/{r['ties']}", "mean diff": r["mean_diff"],
                      "mean diff 95% CI": ci(r.get("mean_diff_ci_low"), r.get("mean_diff_ci_high")).strip() or "-",
                      "cos paraphrase": r["mean_paraphrase"], "cos negative": r["mean_negative"],
-                     "sign p": f"{r['sign_p']:.2g}"} for r in fig["tables"]["layers"]]
+                     "sign p": _p(r["sign_p"])} for r in fig["tables"]["layers"]]
             lines.append(md_table(rows))
             tied = [r for r in fig["tables"]["layers"] if r["ties"] == r["n_items"]]
             for r in tied:
-                lines.append(f"- layer {r['layer']}, {r['pooling']}: every item is a tie (the positive, its "
-                             "paraphrases and its negative get the same vector), so the layer says nothing here")
+                lines.append(f"- undefined at layer {r['layer']}, {r['pooling']}: {TIED}, so the layer says "
+                             "nothing here")
             final = str(results["models"][model]["manifest"]["num_layers"])
             grows = [{"pooling": r["pooling"], "group": r["group"], "value": r["value"], "items": r["n_items"],
-                      "win rate": r["win_rate"], "mean diff": r["mean_diff"], "sign p": f"{r['sign_p']:.2g}"}
+                      "win rate": r["win_rate"], "mean diff": r["mean_diff"], "sign p": _p(r["sign_p"])}
                      for r in fig["tables"]["groups"] if r["layer"] in (final, OWN_LAYER)]
             lines += ["", f"### By category and complexity at the final layer ({final})", "", md_table(grows)]
         return "\n".join(lines)
 
     def console_summary(self, results: dict[str, Any], console) -> None:
         from layerscope.report.console import layer_by_pooling_table
+        from layerscope.report.writer import num
 
         for model, fig in results.get("per_model", {}).items():
             table = layer_by_pooling_table(
                 f"{model}: win rate / mean diff per layer ({fig['summary']['items']} items)",
                 fig["tables"]["layers"], "win rate (diff)",
-                lambda r: f"{r['win_rate']:.3f} ({r['mean_diff']:+.4f})")
+                lambda r: "undefined" if r["win_rate"] is None else f"{num(r['win_rate'], 3)} "
+                f"({num(r['mean_diff'], 4, sign=True)})")
             console.print(table)

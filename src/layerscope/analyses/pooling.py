@@ -322,7 +322,9 @@ class Pooling(Analysis):
 
 
 def _f(v, digits: int = 4) -> str:
-    return "undefined" if v is None else f"{v:.{digits}f}"
+    from layerscope.report.writer import num
+
+    return num(v, digits)
 
 
 def _choice(layers: str, num_layers: int) -> str:

@@ -373,6 +373,7 @@ class Saliency(Analysis):
         from rich.table import Table
 
         from layerscope.report.console import esc
+        from layerscope.report.writer import num
 
         for model, fig in results["per_model"].items():
             s = fig["summary"]
@@ -383,8 +384,8 @@ class Saliency(Analysis):
                         "reveal k=5"):
                 table.add_column(col, justify="right")
             for r in fig["tables"]["saliency_methods"]:
-                table.add_row(r["method"], f"{r['hide_aopc']:.4f}",
-                              *[f"{r[c]:.4f}" if c in r else "-" for c in ("hide_drop_k1", "hide_drop_k3",
+                table.add_row(r["method"], num(r["hide_aopc"], 4),
+                              *[num(r[c], 4) if c in r else "-" for c in ("hide_drop_k1", "hide_drop_k3",
                                                                            "hide_drop_k5", "reveal_k1",
                                                                            "reveal_k3", "reveal_k5")])
             console.print(table)

@@ -6,7 +6,8 @@ layers of two models; mutual k-NN agreement (FAISS) between them.
 
 Inputs: one or two LayerStores (``--store``, ``--store-b``), read as memory
 maps in row blocks, so a corpus larger than memory works; or ``--model``(s)
-plus ``--data`` texts (default: the built-in zh-en problems, both languages),
+plus ``--data`` texts (default: the English side of the built-in zh-en problems, one language, so
+CKA does not mostly measure a language split; ``--language zh`` or ``both`` for the others),
 extracted through the cached vectors. Two stores must hold the same texts in
 the same order (checked by ids and a hash of the texts).
 """
@@ -142,11 +143,14 @@ class Similarity(Analysis):
         inputs=("texts",),
         main_score="mean_adjacent_cka",
         default_poolings=("mean",),
-        default_data="zh-en",
+        default_data="generated English problems (the English side of zh-en)",
         options=(
             Option("store", str, None, "a LayerStore to read instead of running --model"),
             Option("store_b", str, None, "a second LayerStore (same texts) to compare with --store"),
-            Option("n", int, 500, "pairs of built-in zh-en problems used as texts when no --data is given"),
+            Option("n", int, 500, "built-in problems used as texts when no --data is given"),
+            Option("language", str, "en", "without --data: which side of the built-in zh-en problems (one "
+                   "language, so CKA does not mostly measure the language split; 'both' mixes them)",
+                   choices=("en", "zh", "both")),
             Option("knn", int, 10, "k for mutual k-NN (0 to skip)"),
             Option("no_unbiased", bool, False, "skip the unbiased CKA (one more pass over the data per pair)"),
             Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
@@ -182,7 +186,7 @@ class Similarity(Analysis):
                 check_same_texts(f"--store {a.path}", a.ids(), a.texts(), f"--store-b {b.path}", b.ids(), b.texts())
             if a.n < 4:
                 raise InputError(f"{a.path} holds {a.n} texts; CKA needs at least 4")
-            return {"mode": "stores", "a": a, "b": b, "pooling": pooling}
+            return {"mode": "stores", "a": a, "b": b, "pooling": pooling, "label": a.path.name}
         if ctx.data:
             from layerscope.data.corpus import read_corpus
 
@@ -190,18 +194,21 @@ class Similarity(Analysis):
             texts = [r.text for r in records]
             for w in stats.warnings():
                 ctx.say(w)
-            origin = ctx.data
+            origin, label = ctx.data, Path(str(ctx.data)).name
         else:
             from layerscope.data.bilingual import generate_pairs
 
             ps = generate_pairs(o.n, ctx.seed)
-            texts = [p.source for p in ps] + [p.target for p in ps]
-            origin = f"generated zh-en (n={len(ps)} pairs, both languages, seed={ctx.seed})"
+            sides = {"en": ([p.target for p in ps], "English"), "zh": ([p.source for p in ps], "Chinese"),
+                     "both": ([p.source for p in ps] + [p.target for p in ps], "Chinese and English")}
+            texts, language = sides[o.language]
+            origin = f"generated zh-en problems, {language} (n={len(texts)} texts, seed={ctx.seed})"
+            label = f"generated {language} ({len(texts)} texts)"
             ctx.say(f"no --data or --store given: comparing layers on {len(texts)} texts of {origin}; "
                     "give --data FILE for your own texts")
         if len(texts) < 4:
             raise InputError(f"{origin}: {len(texts)} texts; CKA needs at least 4")
-        return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling}
+        return {"mode": "models", "texts": texts, "origin": origin, "pooling": pooling, "label": label}
 
     # -- per model (or store) ----------------------------------------------
     def _figures(self, ctx: Context, get, layers: list[str], n: int) -> dict[str, Any]:
@@ -268,7 +275,8 @@ class Similarity(Analysis):
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         kept = [(name, out.kept) for name, out in getattr(per_model, "outputs", {}).items() if out.kept is not None]
-        info = {"origin": data.get("origin") or str(data.get("a").path), "pooling": data["pooling"]}
+        info = {"origin": data.get("origin") or str(data.get("a").path), "pooling": data["pooling"],
+                "label": data.get("label"), "tokens": bool(self.options(ctx).tokens)}
         if len(kept) < 2:
             return {"data": info}
         (name_a, (get_a, la, n)), (name_b, (get_b, lb, _)) = kept[0], kept[1]
@@ -284,9 +292,12 @@ class Similarity(Analysis):
     # -- rendering ---------------------------------------------------------
     def plots(self, results, out_dir: Path) -> list[str]:
         from layerscope.report.plots import heatmap
+        from layerscope.report.similarity_figs import colour_scale, subtitle
 
         out_dir = Path(out_dir)
         files = []
+        low, high = colour_scale(results)  # one scale for every heat map of the run
+        about = subtitle(results)
         for i, (model, fig) in enumerate(results["per_model"].items()):
             tag = "" if len(results["per_model"]) == 1 else f"_{i}"
             for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
@@ -295,27 +306,34 @@ class Similarity(Analysis):
                 if m is None:
                     continue
                 files.append(heatmap(out_dir / f"{key}{tag}.png", _nan(m), fig["layers"], fig["layers"],
-                                     title=f"{title} between layers\n{model}", xlabel="layer", ylabel="layer",
-                                     vmin=0.0 if key != "unbiased_cka" else None, vmax=1.0))
+                                     title=f"{title} between layers: {model}\n{about}", xlabel="layer",
+                                     ylabel="layer", vmin=low, vmax=high))
         cross = results.get("combined", {}).get("cross")
         if cross:
-            for key in ("linear_cka", "unbiased_cka", "mutual_knn"):
+            for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
+                               ("mutual_knn", "mutual k-NN")):
                 if cross.get(key) is None:
                     continue
                 files.append(heatmap(out_dir / f"cross_{key}.png", _nan(cross[key]), cross["layers_a"],
-                                     cross["layers_b"], title=f"{key}\n{cross['model_a']} vs {cross['model_b']}",
-                                     ylabel=cross["model_a"], xlabel=cross["model_b"], vmax=1.0))
+                                     cross["layers_b"],
+                                     title=f"{title}: {cross['model_a']} vs {cross['model_b']}\n{about}",
+                                     ylabel=f"layer of {cross['model_a']}", xlabel=f"layer of {cross['model_b']}",
+                                     vmin=low, vmax=high))
         return files
 
     def report(self, results) -> str:
+        from layerscope.report.similarity_figs import colour_scale, subtitle, vectors_label
         from layerscope.report.writer import sig
 
-        parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; pooling "
-                 f"{results.get('combined', {}).get('data', {}).get('pooling')}."]
+        low, high = colour_scale(results)
+        parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; {vectors_label(results)}. "
+                 f"Every heat map uses one colour scale, {sig(low)} to {sig(high)}, so equal colours are equal "
+                 "values across figures."]
         for model, fig in results["per_model"].items():
             s = fig["summary"]
-            parts.append(f"\n## {model}\n\nMean CKA between adjacent layers {sig(s['mean_adjacent_cka'])}; first vs "
-                         f"last {sig(s['first_last_cka'])} ({s['n']} texts).\n")
+            parts.append(f"\n## {model}\n\nLinear CKA between layers on {subtitle(results)}. Mean CKA between "
+                         f"adjacent layers {sig(s['mean_adjacent_cka'])}; first vs last {sig(s['first_last_cka'])} "
+                         f"({s['n']} texts).\n")
             parts.append(_grid_md(fig["linear_cka"], fig["layers"], fig["layers"]))
         return "\n".join(parts)
 
@@ -323,6 +341,7 @@ class Similarity(Analysis):
         from rich.table import Table
 
         from layerscope.report.console import esc
+        from layerscope.report.writer import num
 
         def show(title, m, ra, ca):
             t = Table(title=esc(title))
@@ -330,17 +349,20 @@ class Similarity(Analysis):
             for c in ca:
                 t.add_column(c, justify="right")
             for i, r in enumerate(ra):
-                t.add_row(r, *("-" if v is None else f"{v:.2f}" for v in m[i]))
+                t.add_row(r, *("-" if v is None else num(v, 2) for v in m[i]))
             console.print(t)
 
+        from layerscope.report.similarity_figs import subtitle
+
+        about = subtitle(results)
         for model, fig in results["per_model"].items():
-            show(f"linear CKA between layers - {model}", fig["linear_cka"], fig["layers"], fig["layers"])
+            show(f"linear CKA between layers - {model} ({about})", fig["linear_cka"], fig["layers"], fig["layers"])
             s = fig["summary"]
             console.print(f"{esc(model)}: mean adjacent-layer CKA {s['mean_adjacent_cka']:.3f}"
                           if s["mean_adjacent_cka"] is not None else f"{esc(model)}: CKA undefined")
         cross = results.get("combined", {}).get("cross")
         if cross:
-            show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns)", cross["linear_cka"],
+            show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns) ({about})", cross["linear_cka"],
                  cross["layers_a"], cross["layers_b"])
 
 

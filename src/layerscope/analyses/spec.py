@@ -100,16 +100,19 @@ class RunSpec:
     data_sha256: str | None  # the data file's content, when it is a file
     seed: int
     options: tuple[tuple[str, Any], ...]  # sorted (name, value): every declared option, defaults filled in
+    labels: tuple[str, ...] | None = None  # --label, as given (None: names derived from the models)
 
     @classmethod
     def make(cls, analysis: str, models, *, engine: str, layers: str, poolings, max_length, batch_tokens,
-             engine_options: dict[str, Any] | None, data: str | None, seed: int, options) -> RunSpec:
+             engine_options: dict[str, Any] | None, data: str | None, seed: int, options,
+             labels=None) -> RunSpec:
         return cls(analysis=analysis, models=tuple(models), engine=engine, layers=str(layers),
                    poolings=tuple(poolings) if poolings else None, max_length=max_length,
                    batch_tokens=batch_tokens, engine_options=_frozen_items(_plain(engine_options)),
                    data=None if data is None else str(data), data_sha256=_file_sha256(data), seed=int(seed),
                    options=_frozen_items(_plain(options_dict(options) if dataclasses.is_dataclass(options)
-                                                else options)))
+                                                else options)),
+                   labels=tuple(labels) if labels else None)
 
     # -- what derives from it ---------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -121,6 +124,8 @@ class RunSpec:
                                  "data": data, "data_sha256": self.data_sha256, "seed": self.seed}
         ident.update({f"engine_options.{k}": v for k, v in self.engine_options})
         ident.update({f"options.{k}": v for k, v in self.options})
+        if self.labels:  # named by the user: another naming is another run (derived names are not identity)
+            ident["labels"] = list(self.labels)
         for i, m in enumerate(self.models):
             where = f"models[{i}]" if len(self.models) > 1 else "model"
             ident.update({f"{where}.weights": m.key, f"{where}.engine": m.engine, f"{where}.variant": m.variant,

@@ -346,7 +346,9 @@ def _every_pooling(probes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _f(v) -> str:
-    return "undefined" if v is None else f"{v:.4f}"
+    from layerscope.report.writer import num
+
+    return num(v, 4)
 
 
 def _p(v) -> str:

@@ -35,6 +35,9 @@ def _shared_options(meta=None) -> list[tuple[str, Any, Any]]:
             engine_help = "torch or auto (this analysis needs gradients: it runs on torch)."
     return [
         ("model", list[str], typer.Option(["minilm"], "--model", "-m", help="Model(s); repeat for side by side.")),
+        ("label", Optional[list[str]], typer.Option(None, "--label", help="A short name per --model (repeat, in "
+                                                    "the same order) for tables, legends and reports (default: "
+                                                    "the folder's last part, the alias or the hub id).")),
         ("engine", str, typer.Option("auto", "--engine", "-e", help=engine_help)),
         ("layers", str, typer.Option("all", help="all, or e.g. raw,0,3,-1.")),
         ("pooling", Optional[str], typer.Option(None, help=pooling_help)),
@@ -158,14 +161,14 @@ def run(ctx: typer.Context, **shared):
 app.command("run", cls=AnalysisGroup, no_args_is_help=True)(_with_signature(run, _shared_options(), context=True))
 
 
-def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, config, split, out, seed, no_cache,
+def run_from_cli(name: str, *, model, label, engine, layers, pooling, data, dataset, config, split, out, seed, no_cache,
                  trust_remote_code, recompute, force, max_length, batch_tokens, options: dict[str, Any]) -> None:
     from layerscope.analyses.base import Context, get_analysis, run_analysis
 
     cls = get_analysis(name)
     data = data_source(data, dataset, config, split, "--data", required=False)
     c = console()
-    context = Context(models=list(model), engine=engine, layers=layers,
+    context = Context(models=list(model), labels=list(label) if label else None, engine=engine, layers=layers,
                       poolings=split_list(pooling), data=data,
                       out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
                       force=force, trust_remote_code=trust_remote_code, max_length=max_length,
@@ -187,13 +190,17 @@ def run_from_cli(name: str, *, model, engine, layers, pooling, data, dataset, co
 
 @app.command()
 def report(result_dir: Path = typer.Argument(..., help="A directory written by layerscope run.")):
-    """Re-render the plots, tables and report.md of a result directory from results.json alone."""
+    """Re-render the plots, tables, report.md and report.html of a result directory from results.json alone."""
     from layerscope.analyses.base import rerender
 
     from rich.markup import escape
 
-    plots = rerender(result_dir)
-    console().print(f"[bold green]re-rendered[/bold green] {escape(str(result_dir))}/report.md and {len(plots)} plot(s)")
+    done = rerender(result_dir)
+    made = " and ".join(done.files())
+    console().print(f"[bold green]re-rendered[/bold green] {escape(str(result_dir))}: {escape(made)}, "
+                    f"{len(done.plots)} plot(s), {len(done.tables)} table(s)", soft_wrap=True)
+    if done.page is None:
+        console().print("report.html was not rewritten: it needs plotly (pip install plotly)")
 
 
 @app.command()

@@ -31,7 +31,7 @@ def export(
                                          help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
     cpu_precisions: bool = typer.Option(True, "--cpu-precisions/--no-cpu-precisions",
                                         help="Also check and record OpenVINO bf16 where this CPU computes in bf16, "
-                                             "so --engine auto can pick it."),
+                                             "so --engine auto can pick it (-v says what was found)."),
 ):
     """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
     from layerscope.export.exporter import export_model
@@ -48,11 +48,14 @@ def export(
     from layerscope.report.console import print_export_summary
 
     print_export_summary(c, out, manifest)
-    if cpu_precisions:
+    if cpu_precisions:  # measured for --engine auto; what it found is said with -v (auto says what it picks)
+        from layerscope.cli.common import STATE
         from layerscope.export.cpu_precision import record_cpu_precisions
 
-        for line in record_cpu_precisions(out, progress=progress_printer(c)):
-            c.print(line, markup=False, highlight=False)
+        verbose = STATE["verbose"]
+        for line in record_cpu_precisions(out, progress=progress_printer(c) if verbose else None):
+            if verbose:
+                c.print(line, markup=False, highlight=False)
     if lens_k is not None:
         from layerscope.decoding.lens_onnx import export_lens
 

@@ -55,7 +55,7 @@ def extract(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Allow code from the model repo to run (off by default)."),
     ray: Optional[str] = typer.Option(None, "--ray", help="Run on a Ray cluster: 'local', 'auto' or an address "
-                                                          "(needs layerscope[ray]; --out on shared storage)."),
+                                                          "(needs layerscope\\[ray]; --out on shared storage)."),
     ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Actors (engine sessions) for --ray "
                                                                           "(default 2)."),
     shard: Optional[str] = typer.Option(None, "--shard", help="i/N: write shard i of N into --out (one process per "

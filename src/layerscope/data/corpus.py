@@ -52,7 +52,8 @@ _STDIN_NAME = "stdin"
 class Record:
     """One text of the corpus.
 
-    ``id`` is the user's id (``id_field``) or the 0-based row index as a string.
+    ``id`` is the user's id (``id_field``; in a .jsonl file the field ``id`` when the first line has one)
+    or the 0-based row index as a string.
     ``line`` is 1-based: the line in the file for txt/jsonl, the line where the row
     starts for csv/tsv (the header is line 1), the row number for parquet.
     """
@@ -68,6 +69,13 @@ class CorpusStats:
 
     n: int = 0
     empty: int = 0  # empty or whitespace-only texts, kept as records
+    id_field: str | None = None  # the field or column the ids came from; None: rows numbered 0, 1, 2, ...
+
+    def ids_line(self) -> str:
+        """Where the ids came from, for the console."""
+        if self.id_field is None:
+            return "ids: row numbers 0, 1, 2, ... (no id field; --id-field names one)"
+        return f"ids: from the field {self.id_field!r}"
 
     def warnings(self) -> list[str]:
         out: list[str] = []
@@ -101,17 +109,19 @@ def iter_corpus(
     """
     field = resolve_field(text_field, column)
     name = str(source)
+    stats = stats if stats is not None else CorpusStats()
+    stats.id_field = id_field
     if name.startswith("hf:"):  # a Hugging Face dataset (data/hf_dataset.py)
         from layerscope.data.hf_dataset import dataset_rows
 
         rows, name = dataset_rows(name, field, id_field)
-        return _records(rows, name, id_field, stats if stats is not None else CorpusStats())
+        return _records(rows, name, stats)
     if name == "-":
         name = _STDIN_NAME
         fmt = resolve_stdin_fmt(fmt)
         check_options(name, fmt, field, id_field)
         stream = stdin_bytes()
-        rows = _rows_from_lines(fmt, decoded_lines(stream, name), name, field, id_field)
+        rows = _rows_from_lines(fmt, decoded_lines(stream, name), name, field, id_field, stats)
     else:
         path = Path(source).expanduser()
         check_path(path, name)
@@ -124,8 +134,8 @@ def iter_corpus(
                 raise MissingExtraError("pyarrow", "parquet")
             rows = parquet_rows(path, name, field or DEFAULT_FIELD, id_field)
         else:
-            rows = _file_rows(path, name, fmt, field, id_field)
-    return _records(rows, name, id_field, stats if stats is not None else CorpusStats())
+            rows = _file_rows(path, name, fmt, field, id_field, stats)
+    return _records(rows, name, stats)
 
 
 def read_corpus(
@@ -144,14 +154,16 @@ def records_of(
     column: str | None = None,
     id_field: str | None = None,
     fmt: str | None = None,
+    stats: CorpusStats | None = None,
 ) -> Iterator[Record]:
     """Records of anything an extraction reads: a corpus file or ``-`` (read by ``iter_corpus``), a
     Hugging Face ``Dataset`` (its ``text_field`` column, default ``"text"``), or a list or any other
-    iterable of strings. In-memory texts get ids ``0, 1, 2, ...``; a text that is not a string, or no
+    iterable of strings (``stats``, where given, is filled as a file streams by). In-memory texts get ids
+    ``0, 1, 2, ...``; a text that is not a string, or no
     texts at all, is an ``InputError`` when the stream reaches it.
     """
     if isinstance(source, (str, os.PathLike)):
-        return iter_corpus(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt)
+        return iter_corpus(source, text_field=text_field, column=column, id_field=id_field, fmt=fmt, stats=stats)
     field = text_field or DEFAULT_FIELD
     if hasattr(source, "column_names"):  # a Hugging Face dataset: its text column, ids by row
         if field not in source.column_names:
@@ -177,22 +189,21 @@ def _in_memory(texts: Iterable) -> Iterator[Record]:
 def _records(
     rows: Iterable[tuple[str, str | None, int]],
     name: str,
-    id_field: str | None,
     stats: CorpusStats,
 ) -> Iterator[Record]:
-    """Number the rows, check ids, count empties; the shared tail of every reader."""
+    """Number the rows that hold no id, check ids, count empties; the shared tail of every reader."""
     seen: dict[str, int] = {}
     n = 0
     empty = 0
     for text, rid, line in rows:
-        if id_field is None:
+        if rid is None:
             rid = str(n)
         else:
             first = seen.setdefault(rid, line)
             if first != line:
                 raise InputError(
                     f"{name}: id {rid!r} appears on line {first} and again on line {line}; "
-                    f"ids in {id_field!r} must be unique"
+                    f"ids in {stats.id_field!r} must be unique"
                 )
         n += 1
         stats.n += 1
@@ -210,10 +221,10 @@ def _records(
 
 
 def _file_rows(
-    path: Path, name: str, fmt: str, field: str | None, id_field: str | None
+    path: Path, name: str, fmt: str, field: str | None, id_field: str | None, stats: CorpusStats
 ) -> Iterator[tuple[str, str | None, int]]:
     with open_bytes(path, name) as fh:
-        yield from _rows_from_lines(fmt, decoded_lines(bounded_lines(fh), name), name, field, id_field)
+        yield from _rows_from_lines(fmt, decoded_lines(bounded_lines(fh), name), name, field, id_field, stats)
 
 
 def _rows_from_lines(
@@ -222,9 +233,11 @@ def _rows_from_lines(
     name: str,
     field: str | None,
     id_field: str | None,
+    stats: CorpusStats,
 ) -> Iterator[tuple[str, str | None, int]]:
     if fmt == "txt":
         return txt_rows(lines)
     if fmt == "jsonl":
-        return jsonl_rows(lines, name, field or DEFAULT_FIELD, id_field)
+        return jsonl_rows(lines, name, field or DEFAULT_FIELD, id_field,
+                          on_id_field=lambda f: setattr(stats, "id_field", f))
     return csv_rows(lines, name, field or DEFAULT_FIELD, id_field, tsv=(fmt == "tsv"))

@@ -1,12 +1,18 @@
-"""JSON Lines corpora: one object (text under a field, optional id) or one JSON string per line."""
+"""JSON Lines corpora: one object (text under a field, optional id) or one JSON string per line.
+
+Without an id field named, the field ``id`` is taken when the first line's object has one (then every line
+needs it); otherwise rows are numbered. ``on_id_field`` is told which field the ids came from.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from layerscope.data.corpus_lines import list_names
 from layerscope.errors import InputError
+
+AUTO_ID_FIELD = "id"
 
 
 def _kind(value: object) -> str:
@@ -24,8 +30,10 @@ def _kind(value: object) -> str:
 
 
 def jsonl_rows(
-    lines: Iterator[tuple[int, str]], name: str, field: str, id_field: str | None
+    lines: Iterator[tuple[int, str]], name: str, field: str, id_field: str | None,
+    on_id_field: Callable[[str], None] | None = None, auto_id: bool = True,
 ) -> Iterator[tuple[str, str | None, int]]:
+    first, auto_taken = True, False
     for lineno, line in lines:
         where = f"{name} line {lineno}"
         if not line.strip():
@@ -45,6 +53,13 @@ def jsonl_rows(
         except ValueError as exc:  # e.g. an integer too long to convert
             raise InputError(f"{where} is not valid JSON ({exc})") from exc
         rid: str | None = None
+        if first:
+            first = False
+            if id_field is None and auto_id and isinstance(obj, dict) and AUTO_ID_FIELD in obj \
+                    and field != AUTO_ID_FIELD:
+                id_field, auto_taken = AUTO_ID_FIELD, True
+            if id_field is not None and on_id_field is not None:
+                on_id_field(id_field)
         if isinstance(obj, str):
             if id_field is not None:
                 raise InputError(
@@ -69,8 +84,9 @@ def jsonl_rows(
                 if id_field not in obj:
                     raise InputError(
                         f"{where} has no id field {id_field!r} (its fields: "
-                        f"{list_names(obj)}); every line needs an id, or leave the id "
-                        "field unset"
+                        f"{list_names(obj)}); every line needs an id"
+                        + ("; the first line has one, so ids are read from that field"
+                           if auto_taken else ", or leave the id field unset")
                     )
                 value = obj[id_field]
                 if isinstance(value, bool) or not isinstance(value, (str, int)):

@@ -138,8 +138,8 @@ def cached_export(handle, options: dict[str, Any] | None = None):
                      revision=handle.source().revision, force=True, cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
-        for line in record_cpu_precisions(target):
-            log.info("%s", line)
+        for line in record_cpu_precisions(target):  # for --engine auto, which says what it picks
+            log.debug("%s", line)
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 
 

@@ -9,10 +9,12 @@ scored on the *same* resampled items (``scipy.stats.bootstrap`` with
 share (an easy pair is easy for both models) cancels in the difference.
 
 * ``difference``: score of A minus score of B on all items;
-* ``ci_low, ci_high``: the percentile bootstrap interval of the difference;
-* ``p_value``: two-sided, from the bootstrap distribution shifted to the null
-  (``d*_b - d``): ``(1 + #{|d*_b - d| >= |d|}) / (1 + B)``, so it is never 0 and is
-  1 when the difference is exactly 0.
+* ``ci_low, ci_high`` and ``p_value``: one procedure, both read from the same sorted bootstrap differences
+  ``d*_(1) <= ... <= d*_(B)``.  With ``alpha = 1 - confidence_level`` and ``k = ceil(alpha / 2 * B)``, the
+  interval is ``[d*_(k), d*_(B + 1 - k)]`` (the k-th smallest and k-th largest) and the two-sided p-value is
+  ``2 * min(#{d* <= 0}, #{d* >= 0}) / B`` (at most 1).  The interval excludes 0 exactly when fewer than k
+  resamples fall on one side of 0, which is exactly when ``p < alpha``: the two cannot disagree.  p is 1 when
+  every resample's difference is 0, and 0 when none falls on one side (then p < 2 / B is all the resamples say).
 
 Resamples whose statistic is undefined (NaN, e.g. a constant resample) are
 dropped and counted in ``dropped``.  Pure numpy/scipy: no model, no I/O.
@@ -43,6 +45,13 @@ class PairedBootstrap:
     dropped: int = 0
     confidence_level: float = 0.95
     method: str = "paired percentile bootstrap"
+
+    @property
+    def significant(self) -> bool | None:
+        """The interval excludes 0 (equivalently ``p_value < 1 - confidence_level``); None where undefined."""
+        if self.ci_low is None or self.ci_high is None:
+            return None
+        return self.ci_low > 0 or self.ci_high < 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,14 +96,39 @@ def paired_bootstrap(score_a: Scorer, score_b: Scorer, n_items: int, *, n_resamp
     dropped = int(dist.size - finite.size)
     if finite.size == 0:
         return PairedBootstrap(a, b, observed, None, None, None, n, int(n_resamples), dropped, confidence_level)
-    if dropped:  # scipy's quantiles propagate NaN: take the interval over the defined resamples
-        alpha = (1.0 - confidence_level) / 2.0
-        lo, hi = (float(v) for v in np.quantile(finite, [alpha, 1.0 - alpha]))
-    else:
-        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    extreme = int(np.count_nonzero(np.abs(finite - observed) >= abs(observed)))
-    p = (1 + extreme) / (1 + finite.size)
-    return PairedBootstrap(a, b, observed, lo, hi, min(1.0, p), n, int(n_resamples), dropped, confidence_level)
+    lo, hi, p = interval_and_p(finite, confidence_level)
+    return PairedBootstrap(a, b, observed, lo, hi, p, n, int(n_resamples), dropped, confidence_level)
+
+
+def tail_count(n_resamples: int, confidence_level: float) -> int:
+    """k = ceil(alpha / 2 * B): how many resamples each end of the interval leaves out, plus one."""
+    alpha = round(1.0 - confidence_level, 12)
+    return max(1, math.ceil(round(alpha / 2.0 * n_resamples, 9)))
+
+
+def interval_and_p(differences, confidence_level: float = 0.95) -> tuple[float, float, float]:
+    """The interval ``[d*_(k), d*_(B+1-k)]`` and the two-sided p ``2 min(#{d* <= 0}, #{d* >= 0}) / B`` of
+    bootstrap differences (see the module text): 0 lies outside the interval exactly when p < alpha."""
+    d = np.sort(np.asarray(differences, dtype=np.float64).reshape(-1))
+    count = d.size
+    if count == 0 or not np.isfinite(d).all():
+        raise ValueError("interval_and_p needs at least one finite bootstrap difference")
+    k = min(tail_count(count, confidence_level), count)
+    below, above = int(np.count_nonzero(d <= 0)), int(np.count_nonzero(d >= 0))
+    return float(d[k - 1]), float(d[count - k]), min(1.0, 2.0 * min(below, above) / count)
+
+
+def holm(p_values) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (None stays None and is not counted):
+    the i-th smallest of m becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``."""
+    given = list(p_values)
+    ps = [(i, float(p)) for i, p in enumerate(given) if p is not None]
+    out: list[float | None] = [None] * len(given)
+    m, running = len(ps), 0.0
+    for rank, (i, p) in enumerate(sorted(ps, key=lambda t: t[1])):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
 
 
 def one_sample_interval(score: Scorer, n_items: int, *, n_resamples: int = 1000, seed: int = 0,

@@ -6,13 +6,23 @@ from typing import Any
 
 
 def _num(v, digits: int = 4) -> str:
-    return "undefined" if v is None else f"{v:.{digits}f}"
+    from layerscope.report.writer import num
+
+    return num(v, digits)
 
 
-def _p(v) -> str:
+def _p(v, resamples: int | None = None) -> str:
+    """A p-value; 0 (no resample on one side of 0) is shown as the bound the resamples allow."""
     if v is None:
         return "-"
+    if v == 0:
+        return f"< {2 / resamples:.1g}" if resamples else "0"
     return f"{v:.1e}" if v < 1e-3 else f"{v:.4f}"
+
+
+def _best_label(r: dict, side: str) -> str:
+    tied = r.get(f"tied_{side}")
+    return f" (tied with {tied})" if tied else ""
 
 
 def _cell(row: dict, name: str, score: str) -> str:
@@ -20,7 +30,7 @@ def _cell(row: dict, name: str, score: str) -> str:
     if row.get(f"{name} layer") is None:
         return "-"
     lo, hi = row.get(f"{name} ci_low"), row.get(f"{name} ci_high")
-    ci = f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else ""
+    ci = f" [{_num(lo, 3)}, {_num(hi, 3)}]" if lo is not None and hi is not None else ""
     return f"{_num(value)}{ci}"
 
 
@@ -51,15 +61,22 @@ def comparison_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]
     if not meta.get("models") or not rows:
         return None
     score, group = meta["score"], meta["group_label"]
-    header = ["comparison", "A", "B", "score A", "score B", "A - B", "95% CI", "p"]
+    resamples = meta.get("n_resamples")
+    header = ["comparison", "A", "B", "score A", "score B", "A - B", "95% CI", "p", "p (Holm)"]
     cells = []
     for r in rows:
-        ci = (f"[{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+        ci = (f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r.get("ci_low") is not None
               and r.get("ci_high") is not None else "-")
-        cells.append([r["comparison"], f"{r['model_a']} {r.get(f'{group}_a')} {r['layer_a']}",
-                      f"{r['model_b']} {r.get(f'{group}_b')} {r['layer_b']}", _num(r.get(f"{score}_a")),
-                      _num(r.get(f"{score}_b")), _num(r.get("difference")), ci, _p(r.get("p_value"))])
+        cells.append([r["comparison"], f"{r['model_a']} {r.get(f'{group}_a')} {r['layer_a']}{_best_label(r, 'a')}",
+                      f"{r['model_b']} {r.get(f'{group}_b')} {r['layer_b']}{_best_label(r, 'b')}",
+                      _num(r.get(f"{score}_a")), _num(r.get(f"{score}_b")), _num(r.get("difference")), ci,
+                      _p(r.get("p_value"), resamples), _p(r.get("p_holm"), resamples)])
     return header, cells
+
+
+def _family(meta: dict) -> str:
+    corr = meta.get("correction") or ""
+    return corr.removeprefix("Holm over ") if corr else "the tests of this run"
 
 
 def _md(header: list[str], cells: list[list[str]]) -> str:
@@ -90,11 +107,13 @@ def comparison_markdown(results: dict[str, Any]) -> str:
     if comp is not None:
         out += ["## Model vs model (paired bootstrap)", "",
                 f"Difference of {label} (A - B) with both models scored on the same {meta['n_items']} items "
-                f"resampled {meta['n_resamples']} times (seed {meta['seed']}): 95% percentile interval and a "
-                "two-sided p-value from the bootstrap distribution shifted to no difference (the smallest it can "
-                f"be is 1/({meta['n_resamples']} + 1)). 'best of each' compares each model's best row, chosen on "
-                "these same items (so it leans optimistic); the other rows compare matched rows of the table "
-                "above. p-values are per comparison, not corrected for the number of comparisons. The table is "
+                f"resampled {meta['n_resamples']} times (seed {meta['seed']}): the 95% percentile interval and "
+                "the two-sided p-value are read from the same bootstrap differences (p is twice the share of "
+                "resamples on the smaller side of 0), so the interval excludes 0 exactly when p < 0.05. "
+                f"'p (Holm)' is p adjusted by Holm's step-down method over {_family(meta)}; read significance "
+                "from it when looking at more than one row. 'best of each' compares each model's best layer "
+                "(raw embeddings and undefined scores left out; ties named), chosen on these same items (so it "
+                "leans optimistic); the other rows compare matched rows of the table above. The table is "
                 "`model_comparison.csv`.", "", _md(*comp)]
     return "\n".join(out)
 
@@ -122,15 +141,19 @@ def print_comparison(results: dict[str, Any], console) -> None:
     group = meta["group_label"]
     for a_name, b_name in dict.fromkeys((r["model_a"], r["model_b"]) for r in rows):
         t = Table(title=f"A = {esc(a_name)}, B = {esc(b_name)}: {esc(label)}, paired bootstrap over {meta['n_items']} items")
-        for h in ("comparison", "A", "B", "score A", "score B", "A - B [95% CI]", "p"):
+        for h in ("comparison", "A", "B", "score A", "score B", "A - B [95% CI]", "p", "p (Holm)"):
             t.add_column(h, justify="left" if h in ("comparison", "A", "B") else "right")
         for r in rows:
             if (r["model_a"], r["model_b"]) != (a_name, b_name):
                 continue
-            ci = (f" [{r['ci_low']:.4f}, {r['ci_high']:.4f}]" if r.get("ci_low") is not None
+            ci = (f" [{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r.get("ci_low") is not None
                   and r.get("ci_high") is not None else "")
-            t.add_row(esc(r["comparison"]), esc(f"{r.get(f'{group}_a')} {r['layer_a']}"),
-                      esc(f"{r.get(f'{group}_b')} {r['layer_b']}"),
+            t.add_row(esc(r["comparison"]), esc(f"{r.get(f'{group}_a')} {r['layer_a']}{_best_label(r, 'a')}"),
+                      esc(f"{r.get(f'{group}_b')} {r['layer_b']}{_best_label(r, 'b')}"),
                       _num(r.get(f"{meta['score']}_a")), _num(r.get(f"{meta['score']}_b")),
-                      esc(f"{_num(r.get('difference'))}{ci}"), _p(r.get("p_value")))
+                      esc(f"{_num(r.get('difference'))}{ci}"), esc(_p(r.get("p_value"), meta.get("n_resamples"))),
+                      esc(_p(r.get("p_holm"), meta.get("n_resamples"))))
         console.print(t)
+        if meta.get("correction"):
+            console.print(f"[dim]p (Holm): {esc(meta['correction'])}; the interval excludes 0 exactly when "
+                          "p < 0.05[/dim]")

@@ -44,7 +44,10 @@ def print_export_summary(console, out: Path, manifest) -> None:
         rule = f"min cosine {worst[1]['min_cos']:.7f}, tolerance {fp16['min_cos'].get(worst[0], float('nan')):.6f}"
     else:
         tol = worst[1].get("tolerance", manifest.parity.tolerance_abs)  # scaled by the output (fp32_worst)
-        rule = f"{worst[1]['max_abs']:.2e} (tolerance {tol:.2g})"
+        atol, rtol, scale = manifest.parity.tolerance_abs, manifest.parity.tolerance_rel, worst[1].get("ref_max_abs")
+        how = (f" = {atol:g} + {rtol:g} x its largest |value| {scale:.3g}"
+               if atol is not None and rtol is not None and scale is not None else "")
+        rule = f"{worst[1]['max_abs']:.2e} (tolerance {tol:.2g}{how})"
     console.print(f"worst output {worst[0]}: {rule}; in-graph pooling: "
                   f"{', '.join(manifest.pooled_modes) or 'none'}")
 
@@ -87,6 +90,10 @@ def print_extract_summary(console, report, verbose: bool = False) -> None:
                   f"{report.tokens_per_s:,.0f} tokens/s{resumed}")
     for note in eng.get("notes", []):
         console.print(f"[dim]{esc(engine_note(note, verbose))}[/dim]")
+    if "id_field" in store.meta:
+        from layerscope.data.corpus import CorpusStats
+
+        console.print(esc(CorpusStats(id_field=store.meta["id_field"]).ids_line()))
     table = Table(title="what the store holds: vector norms, and anisotropy = mean cosine of random pairs")
     table.add_column("pooling")
     table.add_column("layer")
@@ -159,6 +166,8 @@ def _natural_width(console, renderable) -> int:
 
 
 def print_cache(console, root: Path, entries, skipped) -> None:
+    """A table where it fits the terminal; else one short block per entry, its model and entry name each on
+    a line of their own (never cut, never folded into a narrow column)."""
     from rich.table import Table
 
     from layerscope.cachedir import human_size
@@ -170,9 +179,19 @@ def print_cache(console, root: Path, entries, skipped) -> None:
     for e in entries:
         table.add_row(e.kind, esc(e.model), human_size(e.size), f"{e.age_days:.1f}", esc(e.made_by or "?"),
                       esc(e.path.name))
-    console.print(table, width=max(console.width, _natural_width(console, table)))  # model names never cut
+    if _natural_width(console, table) <= console.width:
+        console.print(table)
+    else:
+        console.print(f"layerscope cache: {esc(root)}", soft_wrap=True)
+        for e in entries:
+            console.print(f"\n[bold]{e.kind}[/bold]  {human_size(e.size)}  {e.age_days:.1f} days old  "
+                          f"made by layerscope {esc(e.made_by or '?')}", soft_wrap=True)
+            console.print(f"  model: {esc(e.model)}", soft_wrap=True)
+            console.print(f"  entry: {esc(e.path.name)}", soft_wrap=True)
+        if entries:
+            console.print()
     console.print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
                   f"{human_size(sum(e.size for e in entries))}; clear with: layerscope cache clear "
-                  "[--exports|--stores] [--older-than DAYS]")
+                  "\\[--exports|--stores] \\[--older-than DAYS]")
     for s in skipped:
         console.print(f"[yellow]not layerscope's[/yellow] {esc(s.path)}: {esc(s.reason)}", soft_wrap=True)

@@ -83,7 +83,9 @@ def table_series(results: dict[str, Any], table: str, value: str, *, group: str 
 def curves(results, series: list[Series], *, title: str, ylabel: str, caption: str, hline=None) -> list[Chart]:
     if not series or all(all(num(v) is None for v in s.values) for s in series):
         return []
-    rel = multi(results)
+    from layerscope.report.depth import relative_depths
+
+    rel = relative_depths(results) is not None  # the axis the PNGs use (report/depth.py)
     if rel:
         caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
     return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline)]
@@ -228,27 +230,34 @@ def alignment_views(results) -> list[Section]:
 
 
 def similarity_views(results) -> list[Section]:
+    from layerscope.report.similarity_figs import colour_scale, subtitle
+
     charts = []
     origin = ((results.get("combined") or {}).get("data") or {}).get("origin") or data_name(results)
+    low, high = colour_scale(results)  # one scale for every heat map, as in the PNGs
+    about = subtitle(results)
     for model, fig in per_model(results).items():
         layers = [str(x) for x in fig.get("layers") or []]
         n = (fig.get("summary") or {}).get("n")
-        for key, title, zmin in (("linear_cka", "linear CKA", 0.0), ("unbiased_cka", "unbiased CKA", None),
-                                 ("mutual_knn", f"mutual {(fig.get('summary') or {}).get('knn_k')}-NN", 0.0)):
+        for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
+                           ("mutual_knn", f"mutual {(fig.get('summary') or {}).get('knn_k')}-NN")):
             if fig.get(key) is None:
                 continue
-            charts.append(heatmap(fig[key], layers, layers, title=f"{title} between layers: {model}",
-                                  xlabel="layer", ylabel="layer", zlabel=title, zmin=zmin, zmax=1.0,
-                                  caption=f"{title} between every two layers' vectors of {n} texts ({origin})."))
+            charts.append(heatmap(fig[key], layers, layers, title=f"{title} between layers: {model} ({about})",
+                                  xlabel="layer", ylabel="layer", zlabel=title, zmin=low, zmax=high,
+                                  caption=f"{title} between every two layers' vectors of {n} texts ({origin}). "
+                                          f"Colour scale {low:g} to {high:g} for every heat map here."))
     cross = (results.get("combined") or {}).get("cross")
     if isinstance(cross, dict):
-        for key in ("linear_cka", "unbiased_cka", "mutual_knn"):
+        for key, name in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
+                          ("mutual_knn", "mutual k-NN")):
             if cross.get(key) is not None:
-                a, b, name = cross.get("model_a"), cross.get("model_b"), key.replace("_", " ")
+                a, b = cross.get("model_a"), cross.get("model_b")
                 charts.append(heatmap(cross[key], [str(x) for x in cross.get("layers_a") or []],
-                                      [str(x) for x in cross.get("layers_b") or []], title=f"{name}: {a} vs {b}",
+                                      [str(x) for x in cross.get("layers_b") or []],
+                                      title=f"{name}: {a} vs {b} ({about})",
                                       ylabel=f"layer of {a}", xlabel=f"layer of {b}",
-                                      zlabel=key.replace("_", " "), zmax=1.0,
+                                      zlabel=name, zmin=low, zmax=high,
                                       caption=f"Every layer of one model against every layer of the other ({origin})."))
     return [Section("figures", "Heat maps", charts)]
 

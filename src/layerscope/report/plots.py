@@ -6,6 +6,10 @@ from pathlib import Path
 from typing import Sequence
 
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+
 def _plt():
     import matplotlib
 
@@ -20,6 +24,21 @@ def _target(path) -> Path:
     from layerscope.report.writer import output_path
 
     return output_path(Path(path).parent, Path(path).name)
+
+
+_DEPTHS: ContextVar[dict[str, int] | None] = ContextVar("layerscope_relative_depths", default=None)
+
+
+@contextmanager
+def depth_axis(depths: dict[str, int] | None):
+    """Within the block, :func:`layer_lines` over layers draws models of different depth at relative depth
+    (``depths``: each model's number of layers, from ``report.depth.relative_depths``; None: the layer axis),
+    the axis report.html draws for the same results."""
+    token = _DEPTHS.set(depths)
+    try:
+        yield
+    finally:
+        _DEPTHS.reset(token)
 
 
 def _layer_order(series) -> list[str]:
@@ -144,17 +163,32 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
     ``hline`` is an unlabelled (or ``hline_label``) dashed reference such as chance. ``from_zero``: the
     y axis starts at 0 (or below, where a value is negative).
     """
+    from layerscope.report.depth import RELATIVE_LABEL, depth_of
+
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    depths = _DEPTHS.get() if xlabel == "layer" else None
+    if depths and any(depth_of(label, depths) is None for label in series):
+        depths = None  # a line that names no model (a reference level, ...) cannot be placed by depth
+    if depths:  # models of different depth: every series at layer / its model's number of layers
+        series, bands, scale = _relative(series, bands, depths, depth_of)
+        xlabel = RELATIVE_LABEL
     order = _layer_order(series)
     pos = {name: i for i, name in enumerate(order)}
     extra = []
     for label, (layers, values) in series.items():
         band = (bands or {}).get(label)
         lows, highs = (_nan(band[0]), _nan(band[1])) if band is not None else ([None] * len(layers),) * 2
-        order_ = sorted(range(len(layers)), key=lambda i: pos[str(layers[i])])
-        xs, ys, lows, highs = _break_gaps([pos[str(layers[i])] for i in order_], [_nan(values)[i] for i in order_],
-                                          [lows[i] for i in order_], [highs[i] for i in order_])
+        if depths:  # layers are block numbers here; a gap is a block not measured, then scaled to depth
+            order_ = sorted(range(len(layers)), key=lambda i: layers[i])
+            xs, ys, lows, highs = _break_gaps([layers[i] for i in order_], [_nan(values)[i] for i in order_],
+                                              [lows[i] for i in order_], [highs[i] for i in order_])
+            xs = [x / scale[label] for x in xs]
+        else:
+            order_ = sorted(range(len(layers)), key=lambda i: pos[str(layers[i])])
+            xs, ys, lows, highs = _break_gaps([pos[str(layers[i])] for i in order_],
+                                              [_nan(values)[i] for i in order_],
+                                              [lows[i] for i in order_], [highs[i] for i in order_])
         (line,) = ax.plot(xs, ys, marker="o", label=label)
         if band is not None:
             poly = ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2,
@@ -180,10 +214,28 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
             bottom, top = min(seen), max(seen)
             pad = 0.05 * (top - bottom or 1.0)
             ax.set_ylim(bottom - (pad if bottom < 0 or not from_zero else 0.0), top + pad)
-    ax.set_xticks(range(len(order)))
-    ax.set_xticklabels(order)
+    if depths:
+        ax.set_xlim(-0.03, 1.03)
+    else:
+        ax.set_xticks(range(len(order)))
+        ax.set_xticklabels(order)
     return _finish(plt, fig, ax, path, title=title, xlabel=xlabel, ylabel=ylabel, hline=hline,
                    legend=bool(series), extra_handles=extra, hline_label=hline_label)
+
+
+def _relative(series, bands, depths, depth_of):
+    """Series (and bands) at their numbered layers only (``raw`` and named choices have no place on the
+    relative-depth axis), with each series' model depth: layer k of L is drawn at k / L."""
+    out, out_bands, scale = {}, {}, {}
+    for label, (layers, values) in series.items():
+        depth = depth_of(label, depths)
+        band = (bands or {}).get(label)
+        keep = [i for i, layer in enumerate(layers) if depth and str(layer).lstrip("-").isdigit()]
+        out[label] = ([int(layers[i]) for i in keep], [values[i] for i in keep])
+        scale[label] = depth or 1
+        if band is not None:
+            out_bands[label] = ([band[0][i] for i in keep], [band[1][i] for i in keep])
+    return out, out_bands or None, scale
 
 
 def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float | None]]], *, title: str,

@@ -85,11 +85,22 @@ def write_tables(out: Path, results: dict[str, Any]) -> list[str]:
     return written
 
 
+def num(value, digits: int = 4, *, sign: bool = False) -> str:
+    """A figure with ``digits`` decimals for a table: "undefined" for None or NaN, and never a negative zero
+    (-0.0001 at 3 decimals is "0.000", not "-0.000"); ``sign`` puts "+" before positive figures."""
+    if value is None or value != value:
+        return "undefined"
+    text = f"{value:{'+' if sign else ''}.{digits}f}"
+    if text.lstrip("+-").strip("0.") == "":  # rounds to zero: no sign
+        text = text.lstrip("+-")
+    return text
+
+
 def fmt(value, digits: int = 4) -> str:
     if value is None:
         return "undefined"
     if isinstance(value, float):
-        return f"{value:.{digits}f}"
+        return num(value, digits)
     return str(value)
 
 

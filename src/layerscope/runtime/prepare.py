@@ -169,8 +169,11 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
 
     import numpy as np
 
+    from layerscope.data.corpus import CorpusStats
+
     out = ex.out
-    spool = spool_corpus(records_of(source, **reader), out, encoder=encoder if lengths_now else None,
+    read = CorpusStats()
+    spool = spool_corpus(records_of(source, **reader, stats=read), out, encoder=encoder if lengths_now else None,
                          granule=store_ranges.GRANULE)
     np.save(out / store_ranges.OFFSETS, spool["offsets"])
     if not lengths_now:
@@ -183,7 +186,7 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
     rows = int(range_rows or store_ranges.range_rows(spool["n"], row_bytes))
     if rows % store_ranges.GRANULE:
         raise InputError(f"range rows must be a multiple of {store_ranges.GRANULE}, not {rows}")
-    store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"],
+    store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"], "id_field": read.id_field,
                        "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
                        "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
                        "range_writers": not lengths_now})  # lengths.npy is filled range by range

@@ -1,7 +1,8 @@
 """``layerscope export-store --tokens``: a store's token-level vectors as one Parquet or safetensors file.
 
-* Parquet: one row per token, in corpus order: ``text`` (int64, the text's row in the store), ``position``
-  (int32), ``id`` (int32), ``token`` (string), ``special`` (bool), ``start`` and ``end`` (int32, the
+* Parquet: one row per token, in corpus order: ``text`` (int64, the text's row in the store), ``text_id``
+  (string, the text's id in the corpus: its id field, or the row number), ``position`` (int32), ``id``
+  (int32, the token id), ``token`` (string), ``special`` (bool), ``start`` and ``end`` (int32, the
   character span in the text) and one fixed-size float32 list column ``layer_<name>`` per layer; the
   store's description goes into the key-value metadata under ``layerscope``. Written in row groups.
 * safetensors: ``layer_<name>`` ``[total_tokens, hidden]`` in the store's storage type (F32, F16 or BF16,
@@ -49,17 +50,19 @@ def token_parquet(store, path: Path) -> None:
     first, hidden = layers[0], layers[0].section.hidden_size
     strings = first.strings()
     vec = pa.list_(pa.float32(), hidden)
-    schema = pa.schema([("text", pa.int64()), ("position", pa.int32()), ("id", pa.int32()), ("token", pa.string()),
+    schema = pa.schema([("text", pa.int64()), ("text_id", pa.string()), ("position", pa.int32()), ("id", pa.int32()), ("token", pa.string()),
                         ("special", pa.bool_()), ("start", pa.int32()), ("end", pa.int32())]
                        + [(token_column(t.layer), vec) for t in layers],
                        metadata={"layerscope": json.dumps(_description(store, layers), ensure_ascii=False)})
     text_of, positions = first.text_of_token(), first.positions()
+    text_ids = store.ids()
     with pq.ParquetWriter(str(path), schema) as writer:
         for a in range(0, first.total_tokens, ROW_GROUP):
             b = min(first.total_tokens, a + ROW_GROUP)
             ids = np.asarray(first.ids[a:b])
             spans = np.asarray(first.spans[a:b])
-            cols = [pa.array(text_of[a:b]), pa.array(positions[a:b].astype(np.int32)), pa.array(ids),
+            cols = [pa.array(text_of[a:b]), pa.array([text_ids[int(t)] for t in text_of[a:b]], pa.string()),
+                    pa.array(positions[a:b].astype(np.int32)), pa.array(ids),
                     pa.array([strings[int(i)] for i in ids], pa.string()),
                     pa.array(np.asarray(first.special[a:b]) > 0), pa.array(spans[:, 0]), pa.array(spans[:, 1])]
             cols += [pa.FixedSizeListArray.from_arrays(pa.array(t.rows(a, b).reshape(-1), pa.float32()), hidden)
