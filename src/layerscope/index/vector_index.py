@@ -172,13 +172,14 @@ class VectorIndex:
     # -- saving ----------------------------------------------------------
     def save(self, out: str | Path, meta: dict[str, Any]) -> Path:
         faiss = _faiss()
-        from layerscope.ownership import MARKER, write_marker
+        from layerscope.ownership import MARKER, note, write_marker
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         if not (out / MARKER).exists():
             write_marker(out, "index")
         tmp = out / (INDEX_FILE + ".partial")
+        note(out, files=[tmp.name, INDEX_FILE, META_FILE])  # a save cut short leaves files --force knows
         if self.kind == "binary":
             faiss.write_index_binary(self.index, str(tmp))
         else:

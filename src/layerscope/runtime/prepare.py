@@ -169,7 +169,10 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
 
     import numpy as np
 
+    from layerscope.ownership import note
+
     out = ex.out
+    note(out, files=[store_ranges.OFFSETS, "lengths.npy"])  # named before they are written
     spool = spool_corpus(records_of(source, **reader), out, encoder=encoder if lengths_now else None,
                          granule=store_ranges.GRANULE)
     np.save(out / store_ranges.OFFSETS, spool["offsets"])
@@ -187,9 +190,6 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
                        "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
                        "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
                        "range_writers": not lengths_now})  # lengths.npy is filled range by range
-    from layerscope.ownership import record
-
-    record(out, "store", hashes=False)  # a run killed from here on leaves a store --force may replace
     return store
 
 
@@ -218,7 +218,6 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
     if not (ex.resume and (ex.out / STORE_JSON).exists()):
         return None
     store = LayerStore.open(ex.out, allow_incomplete=True)
-    store.mode = "r+"
     for key in MATCH_KEYS:
         if key == "variant" and variant_later:
             continue
@@ -231,4 +230,9 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
                          "changed since); drop --resume and use --force, or choose another --out")
     if store.complete:
         log.info("store already complete")
+    else:
+        from layerscope.ownership import rewriting
+
+        rewriting(ex.out, "store")  # its files are written again: a run killed now leaves them known as ours
+    store.mode = "r+"
     return store
