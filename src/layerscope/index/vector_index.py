@@ -176,6 +176,9 @@ class VectorIndex:
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        from layerscope.out_lock import hold_folder
+
+        hold_folder(out)  # a bind mount of the new folder meets its writer's lock
         if not (out / MARKER).exists():
             write_marker(out, "index")
         tmp = out / (INDEX_FILE + ".partial")

@@ -193,6 +193,12 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
     return store
 
 
+def _locked() -> type:
+    from layerscope.runtime.store_lock import StoreLockedError
+
+    return StoreLockedError
+
+
 def make_store_dir(ex: Extraction) -> bool:
     """Create the store directory (replacing the old store first when the claim allows), marked as a
     store; True when this call created the directory."""
@@ -202,6 +208,9 @@ def make_store_dir(ex: Extraction) -> bool:
         remove(ex.out, "store")
     created = not ex.out.exists()
     ex.out.mkdir(parents=True, exist_ok=True)
+    from layerscope.out_lock import hold_folder
+
+    hold_folder(ex.out, error=StoreError, locked=_locked())  # a bind mount of it made now meets the same lock
     if not (ex.out / MARKER).exists() and not (ex.out / STORE_JSON).exists():  # an older store: left unmarked
         write_marker(ex.out, "store")
     return created
