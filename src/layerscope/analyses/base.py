@@ -468,13 +468,14 @@ def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None 
 def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> list[str]:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
     from layerscope.report.html_page import write_html_report
-    from layerscope.report.writer import write_report, write_tables
+    from layerscope.report.writer import md_data, write_report, write_tables
 
     analysis = analysis or get_analysis(results["analysis"])()
     tables = write_tables(out, results)
     plots = analysis.plots(results, out)
     page = write_html_report(out, results)
-    write_report(out, results, analysis.report(results), tables, plots, page=page)
+    body = analysis.report(md_data(results))  # every string from data escaped for Markdown
+    write_report(out, results, body, tables, plots, page=page)
     return plots
 
 

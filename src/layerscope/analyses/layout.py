@@ -142,7 +142,10 @@ def write_runs_index(analysis_dir: Path) -> Path | None:
     lines = [f"# Runs of {Path(analysis_dir).name}", "",
              "One folder per run spec; `layerscope report RUN` re-renders one.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    from layerscope.report.writer import md_data
+
+    lines += ["| " + " | ".join(md_data(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
+              for row in rows]
     index = Path(analysis_dir) / "runs.md"
     tmp = index.with_name(f"{index.name}.tmp{os.getpid()}")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
