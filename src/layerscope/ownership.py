@@ -34,7 +34,7 @@ from layerscope.owned_record import (MARKER, SIGNATURE, WHAT, Foreign, RecordErr
 
 __all__ = ["MARKER", "SIGNATURE", "WHAT", "Claim", "Foreign", "RecordError", "check_output_path", "check_replaceable",
            "check_under", "check_writable", "claim", "clear_own", "describe_foreign", "foreign", "hex_part", "inside",
-           "kind_of", "not_layerscopes", "note", "record", "remove", "remove_if_empty", "rewriting", "safe_part",
+           "kind_of", "not_layerscopes", "note", "owned", "record", "remove", "remove_if_empty", "rewriting", "safe_part",
            "write_marker",
            "writing"]
 
