@@ -61,7 +61,13 @@ def store_writer(store_dir: str | Path) -> Iterator[None]:
             yield
             ok = True
         finally:
-            _record(store_dir, before, ok)
+            try:
+                _record(store_dir, before, ok)
+            except OSError:
+                if ok:
+                    raise
+                # the writer failed (a full disk, often): its error is the one to tell; the record made before
+                # each file was written still names them all
 
 
 _RANGE_MARK = re.compile(r"\d+\.(claim|done)")
