@@ -434,7 +434,7 @@ def test_every_foreign_file_is_named_up_to_ten(tmp_path):
     d = tmp_path / "R"
     d.mkdir()
     (d / "results.json").write_text("{}")
-    record(d, "result")
+    record(d, "result", names=["results.json"])
     mine = user_files(d, {f"mine{i:02d}.csv": str(i) for i in range(12)})
     with pytest.raises(InputError) as err:
         claim(d, "result", force=True)

@@ -255,7 +255,7 @@ def test_ownership_is_one_rule(tmp_path):
             claim(d, kind, force=True)  # no record of which files layerscope wrote
         from layerscope.ownership import record
 
-        record(d, kind)
+        record(d, kind, names=[sig])
         assert claim(d, kind, force=True).replace
         others = [k for k in ("export", "store", "result", "index") if k != kind]
         with pytest.raises(InputError, match="not"):

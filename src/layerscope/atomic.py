@@ -55,7 +55,7 @@ def staged_dir(target: Path, kind: str | None = None) -> Iterator[Path]:
         if kind is not None:
             from layerscope.ownership import record
 
-            record(stage, kind, known=_known_hashes(stage))  # every file in the private stage is layerscope's
+            record(stage, kind, everything=True, known=_known_hashes(stage))  # every file in the private stage is layerscope's
         if target.exists():
             if kind is not None and any(target.iterdir()):
                 from layerscope.ownership import remove

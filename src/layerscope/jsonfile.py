@@ -12,9 +12,16 @@ def write_json_atomic(path: Path, data: Any, *, indent: int = 2) -> None:
     """Write JSON to a temporary sibling, fsync it, and rename it over ``path``."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=indent, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=indent, ensure_ascii=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or Ctrl-C: no half-written temporary file is left beside it
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -10,6 +10,12 @@ leaves a directory locked: the stale file is reused.
 The file is removed on release. A racing process may have opened the old file before it was unlinked;
 after taking the lock every process therefore checks that the path still names the file it locked, and
 tries again if it does not.
+
+A path is only one name of a folder: a bind mount (or any second mount) of the folder itself reaches the
+same folder through another parent, where the file beside it is another file. So the writer also locks the
+folder itself (``flock`` on the directory: the lock belongs to its device and inode, whatever path leads
+there), as soon as the folder exists: at once when it does, else when the writer creates it
+(:func:`hold_folder`). A file system that cannot lock a directory keeps the lock beside it alone.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ from layerscope.errors import InputError, LayerscopeError
 
 class OutLockedError(InputError):
     """Another process is writing this directory right now."""
+
+
+_FOLDER_LOCKS: dict[int, int] = {}  # the fd of a lock beside a folder -> the fd locking the folder itself
+_HELD: dict[str, int] = {}  # lock file -> its fd, for the locks this process holds
 
 
 def lock_path(out: Path) -> Path:
@@ -78,12 +88,60 @@ def acquire(out: Path, *, error: type[LayerscopeError] = InputError,
             continue
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode("ascii"))
+        _HELD[str(path)] = fd
+        try:
+            _lock_folder(out, fd, error=error, locked=locked)
+        except BaseException:
+            release(path, fd)
+            raise
         return fd, path
     raise error(f"cannot lock {out}: the lock file {path} keeps changing; try again")
 
 
+def _lock_folder(out: Path, fd: int, *, error: type[LayerscopeError], locked: type[LayerscopeError]) -> None:
+    """Lock folder ``out`` itself (its device and inode), tied to the lock ``fd`` beside it; nothing when it
+    does not exist yet, or its file system cannot lock a directory."""
+    import fcntl
+
+    try:
+        dfd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise error(f"cannot lock {out}: {exc.strerror}") from None
+    old = _FOLDER_LOCKS.get(fd)
+    if old is not None:
+        held, now = os.fstat(old), os.fstat(dfd)
+        if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+            os.close(dfd)
+            return
+        os.close(_FOLDER_LOCKS.pop(fd))  # the folder this writer replaced: its new one is locked instead
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(dfd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise locked(f"{out} is being written by another process (it reaches this folder by another path, "
+                         "e.g. a bind mount); wait for it or choose another --out") from None
+        return  # no flock on folders here (some network file systems): the lock beside it stands alone
+    _FOLDER_LOCKS[fd] = dfd
+
+
+def hold_folder(out: str | Path, *, error: type[LayerscopeError] = InputError,
+                locked: type[LayerscopeError] = OutLockedError) -> None:
+    """Once a writer holding ``out``'s lock has created the folder: lock the folder itself too, so a path
+    made to it later (a bind mount) leads to the same lock. Nothing when this process holds no lock of ``out``."""
+    fd = _HELD.get(str(lock_path(Path(out))))
+    if fd is not None:
+        _lock_folder(Path(out), fd, error=error, locked=locked)
+
+
 def release(path: Path, fd: int) -> None:
-    """Unlink lock file ``path`` while still holding it, then drop the lock."""
+    """Unlink lock file ``path`` while still holding it, then drop the lock (and the folder's own)."""
+    dfd = _FOLDER_LOCKS.pop(fd, None)
+    if dfd is not None:
+        os.close(dfd)
+    _HELD.pop(str(path), None)
     with contextlib.suppress(OSError):
         os.unlink(path)
     os.close(fd)

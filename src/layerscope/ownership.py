@@ -22,22 +22,21 @@ one line that says what is there.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from layerscope.errors import InputError
+from layerscope.owned_record import (MARKER, SIGNATURE, WHAT, Foreign, RecordError, foreign, inside, is_temp_of,
+                                     kind_of, matches, nested, note, owned, record, walk, write_marker)
 
-MARKER = ".layerscope.json"
-
-# The metadata file that identifies a directory of each kind made before markers existed.
-SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "results.json", "index": "index.json"}
-
-WHAT = {"export": "an export", "store": "a layer store", "result": "a result directory", "index": "an index"}
+__all__ = ["MARKER", "SIGNATURE", "WHAT", "Claim", "Foreign", "RecordError", "check_output_path", "check_replaceable",
+           "check_under", "check_writable", "claim", "clear_own", "describe_foreign", "foreign", "hex_part", "inside",
+           "kind_of", "not_layerscopes", "note", "owned", "record", "remove", "remove_if_empty", "rewriting", "safe_part",
+           "write_marker",
+           "writing"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,6 @@ class Claim:
     existed: bool  # the path existed before this command (False: the command creates it)
     kind: str | None  # the layerscope kind found there, None for a missing or empty directory
     replace: bool  # the caller may delete it and write a new one
-
-
-@dataclass(frozen=True)
-class Foreign:
-    """What in a layerscope directory is not layerscope's to delete."""
-
-    unrecorded: list[str]  # relative paths layerscope has no record of writing
-    changed: list[str]  # files layerscope wrote that were changed since (the user's now)
-
-    def __bool__(self) -> bool:
-        return bool(self.unrecorded or self.changed)
 
 
 # ---------------------------------------------------------------- path parts from files
@@ -93,193 +81,6 @@ def check_under(path: Path, root: Path, what: str = "the result folder") -> Path
         raise InputError(f"{what} {path} would lie outside {root}/ (a name or hash read from a file leads "
                          f"there); give --out") from None
     return path
-
-
-def inside(root: Path, rel: object) -> Path | None:
-    """``root / rel`` when ``rel`` (a relative path read from a file) stays inside ``root`` once resolved
-    (no absolute path, no ``..``, no symlink leading out); None otherwise."""
-    if not isinstance(rel, str) or not rel or "\\" in rel or "\x00" in rel:
-        return None
-    parts = Path(rel).parts
-    if Path(rel).is_absolute() or any(p in ("..", "") for p in parts):
-        return None
-    root = Path(root)
-    try:
-        (root / rel).resolve().relative_to(root.resolve())
-    except (ValueError, OSError, RuntimeError):
-        return None
-    return root / rel
-
-
-# ---------------------------------------------------------------- the marker and its record
-
-def _read_marker(path: Path) -> dict | None:
-    try:
-        data = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def kind_of(path: Path) -> str | None:
-    """The layerscope kind of directory ``path``: its marker's, else the one its metadata file implies."""
-    path = Path(path)
-    marker = _read_marker(path) if (path / MARKER).is_file() else None
-    if marker is not None and marker.get("kind") in SIGNATURE:
-        return marker["kind"]
-    for kind, name in SIGNATURE.items():
-        if (path / name).is_file():
-            return kind
-    return None
-
-
-def _write(path: Path, data: dict) -> None:
-    """Replace the marker atomically (a temporary sibling, fsynced, renamed over it)."""
-    from layerscope.jsonfile import write_json_atomic
-
-    write_json_atomic(Path(path) / MARKER, data, indent=1)
-
-
-def write_marker(path: Path, kind: str) -> None:
-    """Mark directory ``path`` as one layerscope made, of ``kind``, with an empty record of its files."""
-    import layerscope
-
-    if kind not in SIGNATURE:
-        raise ValueError(f"unknown directory kind {kind!r}")
-    _write(path, {"kind": kind, "layerscope_version": layerscope.__version__,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "owned": {}})
-
-
-def _nested(path: Path) -> bool:
-    """A layerscope directory of its own (an index inside a store): it counts by its own record."""
-    marker = _read_marker(path) if (path / MARKER).is_file() and not path.is_symlink() else None
-    return marker is not None and marker.get("kind") in SIGNATURE and isinstance(marker.get("owned"), dict)
-
-
-def _walk(root: Path) -> Iterator[tuple[str, Path]]:
-    """(relative path, path) of every entry under ``root``, parents first; symlinks are not followed, and a
-    nested layerscope directory is listed but not entered."""
-    stack = [root]
-    while stack:
-        top = stack.pop()
-        try:
-            entries = sorted(os.scandir(top), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            p = Path(entry.path)
-            rel = p.relative_to(root).as_posix()
-            if rel == MARKER:
-                continue
-            yield rel, p
-            if entry.is_dir(follow_symlinks=False) and not _nested(p):
-                stack.append(p)
-
-
-def _signature(p: Path) -> dict:
-    st = p.lstat()
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _entry(p: Path, old: dict | None, hashes: bool, known: str | None) -> dict:
-    from layerscope.hashing import file_sha256
-
-    if p.is_symlink():
-        return {"symlink": os.readlink(p)}
-    if p.is_dir():
-        return {"dir": True}
-    sig = _signature(p)
-    if known is not None:
-        return {"sha256": known, **sig}
-    if old and old.get("sha256") and all(old.get(k) == v for k, v in sig.items()):
-        return dict(old)  # unchanged since it was hashed: not read again
-    return {"sha256": file_sha256(p) if hashes else None, **sig}
-
-
-def _excluded(rel: str, exclude: Iterable[str]) -> bool:
-    return any(rel == e or rel.startswith(e + "/") for e in exclude)
-
-
-def record(path: Path, kind: str, *, exclude: Iterable[str] = (), hashes: bool = True,
-           known: dict[str, str] | None = None) -> None:
-    """Record every file and folder under ``path`` (but those under ``exclude``, relative paths that were
-    not layerscope's when its writer started) as written by layerscope, each file with its sha256.
-
-    Called by a writer that holds the directory (its lock, or a private staging folder) when it has
-    written: ``hashes=False`` marks files still being written (no hash yet: any content counts as
-    layerscope's until the writer records them again); ``known`` passes hashes the writer already has.
-    """
-    path = Path(path)
-    marker = _read_marker(path) or {}
-    if marker.get("kind") not in SIGNATURE:
-        write_marker(path, kind)
-        marker = _read_marker(path) or {}
-    old = marker.get("owned") if isinstance(marker.get("owned"), dict) else {}
-    exclude = [e for e in exclude]
-    owned: dict[str, dict] = {}
-    for rel, p in _walk(path):
-        if _excluded(rel, exclude) or not os.path.lexists(p) or _nested(p):
-            continue  # a layerscope directory inside (an index in its store) counts by its own record
-        try:
-            owned[rel] = _entry(p, old.get(rel), hashes, (known or {}).get(rel))
-        except FileNotFoundError:  # a temporary file renamed away meanwhile
-            continue
-    marker["owned"] = owned
-    _write(path, marker)
-
-
-def foreign(path: Path) -> Foreign | None:
-    """What under layerscope directory ``path`` is not layerscope's to delete; None when it has no record
-    (made by an older layerscope, or not by layerscope)."""
-    from layerscope.hashing import file_sha256
-
-    path = Path(path)
-    marker = _read_marker(path)
-    owned = marker.get("owned") if marker else None
-    if not isinstance(owned, dict):
-        return None
-    unrecorded: list[str] = []
-    changed: list[str] = []
-    skip: list[str] = []
-    for rel, p in _walk(path):
-        if _excluded(rel, skip):
-            continue
-        if _nested(p):  # a layerscope directory of its own: checked by its own record
-            inner = foreign(p)
-            if inner is not None:
-                unrecorded += [f"{rel}/{r}" for r in inner.unrecorded]
-                changed += [f"{rel}/{r}" for r in inner.changed]
-                continue
-        rec = owned.get(rel)
-        if not isinstance(rec, dict):
-            unrecorded.append(rel + ("/" if p.is_dir() and not p.is_symlink() else ""))
-            skip.append(rel)
-            continue
-        if "symlink" in rec:
-            if not p.is_symlink() or os.readlink(p) != rec["symlink"]:
-                changed.append(rel)
-            continue
-        if rec.get("dir"):
-            if p.is_symlink() or not p.is_dir():
-                changed.append(rel)
-                skip.append(rel)
-            continue
-        if p.is_symlink() or not p.is_file():
-            changed.append(rel)
-            skip.append(rel)
-            continue
-        if rec.get("sha256") is None:
-            continue  # still being written by layerscope when it was recorded
-        sig = _signature(p)
-        if all(rec.get(k) == v for k, v in sig.items()):
-            continue
-        try:
-            same = sig["bytes"] == rec.get("bytes") and file_sha256(p) == rec["sha256"]
-        except OSError:
-            same = False
-        if not same:
-            changed.append(rel)
-    return Foreign(unrecorded, changed)
 
 
 def _names(names: list[str], limit: int = 3) -> str:
@@ -409,31 +210,31 @@ def check_replaceable(path: Path, kind: str, option: str = "--out") -> None:
 def _delete_owned(path: Path) -> None:
     """Delete the files and folders ``path``'s record lists (nested layerscope directories by their own
     records), deepest first, then ``path`` itself if nothing else is left."""
-    import shutil
-
-    marker = _read_marker(path) or {}
-    owned = marker.get("owned") if isinstance(marker.get("owned"), dict) else {}
-    for rel, p in sorted(_walk(path), key=lambda item: item[0].count("/"), reverse=True):
-        if _nested(p):
+    entries = owned(path) or {}  # checked: no entry leads outside ``path``
+    for rel, p in sorted(walk(path), key=lambda item: item[0].count("/"), reverse=True):
+        if nested(p):
             _delete_owned(p)
-    _delete_entries(path, owned, lambda rel: inside(path, rel) if "symlink" not in owned[rel] else path / rel)
+    _delete_entries(path, entries)
     try:
         os.rmdir(path)
     except OSError:
         left = sorted(e.name for e in path.iterdir()) if path.is_dir() else []
-        if left:
-            raise InputError(f"{path} changed while this command ran ({_names(left)} appeared); those were "
-                             "not deleted") from None
-        shutil.rmtree(path)
+        raise InputError(f"{path} changed while this command ran ({_names(left)} appeared or changed); those "
+                         "were not deleted") from None
 
 
-def _delete_entries(path: Path, owned: dict, where) -> None:
-    """Delete the recorded entries ``owned`` (deepest first; a folder only once empty), then the record."""
-    for rel in sorted(owned, key=lambda r: (r.count("/"), r), reverse=True):
-        p = where(rel)
-        if p is None or not os.path.lexists(p):
+def _delete_entries(path: Path, entries: dict, exclude: Iterable[str] = ()) -> None:
+    """Delete the recorded ``entries`` of ``path`` (deepest first; each only while it is still what the record
+    says, a folder only once empty) and their temporary siblings, then the record."""
+    exclude = list(exclude)
+    temps = [rel for rel, p in walk(path) if is_temp_of(rel, entries) and rel not in entries]
+    for rel in sorted([*entries, *temps], key=lambda r: (r.count("/"), r), reverse=True):
+        p = path / rel
+        if any(rel == e or rel.startswith(e + "/") for e in exclude) or not os.path.lexists(p):
             continue
-        if owned[rel].get("dir") and not p.is_symlink():
+        if not matches(p, entries.get(rel) or {"sha256": None}):
+            continue  # not what layerscope wrote there (any more): left, and the folder with it
+        if entries.get(rel, {}).get("dir"):
             with contextlib.suppress(OSError):
                 os.rmdir(p)
         else:
@@ -455,15 +256,12 @@ def remove(path: Path, kind: str) -> None:
 
 
 def clear_own(path: Path, kind: str, *, exclude: Iterable[str] = ()) -> None:
-    """Delete what layerscope wrote inside ``path`` (recorded now, but for ``exclude``: entries that were not
-    its own when the writer started); leave anything else, and the folder itself."""
+    """Delete what layerscope wrote inside ``path``, as its record names it (but for ``exclude``: entries that
+    were not its own when the writer started); leave anything else, and the folder itself."""
     path = Path(path)
-    if not path.is_dir():
+    if not path.is_dir() or kind_of(path) != kind:
         return
-    record(path, kind, exclude=exclude, hashes=False)
-    marker = _read_marker(path) or {}
-    owned = marker.get("owned") or {}
-    _delete_entries(path, owned, lambda rel: path / rel)
+    _delete_entries(path, owned(path) or {}, exclude)
 
 
 def remove_if_empty(path: Path) -> None:
@@ -480,8 +278,17 @@ def not_layerscopes(path: Path) -> list[str]:
         return []
     found = foreign(path)
     if found is None:
-        return [rel for rel, _ in _walk(path)]
+        return [rel for rel, _ in walk(path)]
     return [r.rstrip("/") for r in found.unrecorded + found.changed]
+
+
+def rewriting(path: Path, kind: str) -> None:
+    """Before a writer continues layerscope directory ``path`` in place: mark the files its record lists as
+    being written again (their hashes are taken when it ends), so a run killed meanwhile leaves files that
+    ``--force`` knows as layerscope's. A file that was already the user's stays out."""
+    path = Path(path)
+    if kind_of(path) == kind and owned(path) is not None:
+        record(path, kind, exclude=not_layerscopes(path), pending=True)
 
 
 @contextlib.contextmanager
@@ -498,4 +305,4 @@ def writing(path: str | Path, kind: str) -> Iterator[None]:
         yield
     finally:
         if path.is_dir() and any(path.iterdir()):
-            record(path, kind, exclude=before)
+            record(path, kind, everything=True, exclude=before)

@@ -488,7 +488,7 @@ class Rendered:
 def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> Rendered:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
     from layerscope.report.html_page import write_html_report
-    from layerscope.report.writer import write_report, write_tables
+    from layerscope.report.writer import md_data, write_report, write_tables
 
     from layerscope.report.depth import relative_depths
     from layerscope.report.plots import depth_axis
@@ -498,7 +498,8 @@ def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None)
     with depth_axis(relative_depths(results)):  # the axis report.html draws for the same results
         plots = analysis.plots(results, out)
     page = write_html_report(out, results)
-    write_report(out, results, analysis.report(results), tables, plots, page=page)
+    body = analysis.report(md_data(results))  # every string from data escaped for Markdown
+    write_report(out, results, body, tables, plots, page=page)
     return Rendered(tuple(plots), tuple(tables), "report.md", page)
 
 

@@ -75,6 +75,21 @@ def _older_layout(analysis_dir: Path) -> InputError:
                       f"(mv {analysis_dir} {analysis_dir}-old) and run again, or give --out")
 
 
+def _not_as_written(out: Path) -> str | None:
+    """Why ``out/results.json`` is not the file layerscope wrote (its sha256 against the folder's record of
+    layerscope's files), or None when it is."""
+    from layerscope.hashing import file_sha256
+    from layerscope.ownership import owned
+
+    rec = (owned(out) or {}).get("results.json")
+    if not isinstance(rec, dict) or not rec.get("sha256"):
+        return "has no recorded sha256 in the folder's record of layerscope's files"
+    path = Path(out) / "results.json"
+    if path.is_symlink() or not path.is_file() or file_sha256(path) != rec["sha256"]:
+        return "was changed since layerscope wrote it (its sha256 no longer matches the folder's record)"
+    return None
+
+
 def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = False, inputs=(),
                      default_layout: bool = False) -> tuple[str, dict[str, Any] | None]:
     """``("new", None)``, ``("reuse", earlier results)`` or ``("replace", None)`` for result dir ``out``.
@@ -98,6 +113,10 @@ def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = 
     older = complete and (earlier.older or earlier.spec_hash is None or earlier.identity is None)
     same = complete and not older and earlier.spec_hash == spec.hash and earlier.identity == spec.identity()
     if same and not (recompute or force):
+        changed = _not_as_written(out)
+        if changed:
+            raise InputError(f"{out}/results.json {changed}, so its figures are not reused; move {out} aside "
+                             f"(mv {out} {out}-edited) or give another --out, and run again")
         return "reuse", earlier.document
     if not (same or force or (recompute and older)):
         if older:
@@ -142,7 +161,10 @@ def write_runs_index(analysis_dir: Path) -> Path | None:
     lines = [f"# Runs of {Path(analysis_dir).name}", "",
              "One folder per run spec; `layerscope report RUN` re-renders one.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    from layerscope.report.writer import md_data
+
+    lines += ["| " + " | ".join(md_data(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
+              for row in rows]
     index = Path(analysis_dir) / "runs.md"
     tmp = index.with_name(f"{index.name}.tmp{os.getpid()}")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")

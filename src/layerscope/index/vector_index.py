@@ -172,13 +172,17 @@ class VectorIndex:
     # -- saving ----------------------------------------------------------
     def save(self, out: str | Path, meta: dict[str, Any]) -> Path:
         faiss = _faiss()
-        from layerscope.ownership import MARKER, write_marker
+        from layerscope.ownership import MARKER, note, write_marker
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
+        from layerscope.out_lock import hold_folder
+
+        hold_folder(out)  # a bind mount of the new folder meets its writer's lock
         if not (out / MARKER).exists():
             write_marker(out, "index")
         tmp = out / (INDEX_FILE + ".partial")
+        note(out, files=[tmp.name, INDEX_FILE, META_FILE])  # a save cut short leaves files --force knows
         if self.kind == "binary":
             faiss.write_index_binary(self.index, str(tmp))
         else:

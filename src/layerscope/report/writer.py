@@ -1,4 +1,11 @@
-"""results.json -> CSV tables and report.md (never recomputes a figure)."""
+"""results.json -> CSV tables and report.md (never recomputes a figure).
+
+Text from data (model names, settings, texts, table cells: every string of results.json) reaches report.md
+only through :func:`md_data`, which writes the characters that could start raw HTML, an entity, a link or
+an image (``< > & [ ]``) as character references: a Markdown viewer shows them as they are and runs or
+loads nothing (as report.html escapes the same strings). The settings block is fenced with a run of
+backticks longer than any in its text, so no value can close it.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,27 @@ from layerscope.errors import InputError
 
 log = logging.getLogger("layerscope")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+_MD_DATA = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;"})
+
+
+def md_data(value: Any) -> Any:
+    """``value`` from results.json with every string in it (dict keys too) escaped for report.md."""
+    if isinstance(value, str):
+        return value.translate(_MD_DATA)
+    if isinstance(value, dict):
+        return {md_data(k): md_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [md_data(v) for v in value]
+    return value
+
+
+def _fenced(lines: list[str]) -> list[str]:
+    """``lines`` as a fenced block whose fence no line can close (longer than any backtick run in them)."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
 
 
 def safe_file_name(name: str, used: set[str] | None = None) -> str:
@@ -166,6 +194,9 @@ def headline_section(results: dict[str, Any]) -> list[str]:
 
 def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str],
                  page: str | None = None) -> Path:
+    """``report.md``; ``body`` is the analysis's own section, made from ``md_data(results)``."""
+    settings = results.get("settings", {})  # raw: shown inside a fence no value can close
+    results = md_data(results)
     lines = [f"# {results['analysis']}: {results.get('description', '')}", ""]
     if page:
         lines += [f"Interactive version (charts with hover values, tables, settings): [{page}]({page})", ""]
@@ -180,8 +211,8 @@ def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str
         lines.append(f"- **{name}** ({man.get('family')}, {man.get('num_layers')} layers, hidden "
                      f"{man.get('hidden_size')}): engine {eng.get('engine')} on {eng.get('provider')}, "
                      f"precision {eng.get('precision')}")
-    settings = results.get("settings", {})
-    lines += ["", "## Settings", "", "```", *(f"{k}: {v}" for k, v in settings.items()), "```", ""]
+    setting_lines = [f"{k}: {v}" for k, v in settings.items()] if isinstance(settings, dict) else [str(settings)]
+    lines += ["", "## Settings", "", *_fenced([x for line in setting_lines for x in line.splitlines()]), ""]
     lines += headline_section(results)
     if body:
         lines += [body.rstrip(), ""]

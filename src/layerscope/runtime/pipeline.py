@@ -119,15 +119,15 @@ def _one_writer(fn: Callable) -> Callable:
         from layerscope.runtime.store_space import FULL
 
         out = req.out
-        with store_writer(out):
-            try:
+        try:  # the record written when the writer ends may meet the full disk too: the same line
+            with store_writer(out):
                 return fn(req, *args, **kwargs)
-            except OSError as exc:
-                if exc.errno not in FULL:
-                    raise
-                where = f" ({exc.filename})" if exc.filename else ""
-                raise StoreError(f"no space left writing {out}{where}: {exc.strerror}; free some space and "
-                                 "re-run with --resume") from None
+        except OSError as exc:
+            if exc.errno not in FULL:
+                raise
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise StoreError(f"no space left writing {out}{where}: {exc.strerror}; free some space and "
+                             "re-run with --resume") from None
 
     return wrapper
 

@@ -170,8 +170,10 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
     import numpy as np
 
     from layerscope.data.corpus import CorpusStats
+    from layerscope.ownership import note
 
     out = ex.out
+    note(out, files=[store_ranges.OFFSETS, "lengths.npy"])  # named before they are written
     read = CorpusStats()
     spool = spool_corpus(records_of(source, **reader, stats=read), out, encoder=encoder if lengths_now else None,
                          granule=store_ranges.GRANULE)
@@ -190,10 +192,13 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
                        "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
                        "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
                        "range_writers": not lengths_now})  # lengths.npy is filled range by range
-    from layerscope.ownership import record
-
-    record(out, "store", hashes=False)  # a run killed from here on leaves a store --force may replace
     return store
+
+
+def _locked() -> type:
+    from layerscope.runtime.store_lock import StoreLockedError
+
+    return StoreLockedError
 
 
 def make_store_dir(ex: Extraction) -> bool:
@@ -205,6 +210,9 @@ def make_store_dir(ex: Extraction) -> bool:
         remove(ex.out, "store")
     created = not ex.out.exists()
     ex.out.mkdir(parents=True, exist_ok=True)
+    from layerscope.out_lock import hold_folder
+
+    hold_folder(ex.out, error=StoreError, locked=_locked())  # a bind mount of it made now meets the same lock
     if not (ex.out / MARKER).exists() and not (ex.out / STORE_JSON).exists():  # an older store: left unmarked
         write_marker(ex.out, "store")
     return created
@@ -221,7 +229,6 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
     if not (ex.resume and (ex.out / STORE_JSON).exists()):
         return None
     store = LayerStore.open(ex.out, allow_incomplete=True)
-    store.mode = "r+"
     for key in MATCH_KEYS:
         if key == "variant" and variant_later:
             continue
@@ -234,4 +241,9 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
                          "changed since); drop --resume and use --force, or choose another --out")
     if store.complete:
         log.info("store already complete")
+    else:
+        from layerscope.ownership import rewriting
+
+        rewriting(ex.out, "store")  # its files are written again: a run killed now leaves them known as ours
+    store.mode = "r+"
     return store

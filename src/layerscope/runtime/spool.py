@@ -42,7 +42,10 @@ def spool_corpus(records: Iterable, out: Path, *, encoder: Encoder | None = None
     of every text is saved as ``lengths.npy``; with ``granule``, ``offsets`` holds the byte offset of
     every ``granule``-th row (where a Ray shard starts reading).
     """
+    from layerscope.ownership import note
+
     tmp = out / (TEXTS + ".partial")
+    note(out, files=[tmp.name, TEXTS] + (["lengths.npy"] if encoder is not None else []))  # before writing
     h = hashlib.sha256()
     offsets: list[int] = []
     lengths: list[np.ndarray] = []

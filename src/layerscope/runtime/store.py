@@ -97,6 +97,11 @@ class LayerStore:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         staging = path / "arrays.partial"
+        from layerscope.ownership import note
+
+        files = [f"{_pool_dir(p)}/{layer}.npy" for p in poolings for layer in layers]
+        note(path, files=[f"{d}/{f}" for d in (staging.name, "arrays") for f in files]
+             + [f"{staging.name}/{DONE}", DONE, STORE_JSON])  # named before they are written
         if staging.exists():
             shutil.rmtree(staging)
         disk = sd.disk_dtype(dtype)

@@ -9,7 +9,9 @@
   header metadata (``ids``, ``texts``, ``layerscope``), so it suits stores up to a
   few hundred thousand texts (a larger header is refused: use Parquet).
 
-The file is written beside its final name and renamed into place.
+The file is written under a temporary name of its own beside its final name (``.<name>.<pid>-<random>.partial``:
+never a name a user's file may have) and renamed into place, holding the ``--out`` lock every writer
+takes (``out_lock.py``), so two runs into one file never interleave.
 """
 
 from __future__ import annotations
@@ -49,24 +51,43 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
         raise InputError(f"{store_path} holds no token-level vectors; make it with layerscope extract ... --tokens")
     suffix = f".tokens.{fmt}" if tokens else f".{fmt}"
     out = Path(out) if out else Path(store_path).with_suffix(suffix)
-    if out.exists() and not force:
+    from layerscope.out_lock import out_lock
+
+    with out_lock(out):  # one writer per file: a second run is refused, not interleaved
+        _check_destination(out, fmt, force)
+        tmp = _temporary(out)
+        try:
+            if tokens:
+                from layerscope.runtime.token_export import token_parquet, token_safetensors
+
+                (token_parquet if fmt == "parquet" else token_safetensors)(store, tmp)
+            else:
+                (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
+            os.replace(tmp, out)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+    return out
+
+
+def _check_destination(out: Path, fmt: str, force: bool) -> None:
+    """``out`` may be written: absent, or (with ``force``) a file layerscope export-store wrote."""
+    if not os.path.lexists(out):
+        return
+    if not force:
         raise InputError(f"{out} exists; pass --force to replace it, or --out another file")
-    if out.exists() and not _made_by_layerscope(out, fmt):
+    if out.is_symlink() or not out.is_file() or not _made_by_layerscope(out, fmt):
         raise InputError(f"{out} exists and was not written by layerscope export-store; --force only replaces "
                          "layerscope's own files: choose another --out")
-    tmp = out.with_name(out.name + ".partial")
-    try:
-        if tokens:
-            from layerscope.runtime.token_export import token_parquet, token_safetensors
 
-            (token_parquet if fmt == "parquet" else token_safetensors)(store, tmp)
-        else:
-            (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out
+
+def _temporary(out: Path) -> Path:
+    """A new, empty file beside ``out`` whose name no other file has (made with O_EXCL)."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}-", suffix=".partial", dir=out.parent)
+    os.close(fd)
+    return Path(name)
 
 
 def _made_by_layerscope(path: Path, fmt: str) -> bool:

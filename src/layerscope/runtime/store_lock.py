@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -42,9 +43,11 @@ def store_lock(store_dir: str | Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def store_writer(store_dir: str | Path) -> Iterator[None]:
-    """Hold the store's write lock, and record what this writer wrote in the store's record of
-    layerscope's files however it ends (hashed when it completes; entries that were not layerscope's
-    when it started are left out), so ``--force`` later replaces exactly those."""
+    """Hold the store's write lock, and keep the store's record of layerscope's files right however the
+    writer ends: hashed again when it completes (a writer that continues a store marks its files as being
+    rewritten first, ``ownership.rewriting``, so a run killed with SIGKILL leaves files ``--force`` knows).
+    Only files named by the writers (``ownership.note``) and the range marks are recorded; a file a user
+    puts into the folder meanwhile, or one that was not layerscope's when the writer started, never is."""
     from layerscope.ownership import foreign, not_layerscopes
 
     store_dir = Path(store_dir)
@@ -58,7 +61,26 @@ def store_writer(store_dir: str | Path) -> Iterator[None]:
             yield
             ok = True
         finally:
-            _record(store_dir, before, ok)
+            try:
+                _record(store_dir, before, ok)
+            except OSError:
+                if ok:
+                    raise
+                # the writer failed (a full disk, often): its error is the one to tell; the record made before
+                # each file was written still names them all
+
+
+_RANGE_MARK = re.compile(r"\d+\.(claim|done)")
+
+
+def _range_marks(store_dir: Path) -> list[str]:
+    """The claims and done marks range writers left under ``ranges/`` (named by their layout)."""
+    from layerscope.runtime.store_ranges import RANGES
+
+    folder = store_dir / RANGES
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return [f"{RANGES}/{p.name}" for p in folder.iterdir() if _RANGE_MARK.fullmatch(p.name)]
 
 
 def _record(store_dir: Path, before: list[str], ok: bool) -> None:
@@ -75,4 +97,4 @@ def _record(store_dir: Path, before: list[str], ok: bool) -> None:
             known = {rel: rec["sha256"] for rel, rec in sums.items() if isinstance(rec, dict) and rec.get("sha256")}
         except (OSError, ValueError, AttributeError):
             known = None
-    record(store_dir, "store", exclude=before, hashes=ok, known=known)
+    record(store_dir, "store", names=_range_marks(store_dir), exclude=before, hashes=ok, known=known)

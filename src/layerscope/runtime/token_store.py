@@ -106,6 +106,10 @@ def create_token_arrays(root: Path, lengths: np.ndarray, max_length: int, layers
     needed = bytes_needed(total, len(counts), layers, hidden, dtype)
     check_free(root, needed)
     staging = root / (TOKENS + ".partial")
+    from layerscope.ownership import note
+
+    names = [f"{layer}.npy" for layer in layers] + ["ids.npy", "special.npy", "spans.npy", "offsets.npy"]
+    note(root, files=[f"{d}/{n}" for d in (staging.name, TOKENS) for n in names] + [STRINGS])  # before writing
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
