@@ -98,14 +98,14 @@ SHAPES["xlm-roberta"] = SHAPES["camembert"] = SHAPES["roberta"]
 SHAPES["mt5"] = SHAPES["t5"]
 
 
-def wordpiece_tokenizer():
-    """A small BERT-style fast tokenizer (``[CLS] text [SEP]``, pad id 0)."""
+def wordpiece_tokenizer(specials: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")):
+    """A small BERT-style fast tokenizer (``[CLS] text [SEP]``; pad id 0, or where ``specials`` puts it)."""
     from transformers import BertTokenizerFast
 
     normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
                                             lowercase=True)
     pre = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    specials = list(specials)
     tok = Tokenizer(models.WordPiece(_wordpiece_vocab(_corpus_words(normalizer, pre), specials, 300),
                                      unk_token="[UNK]", max_input_chars_per_word=100))
     tok.normalizer, tok.pre_tokenizer, tok.decoder = normalizer, pre, decoders.WordPiece(prefix="##")
@@ -132,6 +132,8 @@ def bos_tokenizer():
 
 
 def _tokenizer(model_type: str):
+    if model_type == "mpnet":  # MPNet numbers positions after id 1, its real pad id, whatever the config says
+        return wordpiece_tokenizer(("[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"))
     if model_type in ENCODERS:
         return wordpiece_tokenizer()
     return bos_tokenizer() if model_type in BOS_NO_PAD else _qwen_tokenizer()

@@ -215,6 +215,7 @@ def trace_step(trace: dict[str, Any], work: Path) -> None:
         torch_export(model, work / ONNX_FILE, input_names=family.input_names(text), num_layers=trace["num_layers"],
                      opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size))
         external.consolidate(work / ONNX_FILE)
+        model.config.save_pretrained(work)  # as Optimum does: a lens rebuilds its head from it
         finish = lambda: None  # noqa: E731
     else:
         onnx_cfg = make_onnx_config(config, family, trace["num_layers"])
