@@ -97,3 +97,24 @@ def make_onnx_config(config, family: Family, num_layers: int):
     onnx_cfg = cls(text, **kwargs)
     onnx_cfg._layerscope_num_layers = num_layers
     return onnx_cfg
+
+
+def family_rows(model_types: list[str]) -> list[dict[str, str]]:
+    """For ``layerscope families``: each model type's family, kind, export path and the table's notes."""
+    from transformers import AutoConfig
+
+    from layerscope.errors import InputError
+    from layerscope.model.families import family_for, family_notes
+
+    rows = []
+    for model_type in model_types:
+        try:
+            family = family_for(model_type)
+            path = export_path(family, AutoConfig.for_model(model_type))
+        except (InputError, ValueError, KeyError, TypeError) as exc:  # a config class that needs arguments
+            rows.append({"model_type": model_type, "family": "-", "kind": "-", "export": "-",
+                         "notes": str(exc).splitlines()[0][:120]})
+            continue
+        rows.append({"model_type": model_type, "family": family.name, "kind": family.kind, "export": path,
+                     "notes": family_notes(family)})
+    return rows

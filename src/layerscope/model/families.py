@@ -128,6 +128,13 @@ EXCEPTIONS: dict[str, Family] = {
 
 _BY_TYPE = {t: f for f in EXCEPTIONS.values() for t in f.model_types}
 
+# The model types whose tiny random checkpoints the tests export and hold to Hugging Face on every layer
+# (tests/export/test_export_zoo.py; docs/FAMILIES.md is generated from the same checks).
+CHECKED_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "deberta-v2", "mpnet", "distilbert", "albert",
+                 "electra", "modernbert", "t5", "mt5", "clip_text_model", "gpt2", "gpt_neox", "gptj", "gpt_neo",
+                 "opt", "bloom", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                 "gemma2", "gemma3_text", "phi", "phi3", "olmo2", "falcon", "stablelm", "granite", "smollm3")
+
 
 def _auto_names():
     from transformers.models.auto import modeling_auto as ma
@@ -148,8 +155,9 @@ def derive_family(model_type: str) -> Family:
         return row
     if model_type not in base:
         raise InputError(
-            f"model type '{model_type}' is not supported: transformers has no base model class for it (no "
-            f"AutoModel entry), so its hidden states cannot be read; supported: {', '.join(supported_types())}")
+            f"model type '{model_type}' is not supported: this transformers has no model class for it (no AutoModel "
+            "entry), so its hidden states cannot be read (a newer transformers may know it; `layerscope families` "
+            "lists the supported types)")
     if model_type in masked:
         return Family(model_type, (model_type,), "encoder", lm_head_loader="AutoModelForMaskedLM")
     if model_type in causal:
@@ -157,8 +165,8 @@ def derive_family(model_type: str) -> Family:
                       final_norm_in_last_hidden_state=True)
     raise InputError(
         f"model type '{model_type}' is not supported: transformers knows it neither as a masked-LM encoder nor "
-        "as a causal-LM decoder (AutoModelForMaskedLM / AutoModelForCausalLM), so layerscope cannot tell which "
-        f"it is; supported: {', '.join(supported_types())}")
+        "as a causal-LM decoder (AutoModelForMaskedLM / AutoModelForCausalLM), so it is not a text model "
+        "layerscope can read (`layerscope families` lists the supported types)")
 
 
 def check_config(config, family: Family) -> None:
@@ -174,6 +182,22 @@ def check_config(config, family: Family) -> None:
     if config.model_type == "opt" and proj not in (None, getattr(cfg, "hidden_size", proj)):
         raise InputError(f"this OPT checkpoint projects its last hidden state to word_embed_proj_dim={proj} (not "
                          f"hidden_size={cfg.hidden_size}), so its layers differ in width; not supported yet")
+
+
+def family_notes(family: Family) -> str:
+    """What the families table says about a family beyond the derived defaults, in a few words."""
+    notes = []
+    if family.embedding_note:
+        notes.append("raw = unscaled embedding rows, layer 0 scaled by sqrt(hidden_size)")
+    if family.pooled_output:
+        notes.append(f"own pooled output ({family.pooled_output})")
+    if family.positions_after_pad:
+        notes.append("positions numbered after the pad id")
+    if family.inputs is not None and family.kind == "decoder" and "position_ids" not in family.inputs:
+        notes.append("no position input (ALiBi)")
+    if family.export_dtype_notes:
+        notes.append(family.export_dtype_notes)
+    return "; ".join(notes)
 
 
 def supported_types() -> list[str]:

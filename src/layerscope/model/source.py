@@ -142,6 +142,7 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         )
     except (OSError, ValueError) as exc:
         if source.is_local:
+            _check_family(_declared_type(source))  # a model type transformers does not know: say that
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
     except Exception as exc:  # transformers refusing a config it reads (xlnet: "no sequence length limit")
