@@ -12,7 +12,7 @@ tokens, so embeddings stay small):
 
 Architecture facts the tests must meet are set on purpose: sliding windows of 4 tokens (Mistral,
 Gemma-2/3, ModernBERT's local attention) so validation texts run past them; Gemma's soft-capping;
-mixture-of-experts with 4 experts, 2 per token; parallel attention blocks (GPT-J, Phi, Falcon, GPT-NeoX);
+mixture-of-experts with 48 experts, 2 per token (more than a short trace routes to); parallel attention blocks (GPT-J, Phi, Falcon, GPT-NeoX);
 OPT with a projection between its word embeddings and the hidden size.
 """
 
@@ -38,7 +38,9 @@ BOS_NO_PAD = ("llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3_text", "
 
 _ROTARY = dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, num_key_value_heads=KV,
                intermediate_size=FF, max_position_embeddings=MAX_POSITIONS)
-_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# more experts than the 9-token export trace routes to: a trace that kept only the experts it saw would
+# leave some out, and the parity texts reach them
+_MOE = dict(num_experts=48, num_experts_per_tok=2, moe_intermediate_size=16)
 
 SHAPES: dict[str, dict] = {
     "bert": dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=FF,
@@ -73,7 +75,7 @@ SHAPES: dict[str, dict] = {
     "bloom": dict(hidden_size=H, n_layer=L, n_head=A),
     "llama": dict(_ROTARY, head_dim=D),
     "mistral": dict(_ROTARY, head_dim=D, sliding_window=WINDOW),
-    "mixtral": dict(_ROTARY, head_dim=D, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    "mixtral": dict(_ROTARY, head_dim=D, num_local_experts=48, num_experts_per_tok=2, sliding_window=None),
     "qwen2": dict(_ROTARY),
     "qwen2_moe": dict(_ROTARY, **_MOE, shared_expert_intermediate_size=32, decoder_sparse_step=1),
     "qwen3": dict(_ROTARY, head_dim=D),
