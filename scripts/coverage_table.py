@@ -1,6 +1,6 @@
 """Write docs/FAMILIES.md: the coverage table of every checked model type, from the tests' own checks.
 
-    PYTHONPATH=src python scripts/coverage_table.py [--types llama,gemma] [--out docs/FAMILIES.md]
+    PYTHONPATH=src python scripts/coverage_table.py [--types llama,gemma [--update]] [--out docs/FAMILIES.md]
 
 For each model type of ``CHECKED_TYPES`` it builds the tiny random checkpoint of tests/tiny_zoo.py, exports
 it and runs tests/zoo_checks.py (the checks tests/export/test_export_zoo.py runs): the export's recorded
@@ -109,10 +109,25 @@ def check_type(model_type: str, root: Path) -> dict[str, str]:
     return row
 
 
-def render(rows: list[dict[str, str]]) -> str:
+def _line(row: dict[str, str]) -> str:
+    return "| " + " | ".join(row.get(c, "") or "" for c in COLUMNS) + " |"
+
+
+def render(rows: list[dict[str, str]], keep: dict[str, str], order: tuple[str, ...]) -> str:
+    """The page: ``rows`` just checked, and for the other types of ``order`` the lines of ``keep``
+    (the existing page's, with --update)."""
+    fresh = {r["model type"].strip("`"): _line(r) for r in rows}
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r.get(c, "") or "" for c in COLUMNS) + " |" for r in rows]
+    lines += [fresh.get(t) or keep[t] for t in order if t in fresh or t in keep]
     return HEADER + "\n".join(lines) + "\n"
+
+
+def existing_rows(path: Path) -> dict[str, str]:
+    import re
+
+    if not path.exists():
+        return {}
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| `([^`]+)` \|.*$", path.read_text(encoding="utf-8"), re.M)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,13 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default=",".join(CHECKED_TYPES))
     ap.add_argument("--out", default=str(ROOT / "docs" / "FAMILIES.md"))
+    ap.add_argument("--update", action="store_true", help="keep the page's rows of the types not checked now")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in args.types.split(","):
             print(f"checking {model_type}", flush=True)
             rows.append(check_type(model_type, Path(tmp) / model_type))
-    Path(args.out).write_text(render(rows), encoding="utf-8")
+    keep = existing_rows(Path(args.out)) if args.update else {}
+    Path(args.out).write_text(render(rows, keep, CHECKED_TYPES), encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
 

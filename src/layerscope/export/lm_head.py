@@ -205,6 +205,10 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
                        paths=tuple(entry.get("head_modules") or ()) or None)
     for what in ("head", "norm", "word_embeddings"):
         mod = parts[what]
-        if mod is not None and any(t.is_meta for t in list(mod.parameters()) + list(mod.buffers())):
+        # its weights and persistent buffers (Gemma's embed_scale is a non-persistent buffer the lens never reads)
+        if mod is not None and any(t.is_meta for t in mod.state_dict(keep_vars=True).values()):
             raise ManifestError(f"{path.name} lacks some weights of the head's {what}; export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
+    # decoding reads only the embedding matrix: a plain Embedding of it, so no buffer left on the meta device
+    # (Gemma's scale) goes with it
+    parts["word_embeddings"] = torch.nn.Embedding.from_pretrained(parts["word_embeddings"].weight, freeze=True)
     return parts

@@ -84,9 +84,16 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
         "eos_token_id": getattr(text_cfg, "eos_token_id", None),
         "pooled_output": family.pooled_output,
         "embedding_note": family.embedding_note or None,
+        "embedding_size": _embedding_size(text_cfg, hidden),
         "vocab_size": int(getattr(text_cfg, "vocab_size")),
         "sentence_transformers": _st_config(source),
     }
+
+
+def _embedding_size(config, hidden: int) -> int:
+    """The width of the word-embedding rows (ALBERT and ELECTRA keep them narrower than the hidden states)."""
+    value = getattr(config, "embedding_size", None)
+    return int(value) if isinstance(value, int) and value > 0 else hidden
 
 
 def _st_config(source: ModelSource) -> dict[str, Any] | None:
