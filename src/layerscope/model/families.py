@@ -56,7 +56,6 @@ class Family:
     positions_after_pad: bool = False  # positions numbered from pad_token_id + 1 (RoBERTa, MPNet)
     # what ``raw_embeddings`` and layer 0 are where they differ in a way a reader must know (manifest)
     embedding_note: str = ""
-    attn_implementation: str = "eager"  # attention used for export and the torch reference
 
     def input_names(self, config) -> list[str]:
         """The model inputs the export takes, for this checkpoint's (text) config."""
@@ -113,8 +112,6 @@ EXCEPTIONS: dict[str, Family] = {
         # positions start after the padding index, as RoBERTa's
         Family("camembert", ("camembert",), "encoder", positions_after_pad=True, inputs=BASE_INPUTS),
         Family("mpnet", ("mpnet",), "encoder", positions_after_pad=True),
-        # ModernBERT's unpadded attention is a flash-attention path: export and reference use sdpa
-        Family("modernbert", ("modernbert",), "encoder", attn_implementation="sdpa"),
         # ALiBi: positions live in the attention bias, the graph takes no position ids
         Family("bloom", ("bloom",), "decoder", "last", inputs=BASE_INPUTS),
         # Optimum registers no ONNX config for these mixture-of-experts decoders
