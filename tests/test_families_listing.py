@@ -44,3 +44,14 @@ def test_coverage_doc_is_generated_and_lists_every_checked_type():
     for model_type, path, rest in rows:
         assert path == export_path(family_for(model_type), AutoConfig.for_model(model_type)), model_type
         assert "failed" not in rest, (model_type, rest)
+
+
+def test_families_all_marks_what_a_checkpoint_would_be_refused(capsys):
+    """Catches: ``--all`` listing an encoder-decoder type (BART) as derived, though its checkpoints are
+    refused from their config; a plain causal decoder transformers knows (XLNet) must stay derived."""
+    code, text = run_cli(["families", "--all"], capsys)
+    assert code == 0, text
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^│ (\S+)\s+│.*$", text, re.M)}
+    assert "│ refused" in rows["bart"] and "encoder-decoder" in rows["bart"]
+    assert "│ derived" in rows["xlnet"]
+    assert all("│ yes" in rows[t] for t in CHECKED_TYPES)

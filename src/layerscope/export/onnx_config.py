@@ -104,13 +104,15 @@ def family_rows(model_types: list[str]) -> list[dict[str, str]]:
     from transformers import AutoConfig
 
     from layerscope.errors import InputError
-    from layerscope.model.families import family_for, family_notes
+    from layerscope.model.families import check_config, family_for, family_notes
 
     rows = []
     for model_type in model_types:
         try:
             family = family_for(model_type)
-            path = export_path(family, AutoConfig.for_model(model_type))
+            config = AutoConfig.for_model(model_type)
+            check_config(config, family)  # what a checkpoint of the type would meet (encoder-decoder, ...)
+            path = export_path(family, config)
         except (InputError, ValueError, KeyError, TypeError) as exc:  # a config class that needs arguments
             rows.append({"model_type": model_type, "family": "-", "kind": "-", "export": "-",
                          "notes": str(exc).splitlines()[0][:120]})

@@ -70,10 +70,12 @@ def print_families(console, rows, checked: set[str]) -> None:
         table.add_column(col)
     for r in rows:
         table.add_row(esc(r["model_type"]), esc(r["family"]), r["kind"], r["export"],
-                      "yes" if r["model_type"] in checked else "derived", esc(r["notes"]))
+                      "yes" if r["model_type"] in checked else "refused" if r["family"] == "-" else "derived",
+                      esc(r["notes"]))
     console.print(table)
     console.print("checked: exported and held to Hugging Face on every layer by the tests (docs/FAMILIES.md); "
-                  "derived: described from transformers the same way, not exported by the tests")
+                  "derived: described from transformers the same way, not exported by the tests; refused: "
+                  "what a checkpoint of that type is told")
 
 
 def engine_note(note: str, verbose: bool = False) -> str:
