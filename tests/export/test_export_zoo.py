@@ -85,3 +85,22 @@ def test_gemma_raw_is_the_unscaled_rows_and_layer0_the_scaled_ones(zoo):
     table = next(v for k, v in load_file(str(ckpt / "model.safetensors")).items() if k.endswith("embed_tokens.weight"))
     np.testing.assert_array_equal(raw[valid], table[batch.input_ids[valid]])
     np.testing.assert_allclose(layer0[valid], raw[valid] * math.sqrt(handle.manifest.hidden_size), rtol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["mpnet", pytest.param("bloom", marks=pytest.mark.slow)])
+def test_torch_and_openvino_token_vectors_equal_onnx_runtime(model_type, zoo):
+    """Catches: an engine that cannot feed the graph (OpenVINO names BLOOM's mask input after the Cast that
+    reads it, so the engine asked for an input called '/Cast_1_output_0') or that differs on any layer."""
+    from layerscope.engines.base import create_engine
+    from layerscope.model.handle import ModelHandle
+
+    handle = ModelHandle.resolve(zoo(model_type)[1])
+    ort = create_engine("ort", handle)
+    batch = ort.encoder()(TEXTS)
+    layers = list(handle.manifest.layers)
+    ref = ort.run_tokens(batch, layers)
+    valid = batch.mask.astype(bool)
+    for name in ("torch", "ov"):
+        got = create_engine(name, handle).run_tokens(batch, layers)
+        for layer, a, b in zip(layers, got, ref):
+            np.testing.assert_allclose(a[valid], b[valid], atol=1e-4, err_msg=f"{model_type} {name} layer {layer}")
