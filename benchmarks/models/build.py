@@ -42,6 +42,37 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
                                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                                                 max_position_embeddings=40960)),
 }
+# Shapes of the architectures layerscope derives (model/families.py): built from the model type's own config
+# class, with the zoo's tokenizer of that type (tests/tiny_zoo.py); (model type, class saved, published shape).
+LLAMA32_ROPE = dict(rope_type="llama3", factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                    original_max_position_embeddings=8192)
+ZOO_SHAPES: dict[str, tuple[str, str, dict]] = {
+    "all-mpnet-base-v2": ("mpnet", "AutoModel", dict(vocab_size=30527, hidden_size=768, num_hidden_layers=12,
+                                                     num_attention_heads=12, intermediate_size=3072,
+                                                     max_position_embeddings=514, relative_attention_num_buckets=32)),
+    "distilbert-base": ("distilbert", "AutoModel", dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12,
+                                                        hidden_dim=3072, max_position_embeddings=512)),
+    "modernbert-base": ("modernbert", "AutoModelForMaskedLM", dict(
+        vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12,
+        global_attn_every_n_layers=3, local_attention=128, max_position_embeddings=8192)),
+    "pythia-410m": ("gpt_neox", "AutoModelForCausalLM", dict(
+        vocab_size=50304, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        rotary_pct=0.25, max_position_embeddings=2048, use_parallel_residual=True, tie_word_embeddings=False)),
+    "llama-3.2-1b": ("llama", "AutoModelForCausalLM", dict(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, rope_theta=500000.0, rope_scaling=LLAMA32_ROPE,
+        max_position_embeddings=131072, tie_word_embeddings=True, rms_norm_eps=1e-5)),
+    # EmbeddingGemma's shape
+    "gemma-3-270m": ("gemma3_text", "AutoModelForCausalLM", dict(
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window=512, max_position_embeddings=32768,
+        rope_theta=1_000_000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=256, tie_word_embeddings=True)),
+    # fp32 weights 29 GB, fp16 14.5 GB: the export goes over 2 GiB (external data) either way
+    "mistral-7b": ("mistral", "AutoModelForCausalLM", dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, sliding_window=4096, max_position_embeddings=32768,
+        rope_theta=10000.0, tie_word_embeddings=False)),
+}
 MODEL_CLASS = {"bert": "BertModel", "gpt2": "GPT2LMHeadModel", "t5-encoder": "T5EncoderModel",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -53,6 +84,8 @@ def build(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
     sys.path.insert(0, str(REPO / "tests"))
     from tiny_models import build_tiny_model
 
+    if shape in ZOO_SHAPES:
+        return build_zoo_shape(shape, out, dtype, seed)
     family, cfg_cls, shape_cfg = SHAPES[shape]
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -82,9 +115,38 @@ def build(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
     return {"shape": shape, "params": params, "dtype": dtype, "build_seconds": round(time.perf_counter() - t0, 1)}
 
 
+def build_zoo_shape(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
+    """A ``ZOO_SHAPES`` shape: the model type's config class, the zoo's tokenizer of that type."""
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_zoo import _tokenizer
+
+    model_type, cls_name, shape_cfg = ZOO_SHAPES[shape]
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    tok = _tokenizer(model_type)
+    tok.model_max_length = min(shape_cfg.get("max_position_embeddings", 512), 8192)
+    tok.save_pretrained(out)
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+               bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+    config = transformers.AutoConfig.for_model(model_type, **{**ids, **shape_cfg})
+    torch.manual_seed(seed)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype({"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
+    try:
+        model = getattr(transformers, cls_name).from_config(config).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="20GB")
+    return {"shape": shape, "params": params, "dtype": dtype, "build_seconds": round(time.perf_counter() - t0, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("shape", choices=sorted(SHAPES) + sorted(ZOO_SHAPES))
     ap.add_argument("out", type=Path)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="weights as saved")
     args = ap.parse_args()

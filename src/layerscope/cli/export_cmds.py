@@ -1,4 +1,5 @@
-"""``export`` and ``engines``: make an ONNX export; say which engines work here."""
+"""``export``, ``engines`` and ``families``: make an ONNX export; say which engines work here and which
+architectures are supported."""
 
 from __future__ import annotations
 
@@ -82,3 +83,15 @@ def engines(model: Optional[str] = typer.Option(None, "--model", help="Also try 
     c.print(f"ONNX Runtime: {escape(packages.line())}")
     for w in packages.warnings:
         c.print(f"[yellow]warning:[/yellow] {escape(w)}")
+
+
+@app.command()
+def families(every: bool = typer.Option(False, "--all", help="Also list every other model type transformers "
+                                                                 "knows as a masked-LM encoder or causal-LM decoder.")):
+    """Which model types export with every hidden state, and how (docs/FAMILIES.md has parity per type)."""
+    from layerscope.export.onnx_config import family_rows
+    from layerscope.model.families import CHECKED_TYPES, supported_types
+    from layerscope.report.console import print_families
+
+    types = supported_types() if every else list(CHECKED_TYPES)
+    print_families(console(), family_rows(types), checked=set(CHECKED_TYPES))

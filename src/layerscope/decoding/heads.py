@@ -43,7 +43,8 @@ class HeadInfo:
                 "missing_head_weights": list(self.missing_head_weights)}
 
 
-def _decoding_module(kind: str, head, norm, word_embeddings, num_layers: int, deberta_new: bool):
+def _decoding_module(kind: str, head, norm, word_embeddings, num_layers: int, deberta_new: bool,
+                     norm_on_last: bool = False):
     import torch
 
     class DecodingHead(torch.nn.Module):
@@ -57,11 +58,12 @@ def _decoding_module(kind: str, head, norm, word_embeddings, num_layers: int, de
             self.norm = norm
             self.word_embeddings = word_embeddings
             self.deberta_new = deberta_new
+            self.norm_on_last = norm_on_last  # the last hidden state lacks the final norm the head reads
 
         def forward(self, h, layer: int):
             if self.kind == TIED:
                 return h @ self.word_embeddings.weight.t()
-            if self.norm is not None and layer < self.num_layers:
+            if self.norm is not None and (layer < self.num_layers or self.norm_on_last):
                 h = self.norm(h)
             if self.deberta_new:
                 return self.head(h, self.word_embeddings)
@@ -135,7 +137,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
         info = HeadInfo(entry["kind"], entry["description"], bool(entry["final_norm_below_last"]),
                         tuple(entry.get("missing_head_weights") or ()))
         head = _decoding_module(stored["kind"], stored["head"], stored["norm"], stored["word_embeddings"],
-                                num_layers, stored["deberta_new"]).to(device)
+                                num_layers, stored["deberta_new"], stored.get("norm_on_last", False)).to(device)
         gone = source.is_local and not Path(source.path_or_id).is_dir()
         load_base = None if gone else (lambda: load_torch_model(source, family, trust_remote_code=trc).to(device))
         return DecodingModel(None, head, info, family, num_layers, load_base=load_base)
@@ -146,7 +148,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
             f"the decoding head is read from the checkpoint this export was made from, {source.path_or_id}, "
             "which is no longer there (this export predates heads kept in the export); put it back, or "
             "export again")
-    if family.lm_head_loader and family.lm_head:  # where the head lives: the families table
+    if family.lm_head_loader:  # where the head lives: found on the model (model/anatomy.py)
         net, info = load_torch_model(source, family, trust_remote_code=trc, with_head=True,
                                      output_loading_info=True)
         prefix = net.base_model_prefix
@@ -158,7 +160,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
             base = net.base_model
             p = head_parts(net, family, num_layers)
             head = _decoding_module(p["kind"], p["head"], p["norm"], p["word_embeddings"], num_layers,
-                                    p["deberta_new"]).to(device)
+                                    p["deberta_new"], p["norm_on_last"]).to(device)
             return DecodingModel(base.eval(), head, HeadInfo(p["kind"], describe(p["kind"], family, num_layers),
                                                               p["norm"] is not None), family, num_layers)
         del net

@@ -87,7 +87,7 @@ class OvSession:
         }
         if threads:
             config["INFERENCE_NUM_THREADS"] = int(threads)
-        graph_outputs = _onnx_output_names(model_path)
+        graph_inputs, graph_outputs = _onnx_io_names(model_path)
         try:
             model = core.read_model(str(model_path))
             self.compiled = core.compile_model(model, "CPU", config)
@@ -96,7 +96,8 @@ class OvSession:
                 f"OpenVINO could not compile {Path(model_path).name}: {str(exc).strip().splitlines()[0][:200]}"
             ) from exc
         self.request = self.compiled.create_infer_request()
-        self._inputs = [_Port(p.any_name, "tensor(int64)") for p in self.compiled.inputs]
+        # a port carries every name its tensor had (BLOOM's mask input is also a Cast's output): the graph's
+        self._inputs = [_Port(_graph_name(p, graph_inputs), "tensor(int64)") for p in self.compiled.inputs]
         self._outputs = [_Port(_graph_name(p, graph_outputs)) for p in self.compiled.outputs]
         self._index = {p.name: i for i, p in enumerate(self._outputs)}
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")
@@ -117,14 +118,15 @@ class OvSession:
         return [np.array(results[self._index[n]], copy=True) for n in names]
 
 
-def _onnx_output_names(path: Path) -> list[str]:
+def _onnx_io_names(path: Path) -> tuple[list[str], list[str]]:
     import onnx
 
-    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [i.name for i in graph.input], [o.name for o in graph.output]
 
 
 def _graph_name(port, graph_outputs: list[str]) -> str:
-    """The ONNX output name of a compiled port (a port carries every name its tensor had in the graph)."""
+    """The ONNX input or output name of a compiled port (a port carries every name its tensor had in the graph)."""
     names = port.get_names()
     for name in graph_outputs:
         if name in names:

@@ -25,7 +25,8 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
     feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in inputs.items()}
     with torch.inference_mode():
         out = net(**feed, output_hidden_states=True, return_dict=True)
-        raw = word_embeddings(feed["input_ids"])
+        # the rows of the word-embedding matrix, whatever the module adds (Gemma scales them in its forward)
+        raw = torch.nn.functional.embedding(feed["input_ids"], word_embeddings.weight)
     return raw, out.hidden_states, out
 
 
@@ -63,8 +64,6 @@ class TorchEngine(Engine):
         super().__init__(model)
         import torch
 
-        from layerscope.model.families import get_submodule
-
         from layerscope.model.source import load_torch_model, supports_sdpa
 
         if device is None:
@@ -86,7 +85,7 @@ class TorchEngine(Engine):
         # (one copy of the weights in memory, never two).
         self.net = load_torch_model(self.model.source(), family, trust_remote_code=self.model.trust_remote_code,
                                     attn_implementation=attention).to(self.device)
-        self.word_embeddings = get_submodule(self.net, family.word_embeddings)
+        self.word_embeddings = self.net.get_input_embeddings()
         self.info.provider = f"torch-{self.device.type}"
         self.info.device = str(self.device)
         self.info.precision = self.precision

@@ -123,7 +123,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = _manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
-        manifest.update(tokenizer=tokenizer_info,
+        manifest.update(tokenizer=tokenizer_info, export_path=_export_path(family, source, trust_remote_code),
                         lm_head=head_entry,  # a lens made later reads its head here, not from the checkpoint
                         export_peak_rss_bytes=_peak_rss())
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
@@ -141,6 +141,14 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
         manifest.update(files=file_records(work))  # every file's sha256: layerscope verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return Manifest.from_dict(manifest, where=str(output / MANIFEST))
+
+
+def _export_path(family, source, trust_remote_code: bool) -> str:
+    """"optimum" (the architecture's Optimum config, extended) or "torch" (plain torch.onnx), as traced."""
+    from layerscope.export.onnx_config import export_path
+    from layerscope.model.source import load_config
+
+    return export_path(family, load_config(source, trust_remote_code=trust_remote_code))
 
 
 def fp32_worst(parity: dict[str, Any], atol: float, rtol: float = FP32_RTOL) -> tuple[str, dict[str, Any]]:
@@ -198,8 +206,20 @@ def trace_step(trace: dict[str, Any], work: Path) -> None:
     source = resolve_source(trace["spec"], trace["revision"])
     config = load_config(source, trust_remote_code=trace["trust_remote_code"])
     model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"])
-    onnx_cfg = make_onnx_config(config, family, trace["num_layers"])
-    finish = _optimum_export(model, work, onnx_cfg, trace["opset"], threshold=trace["threshold"])
+    from layerscope.export.onnx_config import export_path
+
+    if export_path(family, config) == "torch":  # Optimum has no config for this architecture
+        from layerscope.export.torch_export import torch_export
+
+        text = family.text_model_config(config)
+        torch_export(model, work / ONNX_FILE, input_names=family.input_names(text), num_layers=trace["num_layers"],
+                     opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size))
+        external.consolidate(work / ONNX_FILE)
+        model.config.save_pretrained(work)  # as Optimum does: a lens rebuilds its head from it
+        finish = lambda: None  # noqa: E731
+    else:
+        onnx_cfg = make_onnx_config(config, family, trace["num_layers"])
+        finish = _optimum_export(model, work, onnx_cfg, trace["opset"], threshold=trace["threshold"])
     del model  # the ONNX check runs first and torch is reloaded after: never both in memory
     gc.collect()
     finish()  # a streamed export's output-shape fix runs the graph: only once torch's copy is gone

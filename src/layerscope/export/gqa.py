@@ -1,4 +1,4 @@
-"""The ``gqa`` variant: each attention block of a rotary decoder (Qwen2, Qwen2.5, Qwen3) as one
+"""The ``gqa`` variant: each attention block of a rotary decoder (Qwen2, Qwen2.5, Qwen3, Llama) as one
 ONNX Runtime ``GroupQueryAttention`` node.
 
 The exported graph computes attention the way the checkpoint's eager code does: rotary embedding on
@@ -34,8 +34,8 @@ import numpy as np
 from layerscope.errors import ExportError, InputError
 from layerscope.model.manifest_type import Manifest
 
-GQA_FAMILIES = ("qwen2", "qwen3")
-_ROTARY_CLASS = {"qwen2": "Qwen2RotaryEmbedding", "qwen3": "Qwen3RotaryEmbedding"}
+GQA_FAMILIES = ("qwen2", "qwen3", "llama")
+_ROTARY_CLASS = {"qwen2": "Qwen2RotaryEmbedding", "qwen3": "Qwen3RotaryEmbedding", "llama": "LlamaRotaryEmbedding"}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from layerscope.errors import ManifestError
+from layerscope.errors import ExportError, ManifestError
 from layerscope.model.manifest_type import Manifest
 
 HEAD_FILE = "lm_head.safetensors"
@@ -39,17 +39,39 @@ def describe(kind: str, family, num_layers: int, reason: str = "") -> str:
             "(logits = h @ E^T, no bias, no extra norm); ranks are meaningful, probabilities are uncalibrated")
 
 
-def head_parts(net, family, num_layers: int) -> dict[str, Any]:
-    """The modules of a loaded ``*-with-head`` model that decode: kind, head, norm, word embeddings."""
-    from layerscope.model.families import get_submodule
+def head_parts(net, family, num_layers: int, *, norm_on_last: bool | None = None,
+               paths: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The modules of a loaded ``*-with-head`` model that decode: kind, head, norm, word embeddings.
+
+    Where they are is found on the model (model/anatomy.py), or read from the families table where it names
+    them.  ``norm_on_last``: the final norm also applies to the last layer (checked at export and recorded);
+    None: measure it here with a forward pass (only on a model with real weights), which also puts the head's
+    modules in the order the model calls them.  ``paths``: the head's modules as recorded at export."""
+    import torch
+
+    from layerscope.model.anatomy import check_head_input, final_norm_path, head_paths
 
     deberta_new = family.name == "deberta-v2" and not getattr(net.config, "legacy", True)
-    head_path = family.lm_head_new if deberta_new else family.lm_head
-    head = get_submodule(net, head_path)
-    norm = get_submodule(net, family.final_norm) if family.final_norm else None
-    kind = CAUSAL if family.kind == "decoder" else MLM
+    paths = tuple(paths) if paths else head_paths(net, family, deberta_new=deberta_new)
+    if not paths:
+        raise ManifestError(f"the {family.name} model has no LM head module (get_output_embeddings() is None)")
+    norm_path = final_norm_path(net, family)
+    if norm_on_last is None:
+        vocab = int(getattr(net.config.get_text_config(), "vocab_size", 2) or 2)
+        ids = torch.arange(1, 9).clamp(max=vocab - 1).unsqueeze(0)
+        checked = check_head_input(net, paths, norm_path, ids)
+        norm_on_last, paths = bool(checked["final_norm_on_last"]), checked["paths"]
+    mods = [net.get_submodule(p) for p in paths]
+    head = mods[0] if len(mods) == 1 else torch.nn.Sequential(*mods)
+    decoder = family.kind == "decoder"
+    if not decoder and not norm_on_last:
+        norm_path = None  # post-LayerNorm encoders: every hidden state is read by the head as it is
+    norm = net.get_submodule(norm_path) if norm_path else None
+    kind = CAUSAL if decoder else MLM
     return {"kind": kind, "head": head, "norm": norm, "word_embeddings": net.get_input_embeddings(),
-            "deberta_new": deberta_new, "prefixes": [p for p in (head_path, family.final_norm) if p]}
+            "deberta_new": deberta_new, "prefixes": [p for p in (*paths, norm_path) if p],
+            "norm_below_last": norm is not None, "norm_on_last": norm is not None and norm_on_last,
+            "paths": paths, "norm_path": norm_path}
 
 
 def _module_name(net, module) -> str:
@@ -89,7 +111,8 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
     from layerscope.model.source import load_torch_model
 
     missing: tuple[str, ...] = ()
-    if family.lm_head_loader and family.lm_head:
+    net = None
+    if family.lm_head_loader:
         # in the checkpoint's own dtype: only the head is kept (widened to fp32), so a bf16 3B model costs
         # 6 GB here instead of 12 (its fp32 load next to the export's leftovers ran a 24 GiB machine out of memory)
         net, info = load_torch_model(source, family, trust_remote_code=trust_remote_code, with_head=True,
@@ -97,10 +120,19 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
         prefix = net.base_model_prefix
         missing = tuple(k for k in info.get("missing_keys", []) if not k.startswith(prefix + "."))
         if not missing:
-            parts = head_parts(net, family, num_layers)
-            prefixes = parts["prefixes"] + [_module_name(net, parts["word_embeddings"])]
-            kind, loader = parts["kind"], family.lm_head_loader
-            desc = describe(kind, family, num_layers)
+            try:
+                parts = head_parts(net, family, num_layers)
+            except (ExportError, ManifestError) as exc:  # the head cannot be located or does not read the layers
+                missing, reason = (), f"its LM head cannot be used ({exc})"
+                parts = None
+            if parts is not None:
+                prefixes = parts["prefixes"] + [_module_name(net, parts["word_embeddings"])]
+                kind, loader = parts["kind"], family.lm_head_loader
+                desc = describe(kind, family, num_layers)
+                norm_on_last, norm_below = parts["norm_on_last"], parts["norm_below_last"]
+                head_modules = parts["paths"]
+            else:
+                net = None
         else:
             reason = (f"the checkpoint has no LM-head weights ({len(missing)} missing, e.g. {missing[0]}); "
                       "transformers would have initialized them at random")
@@ -108,6 +140,8 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
         reason = f"the {family.name} family has no LM head layerscope can load"
         net = None
     if net is None or missing:
+        norm_on_last = norm_below = False
+        head_modules = ()
         del net
         gc.collect()
         net = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype="auto")
@@ -120,7 +154,8 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
 
     as_umask_allows(path)  # safetensors writes 0600; the export is shared like every other file
     entry = {"file": HEAD_FILE, "sha256": file_sha256(path), "bytes": path.stat().st_size, "kind": kind,
-             "description": desc, "final_norm_below_last": kind == CAUSAL and family.final_norm is not None,
+             "description": desc, "final_norm_below_last": bool(norm_below),
+             "final_norm_on_last": bool(norm_on_last), "head_modules": list(head_modules),
              "missing_head_weights": list(missing), "loader": loader, "tensors": sorted(tensors),
              "aliases": aliases, "embedding": prefixes[-1] + ".weight"}
     del net, tensors
@@ -166,9 +201,14 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
             raise ManifestError(f"{path.name} names an alias {alias} of {name}, which it does not hold")
         setattr(net.get_submodule(owner), attr, target)
     net.eval()
-    parts = head_parts(net, family, num_layers)
+    parts = head_parts(net, family, num_layers, norm_on_last=bool(entry.get("final_norm_on_last", False)),
+                       paths=tuple(entry.get("head_modules") or ()) or None)
     for what in ("head", "norm", "word_embeddings"):
         mod = parts[what]
-        if mod is not None and any(t.is_meta for t in list(mod.parameters()) + list(mod.buffers())):
+        # its weights and persistent buffers (Gemma's embed_scale is a non-persistent buffer the lens never reads)
+        if mod is not None and any(t.is_meta for t in mod.state_dict(keep_vars=True).values()):
             raise ManifestError(f"{path.name} lacks some weights of the head's {what}; export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
+    # decoding reads only the embedding matrix: a plain Embedding of it, so no buffer left on the meta device
+    # (Gemma's scale) goes with it
+    parts["word_embeddings"] = torch.nn.Embedding.from_pretrained(parts["word_embeddings"].weight, freeze=True)
     return parts

@@ -1,7 +1,10 @@
 """The Optimum ``OnnxConfig`` of a family, extended to output every hidden state (the exporter's half).
 
-Its inputs are the ones the families table lists (model/families.py ``Family.inputs``);
-tests/test_families_table.py holds the two equal.
+The config class is the one the families table names, else the one Optimum registers for the model type
+(``optimum_config_class``; None where Optimum has none: the exporter then takes the plain torch.onnx path,
+export/torch_export.py).  Its inputs are the family's (model/families.py ``Family.input_names``), in that
+order; tests/test_families_table.py holds Optimum's own declared inputs equal to them where it declares
+them, so Optimum's dummy inputs and the graph agree.
 """
 
 from __future__ import annotations
@@ -12,10 +15,34 @@ from layerscope.model.families import Family
 from layerscope.vocab.outputs import hidden_outputs
 
 
-def onnx_config_class(family: Family):
-    """The optimum OnnxConfig class of the family, extended to output every hidden state."""
+def optimum_config_class(family: Family, model_type: str):
+    """The Optimum OnnxConfig class for ``model_type`` (the table's, else the registered one), or None."""
     from optimum.exporters.onnx import model_configs as mc
 
+    if family.export_path == "torch":
+        return None
+    if family.onnx_config:
+        return getattr(mc, family.onnx_config, None)
+    from optimum.exporters.tasks import TasksManager
+
+    try:
+        ctor = TasksManager.get_exporter_config_constructor("onnx", model_type=model_type, task="feature-extraction",
+                                                            library_name="transformers")
+    except (KeyError, ValueError):
+        return None
+    return getattr(ctor, "func", ctor)
+
+
+def export_path(family: Family, config) -> str:
+    """"optimum" or "torch": how this checkpoint is traced."""
+    if family.name == "t5-encoder":
+        return "optimum"
+    cfg = family.text_model_config(config)
+    return "optimum" if optimum_config_class(family, cfg.model_type) is not None else "torch"
+
+
+def onnx_config_class(family: Family, model_type: str | None = None):
+    """The optimum OnnxConfig class of the family, extended to output every hidden state."""
     if family.name == "t5-encoder":
         from optimum.exporters.onnx.config import TextEncoderOnnxConfig
         from optimum.utils import NormalizedTextConfig
@@ -32,18 +59,20 @@ def onnx_config_class(family: Family):
 
         base = T5EncoderConfig
     else:
-        base = getattr(mc, family.onnx_config)
+        base = optimum_config_class(family, model_type or family.model_types[0])
+        if base is None:
+            raise ValueError(f"Optimum has no ONNX config for {model_type or family.name}")
 
     class AllLayersConfig(base):
         """The family's optimum config whose outputs are every hidden state (plus its pooled output)."""
 
         @property
         def inputs(self):
-            # Pooling needs the padding mask; some configs (CLIP text) leave it out.
-            out = dict(super().inputs)
-            if "attention_mask" not in out:
-                out["attention_mask"] = {0: "batch_size", 1: "sequence_length"}
-            return out
+            # the family's inputs in its order (pooling needs the padding mask, which CLIP's config leaves
+            # out; Gemma's leaves out position_ids)
+            axes = dict(super().inputs)
+            return {name: axes.get(name, {0: "batch_size", 1: "sequence_length"})
+                    for name in family.input_names(self._config)}
 
         @property
         def outputs(self):
@@ -59,11 +88,35 @@ def onnx_config_class(family: Family):
 
 
 def make_onnx_config(config, family: Family, num_layers: int):
-    cls = onnx_config_class(family)
+    text = family.text_model_config(config)
+    cls = onnx_config_class(family, text.model_type)
     kwargs: dict[str, Any] = {"task": "feature-extraction"}
     if family.kind == "decoder":
         kwargs["use_past"] = False
         kwargs["use_past_in_inputs"] = False
-    onnx_cfg = cls(family.text_model_config(config), **kwargs)
+    onnx_cfg = cls(text, **kwargs)
     onnx_cfg._layerscope_num_layers = num_layers
     return onnx_cfg
+
+
+def family_rows(model_types: list[str]) -> list[dict[str, str]]:
+    """For ``layerscope families``: each model type's family, kind, export path and the table's notes."""
+    from transformers import AutoConfig
+
+    from layerscope.errors import InputError
+    from layerscope.model.families import check_config, family_for, family_notes
+
+    rows = []
+    for model_type in model_types:
+        try:
+            family = family_for(model_type)
+            config = AutoConfig.for_model(model_type)
+            check_config(config, family)  # what a checkpoint of the type would meet (encoder-decoder, ...)
+            path = export_path(family, config)
+        except (InputError, ValueError, KeyError, TypeError) as exc:  # a config class that needs arguments
+            rows.append({"model_type": model_type, "family": "-", "kind": "-", "export": "-",
+                         "notes": str(exc).splitlines()[0][:120]})
+            continue
+        rows.append({"model_type": model_type, "family": family.name, "kind": family.kind, "export": path,
+                     "notes": family_notes(family)})
+    return rows

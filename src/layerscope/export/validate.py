@@ -72,7 +72,6 @@ def compare_outputs(net, family, onnx_path: Path, info: Manifest, texts: list[st
     from layerscope.model.tokenize import Encoder
     from layerscope.engines.ort import make_session
     from layerscope.engines.torch import torch_forward
-    from layerscope.model.families import get_submodule
     from layerscope.model.source import ModelSource, load_tokenizer
     from layerscope.vocab.outputs import RAW_OUTPUT, hidden_output, layer_output, pooled_output
     from layerscope.vocab.pooling import pool
@@ -94,7 +93,7 @@ def compare_outputs(net, family, onnx_path: Path, info: Manifest, texts: list[st
     gc.collect()
     if callable(net) and not hasattr(net, "forward"):
         net = net()
-    word_emb = get_submodule(net, family.word_embeddings)
+    word_emb = net.get_input_embeddings()
     stats: dict[str, dict[str, float]] = {}
     tokens = 0
     for batch, got in zip(encoded, outputs):

@@ -13,7 +13,7 @@ from typing import Any
 
 import layerscope
 from layerscope.errors import InputError
-from layerscope.model.families import family_for, model_dims
+from layerscope.model.families import check_config, family_for, model_dims
 from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
 from layerscope.vocab.layers import layer_names
 
@@ -51,6 +51,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     source = resolve_source(spec, revision)
     config = load_config(source, trust_remote_code=trust_remote_code)
     family = family_for(config.model_type)
+    check_config(config, family)
     num_layers, hidden, positions = model_dims(config, family)
     from layerscope.model.source import load_tokenizer
 
@@ -82,9 +83,17 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
         "default_pooling": family.default_pooling,
         "eos_token_id": getattr(text_cfg, "eos_token_id", None),
         "pooled_output": family.pooled_output,
+        "embedding_note": family.embedding_note or None,
+        "embedding_size": _embedding_size(text_cfg, hidden),
         "vocab_size": int(getattr(text_cfg, "vocab_size")),
         "sentence_transformers": _st_config(source),
     }
+
+
+def _embedding_size(config, hidden: int) -> int:
+    """The width of the word-embedding rows (ALBERT and ELECTRA keep them narrower than the hidden states)."""
+    value = getattr(config, "embedding_size", None)
+    return int(value) if isinstance(value, int) and value > 0 else hidden
 
 
 def _st_config(source: ModelSource) -> dict[str, Any] | None:

@@ -1,112 +1,231 @@
-"""Model families: one table that says how each architecture is loaded, exported and read.
+"""Model families: how an architecture is loaded, exported and read, derived from the model wherever it can be.
 
-Everything that differs between BERT, GPT-2, CLIP and friends lives in the
-``FAMILIES`` table below, not in if-chains spread over the code: the graph's
-inputs, where the word embeddings, the LM head and the final norm live, the
-default pooling, the optimizer's model type.  Loading a model is model/source.py.
+A :class:`Family` is the one typed description every floor reads.  For most architectures it is derived
+from transformers itself (``derive_family``): the kind (encoder or decoder) from which auto classes know the
+model type, the graph's inputs from the config, the word embeddings from ``get_input_embeddings()``, the LM
+head from ``get_output_embeddings()`` and the final norm by a rule (``model/anatomy.py``, checked on the
+model at export: the head's input must equal the last hidden state).  ``EXCEPTIONS`` holds only what cannot
+be derived: a non-default pooling or loader, a pooled output, graph inputs, a head in another place,
+embedding scaling notes.  Adding a plain architecture needs no row; an odd one needs one.
+The fields are documented in docs/ARCHITECTURE.md ("The family description").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from layerscope.errors import InputError
 
 Kind = Literal["encoder", "decoder"]
+ExportPath = Literal["optimum", "torch"]
 
 
 @dataclass(frozen=True)
 class Family:
-    """How one architecture family is handled end to end."""
+    """How one architecture family is handled end to end (see docs/ARCHITECTURE.md for every field)."""
 
     name: str
     model_types: tuple[str, ...]  # config.model_type values that map here
     kind: Kind
-    onnx_config: str  # optimum OnnxConfig class in optimum.exporters.onnx.model_configs
-    loader: str  # transformers class that loads the base model (no head)
-    word_embeddings: str  # attribute path of the word-embedding module on the base model
-    default_pooling: str
-    # Hugging Face's last hidden state has the final norm applied (decoders), or not (CLIP).
+    default_pooling: str = "mean"
+    # Optimum OnnxConfig class name in optimum.exporters.onnx.model_configs; None: the one Optimum registers
+    # for the model type (export/onnx_config.py), and the plain torch.onnx path where it registers none
+    onnx_config: str | None = None
+    export_path: ExportPath | None = None  # None: "optimum" where Optimum has a config, else "torch"
+    loader: str = "AutoModel"  # transformers class that loads the base model (no head)
+    lm_head_loader: str | None = None  # class that loads the model with its LM head (lens); derived when None
+    # Hugging Face's last hidden state has the final norm applied (decoders), or not (CLIP)
     final_norm_in_last_hidden_state: bool | None = None
     pooled_output: str | None = None  # the model's own pooled output, exported when present
-    position_ids_input: bool = False  # decoders take explicit position_ids
-    lm_head_loader: str | None = None  # class that loads the model with its LM head (lens)
     export_dtype_notes: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    # The graph's inputs, in the order Optimum's OnnxConfig for the family declares them (plus the
-    # attention mask pooling needs); "token_type_ids" is dropped where the config says
-    # type_vocab_size == 0 and ``type_ids_from_config`` is set (DeBERTa).
-    inputs: tuple[str, ...] = ("input_ids", "attention_mask")
-    type_ids_from_config: bool = False
+    # The graph's inputs in order; None: derived (``input_names``): input_ids, attention_mask, then
+    # token_type_ids for encoders whose config has two or more token types, position_ids for decoders
+    inputs: tuple[str, ...] | None = None
+    type_ids_from_config: bool = False  # drop token_type_ids where config.type_vocab_size == 0 (DeBERTa)
     text_config: str | None = None  # attribute holding the text model's config (CLIP: text_config)
     optimizer_model_type: str = "bert"  # onnxruntime.transformers optimizer model_type for the ``opt`` variant
-    # Where the LM head pieces live on the with-head model (lens, decoded saliency): the head module,
-    # its newer name where transformers renamed it (DeBERTa-v2 without ``legacy``), the final norm.
-    lm_head: str | None = None
-    lm_head_new: str | None = None
+    # Where the LM head pieces live on the with-head model, as module paths applied in order; None: derived
+    # (model/anatomy.py).  ``lm_head_new``: DeBERTa-v2 without ``legacy``. ``final_norm``: decoders.
+    lm_head: tuple[str, ...] | None = None
+    lm_head_new: tuple[str, ...] | None = None
     final_norm: str | None = None
-    # hidden_states[0] is the word embeddings themselves (no position embeddings, no norm added), so the
-    # ``raw`` output and layer 0 are equal by construction
+    # hidden_states[0] is the word embeddings themselves (no position embeddings, no norm, no scaling)
     raw_is_layer0: bool = False
+    positions_after_pad: bool = False  # positions numbered from pad_token_id + 1 (RoBERTa, MPNet)
+    # what ``raw_embeddings`` and layer 0 are where they differ in a way a reader must know (manifest)
+    embedding_note: str = ""
 
     def input_names(self, config) -> list[str]:
-        """The model inputs the export takes, for this checkpoint's config."""
-        names = list(self.inputs)
-        if self.type_ids_from_config and getattr(config, "type_vocab_size", 1) == 0:
-            names.remove("token_type_ids")
-        return names
+        """The model inputs the export takes, for this checkpoint's (text) config."""
+        if self.inputs is not None:
+            names = list(self.inputs)
+            if self.type_ids_from_config and getattr(config, "type_vocab_size", 1) == 0:
+                names.remove("token_type_ids")
+            return names
+        if self.kind == "decoder":
+            return list(DECODER_INPUTS)
+        types = getattr(config, "type_vocab_size", 0)
+        return list(BERT_INPUTS if isinstance(types, int) and types >= 2 else BASE_INPUTS)
 
     def text_model_config(self, config):
         """The config of the text model (CLIP keeps it under ``text_config``), else the config itself."""
         return getattr(config, self.text_config, None) or config if self.text_config else config
 
 
+BASE_INPUTS = ("input_ids", "attention_mask")
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DECODER_INPUTS = ("input_ids", "attention_mask", "position_ids")
+_GEMMA_NOTE = ("'raw' is the rows of the word-embedding matrix; layer 0 is those rows times sqrt(hidden_size) "
+               "(Gemma scales its embeddings), so the two differ by that factor")
 
-FAMILIES: dict[str, Family] = {
+# Only what cannot be derived from transformers.  Rows named after a family keep their historical names
+# (exports and stores record them).
+EXCEPTIONS: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("bert", ("bert",), "encoder", "BertOnnxConfig", "AutoModel",
-               "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM",
-               inputs=BERT_INPUTS, lm_head="cls"),
-        Family("roberta", ("roberta", "xlm-roberta"), "encoder", "RobertaOnnxConfig", "AutoModel",
-               "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM", lm_head="lm_head"),
-        Family("deberta-v2", ("deberta-v2",), "encoder", "DebertaV2OnnxConfig", "AutoModel",
-               "embeddings.word_embeddings", "mean", lm_head_loader="AutoModelForMaskedLM",
+        Family("bert", ("bert",), "encoder", lm_head_loader="AutoModelForMaskedLM", inputs=BERT_INPUTS,
+               onnx_config="BertOnnxConfig", lm_head=("cls",)),
+        Family("roberta", ("roberta", "xlm-roberta"), "encoder", onnx_config="RobertaOnnxConfig",
+               lm_head_loader="AutoModelForMaskedLM", inputs=BASE_INPUTS, lm_head=("lm_head",),
+               positions_after_pad=True),
+        Family("deberta-v2", ("deberta-v2",), "encoder", onnx_config="DebertaV2OnnxConfig",
+               lm_head_loader="AutoModelForMaskedLM",
                export_dtype_notes="plain fp16 overflows in attention; keep softmax/LayerNorm in fp32",
-               inputs=BERT_INPUTS, type_ids_from_config=True, lm_head="cls", lm_head_new="lm_predictions"),
-        Family("clip-text", ("clip", "clip_text_model"), "encoder", "CLIPTextOnnxConfig",
-               "CLIPTextModel", "text_model.embeddings.token_embedding", "eos",
-               final_norm_in_last_hidden_state=False, pooled_output="pooler_output",
-               text_config="text_config", optimizer_model_type="clip"),
-        Family("t5-encoder", ("t5", "mt5", "umt5"), "encoder", "T5OnnxConfig", "T5EncoderModel",
-               "shared", "mean", final_norm_in_last_hidden_state=True,
+               inputs=BERT_INPUTS, type_ids_from_config=True, lm_head=("cls",), lm_head_new=("lm_predictions",)),
+        Family("clip-text", ("clip", "clip_text_model"), "encoder", "eos", onnx_config="CLIPTextOnnxConfig",
+               loader="CLIPTextModel", final_norm_in_last_hidden_state=False, pooled_output="pooler_output",
+               text_config="text_config", optimizer_model_type="clip", inputs=BASE_INPUTS),
+        Family("t5-encoder", ("t5", "mt5", "umt5"), "encoder", onnx_config="T5Encoder", loader="T5EncoderModel",
+               final_norm_in_last_hidden_state=True, inputs=BASE_INPUTS,
                export_dtype_notes="T5 activations overflow in fp16; keep fp32 or bf16", optimizer_model_type="t5"),
-        Family("gpt2", ("gpt2",), "decoder", "GPT2OnnxConfig", "AutoModel", "wte", "last",
-               final_norm_in_last_hidden_state=True, position_ids_input=True,
-               lm_head_loader="AutoModelForCausalLM", inputs=DECODER_INPUTS, optimizer_model_type="gpt2",
-               lm_head="lm_head", final_norm="transformer.ln_f"),
-        Family("qwen2", ("qwen2",), "decoder", "Qwen2OnnxConfig", "AutoModel", "embed_tokens",
-               "last", final_norm_in_last_hidden_state=True, position_ids_input=True,
-               lm_head_loader="AutoModelForCausalLM", inputs=DECODER_INPUTS, lm_head="lm_head",
+        Family("gpt2", ("gpt2",), "decoder", "last", onnx_config="GPT2OnnxConfig",
+               final_norm_in_last_hidden_state=True, inputs=DECODER_INPUTS, optimizer_model_type="gpt2",
+               lm_head=("lm_head",), final_norm="transformer.ln_f"),
+        Family("qwen2", ("qwen2",), "decoder", "last", onnx_config="Qwen2OnnxConfig",
+               final_norm_in_last_hidden_state=True, inputs=DECODER_INPUTS, lm_head=("lm_head",),
                final_norm="model.norm", raw_is_layer0=True),
-        Family("qwen3", ("qwen3",), "decoder", "Qwen3OnnxConfig", "AutoModel", "embed_tokens",
-               "last", final_norm_in_last_hidden_state=True, position_ids_input=True,
-               lm_head_loader="AutoModelForCausalLM", inputs=DECODER_INPUTS, lm_head="lm_head",
+        Family("qwen3", ("qwen3",), "decoder", "last", onnx_config="Qwen3OnnxConfig",
+               final_norm_in_last_hidden_state=True, inputs=DECODER_INPUTS, lm_head=("lm_head",),
                final_norm="model.norm", raw_is_layer0=True),
+        # positions start after the padding index, as RoBERTa's
+        Family("camembert", ("camembert",), "encoder", positions_after_pad=True, inputs=BASE_INPUTS),
+        Family("mpnet", ("mpnet",), "encoder", positions_after_pad=True),
+        # ALiBi: positions live in the attention bias, the graph takes no position ids
+        Family("bloom", ("bloom",), "decoder", "last", inputs=BASE_INPUTS),
+        # Optimum registers no ONNX config for these mixture-of-experts decoders
+        Family("mixtral", ("mixtral",), "decoder", "last", export_path="torch", raw_is_layer0=True),
+        Family("qwen2_moe", ("qwen2_moe",), "decoder", "last", export_path="torch", raw_is_layer0=True),
+        Family("gemma", ("gemma",), "decoder", "last", embedding_note=_GEMMA_NOTE),
+        Family("gemma2", ("gemma2",), "decoder", "last", embedding_note=_GEMMA_NOTE),
+        Family("gemma3_text", ("gemma3_text",), "decoder", "last", embedding_note=_GEMMA_NOTE),
     )
 }
 
-def family_for(model_type: str) -> Family:
-    for fam in FAMILIES.values():
-        if model_type in fam.model_types:
-            return fam
-    supported = ", ".join(sorted(t for f in FAMILIES.values() for t in f.model_types))
+_BY_TYPE = {t: f for f in EXCEPTIONS.values() for t in f.model_types}
+
+# The model types whose tiny random checkpoints the tests export and hold to Hugging Face on every layer
+# (tests/export/test_export_zoo.py; docs/FAMILIES.md is generated from the same checks).
+CHECKED_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "deberta-v2", "mpnet", "distilbert", "albert",
+                 "electra", "modernbert", "t5", "mt5", "clip_text_model", "gpt2", "gpt_neox", "gptj", "gpt_neo",
+                 "opt", "bloom", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                 "gemma2", "gemma3_text", "phi", "phi3", "olmo2", "falcon", "stablelm", "granite", "smollm3")
+
+
+def _auto_names():
+    from transformers.models.auto import modeling_auto as ma
+
+    return ma.MODEL_MAPPING_NAMES, ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def derive_family(model_type: str) -> Family:
+    """The family of a model type from the table's exceptions and transformers' auto classes, or one line
+    saying what is missing (nothing is loaded)."""
+    base, causal, masked = _auto_names()
+    row = _BY_TYPE.get(model_type)
+    if row is not None and row.lm_head_loader is None and row.kind == "decoder" and model_type in causal:
+        return replace(row, lm_head_loader="AutoModelForCausalLM", final_norm_in_last_hidden_state=True)
+    if row is not None and row.lm_head_loader is None and row.kind == "encoder" and model_type in masked:
+        return replace(row, lm_head_loader="AutoModelForMaskedLM")
+    if row is not None:
+        return row
+    if model_type not in base:
+        raise InputError(
+            f"model type '{model_type}' is not supported: this transformers has no model class for it (no AutoModel "
+            "entry), so its hidden states cannot be read (a newer transformers may know it; `layerscope families` "
+            "lists the supported types)")
+    if model_type in masked:
+        return Family(model_type, (model_type,), "encoder", lm_head_loader="AutoModelForMaskedLM")
+    if model_type in causal:
+        return Family(model_type, (model_type,), "decoder", "last", lm_head_loader="AutoModelForCausalLM",
+                      final_norm_in_last_hidden_state=True)
     raise InputError(
-        f"model type '{model_type}' is not supported yet; supported model types: {supported}"
-    )
+        f"model type '{model_type}' is not supported: transformers knows it neither as a masked-LM encoder nor "
+        "as a causal-LM decoder (AutoModelForMaskedLM / AutoModelForCausalLM), so it is not a text model "
+        "layerscope can read (`layerscope families` lists the supported types)")
+
+
+def check_config(config, family: Family) -> None:
+    """One line for a checkpoint whose config alone shows layerscope cannot serve it (before any weights)."""
+    cfg = family.text_model_config(config)
+    if getattr(cfg, "is_encoder_decoder", False) and family.loader == "AutoModel":
+        raise InputError(f"model type '{config.model_type}' is an encoder-decoder model; layerscope reads one "
+                         "stack's hidden states and knows which one only for T5-style models (t5, mt5, umt5)")
+    if not isinstance(getattr(cfg, "vocab_size", None), int):
+        raise InputError(f"model type '{config.model_type}' has no vocab_size in its config: it is not a text model "
+                         "(layerscope reads text models' hidden states)")
+    proj = getattr(cfg, "word_embed_proj_dim", None)
+    if config.model_type == "opt" and proj not in (None, getattr(cfg, "hidden_size", proj)):
+        raise InputError(f"this OPT checkpoint projects its last hidden state to word_embed_proj_dim={proj} (not "
+                         f"hidden_size={cfg.hidden_size}), so its layers differ in width; not supported yet")
+
+
+def family_notes(family: Family) -> str:
+    """What the families table says about a family beyond the derived defaults, in a few words."""
+    notes = []
+    if family.embedding_note:
+        notes.append("raw = unscaled embedding rows, layer 0 scaled by sqrt(hidden_size)")
+    if family.pooled_output:
+        notes.append(f"own pooled output ({family.pooled_output})")
+    if family.positions_after_pad:
+        notes.append("positions numbered after the pad id")
+    if family.inputs is not None and family.kind == "decoder" and "position_ids" not in family.inputs:
+        notes.append("no position input (ALiBi)")
+    if family.export_dtype_notes:
+        notes.append(family.export_dtype_notes)
+    return "; ".join(notes)
+
+
+def supported_types() -> list[str]:
+    """Every model type transformers knows as a masked-LM encoder or a causal-LM decoder, plus the table's."""
+    _, causal, masked = _auto_names()
+    return sorted(set(causal) | set(masked) | set(_BY_TYPE))
+
+
+def family_for(model_type: str) -> Family:
+    return derive_family(model_type)
+
+
+class _Families(Mapping):
+    """The table's rows by name; any other name is read as a model type and derived (``derive_family``)."""
+
+    def __getitem__(self, name: str) -> Family:
+        if name in EXCEPTIONS:
+            return derive_family(EXCEPTIONS[name].model_types[0])
+        try:
+            return derive_family(name)
+        except InputError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(EXCEPTIONS)
+
+    def __len__(self) -> int:
+        return len(EXCEPTIONS)
+
+
+FAMILIES: Mapping[str, Family] = _Families()
 
 
 def get_submodule(model, dotted: str):
@@ -117,11 +236,28 @@ def get_submodule(model, dotted: str):
 
 
 def model_dims(config, family: Family) -> tuple[int, int, int]:
-    """(num_layers, hidden_size, max_length) of the text model."""
+    """(num_layers, hidden_size, max_length) of the text model: through Optimum's normalized config of the
+    model type where it has one, else the usual attribute names."""
     cfg = family.text_model_config(config)
-    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_layers", None) or getattr(cfg, "n_layer")
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or getattr(cfg, "n_embd")
-    max_len = (getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 512)
-    if family.name == "roberta":
-        max_len -= 2  # positions start after the padding index
+    layers = hidden = None
+    try:
+        from optimum.utils import NormalizedConfigManager
+
+        normalized = NormalizedConfigManager.get_normalized_config_class(cfg.model_type)(cfg)
+        layers, hidden = normalized.num_layers, normalized.hidden_size
+    except (KeyError, AttributeError, ImportError):
+        pass
+    layers = layers or _first(cfg, "num_hidden_layers", "num_layers", "n_layer", "n_layers")
+    hidden = hidden or _first(cfg, "hidden_size", "d_model", "n_embd", "dim")
+    max_len = _first(cfg, "max_position_embeddings", "n_positions") or 512
+    if family.positions_after_pad:
+        max_len -= int(getattr(cfg, "pad_token_id", None) or 0) + 1  # positions start after the padding index
     return int(layers), int(hidden), int(max_len)
+
+
+def _first(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None

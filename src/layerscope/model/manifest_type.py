@@ -282,6 +282,14 @@ class Manifest(Mapping):
 
     # -- what callers ask ----------------------------------------------------------
     @property
+    def raw_width(self) -> int:
+        """The width of the raw word embeddings: the graph's output where exported, else the description's
+        ``embedding_size`` (narrower than the hidden states in ALBERT and ELECTRA), else the hidden size."""
+        dims = self.outputs.get("raw_embeddings")
+        width = dims[-1] if dims else self.raw.get("embedding_size")
+        return width if isinstance(width, int) and width > 0 else self.hidden_size
+
+    @property
     def is_export(self) -> bool:
         return self.format_version is not None
 

@@ -142,6 +142,7 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         )
     except (OSError, ValueError) as exc:
         if source.is_local:
+            _check_family(_declared_type(source))  # a model type transformers does not know: say that
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
     except Exception as exc:  # transformers refusing a config it reads (xlnet: "no sequence length limit")
@@ -241,10 +242,14 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
         kwargs["attn_implementation"] = attn_implementation
     info = None
     try:
-        if output_loading_info:
-            model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
-        else:
-            model = cls.from_pretrained(source.path_or_id, **kwargs)
+        model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
+        if not with_head and family.lm_head_loader and _base_weights_unread(model, info):
+            # a with-head checkpoint whose keys the base class does not find under its prefix (transformers
+            # names Gemma-3's base prefix "" but saves Gemma3ForCausalLM's under "model."): every weight
+            # would be random; read it with its head class and keep the base model
+            full = _loader_class(family.lm_head_loader).from_pretrained(source.path_or_id, **kwargs)
+            model = full.get_decoder() if family.kind == "decoder" and hasattr(full, "get_decoder") else full.base_model
+            info = {"missing_keys": []}
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own untyped SafetensorError
         damaged = _damaged_weights(source) if type(exc).__name__ == "SafetensorError" or source.is_local else None
         if damaged:
@@ -268,6 +273,14 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
         raise _hub_error(source, exc) from exc
     model.eval()
     return (model, info) if output_loading_info else model
+
+
+def _base_weights_unread(model, info) -> bool:
+    """True when loading left the word embeddings at their random initialization (the checkpoint's keys
+    were not matched to the model's)."""
+    emb = model.get_input_embeddings()
+    name = next((n for n, m in model.named_modules() if m is emb), None)
+    return name is not None and f"{name}.weight" in set((info or {}).get("missing_keys", []))
 
 
 def _damaged_weights(source: ModelSource) -> tuple[str, str] | None:

@@ -64,6 +64,23 @@ def print_engines(console, statuses) -> None:
     console.print(table)
 
 
+def print_families(console, rows, checked: set[str]) -> None:
+    """``layerscope families``: one row per model type (``export/onnx_config.family_rows``)."""
+    from rich.table import Table
+
+    table = Table(title="supported model types")
+    for col in ("model type", "family", "kind", "export", "checked", "notes"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(esc(r["model_type"]), esc(r["family"]), r["kind"], r["export"],
+                      "yes" if r["model_type"] in checked else "refused" if r["family"] == "-" else "derived",
+                      esc(r["notes"]))
+    console.print(table)
+    console.print("checked: exported and held to Hugging Face on every layer by the tests (docs/FAMILIES.md); "
+                  "derived: described from transformers the same way, not exported by the tests; refused: "
+                  "what a checkpoint of that type is told")
+
+
 def engine_note(note: str, verbose: bool = False) -> str:
     """An engine note as printed: auto's choice in one line, why it passed over the others only when verbose."""
     if verbose or not note.startswith("auto picked"):

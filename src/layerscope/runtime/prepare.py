@@ -17,6 +17,7 @@ from typing import Any
 import layerscope
 from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
+from layerscope.errors import InputError
 from layerscope.model.manifest_type import Manifest
 from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
@@ -71,7 +72,16 @@ def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length
     from layerscope.vocab.pooling import default_poolings
 
     check_max_length(max_length, manifest, spec)
-    layer_list = resolve_layers(layers, manifest.num_layers)
+    raw_width = manifest.raw_width
+    try:
+        # a store holds one width: where the word embeddings are narrower than the hidden states (ALBERT,
+        # ELECTRA project them up), 'all' means 0..L and 'raw' is refused
+        layer_list = resolve_layers(layers, manifest.num_layers, with_raw=raw_width == manifest.hidden_size)
+    except InputError as exc:
+        if raw_width == manifest.hidden_size:
+            raise
+        raise InputError(f"{exc}: this model's word embeddings are {raw_width} wide and its hidden states "
+                         f"{manifest.hidden_size}, and a store holds one width; choose layers 0..{manifest.num_layers}") from None
     if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
         poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
