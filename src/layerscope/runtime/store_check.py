@@ -187,6 +187,13 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     elif not recorded:
         problems.append("store.json records no checksums (made by an older layerscope); extract it again "
                         "into a new folder to get them")
+    from layerscope.runtime.store_ranges import foreign_marks
+
+    sid = meta.get("store_id") if isinstance(meta.get("store_id"), str) else None
+    foreign = foreign_marks(root, sid)
+    if foreign:
+        problems.append(f"ranges {foreign[:8]} were marked done by a writer of another store (deleted and made "
+                        "again at this path while it ran): their rows are not this store's; run those shards again")
     checked = 0
     if outside_paths(root, meta):
         return checked, problems  # layout_problems named it; nothing is read
