@@ -323,10 +323,8 @@ def test_a_shard_whose_store_was_deleted_and_made_again_writes_nothing_into_the_
             assert old.poll() is None and time.time() < deadline, old.stderr.read() if old.poll() else ""
             time.sleep(0.02)
         old.send_signal(signal.SIGSTOP)  # inside range 0, before its rows are written
-        first_id = json.loads((out / "store.json").read_text())["store_id"]
         shutil.rmtree(out)
         extract_shard(ExtractionRequest.of(model, str(path), out, **kw), 1, 2, range_rows=256)
-        assert json.loads((out / "store.json").read_text())["store_id"] != first_id
         old.send_signal(signal.SIGCONT)
         so, se = old.communicate(timeout=300)
     finally:
@@ -427,3 +425,53 @@ def test_a_reused_pid_or_another_boot_makes_a_claim_stale(tmp_path):
     assert store_ranges.claim_is_stale(first.path)
     first.path.write_text(json.dumps(info))
     assert not store_ranges.claim_is_stale(first.path)
+
+
+def test_a_damaged_offsets_file_is_one_line_not_wrong_texts(setup, tmp_path):
+    """ray-offsets.npy edited to point a range at other rows (still line starts, still increasing): the shard
+    that reads it refuses in one line and writes nothing; verify names the file."""
+    model, path, _ = setup
+    out = tmp_path / "store"
+    first = _run(_cmd(model, path, out, "0/2"))
+    assert first.returncode == 0, first.stderr
+    offsets = np.load(out / store_ranges.OFFSETS)
+    edited = np.concatenate([offsets[:1], offsets[2:], offsets[-1:]])  # range k reads range k+1's texts
+    assert edited.shape == offsets.shape and bool((np.diff(edited) >= 0).all())
+    np.save(out / store_ranges.OFFSETS, edited)
+    problems = LayerStore.verify(out)[1]
+    assert any("ray-offsets.npy does not match the sha256" in p for p in problems), problems
+    second = _run(_cmd(model, path, out, "1/2"))
+    assert second.returncode == 2, (second.stdout, second.stderr)
+    assert "ray-offsets.npy does not match the sha256" in second.stderr and "Traceback" not in second.stderr
+    assert not store_ranges.is_done(out, 1) and not store_ranges.is_done(out, 3)
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("name", ["ray-offsets.npy", "lengths.npy"])
+@pytest.mark.parametrize("damage", [_pickled, _truncated])
+def test_a_pickled_or_truncated_internal_file_is_one_line(name, damage, setup, tmp_path):
+    model, path, _ = setup
+    out = tmp_path / "store"
+    first = _run(_cmd(model, path, out, "0/2"))
+    assert first.returncode == 0, first.stderr
+    damage(out / name)
+    r = _run(_cmd(model, path, out, "1/2"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert name in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from layerscope.errors import StoreError
+    from layerscope.runtime.shard_extract import shard_finish, shard_status
+
+    if name == store_ranges.OFFSETS:
+        with pytest.raises(StoreError, match=name):
+            shard_status(out)
+    with pytest.raises(StoreError, match=name):
+        shard_finish(out)
+    assert not LayerStore.open(out, allow_incomplete=True).complete

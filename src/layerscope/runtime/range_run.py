@@ -42,7 +42,9 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
 
         row_bytes = store.meta["hidden_size"] * itemsize(store.meta["dtype"]) * len(store.layers) * len(store.poolings)
         rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
-        store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)}})
+        relied_on = {k: v for k, v in (store.meta.get("internal_sha256") or {}).items() if k != "lengths.npy"}
+        store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)},
+                           "internal_sha256": relied_on})  # range writers write their rows' lengths again
     if not store.complete and not store.meta.get("store_id"):  # made before stores had an identity
         import secrets
 
@@ -61,7 +63,7 @@ def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
     if not plan:
         raise StoreError(f"{store.path} records no range plan (made by an older layerscope); finish it with "
                          "layerscope extract ... --resume")
-    return store_ranges.plan(store.n, int(plan["rows"]), store_ranges.load_offsets(store.path))
+    return store_ranges.plan(store.n, int(plan["rows"]), store_ranges.load_offsets(store.path, store.meta, store.n))
 
 
 def range_status(store: LayerStore) -> store_ranges.RangeStatus:
@@ -122,7 +124,9 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     done.flush()
     del done
     store.close()
-    lengths = np.load(store.path / "lengths.npy")
+    from layerscope.runtime.store_check import LENGTHS, load_internal
+
+    lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
     max_len = int(store.settings["max_length"])
     if batch_tokens:
         store.settings["batch_tokens"] = int(batch_tokens)

@@ -78,6 +78,30 @@ def _check_npy(root: Path, rel: str, shape: tuple, dtype: np.dtype) -> str | Non
     return None
 
 
+def internal_sha256(root: Path, rels: list[str]) -> dict[str, str]:
+    """``{file: sha256}`` of files a writer relies on later (recorded in store.json as ``internal_sha256``)."""
+    return {rel: file_sha256(Path(root) / rel) for rel in rels if (Path(root) / rel).is_file()}
+
+
+def load_internal(root: Path, rel: str, meta: dict[str, Any], dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """An internal array of the store (``ray-offsets.npy``, ``lengths.npy``) that a writer relies on, checked
+    before use: its header, its size, and its sha256 where store.json recorded one. One line when damaged."""
+    from layerscope.errors import StoreError
+
+    root = Path(root)
+    problem = _check_npy(root, rel, tuple(shape), np.dtype(dtype))
+    recorded = (meta.get("internal_sha256") or {}) if isinstance(meta.get("internal_sha256"), dict) else {}
+    if problem is None and rel in recorded and file_sha256(root / rel) != recorded[rel]:
+        problem = f"{rel} does not match the sha256 recorded when the store was made (damaged or edited)"
+    if problem is None:
+        try:
+            return np.load(root / rel, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            problem = f"{rel} cannot be read ({str(exc)[:120]})"
+    raise StoreError(f"{root} is damaged: {problem}; it is internal to the store and cannot be trusted, so "
+                     "nothing was written. Extract again into another --out, or delete this folder yourself first")
+
+
 def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     """Everything the headers and sizes say is wrong with the store at ``root`` (empty when none)."""
     root = Path(root)
@@ -178,6 +202,8 @@ def _count_lines(path: Path) -> int:
 
 def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     """Re-hash every file against the checksums in ``store.json``: (files checked, problems)."""
+    from layerscope.ownership import inside
+
     root = Path(root)
     problems = layout_problems(root, meta)
     recorded = meta.get("checksums") or {}
@@ -187,6 +213,13 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     elif not recorded:
         problems.append("store.json records no checksums (made by an older layerscope); extract it again "
                         "into a new folder to get them")
+    internal = meta.get("internal_sha256") if isinstance(meta.get("internal_sha256"), dict) else {}
+    for rel, sha in internal.items():
+        if rel in recorded or inside(root, rel) is None or not (root / rel).is_file():
+            continue
+        if file_sha256(root / rel) != sha:
+            problems.append(f"{rel} does not match the sha256 recorded when the store was made (damaged or "
+                            "edited); the store's writers rely on it")
     from layerscope.runtime.store_ranges import foreign_marks
 
     sid = meta.get("store_id") if isinstance(meta.get("store_id"), str) else None

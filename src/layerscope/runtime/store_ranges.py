@@ -99,7 +99,8 @@ def shard_ranges(ranges: list[Range], index: int, count: int) -> list[Range]:
 
 
 def scan_offsets(out: Path) -> np.ndarray:
-    """Offsets of a texts.jsonl spooled without them (a store begun by a plain ``extract``); saved beside it."""
+    """Offsets of a texts.jsonl spooled without them or without their recorded sha256 (a store begun by an
+    older layerscope): derived again from texts.jsonl and saved beside it."""
     from layerscope.runtime.store import TEXTS
 
     offsets, pos = [], 0
@@ -113,8 +114,15 @@ def scan_offsets(out: Path) -> np.ndarray:
     return arr
 
 
-def load_offsets(out: Path) -> np.ndarray:
-    return np.load(out / OFFSETS) if (out / OFFSETS).exists() else scan_offsets(out)
+def load_offsets(out: Path, meta: dict[str, Any], n: int) -> np.ndarray:
+    """The byte offsets every range reads its texts from: checked against the sha256 recorded when the store
+    was made (one line when damaged), or derived again from texts.jsonl when none was recorded."""
+    from layerscope.runtime.store_check import load_internal
+
+    recorded = meta.get("internal_sha256")
+    if not (isinstance(recorded, dict) and OFFSETS in recorded):
+        return scan_offsets(out)
+    return load_internal(out, OFFSETS, meta, np.dtype(np.int64), (-(-int(n) // GRANULE),))
 
 
 # ---------------------------------------------------------------- claims and done marks
