@@ -260,8 +260,9 @@ def test_export_store_tokens_round_trip_through_pyarrow_and_safetensors(tiny_mod
         np.testing.assert_array_equal(vec, layer.rows())
         np.testing.assert_array_equal(fh.get_tensor("offsets").numpy(), layer.offsets)
         np.testing.assert_array_equal(fh.get_tensor("spans").numpy(), layer.spans)
-        assert json.loads(fh.metadata()["ids"]) == store.ids()
-        assert json.loads(fh.metadata()["strings"]) == {str(k): v for k, v in layer.strings().items()}
+        assert json.loads(fh.get_tensor("text_ids_json").numpy().tobytes()) == store.ids()
+        strings = json.loads(fh.get_tensor("strings_json").numpy().tobytes())
+        assert strings == {str(k): v for k, v in layer.strings().items()}
 
 
 def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, capsys, caplog):
@@ -309,3 +310,38 @@ def test_ort_fetches_pooled_and_token_outputs_in_one_run(bert_export, tmp_path, 
     for p in ("mean", "cls"):
         for layer in store.layers:
             np.testing.assert_array_equal(store[p, layer], plain[p, layer])
+
+
+def test_token_safetensors_header_does_not_grow_with_the_texts(tiny_model, tmp_path):
+    """Ids and token strings are arrays, not header text: the header of 4,000 texts is as small as that of
+    a handful (safetensors refuses a header over 100 MB, which per-text header entries reach), and
+    safetensors opens the file and gives every id back."""
+    import struct
+
+    from safetensors import safe_open
+
+    from layerscope.runtime.store_export import export_store
+
+    texts = [f"text number {i} about the {['cat', 'dog', 'fox'][i % 3]}" for i in range(4000)]
+    store = extract(tiny_model("bert"), texts, tmp_path / "s", engine="torch", layers="2", tokens=True).store
+    path = export_store(store.path, "safetensors", tokens=True)
+    with open(path, "rb") as fh:
+        header_bytes = struct.unpack("<Q", fh.read(8))[0]
+    assert header_bytes < 4096, header_bytes  # per-text ids in the header alone would take > 30,000 bytes
+    with safe_open(str(path), framework="numpy") as fh:
+        assert json.loads(fh.get_tensor("text_ids_json").tobytes()) == store.ids()
+        assert fh.get_tensor("layer_2").shape == (store.tokens(2).total_tokens, store.meta["hidden_size"])
+
+
+def test_a_token_safetensors_file_that_does_not_read_back_is_not_called_written(tiny_model, tmp_path, monkeypatch,
+                                                                               capsys):
+    """A file safetensors cannot open as written (here a writer that mislabels a tensor's type) is one line,
+    exit 2, and no file is left at the destination."""
+    from cli_helpers import run_cli
+    from layerscope.runtime import token_export
+
+    extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True)
+    monkeypatch.setitem(token_export._ST_DTYPES, "int32", "F32")  # same size, another type: opens, reads wrong
+    code, text = run_cli(["export-store", tmp_path / "s", "--tokens", "--format", "safetensors"], capsys)
+    assert code == 2 and "cannot be read back" in text and "wrote" not in text, text
+    assert not list(tmp_path.glob("s.tokens.safetensors*"))
