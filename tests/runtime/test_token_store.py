@@ -345,3 +345,54 @@ def test_a_token_safetensors_file_that_does_not_read_back_is_not_called_written(
     code, text = run_cli(["export-store", tmp_path / "s", "--tokens", "--format", "safetensors"], capsys)
     assert code == 2 and "cannot be read back" in text and "wrote" not in text, text
     assert not list(tmp_path.glob("s.tokens.safetensors*"))
+
+
+def _loud_token_model(tiny_model, tmp_path) -> tuple[Path, int]:
+    """The tiny BERT with one word's ("dog") input embedding set to 1e5 in every dimension: its raw token vector is
+    beyond float16's range (65504) while any text's mean over several tokens stays within it."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "loud"
+    shutil.copytree(tiny_model("bert"), out)
+    word = AutoTokenizer.from_pretrained(str(out)).convert_tokens_to_ids("dog")
+    weights = load_file(str(out / "model.safetensors"))
+    key = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    weights[key][word] = 1e5
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out, word
+
+
+def test_a_float16_token_store_never_keeps_inf(tiny_model, tmp_path):
+    model, _ = _loud_token_model(tiny_model, tmp_path)
+    texts = ["the dog and the cat and the fox ran over the lazy river today", "a dog ran over the river"]
+    full = extract(str(model), texts, tmp_path / "f", engine="torch", layers="raw,2", poolings=["mean"],
+                   tokens=True).store
+    assert float(np.abs(full.tokens("raw").rows()).max()) >= 1e5 > 65504  # the case is what it claims
+    assert float(np.abs(full["mean", "raw"]).max()) < 65504
+    with pytest.raises(StoreError, match=r"beyond float16's range .*--store-dtype bfloat16"):
+        extract(str(model), texts, tmp_path / "h", engine="torch", layers="raw,2", poolings=["mean"], tokens=True,
+                store_dtype="float16")
+    bf = extract(str(model), texts, tmp_path / "b", engine="torch", layers="raw,2", poolings=["mean"], tokens=True,
+                 store_dtype="bfloat16").store
+    assert bool(np.isfinite(bf.tokens("raw").rows()).all()) and LayerStore.verify(bf.path)[1] == []
+
+
+def test_verify_finds_non_finite_token_values(tiny_model, tmp_path):
+    """A store whose checksums agree with an inf in a token array (as a writer that kept it would have left
+    it) is still not clean."""
+    from layerscope.runtime.store_check import checksums
+
+    store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True,
+                    store_dtype="float16").store
+    arr = np.load(store.path / "tokens" / "2.npy", mmap_mode="r+")
+    arr[3, 0] = np.inf
+    arr.flush()
+    del arr
+    meta = json.loads((store.path / "store.json").read_text())
+    meta["checksums"] = checksums(store.path, meta)
+    (store.path / "store.json").write_text(json.dumps(meta))
+    _, problems = LayerStore.verify(store.path)
+    assert any("tokens/2.npy holds 1 non-finite values" in p for p in problems), problems

@@ -200,6 +200,28 @@ def _count_lines(path: Path) -> int:
     return count
 
 
+def _nonfinite_problems(root: Path, meta: dict[str, Any], problems: list[str]) -> list[str]:
+    """A line for every vector array (pooled and token) that holds NaN or inf, read in chunks."""
+    from layerscope.runtime.token_store import TokenSection, layer_file, nonfinite_count
+
+    try:
+        sec = TokenSection.of(meta)
+    except Exception:  # noqa: BLE001 - named by layout_problems already
+        sec = None
+    arrays = [(rel, str(meta.get("dtype"))) for rel in array_files(meta)]
+    arrays += [(layer_file(layer), sec.dtype) for layer in sec.layers] if sec else []
+    found = []
+    for rel, dtype in arrays:
+        if (root / rel).is_file() and not _names(problems, rel):
+            try:
+                bad = nonfinite_count(root / rel, dtype)
+            except (ValueError, OSError):
+                continue
+            if bad:
+                found.append(f"{rel} holds {bad:,} non-finite values (NaN or inf): those vectors are not usable")
+    return found
+
+
 def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     """Re-hash every file against the checksums in ``store.json``: (files checked, problems)."""
     from layerscope.ownership import inside
@@ -242,6 +264,7 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
         if digests[rel] != rec.get("sha256") and not _names(problems, rel):
             problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed "
                             "after the store was completed")
+    problems += _nonfinite_problems(root, meta, problems)
     texts = root / TEXTS
     if texts.is_file() and not _names(problems, TEXTS):
         lines = _count_lines(texts)
