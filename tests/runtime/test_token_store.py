@@ -396,3 +396,33 @@ def test_verify_finds_non_finite_token_values(tiny_model, tmp_path):
     (store.path / "store.json").write_text(json.dumps(meta))
     _, problems = LayerStore.verify(store.path)
     assert any("tokens/2.npy holds 1 non-finite values" in p for p in problems), problems
+
+
+def _same_size_garbage(path: Path) -> None:
+    size = path.stat().st_size
+    path.write_bytes((b"{not json" * (size // 9 + 1))[:size])
+
+
+def _ids_out_of_vocabulary(path: Path) -> None:
+    ids = np.load(path, mmap_mode="r+")
+    ids[:] = 10 ** 6  # no token has this id: strings.json cannot name it
+    ids.flush()
+
+
+@pytest.mark.parametrize("rel, damage", [("tokens/strings.json", _same_size_garbage),
+                                         ("tokens/ids.npy", _ids_out_of_vocabulary)])
+@pytest.mark.parametrize("fmt", ["parquet", "safetensors"])
+def test_damaged_token_files_that_pass_the_open_checks_are_one_line(rel, damage, fmt, tiny_model, tmp_path, capsys):
+    from cli_helpers import run_cli
+
+    store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True).store
+    damage(store.path / rel)
+    LayerStore.open(store.path)  # sizes and headers are as recorded: open does not see it
+    code, text = run_cli(["export-store", store.path, "--tokens", "--format", fmt], capsys)
+    if rel.endswith("ids.npy") and fmt == "safetensors":  # ids are copied as they are; verify names them
+        assert code == 0, text
+    else:
+        assert code == 2 and "internal error" not in text and "Traceback" not in text, text
+        assert "damaged" in text and ("strings.json" in text), text
+    code, text = run_cli(["verify", store.path], capsys)
+    assert code != 0 and f"{rel} does not match its checksum" in " ".join(text.split()), text

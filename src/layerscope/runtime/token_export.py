@@ -63,7 +63,7 @@ def token_parquet(store, path: Path) -> None:
             ids = np.asarray(first.ids[a:b])
             spans = np.asarray(first.spans[a:b])
             cols = [pa.array(text_of[a:b]), pa.array(positions[a:b].astype(np.int32)), pa.array(ids),
-                    pa.array([strings[int(i)] for i in ids], pa.string()),
+                    pa.array(first.id_strings(ids, strings), pa.string()),
                     pa.array(np.asarray(first.special[a:b]) > 0), pa.array(spans[:, 0]), pa.array(spans[:, 1])]
             cols += [pa.FixedSizeListArray.from_arrays(pa.array(t.rows(a, b).reshape(-1), pa.float32()), hidden)
                      for t in layers]

@@ -330,7 +330,23 @@ class TokenLayer:
         if not path.is_file():
             raise StoreError(f"{path} is missing: the store is incomplete; finish it with layerscope extract "
                              "... --resume")
-        return {int(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+        try:
+            table = json.loads(path.read_text(encoding="utf-8"))
+            strings = {int(k): v for k, v in table.items()}
+            if not all(isinstance(v, str) for v in strings.values()):
+                raise ValueError("a token string is not text")
+        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{path} is damaged ({str(exc)[:120]}); layerscope verify {self.root} "
+                             "names every damaged file: extract the store again") from None
+        return strings
+
+    def id_strings(self, ids: np.ndarray, strings: dict[int, str]) -> list[str]:
+        """The string of each token id in ``ids`` (``strings``: ``strings()``); one line for an id without one."""
+        try:
+            return [strings[int(i)] for i in ids]
+        except KeyError as exc:
+            raise StoreError(f"{self.root / IDS} holds token id {exc.args[0]}, which {STRINGS} does not name: one "
+                             f"of them is damaged; layerscope verify {self.root} names which") from None
 
 
 def open_token_layer(root: Path, meta: dict[str, Any], layer: str) -> TokenLayer:
