@@ -52,12 +52,18 @@ class RangeWriter:
         self.max_batch = int(max_batch)
         self.hidden = int(eng.manifest.hidden_size)
         self._offsets: dict[str, int] = {}
-        self._files: dict[str, tuple[int, int]] = {}  # (device, inode) of each file when first seen
+        self._files: dict[str, tuple[int, int]] = {}  # (device, inode) of each file when the writer opened
+        for rel in [f"arrays/{p}/{layer}.npy" for p in self.poolings for layer in self.layers] + [LENGTHS]:
+            self._data_offset(rel)
 
     def _data_offset(self, rel: str) -> int:
         if rel not in self._offsets:
-            self._offsets[rel] = _npy_header(self.store_dir / rel)[3]
-            st = (self.store_dir / rel).stat()
+            try:
+                self._offsets[rel] = _npy_header(self.store_dir / rel)[3]
+                st = (self.store_dir / rel).stat()
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"{self.store_dir}: {rel} cannot be opened for writing ({exc}); the store was "
+                                 "deleted or damaged while this writer started: run the shard again") from None
             self._files[rel] = (st.st_dev, st.st_ino)
         return self._offsets[rel]
 
