@@ -44,3 +44,19 @@ def test_open_rejects_a_bad_layer_with_one_line(tiny_model):
     with layerscope.open(str(tiny_model("bert")), engine="torch") as model:
         with pytest.raises(InputError, match="out of range"):
             model.embed(TEXTS, layers=[9])
+
+
+@pytest.mark.parametrize("engine", ["torch", "ort"])
+def test_embed_after_close_says_the_model_is_closed(engine, tiny_model):
+    model = layerscope.open(str(tiny_model("bert")), engine=engine)
+    assert model.encode(TEXTS[:1]).shape == (1, model.hidden_size)
+    model.close()
+    with pytest.raises(InputError, match=r"closed.*layerscope\.open"):
+        model.embed(TEXTS)
+    with pytest.raises(InputError, match="closed"):
+        model.encode(TEXTS)
+    model.close()  # a second close is harmless
+    with layerscope.open(str(tiny_model("bert")), engine=engine) as again:
+        pass
+    with pytest.raises(InputError, match="closed"):
+        again.embed(TEXTS)

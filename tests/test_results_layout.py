@@ -156,3 +156,37 @@ def test_changed_data_file_is_not_reused(two_models, tmp_path, capsys):
     code, text = cli(RUN + ["--model", base, "--data", items, "--out", "r", "--recompute"], capsys)
     assert code == 2  # --recompute reruns the same run; a different one needs --force
     assert cli(RUN + ["--model", base, "--data", items, "--out", "r", "--force"], capsys)[0] == 0
+
+
+@pytest.mark.parametrize("garble, figures", [({"settings": [1]}, False),
+                                             ({"settings": {"options": [1], "poolings": 7}}, False),
+                                             ({"per_model": {"mybert": {"layers": "x"}}}, True),
+                                             ({"combined": [1]}, True), ({"per_model": {"mybert": []}}, True)])
+def test_a_garbled_reused_results_json_is_one_line(garble, figures, two_models, capsys):
+    """A results.json edited into fields its summary or the runs index cannot read: never an internal error;
+    where the figures themselves are garbled, refused in one line naming the file, or run again."""
+    base, _ = two_models
+    code, text = cli(RUN + ["--model", base], capsys)
+    assert code == 0 and "wrote" in text
+    path = next(Path("results").rglob("results.json"))
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, **garble}))
+    code, text = cli(RUN + ["--model", base], capsys)
+    assert "internal error" not in text and "Traceback" not in text, text
+    assert code in (0, 2) and (code == 0 or "results.json" in text), text
+    if figures:
+        assert (code == 2 and "garbles" in text) or (code == 0 and "wrote" in text and "reused" not in text), text
+
+
+def test_runs_md_that_is_a_folder_is_one_line_before_the_work(two_models, capsys):
+    base, _ = two_models
+    code, text = cli(RUN + ["--model", base], capsys)
+    assert code == 0 and "wrote" in text
+    index = next(Path("results").rglob("runs.md"))
+    index.unlink()
+    index.mkdir()
+    (index / "mine.txt").write_text("a user's file", encoding="utf-8")
+    for extra in ([], ["--recompute"]):
+        code, text = cli(RUN + ["--model", base, *extra], capsys)
+        assert code == 2 and "runs.md is not a file" in text and "internal error" not in text, text
+    assert (index / "mine.txt").read_text(encoding="utf-8") == "a user's file"

@@ -74,3 +74,64 @@ def test_force_replaces_only_layerscopes_own_file(store, tmp_path):
     export_store(store.path, "parquet", path, force=True)  # our own file: replaced
     with pytest.raises(InputError, match="choose parquet or safetensors"):
         export_store(store.path, "csv", tmp_path / "x.csv")
+
+
+def test_export_store_of_dot_writes_beside_the_store(store, tmp_path, capsys, monkeypatch):
+    """``export-store .`` from inside the store: the default file is named after the store's folder."""
+    import shutil
+
+    copy = tmp_path / "mystore"
+    shutil.copytree(store.path, copy)
+    monkeypatch.chdir(copy)
+    code, text = cli(["export-store", ".", "--format", "parquet"], capsys)
+    assert code == 0, text
+    assert (tmp_path / "mystore.parquet").is_file() and "wrote" in text
+
+
+@pytest.fixture()
+def small_mount(tmp_path):
+    """A 1 MB tmpfs of its own (tests run as root in a container that may mount); skipped where it may not."""
+    import subprocess
+
+    where = tmp_path / "mnt"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("this process may not mount a tmpfs (not root, or no CAP_SYS_ADMIN): no real full or "
+                    "read-only file system to write to")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "safetensors"])
+def test_a_full_destination_is_one_line(fmt, store, small_mount, capsys):
+    import os
+
+    fd = os.open(small_mount / "filler", os.O_WRONLY | os.O_CREAT)  # fill it to the last byte
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    code, text = cli(["export-store", str(store.path), "--format", fmt, "--out", str(small_mount / f"x.{fmt}")],
+                     capsys)
+    line = " ".join(text.split())
+    assert code == 2 and "internal error" not in line and "not enough free space" in line, line
+    assert sorted(p.name for p in small_mount.iterdir()) == ["filler"]
+
+
+def test_a_read_only_destination_is_one_line_before_the_work(store, small_mount, capsys):
+    import subprocess
+
+    (small_mount / "d").mkdir()
+    assert subprocess.run(["mount", "-o", "remount,ro", str(small_mount)], capture_output=True).returncode == 0
+    code, text = cli(["export-store", str(store.path), "--format", "parquet", "--out",
+                      str(small_mount / "d" / "x.parquet")], capsys)
+    line = " ".join(text.split())
+    assert code == 2 and "internal error" not in line and "not writable" in line, line
+    code, text = cli(["export-store", str(store.path), "--format", "parquet", "--out",
+                      str(small_mount / "nofolder" / "x.parquet")], capsys)
+    assert code == 2 and "not an existing folder" in " ".join(text.split()), text

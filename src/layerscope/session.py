@@ -56,12 +56,14 @@ class EmbeddingModel:
         from layerscope.export.open import open_engine
 
         self.engine = open_engine(model, engine, **engine_options)
+        self._closed = False
 
     @classmethod
     def from_engine(cls, engine) -> "EmbeddingModel":
         """Wrap an engine that is already running (it is not closed by this object's owner)."""
         obj = cls.__new__(cls)
         obj.engine = engine
+        obj._closed = False
         return obj
 
     # -- what the model is --------------------------------------------------
@@ -101,6 +103,7 @@ class EmbeddingModel:
         ``poolings`` defaults to the model's own (``st`` for a sentence-transformers checkpoint)."""
         from layerscope.runtime.pipeline import embed
 
+        self._check_open()
         texts = [texts] if isinstance(texts, str) else list(texts)
         pairs = _requested_layers(layers, self.num_layers)
         pool_list = poolings.split(",") if isinstance(poolings, str) else list(poolings or self.default_poolings)
@@ -115,12 +118,21 @@ class EmbeddingModel:
     def encode(self, texts: str | Iterable[str], *, pooling: str | None = None, layer=-1,
                prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:
         """One ``[n, hidden]`` array: the model's own embedding (or ``pooling``) of one layer (the last)."""
+        self._check_open()
         mode = pooling or self.default_poolings[0]
         out = self.embed(texts, layers=[layer], poolings=[mode], prompt_name=prompt_name, prompt=prompt)
         return out[mode, layer]
 
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise InputError(f"{self.manifest.source.spec} is closed (close() or the end of its 'with' block "
+                             "released its engine); open it again with layerscope.open(...)")
+
     def close(self) -> None:
-        self.engine.close()
+        """Release the engine; ``embed`` and ``encode`` then refuse in one line. Closing twice is harmless."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self.engine.close()
 
     def __enter__(self) -> "EmbeddingModel":
         return self

@@ -298,3 +298,180 @@ def test_a_plain_resume_of_a_sharded_store_is_refused(setup, tmp_path):
         extract(model, str(path), tmp_path / "s", resume=True, **kw)
     extract_shard(ExtractionRequest.of(model, str(path), tmp_path / "s", **kw), 1, 2, range_rows=256)
     assert_same_store(plain, LayerStore.open(tmp_path / "s"))
+
+
+def test_a_shard_whose_store_was_deleted_and_made_again_writes_nothing_into_the_new_one(setup, tmp_path):
+    """A shard frozen inside a range while its store is deleted and made again (another prompt) at the same
+    path: on waking it refuses in one line instead of writing its rows into the new store, and the new store
+    ends equal to its own plain run."""
+    import shutil
+
+    from layerscope.runtime.pipeline import extract
+    from layerscope.runtime.request import ExtractionRequest
+    from layerscope.runtime.shard_extract import extract_shard
+
+    model, path, _ = setup
+    kw = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
+              prompt="passage: ")
+    plain_new = extract(model, str(path), tmp_path / "plain", **kw).store
+    out = tmp_path / "store"
+    old = subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=_env(LAYERSCOPE_TEST_RANGE_DELAY="2"))
+    try:
+        deadline = time.time() + 120
+        while not store_ranges.claim_path(out, 0).exists():
+            assert old.poll() is None and time.time() < deadline, old.stderr.read() if old.poll() else ""
+            time.sleep(0.02)
+        old.send_signal(signal.SIGSTOP)  # inside range 0, before its rows are written
+        shutil.rmtree(out)
+        extract_shard(ExtractionRequest.of(model, str(path), out, **kw), 1, 2, range_rows=256)
+        old.send_signal(signal.SIGCONT)
+        so, se = old.communicate(timeout=300)
+    finally:
+        if old.poll() is None:
+            old.send_signal(signal.SIGCONT)
+            old.kill()
+    assert old.returncode == 2, (so, se)
+    assert "no longer the store this writer opened" in se and "Traceback" not in se, se
+    for k in (0, 2, 4):
+        assert not store_ranges.is_done(out, k)
+    rest = _run(_cmd(model, path, out, "0/2", "--prompt", "passage: "))
+    assert rest.returncode == 0, rest.stderr
+    assert_same_store(plain_new, LayerStore.open(out))
+
+
+def test_done_marks_of_another_store_do_not_count_and_verify_names_them(setup, tmp_path):
+    from layerscope.runtime.request import ExtractionRequest
+    from layerscope.runtime.shard_extract import extract_shard, shard_finish
+
+    model, path, _ = setup
+    kw = dict(engine="fake", layers="all", poolings=["mean"], text_field="body", id_field="doc")
+    out = tmp_path / "s"
+    extract_shard(ExtractionRequest.of(model, str(path), out, **kw), 0, 2, range_rows=256)
+    for k in (1, 3):  # as a writer of a store deleted since would have left them
+        store_ranges.mark_done(out, k, {"k": k, "store": "0" * 32})
+    assert sorted(store_ranges.status(out, range_run_ranges(LayerStore.open(out, allow_incomplete=True)),
+                                      store_id=LayerStore.open(out, allow_incomplete=True).meta["store_id"]).missing) \
+        == [1, 3]
+    problems = LayerStore.verify(out)[1]
+    assert any("marked done by a writer of another store" in p for p in problems), problems
+    from layerscope.errors import StoreError
+
+    with pytest.raises(StoreError, match="another store"):
+        shard_finish(out)
+
+
+def _claim(out: Path, k: int, body) -> None:
+    (out / "ranges").mkdir(exist_ok=True)
+    store_ranges.claim_path(out, k).write_text(json.dumps(body), encoding="utf-8")
+
+
+def test_a_claim_left_as_pid_1_and_damaged_claims_do_not_stall_or_crash(setup, tmp_path):
+    """A shard killed in a container leaves its claim naming pid 1 (alive: the rerun's own init); damaged
+    claims name no process at all. The rerun takes each over, --shard status counts them, and the store ends
+    equal to the plain run."""
+    import socket
+
+    model, path, plain = setup
+    out = tmp_path / "store"
+    victim = subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_env(LAYERSCOPE_TEST_STALL_RANGE="2"))
+    try:
+        deadline = time.time() + 120
+        while not store_ranges.claim_path(out, 2).exists():
+            assert victim.poll() is None and time.time() < deadline, victim.stderr.read() if victim.poll() else ""
+            time.sleep(0.1)
+        time.sleep(0.3)  # the claim's body is written
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=60)
+    left = json.loads(store_ranges.claim_path(out, 2).read_text())
+    _claim(out, 2, {**left, "pid": 1})  # what the killed shard wrote, seen from inside its container
+    host = socket.gethostname()
+    _claim(out, 1, {"host": host, "pid": "abc", "token": "t"})
+    _claim(out, 3, [1, 2])
+    _claim(out, 4, {"host": host, "pid": 10 ** 30, "token": "t"})
+    status = _run(_cmd(model, path, out, "status"))
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    assert "1 of 5 ranges done" in status.stdout, status.stdout
+    first = _run(_cmd(model, path, out, "1/2"))
+    assert first.returncode == 0 and "2 of 2 ranges written" in first.stdout, (first.stdout, first.stderr)
+    second = _run(_cmd(model, path, out, "0/2"))
+    assert second.returncode == 0 and "2 of 3 ranges written" in second.stdout, (second.stdout, second.stderr)
+    assert_same_store(plain, LayerStore.open(out))
+
+
+@pytest.mark.parametrize("body", [{"pid": 0}, {"pid": -1}, {"pid": "12"}, {"pid": 2 ** 64}, {"pid": True},
+                                  {"pid": None}, [3, 4], "text", 7])
+def test_a_damaged_claim_is_stale_at_once(body, tmp_path):
+    import socket
+
+    _claim(tmp_path, 0, {"host": socket.gethostname(), "token": "t", **body} if isinstance(body, dict) else body)
+    assert store_ranges.claim_is_stale(store_ranges.claim_path(tmp_path, 0))
+    taken = store_ranges.try_claim(tmp_path, 0)
+    assert taken is not None and taken.held()
+
+
+def test_a_reused_pid_or_another_boot_makes_a_claim_stale(tmp_path):
+    """The pid alone does not say the claimant lives: its start time and the boot id must match too."""
+    first = store_ranges.try_claim(tmp_path, 0)
+    info = json.loads(first.path.read_text())
+    if info["started"] is None or info["boot"] is None:
+        pytest.skip("no /proc start times or boot id on this system")
+    assert info["pid"] == os.getpid() and not store_ranges.claim_is_stale(first.path)
+    first.path.write_text(json.dumps({**info, "started": info["started"] - 1}))  # this pid, another process
+    assert store_ranges.claim_is_stale(first.path)
+    first.path.write_text(json.dumps({**info, "boot": "another-boot"}))
+    assert store_ranges.claim_is_stale(first.path)
+    first.path.write_text(json.dumps(info))
+    assert not store_ranges.claim_is_stale(first.path)
+
+
+def test_a_damaged_offsets_file_is_one_line_not_wrong_texts(setup, tmp_path):
+    """ray-offsets.npy edited to point a range at other rows (still line starts, still increasing): the shard
+    that reads it refuses in one line and writes nothing; verify names the file."""
+    model, path, _ = setup
+    out = tmp_path / "store"
+    first = _run(_cmd(model, path, out, "0/2"))
+    assert first.returncode == 0, first.stderr
+    offsets = np.load(out / store_ranges.OFFSETS)
+    edited = np.concatenate([offsets[:1], offsets[2:], offsets[-1:]])  # range k reads range k+1's texts
+    assert edited.shape == offsets.shape and bool((np.diff(edited) >= 0).all())
+    np.save(out / store_ranges.OFFSETS, edited)
+    problems = LayerStore.verify(out)[1]
+    assert any("ray-offsets.npy does not match the sha256" in p for p in problems), problems
+    second = _run(_cmd(model, path, out, "1/2"))
+    assert second.returncode == 2, (second.stdout, second.stderr)
+    assert "ray-offsets.npy does not match the sha256" in second.stderr and "Traceback" not in second.stderr
+    assert not store_ranges.is_done(out, 1) and not store_ranges.is_done(out, 3)
+
+
+def _pickled(path: Path) -> None:
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+
+
+def _truncated(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("name", ["ray-offsets.npy", "lengths.npy"])
+@pytest.mark.parametrize("damage", [_pickled, _truncated])
+def test_a_pickled_or_truncated_internal_file_is_one_line(name, damage, setup, tmp_path):
+    model, path, _ = setup
+    out = tmp_path / "store"
+    first = _run(_cmd(model, path, out, "0/2"))
+    assert first.returncode == 0, first.stderr
+    damage(out / name)
+    r = _run(_cmd(model, path, out, "1/2"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert name in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from layerscope.errors import StoreError
+    from layerscope.runtime.shard_extract import shard_finish, shard_status
+
+    if name == store_ranges.OFFSETS:
+        with pytest.raises(StoreError, match=name):
+            shard_status(out)
+    with pytest.raises(StoreError, match=name):
+        shard_finish(out)
+    assert not LayerStore.open(out, allow_incomplete=True).complete

@@ -260,8 +260,9 @@ def test_export_store_tokens_round_trip_through_pyarrow_and_safetensors(tiny_mod
         np.testing.assert_array_equal(vec, layer.rows())
         np.testing.assert_array_equal(fh.get_tensor("offsets").numpy(), layer.offsets)
         np.testing.assert_array_equal(fh.get_tensor("spans").numpy(), layer.spans)
-        assert json.loads(fh.metadata()["ids"]) == store.ids()
-        assert json.loads(fh.metadata()["strings"]) == {str(k): v for k, v in layer.strings().items()}
+        assert json.loads(fh.get_tensor("text_ids_json").numpy().tobytes()) == store.ids()
+        strings = json.loads(fh.get_tensor("strings_json").numpy().tobytes())
+        assert strings == {str(k): v for k, v in layer.strings().items()}
 
 
 def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, capsys, caplog):
@@ -309,3 +310,119 @@ def test_ort_fetches_pooled_and_token_outputs_in_one_run(bert_export, tmp_path, 
     for p in ("mean", "cls"):
         for layer in store.layers:
             np.testing.assert_array_equal(store[p, layer], plain[p, layer])
+
+
+def test_token_safetensors_header_does_not_grow_with_the_texts(tiny_model, tmp_path):
+    """Ids and token strings are arrays, not header text: the header of 4,000 texts is as small as that of
+    a handful (safetensors refuses a header over 100 MB, which per-text header entries reach), and
+    safetensors opens the file and gives every id back."""
+    import struct
+
+    from safetensors import safe_open
+
+    from layerscope.runtime.store_export import export_store
+
+    texts = [f"text number {i} about the {['cat', 'dog', 'fox'][i % 3]}" for i in range(4000)]
+    store = extract(tiny_model("bert"), texts, tmp_path / "s", engine="torch", layers="2", tokens=True).store
+    path = export_store(store.path, "safetensors", tokens=True)
+    with open(path, "rb") as fh:
+        header_bytes = struct.unpack("<Q", fh.read(8))[0]
+    assert header_bytes < 4096, header_bytes  # per-text ids in the header alone would take > 30,000 bytes
+    with safe_open(str(path), framework="numpy") as fh:
+        assert json.loads(fh.get_tensor("text_ids_json").tobytes()) == store.ids()
+        assert fh.get_tensor("layer_2").shape == (store.tokens(2).total_tokens, store.meta["hidden_size"])
+
+
+def test_a_token_safetensors_file_that_does_not_read_back_is_not_called_written(tiny_model, tmp_path, monkeypatch,
+                                                                               capsys):
+    """A file safetensors cannot open as written (here a writer that mislabels a tensor's type) is one line,
+    exit 2, and no file is left at the destination."""
+    from cli_helpers import run_cli
+    from layerscope.runtime import token_export
+
+    extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True)
+    monkeypatch.setitem(token_export._ST_DTYPES, "int32", "F32")  # same size, another type: opens, reads wrong
+    code, text = run_cli(["export-store", tmp_path / "s", "--tokens", "--format", "safetensors"], capsys)
+    assert code == 2 and "cannot be read back" in text and "wrote" not in text, text
+    assert not list(tmp_path.glob("s.tokens.safetensors*"))
+
+
+def _loud_token_model(tiny_model, tmp_path) -> tuple[Path, int]:
+    """The tiny BERT with one word's ("dog") input embedding set to 1e5 in every dimension: its raw token vector is
+    beyond float16's range (65504) while any text's mean over several tokens stays within it."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "loud"
+    shutil.copytree(tiny_model("bert"), out)
+    word = AutoTokenizer.from_pretrained(str(out)).convert_tokens_to_ids("dog")
+    weights = load_file(str(out / "model.safetensors"))
+    key = next(k for k in weights if k.endswith("word_embeddings.weight"))
+    weights[key][word] = 1e5
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out, word
+
+
+def test_a_float16_token_store_never_keeps_inf(tiny_model, tmp_path):
+    model, _ = _loud_token_model(tiny_model, tmp_path)
+    texts = ["the dog and the cat and the fox ran over the lazy river today", "a dog ran over the river"]
+    full = extract(str(model), texts, tmp_path / "f", engine="torch", layers="raw,2", poolings=["mean"],
+                   tokens=True).store
+    assert float(np.abs(full.tokens("raw").rows()).max()) >= 1e5 > 65504  # the case is what it claims
+    assert float(np.abs(full["mean", "raw"]).max()) < 65504
+    with pytest.raises(StoreError, match=r"beyond float16's range .*--store-dtype bfloat16"):
+        extract(str(model), texts, tmp_path / "h", engine="torch", layers="raw,2", poolings=["mean"], tokens=True,
+                store_dtype="float16")
+    bf = extract(str(model), texts, tmp_path / "b", engine="torch", layers="raw,2", poolings=["mean"], tokens=True,
+                 store_dtype="bfloat16").store
+    assert bool(np.isfinite(bf.tokens("raw").rows()).all()) and LayerStore.verify(bf.path)[1] == []
+
+
+def test_verify_finds_non_finite_token_values(tiny_model, tmp_path):
+    """A store whose checksums agree with an inf in a token array (as a writer that kept it would have left
+    it) is still not clean."""
+    from layerscope.runtime.store_check import checksums
+
+    store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True,
+                    store_dtype="float16").store
+    arr = np.load(store.path / "tokens" / "2.npy", mmap_mode="r+")
+    arr[3, 0] = np.inf
+    arr.flush()
+    del arr
+    meta = json.loads((store.path / "store.json").read_text())
+    meta["checksums"] = checksums(store.path, meta)
+    (store.path / "store.json").write_text(json.dumps(meta))
+    _, problems = LayerStore.verify(store.path)
+    assert any("tokens/2.npy holds 1 non-finite values" in p for p in problems), problems
+
+
+def _same_size_garbage(path: Path) -> None:
+    size = path.stat().st_size
+    path.write_bytes((b"{not json" * (size // 9 + 1))[:size])
+
+
+def _ids_out_of_vocabulary(path: Path) -> None:
+    ids = np.load(path, mmap_mode="r+")
+    ids[:] = 10 ** 6  # no token has this id: strings.json cannot name it
+    ids.flush()
+
+
+@pytest.mark.parametrize("rel, damage", [("tokens/strings.json", _same_size_garbage),
+                                         ("tokens/ids.npy", _ids_out_of_vocabulary)])
+@pytest.mark.parametrize("fmt", ["parquet", "safetensors"])
+def test_damaged_token_files_that_pass_the_open_checks_are_one_line(rel, damage, fmt, tiny_model, tmp_path, capsys):
+    from cli_helpers import run_cli
+
+    store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True).store
+    damage(store.path / rel)
+    LayerStore.open(store.path)  # sizes and headers are as recorded: open does not see it
+    code, text = run_cli(["export-store", store.path, "--tokens", "--format", fmt], capsys)
+    if rel.endswith("ids.npy") and fmt == "safetensors":  # ids are copied as they are; verify names them
+        assert code == 0, text
+    else:
+        assert code == 2 and "internal error" not in text and "Traceback" not in text, text
+        assert "damaged" in text and ("strings.json" in text), text
+    code, text = run_cli(["verify", store.path], capsys)
+    assert code != 0 and f"{rel} does not match its checksum" in " ".join(text.split()), text

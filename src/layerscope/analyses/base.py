@@ -323,7 +323,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
 
     from layerscope.analyses.common import resolve_poolings
     from layerscope.analyses.layout import (claim_result_dir, default_result_dir, model_name, model_revision,
-                                            write_runs_index)
+                                            check_runs_index, check_summary, write_runs_index)
     from layerscope.analyses.spec import RESULTS_FORMAT, ModelSpec, RunSpec, make_options, options_dict
     from layerscope.engines.registry import check_engine_options, engine_spec, gradient_engine
     from layerscope.export.open import open_engine
@@ -400,11 +400,14 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
         from layerscope.out_lock import out_lock
 
         hold.enter_context(out_lock(out))
+        if default_layout:
+            check_runs_index(out.parent)  # before the work: the index is written after it
         action, earlier = claim_result_dir(out, run_spec, recompute=ctx.recompute, force=ctx.force,
                                            inputs=[ctx.data, *ctx.models], default_layout=default_layout)
         if action == "reuse":
             ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
                     "(--recompute to run again)")
+            check_summary(out, earlier, analysis)
             if default_layout:
                 write_runs_index(out.parent)
             return RunOutcome(out, earlier, True, run_spec)

@@ -148,13 +148,10 @@ def write_runs_index(analysis_dir: Path) -> Path | None:
             saved = load_results(path)
         except InputError:
             continue
-        settings = saved.document.get("settings") or {}
-        opts = ", ".join(f"{k}={v}" for k, v in sorted((settings.get("options") or {}).items()) if v not in (None, False))
-        engines = ",".join(str(e) for e in settings.get("engines_resolved") or []) or "-"
-        rows.append([path.parent.name, str(saved.document.get("created", "")),
-                     f"{settings.get('engine')} -> {engines}", str(settings.get("layers")),
-                     ",".join(settings.get("poolings") or []) or "default", str(settings.get("max_length") or "model's"),
-                     str(settings.get("data") or "-"), opts or "-"])
+        try:
+            rows.append(_runs_row(path, saved.document))
+        except (TypeError, ValueError, AttributeError):  # a garbled results.json: left out of the index
+            continue
     if not rows:
         return None
     head = ["run", "created", "engine (asked -> ran)", "layers", "poolings", "max length", "data", "options"]
@@ -165,8 +162,53 @@ def write_runs_index(analysis_dir: Path) -> Path | None:
 
     lines += ["| " + " | ".join(md_data(c).replace("|", "\\|").replace("\n", " ") for c in row) + " |"
               for row in rows]
-    index = Path(analysis_dir) / "runs.md"
+    index = check_runs_index(analysis_dir)
     tmp = index.with_name(f"{index.name}.tmp{os.getpid()}")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, index)
+    try:
+        os.replace(tmp, index)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write {index} ({exc.strerror}); move it aside: layerscope keeps its index of "
+                         "runs there") from None
     return index
+
+
+def check_runs_index(analysis_dir: Path) -> Path:
+    """``runs.md`` of ``analysis_dir``; one line when something other than a file is in its place."""
+    index = Path(analysis_dir) / "runs.md"
+    if index.is_symlink() or (index.exists() and not index.is_file()):
+        raise InputError(f"{index} is not a file (a folder or a link); layerscope writes its index of runs there: "
+                         "move it aside")
+    return index
+
+
+def _runs_row(path: Path, doc: dict) -> list[str]:
+    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    options = settings.get("options") if isinstance(settings.get("options"), dict) else {}
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(options.items()) if v not in (None, False))
+    resolved = settings.get("engines_resolved")
+    engines = ",".join(str(e) for e in resolved if e) if isinstance(resolved, list) else ""
+    poolings = settings.get("poolings")
+    return [path.parent.name, str(doc.get("created", "")), f"{settings.get('engine')} -> {engines or '-'}",
+            str(settings.get("layers")), ",".join(map(str, poolings)) if isinstance(poolings, list) and poolings
+            else "default", str(settings.get("max_length") or "model's"), str(settings.get("data") or "-"),
+            opts or "-"]
+
+
+def check_summary(out: Path, results: dict[str, Any], analysis) -> None:
+    """Print a reused result's summary to nowhere first: a results.json whose figures are garbled is one line."""
+    import io
+
+    from rich.console import Console
+
+    from layerscope.report.compare import print_comparison
+
+    quiet = Console(file=io.StringIO(), width=120)
+    try:
+        analysis.console_summary(results, quiet)
+        print_comparison(results, quiet)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise InputError(f"{out}/results.json lacks or garbles a field its summary needs ({type(exc).__name__}: "
+                         f"{str(exc)[:120]}); it was edited since it was written: run again with --recompute "
+                         "(or --force)") from None

@@ -240,7 +240,6 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
                                          "auto": "auto"}[dtype])
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    info = None
     try:
         model, info = cls.from_pretrained(source.path_or_id, output_loading_info=True, **kwargs)
         if not with_head and family.lm_head_loader and _base_weights_unread(model, info):
@@ -251,6 +250,8 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             model = full.get_decoder() if family.kind == "decoder" and hasattr(full, "get_decoder") else full.base_model
             info = {"missing_keys": []}
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own untyped SafetensorError
+        if isinstance(exc, RuntimeError) and "size mismatch" in str(exc):
+            raise ModelNotFoundError(_shape_line(source, exc)) from None
         damaged = _damaged_weights(source) if type(exc).__name__ == "SafetensorError" or source.is_local else None
         if damaged:
             raise ModelNotFoundError(
@@ -271,6 +272,10 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
         if source.is_local:
             raise ModelNotFoundError(f"cannot load the weights of {source.spec}: {msg.splitlines()[0]}") from exc
         raise _hub_error(source, exc) from exc
+    problem = weights_problem(model, info, with_head=with_head)
+    if problem:
+        raise ModelNotFoundError(f"the weights of {source.spec} do not match its config.json: {problem}; "
+                                 "fix config.json or give the checkpoint its config was saved with")
     model.eval()
     return (model, info) if output_loading_info else model
 
@@ -281,6 +286,47 @@ def _base_weights_unread(model, info) -> bool:
     emb = model.get_input_embeddings()
     name = next((n for n, m in model.named_modules() if m is emb), None)
     return name is not None and f"{name}.weight" in set((info or {}).get("missing_keys", []))
+def _shape_line(source: ModelSource, exc: Exception) -> str:
+    detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), "size mismatch")
+    return (f"the weights of {source.spec} do not match its config.json ({detail[:240]}); fix config.json or give "
+            "the checkpoint its config was saved with")
+
+
+def weights_problem(model, info: dict, *, with_head: bool = False) -> str | None:
+    """What the checkpoint lacks or holds beyond the model its config.json describes, or None.
+
+    A weight the model needs and the checkpoint lacks would be left random by transformers. A weight the
+    checkpoint holds is unexpected harmlessly when it belongs to a head this class does not build (an MLM
+    head loaded as a base model); it is a mismatch when it indexes past a layer list (the config claims
+    fewer layers than the weights hold). With ``with_head`` a missing head weight is the caller's to judge
+    (``missing_keys`` of ``info``), so only the base model's weights count here.
+    """
+    import torch
+
+    missing = list(info.get("missing_keys") or [])
+    if with_head:
+        prefix = getattr(model, "base_model_prefix", "") or ""
+        base = getattr(model, prefix, None) if prefix else None
+        missing = [k for k in missing if base is not None and k.startswith(prefix + ".")]
+    if missing:
+        return (f"{len(missing)} weights the model needs are missing from the checkpoint (e.g. {sorted(missing)[0]}), "
+                "so they would be random")
+    modules = dict(model.named_modules())
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    beyond = []
+    for key in info.get("unexpected_keys") or []:
+        parts = key.split(".")
+        if prefix and parts[0] == prefix and prefix not in modules:
+            parts = parts[1:]  # a head checkpoint loaded as its base model
+        for i in range(1, len(parts)):
+            mod = modules.get(".".join(parts[:i]))
+            if isinstance(mod, torch.nn.ModuleList) and parts[i].isdigit() and int(parts[i]) >= len(mod):
+                beyond.append(key)
+                break
+    if beyond:
+        return (f"the checkpoint holds {len(beyond)} weights of layers the config does not have "
+                f"(e.g. {sorted(beyond)[0]})")
+    return None
 
 
 def _damaged_weights(source: ModelSource) -> tuple[str, str] | None:

@@ -186,8 +186,10 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     created = store is None
     if created:
         store = state["store"] = create_store(ex, source, reader, encoder, lengths_now=True)
-    lengths = np.load(out / "lengths.npy")
+    from layerscope.runtime.store_check import LENGTHS, load_internal
     from layerscope.runtime.token_write import start_tokens
+
+    lengths = load_internal(out, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
 
     tok = start_tokens(store, settings, lengths, max_len, ex.layers)
     encoder.details = tok is not None

@@ -198,7 +198,11 @@ def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, len
     rows = int(range_rows or store_ranges.range_rows(spool["n"], row_bytes))
     if rows % store_ranges.GRANULE:
         raise InputError(f"range rows must be a multiple of {store_ranges.GRANULE}, not {rows}")
+    from layerscope.runtime.store_check import LENGTHS, internal_sha256
+
+    relied_on = [store_ranges.OFFSETS] + ([LENGTHS] if lengths_now else [])  # range writers fill lengths later
     store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"], "id_field": read.id_field,
+                       "internal_sha256": internal_sha256(out, relied_on),
                        "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
                        "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
                        "range_writers": not lengths_now})  # lengths.npy is filled range by range

@@ -42,8 +42,20 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
 
         row_bytes = store.meta["hidden_size"] * itemsize(store.meta["dtype"]) * len(store.layers) * len(store.poolings)
         rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
-        store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)}})
+        relied_on = {k: v for k, v in (store.meta.get("internal_sha256") or {}).items() if k != "lengths.npy"}
+        store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)},
+                           "internal_sha256": relied_on})  # range writers write their rows' lengths again
+    if not store.complete and not store.meta.get("store_id"):  # made before stores had an identity
+        import secrets
+
+        store.update_meta({"store_id": secrets.token_hex(16)})
     return ex, store
+
+
+def store_id(store: LayerStore) -> str | None:
+    """The identity the store was made with: every claim and done mark names it."""
+    got = store.meta.get("store_id")
+    return got if isinstance(got, str) else None
 
 
 def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
@@ -51,11 +63,11 @@ def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
     if not plan:
         raise StoreError(f"{store.path} records no range plan (made by an older layerscope); finish it with "
                          "layerscope extract ... --resume")
-    return store_ranges.plan(store.n, int(plan["rows"]), store_ranges.load_offsets(store.path))
+    return store_ranges.plan(store.n, int(plan["rows"]), store_ranges.load_offsets(store.path, store.meta, store.n))
 
 
 def range_status(store: LayerStore) -> store_ranges.RangeStatus:
-    return store_ranges.status(store.path, ranges_of(store), store.done_mask())
+    return store_ranges.status(store.path, ranges_of(store), store.done_mask(), store_id(store))
 
 
 def open_engine_for(ex: Extraction, store: LayerStore, req: ExtractionRequest, **extra):
@@ -76,13 +88,19 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     from layerscope.runtime.pipeline import extraction_warnings
 
     ranges = ranges_of(store)
-    st = store_ranges.status(store.path, ranges, store.done_mask())
+    st = store_ranges.status(store.path, ranges, store.done_mask(), store_id(store))
+    foreign = store_ranges.foreign_marks(store.path, store_id(store))
+    if foreign and not st.complete:
+        raise StoreError(f"{store.path}: ranges {foreign[:8]} were marked done by a writer of another store (one "
+                         "deleted and made again at this path while it ran); their rows are not this store's: run "
+                         "those shards again (layerscope extract ... --shard i/N)")
     if not st.complete:
         todo = len(st.missing) + len(st.claimed) + len(st.stale)
         raise StoreError(f"{store.path}: {todo} of {len(ranges)} ranges are not done ({len(st.claimed)} being "
                          f"written, {len(st.stale)} left by a worker that died, {len(st.missing)} not started); "
                          "run the missing shards (layerscope extract ... --shard status lists them)")
     reports = [store_ranges.done_report(store.path, r.k) for r in ranges]
+    reports = [r for r in reports if store_ranges.mark_store(r) in (None, store_id(store))]
     engine = next((r["engine"] for r in reports if r.get("engine")), store.meta.get("engine") or {})
     variants = {r.get("variant") for r in reports if "variant" in r}
     if len(variants) > 1:
@@ -106,7 +124,9 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     done.flush()
     del done
     store.close()
-    lengths = np.load(store.path / "lengths.npy")
+    from layerscope.runtime.store_check import LENGTHS, load_internal
+
+    lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
     max_len = int(store.settings["max_length"])
     if batch_tokens:
         store.settings["batch_tokens"] = int(batch_tokens)

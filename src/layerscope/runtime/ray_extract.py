@@ -151,7 +151,7 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
     for r in ranges:
         if bool(done[r.start:r.stop].all()):
             counts["done_before"] += 1
-        elif store_ranges.is_done(out, r.k):  # written by an actor before the driver died
+        elif store_ranges.is_done(out, r.k, range_run.store_id(store)):  # written by an actor before the driver died
             done[r.start:r.stop] = 1
             counts["done_before"] += 1
         else:
@@ -186,7 +186,8 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
                     "engine_options": options, "trust_remote_code": req.trust_remote_code,
                     "layers": ex.layers, "poolings": ex.poolings, "store_dtype": ex.settings["dtype"],
                     "max_length": ex.max_length, "prompt": ex.settings["prompt"], "batch_tokens": req.batch_tokens,
-                    "max_batch": ex.max_batch, "store_dir": str(out), "kill_once": _kill_once})
+                    "max_batch": ex.max_batch, "store_dir": str(out), "kill_once": _kill_once,
+                    "store_id": range_run.store_id(store)})
             for row in ds.iter_rows():
                 start, stop = int(row["start"]), int(row["stop"])
                 done[start:stop] = 1  # the driver records completion; the rows are already on disk

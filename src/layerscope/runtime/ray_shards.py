@@ -21,14 +21,17 @@ class RangeActor:
 
     def __init__(self, *, model: str, engine: str, engine_options: dict, layers: list[str], poolings: list[str],
                  store_dtype: str, max_length: int, prompt: str | None, batch_tokens: int | None, max_batch: int,
-                 store_dir: str, kill_once: dict | None = None, trust_remote_code: bool = False):
+                 store_dir: str, kill_once: dict | None = None, trust_remote_code: bool = False,
+                 store_id: str | None = None):
         from layerscope.export.open import open_engine
         from layerscope.runtime.range_writer import RangeWriter
 
         eng = open_engine(model, engine, trust_remote_code=trust_remote_code, **engine_options)
         self.writer = RangeWriter(store_dir, eng, layers=layers, poolings=poolings, store_dtype=store_dtype,
-                                  max_length=max_length, prompt=prompt, batch_tokens=batch_tokens, max_batch=max_batch)
+                                  max_length=max_length, prompt=prompt, batch_tokens=batch_tokens, max_batch=max_batch,
+                                  store_id=store_id)
         self.store_dir = Path(store_dir)
+        self.store_id = self.writer.store_id
         self.kill_once = kill_once  # test hook: SIGKILL this process once, on that range, while it is claimed
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -42,10 +45,11 @@ class RangeActor:
         t0 = time.perf_counter()
         claim = None
         while claim is None:
-            if store_ranges.is_done(self.store_dir, r.k):  # a retry after the range was already written
+            if store_ranges.is_done(self.store_dir, r.k, self.store_id):  # a retry after the range was written
                 rep = store_ranges.done_report(self.store_dir, r.k)
                 return _row(r, rep.get("tokens", 0), os.getpid(), time.perf_counter() - t0, 0.0, False)
-            claim = store_ranges.try_claim(self.store_dir, r.k)
+            self.writer.check_store(r)
+            claim = store_ranges.try_claim(self.store_dir, r.k, self.store_id)
             if claim is None:  # a live actor holds it (a retried task beside the original): wait for it
                 time.sleep(0.5)
         try:

@@ -65,17 +65,20 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
         return ShardReport(index, count, 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, False, True)
     mine = store_ranges.shard_ranges(range_run.ranges_of(store), index, count)
     done_rows = store.done_mask()
-    todo = [r for r in mine if not store_ranges.is_done(store.path, r.k) and not bool(done_rows[r.start:r.stop].all())]
+    sid = range_run.store_id(store)
+    todo = [r for r in mine
+            if not store_ranges.is_done(store.path, r.k, sid) and not bool(done_rows[r.start:r.stop].all())]
     computed = claimed = rows = tokens = 0
     if todo:
         eng = range_run.open_engine_for(ex, store, req)
         writer = RangeWriter(store.path, eng, layers=ex.layers, poolings=ex.poolings,
                              store_dtype=ex.settings["dtype"], max_length=ex.max_length, prompt=ex.settings["prompt"],
-                             batch_tokens=req.batch_tokens, max_batch=ex.max_batch)
+                             batch_tokens=req.batch_tokens, max_batch=ex.max_batch, store_id=sid)
         for r in todo:
-            claim = store_ranges.try_claim(store.path, r.k)
+            writer.check_store(r)
+            claim = store_ranges.try_claim(store.path, r.k, sid)
             if claim is None:
-                claimed += not store_ranges.is_done(store.path, r.k)
+                claimed += not store_ranges.is_done(store.path, r.k, sid)
                 continue
             try:
                 _test_pause(r.k)
@@ -127,8 +130,7 @@ def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
     if store.complete:
         count = int((store.meta.get("ranges") or {}).get("count", 0))
         return store_ranges.RangeStatus(list(range(count)), [], [], []), count, True
-    ranges = range_run.ranges_of(store)
-    return store_ranges.status(store.path, ranges, store.done_mask()), len(ranges), False
+    return range_run.range_status(store), len(range_run.ranges_of(store)), False
 
 
 def shard_finish(out) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -126,6 +127,7 @@ class LayerStore:
             "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
             "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
             "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "store_id": secrets.token_hex(16),  # this store, not another made later at the same path
         }
         meta["structure_sha256"] = structure_sha256(meta)
         if (path / TEXTS).is_file():

@@ -78,6 +78,30 @@ def _check_npy(root: Path, rel: str, shape: tuple, dtype: np.dtype) -> str | Non
     return None
 
 
+def internal_sha256(root: Path, rels: list[str]) -> dict[str, str]:
+    """``{file: sha256}`` of files a writer relies on later (recorded in store.json as ``internal_sha256``)."""
+    return {rel: file_sha256(Path(root) / rel) for rel in rels if (Path(root) / rel).is_file()}
+
+
+def load_internal(root: Path, rel: str, meta: dict[str, Any], dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """An internal array of the store (``ray-offsets.npy``, ``lengths.npy``) that a writer relies on, checked
+    before use: its header, its size, and its sha256 where store.json recorded one. One line when damaged."""
+    from layerscope.errors import StoreError
+
+    root = Path(root)
+    problem = _check_npy(root, rel, tuple(shape), np.dtype(dtype))
+    recorded = (meta.get("internal_sha256") or {}) if isinstance(meta.get("internal_sha256"), dict) else {}
+    if problem is None and rel in recorded and file_sha256(root / rel) != recorded[rel]:
+        problem = f"{rel} does not match the sha256 recorded when the store was made (damaged or edited)"
+    if problem is None:
+        try:
+            return np.load(root / rel, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            problem = f"{rel} cannot be read ({str(exc)[:120]})"
+    raise StoreError(f"{root} is damaged: {problem}; it is internal to the store and cannot be trusted, so "
+                     "nothing was written. Extract again into another --out, or delete this folder yourself first")
+
+
 def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     """Everything the headers and sizes say is wrong with the store at ``root`` (empty when none)."""
     root = Path(root)
@@ -176,8 +200,32 @@ def _count_lines(path: Path) -> int:
     return count
 
 
+def _nonfinite_problems(root: Path, meta: dict[str, Any], problems: list[str]) -> list[str]:
+    """A line for every vector array (pooled and token) that holds NaN or inf, read in chunks."""
+    from layerscope.runtime.token_store import TokenSection, layer_file, nonfinite_count
+
+    try:
+        sec = TokenSection.of(meta)
+    except Exception:  # noqa: BLE001 - named by layout_problems already
+        sec = None
+    arrays = [(rel, str(meta.get("dtype"))) for rel in array_files(meta)]
+    arrays += [(layer_file(layer), sec.dtype) for layer in sec.layers] if sec else []
+    found = []
+    for rel, dtype in arrays:
+        if (root / rel).is_file() and not _names(problems, rel):
+            try:
+                bad = nonfinite_count(root / rel, dtype)
+            except (ValueError, OSError):
+                continue
+            if bad:
+                found.append(f"{rel} holds {bad:,} non-finite values (NaN or inf): those vectors are not usable")
+    return found
+
+
 def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     """Re-hash every file against the checksums in ``store.json``: (files checked, problems)."""
+    from layerscope.ownership import inside
+
     root = Path(root)
     problems = layout_problems(root, meta)
     recorded = meta.get("checksums") or {}
@@ -187,6 +235,20 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
     elif not recorded:
         problems.append("store.json records no checksums (made by an older layerscope); extract it again "
                         "into a new folder to get them")
+    internal = meta.get("internal_sha256") if isinstance(meta.get("internal_sha256"), dict) else {}
+    for rel, sha in internal.items():
+        if rel in recorded or inside(root, rel) is None or not (root / rel).is_file():
+            continue
+        if file_sha256(root / rel) != sha:
+            problems.append(f"{rel} does not match the sha256 recorded when the store was made (damaged or "
+                            "edited); the store's writers rely on it")
+    from layerscope.runtime.store_ranges import foreign_marks
+
+    sid = meta.get("store_id") if isinstance(meta.get("store_id"), str) else None
+    foreign = foreign_marks(root, sid)
+    if foreign:
+        problems.append(f"ranges {foreign[:8]} were marked done by a writer of another store (deleted and made "
+                        "again at this path while it ran): their rows are not this store's; run those shards again")
     checked = 0
     if outside_paths(root, meta):
         return checked, problems  # layout_problems named it; nothing is read
@@ -202,6 +264,7 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
         if digests[rel] != rec.get("sha256") and not _names(problems, rel):
             problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed "
                             "after the store was completed")
+    problems += _nonfinite_problems(root, meta, problems)
     texts = root / TEXTS
     if texts.is_file() and not _names(problems, TEXTS):
         lines = _count_lines(texts)

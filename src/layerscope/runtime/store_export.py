@@ -50,7 +50,8 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
     if tokens and "token_arrays" not in store.meta:
         raise InputError(f"{store_path} holds no token-level vectors; make it with layerscope extract ... --tokens")
     suffix = f".tokens.{fmt}" if tokens else f".{fmt}"
-    out = Path(out) if out else Path(store_path).with_suffix(suffix)
+    out = Path(out) if out else store.path.resolve().with_suffix(suffix)  # '.' has no name of its own
+    _check_folder(out)
     from layerscope.out_lock import out_lock
 
     with out_lock(out):  # one writer per file: a second run is refused, not interleaved
@@ -64,6 +65,12 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
             else:
                 (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
             os.replace(tmp, out)
+        except OSError as exc:  # pyarrow's and our own writes: a full, read-only or vanished destination
+            raise _write_error(out, exc) from None
+        except Exception as exc:
+            if type(exc).__name__ == "SafetensorError" and "I/O error" in str(exc):  # safetensors' own writer
+                raise _write_error(out, OSError(None, str(exc))) from None
+            raise
         finally:
             if tmp.exists():
                 tmp.unlink()
@@ -88,6 +95,27 @@ def _temporary(out: Path) -> Path:
     fd, name = tempfile.mkstemp(prefix=f".{out.name}.{os.getpid()}-", suffix=".partial", dir=out.parent)
     os.close(fd)
     return Path(name)
+
+
+def _check_folder(out: Path) -> None:
+    """One line, before any work, for a destination whose folder is missing, not a folder or not writable."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"cannot write {out}: {parent} is not an existing folder; create it or choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {out}: {parent} is not writable (read-only or not yours); choose another "
+                         "--out")
+
+
+def _write_error(out: Path, exc: OSError) -> Exception:
+    from layerscope.errors import StoreError
+    from layerscope.runtime.store_space import FULL
+
+    why = (exc.strerror or str(exc) or type(exc).__name__).splitlines()[0][:160]
+    if exc.errno in FULL or "No space left" in str(exc) or "Disk quota" in str(exc):
+        return StoreError(f"cannot write {out}: not enough free space in {out.parent} ({why}); nothing was "
+                          "written: free some space or choose another --out")
+    return StoreError(f"cannot write {out} ({why}); nothing was written: choose another --out")
 
 
 def _made_by_layerscope(path: Path, fmt: str) -> bool:

@@ -202,7 +202,7 @@ class TokenWriter:
                 SPECIAL: np.asarray(batch.special)[valid].astype(np.uint8),
                 SPANS: np.asarray(batch.spans)[valid].astype(np.int32)}
         for layer, state in zip(self.section.layers, states):
-            flat[layer_file(layer)] = store_dtype.encode(np.asarray(state)[valid], self.section.dtype)
+            flat[layer_file(layer)] = _encode_finite(np.asarray(state)[valid], self.section.dtype, layer)
         for rel, values in flat.items():
             dst = self._array(rel)
             for i, row in enumerate(rows):
@@ -229,6 +229,35 @@ class TokenWriter:
         for start in range(0, len(ids), 1 << 22):
             seen = np.union1d(seen, ids[start:start + (1 << 22)])
         write_json_atomic(self.root / STRINGS, {str(int(i)): s for i, s in zip(seen, _id_strings(tokenizer, seen))})
+
+
+def _encode_finite(values: np.ndarray, dtype: str, layer: str) -> np.ndarray:
+    """``values`` in the storage type, refused (one line) where a vector is not finite or does not fit it:
+    float16 turns an activation beyond 65504 into inf."""
+    if not bool(np.isfinite(values).all()):
+        raise StoreError(f"the engine gave non-finite token vectors at layer {layer} (NaN or inf); nothing of "
+                         "them was stored: check the model, or run with --engine torch to compare")
+    with np.errstate(over="ignore"):  # an overflow is refused just below, in one line
+        encoded = store_dtype.encode(values, dtype)
+    if dtype == "float16" and not bool(np.isfinite(encoded).all()):
+        peak = float(np.abs(values).max())
+        raise StoreError(f"token vectors of layer {layer} reach {peak:.4g}, beyond float16's range (65504): a "
+                         "float16 token store would hold inf there; use --store-dtype bfloat16 (same size, "
+                         "float32's range) or float32")
+    return encoded
+
+
+def nonfinite_count(path: Path, dtype: str, chunk: int = 1 << 16) -> int:
+    """How many values of the stored array at ``path`` (storage type ``dtype``) are NaN or inf."""
+    arr = np.load(path, mmap_mode="r")
+    bad = 0
+    for a in range(0, len(arr), chunk):
+        block = np.asarray(arr[a:a + chunk])
+        if dtype == "bfloat16":  # raw bits: exponent all ones is inf or NaN
+            bad += int(((block & 0x7F80) == 0x7F80).sum())
+        else:
+            bad += int((~np.isfinite(block)).sum())
+    return bad
 
 
 def _id_strings(tokenizer, ids: np.ndarray) -> list[str]:
@@ -305,7 +334,23 @@ class TokenLayer:
         if not path.is_file():
             raise StoreError(f"{path} is missing: the store is incomplete; finish it with layerscope extract "
                              "... --resume")
-        return {int(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
+        try:
+            table = json.loads(path.read_text(encoding="utf-8"))
+            strings = {int(k): v for k, v in table.items()}
+            if not all(isinstance(v, str) for v in strings.values()):
+                raise ValueError("a token string is not text")
+        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{path} is damaged ({str(exc)[:120]}); layerscope verify {self.root} "
+                             "names every damaged file: extract the store again") from None
+        return strings
+
+    def id_strings(self, ids: np.ndarray, strings: dict[int, str]) -> list[str]:
+        """The string of each token id in ``ids`` (``strings``: ``strings()``); one line for an id without one."""
+        try:
+            return [strings[int(i)] for i in ids]
+        except KeyError as exc:
+            raise StoreError(f"{self.root / IDS} holds token id {exc.args[0]}, which {STRINGS} does not name: one "
+                             f"of them is damaged; layerscope verify {self.root} names which") from None
 
 
 def open_token_layer(root: Path, meta: dict[str, Any], layer: str) -> TokenLayer:
