@@ -147,7 +147,7 @@ def _plant(tree: Path, bug: Bug) -> str | None:
 
 
 def _pytest(tree: Path, tests: list[str], args: argparse.Namespace) -> tuple[int, float, str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", "-o", "addopts=",
            *([] if args.slow else ["-m", "not slow"]), *tests]
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("LAYERSCOPE_HOME", None)  # the suite's conftest gives each session its own
@@ -158,7 +158,9 @@ def _pytest(tree: Path, tests: list[str], args: argparse.Namespace) -> tuple[int
     except subprocess.TimeoutExpired:
         out, rc = "timed out", -1
     tail = [line for line in out.strip().splitlines() if line.strip()]
-    return rc, time.perf_counter() - t0, tail[-1] if tail else ""
+    failed = [line.split(" - ")[0].split("::", 1)[-1] for line in tail if line.startswith(("FAILED ", "ERROR "))]
+    last = tail[-1] if tail else ""
+    return rc, time.perf_counter() - t0, last + (f" [{failed[0]}]" if failed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
