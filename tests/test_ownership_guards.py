@@ -51,6 +51,19 @@ def test_a_store_writer_leaves_out_what_was_there_before_it_started(tmp_path):
     assert found.unrecorded == ["my_plot.png"] and found.changed == []
 
 
+def test_a_writer_in_place_leaves_out_what_was_there_before_it_started(tmp_path):
+    """``writing`` (a variant added to an export, a result re-rendered): a user's file already in the folder
+    stays the user's; the file the writer made is layerscope's."""
+    from layerscope.ownership import writing
+
+    d = _recorded_dir(tmp_path, "export")
+    (d / "my_notes.md").write_text("mine\n", encoding="utf-8")
+    with writing(d, "export"):
+        (d / "model.int8.onnx").write_bytes(b"onnx")
+    found = foreign(d)
+    assert found.unrecorded == ["my_notes.md"] and found.changed == []
+
+
 @pytest.mark.parametrize("text, part", [(".hidden", "hidden"), ("...x..", "x"), ("../etc", "etc"),
                                         ("a/../b", "a-..-b"), ("-.-name-.-", "name")])
 def test_safe_part_strips_leading_and_trailing_dots(text, part):
