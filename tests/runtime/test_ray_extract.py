@@ -196,17 +196,18 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
     class DriverDied(Exception):
         pass
 
-    def die_after_two(info):
-        if die_after_two.count == 1:
-            raise DriverDied
-        die_after_two.count += 1
+    recorded: list[int] = []
 
-    die_after_two.count = 0
+    def die_after_two(info):
+        recorded.append(info["shard"])  # ranges come back in the order they finish
+        if len(recorded) == 2:
+            raise DriverDied
+
     with pytest.raises(DriverDied):
         extract_ray(bert_export, str(path), tmp_path / "store", on_shard=die_after_two, **_ray_kw())
     half = LayerStore.open(tmp_path / "store", allow_incomplete=True)
     merged = int(np.asarray(half.done_mask()).sum())
-    assert merged == 512 and not half.complete  # the driver recorded ranges 0 and 1; the rest is not recorded
+    assert merged == 512 and not half.complete  # the driver recorded two ranges; the rest is not recorded
     with pytest.raises(Exception, match="already holds a layer store"):
         extract_ray(bert_export, str(path), tmp_path / "store", **_ray_kw())
     seen: list[dict] = []
@@ -214,7 +215,7 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
     ray_meta = report.store.meta["ray"]
     assert ray_meta["done_before"] >= 2  # ranges actors finished after the driver died are done too
     assert ray_meta["done_before"] + ray_meta["computed"] + ray_meta["reused"] == 5
-    assert all(s["shard"] >= 2 for s in seen)  # the two recorded ranges were not run again
+    assert not {s["shard"] for s in seen} & set(recorded)  # the two recorded ranges were not run again
     assert report.resumed_rows == 512
     assert_same_store(plain, LayerStore.open(tmp_path / "store"))
     # the merged store is an ordinary one: a FAISS index builds from its memory-mapped arrays
