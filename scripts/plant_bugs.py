@@ -104,7 +104,7 @@ BUGS = (
     Bug("half-store-bars-loosened", S + "runtime/store_dtype.py",
         'MIN_COSINE = {"float16": 0.99999, "bfloat16": 0.9999}',
         'MIN_COSINE = {"float16": 0.999, "bfloat16": 0.99}',
-        ("tests/runtime/test_shard_extract.py", "tests/test_store_dtype.py")),
+        ("tests/test_store_dtype.py", "tests/runtime/test_shard_extract.py")),
     # ---- durability and scale-out
     Bug("done-mark-without-fsync", S + "runtime/store_ranges.py",
         "        os.fsync(fh.fileno())",
