@@ -152,7 +152,7 @@ def _plant(tree: Path, bug: Bug) -> str | None:
 
 def _pytest(tree: Path, tests: list[str], args: argparse.Namespace) -> tuple[int, float, str]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", "-o", "addopts=",
-           *([] if args.slow else ["-m", "not slow"]), *tests]
+           *([] if args.slow else ["-m", "not slow"]), *(["-k", args.k] if args.k else []), *tests]
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("LAYERSCOPE_HOME", None)  # the suite's conftest gives each session its own
     t0 = time.perf_counter()
@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=ROOT, help="the tree to copy (default: this one)")
     ap.add_argument("--only", default="", help="comma-separated bug names (default: every bug)")
     ap.add_argument("--tests", nargs="*", help="run these tests for every bug instead of each bug's own")
+    ap.add_argument("-k", dest="k", default="", help="pytest's -k expression, e.g. to leave out a CPU-only test")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds per bug's pytest run")
     ap.add_argument("--slow", action="store_true", help="include tests marked slow")
     ap.add_argument("--baseline", action="store_true", help="first run each chosen test set on the clean copy")
