@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # The test-suite never talks to the Hugging Face hub; every model is built
@@ -12,11 +14,23 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# A hermetic session: layerscope's cache root (exports, stores, file hashes, the bench's recorded engine
+# speeds) and every library's XDG cache live in a folder of this session, made before layerscope is
+# imported, so no test reads what a user's runs left in ~/.cache or writes there. A test that needs its
+# own empty cache still sets LAYERSCOPE_HOME itself.
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="layerscope-tests-"))
+os.environ["LAYERSCOPE_HOME"] = str(_SESSION_HOME / "layerscope")
+os.environ["XDG_CACHE_HOME"] = str(_SESSION_HOME / "xdg-cache")
+
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 import pytest  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 from tiny_models import FAMILIES, build_tiny_model  # noqa: E402
 

@@ -55,13 +55,50 @@ def unregister_fake() -> None:
     registry._ENGINES.pop("fake", None)
 
 
+# Faults for tests that run range writers as real processes (``--shard`` commands, Ray actors), set by
+# environment variables that only this test module reads; the product has no such hooks.
+STALL_RANGE = "FAKE_STALL_RANGE"  # a range number: sleep inside it (after its claim), to be killed there
+RANGE_DELAY = "FAKE_RANGE_DELAY"  # seconds to wait inside every range, so two processes overlap
+KILL_DIR = "FAKE_KILL_DIR"  # a folder: a file kill-<k> there makes the process SIGKILL itself once inside range k
+
+
+def install_range_faults() -> None:
+    """Wrap ``RangeWriter.run`` in this process with the faults the environment asks for (none: unchanged)."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from layerscope.runtime.range_writer import RangeWriter
+
+    stall, delay, kill_dir = os.environ.get(STALL_RANGE), os.environ.get(RANGE_DELAY), os.environ.get(KILL_DIR)
+    if not (stall or delay or kill_dir) or getattr(RangeWriter.run, "with_faults", False):
+        return
+    real_run = RangeWriter.run
+
+    def run(self, r, claim=None):
+        if stall == str(r.k):
+            time.sleep(600)
+        if delay:
+            time.sleep(float(delay))
+        if kill_dir and (Path(kill_dir) / f"kill-{r.k}").exists() and not (Path(kill_dir) / f"killed-{r.k}").exists():
+            (Path(kill_dir) / f"killed-{r.k}").write_text(str(os.getpid()), encoding="utf-8")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_run(self, r, claim)
+
+    run.with_faults = True
+    RangeWriter.run = run
+
+
 def setup() -> None:
-    """For Ray's ``worker_process_setup_hook``."""
+    """For Ray's ``worker_process_setup_hook``: the fake engine and the faults the environment asks for."""
     register_fake()
+    install_range_faults()
 
 
 if __name__ == "__main__":
     from layerscope.cli import main
 
     register_fake()
+    install_range_faults()
     sys.exit(main(sys.argv[1:]))

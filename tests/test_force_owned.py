@@ -86,11 +86,18 @@ def test_run_force_keeps_user_files_named_like_results(bert_export, capsys):
     assert code == 0, text
 
 
-def test_run_force_refuses_a_result_file_the_user_edited(bert_export, capsys):
+@pytest.mark.parametrize("edit", ["appended", "same size"])
+def test_run_force_refuses_a_result_file_the_user_edited(bert_export, capsys, edit):
+    """An edit that keeps the file's size is found by its sha256 as well as one that grows it."""
     out = Path("R")
     assert run_cli(COMPOSITIONALITY + ["--model", bert_export, "--out", out], capsys)[0] == 0
     report = out / "report.md"
-    report.write_text(report.read_text() + "\nmy conclusions\n")
+    text = report.read_text()
+    if edit == "appended":
+        report.write_text(text + "\nmy conclusions\n")
+    else:
+        report.write_text("MY" + text[2:])
+        assert report.stat().st_size == len(text.encode("utf-8"))
     digest = sha(report)
     code, text = run_cli(COMPOSITIONALITY + ["--model", bert_export, "--out", out, "--force"], capsys)
     one_error(code, text, "changed since", "yours now", "report.md")
@@ -155,8 +162,12 @@ def test_a_variant_added_later_is_layerscopes_to_replace(bert_export, tmp_path):
 
     out = tmp_path / "E"
     shutil.copytree(bert_export, out)
+    (out / "notes.md").write_text("the user's notes on this export\n", encoding="utf-8")
     make_variant(out, "int8")
-    assert not foreign(out)  # model.int8.onnx was recorded when it was written
+    # model.int8.onnx was recorded when it was written; the notes there before it started stay the user's
+    assert foreign(out).unrecorded == ["notes.md"] and foreign(out).changed == []
+    (out / "notes.md").unlink()
+    assert not foreign(out)
     (out / "model.int8.onnx").write_bytes(b"edited")
     assert foreign(out).changed == ["model.int8.onnx"]
 

@@ -38,3 +38,32 @@ def test_error_stats_by_hand():
 def test_unknown_storage_type_is_one_line():
     with pytest.raises(InputError, match="--store-dtype must be one of float32, float16, bfloat16"):
         sd.encode(np.zeros((1, 1)), "int8")
+
+
+def _min_cosine(x: np.ndarray, y: np.ndarray) -> float:
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    return float(((x * y).sum(1) / (np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1))).min())
+
+
+def _bf16_by_hand(x: np.ndarray) -> np.ndarray:
+    """float32 rounded to bfloat16 (nearest, ties to even) with integer arithmetic on the bits."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    kept = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return kept.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("name,rounded,refused", [("float16", lambda x: x.astype(np.float16), 0.9999),
+                                                  ("bfloat16", _bf16_by_hand, 0.999)])
+def test_the_shipped_bars_keep_rounding_and_refuse_more(name, rounded, refused):
+    """The half-size bars as shipped: what rounding alone costs (1e-7 of cosine for float16, 3e-6 for bfloat16,
+    computed here on random 384-wide rows) passes; a loss of 1e-4 (float16) or 1e-3 (bfloat16), far beyond
+    any rounding, is refused."""
+    from layerscope.errors import StoreError
+
+    x = np.random.default_rng(5).standard_normal((500, 384)).astype(np.float32)
+    got = _min_cosine(x, rounded(x))
+    assert 1 - got < (3e-7 if name == "float16" else 1e-5)
+    sd.check_error_bar("s", name, {"mean/1": {"max_abs_error": 0.01, "min_cosine": got}})
+    with pytest.raises(StoreError, match=f"{name} keeps the vectors of mean/1 only to cosine"):
+        sd.check_error_bar("s", name, {"mean/1": {"max_abs_error": 0.01, "min_cosine": refused},
+                                       "mean/2": {"max_abs_error": 0.001, "min_cosine": got}})

@@ -182,3 +182,90 @@ def test_graph_last_finds_the_last_token_of_a_long_row_when_floats_run_in_bf16()
     out = compiled({"attention_mask": mask, "h0": states})  # "last" reads no ids
     pooled = np.asarray(next(iter(out.values())))
     np.testing.assert_array_equal(pooled.reshape(len(lengths), hidden), np.ones((len(lengths), hidden)))
+
+
+def _last_graph(hidden: int):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from layerscope.export.graph import add_pooled_outputs
+
+    inputs = [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+              helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["batch", "seq", hidden])]
+    model = helper.make_model(helper.make_graph([], "pool", inputs, []), opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    add_pooled_outputs(model, ["last"], ["h0"], hidden, None)
+    onnx.checker.check_model(model)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def _elem_types(model) -> dict[str, int]:
+    g = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    for n in g.node:  # constants made by Constant nodes
+        if n.op_type == "Constant":
+            types[n.output[0]] = n.attribute[0].t.data_type
+    return types
+
+
+def test_graph_last_index_is_computed_in_integers_alone():
+    """On any CPU: every tensor the ``last`` index is computed from (the ArgMax and all it depends on) is an
+    integer, so no runtime's float precision can move it."""
+    from onnx import TensorProto
+
+    model = _last_graph(8)
+    types = _elem_types(model)
+    by_output = {o: n for n in model.graph.node for o in n.output}
+    (argmax,) = [n for n in model.graph.node if n.op_type == "ArgMax" and "last_idx" in n.output[0]]
+    seen, todo = set(), list(argmax.input)
+    while todo:
+        name = todo.pop()
+        if name in seen or not name:
+            continue
+        seen.add(name)
+        assert types.get(name) in (TensorProto.INT64, TensorProto.INT32), (name, types.get(name))
+        if name in by_output:
+            todo.extend(by_output[name].input)
+    assert "attention_mask" in seen  # the walk reached the mask: the index is the mask's
+
+
+def _rounded_to_float16(model):
+    """``model`` with every float tensor a node makes rounded to float16 and back, as a runtime computing
+    float ops in float16 would see it (integers above 2048 are not all float16 numbers)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    types = _elem_types(model)
+    nodes = []
+    for n in model.graph.node:
+        nodes.append(n)
+        for i, out in enumerate(n.output):
+            if types.get(out) == TensorProto.FLOAT and out not in {o.name for o in model.graph.output}:
+                raw = out + "/f32"
+                n.output[i] = raw
+                nodes.append(helper.make_node("Cast", [raw], [out + "/f16"], to=TensorProto.FLOAT16))
+                nodes.append(helper.make_node("Cast", [out + "/f16"], [out], to=TensorProto.FLOAT))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del model.graph.value_info[:]
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_graph_last_finds_the_last_token_when_floats_are_rounded_to_float16():
+    """On any CPU, ONNX Runtime: the graph with every float tensor rounded to float16 (exact integers only up to
+    2048) still pools the last real token of rows 2,049 to 2,300 tokens long."""
+    import onnxruntime
+
+    seq, hidden = 2300, 4
+    model = _rounded_to_float16(_last_graph(hidden))
+    lengths = [2300, 2297, 2049, 2101, 5]
+    mask = np.array([[1] * n + [0] * (seq - n) for n in lengths], dtype=np.int64)
+    states = np.zeros((len(lengths), seq, hidden), dtype=np.float32)
+    states[np.arange(len(lengths)), np.array(lengths) - 1, :] = 1.0  # only the last real token is non-zero
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.zeros_like(mask)  # "last" reads no ids
+    (pooled,) = session.run(None, {"attention_mask": mask, "input_ids": ids, "h0": states})
+    np.testing.assert_array_equal(pooled.reshape(len(lengths), hidden), np.ones((len(lengths), hidden)))

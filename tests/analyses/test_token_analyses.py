@@ -175,7 +175,10 @@ def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
     assert fig["linear_cka"][i][j] == pytest.approx(linear_cka_by_hand(X, Y), abs=1e-4)
 
 
-def test_word_context_equals_an_independent_computation(tmp_path, tiny_model):
+@pytest.mark.parametrize("last_k", [2, 1])
+def test_word_context_equals_an_independent_computation(tmp_path, tiny_model, last_k):
+    """Every layer's share and the last-k share (the mean of layers L-k+1..L) by hand; with k=1 the window
+    one layer lower (layer 1 instead of 2) gives another share on these texts, so a shifted window shows."""
     import re
 
     import torch
@@ -187,7 +190,7 @@ def test_word_context_equals_an_independent_computation(tmp_path, tiny_model):
     data = tmp_path / "t.txt"
     data.write_text("\n".join(texts) + "\n", encoding="utf-8")
     ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "wc", seed=1, data=str(data),
-                  options={"words": "cat,river,mat", "knn": 3, "last_k": 2}, cache=False)
+                  options={"words": "cat,river,mat", "knn": 3, "last_k": last_k}, cache=False)
     _, res = run_analysis("word_context", ctx)
     fig = next(iter(res["per_model"].values()))
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -216,8 +219,11 @@ def test_word_context_equals_an_independent_computation(tmp_path, tiny_model):
     rows = {r["layer"]: r["same_word_share"] for r in fig["tables"]["word_context_layers"]}
     for layer in ("raw", "0", "1", "2"):
         assert rows[layer] == pytest.approx(share([v[layer] for _, v in occ], words, 3), abs=1e-9), layer
-    last2 = [(v["1"] + v["2"]) / 2 for _, v in occ]
-    assert rows["last2"] == pytest.approx(share(last2, words, 3), abs=1e-9)
+    window = [str(i) for i in range(2 - last_k + 1, 3)]  # the tiny BERT has layers 0..2
+    last = [sum(v[x] for x in window) / last_k for _, v in occ]
+    assert rows[f"last{last_k}"] == pytest.approx(share(last, words, 3), abs=1e-9)
+    if last_k == 1:  # the data tells adjacent windows apart: 0.7222 (layer 2) against 0.75 (layer 1)
+        assert share([v["1"] for _, v in occ], words, 3) != pytest.approx(rows["last1"], abs=1e-6)
     # the raw lookup of a word is the same in every context: its other occurrences come first
     # (cat x5, river x4: 3 of 3 neighbours; mat x3: 2 of 3)
     assert rows["raw"] == pytest.approx((5 + 4 + 3 * 2 / 3) / 12)

@@ -87,12 +87,12 @@ def test_shards_in_separate_processes_equal_the_plain_run(setup, tmp_path):
     model, path, plain = setup
     out = tmp_path / "store"
     procs = [subprocess.Popen(_cmd(model, path, out, f"{i}/3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_env()) for i in range(3)]
+                              text=True, env=_env(LAYERSCOPE_RANGE_ROWS="512")) for i in range(3)]
     results = [p.communicate(timeout=300) for p in procs]
     for p, (so, se) in zip(procs, results):
         assert p.returncode == 0, se
     store = LayerStore.open(out)
-    assert store.meta["ranges"] == {"rows": 256, "count": 5}
+    assert store.meta["ranges"] == {"rows": 512, "count": 3}  # ranges of two granules: [0, 512), [512, 1024), ...
     assert store.settings["prompt"] == "query: " == plain.settings["prompt"]
     assert store.meta["nul_texts"] == plain.meta["nul_texts"] == 1
     assert store.meta["nul_dropped_by_tokenizer"] == plain.meta["nul_dropped_by_tokenizer"]
@@ -101,7 +101,7 @@ def test_shards_in_separate_processes_equal_the_plain_run(setup, tmp_path):
     assert_same_store(plain, store)
     assert not (out / "ranges").exists()
     status = _run([*_cmd(model, path, out, "status")])
-    assert status.returncode == 0 and "complete (5 ranges)" in status.stdout
+    assert status.returncode == 0 and "complete (3 ranges)" in status.stdout
 
 
 def test_shard_killed_mid_range_then_rerun(setup, tmp_path):
@@ -110,7 +110,7 @@ def test_shard_killed_mid_range_then_rerun(setup, tmp_path):
     model, path, plain = setup
     out = tmp_path / "store"
     victim = subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_env(LAYERSCOPE_TEST_STALL_RANGE="2"))
+                              text=True, env=_env(**{fake_engine.STALL_RANGE: "2"}))
     try:
         deadline = time.time() + 120
         while not store_ranges.claim_path(out, 2).exists():  # range 2 claimed: the shard sleeps inside it
@@ -138,7 +138,7 @@ def test_shard_run_twice_and_two_shards_claiming_one_range(setup, tmp_path):
     out = tmp_path / "store"
     # two processes given the same shard at once: each range is written by one of them
     twins = [subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(LAYERSCOPE_TEST_RANGE_DELAY="0.5")) for _ in range(2)]
+                              env=_env(**{fake_engine.RANGE_DELAY: "0.5"})) for _ in range(2)]
     outs = [t.communicate(timeout=300) for t in twins]
     assert all(t.returncode == 0 for t in twins), [o[1] for o in outs]
     written = [int(o[0].split(": ")[1].split(" of")[0]) for o in outs]
@@ -226,6 +226,10 @@ def range_run_ranges(store):
 
 def test_bad_shard_specs_are_one_line(setup, tmp_path):
     model, path, _ = setup
+    for name, value in (("LAYERSCOPE_RANGE_ROWS", "300"), ("LAYERSCOPE_RANGE_ROWS", "many"),
+                        ("LAYERSCOPE_SHARD_LOCK_WAIT", "-1")):
+        r = _run(_cmd(model, path, tmp_path / "s", "0/2"), **{name: value})
+        assert r.returncode == 2 and f"{name}={value!r}: it must be" in r.stderr and "Traceback" not in r.stderr
     for spec in ("2/2", "x", "1/0"):
         r = _run(_cmd(model, path, tmp_path / "s", spec))
         assert r.returncode == 2 and "--shard takes i/N" in r.stderr and "Traceback" not in r.stderr
@@ -316,7 +320,7 @@ def test_a_shard_whose_store_was_deleted_and_made_again_writes_nothing_into_the_
     plain_new = extract(model, str(path), tmp_path / "plain", **kw).store
     out = tmp_path / "store"
     old = subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=_env(LAYERSCOPE_TEST_RANGE_DELAY="2"))
+                           env=_env(FAKE_RANGE_DELAY="2"))
     try:
         deadline = time.time() + 120
         while not store_ranges.claim_path(out, 0).exists():
@@ -375,7 +379,7 @@ def test_a_claim_left_as_pid_1_and_damaged_claims_do_not_stall_or_crash(setup, t
     model, path, plain = setup
     out = tmp_path / "store"
     victim = subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_env(LAYERSCOPE_TEST_STALL_RANGE="2"))
+                              text=True, env=_env(FAKE_STALL_RANGE="2"))
     try:
         deadline = time.time() + 120
         while not store_ranges.claim_path(out, 2).exists():

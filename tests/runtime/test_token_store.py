@@ -426,3 +426,41 @@ def test_damaged_token_files_that_pass_the_open_checks_are_one_line(rel, damage,
         assert "damaged" in text and ("strings.json" in text), text
     code, text = run_cli(["verify", store.path], capsys)
     assert code != 0 and f"{rel} does not match its checksum" in " ".join(text.split()), text
+
+
+def test_spans_count_from_the_text_not_from_the_prompt(tiny_model, tmp_path):
+    """With --prompt the tokens are the prompt's and then the text's; a text token's span points into the text
+    as given (the prompt's characters not counted) and a prompt token has span (0, 0). Checked against the
+    tokenizer run on the text alone, and by hand: the text tokens' spans put the text back together."""
+    from transformers import AutoTokenizer
+
+    texts = ["a cat sat", "the dog ran home"]
+    model = tiny_model("bert")
+    store = extract(model, texts, tmp_path / "s", engine="torch", layers="0", tokens=True, prompt="query: ").store
+    layer = store.tokens("0")
+    tok = AutoTokenizer.from_pretrained(str(model))
+    n_prompt = len(tok("query: ", add_special_tokens=False)["input_ids"])
+    for i, text in enumerate(texts):
+        alone = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        a, b = layer.text_range(i)
+        spans = [tuple(s) for s, sp in zip(np.asarray(layer.spans[a:b]).tolist(), np.asarray(layer.special[a:b]))
+                 if not sp]
+        assert spans == [(0, 0)] * n_prompt + [tuple(o) for o in alone], (text, spans)
+        assert "".join(text[x:y] for x, y in spans) == text.replace(" ", "")
+
+
+def test_token_rows_are_flushed_before_the_store_marks_them_done(tiny_model, tmp_path, monkeypatch):
+    """A row is marked done only once all of it is durable: the token arrays are flushed before every commit
+    of the pooled store (the commit that writes done.npy)."""
+    from layerscope.runtime.token_store import TokenWriter
+
+    events: list[str] = []
+    real_flush, real_commit = TokenWriter.flush, LayerStore.commit
+    monkeypatch.setattr(TokenWriter, "flush", lambda self: (events.append("flush tokens"), real_flush(self))[1])
+    monkeypatch.setattr(LayerStore, "commit", lambda self, index: (events.append("commit"),
+                                                                     real_commit(self, index))[1])
+    extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="0", tokens=True, batch_tokens=32)
+    commits = [i for i, e in enumerate(events) if e == "commit"]
+    assert commits, events
+    for before, at in zip([-1] + commits, commits):
+        assert "flush tokens" in events[before + 1:at], events

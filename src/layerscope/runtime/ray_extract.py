@@ -86,8 +86,7 @@ def _check_reachable(address: str) -> None:
 def extract_ray(model, source, out: str | Path, *, address: str | None = "local", workers: int = 2,
                 engine: str = "auto", dtype: str | None = None, store_dtype: str | None = None,
                 shard_rows: int | None = None, cpus_per_worker: float | None = None,
-                gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
-                _kill_once: dict | None = None, **options):
+                gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None, **options):
     """``extract`` on a Ray cluster (``address``: ``local``, ``auto``, ``HOST:6379``, ``ray://HOST:10001``).
 
     ``out`` must be on storage every node sees at the same path. Options are ``extract``'s (layers,
@@ -100,14 +99,13 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     req = ExtractionRequest.of(model, source, Path(out).resolve(), engine=engine,
                                store_dtype=store_dtype or dtype or "float32", **options)
     return extract_ray_request(req, address=address, workers=workers, shard_rows=shard_rows,
-                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard,
-                               _kill_once=_kill_once)
+                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard)
 
 
 def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local", workers: int = 2,
                         shard_rows: int | None = None, cpus_per_worker: float | None = None,
-                        gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None,
-                        _kill_once: dict | None = None) -> ExtractReport:
+                        gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None
+                        ) -> ExtractReport:
     """The Ray executor of an ``ExtractionRequest``."""
     from layerscope.engines.base import check_engine_name
 
@@ -126,14 +124,14 @@ def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local"
         with store_writer(req.out):  # one driver per store, as for a plain extract
             return _extract(req, address=address, workers=workers, shard_rows=shard_rows,
                             cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard,
-                            _kill_once=_kill_once, start_s=time.perf_counter() - t0)
+                            start_s=time.perf_counter() - t0)
     finally:
         if started:
             ray.shutdown()
 
 
 def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_worker, gpus_per_worker, on_shard,
-             _kill_once, start_s: float) -> ExtractReport:
+             start_s: float) -> ExtractReport:
     """The run itself, on a connected cluster (see ``extract_ray``)."""
     # the same checks, spool and store as a plain extract and --shard: --force replaces only a store layerscope
     # made that does not hold the corpus, and an existing folder of anything else is refused before anything is written
@@ -186,7 +184,7 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
                     "engine_options": options, "trust_remote_code": req.trust_remote_code,
                     "layers": ex.layers, "poolings": ex.poolings, "store_dtype": ex.settings["dtype"],
                     "max_length": ex.max_length, "prompt": ex.settings["prompt"], "batch_tokens": req.batch_tokens,
-                    "max_batch": ex.max_batch, "store_dir": str(out), "kill_once": _kill_once,
+                    "max_batch": ex.max_batch, "store_dir": str(out),
                     "store_id": range_run.store_id(store)})
             for row in ds.iter_rows():
                 start, stop = int(row["start"]), int(row["stop"])

@@ -21,8 +21,7 @@ class RangeActor:
 
     def __init__(self, *, model: str, engine: str, engine_options: dict, layers: list[str], poolings: list[str],
                  store_dtype: str, max_length: int, prompt: str | None, batch_tokens: int | None, max_batch: int,
-                 store_dir: str, kill_once: dict | None = None, trust_remote_code: bool = False,
-                 store_id: str | None = None):
+                 store_dir: str, trust_remote_code: bool = False, store_id: str | None = None):
         from layerscope.export.open import open_engine
         from layerscope.runtime.range_writer import RangeWriter
 
@@ -32,7 +31,6 @@ class RangeActor:
                                   store_id=store_id)
         self.store_dir = Path(store_dir)
         self.store_id = self.writer.store_id
-        self.kill_once = kill_once  # test hook: SIGKILL this process once, on that range, while it is claimed
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = [self._one(store_ranges.Range(int(k), int(s), int(e), int(o)))
@@ -53,11 +51,6 @@ class RangeActor:
             if claim is None:  # a live actor holds it (a retried task beside the original): wait for it
                 time.sleep(0.5)
         try:
-            if self.kill_once and self.kill_once["shard"] == r.k and not Path(self.kill_once["marker"]).exists():
-                import signal
-
-                Path(self.kill_once["marker"]).write_text(str(os.getpid()), encoding="utf-8")
-                os.kill(os.getpid(), signal.SIGKILL)
             rep = self.writer.run(r, claim)
         finally:
             claim.release()

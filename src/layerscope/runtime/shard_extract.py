@@ -20,7 +20,22 @@ from layerscope.errors import InputError
 from layerscope.runtime import range_run, store_ranges
 from layerscope.runtime.request import ExtractionRequest
 
-LOCK_WAIT_S = float(os.environ.get("LAYERSCOPE_SHARD_LOCK_WAIT", "3600"))  # the first shard spools the corpus
+LOCK_WAIT_S = 3600.0  # how long a shard waits for the first one to spool the corpus (LAYERSCOPE_SHARD_LOCK_WAIT)
+
+
+def _env_number(name: str, default: float, *, multiple: int = 0) -> float:
+    """A positive number from environment variable ``name`` (docs/SCALE_OUT.md), else ``default``."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text) if not multiple else int(text)
+    except ValueError:
+        value = -1
+    if not value > 0 or (multiple and value % multiple):
+        what = f"a positive multiple of {multiple}" if multiple else "a positive number of seconds"
+        raise InputError(f"{name}={text!r}: it must be {what}, or unset")
+    return value
 
 
 @dataclass(frozen=True)
@@ -54,12 +69,13 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     if not 0 <= index < count:
         raise InputError(f"--shard {index}/{count}: the index must be at least 0 and below {count}")
     t0 = time.perf_counter()
-    range_rows = range_rows or int(os.environ.get("LAYERSCOPE_RANGE_ROWS", "0")) or None
+    range_rows = range_rows or int(_env_number("LAYERSCOPE_RANGE_ROWS", 0, multiple=store_ranges.GRANULE)) or None
+    lock_wait = _env_number("LAYERSCOPE_SHARD_LOCK_WAIT", LOCK_WAIT_S)
     # every shard but the first finds the store made: it continues it, with the same checks as --resume
     from dataclasses import replace
 
     req = replace(req, resume=True)
-    with range_run.waiting_writer(req.out, LOCK_WAIT_S):
+    with range_run.waiting_writer(req.out, lock_wait):
         ex, store = range_run.open_or_create(req, range_rows=range_rows)
     if store.complete:
         return ShardReport(index, count, 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, False, True)
@@ -81,7 +97,6 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
                 claimed += not store_ranges.is_done(store.path, r.k, sid)
                 continue
             try:
-                _test_pause(r.k)
                 report = writer.run(r, claim)
             finally:
                 claim.release()
@@ -91,16 +106,6 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     finished = _finish_if_last(store)
     return ShardReport(index, count, len(mine), computed, len(mine) - len(todo), claimed, rows, tokens,
                        time.perf_counter() - t0, finished, finished or store.complete)
-
-
-def _test_pause(k: int) -> None:
-    """Test hooks for fault tests run as real processes: stall inside range ``k`` (to be killed there),
-    or wait a moment in every claimed range (so two processes overlap)."""
-    if os.environ.get("LAYERSCOPE_TEST_STALL_RANGE") == str(k):
-        time.sleep(600)
-    delay = os.environ.get("LAYERSCOPE_TEST_RANGE_DELAY")
-    if delay:
-        time.sleep(float(delay))
 
 
 def _finish_if_last(store) -> bool:

@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""Plant listed one-line bugs, one at a time, in a temporary copy of the tree and see which the tests catch.
+
+Each bug names a file, one exact line of it (it must occur exactly once, whitespace included) and the
+line that replaces it, and the tests that ought to notice (files or node ids, run with ``-m "not slow"``
+unless ``--slow``). For each bug the copy gets that one change, pytest runs the bug's tests, the file is
+put back, and a table says caught (pytest failed), survived (pytest passed: no test noticed), or error
+(the line was not found, or pytest could not run). A baseline run without any bug (``--baseline``)
+checks that the chosen tests pass on the clean tree first.
+
+Not part of CI (it runs pytest once per bug). Run it before and after a change to the tests, e.g.:
+
+    python scripts/plant_bugs.py                          # every bug, this tree
+    python scripts/plant_bugs.py --root /tmp/main-tree    # the same bugs against another tree's tests
+    python scripts/plant_bugs.py --only range-offsets,lease-from-start --baseline
+
+A test file listed for a bug that the tree does not have is left out of that bug's run (and said so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    file: str  # relative to the tree's root
+    original: str  # one whole line of ``file``, exactly (leading spaces included)
+    replacement: str
+    tests: tuple[str, ...]  # pytest arguments: files or node ids, relative to the tree's root
+
+
+S = "src/layerscope/"
+BUGS = (
+    # ---- data loss and path safety
+    Bug("ownership-size-only", S + "ownership.py",
+        '            same = sig["bytes"] == rec.get("bytes") and file_sha256(p) == rec["sha256"]',
+        '            same = sig["bytes"] == rec.get("bytes")',
+        ("tests/test_ownership_guards.py", "tests/test_force_owned.py", "tests/test_user_files.py")),
+    Bug("store-writer-before-empty", S + "runtime/store_lock.py",
+        "        before = not_layerscopes(store_dir)",
+        "        before = []",
+        ("tests/test_ownership_guards.py", "tests/test_force_owned.py", "tests/test_user_files.py")),
+    Bug("writer-in-place-before-empty", S + "ownership.py",
+        "    before = not_layerscopes(path)",
+        "    before = []",
+        ("tests/test_ownership_guards.py", "tests/test_force_owned.py", "tests/test_user_files.py")),
+    Bug("safe-part-leading-dots", S + "ownership.py",
+        '    part = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(text)).strip("-.")',
+        '    part = re.sub(r"[^A-Za-z0-9._+-]+", "-", str(text)).strip("-")',
+        ("tests/test_ownership_guards.py", "tests/test_force_owned.py", "tests/test_report_paths.py")),
+    # ---- silently wrong figures
+    Bug("cache-key-no-variant", S + "analyses/cache.py",
+        '        "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),',
+        '        "onnx": run.handle.manifest.get("onnx_sha256"),',
+        ("tests/analyses/test_identity_guards.py", "tests/test_export_cache.py", "tests/analyses/test_run_spec.py", "tests/test_variants.py")),
+    Bug("cache-poolings-overlap", S + "analyses/cache.py",
+        "        if set(layers) <= set(store.layers) and set(poolings) <= set(store.poolings):",
+        "        if set(layers) <= set(store.layers) and set(poolings) & set(store.poolings):",
+        ("tests/analyses/test_identity_guards.py", "tests/analyses/test_run_spec.py", "tests/runtime/test_store_lock_resume.py")),
+    Bug("spec-no-variant", S + "analyses/spec.py",
+        '            ident.update({f"{where}.weights": m.key, f"{where}.engine": m.engine, f"{where}.variant": m.variant,',
+        '            ident.update({f"{where}.weights": m.key, f"{where}.engine": m.engine,',
+        ("tests/analyses/test_identity_guards.py", "tests/analyses/test_run_spec.py", "tests/test_results_layout.py")),
+    Bug("spec-no-batch-tokens", S + "analyses/spec.py",
+        '                                 "max_length": self.max_length, "batch_tokens": self.batch_tokens,',
+        '                                 "max_length": self.max_length,',
+        ("tests/analyses/test_identity_guards.py", "tests/analyses/test_run_spec.py", "tests/test_results_layout.py")),
+    Bug("spec-options-as-given", S + "analyses/base.py",
+        "                                engine_options=engine_options, data=ctx.data, seed=ctx.seed, options=opts)",
+        "                                engine_options=engine_options, data=ctx.data, seed=ctx.seed, options=given)",
+        ("tests/analyses/test_identity_guards.py", "tests/analyses/test_run_spec.py", "tests/test_results_layout.py")),
+    Bug("word-context-last-k-shifted", S + "analyses/word_context.py",
+        "        last = [str(i) for i in range(run.num_layers - k_last + 1, run.num_layers + 1)]",
+        "        last = [str(i) for i in range(run.num_layers - k_last, run.num_layers)]",
+        ("tests/analyses/test_token_analyses.py",)),
+    Bug("token-spans-not-shifted-by-prompt", S + "model/tokenize.py",
+        "        spans = offsets - len(self.prompt)",
+        "        spans = offsets",
+        ("tests/runtime/test_token_store.py", "tests/analyses/test_token_analyses.py")),
+    Bug("range-offsets-by-range-number", S + "runtime/store_ranges.py",
+        "    return [Range(k, start, min(n, start + rows), int(offsets[start // GRANULE]))",
+        "    return [Range(k, start, min(n, start + rows), int(offsets[k]))",
+        ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+    Bug("range-lengths-item-size", S + "runtime/range_writer.py",
+        "                     self._data_offset(LENGTHS) + r.start * 4))",
+        "                     self._data_offset(LENGTHS) + r.start * item))",
+        ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+    Bug("graph-last-float-index", S + "vocab/pooling.py",
+        '        weighted = self.b.node("Mul", [self.mask_input, pos1], f"{self.hint}_last_pos")',
+        '        weighted = self.b.node("Mul", [self.mask(), self._float(pos1, "pos1f")], f"{self.hint}_last_pos")',
+        ("tests/test_vocab_pooling_parity.py",)),
+    Bug("half-store-bars-loosened", S + "runtime/store_dtype.py",
+        'MIN_COSINE = {"float16": 0.99999, "bfloat16": 0.9999}',
+        'MIN_COSINE = {"float16": 0.999, "bfloat16": 0.99}',
+        ("tests/test_store_dtype.py", "tests/runtime/test_shard_extract.py")),
+    # ---- durability and scale-out
+    Bug("done-mark-without-fsync", S + "runtime/store_ranges.py",
+        "        os.fsync(fh.fileno())",
+        "        pass",
+        ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+    Bug("token-rows-committed-before-flush", S + "runtime/token_write.py",
+        "        self.writer.flush()  # tokens on disk first: a row is marked done only once all of it is durable",
+        "        pass",
+        ("tests/runtime/test_token_store.py", "tests/runtime/test_store_commit_order.py")),
+    Bug("finish-with-a-dead-workers-range", S + "runtime/store_ranges.py",
+        "        return not (self.claimed or self.stale or self.missing)",
+        "        return not (self.claimed or self.missing)",
+        ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+    Bug("lease-from-start", S + "runtime/store_ranges.py",
+        "        touched = path.stat().st_mtime",
+        '        touched = (info or {}).get("since", path.stat().st_mtime)',
+        ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+)
+
+
+def _copy_tree(root: Path, dest: Path) -> None:
+    skip = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "results", "*.egg-info")
+    for name in ("src", "tests", "pyproject.toml", "docs", "README.md", "benchmarks", "scripts"):
+        src = root / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=skip, symlinks=True)
+        elif src.is_file():
+            shutil.copy2(src, dest / name)
+
+
+def _plant(tree: Path, bug: Bug) -> str | None:
+    """Replace the bug's line in ``tree``; the file's original text, or None when the line is not there once."""
+    path = tree / bug.file
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    hits = [i for i, line in enumerate(lines) if line == bug.original]
+    if len(hits) != 1:
+        return None
+    lines[hits[0]] = bug.replacement
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return text
+
+
+def _pytest(tree: Path, tests: list[str], args: argparse.Namespace) -> tuple[int, float, str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider", "-o", "addopts=",
+           *([] if args.slow else ["-m", "not slow"]), *(["-k", args.k] if args.k else []), *tests]
+    env = {**os.environ, "PYTHONPATH": str(tree / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("LAYERSCOPE_HOME", None)  # the suite's conftest gives each session its own
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=args.timeout)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired:
+        out, rc = "timed out", -1
+    tail = [line for line in out.strip().splitlines() if line.strip()]
+    failed = [line.split(" - ")[0].split("::", 1)[-1] for line in tail if line.startswith(("FAILED ", "ERROR "))]
+    last = tail[-1] if tail else ""
+    return rc, time.perf_counter() - t0, last + (f" [{failed[0]}]" if failed else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--root", type=Path, default=ROOT, help="the tree to copy (default: this one)")
+    ap.add_argument("--only", default="", help="comma-separated bug names (default: every bug)")
+    ap.add_argument("--tests", nargs="*", help="run these tests for every bug instead of each bug's own")
+    ap.add_argument("-k", dest="k", default="", help="pytest's -k expression, e.g. to leave out a CPU-only test")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds per bug's pytest run")
+    ap.add_argument("--slow", action="store_true", help="include tests marked slow")
+    ap.add_argument("--baseline", action="store_true", help="first run each chosen test set on the clean copy")
+    ap.add_argument("--list", action="store_true", help="list the bugs and exit")
+    args = ap.parse_args(argv)
+    bugs = [b for b in BUGS if not args.only or b.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - {b.name for b in BUGS}
+    if unknown:
+        print(f"unknown bug names: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    if args.list:
+        for b in bugs:
+            print(f"{b.name:36} {b.file}\n    - {b.original.strip()}\n    + {b.replacement.strip()}")
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="plant-bugs-") as tmp:
+        tree = Path(tmp) / "tree"
+        _copy_tree(args.root.resolve(), tree)
+        baselines: dict[tuple[str, ...], str] = {}
+        for bug in bugs:
+            tests = list(args.tests) if args.tests else [t for t in bug.tests if (tree / t.split("::")[0]).exists()]
+            left = [] if args.tests else [t for t in bug.tests if t not in tests]
+            if not tests:
+                rows.append((bug.name, "error", 0.0, "none of its tests exist in this tree", ""))
+                continue
+            if args.baseline and tuple(tests) not in baselines:
+                rc, _, last = _pytest(tree, tests, args)
+                baselines[tuple(tests)] = "" if rc == 0 else f"clean tree fails: {last}"
+            original = _plant(tree, bug)
+            if original is None:
+                rows.append((bug.name, "error", 0.0, f"the line is not in {bug.file} exactly once", ""))
+                continue
+            try:
+                rc, secs, last = _pytest(tree, tests, args)
+            finally:
+                (tree / bug.file).write_text(original, encoding="utf-8")
+            verdict = {0: "survived", 1: "caught"}.get(rc, "error")
+            note = baselines.get(tuple(tests), "")
+            rows.append((bug.name, verdict, secs, last, " ".join(tests) + (f"  (absent: {' '.join(left)})"
+                                                                           if left else "") + (f"  {note}" if note else "")))
+            print(f"{bug.name}: {verdict} ({secs:.0f} s) {last}", file=sys.stderr, flush=True)
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'bug':{width}}  {'result':8}  {'seconds':>7}  pytest's last line | tests run")
+    for name, verdict, secs, last, tests in rows:
+        print(f"{name:{width}}  {verdict:8}  {secs:7.0f}  {last} | {tests}")
+    caught = sum(r[1] == "caught" for r in rows)
+    print(f"\n{caught} of {len(rows)} caught, {sum(r[1] == 'survived' for r in rows)} survived, "
+          f"{sum(r[1] == 'error' for r in rows)} errors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
