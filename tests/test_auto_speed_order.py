@@ -129,3 +129,33 @@ def test_bench_table_and_plot_mark_peers_as_final_layer_only():
     assert bar_labels(bench) == ["ort", "st-onnx" + FINAL_ONLY]
     layers = bench["settings"]["layers"]
     assert final_only(bench["results"][1], layers) and not final_only({"kind": "engine", "layers": layers}, layers)
+
+
+class _ExportOnlyHandle:
+    """An export with only its own parity recorded: no OpenVINO or int8 variant was ever checked."""
+
+    is_export = True
+
+    def __init__(self, min_cos: float = 0.999995):
+        self.manifest = {"onnx_sha256": SHA, "parity": {"outputs": {"hidden_states.1": {"min_cos": min_cos}}}}
+
+
+def test_fp32_engines_inherit_the_export_s_parity_and_go_by_speed(no_gpu, tmp_path, monkeypatch):
+    """ov at fp32 runs the export's own graph: with only the export's parity recorded, auto still weighs it, and
+    picks between it and ort by the speed measured here.  Catches: ov fp32 passed over as 'accuracy not
+    recorded', and a variant (int8, bf16) wrongly given the fp32 graph's parity."""
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path))
+    eng = pick_engine(_ExportOnlyHandle())  # declared: ov fp32 (rank 60) before ort fp32 (rank 70)
+    note = eng.info.notes[0]
+    assert (eng.name, eng.variant) == ("ov", None), note
+    assert "min cosine 0.999995 (the export's parity: the same graph at fp32)" in note
+    for variant in ("ov bf16", "ov int8", "ort int8"):
+        assert f"{variant}: accuracy not recorded" in note
+    speed_order.record(_bench({"ort": 900.0, "ov": 1000.0}), "bench.json")
+    assert pick_engine(_ExportOnlyHandle()).name == "ov"
+    speed_order.record(_bench({"ort": 1100.0, "ov": 1000.0}), "bench.json")
+    eng = pick_engine(_ExportOnlyHandle())
+    assert (eng.name, eng.variant) == ("ort", None) and "1,100 texts/s measured here" in eng.info.notes[0]
+    # the inherited parity is held to --min-cosine like a recorded one
+    eng = pick_engine(_ExportOnlyHandle(min_cos=0.99), min_cosine=0.9999)
+    assert eng.name == "torch" and "ov: min cosine 0.990000 < 0.9999" in eng.info.notes[0]

@@ -128,3 +128,41 @@ def test_gpu_peer_says_why_it_cannot_run_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert missing("st-cuda-fp16") == "needs a CUDA GPU, and PyTorch sees none here"
     assert missing("st-torch") is None
+
+
+def test_progress_counts_rows_over_every_round_and_its_estimate_on_a_fake_clock(export_dir, monkeypatch, caplog):
+    """Catches: a count that starts again each round (round 2 at 1/N, or at N+1/N with skipped rows counted) and a
+    time left computed from one round instead of the whole bench."""
+    import logging
+    from types import SimpleNamespace
+
+    import layerscope.progress as progress
+    from layerscope.bench import isolated
+
+    now = [0.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)  # a line after every row
+    caplog.set_level(logging.INFO, logger="layerscope")
+
+    def worker(job, work, timeout_s):
+        now[0] += 10.0  # every row takes 10 s on the fake clock
+        return {"engine": job["name"], "kind": job["row_kind"], "available": False, "reason": "not run in this test"}
+
+    monkeypatch.setattr(isolated, "_run_worker", worker)
+    said: list[str] = []
+    cfg = isolated.IsolatedConfig(model=str(export_dir), engines=["ort"], texts=["a b c", "d e"], corpus="two",
+                                  peers=["st-torch"], rounds=2, passes=1, progress=said.append)
+    isolated.run_isolated(cfg)
+    # hf-eager and ort run; st-torch is skipped (the tiny model is no sentence-transformers model): 2 rows x 2 rounds
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("bench")]
+    assert [m.split(" process: ", 1)[1] for m in lines] == ["1/4 (25%), 0:00:10 elapsed, about 0:00:30 left",
+                                                             "2/4 (50%), 0:00:20 elapsed, about 0:00:20 left",
+                                                             "3/4 (75%), 0:00:30 elapsed, about 0:00:10 left",
+                                                             "4/4 (100%), 0:00:40 elapsed"]
+    assert {m.split(": ", 1)[0] for m in lines} == {"bench"}  # one count for the whole bench, not one per round
+    assert lines[0].startswith("bench: 2 rows x 2 rounds, each row in its own process: ")
+    rows = [m for m in said if m.startswith("round ")]
+    assert rows == ["round 1/2: hf-eager in its own process (row 1 of 4)",
+                    "round 1/2: ort in its own process (row 2 of 4)",
+                    "round 2/2: ort in its own process (row 3 of 4)",
+                    "round 2/2: hf-eager in its own process (row 4 of 4)"]

@@ -174,7 +174,7 @@ def test_auto_picks_the_fastest_engine_that_meets_min_cosine(export_dir, tmp_pat
         create_engine("auto", str(export), min_cosine=1.5)
 
 
-def test_auto_passes_over_unrecorded_engines(export_dir, tmp_path, monkeypatch):
+def test_auto_gives_ov_fp32_the_export_parity_and_passes_over_unrecorded_precisions(export_dir, tmp_path, monkeypatch):
     # no bench speeds of this machine (a user's `layerscope bench` ranked ort first and hid ov's note)
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     from layerscope.engines.base import create_engine
@@ -182,7 +182,10 @@ def test_auto_passes_over_unrecorded_engines(export_dir, tmp_path, monkeypatch):
     bare, _ = _copy_with_variants(export_dir, tmp_path / "bare", set())
     eng = create_engine("auto", str(bare))
     note = next(n for n in eng.info.notes if n.startswith("auto picked"))
-    assert eng.name == "ort" and "ov: accuracy not recorded" in note
+    # ov at fp32 runs the export's own graph: it has the export's parity; the precisions never checked do not
+    assert (eng.name, eng.variant) == ("ov", "fp32"), note
+    assert "(the export's parity: the same graph at fp32)" in note and "ov int8: accuracy not recorded" in note
+    assert not any("not recorded" in n for n in eng.info.notes if not n.startswith("auto picked"))
 
 
 def test_engines_table_lists_ov_and_what_auto_picks(export_dir, tmp_path, monkeypatch):
@@ -197,7 +200,7 @@ def test_engines_table_lists_ov_and_what_auto_picks(export_dir, tmp_path, monkey
     assert by["ov"].works and "OpenVINO" in by["ov"].detail
     if by["trt"].works or by["cuda"].works:
         pytest.skip("a GPU engine starts here: auto picks it")
-    assert by["auto"].detail == "picks ort here (recorded min cosine " + \
+    assert by["auto"].detail == "picks ov here (recorded min cosine " + \
         f"{min(s['min_cos'] for n, s in manifest['parity']['outputs'].items() if n.startswith(('hidden_states.', 'pooled.'))):.6f}" + \
         "; order from the declared order (no layerscope bench of these engines on this CPU yet))"
     by = {s.name: s for s in probe_all(str(only_ov))}

@@ -93,6 +93,9 @@ def test_engines_table_says_what_auto_picks_for_a_fresh_export():
 
     base = [EngineStatus("ort", True, "onnxruntime"), EngineStatus("torch", True, "PyTorch")]
     with_bf16 = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (BF16, FP32; bf16 too)")], None)
-    assert with_bf16.startswith("picks ov bf16 here for a fresh export") and "else ort" in with_bf16
+    # ov at fp32 runs the export's own graph (the export's parity) and is declared ahead of ort at fp32
+    assert with_bf16.startswith("picks ov bf16 here for a fresh export") and "else ov;" in with_bf16
     without = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (FP32; no bf16 on this CPU)")], None)
-    assert without.startswith("picks ort here for a fresh export")
+    assert without.startswith("picks ov here for a fresh export")
+    no_ov = _auto_detail(base + [EngineStatus("ov", False, "openvino is not installed")], None)
+    assert no_ov.startswith("picks ort here for a fresh export")

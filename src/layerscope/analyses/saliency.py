@@ -47,6 +47,24 @@ def method_tests(per_text: dict[str, dict[str, list[float]]], best: str, seed: i
     return rows
 
 
+QUICK = {"max_texts": 10, "ig_steps": 5}  # the small run the cost line offers
+
+
+def saliency_cost(texts: int, layers: int, *, gxa: bool, ig_steps: int, k: int, random_draws: int) -> str:
+    """What a saliency run costs, said before it starts: texts x methods x integrated-gradient steps, the
+    model passes per text, and the small run to try first when this one is larger."""
+    methods = layers * (2 if gxa else 1) + 2  # decoded (and gxa) per layer, gradient x input, integrated gradients
+    rankings = methods + random_draws
+    games = 2 * k * rankings + 2  # each ranking's k hidden and k revealed variants, the full and all-hidden text
+    line = (f"saliency costs {texts:,} texts x {methods} methods x {ig_steps} integrated-gradient steps: per text "
+            f"{1 + ig_steps} forward+backward passes, {layers} layers decoded through the head and up to {games:,} "
+            f"masked forward passes for the games; {texts * (1 + ig_steps):,} backward passes in all")
+    if texts > QUICK["max_texts"] or ig_steps > QUICK["ig_steps"]:
+        line += (f". A quick look first: --max-texts {min(texts, QUICK['max_texts'])} "
+                 f"--ig-steps {min(ig_steps, QUICK['ig_steps'])}")
+    return line
+
+
 @register
 class Saliency(Analysis):
     metadata = AnalysisMetadata(
@@ -203,6 +221,8 @@ class Saliency(Analysis):
             ctx.say(f"explaining the first {max_texts} of {len(explain)} texts (--max-texts)")
             explain = explain[:max_texts]
 
+        ctx.say(saliency_cost(len(explain), len(layers), gxa=bool(o.gxa), ig_steps=int(o.ig_steps), k=k_max,
+                              random_draws=int(o.random_draws)))
         rng = np.random.default_rng(ctx.seed)
         acc = GameAccumulator(k_max)
         shown, ig_gaps = [], []

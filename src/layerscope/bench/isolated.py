@@ -32,7 +32,7 @@ from layerscope.bench.engine_rows import bench_engines
 from layerscope.bench.runner import _accuracy, sts_spearman
 from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
-from layerscope.progress import track
+from layerscope.progress import steps
 
 ROUND_AGREEMENT = 0.10  # rounds' best passes within 10% of each other
 
@@ -192,22 +192,26 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
             (work / "sts.json").write_text(json.dumps(uniq), encoding="utf-8")
         per_row: dict[str, list[dict[str, Any]]] = {r["name"]: [] for r in rows}
         loads = []
-        for rnd in range(cfg.rounds):
-            order = rows if rnd % 2 == 0 else rows[::-1]
-            for row in track(order, f"bench round {rnd + 1}/{cfg.rounds}: rows, each in its own process"):
-                if row.get("skip"):
-                    continue
-                say(f"round {rnd + 1}/{cfg.rounds}: {row['name']} in its own process")
-                loads.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
-                out_dir = work / f"r{rnd}-{row['name']}"
-                job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_file), n_acc=n_acc,
-                           sts_file=str(work / "sts.json") if sts and rnd == 0 else None)
-                res = _run_worker(job, work, cfg.timeout_s)
-                if res.get("available") and rnd == 0:
-                    res["_vectors"] = np.load(out_dir / "vectors.npy")
-                    if sts and (out_dir / "sts.npy").exists():
-                        res["_sts"] = np.load(out_dir / "sts.npy")
-                per_row[row["name"]].append(res)
+        runnable = [r for r in rows if not r.get("skip")]
+        total = len(runnable) * cfg.rounds
+        # one count over every round, so the time left covers the whole bench, not the round under way
+        with steps(f"bench: {len(runnable)} rows x {cfg.rounds} rounds, each row in its own process", total) as bar:
+            for rnd in range(cfg.rounds):
+                order = runnable if rnd % 2 == 0 else runnable[::-1]
+                for row in order:
+                    say(f"round {rnd + 1}/{cfg.rounds}: {row['name']} in its own process "
+                        f"(row {bar.done + 1:,} of {total:,})")
+                    loads.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+                    out_dir = work / f"r{rnd}-{row['name']}"
+                    job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_file), n_acc=n_acc,
+                               sts_file=str(work / "sts.json") if sts and rnd == 0 else None)
+                    res = _run_worker(job, work, cfg.timeout_s)
+                    if res.get("available") and rnd == 0:
+                        res["_vectors"] = np.load(out_dir / "vectors.npy")
+                        if sts and (out_dir / "sts.npy").exists():
+                            res["_sts"] = np.load(out_dir / "sts.npy")
+                    per_row[row["name"]].append(res)
+                    bar.advance()
     lengths = _token_lengths(handle, cfg)
     shapes = model_shapes(handle.export_dir)
     peak = machine_peak()

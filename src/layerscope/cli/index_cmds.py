@@ -17,7 +17,8 @@ def index_build(
     store: Path = typer.Option(..., "--store", "-s", help="A LayerStore made by layerscope extract."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Index directory (default <store>/index-<kind>-<pooling>-<layer>)."),
     layer: str = typer.Option("-1", "--layer", help="Layer: raw, 0..L or a negative index."),
-    pooling: str = typer.Option("mean", "--pooling", help="Pooling held in the store."),
+    pooling: Optional[str] = typer.Option(None, "--pooling", help="Pooling held in the store (default: the "
+                                          "store's first, st for a sentence-transformers model's default store)."),
     kind: str = typer.Option("flat", "--kind", help="flat (exact), ivf, hnsw or binary."),
     nlist: Optional[int] = typer.Option(None, "--nlist", help="IVF cells (default about sqrt(n))."),
     nprobe: Optional[int] = typer.Option(None, "--nprobe", help="IVF cells searched per query."),
@@ -32,6 +33,10 @@ def index_build(
 
     from layerscope.index.store_index import build_store_index
 
+    if pooling is None:
+        from layerscope.runtime.store import LayerStore
+
+        pooling = LayerStore.open(store).poolings[0]
     out = out or Path(store) / f"index-{kind}-{pooling}-{layer.replace('-', 'm')}"
     meta = build_store_index(store, out, layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
                              hnsw_m=hnsw_m, ef_search=ef_search, seed=seed, device=device, force=force)

@@ -3,8 +3,11 @@
 Accuracy is what the manifest recorded against PyTorch fp32: the export's own
 parity for the fp32 graph, each variant's parity for ``int8`` and the OpenVINO
 precisions (``layerscope optimize --variant int8,ov-fp32,ov-bf16``); an engine
-whose accuracy was never recorded is not picked.  The accuracy of a candidate
-is its worst cosine over every hidden-state and pooled output.
+whose accuracy was never recorded is not picked.  A candidate that runs the
+export's own graph at fp32 (no variant: ``ort``, ``ov`` fp32, ``cuda``, ``trt``)
+has the export's parity unless its own was recorded, so the fp32 engines on one
+export are ranked by speed alone.  The accuracy of a candidate is its worst
+cosine over every hidden-state and pooled output.
 
 Speed: the texts/s the last ``layerscope bench`` measured on this CPU
 (engines/speed_order.py) order the engines it measured; engines never measured
@@ -33,6 +36,16 @@ def recorded_min_cosine(manifest: Manifest | dict[str, Any], key: str) -> float 
     return parity.min_cosine() if parity is not None else None
 
 
+def candidate_min_cosine(manifest: Manifest | dict[str, Any], key: str, variant: str | None) -> tuple[float | None, str]:
+    """A candidate's recorded worst cosine and where it comes from.  One with no variant runs the export's
+    fp32 graph, so without a record of its own it has the export's parity (same graph, fp32 kernels)."""
+    cos = recorded_min_cosine(manifest, key)
+    if cos is None and variant is None and key != "fp32":
+        cos = recorded_min_cosine(manifest, "fp32")
+        return cos, ("the export's parity: the same graph at fp32" if cos is not None else "")
+    return cos, ""
+
+
 @register(EngineSpec("auto", "the fastest engine that starts here and whose recorded cosine to PyTorch fp32 meets "
                             "--min-cosine", needs_export=True, device="any", gradients=True, picks_engine=True))
 def pick_engine(handle, *, min_cosine: float | None = None, **options):
@@ -51,7 +64,7 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
     for name, variant, key in order:
         label = name + (f" {variant}" if variant else "")
         if key:
-            cos = recorded_min_cosine(handle.manifest, key)
+            cos, inherited = candidate_min_cosine(handle.manifest, key, variant)
             if cos is None:
                 tried.append(f"{label}: accuracy not recorded")
                 continue
@@ -68,7 +81,8 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
             continue
         from layerscope.engines.speed_order import speed_of
 
-        why = (f"min cosine {cos:.6f} >= {min_cos:g}, fastest such engine{speed_of(ranked_by, name, variant)}; "
+        source = f" ({inherited})" if key and inherited else ""
+        why = (f"min cosine {cos:.6f}{source} >= {min_cos:g}, fastest such engine{speed_of(ranked_by, name, variant)}; "
                f"order from {ranked_by}" if key else "the requested variant")
         engine.info.notes.append(f"auto picked {label} ({why})" + (f"; passed over {'; '.join(tried)}"
                                                                       if tried else ""))

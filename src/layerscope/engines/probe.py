@@ -38,7 +38,7 @@ def probe_all(model=None) -> list[EngineStatus]:
 
 
 def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
-    from layerscope.engines.auto import DEFAULT_MIN_COSINE, recorded_min_cosine
+    from layerscope.engines.auto import DEFAULT_MIN_COSINE, candidate_min_cosine
     from layerscope.engines.registry import auto_order, fallback_engine, gpu_engines
 
     works = {s.name: s.works for s in statuses}
@@ -46,7 +46,8 @@ def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
     if gpu:
         return f"picks {gpu} here"
     if export_dir is None:
-        fresh = next((n for n, _, key in auto_order(explicit_variant=False) if key == "fp32" and works.get(n)),
+        # an engine on the export's own fp32 graph has the export's parity: the first that starts
+        fresh = next((n for n, variant, _ in auto_order(explicit_variant=False) if variant is None and works.get(n)),
                      fallback_engine().name)
         ov_detail = next((s.detail for s in statuses if s.name == "ov" and s.works), "")
         if ov_detail and "no bf16" not in ov_detail:
@@ -63,7 +64,7 @@ def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
 
     order, ranked_by = ranked(tuple(auto_order(explicit_variant=False)), manifest)
     for name, variant, key in order:
-        cos = recorded_min_cosine(manifest, key)
+        cos, _ = candidate_min_cosine(manifest, key, variant)
         if not works.get(name) or cos is None or cos < DEFAULT_MIN_COSINE or (variant == "bf16" and not ov_bf16):
             continue
         return f"picks {name}{' ' + variant if variant else ''} here (recorded min cosine {cos:.6f}; order from {ranked_by})"

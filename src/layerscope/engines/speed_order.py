@@ -116,5 +116,5 @@ def ranked(declared: tuple, manifest: dict[str, Any], *, root: Path | None = Non
 
 def speed_of(order_source: str, engine: str, variant: str | None) -> str:
     """' (N texts/s measured here)' for a picked engine when the order came from a bench, else ''."""
-    m = re.search(rf"(?:: |, ){re.escape(bench_name(engine, variant))} (\d+(?:,\d{3})*)", order_source)
+    m = re.search(rf"(?:: |, ){re.escape(bench_name(engine, variant))} (\d+(?:,\d{{3}})*)", order_source)
     return f", {m.group(1)} texts/s measured here" if m else ""

@@ -114,6 +114,16 @@ def st_recipe(manifest: Manifest) -> dict[str, Any]:
     return st
 
 
+def pooling_words(pooling: str, manifest: Manifest | None) -> str:
+    """A pooling named for a reader: ``st`` says which recipe it is (``st: the checkpoint's own recipe, mean
+    pooling + normalize``); the other poolings are their own description."""
+    st = (manifest.sentence_transformers if manifest is not None else None) or {}
+    if pooling != "st" or not st.get("pooling"):
+        return pooling
+    return (f"st: the checkpoint's own recipe, {st['pooling']} pooling"
+            f"{' + normalize' if st.get('normalize') else ''}")
+
+
 def resolve_prompt(manifest: Manifest, prompt_name: str | None = None, prompt: str | None = None) -> str:
     """The text put before every input, as sentence-transformers' ``encode`` chooses it.
 

@@ -132,7 +132,8 @@ def print_extract_summary(console, report, verbose: bool = False) -> None:
                 aniso = "-"
             table.add_row(pooling, layer, f"{store.n}x{store.meta['hidden_size']}", f"{norms.mean():.3f}", aniso)
     console.print(table)
-    console.print(f"open it with: LayerStore.open('{store.path}')['{store.poolings[0]}', -1]", markup=False)
+    console.print(f"open it with: from layerscope import LayerStore; "
+                  f"LayerStore.open('{store.path}')['{store.poolings[0]}', -1]", markup=False)
 
 
 def layer_by_pooling_table(title: str, rows: list[dict], column: str, cell) -> "object":

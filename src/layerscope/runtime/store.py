@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from layerscope.atomic import write_json_atomic
-from layerscope.errors import StoreError
+from layerscope.errors import LayerscopeError, StoreError
 from layerscope.runtime import store_dtype as sd
 from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
 from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
@@ -194,13 +194,24 @@ class LayerStore:
         """The on-disk array of one (pooling, layer), memory-mapped (bfloat16: uint16 upper halves)."""
         pooling, layer = key
         if pooling not in self.poolings:
-            raise StoreError(f"pooling '{pooling}' is not in {self.path} (it holds {', '.join(self.poolings)})")
+            raise StoreError(self._missing_pooling(pooling))
         name = self.resolve_layer(layer)
         k = (pooling, name)
         if k not in self._arrays:
             mode = "r+" if self.mode == "r+" else "r"
             self._arrays[k] = np.load(self.path / "arrays" / _pool_dir(pooling) / f"{name}.npy", mmap_mode=mode)
         return self._arrays[k]
+
+    def _missing_pooling(self, pooling: str) -> str:
+        from layerscope.model.stconfig import pooling_words
+
+        try:
+            manifest = self.manifest
+        except (KeyError, LayerscopeError):  # a store whose manifest cannot be read still names what it holds
+            manifest = None
+        held = "; ".join(pooling_words(p, manifest) for p in self.poolings)
+        return (f"pooling '{pooling}' is not in {self.path} (it holds {held}); ask for one of those, or extract "
+                f"again with --pooling {','.join([*self.poolings, str(pooling)])} to store {pooling} too")
 
     def tokens(self, layer: int | str):
         """Token-level vectors of ``layer`` (stores made with ``extract --tokens``), memory-mapped: a
