@@ -98,10 +98,12 @@ def by_hand(src, tgt, layer):
             **{f"pos{b}": avg(pos[b]) for b in range(BINS)}}
 
 
-@pytest.mark.parametrize("family", ["qwen2", "bert"])
-def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model, family):
+@pytest.mark.parametrize("family,chunk_bytes", [("qwen2", None), ("bert", None), ("bert", 4096)])
+def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model, family, chunk_bytes, monkeypatch):
     from layerscope.data.bilingual import generate_pairs
 
+    if chunk_bytes:  # pairs read a few at a time: the figures are those of all pairs at once
+        monkeypatch.setattr("layerscope.runtime.token_embed.CHUNK_BYTES", chunk_bytes)
     model = tiny_model(family)
     ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "ta", seed=1,
                   options={"generate": "zh-en", "n": N, "bins": BINS}, cache=False)
@@ -175,8 +177,12 @@ def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
     assert fig["linear_cka"][i][j] == pytest.approx(linear_cka_by_hand(X, Y), abs=1e-4)
 
 
-def test_word_context_equals_an_independent_computation(tmp_path, tiny_model):
+@pytest.mark.parametrize("chunk_bytes", [None, 1024])
+def test_word_context_equals_an_independent_computation(tmp_path, tiny_model, chunk_bytes, monkeypatch):
     import re
+
+    if chunk_bytes:  # texts read one or two at a time: the figures are those of all texts at once
+        monkeypatch.setattr("layerscope.runtime.token_embed.CHUNK_BYTES", chunk_bytes)
 
     import torch
     from transformers import AutoModel, AutoTokenizer
