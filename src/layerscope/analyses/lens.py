@@ -77,6 +77,7 @@ class Lens(Analysis):
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.decoding.lens import LensAccumulator, LensBatch
+        from layerscope.progress import steps
 
         texts: list[str] = data
         o = self.options(ctx)
@@ -96,9 +97,11 @@ class Lens(Analysis):
         acc = LensAccumulator(idx, special, decoder)
         shown: list[dict[str, Any]] = []
         truncated = 0
+        bar = steps("lens: texts decoded at every layer", len(texts))
         for start in range(0, len(texts), bs):
             chunk = texts[start:start + bs]
             full: LensBatch = runner(chunk)
+            bar.advance(len(chunk))
             truncated += int(full.truncated)
             b = LensBatch(full.rank[idx], full.topk_ids[idx], full.topk_probs[idx], full.input_ids, full.mask)
             keep = acc.add(b)
@@ -106,6 +109,7 @@ class Lens(Analysis):
                 if len(shown) >= show:
                     break
                 shown.append(_text_detail(chunk[j], b, j, keep[j], names, tok, decoder))
+        bar.close()
         if truncated:
             ctx.say(f"warning: {truncated} text(s) were longer than the model's max length and were truncated")
         table = acc.table(names)
@@ -150,26 +154,35 @@ class Lens(Analysis):
 
             return go, model.info.to_dict(), "torch (PyTorch head)"
 
-        from layerscope.decoding.lens_onnx import OUTPUTS, export_lens, lens_file, read_sidecar
-        from layerscope.export.open import ensure_export, open_engine
+        from layerscope.decoding.lens_onnx import export_lens, lens_file, onnx_lens, read_sidecar
+        from layerscope.engines.ort import make_session
+        from layerscope.export.open import ensure_export
+        from layerscope.vocab.outputs import hidden_outputs
 
         handle = ensure_export(run.handle)
         meta = read_sidecar(handle, k)
         if meta is None:
             ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
             meta = export_lens(handle.export_dir, k)
-        engine = open_engine(handle, run.engine.info.name, onnx_file=lens_file(k))
+        # the engine runs the export for every layer's hidden states; the head graph alone decodes them
+        engine = run.engine
+        session = make_session(handle.export_dir / lens_file(k), "CPUExecutionProvider")
         enc = engine.encoder()
+        names = hidden_outputs(run.num_layers)
+        decoder = handle.manifest.kind == "decoder"
+        vocab = int(handle.manifest.vocab_size)
 
         def go(texts):
             batch = enc(texts)
-            r, ids, p = engine.run_outputs(batch, list(OUTPUTS))
-            out = LensBatch(r.astype(np.int64), ids.astype(np.int64), p.astype(np.float32), batch.input_ids,
-                            batch.mask)
+            hidden = engine.run_outputs(batch, names)
+            r, ids, p = onnx_lens(session, hidden, batch.input_ids, batch.mask, decoder, k, vocab)
+            del hidden
+            out = LensBatch(r, ids, p, batch.input_ids, batch.mask)
             out.truncated = int(batch.truncated.sum())
             return out
 
-        return go, meta["head"], f"{engine.info.name} ({engine.info.provider}) on {lens_file(k)}"
+        return go, meta["head"], (f"{engine.info.name} ({engine.info.provider}) for the hidden states, "
+                                  f"{lens_file(k)} (ONNX Runtime CPU) for the head")
 
     # ------------------------------------------------------------------ rendering
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
