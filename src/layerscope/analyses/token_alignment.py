@@ -30,12 +30,13 @@ PAIR_OPTIONS = ("generate", "n", "source_file", "target_file", "source_column", 
 
 class LayerSums:
     """One layer's figures gathered chunk by chunk of pairs: the decomposition's and the position bins' items,
-    and each text's pooled vectors (with and without its shared tokens) for the alignment z."""
+    and each text's pooled vectors (with and without its shared tokens; averaged in float64, kept in float32)
+    for the alignment z: per pair, 4 vectors, whatever the texts' lengths."""
 
     def __init__(self, n: int, hidden: int, bins: int):
         self.items: dict | None = None
         self.bins: list[list[float]] = [[] for _ in range(bins)]
-        self.pooled = {k: np.zeros((n, hidden), np.float64) for k in ("s", "t", "ws", "wt")}
+        self.pooled = {k: np.zeros((n, hidden), np.float32) for k in ("s", "t", "ws", "wt")}
 
     def add(self, pairs: np.ndarray, src, tgt) -> None:
         """The figures of the pairs ``pairs`` (their sides ``src`` and ``tgt``, in that order)."""
