@@ -97,11 +97,12 @@ class Lens(Analysis):
         acc = LensAccumulator(idx, special, decoder)
         shown: list[dict[str, Any]] = []
         truncated = 0
-        bar = steps("lens: texts decoded at every layer", len(texts))
+        enc = run.engine.encoder()  # positions to decode, from the tokenizer alone: the count a long batch advances
+        bar = steps("lens: tokens decoded at every layer",
+                    int(np.minimum(np.maximum(enc.token_lengths(texts), 1), enc.max_length).sum()))
         for start in range(0, len(texts), bs):
             chunk = texts[start:start + bs]
-            full: LensBatch = runner(chunk)
-            bar.advance(len(chunk))
+            full: LensBatch = runner(chunk, bar)
             truncated += int(full.truncated)
             b = LensBatch(full.rank[idx], full.topk_ids[idx], full.topk_probs[idx], full.input_ids, full.mask)
             keep = acc.add(b)
@@ -143,12 +144,13 @@ class Lens(Analysis):
             enc = run.engine.encoder()
             all_layers = list(range(run.num_layers + 1))
 
-            def go(texts):
+            def go(texts, bar):
                 batch = enc(texts)
                 import torch
 
                 inputs = {n: torch.from_numpy(v) for n, v in batch.inputs.items()}
                 out = torch_lens(model, inputs, all_layers, k)
+                bar.advance(int((np.asarray(batch.mask) > 0).sum()))
                 out.truncated = int(batch.truncated.sum())
                 return out
 
@@ -172,10 +174,10 @@ class Lens(Analysis):
         decoder = handle.manifest.kind == "decoder"
         vocab = int(handle.manifest.vocab_size)
 
-        def go(texts):
+        def go(texts, bar):
             batch = enc(texts)
             hidden = engine.run_outputs(batch, names)
-            r, ids, p = onnx_lens(session, hidden, batch.input_ids, batch.mask, decoder, k, vocab)
+            r, ids, p = onnx_lens(session, hidden, batch.input_ids, batch.mask, decoder, k, vocab, bar=bar)
             del hidden
             out = LensBatch(r, ids, p, batch.input_ids, batch.mask)
             out.truncated = int(batch.truncated.sum())

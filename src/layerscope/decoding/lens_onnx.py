@@ -195,10 +195,11 @@ def positions_per_run(vocab: int, budget: int | None = None) -> int:
 
 
 def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np.ndarray, decoder: bool, k: int,
-              vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              vocab: int, *, bar=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(rank [L+1, B, S], top-k ids, top-k probabilities [L+1, B, S, k])`` of a batch's hidden states (every
     layer's ``[B, S, hidden]``) through the head graph, over the real tokens only, ``positions_per_run`` at a
-    time; padding positions get rank 0, ids 0 and probabilities 0."""
+    time; padding positions get rank 0, ids 0 and probabilities 0. ``bar``: a progress count advanced by the
+    positions of each run."""
     ids = np.asarray(input_ids, dtype=np.int64)
     real = np.asarray(mask) > 0
     if decoder:  # the next token, where there is one (the torch path's lens_targets, in numpy)
@@ -220,6 +221,8 @@ def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np
         feed[VALID] = valid[r, c].astype(np.int64)[None]
         out_r, out_i, out_p = session.run(list(OUTPUTS), feed)
         rank[:, r, c], top_ids[:, r, c], top_p[:, r, c] = out_r[:, 0], out_i[:, 0], out_p[:, 0]
+        if bar is not None:
+            bar.advance(len(r))
     return rank, top_ids, top_p
 
 
