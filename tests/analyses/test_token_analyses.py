@@ -98,10 +98,12 @@ def by_hand(src, tgt, layer):
             **{f"pos{b}": avg(pos[b]) for b in range(BINS)}}
 
 
-@pytest.mark.parametrize("family", ["qwen2", "bert"])
-def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model, family):
+@pytest.mark.parametrize("family,chunk_bytes", [("qwen2", None), ("bert", None), ("bert", 4096)])
+def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model, family, chunk_bytes, monkeypatch):
     from layerscope.data.bilingual import generate_pairs
 
+    if chunk_bytes:  # pairs read a few at a time: the figures are those of all pairs at once
+        monkeypatch.setattr("layerscope.runtime.token_embed.CHUNK_BYTES", chunk_bytes)
     model = tiny_model(family)
     ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "ta", seed=1,
                   options={"generate": "zh-en", "n": N, "bins": BINS}, cache=False)
@@ -175,11 +177,14 @@ def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
     assert fig["linear_cka"][i][j] == pytest.approx(linear_cka_by_hand(X, Y), abs=1e-4)
 
 
-@pytest.mark.parametrize("last_k", [2, 1])
-def test_word_context_equals_an_independent_computation(tmp_path, tiny_model, last_k):
+@pytest.mark.parametrize("last_k, chunk_bytes", [(2, None), (1, None), (2, 1024)])
+def test_word_context_equals_an_independent_computation(tmp_path, tiny_model, last_k, chunk_bytes, monkeypatch):
     """Every layer's share and the last-k share (the mean of layers L-k+1..L) by hand; with k=1 the window
     one layer lower (layer 1 instead of 2) gives another share on these texts, so a shifted window shows."""
     import re
+
+    if chunk_bytes:  # texts read one or two at a time: the figures are those of all texts at once
+        monkeypatch.setattr("layerscope.runtime.token_embed.CHUNK_BYTES", chunk_bytes)
 
     import torch
     from transformers import AutoModel, AutoTokenizer

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from layerscope.decoding.heads import load_decoding_model, model_inputs
-from layerscope.decoding.lens_onnx import export_lens, lens_file, run_onnx_lens
-from layerscope.engines.ort import make_session
+from layerscope.decoding.lens_onnx import export_lens, lens_file, lens_of_export
 from layerscope.export.exporter import export_model
 from layerscope.export.lm_head import HEAD_FILE
 from layerscope.model.handle import ModelHandle
@@ -22,8 +21,7 @@ TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox jumps"]
 def _lens(export_dir, k):
     handle = ModelHandle.resolve(export_dir)
     inputs = model_inputs(handle, handle.tokenizer(), TEXTS, 32)
-    session = make_session(export_dir / lens_file(k), "CPUExecutionProvider")
-    return run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()})
+    return lens_of_export(handle, k, {n: t.numpy() for n, t in inputs.items()})
 
 
 @pytest.mark.parametrize("family,kind", [("gpt2", "causal-lm-head"), ("qwen2", "causal-lm-head"),

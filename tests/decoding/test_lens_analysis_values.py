@@ -12,15 +12,21 @@ from layerscope.analyses.base import Context, run_analysis
 TEXTS = ["the cat sat on the mat", "water boils at sea level", "the river flows slowly through the old town"]
 
 
-@pytest.mark.parametrize("engine", ["torch", "ov"])
-def test_lens_table_equals_a_hand_computed_logit_lens(tiny_model, tmp_path, engine):
+@pytest.mark.parametrize("engine,head_bytes", [("torch", None), ("ort", None), ("ort", 1), ("ov", None)])
+def test_lens_table_equals_a_hand_computed_logit_lens(tiny_model, tmp_path, engine, head_bytes, monkeypatch):
     """Per layer: mean rank of the input token among the head's logits, how often it is the top-1, how
     often the top-1 equals the last layer's, over real non-special positions.
 
     Catches: special-token targets counted (``special = set()`` in analyses/lens.py) and the layer
     rows of the table shifted against the layers decoded (``full.rank[idx]`` read with ``idx[::-1]``), and
-    OpenVINO (which ``auto`` picks at fp32) refusing the lens graph."""
+    OpenVINO (which ``auto`` picks at fp32) failing the lens. On the ONNX engines the head graph decodes the
+    engine's hidden states, with a 1-byte budget one position per run (the positions scattered back to the
+    wrong place would change every figure)."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    if head_bytes:
+        monkeypatch.setattr("layerscope.decoding.lens_onnx.HEAD_BYTES", head_bytes)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
 
     model_dir = tiny_model("bert")
     data = tmp_path / "t.txt"

@@ -6,8 +6,7 @@ import numpy as np
 import onnx
 
 from layerscope.decoding.heads import load_decoding_model, model_inputs
-from layerscope.decoding.lens_onnx import export_lens, run_onnx_lens
-from layerscope.engines.ort import make_session
+from layerscope.decoding.lens_onnx import export_lens, lens_of_export
 from layerscope.export import external
 from layerscope.export import exporter
 from layerscope.export.exporter import export_model
@@ -19,8 +18,7 @@ TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox"]
 def _lens_outputs(export_dir, meta):
     handle = ModelHandle.resolve(export_dir)
     inputs = model_inputs(handle, handle.tokenizer(), TEXTS, 32)
-    session = make_session(export_dir / meta["file"], "CPUExecutionProvider")
-    return run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()})
+    return lens_of_export(handle, meta["k"], {n: t.numpy() for n, t in inputs.items()})
 
 
 def test_lens_graph_on_external_data_export(tiny_model, tmp_path, monkeypatch):
@@ -34,9 +32,11 @@ def test_lens_graph_on_external_data_export(tiny_model, tmp_path, monkeypatch):
     meta = export_lens(big, 4)
     assert meta["parity"]["rank_mismatch_fraction"] == 0.0
     lens_graph = onnx.load(str(big / meta["file"]), load_external_data=False)
-    locations = sorted(p.name for p in external.data_files(big / meta["file"]))
-    assert locations == ["lens-k4.onnx_data", "model.onnx_data"]  # the model's weights are shared, not copied
-    assert (big / "lens-k4.onnx_data").stat().st_size < (big / "model.onnx_data").stat().st_size
+    for export, lens in ((normal, ref_meta), (big, meta)):  # the head graph alone, its weights the stored head's
+        locations = sorted(p.name for p in external.data_files(export / lens["file"]))
+        assert locations == ["lm_head.safetensors"] and not (export / "lens-k4.onnx_data").exists()
+        assert lens["shared_bytes"] >= 4 * 32 * int(ModelHandle.resolve(export).manifest.vocab_size)
+        assert (export / lens["file"]).stat().st_size < 100_000
     assert external.inline_bytes(lens_graph) < 10_000
     for a, b in zip(_lens_outputs(normal, ref_meta), _lens_outputs(big, meta)):
         np.testing.assert_array_equal(a, b)

@@ -326,8 +326,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
                                             check_runs_index, check_summary, write_runs_index)
     from layerscope.analyses.spec import RESULTS_FORMAT, ModelSpec, RunSpec, make_options, options_dict
     from layerscope.engines.registry import check_engine_options, engine_spec, gradient_engine
-    from layerscope.export.open import open_engine
-    from layerscope.model.handle import ModelHandle
+    from layerscope.export.open import open_engine, resolve_model
 
     cls = get_analysis(name)
     analysis = cls()
@@ -363,7 +362,10 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     handles, layers, poolings = [], [], []
     sources = analysis.stored_sources(ctx, data)
     if sources is None:
-        handles = [ModelHandle.resolve(spec, trust_remote_code=ctx.trust_remote_code) for spec in ctx.models]
+        engine_name = gradient_engine(ctx.engine) if meta.needs_gradients else ctx.engine
+        # a cached export is found without transformers or torch when the engine runs exports
+        handles = [resolve_model(spec, trust_remote_code=ctx.trust_remote_code, engine=engine_name)
+                   for spec in ctx.models]
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
         poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]

@@ -2,7 +2,10 @@
 
 The cache key covers everything that changes the numbers: the model weights,
 the engine and the graph it runs (precision variant), the max length, the
-texts, the layers and the poolings.
+tokens per batch, the texts, the layers and the poolings.  A store is extracted
+with every layer and every pooling the model has, in one pass over the texts, so
+any later analysis of the same texts on the same model and engine, whatever
+layers and poolings it asks, reads it instead of running the model again.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import numpy as np
 
 
 def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: list[str] | None = None,
-              max_length: int | None = None) -> str:
-    """Identity of the vectors: model, engine, graph, max length and texts (and layers/poolings when given)."""
+              max_length: int | None = None, batch_tokens: int | None = None) -> str:
+    """Identity of the vectors: model, engine, graph, max length, tokens per batch (None: the engine's own)
+    and texts (and layers/poolings when given)."""
     h = hashlib.sha256()
     for t in texts:
         h.update(t.encode("utf-8"))
@@ -27,11 +31,23 @@ def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: 
         "engine": info.name, "provider": info.provider, "precision": info.precision,
         "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),
         "max_length": max_length or run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
+        "batch_tokens": batch_tokens,
         "remote_code": bool(getattr(run.handle, "trust_remote_code", False)),
     }
     if layers is not None or poolings is not None:
         ident.update({"layers": layers, "poolings": poolings})
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def model_poolings(manifest, asked: list[str]) -> list[str]:
+    """Every pooling ``manifest``'s model can give (``eos`` with its own pooled output, ``st`` with a
+    sentence-transformers recipe layerscope reproduces), in the vocabulary's order, and any other asked."""
+    from layerscope.vocab.pooling import EOS, POOLINGS, ST
+
+    st = manifest.get("sentence_transformers") or {}
+    own = manifest.get("pooled_output")
+    have = [p for p in POOLINGS if (p != EOS or own) and (p != ST or st.get("supported"))]
+    return have + [p for p in asked if p not in have]
 
 
 def _find_superset(root, base: str, layers: list[str], poolings: list[str]):
@@ -55,8 +71,9 @@ def _find_superset(root, base: str, layers: list[str], poolings: list[str]):
 def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[str], use_cache: bool = True,
                    say: Callable[[str], None] = lambda m: None, tag: str = "", max_length: int | None = None,
                    batch_tokens: int | None = None) -> dict[tuple[str, str], np.ndarray]:
-    """Vectors of ``texts``; a cached store of the same model, engine and texts is reused when it holds every
-    asked layer and pooling (stores are extracted with every layer, so other layer choices reuse them too)."""
+    """Vectors of ``texts``; a cached store of the same model, engine, settings and texts is reused when it
+    holds every asked layer and pooling (stores are extracted with every layer and every pooling of the
+    model, so other choices reuse them too)."""
     from layerscope.model.manifest import cache_root
     from layerscope.runtime.pipeline import embed, extract
     from layerscope.vocab.layers import Layers, layer_names
@@ -65,7 +82,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         return embed(run.handle, texts, engine=run.engine, layers=layers, poolings=poolings,
                      max_length=max_length, batch_tokens=batch_tokens)
     root = cache_root() / "stores"
-    base = cache_key(run, texts, max_length=max_length)
+    base = cache_key(run, texts, max_length=max_length, batch_tokens=batch_tokens)
     store = _find_superset(root, base, layers, poolings)
     if store is not None:
         say(f"reusing cached vectors {store.path}")
@@ -73,7 +90,9 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         num_layers = int(run.handle.manifest["num_layers"])
         all_layers = layer_names(num_layers)
         extra = [layer for layer in layers if layer not in all_layers]
-        path = root / f"{tag + '-' if tag else ''}{base}-{cache_key(run, texts, all_layers, poolings, max_length)[:8]}"
+        every = model_poolings(run.handle.manifest, poolings)
+        path = root / (f"{tag + '-' if tag else ''}{base}-"
+                       f"{cache_key(run, texts, all_layers, every, max_length, batch_tokens)[:8]}")
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
         from layerscope.errors import Interrupted
         from layerscope.progress import mode as progress_mode
@@ -81,7 +100,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
 
         try:
             store = extract(run.handle, list(texts), path, engine=run.engine,
-                            layers=Layers(all_layers + extra, num_layers), poolings=poolings, force=True,
+                            layers=Layers(all_layers + extra, num_layers), poolings=every, force=True,
                             max_length=max_length, batch_tokens=batch_tokens, progress=progress_mode()).store
         except StoreLockedError:  # another run is filling this cache entry: do not wait for it, nor race it
             say(f"{path} is being written by another run; computing these vectors in memory")

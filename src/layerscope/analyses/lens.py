@@ -92,6 +92,7 @@ class Lens(Analysis):
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.decoding.lens import LensAccumulator, LensBatch
+        from layerscope.progress import steps
 
         texts: list[str] = data
         o = self.options(ctx)
@@ -111,9 +112,12 @@ class Lens(Analysis):
         acc = LensAccumulator(idx, special, decoder)
         shown: list[dict[str, Any]] = []
         truncated = 0
+        enc = run.engine.encoder()  # positions to decode, from the tokenizer alone: the count a long batch advances
+        bar = steps("lens: tokens decoded at every layer",
+                    int(np.minimum(np.maximum(enc.token_lengths(texts), 1), enc.max_length).sum()))
         for start in range(0, len(texts), bs):
             chunk = texts[start:start + bs]
-            full: LensBatch = runner(chunk)
+            full: LensBatch = runner(chunk, bar)
             truncated += int(full.truncated)
             b = LensBatch(full.rank[idx], full.topk_ids[idx], full.topk_probs[idx], full.input_ids, full.mask)
             keep = acc.add(b)
@@ -121,6 +125,7 @@ class Lens(Analysis):
                 if len(shown) >= show:
                     break
                 shown.append(_text_detail(chunk[j], b, j, keep[j], names, tok, decoder))
+        bar.close()
         if truncated:
             ctx.say(f"warning: {truncated} text(s) were longer than the model's max length and were truncated")
         table = acc.table(names)
@@ -155,37 +160,47 @@ class Lens(Analysis):
             enc = run.engine.encoder()
             all_layers = list(range(run.num_layers + 1))
 
-            def go(texts):
+            def go(texts, bar):
                 batch = enc(texts)
                 import torch
 
                 inputs = {n: torch.from_numpy(v) for n, v in batch.inputs.items()}
                 out = torch_lens(model, inputs, all_layers, k)
+                bar.advance(int((np.asarray(batch.mask) > 0).sum()))
                 out.truncated = int(batch.truncated.sum())
                 return out
 
             return go, model.info.to_dict(), "torch (PyTorch head)"
 
-        from layerscope.decoding.lens_onnx import OUTPUTS, export_lens, lens_file, read_sidecar
-        from layerscope.export.open import ensure_export, open_engine
+        from layerscope.decoding.lens_onnx import export_lens, lens_file, onnx_lens, read_sidecar
+        from layerscope.engines.ort import make_session
+        from layerscope.export.open import ensure_export
+        from layerscope.vocab.outputs import hidden_outputs
 
         handle = ensure_export(run.handle)
         meta = read_sidecar(handle, k)
         if meta is None:
             ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
             meta = export_lens(handle.export_dir, k)
-        engine = open_engine(handle, run.engine.info.name, onnx_file=lens_file(k))
+        # the engine runs the export for every layer's hidden states; the head graph alone decodes them
+        engine = run.engine
+        session = make_session(handle.export_dir / lens_file(k), "CPUExecutionProvider")
         enc = engine.encoder()
+        names = hidden_outputs(run.num_layers)
+        decoder = handle.manifest.kind == "decoder"
+        vocab = int(handle.manifest.vocab_size)
 
-        def go(texts):
+        def go(texts, bar):
             batch = enc(texts)
-            r, ids, p = engine.run_outputs(batch, list(OUTPUTS))
-            out = LensBatch(r.astype(np.int64), ids.astype(np.int64), p.astype(np.float64), batch.input_ids,
-                            batch.mask)
+            hidden = engine.run_outputs(batch, names)
+            r, ids, p = onnx_lens(session, hidden, batch.input_ids, batch.mask, decoder, k, vocab, bar=bar)
+            del hidden
+            out = LensBatch(r, ids, p.astype(np.float64), batch.input_ids, batch.mask)
             out.truncated = int(batch.truncated.sum())
             return out
 
-        return go, meta["head"], f"{engine.info.name} ({engine.info.provider}) on {lens_file(k)}"
+        return go, meta["head"], (f"{engine.info.name} ({engine.info.provider}) for the hidden states, "
+                                  f"{lens_file(k)} (ONNX Runtime CPU) for the head")
 
     # ------------------------------------------------------------------ rendering
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:

@@ -151,7 +151,11 @@ class STS(Analysis):
                                 f"scipy.stats.bootstrap, seed {ctx.seed})" if n_boot else None}
         figures: dict[str, Any] = {"summary": summary, "tables": {"layers": rows}}
         if self.options(ctx).probe:
-            figures["probe"] = _every_pooling([self._probe(ctx, run, data, layers, p, vecs, i1, i2, n_boot)
+            # each split's texts pass through the model once, for every pooling at once
+            splits = {"train": self._split_vectors(ctx, run, data["train"], layers, poolings, "sts-train"),
+                      "dev": self._split_vectors(ctx, run, data["dev"], layers, poolings, "sts-dev")
+                      if data.get("dev") else None}
+            figures["probe"] = _every_pooling([self._probe(ctx, run, data, layers, p, vecs, i1, i2, n_boot, splits)
                                                for p in poolings])
             figures["tables"]["probe"] = figures["probe"]["rows"]
             summary["probe_spearman"] = {r["name"]: r["spearman"] for r in figures["probe"]["rows"]}
@@ -163,27 +167,32 @@ class STS(Analysis):
         return compare_models(per_model, score="spearman", score_label="Spearman",
                               n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
 
-    def _split(self, ctx, run, pairs, layers, pooling, tag, vecs=None, idx=None):
+    @staticmethod
+    def _split_vectors(ctx, run, pairs, layers, poolings, tag):
+        """``(vectors by (pooling, layer), i1, i2)`` of a split's distinct texts, every pooling in one pass."""
+        texts, i1, i2 = pairs.unique_texts()
+        return ctx.vectors(run, texts, layers=layers, poolings=poolings, tag=tag), i1, i2
+
+    @staticmethod
+    def _split(pairs, layers, pooling, vecs, idx):
         from layerscope.analyses.probe import PairSplit
 
-        if vecs is None:
-            texts, i1, i2 = pairs.unique_texts()
-            vecs = ctx.vectors(run, texts, layers=layers, poolings=[pooling], tag=tag)
-        else:
-            i1, i2 = idx
+        i1, i2 = idx
         a = np.stack([vecs[pooling, layer][i1] for layer in layers])
         b = np.stack([vecs[pooling, layer][i2] for layer in layers])
         return PairSplit(a, b, pairs.scores), vecs
 
-    def _probe(self, ctx, run, data, layers, pooling, test_vecs, i1, i2, n_boot) -> dict[str, Any]:
+    def _probe(self, ctx, run, data, layers, pooling, test_vecs, i1, i2, n_boot, splits) -> dict[str, Any]:
         from layerscope.metrics.vectors import paired_cosine
         from layerscope.analyses.probe import KINDS, ProbeConfig, train_probe
         from layerscope.metrics.vectors import layer_cosines
 
         o = self.options(ctx)
-        test, _ = self._split(ctx, run, data["test"], layers, pooling, "sts", test_vecs, (i1, i2))
-        train, train_vecs = self._split(ctx, run, data["train"], layers, pooling, "sts-train")
-        dev = self._split(ctx, run, data["dev"], layers, pooling, "sts-dev")[0] if data.get("dev") else None
+        test, _ = self._split(data["test"], layers, pooling, test_vecs, (i1, i2))
+        train_vecs, *train_idx = splits["train"]
+        train, _ = self._split(data["train"], layers, pooling, train_vecs, train_idx)
+        dev = self._split(data["dev"], layers, pooling, splits["dev"][0], splits["dev"][1:])[0] \
+            if splits["dev"] is not None else None
         kinds = list(KINDS) if o.probe_kind == "all" else [o.probe_kind]
         rows: list[dict[str, Any]] = []
         records = {}

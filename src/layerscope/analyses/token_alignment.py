@@ -28,19 +28,37 @@ from layerscope.errors import InputError
 PAIR_OPTIONS = ("generate", "n", "source_file", "target_file", "source_column", "target_column", "category_column")
 
 
-def layer_figures(src, tgt, bins: int) -> dict[str, Any]:
-    """One layer's row: the decomposition, z with and without shared tokens, cosine by position."""
-    from layerscope.metrics.permutation import scrambled_z_exact
-    from layerscope.metrics.tokens import pooled_without_shared, position_cosine, token_decomposition
+class LayerSums:
+    """One layer's figures gathered chunk by chunk of pairs: the decomposition's and the position bins' items,
+    and each text's pooled vectors (with and without its shared tokens; averaged in float64, kept in float32)
+    for the alignment z: per pair, 4 vectors, whatever the texts' lengths."""
 
-    row: dict[str, Any] = dict(token_decomposition(src, tgt))
-    mean_s = np.stack([src.text(i)[0].mean(0) for i in range(len(src))])
-    mean_t = np.stack([tgt.text(i)[0].mean(0) for i in range(len(tgt))])
-    row["z"] = scrambled_z_exact(mean_s, mean_t)["z"]
-    row["z_without_shared"] = scrambled_z_exact(*pooled_without_shared(src, tgt))["z"]
-    for b, c in enumerate(position_cosine(src, tgt, bins)):
-        row[f"pos{b}"] = c
-    return row
+    def __init__(self, n: int, hidden: int, bins: int):
+        self.items: dict | None = None
+        self.bins: list[list[float]] = [[] for _ in range(bins)]
+        self.pooled = {k: np.zeros((n, hidden), np.float32) for k in ("s", "t", "ws", "wt")}
+
+    def add(self, pairs: np.ndarray, src, tgt) -> None:
+        """The figures of the pairs ``pairs`` (their sides ``src`` and ``tgt``, in that order)."""
+        from layerscope.metrics.tokens import decomposition_items, join_items, pooled_without_shared, position_items
+
+        self.items = join_items(self.items, decomposition_items(src, tgt))
+        for b, values in enumerate(position_items(src, tgt, len(self.bins))):
+            self.bins[b] += values
+        self.pooled["s"][pairs] = [src.text(i)[0].mean(0) for i in range(len(src))]
+        self.pooled["t"][pairs] = [tgt.text(i)[0].mean(0) for i in range(len(tgt))]
+        self.pooled["ws"][pairs], self.pooled["wt"][pairs] = pooled_without_shared(src, tgt)
+
+    def row(self) -> dict[str, Any]:
+        from layerscope.metrics.permutation import scrambled_z_exact
+        from layerscope.metrics.tokens import decomposition_summary
+
+        row: dict[str, Any] = dict(decomposition_summary(self.items))
+        row["z"] = scrambled_z_exact(self.pooled["s"], self.pooled["t"])["z"]
+        row["z_without_shared"] = scrambled_z_exact(self.pooled["ws"], self.pooled["wt"])["z"]
+        for b, values in enumerate(self.bins):
+            row[f"pos{b}"] = float(np.mean(values)) if values else None
+        return row
 
 
 @register
@@ -73,8 +91,8 @@ class TokenAlignment(Analysis):
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
         from layerscope.analyses.common import layers_for
         from layerscope.metrics.tokens import Side
-        from layerscope.progress import track
-        from layerscope.runtime.token_embed import embed_tokens
+        from layerscope.progress import steps
+        from layerscope.runtime.token_embed import embed_tokens, token_chunks, token_lengths
 
         layers = layers_for(ctx, run)
         bins = self.options(ctx).bins
@@ -82,19 +100,28 @@ class TokenAlignment(Analysis):
         if n < 2:
             raise InputError("token_alignment needs at least 2 pairs")
         spec = ctx.spec if ctx.spec is not None else ctx
-        tv = embed_tokens(run.engine, data.sources + data.targets, layers, batch_tokens=spec.batch_tokens,
-                          max_length=spec.max_length)
-        src_tv, tgt_tv = tv.select(np.arange(n)), tv.select(np.arange(n, 2 * n))
-        rows = []
-        for layer in track(layers, "token_alignment: layers"):
-            src = Side(src_tv.layers[layer], src_tv.ids, src_tv.special, src_tv.offsets)
-            tgt = Side(tgt_tv.layers[layer], tgt_tv.ids, tgt_tv.special, tgt_tv.offsets)
-            rows.append({"layer": layer, **layer_figures(src, tgt, bins)})
+        texts = data.sources + data.targets
+        lengths, fed = token_lengths(run.engine, texts, max_length=spec.max_length)
+        hidden = int(run.engine.manifest.hidden_size)
+        # pairs read a chunk at a time: the token vectors held are one chunk's, not the corpus's
+        chunks = token_chunks(fed, [np.array([i, n + i]) for i in range(n)], row_bytes=4 * hidden * len(layers))
+        sums = {layer: LayerSums(n, hidden, bins) for layer in layers}
+        with steps("token_alignment: texts through the model", 2 * n) as bar:
+            for chunk in chunks:
+                tv = embed_tokens(run.engine, [texts[j] for j in chunk], layers, batch_tokens=spec.batch_tokens,
+                                  max_length=spec.max_length, lengths=lengths[chunk], bar=bar)
+                src_tv, tgt_tv = tv.select(np.arange(0, len(chunk), 2)), tv.select(np.arange(1, len(chunk), 2))
+                del tv
+                for layer in layers:
+                    sums[layer].add(chunk[0::2],
+                                    Side(src_tv.layers[layer], src_tv.ids, src_tv.special, src_tv.offsets),
+                                    Side(tgt_tv.layers[layer], tgt_tv.ids, tgt_tv.special, tgt_tv.offsets))
+        rows = [{"layer": layer, **sums[layer].row()} for layer in layers]
         last = rows[-1]
         summary = {"layer": last["layer"], "z": last["z"], "z_without_shared": last["z_without_shared"],
                    "shared_cosine": last["shared_cosine"], "specific_cosine": last["specific_cosine"],
                    "special_cosine": last["special_cosine"], "shared_token_share": last["shared_token_share"],
-                   "n_pairs": n, "tokens": int(tv.offsets[-1])}
+                   "n_pairs": n, "tokens": int(fed.sum())}
         return {"summary": summary, "layers": layers, "bins": bins, "tables": {"token_alignment_layers": rows}}
 
     # -- rendering -----------------------------------------------------------

@@ -94,8 +94,7 @@ class WordContext(Analysis):
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
         from layerscope.analyses.common import layers_for
-        from layerscope.metrics.tokens import same_word_share, span_vectors
-        from layerscope.runtime.token_embed import embed_tokens
+        from layerscope.metrics.tokens import same_word_share
 
         o = self.options(ctx)
         layers = layers_for(ctx, run)
@@ -103,19 +102,16 @@ class WordContext(Analysis):
         last = [str(i) for i in range(run.num_layers - k_last + 1, run.num_layers + 1)]
         needed = layers + [x for x in last if x not in layers]
         spec = ctx.spec if ctx.spec is not None else ctx
-        tv = embed_tokens(run.engine, data["texts"], needed, batch_tokens=spec.batch_tokens,
-                          max_length=spec.max_length)
         occ = data["occurrences"]
-        where = [(t, a, b) for _, t, a, b in occ]
         labels = [w for w, *_ in occ]
+        vectors = self._occurrence_vectors(ctx, run, data["texts"], occ, layers, last, needed, spec)
         knn = min(o.knn, len(occ) - 1)
         rows = []
         for layer in layers:
-            share, _ = same_word_share(span_vectors([tv.layers[layer]], tv.spans, tv.offsets, where), labels, knn)
+            share, _ = same_word_share(vectors[layer], labels, knn)
             rows.append({"layer": layer, "same_word_share": share})
         name = f"last{k_last}"
-        share, nbrs = same_word_share(span_vectors([tv.layers[x] for x in last], tv.spans, tv.offsets, where),
-                                      labels, knn)
+        share, nbrs = same_word_share(vectors[None], labels, knn)
         rows.append({"layer": name, "same_word_share": share})
         chance = float(np.mean([(labels.count(w) - 1) / (len(labels) - 1) for w in labels]))
         shown = np.linspace(0, len(occ) - 1, min(o.examples, len(occ))).astype(int)
@@ -126,6 +122,34 @@ class WordContext(Analysis):
         return {"summary": {"same_word_share": share, "vectors": name, "chance": chance, "knn": knn,
                             "occurrences": len(occ), "words": data["words"]},
                 "layers": layers, "neighbours": view, "tables": {"word_context_layers": rows}}
+
+    @staticmethod
+    def _occurrence_vectors(ctx, run, texts, occ, layers, last, needed, spec) -> dict[Any, np.ndarray]:
+        """Each occurrence's vector per layer (and under None, averaged over the ``last`` layers). Only the texts
+        that hold an occurrence pass through the model, a chunk at a time: what is held is one chunk's token
+        vectors and the occurrences' vectors, whatever the size of the corpus."""
+        from layerscope.metrics.tokens import span_vectors
+        from layerscope.progress import steps
+        from layerscope.runtime.token_embed import embed_tokens, token_chunks, token_lengths
+
+        holding = np.array(sorted({t for _, t, _, _ in occ}), np.int64)
+        chosen = [texts[t] for t in holding]
+        lengths, fed = token_lengths(run.engine, chosen, max_length=spec.max_length)
+        hidden = int(run.engine.manifest.hidden_size)
+        chunks = token_chunks(fed, [np.array([i]) for i in range(len(holding))], row_bytes=4 * hidden * len(needed))
+        local = {int(t): i for i, t in enumerate(holding)}
+        out: dict[Any, np.ndarray] = {key: np.zeros((len(occ), hidden)) for key in [*layers, None]}
+        with steps(f"word_context: {len(holding):,} texts with the words, through the model", len(holding)) as bar:
+            for chunk in chunks:
+                tv = embed_tokens(run.engine, [chosen[i] for i in chunk], needed, batch_tokens=spec.batch_tokens,
+                                  max_length=spec.max_length, lengths=lengths[chunk], bar=bar)
+                row_of = {int(i): r for r, i in enumerate(chunk)}
+                mine = [j for j, (_, t, _, _) in enumerate(occ) if local[t] in row_of]
+                where = [(row_of[local[occ[j][1]]], occ[j][2], occ[j][3]) for j in mine]
+                for layer in layers:
+                    out[layer][mine] = span_vectors([tv.layers[layer]], tv.spans, tv.offsets, where)
+                out[None][mine] = span_vectors([tv.layers[x] for x in last], tv.spans, tv.offsets, where)
+        return out
 
     def plots(self, results, out_dir: Path) -> list[str]:
         from layerscope.report.plots import layer_lines

@@ -1,16 +1,20 @@
-"""The logit lens inside the ONNX graph: per-layer rank and top-k outputs for the fast engines.
+"""The logit lens as a small ONNX graph, the decoding head alone, for the engines that run ONNX graphs.
 
-``export_lens(export_dir, k)`` traces :func:`layerscope.decoding.lens.lens_outputs` (the same code
-the torch path runs) for layers ``0..L`` into a small graph whose inputs are named like the
-model graph's tensors (``hidden_states.i``, ``input_ids``, ``attention_mask``), then appends its
-nodes to a copy of ``model.onnx`` as ``lens-k{k}.onnx`` with three extra outputs:
+``export_lens(export_dir, k)`` traces :func:`layerscope.decoding.lens.lens_outputs` (the same code the torch
+path runs) for layers ``0..L`` into ``lens-k{k}.onnx``. Its inputs are every layer's hidden states at a run of
+positions (``hidden_states.i``, ``[1, positions, hidden]``, what the export's own graph outputs), each
+position's target id (``lens.target``) and whether it has one (``lens.valid``); its outputs:
 
-* ``lens.rank``        int64 ``[L+1, batch, seq]`` (1 = top, 0 = no target)
-* ``lens.topk_ids``    int64 ``[L+1, batch, seq, k]``
-* ``lens.topk_probs``  double ``[L+1, batch, seq, k]`` (softmax in float64)
+* ``lens.rank``        int64 ``[L+1, 1, positions]`` (1 = top, 0 = no target)
+* ``lens.topk_ids``    int64 ``[L+1, 1, positions, k]``
+* ``lens.topk_probs``  double ``[L+1, 1, positions, k]`` (softmax in float64)
 
-Full vocabulary logits never leave the graph.  A sidecar ``lens-k{k}.json`` records the head,
-``k``, the file's sha256 and the parity against torch measured at export time.
+The graph holds the head only, and its weights are not copied: each initializer equal to a tensor of the
+export's ``lm_head.safetensors`` is external data pointing at that tensor's bytes (an export without a
+stored head writes the head's weights once, to ``lens-k{k}.onnx_data``). ``onnx_lens`` runs it over the real
+tokens of a batch a run of positions at a time, so the logits held at once (positions x vocabulary) stay
+under ``HEAD_BYTES`` however long the batch; padding is never decoded. A sidecar ``lens-k{k}.json``
+records the head, ``k``, the file's sha256 and the parity against torch measured at export time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from layerscope.export import external
 from layerscope.vocab.outputs import hidden_outputs
 
 OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
+TARGET, VALID = "lens.target", "lens.valid"
+LENS_FORMAT = 2  # the head-alone graph over runs of positions; a sidecar of another format is made again
+HEAD_BYTES = 256 * 2**20  # logits (positions x vocabulary, float32, with the softmax beside them) held at once
 # Logits this close (relative to the target's, at least this absolute) are ties: ONNX Runtime and
 # torch sum in different orders, so near-equal logits may swap places without either being wrong.
 RANK_TIE_REL_TOL = 1e-5
@@ -45,7 +52,6 @@ def _graph_module(model, k: int):
     from layerscope.decoding.lens import lens_outputs
 
     n = model.num_layers + 1
-    decoder = model.family.kind == "decoder"
 
     class LensGraph(torch.nn.Module):
         def __init__(self):
@@ -53,8 +59,9 @@ def _graph_module(model, k: int):
             self.head = model.head
 
         def forward(self, *args):
-            hidden, input_ids, mask = list(args[:n]), args[n], args[n + 1]
-            return lens_outputs(self.head, hidden, list(range(n)), input_ids, mask, k, decoder)
+            hidden, target, valid = list(args[:n]), args[n], args[n + 1]
+            # targets come in already shifted for decoders (lens_targets outside): the input-token rule applies
+            return lens_outputs(self.head, hidden, list(range(n)), target, valid, k, False)
 
     return LensGraph().eval()
 
@@ -67,35 +74,57 @@ def _trace_head(model, k: int, hidden_size: int, opset: int, path: Path) -> None
     dummy = [torch.randn(b, s, hidden_size) for _ in range(n)]
     ids = torch.randint(0, 3, (b, s))
     mask = torch.ones(b, s, dtype=torch.int64)
-    names = hidden_outputs(model.num_layers) + ["input_ids", "attention_mask"]
+    names = hidden_outputs(model.num_layers) + [TARGET, VALID]
     axes = {nm: {0: "batch_size", 1: "sequence_length"} for nm in names}
     axes.update({o: {1: "batch_size", 2: "sequence_length"} for o in OUTPUTS})
-    try:
+    try:  # no constant folding: the head's weights stay as they are stored, so they can be shared, not copied
         torch.onnx.export(_graph_module(model, k), tuple(dummy + [ids, mask]), str(path), input_names=names,
-                          output_names=list(OUTPUTS), dynamic_axes=axes, opset_version=opset, dynamo=False)
+                          output_names=list(OUTPUTS), dynamic_axes=axes, opset_version=opset, dynamo=False,
+                          do_constant_folding=False)
     except Exception as exc:  # torch.onnx raises many untyped errors
         raise ExportError(f"could not export the lens head to ONNX: {str(exc).splitlines()[0][:300]}") from exc
 
 
-def _append(model_proto, head_proto, keep: set[str], prefix: str = "lens/") -> None:
-    """Append the head graph's nodes and initializers to the model graph, prefixing its own names."""
+def _share_stored_head(proto, export_dir: Path, manifest) -> int:
+    """Point every initializer of ``proto`` equal (bytes and size) to a float32 tensor of the export's stored head
+    file at that tensor's bytes, as ONNX external data; returns the bytes so shared."""
+    import hashlib
 
-    def rn(name: str) -> str:
-        return name if (not name or name in keep) else prefix + name
+    from onnx import TensorProto, numpy_helper
 
-    g = model_proto.graph
-    for init in head_proto.graph.initializer:
-        init.name = rn(init.name)
-        g.initializer.append(init)
-    for node in head_proto.graph.node:
-        node.name = prefix + (node.name or node.op_type)
-        for i, nm in enumerate(node.input):
-            node.input[i] = rn(nm)
-        for i, nm in enumerate(node.output):
-            node.output[i] = rn(nm)
-        g.node.append(node)
-    for out in head_proto.graph.output:
-        g.output.append(out)
+    from layerscope.model.manifest_check import member
+
+    entry = manifest.lm_head
+    if not entry or not entry.get("file"):
+        return 0
+    path = member(Path(export_dir), entry["file"], "lm_head file")
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    start = 8 + size
+    stored = np.memmap(path, dtype=np.uint8, mode="r")
+    where: dict[tuple[bytes, int], int] = {}
+    for name, info in header.items():
+        if name == "__metadata__" or info.get("dtype") != "F32":
+            continue
+        a, b = (int(x) for x in info["data_offsets"])
+        where[(hashlib.sha256(stored[start + a:start + b]).digest(), b - a)] = start + a
+    del stored
+    shared = 0
+    for init in proto.graph.initializer:
+        if init.data_type != TensorProto.FLOAT:
+            continue
+        raw = init.raw_data or numpy_helper.to_array(init).tobytes()
+        offset = where.get((hashlib.sha256(raw).digest(), len(raw)))
+        if offset is None or len(raw) < 1024:
+            continue
+        for field in ("float_data", "raw_data"):
+            init.ClearField(field)
+        external._set_info(init, path.name, offset, len(raw))
+        shared += len(raw)
+    return shared
 
 
 def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
@@ -124,32 +153,23 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
     if k > vocab:
         raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")
     model = load_decoding_model(handle)
-    # The structure only: an external-data export keeps its weights in model.onnx_data, which the
-    # lens graph (saved in the same directory) refers to as they are, without a copy.
-    base = onnx.load(str(handle.onnx_path), load_external_data=False)
-    big = external.uses_external_data(base)
-    opset = opset_of(base)
+    opset = opset_of(onnx.load(str(handle.onnx_path), load_external_data=False))
     out_dir = Path(handle.export_dir)
     with tempfile.TemporaryDirectory() as tmp:
         head_path = Path(tmp) / "head.onnx"
         _trace_head(model, k, handle.manifest.hidden_size, opset, head_path)
         head = onnx.load(str(head_path))
-    keep = {*hidden_outputs(model.num_layers), "input_ids", "attention_mask", *OUTPUTS}
-    _append(base, head, keep)
+    shared = _share_stored_head(head, out_dir, handle.manifest)
     target = out_dir / lens_file(k)
-    head_names = {i.name for i in head.graph.initializer}
-    lens_data = external.data_file(target.name)
-    if big:  # the head's own weights (the unembedding: vocab x hidden) go to lens-k{k}.onnx_data
-        external.externalize([i for i in base.graph.initializer if i.name in head_names], out_dir, lens_data)
-    elif external.inline_bytes(base) >= external.EXTERNAL_DATA_BYTES:  # model + head cross the 2 GiB line
-        external.externalize(list(base.graph.initializer), out_dir, lens_data)
+    # what the stored head does not hold (an export made without one): written once, beside the graph
+    external.externalize(list(head.graph.initializer), out_dir, external.data_file(target.name))
     tmp_file = target.with_suffix(".onnx.tmp")
-    onnx.save(base, str(tmp_file))
+    onnx.save(head, str(tmp_file))
     os.replace(tmp_file, target)
     external.check_graph(target)
-    sidecar = {"file": target.name, "k": k, "head": model.info.to_dict(), "outputs": list(OUTPUTS),
-               "probabilities": PROBABILITIES, "sha256": file_sha256(target),
-               "model_onnx_sha256": handle.manifest.onnx_sha256}
+    sidecar = {"file": target.name, "format": LENS_FORMAT, "k": k, "head": model.info.to_dict(),
+               "outputs": list(OUTPUTS), "probabilities": PROBABILITIES, "sha256": file_sha256(target), "model_onnx_sha256": handle.manifest.onnx_sha256,
+               "shared_bytes": shared, "shared_with": handle.manifest.lm_head.get("file") if shared else None}
     if check:
         sidecar["parity"] = lens_parity(handle, model, target, k)
         if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
@@ -165,17 +185,69 @@ def read_sidecar(handle, k: int) -> dict[str, Any] | None:
     if not path.exists() or not (Path(handle.export_dir) / lens_file(k)).exists():
         return None
     meta = json.loads(path.read_text(encoding="utf-8"))
-    if meta.get("model_onnx_sha256") != handle.manifest.onnx_sha256:
-        return None  # made for an earlier model.onnx
+    if meta.get("model_onnx_sha256") != handle.manifest.onnx_sha256 or meta.get("format") != LENS_FORMAT:
+        return None  # made for an earlier model.onnx, or an earlier form of the lens graph
     if meta.get("probabilities") != PROBABILITIES:
         return None  # a graph whose softmax ran in another precision
     return meta
 
 
-def run_onnx_lens(session, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    feed = {i.name: np.ascontiguousarray(inputs[i.name]) for i in session.get_inputs()}
-    r, ids, p = session.run(list(OUTPUTS), feed)
-    return np.asarray(r), np.asarray(ids), np.asarray(p, dtype=np.float64)
+def positions_per_run(vocab: int, budget: int | None = None) -> int:
+    """Positions decoded per run of the head graph: their logits, softmax and comparisons within the budget."""
+    return max(1, int(HEAD_BYTES if budget is None else budget) // (4 * 4 * max(int(vocab), 1)))
+
+
+def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np.ndarray, decoder: bool, k: int,
+              vocab: int, *, bar=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rank [L+1, B, S], top-k ids, top-k probabilities [L+1, B, S, k])`` of a batch's hidden states (every
+    layer's ``[B, S, hidden]``) through the head graph, over the real tokens only, ``positions_per_run`` at a
+    time; padding positions get rank 0, ids 0 and probabilities 0. ``bar``: a progress count advanced by the
+    positions of each run."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    real = np.asarray(mask) > 0
+    if decoder:  # the next token, where there is one (the torch path's lens_targets, in numpy)
+        target = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
+        valid = real & np.concatenate([real[:, 1:], np.zeros_like(real[:, :1])], axis=1)
+    else:
+        target, valid = ids, real
+    rows, cols = np.nonzero(real)
+    n_layers, (b, s) = len(hidden), ids.shape
+    rank = np.zeros((n_layers, b, s), np.int64)
+    top_ids = np.zeros((n_layers, b, s, k), np.int64)
+    top_p = np.zeros((n_layers, b, s, k), np.float64)
+    step = positions_per_run(vocab)
+    names = hidden_outputs(n_layers - 1)
+    for a in range(0, len(rows), step):
+        r, c = rows[a:a + step], cols[a:a + step]
+        feed = {name: np.ascontiguousarray(np.asarray(h[r, c], dtype=np.float32)[None]) for name, h in zip(names, hidden)}
+        feed[TARGET] = target[r, c][None]
+        feed[VALID] = valid[r, c].astype(np.int64)[None]
+        out_r, out_i, out_p = session.run(list(OUTPUTS), feed)
+        rank[:, r, c], top_ids[:, r, c], top_p[:, r, c] = out_r[:, 0], out_i[:, 0], out_p[:, 0]
+        if bar is not None:
+            bar.advance(len(r))
+    return rank, top_ids, top_p
+
+
+def run_onnx_lens(session, inputs: dict[str, np.ndarray], hidden: list[np.ndarray], decoder: bool, k: int,
+                  vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``onnx_lens`` of model inputs (``input_ids``, ``attention_mask``) and their hidden states."""
+    return onnx_lens(session, [np.asarray(h) for h in hidden], np.asarray(inputs["input_ids"]),
+                     np.asarray(inputs["attention_mask"]), decoder, k, vocab)
+
+
+def lens_of_export(handle, k: int, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lens of an export on model inputs: its ``model.onnx`` for the hidden states, then ``lens-k{k}.onnx``
+    (both on ONNX Runtime's CPU provider)."""
+    from layerscope.engines.ort import make_session
+
+    graph = make_session(handle.onnx_path, "CPUExecutionProvider")
+    names = hidden_outputs(handle.manifest.num_layers)
+    feed = {i.name: np.ascontiguousarray(inputs[i.name]) for i in graph.get_inputs()}
+    hidden = graph.run(names, feed)
+    del graph
+    head = make_session(Path(handle.export_dir) / lens_file(k), "CPUExecutionProvider")
+    return run_onnx_lens(head, inputs, hidden, handle.manifest.kind == "decoder", k, int(handle.manifest.vocab_size))
 
 
 def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None) -> dict[str, float]:
@@ -189,7 +261,8 @@ def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = Non
     hidden, reference = _reference_hidden(handle, model, inputs)
     ref = torch_lens(model, inputs, layers, k, hidden)
     session = make_session(path, "CPUExecutionProvider")
-    r, ids, p = run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()})
+    r, ids, p = run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()}, [h.numpy() for h in hidden],
+                              model.family.kind == "decoder", k, int(handle.manifest.vocab_size))
     del session
     valid = ref.mask.astype(bool)
     lo, hi = rank_bands(model, inputs, layers, RANK_TIE_REL_TOL, hidden)

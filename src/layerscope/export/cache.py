@@ -60,30 +60,74 @@ def export_options(options: dict[str, Any]) -> dict[str, Any]:
 
 def export_key(handle, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{"key": hex, ...what it hashes}`` for the export of a plain-model handle."""
+    return source_export_key(handle.source(), trust_remote_code=handle.trust_remote_code,
+                             st_recipe=handle.manifest.sentence_transformers, options=options)
+
+
+def source_export_key(source, *, trust_remote_code: bool, st_recipe: dict | None,
+                      options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``export_key`` from the model's source alone: file hashes and versions, nothing that imports
+    transformers or torch (so a cached export can be found without them)."""
     from layerscope.model.identity import model_identity
 
-    source = handle.source()
     parts = {"model": model_identity(source), "revision": source.revision, "graph": GRAPH_RECIPE,
-             "trust_remote_code": bool(handle.trust_remote_code), "versions": tool_versions(),
+             "trust_remote_code": bool(trust_remote_code), "versions": tool_versions(),
              "options": export_options(options or {}),
              # the checkpoint's own sentence-transformers modules (1_Pooling/, Normalize, prompts) are recorded
              # in the manifest at export time: a change there, or an entry made before they were read, is a
              # different export
-             "sentence_transformers": handle.manifest.sentence_transformers}
+             "sentence_transformers": st_recipe}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
     return {"key": key, **parts}
 
 
 def entry_name(handle, key: str) -> str:
+    return _entry_name(handle.manifest.source.alias, handle.manifest.source.path_or_id or handle.spec, key)
+
+
+def _entry_name(alias: str | None, path_or_id: str, key: str) -> str:
     from layerscope.model.manifest import _slug
 
-    src = handle.manifest.source
-    name = src.alias or Path(str(src.path_or_id or handle.spec)).name
+    name = alias or Path(str(path_or_id)).name
     return f"{_slug(name)}-{key[:16]}"
 
 
-def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict | None = None):
-    """The handle of a complete entry made for ``key``, else None."""
+def find_cached_export(spec: str, *, trust_remote_code: bool = False):
+    """The cached export (default options) of a local plain model (an alias such as ``minilm`` or a checkpoint
+    folder), found from its files alone, with ``spec`` as its name; None when there is none yet or ``spec``
+    is something else (an export dir, a hub id). Neither transformers nor torch is imported, so a run on a
+    model exported before starts in the time its engine takes."""
+    from layerscope.errors import ModelNotFoundError
+    from layerscope.model.manifest import MANIFEST, cache_root
+    from layerscope.model.source import resolve_source
+    from layerscope.model.stconfig import read_st_config
+
+    path = Path(str(spec)).expanduser()
+    if path.is_dir() and (path / MANIFEST).exists():
+        return None  # an export dir is its own export
+    try:
+        source = resolve_source(str(spec))
+    except ModelNotFoundError:
+        return None  # the full resolution says what is wrong
+    if not source.is_local:
+        return None  # a hub id: its snapshot and the hub's state are for the full resolution to read
+    st = read_st_config(source.path_or_id)
+    ident = source_export_key(source, trust_remote_code=trust_remote_code, st_recipe=st)
+    root = cache_root() / "exports"
+    target = root / _entry_name(source.alias, source.path_or_id, ident["key"])
+    found = _reusable(target, ident["key"], trust_remote_code, st, quiet=True)
+    if found is None:
+        return None
+    found = _repoint(found, source, root / f".{target.name}.lock")
+    from dataclasses import replace
+
+    return replace(found, spec=str(spec))
+
+
+def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict | None = None, *,
+              quiet: bool = False):
+    """The handle of a complete entry made for ``key``, else None (``quiet``: without the warnings, for a look
+    that the full resolution follows)."""
     from layerscope.errors import ManifestError
     from layerscope.model.handle import ModelHandle
     from layerscope.model.manifest import MANIFEST
@@ -93,12 +137,18 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
     try:
         handle = ModelHandle.resolve(target, trust_remote_code=trust_remote_code)
     except (ManifestError, OSError) as exc:  # OSError: another process is replacing it right now
+        if quiet:
+            return None
         log.warning("cached export %s is damaged or being replaced (%s); exporting it again", target, exc)
         return None
     if (handle.manifest.export_cache or {}).get("key") != key:
+        if quiet:
+            return None
         log.warning("cached export %s was made from other files or settings; exporting it again", target)
         return None
     if st_recipe is not None and handle.manifest.sentence_transformers != st_recipe:
+        if quiet:
+            return None
         log.warning("cached export %s lacks this checkpoint's sentence-transformers recipe; exporting it again",
                     target)
         return None
@@ -119,7 +169,7 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     target = root / entry_name(handle, ident["key"])
     found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])
     if found is not None:
-        return _repoint(found, handle, root / f".{target.name}.lock")
+        return _repoint(found, handle.source(), root / f".{target.name}.lock")
     from layerscope.ownership import check_writable
 
     check_writable(root)  # a read-only LAYERSCOPE_HOME: one line before the export starts
@@ -127,7 +177,7 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     with FileLock(str(root / f".{target.name}.lock")):
         found = _reusable(target, ident["key"], handle.trust_remote_code, ident["sentence_transformers"])  # made while we waited?
         if found is not None:
-            return _repoint(found, handle, None)
+            return _repoint(found, handle.source(), None)
         log.info("exporting %s to the cache: %s", handle.spec, target)
         options.pop("force", None)
         if target.is_dir() and not target.is_symlink():  # the cache's own entry, found unusable: replaced whole
@@ -143,20 +193,19 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 
 
-def _repoint(found, handle, lock_path: Path | None):
+def _repoint(found, new, lock_path: Path | None):
     """An entry is keyed by content, so the same weights found at a new place (a moved folder, a rebuilt
     environment's copy of an alias's package) reuse it; when the place it recorded is gone, it records the
     new one, so that what loads the weights again (parity of a variant, the bench's reference rows) finds
     them."""
     old = found.manifest.source
-    new = handle.source()
     if not (old.is_local and new.is_local) or old.path_or_id == new.path_or_id or Path(old.path_or_id).is_dir():
         return found
     if lock_path is not None:
         from filelock import FileLock
 
         with FileLock(str(lock_path)):
-            return _repoint(found, handle, None)
+            return _repoint(found, new, None)
     from layerscope.atomic import write_json_atomic
     from layerscope.model.handle import ModelHandle
     from layerscope.model.manifest import MANIFEST, read_manifest_dict
@@ -169,7 +218,7 @@ def _repoint(found, handle, lock_path: Path | None):
         write_json_atomic(target / MANIFEST, manifest)
     log.info("cached export %s: its weights are now read from %s (%s is gone)", target, new.path_or_id,
              old.path_or_id)
-    return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
+    return ModelHandle.resolve(target, trust_remote_code=found.trust_remote_code)
 
 
 def export_record(handle) -> dict[str, Any] | None:

@@ -15,10 +15,24 @@ from typing import Any
 from layerscope.model.handle import ModelHandle
 
 
-def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = False) -> ModelHandle:
-    """The handle of ``model`` (returned as is when it is one already); nothing is exported."""
+def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = False,
+                  engine: str | None = None) -> ModelHandle:
+    """The handle of ``model`` (returned as is when it is one already); nothing is exported.
+
+    ``engine``: the engine that will run it; when that engine runs exports and a local plain model (an alias
+    such as ``minilm``, a checkpoint folder) has its export in the cache already, that export's handle is
+    returned, found from the files alone, without importing transformers or torch."""
     if isinstance(model, ModelHandle):
         return model
+    if engine is not None:
+        from layerscope.engines.base import needs_export
+
+        if needs_export(engine):
+            from layerscope.export.cache import find_cached_export
+
+            found = find_cached_export(str(model), trust_remote_code=trust_remote_code)
+            if found is not None:
+                return found
     return ModelHandle.resolve(model, trust_remote_code=trust_remote_code)
 
 
@@ -60,7 +74,7 @@ def open_engine(model: str | Path | ModelHandle, engine: str = "auto", *, trust_
     check_engine_options(engine, options)  # a mistyped option is one line, before anything is exported
     if needs_export(engine) and not (isinstance(model, ModelHandle) and model.is_export):
         require_engine(engine)  # before the export (or the hash of the weights it is keyed by)
-    handle = resolve_model(model, trust_remote_code=trust_remote_code)
+    handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=engine)
     if needs_export(engine) and not handle.is_export:
         handle = ensure_export(handle)
     return create_engine(engine, handle, **options)

@@ -73,6 +73,12 @@ def shared_ids(s_ids: np.ndarray, s_special: np.ndarray, t_ids: np.ndarray, t_sp
 
 def token_decomposition(src: Side, tgt: Side) -> dict:
     """Shared, language-specific, special and first-token cosines of one layer (see the module doc)."""
+    return decomposition_summary(decomposition_items(src, tgt))
+
+
+def decomposition_items(src: Side, tgt: Side) -> dict:
+    """What ``token_decomposition`` averages, before averaging: the per-item cosines of each kind and the token
+    counts. Items of consecutive chunks of pairs, joined by ``join_items``, summarize as all pairs at once."""
     shared, specific, special, first = [], [], [], []
     n_shared_tokens = n_tokens = 0
     for (sv, si, ss), (tv, ti, ts) in _pairs(src, tgt):
@@ -95,11 +101,24 @@ def token_decomposition(src: Side, tgt: Side) -> dict:
         c = _cos(sv[0], tv[0])
         if c is not None:
             first.append(c)
+    return {"shared": shared, "specific": specific, "special": special, "first": first,
+            "shared_tokens": n_shared_tokens, "tokens": n_tokens}
+
+
+def join_items(a: dict | None, b: dict) -> dict:
+    """The items of two chunks of pairs, in order (lists joined, counts added)."""
+    if a is None:
+        return b
+    return {k: a[k] + b[k] for k in b}
+
+
+def decomposition_summary(items: dict) -> dict:
+    shared, specific, special, first = items["shared"], items["specific"], items["special"], items["first"]
     return {"shared_cosine": _mean(shared), "n_shared": len(shared),
             "specific_cosine": _mean(specific), "n_specific": len(specific),
             "special_cosine": _mean(special), "n_special": len(special),
             "first_token_cosine": _mean(first),
-            "shared_token_share": n_shared_tokens / n_tokens if n_tokens else None}
+            "shared_token_share": items["shared_tokens"] / items["tokens"] if items["tokens"] else None}
 
 
 def pooled_without_shared(src: Side, tgt: Side) -> tuple[np.ndarray, np.ndarray]:
@@ -124,6 +143,11 @@ def position_bins(length: int, bins: int) -> np.ndarray:
 
 def position_cosine(src: Side, tgt: Side, bins: int = 10) -> list[float | None]:
     """Per relative-position bin, the mean over pairs of the cosine between the two sides' bin means."""
+    return [_mean(v) for v in position_items(src, tgt, bins)]
+
+
+def position_items(src: Side, tgt: Side, bins: int = 10) -> list[list[float]]:
+    """Per bin, the pairs' cosines that ``position_cosine`` averages (chunks join bin by bin)."""
     per_bin: list[list[float]] = [[] for _ in range(bins)]
     for (sv, _, ss), (tv, _, ts) in _pairs(src, tgt):
         sv, tv = sv[~ss], tv[~ts]
@@ -135,7 +159,7 @@ def position_cosine(src: Side, tgt: Side, bins: int = 10) -> list[float | None]:
                 c = _cos(sv[sb == b].mean(0), tv[tb == b].mean(0))
                 if c is not None:
                     per_bin[b].append(c)
-    return [_mean(v) for v in per_bin]
+    return per_bin
 
 
 # ---------------------------------------------------------------- words in context

@@ -126,7 +126,8 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
         eng, handle = engine, engine.model
     else:
         eng = None
-        handle = resolve_model(model, trust_remote_code=trust_remote_code)  # exported when the engine starts
+        # exported when the engine starts; a cached export is found without transformers or torch
+        handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=engine)
     manifest = handle.manifest
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)

@@ -1,0 +1,104 @@
+"""The lens on an ONNX engine: a progress line per batch on a clock, and memory bounded by the head's run of
+positions, not by the batch times the vocabulary."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from layerscope.analyses.base import Context, run_analysis
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+class FakeTime:
+    """``time`` for layerscope.progress: every reading of the clock is 31 s after the last one."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 31.0
+        return self.now
+
+
+def test_lens_says_how_far_it_is_within_every_batch(tiny_model, tmp_path, monkeypatch, caplog):
+    """A run of positions through the head at a time (one here), each advancing the count: on a clock that
+    moves 31 s per reading, a line per run, so a batch that takes minutes is not silent."""
+    import layerscope.progress as progress
+    from layerscope.model.handle import ModelHandle
+
+    monkeypatch.setattr("layerscope.decoding.lens_onnx.HEAD_BYTES", 1)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(progress, "time", FakeTime())
+    monkeypatch.setattr(progress, "mode", lambda: "lines")  # a log file, not a terminal
+    caplog.set_level(logging.INFO, logger="layerscope")
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(f"text number {i} about a cat\n" for i in range(5)))
+    ctx = Context(models=[str(tiny_model("bert"))], engine="ort", data=str(data), cache=False, out=tmp_path / "out",
+                  options={"top_k": 3, "show": 0, "batch": 2})
+    run_analysis("lens", ctx)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lens: tokens decoded")]
+    tok = ModelHandle.resolve(tiny_model("bert")).tokenizer()
+    total = sum(len(ids) for ids in tok(data.read_text().splitlines())["input_ids"])
+    counts = [line.split(": ")[2].split(" ")[0] for line in said]
+    assert counts == [f"{i}/{total}" for i in range(1, total + 1)]  # every position, in three batches
+
+
+def _big_vocab_gpt2(tiny_model, out: Path, vocab: int) -> Path:
+    """The tiny GPT-2 with a vocabulary of ``vocab`` rows (its tokenizer uses the first few): the head's logits
+    are what takes memory, as in a real decoder."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    src = tiny_model("gpt2")
+    shutil.copytree(src, out)
+    net = AutoModelForCausalLM.from_pretrained(str(src))
+    net.resize_token_embeddings(vocab)
+    net.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+_CHILD = """
+import resource, sys
+import layerscope.decoding.lens_onnx as lens_onnx
+lens_onnx.HEAD_BYTES = 8 * 2**20
+from layerscope.analyses.base import Context, run_analysis
+export, data, batch, out = sys.argv[1:5]
+run_analysis("lens", Context(models=[export], engine="ort", data=data, cache=False, out=out,
+                             options={"top_k": 5, "show": 0, "batch": int(batch)}))
+print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+@pytest.mark.slow
+def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(tiny_model, tmp_path):
+    """32 texts of ~120 tokens at once with a 60,000-row vocabulary: every layer's logits of the batch would be
+    32 x 120 x 60,000 x 4 bytes = 920 MB (and its softmax as much again); decoded a run of positions at a time
+    (8 MiB of logits here), the peak RSS of a child process is within 150 MB of the same run 2 texts at a time."""
+    from layerscope.decoding.lens_onnx import export_lens
+    from layerscope.export.exporter import export_model
+
+    vocab = 60_000
+    export = tmp_path / "exp"
+    export_model(str(_big_vocab_gpt2(tiny_model, tmp_path / "ckpt", vocab)), export, pooled=["mean"])
+    meta = export_lens(export, 5)
+    assert not (export / "lens-k5.onnx_data").exists()  # the head's 7.7 MB matrix is read from lm_head.safetensors
+    assert (export / "lens-k5.onnx").stat().st_size < vocab * 32 * 4 // 10 and meta["shared_bytes"] >= vocab * 32 * 4
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(f"{i} the cat sat on the mat while the dog ran by the river bank {i}\n" for i in range(32)))
+    env = {**os.environ, "PYTHONPATH": SRC, "LAYERSCOPE_HOME": str(tmp_path / "home")}
+    peaks = {}
+    for batch in (2, 32):
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(export), str(data), str(batch), str(tmp_path / f"o{batch}")],
+                              env=env, capture_output=True, text=True, timeout=600)
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("PEAK_KIB ")), None)
+        assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
+        peaks[batch] = int(line.split()[1]) * 1024
+    assert peaks[32] - peaks[2] < 150 * 2**20, peaks
