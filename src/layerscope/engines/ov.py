@@ -152,7 +152,7 @@ class OvEngine(OrtEngine):
     preferred_batch_tokens = 2048
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
-                 in_graph_pooling: bool = True, **options):
+                 in_graph_pooling: bool = True, depth: int | None = None, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
@@ -168,11 +168,11 @@ class OvEngine(OrtEngine):
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
         self.in_graph_pooling = bool(in_graph_pooling)
+        path, self.pooled_layers = self.early_exit(path, depth)
         self.session = OvSession(path, precision, threads or physical_cores())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.pooled_layers = list(self.manifest.pooled_layers)
         self.info.provider = f"openvino {self.session.version} CPU ({self.session.precision})"
         self.info.device = "cpu"
         self.info.precision = precision
