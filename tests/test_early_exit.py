@@ -122,7 +122,9 @@ def test_a_store_of_the_first_layers_equals_those_layers_of_a_full_store(exports
         whole = extract(exports["gpt2"], corpus, tmp_path / f"whole-{engine}", engine=engine, layers="all",
                         poolings=POOLINGS, progress=False)
         assert any(n.startswith("early exit") for n in part.engine["notes"])
-        assert not any(n.startswith("early exit") for n in whole.engine["notes"])
+        if engine == "ort":  # mean and last are pooled in the graph: its hidden states stay inside
+            assert any("pooled outputs only" in n for n in part.engine["notes"])
+        assert not any("layers up to" in n for n in whole.engine["notes"])
         a, b = LayerStore.open(tmp_path / f"part-{engine}"), LayerStore.open(tmp_path / f"whole-{engine}")
         for mode in POOLINGS:
             for layer in ("0", "1"):
@@ -201,3 +203,27 @@ def test_a_deeper_layer_than_the_engine_was_opened_for_is_one_line(exports):
     batch = eng.encoder()(TEXTS[:1])
     with pytest.raises(InputError, match="opened for layers up to 0"):
         eng.run(batch, ["0", "2"], ["mean"])
+
+
+@pytest.mark.parametrize("engine", ["ort", "ov"])
+def test_a_pooled_only_run_keeps_the_hidden_states_inside_the_graph(engine, exports):
+    from layerscope.errors import InputError
+
+    if engine == "ov":
+        pytest.importorskip("openvino")
+    export_dir = exports["gpt2"]
+    full = create_engine(engine, export_dir)
+    batch = full.encoder()(TEXTS)
+    names = full.layer_names
+    ref = full.run(batch, names, POOLINGS)
+    for depth, layers in ((1, ["raw", "0", "1"]), (None, names)):
+        eng = create_engine(engine, export_dir, depth=depth, pooled_only=True)
+        assert sorted(eng.output_names) == sorted(f"pooled.{m}" for m in full.manifest.pooled_modes)
+        assert eng.depth == depth and eng.pooled_layers == layers
+        got = eng.run(batch, layers, POOLINGS)
+        for mode in POOLINGS:
+            np.testing.assert_array_equal(got[mode], ref[mode][[names.index(n) for n in layers]])
+        with pytest.raises(InputError, match="pooled vectors only"):
+            eng.run_tokens(batch, ["0"])
+    graph = onnx.load(str(export_dir / "model.upto-2.pooled.onnx"), load_external_data=False)
+    assert not [o.name for o in graph.graph.output if not o.name.startswith("pooled.")]

@@ -178,10 +178,11 @@ class OrtEngine(Engine):
     provider = "CPUExecutionProvider"
     uses_onnxruntime = True  # an InferenceSession on ``provider`` (OpenVINO's subclass says False)
     depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
+    pooled_only = False  # its graph hands back the in-graph pooled outputs alone (hidden states stay inside)
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
-                 depth: int | None = None, **options):
+                 depth: int | None = None, pooled_only: bool = False, **options):
         from layerscope.model.variants import variant_onnx_file
 
         handle = model  # an export: create_engine refuses a plain model for this engine
@@ -200,7 +201,8 @@ class OrtEngine(Engine):
             if not path.exists() or file_sha256(path) != entry.sha256:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
-        source, (path, self.pooled_layers) = path, self.early_exit(path, None if named else depth)
+        source, (path, self.pooled_layers) = path, self.early_exit(path, None if named else depth,
+                                                                   pooled_only and not named)
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -212,11 +214,15 @@ class OrtEngine(Engine):
         if self.variant:
             self.info.notes.append(f"variant {self.variant} ({source.name})")
 
-    def early_exit(self, path: Path, depth: int | None) -> tuple[Path, list[str]]:
-        """The graph to run for layers up to ``depth`` and the layers its pooled outputs stack: the derived
-        graph of engines/truncate.py where it prunes anything and passed its check, else ``path`` itself."""
+    def early_exit(self, path: Path, depth: int | None, pooled_only: bool = False) -> tuple[Path, list[str]]:
+        """The graph to run for layers up to ``depth`` (``pooled_only``: fetching only the in-graph pooled
+        outputs) and the layers its pooled outputs stack: the derived graph of engines/truncate.py where it
+        prunes anything and passed its check, else ``path`` itself."""
         full = list(self.manifest.pooled_layers)
-        if depth is None or depth >= self.manifest.num_layers:
+        pooled_only = bool(pooled_only) and self.in_graph_pooling and bool(self.manifest.pooled_modes)
+        if depth is None:
+            depth = self.manifest.num_layers
+        if depth >= self.manifest.num_layers and not pooled_only:
             return path, full
         from layerscope.engines.truncate import truncated_graph
 
@@ -224,13 +230,14 @@ class OrtEngine(Engine):
         try:
             cut = truncated_graph(path, int(depth), num_layers=self.manifest.num_layers, full_pooled=full,
                                   tolerance=parity.tolerance_abs if parity else None, feeds=self.probe_feeds,
-                                  log=self.info.notes.append)
+                                  log=self.info.notes.append, pooled_only=pooled_only)
         except EngineUnavailableError as exc:  # no ONNX Runtime to hold the derived graph to the full one
             self.info.notes.append(f"early exit off: {exc}")
             return path, full
         if cut is None:
             return path, full
-        self.depth = cut.depth
+        self.depth = cut.depth if cut.depth < self.manifest.num_layers else None
+        self.pooled_only = cut.pooled_only
         self.info.notes.append(cut.note())
         return cut.path, list(cut.pooled_layers)
 
@@ -281,6 +288,12 @@ class OrtEngine(Engine):
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         check_depth(layers, self.depth, self.name)
+        if self.pooled_only:
+            from layerscope.errors import InputError
+
+            raise InputError(f"engine '{self.name}' was opened for in-graph pooled vectors only (pooled_only=True) "
+                             "and was asked for token states or a pooling the graph lacks; open it without "
+                             "pooled_only")
         outs = self._run(batch, [self.token_output(n) for n in layers])
         import numpy as np
 

@@ -152,7 +152,7 @@ class OvEngine(OrtEngine):
     preferred_batch_tokens = 2048
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
-                 in_graph_pooling: bool = True, depth: int | None = None, **options):
+                 in_graph_pooling: bool = True, depth: int | None = None, pooled_only: bool = False, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
@@ -168,7 +168,7 @@ class OvEngine(OrtEngine):
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
         self.in_graph_pooling = bool(in_graph_pooling)
-        path, self.pooled_layers = self.early_exit(path, depth)
+        path, self.pooled_layers = self.early_exit(path, depth, pooled_only)
         self.session = OvSession(path, precision, threads or physical_cores())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -48,12 +48,16 @@ def check_depth(layers: Iterable[str], depth: int | None, engine: str) -> None:
                          f"{deeper[0]}; open it without depth, or with depth={max(int(n) for n in deeper)}")
 
 
-def kept_outputs(output_names: Iterable[str], depth: int) -> list[str]:
-    """The graph outputs a run up to ``depth`` keeps: raw embeddings, hidden states 0..depth, pooled outputs."""
+def kept_outputs(output_names: Iterable[str], depth: int, pooled_only: bool = False) -> list[str]:
+    """The graph outputs a run up to ``depth`` keeps: raw embeddings, hidden states 0..depth, pooled outputs
+    (``pooled_only``: the pooled outputs alone, the hidden states staying inside the graph)."""
     keep = []
     for name in output_names:
         index = hidden_index(name)
-        if name == RAW_OUTPUT or (index is not None and index <= depth) or pooled_mode(name) is not None:
+        if pooled_only:
+            if pooled_mode(name) is not None:
+                keep.append(name)
+        elif name == RAW_OUTPUT or (index is not None and index <= depth) or pooled_mode(name) is not None:
             keep.append(name)
     return keep
 
@@ -70,13 +74,17 @@ class Truncated:
     depth: int
     pooled_layers: tuple[str, ...]
     max_abs: float  # the worst |derived - full| over every kept output on the check's batches
+    pooled_only: bool  # its outputs are the pooled ones alone
     nodes: int  # nodes in the derived graph
     full_nodes: int  # nodes in the graph it was derived from
     reused: bool  # found in the cache (False: made by this call)
+    every_layer: bool = False  # depth is the model's last layer (a pooled-only graph of the whole model)
 
     def note(self) -> str:
         how = "bit for bit" if self.max_abs == 0 else f"max |diff| {self.max_abs:.3g}"
-        top = "raw embeddings only" if self.depth < 0 else f"layers up to {self.depth}"
+        top = "raw embeddings only" if self.depth < 0 else "every layer" if self.every_layer \
+            else f"layers up to {self.depth}"
+        top += ", pooled outputs only" if self.pooled_only else ""
         return (f"early exit: {top}, {self.path.name} ({self.nodes} of {self.full_nodes} nodes; equal to the "
                 f"full graph {how}{', cached' if self.reused else ''})")
 
@@ -106,7 +114,7 @@ def _external(model) -> list:
             and t.data_location == TensorProto.EXTERNAL]
 
 
-def derive(src: Path, depth: int, dst: Path) -> tuple[list[str], int, int]:
+def derive(src: Path, depth: int, dst: Path, pooled_only: bool = False) -> tuple[list[str], int, int]:
     """Write the graph of ``src`` pruned to the outputs up to ``depth`` into ``dst`` (same folder as ``src``).
     Returns (its pooled layers, its node count, the source's node count)."""
     import onnx
@@ -115,10 +123,14 @@ def derive(src: Path, depth: int, dst: Path) -> tuple[list[str], int, int]:
     model = onnx.load(str(src), load_external_data=False)  # weights stay in the source's data file
     graph = model.graph
     names = [o.name for o in graph.output]
-    keep = kept_outputs(names, depth)
+    keep = kept_outputs(names, depth, pooled_only)
     pooled = _repoint_stack(graph, depth) if any(pooled_mode(n) for n in keep) else []
     if any(pooled_mode(n) for n in keep) and not pooled:
         keep = [n for n in keep if pooled_mode(n) is None]  # the pooled outputs would need every layer
+    if not keep:
+        from layerscope.errors import EngineUnavailableError
+
+        raise EngineUnavailableError(f"{src.name} has no pooled outputs of the layers up to {depth} to keep")
     for out in graph.output:
         if pooled_mode(out.name) is not None and pooled:
             out.type.tensor_type.shape.dim[0].dim_value = len(pooled)
@@ -175,27 +187,30 @@ def compare(full: list, got: list, names: list[str], full_pooled: list[str], poo
 
 
 def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list[str], tolerance: float | None,
-                    feeds: Callable[[], list[dict]], log: Callable[[str], None] = lambda m: None) -> Truncated | None:
-    """The derived graph of ``src`` up to ``depth``: reused from the cache when its record matches the source's
-    content and this recipe, else made and checked against ``src`` on the batches ``feeds()`` returns.
-    None when there is nothing to prune (``depth`` >= ``num_layers``) or it cannot be used (``log`` says why)."""
-    if depth >= num_layers:
+                    feeds: Callable[[], list[dict]], log: Callable[[str], None] = lambda m: None,
+                    pooled_only: bool = False) -> Truncated | None:
+    """The derived graph of ``src`` up to ``depth`` (``pooled_only``: with the pooled outputs alone): reused from
+    the cache when its record matches the source's content and this recipe, else made and checked against
+    ``src`` on the batches ``feeds()`` returns. None when there is nothing to prune (``depth`` >= ``num_layers``
+    and every output kept) or it cannot be used (``log`` says why)."""
+    depth = min(int(depth), num_layers)
+    if depth >= num_layers and not pooled_only:
         return None
     src = Path(src)
-    dst = src.with_name(f"{src.stem}{SUFFIX}{'raw' if depth < 0 else depth}.onnx")
+    dst = src.with_name(f"{src.stem}{SUFFIX}{'raw' if depth < 0 else depth}{'.pooled' if pooled_only else ''}.onnx")
     rec = dst.with_suffix(".json")
     key = _content_hash(src)
-    found = _cached(dst, rec, key, depth)
+    found = _cached(dst, rec, key, depth, pooled_only)
     if found is not None:
-        return found
+        return replace(found, every_layer=depth == num_layers)
     if not os.access(src.parent, os.W_OK):
         log(f"early exit off: {src.parent} is not writable, so the graph up to layer {depth} cannot be cached there")
         return None
     from layerscope.ownership import writing
 
     with writing(src.parent, "export"):
-        pooled, nodes, full_nodes = derive(src, depth, dst)
-        names = kept_outputs(_outputs(dst), depth)
+        pooled, nodes, full_nodes = derive(src, depth, dst, pooled_only)
+        names = kept_outputs(_outputs(dst), depth, pooled_only)
         diffs = _check(src, dst, names, full_pooled, pooled, feeds())
         worst = max(diffs.values(), default=0.0)
         bar = 0.0 if tolerance is None else float(tolerance)
@@ -208,12 +223,13 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
         from layerscope.jsonfile import write_json_atomic
         from layerscope.model.identity import hash_files
 
-        write_json_atomic(rec, {"recipe": RECIPE, "depth": depth, "source": src.name, "source_sha256": key,
+        write_json_atomic(rec, {"recipe": RECIPE, "depth": depth, "pooled_only": pooled_only, "source": src.name, "source_sha256": key,
                                 "sha256": hash_files([dst]), "outputs": names, "pooled_layers": pooled,
                                 "nodes": nodes, "full_nodes": full_nodes,
                                 "check": {"texts": "engines/torch.py PARITY_TEXTS", "tolerance_abs": bar,
                                           "max_abs": worst, "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
-    return Truncated(dst, depth, tuple(pooled), worst, nodes, full_nodes, reused=False)
+    return Truncated(dst, depth, tuple(pooled), worst, pooled_only, nodes, full_nodes, reused=False,
+                     every_layer=depth == num_layers)
 
 
 def _outputs(path: Path) -> list[str]:
@@ -222,16 +238,17 @@ def _outputs(path: Path) -> list[str]:
     return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
 
 
-def _cached(dst: Path, rec: Path, key: str, depth: int) -> Truncated | None:
+def _cached(dst: Path, rec: Path, key: str, depth: int, pooled_only: bool) -> Truncated | None:
     from layerscope.model.identity import hash_files
 
     try:
         data = json.loads(rec.read_text(encoding="utf-8"))
         if not (dst.is_file() and data.get("recipe") == RECIPE and data.get("source_sha256") == key
-                and data.get("depth") == depth and data.get("sha256") == hash_files([dst])):
+                and data.get("depth") == depth and data.get("pooled_only") == pooled_only
+                and data.get("sha256") == hash_files([dst])):
             return None
         return Truncated(dst, depth, tuple(str(x) for x in data["pooled_layers"]), float(data["check"]["max_abs"]),
-                         int(data["nodes"]), int(data["full_nodes"]), reused=True)
+                         pooled_only, int(data["nodes"]), int(data["full_nodes"]), reused=True)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -286,3 +303,10 @@ def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool) -> No
         for child_name, child in list(parent.named_children()):
             if type(child).__name__.endswith("Norm"):
                 setattr(parent, child_name, torch.nn.Identity())
+
+
+def pooled_only_run(manifest, layers: Iterable[str], poolings: Iterable[str], *, tokens: bool = False) -> bool:
+    """Whether a run of ``layers`` and ``poolings`` needs nothing but the graph's pooled outputs (no token
+    states, every pooling and layer pooled in the graph), so the engine may keep the hidden states inside."""
+    return (not tokens and bool(manifest.pooled_modes) and set(poolings) <= set(manifest.pooled_modes)
+            and set(layers) <= set(manifest.pooled_layers))
