@@ -19,7 +19,7 @@ from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
-from layerscope.engines.truncate import check_depth
+from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.outputs import layer_output, pooled_output
 from layerscope.vocab.pooling import ST, pool, with_st
@@ -201,8 +201,8 @@ class OrtEngine(Engine):
             if not path.exists() or file_sha256(path) != entry.sha256:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
-        source, (path, self.pooled_layers) = path, self.early_exit(path, None if named else depth,
-                                                                   pooled_only and not named)
+        source, (path, self.pooled_layers) = path, engine_graph(self, path, None if named else depth,
+                                                                pooled_only and not named)  # early exit
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -213,40 +213,6 @@ class OrtEngine(Engine):
         self.info.precision = self.manifest.variants[self.variant].precision if self.variant else self.manifest.precision
         if self.variant:
             self.info.notes.append(f"variant {self.variant} ({source.name})")
-
-    def early_exit(self, path: Path, depth: int | None, pooled_only: bool = False) -> tuple[Path, list[str]]:
-        """The graph to run for layers up to ``depth`` (``pooled_only``: fetching only the in-graph pooled
-        outputs) and the layers its pooled outputs stack: the derived graph of engines/truncate.py where it
-        prunes anything and passed its check, else ``path`` itself."""
-        full = list(self.manifest.pooled_layers)
-        pooled_only = bool(pooled_only) and self.in_graph_pooling and bool(self.manifest.pooled_modes)
-        if depth is None:
-            depth = self.manifest.num_layers
-        if depth >= self.manifest.num_layers and not pooled_only:
-            return path, full
-        from layerscope.engines.truncate import truncated_graph
-
-        parity = self.manifest.parity
-        try:
-            cut = truncated_graph(path, int(depth), num_layers=self.manifest.num_layers, full_pooled=full,
-                                  tolerance=parity.tolerance_abs if parity else None, feeds=self.probe_feeds,
-                                  log=self.info.notes.append, pooled_only=pooled_only)
-        except EngineUnavailableError as exc:  # no ONNX Runtime to hold the derived graph to the full one
-            self.info.notes.append(f"early exit off: {exc}")
-            return path, full
-        if cut is None:
-            return path, full
-        self.depth = cut.depth if cut.depth < self.manifest.num_layers else None
-        self.pooled_only = cut.pooled_only
-        self.info.notes.append(cut.note())
-        return cut.path, list(cut.pooled_layers)
-
-    def probe_feeds(self) -> list[dict]:
-        """Inputs of the texts a derived graph is checked on (padding, scripts, a long text)."""
-        from layerscope.engines.torch import PARITY_TEXTS
-
-        encoder = self.encoder()
-        return [encoder(list(PARITY_TEXTS[:4])).inputs, encoder([PARITY_TEXTS[4]]).inputs]
 
     def provider_options(self) -> dict:
         return {}
@@ -288,12 +254,7 @@ class OrtEngine(Engine):
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         check_depth(layers, self.depth, self.name)
-        if self.pooled_only:
-            from layerscope.errors import InputError
-
-            raise InputError(f"engine '{self.name}' was opened for in-graph pooled vectors only (pooled_only=True) "
-                             "and was asked for token states or a pooling the graph lacks; open it without "
-                             "pooled_only")
+        check_pooled_only(self.pooled_only, self.name)
         outs = self._run(batch, [self.token_output(n) for n in layers])
         import numpy as np
 

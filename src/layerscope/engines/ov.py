@@ -25,6 +25,7 @@ from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.engines.ort import OrtEngine, physical_cores
+from layerscope.engines.truncate import engine_graph
 from layerscope.errors import EngineUnavailableError, InputError
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
@@ -168,7 +169,7 @@ class OvEngine(OrtEngine):
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
         self.in_graph_pooling = bool(in_graph_pooling)
-        path, self.pooled_layers = self.early_exit(path, depth, pooled_only)
+        path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
         self.session = OvSession(path, precision, threads or physical_cores())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}

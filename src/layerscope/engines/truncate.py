@@ -48,6 +48,15 @@ def check_depth(layers: Iterable[str], depth: int | None, engine: str) -> None:
                          f"{deeper[0]}; open it without depth, or with depth={max(int(n) for n in deeper)}")
 
 
+def check_pooled_only(pooled_only: bool, engine: str) -> None:
+    """One line when an engine whose graph hands back pooled vectors only is asked for token states."""
+    if pooled_only:
+        from layerscope.errors import InputError
+
+        raise InputError(f"engine '{engine}' was opened for in-graph pooled vectors only (pooled_only=True) and "
+                         "was asked for token states or a pooling the graph lacks; open it without pooled_only")
+
+
 def kept_outputs(output_names: Iterable[str], depth: int, pooled_only: bool = False) -> list[str]:
     """The graph outputs a run up to ``depth`` keeps: raw embeddings, hidden states 0..depth, pooled outputs
     (``pooled_only``: the pooled outputs alone, the hidden states staying inside the graph)."""
@@ -208,26 +217,30 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
         return None
     from layerscope.ownership import writing
 
+    bar = 0.0 if tolerance is None else float(tolerance)
     with writing(src.parent, "export"):
-        pooled, nodes, full_nodes = derive(src, depth, dst, pooled_only)
-        names = kept_outputs(_outputs(dst), depth, pooled_only)
-        diffs = _check(src, dst, names, full_pooled, pooled, feeds())
-        worst = max(diffs.values(), default=0.0)
-        bar = 0.0 if tolerance is None else float(tolerance)
-        if not worst <= bar:
+        try:
+            pooled, nodes, full_nodes = derive(src, depth, dst, pooled_only)
+            names = kept_outputs(_outputs(dst), depth, pooled_only)
+            diffs = _check(src, dst, names, full_pooled, pooled, feeds())
+            worst = max(diffs.values(), default=0.0)
+            why = None if worst <= bar else f"differs from the full graph by {worst:.3g} (> {bar:g})"
+        except Exception as exc:  # noqa: BLE001 - onnx and the runtimes raise untyped errors: the full graph runs
+            why = f"could not be made ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        if why:
             dst.unlink(missing_ok=True)
             rec.unlink(missing_ok=True)
-            log(f"early exit off: the graph up to layer {depth} differs from the full graph by {worst:.3g} "
-                f"(> {bar:g}); the full graph runs")
+            log(f"early exit off: the graph up to layer {depth} {why}; the full graph runs")
             return None
         from layerscope.jsonfile import write_json_atomic
         from layerscope.model.identity import hash_files
 
-        write_json_atomic(rec, {"recipe": RECIPE, "depth": depth, "pooled_only": pooled_only, "source": src.name, "source_sha256": key,
-                                "sha256": hash_files([dst]), "outputs": names, "pooled_layers": pooled,
-                                "nodes": nodes, "full_nodes": full_nodes,
-                                "check": {"texts": "engines/torch.py PARITY_TEXTS", "tolerance_abs": bar,
-                                          "max_abs": worst, "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
+        write_json_atomic(rec, {
+            "recipe": RECIPE, "depth": depth, "pooled_only": pooled_only, "source": src.name, "source_sha256": key,
+            "sha256": hash_files([dst]), "outputs": names, "pooled_layers": pooled, "nodes": nodes,
+            "full_nodes": full_nodes,
+            "check": {"texts": "engines/torch.py PARITY_TEXTS", "runtime": "onnxruntime CPU", "tolerance_abs": bar,
+                      "max_abs": worst, "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
     return Truncated(dst, depth, tuple(pooled), worst, pooled_only, nodes, full_nodes, reused=False,
                      every_layer=depth == num_layers)
 
@@ -310,3 +323,39 @@ def pooled_only_run(manifest, layers: Iterable[str], poolings: Iterable[str], *,
     states, every pooling and layer pooled in the graph), so the engine may keep the hidden states inside."""
     return (not tokens and bool(manifest.pooled_modes) and set(poolings) <= set(manifest.pooled_modes)
             and set(layers) <= set(manifest.pooled_layers))
+
+
+def engine_graph(engine, path: Path, depth: int | None, pooled_only: bool) -> tuple[Path, list[str]]:
+    """The graph an ONNX engine runs for layers up to ``depth`` (``pooled_only``: fetching only the in-graph
+    pooled outputs) and the layers its pooled outputs stack: the derived graph where it prunes anything and
+    passed its check (the engine's ``depth``, ``pooled_only`` and notes then say so), else ``path`` itself."""
+    from layerscope.errors import EngineUnavailableError
+
+    manifest = engine.manifest
+    full = list(manifest.pooled_layers)
+    pooled_only = bool(pooled_only) and engine.in_graph_pooling and bool(manifest.pooled_modes)
+    depth = manifest.num_layers if depth is None else int(depth)
+    if depth >= manifest.num_layers and not pooled_only:
+        return path, full
+    try:
+        cut = truncated_graph(path, depth, num_layers=manifest.num_layers, full_pooled=full,
+                              tolerance=manifest.parity.tolerance_abs if manifest.parity else None,
+                              feeds=lambda: probe_feeds(engine), log=engine.info.notes.append,
+                              pooled_only=pooled_only)
+    except EngineUnavailableError as exc:  # no ONNX Runtime to hold the derived graph to the full one
+        engine.info.notes.append(f"early exit off: {exc}")
+        return path, full
+    if cut is None:
+        return path, full
+    engine.depth = None if cut.every_layer else cut.depth
+    engine.pooled_only = cut.pooled_only
+    engine.info.notes.append(cut.note())
+    return cut.path, list(cut.pooled_layers)
+
+
+def probe_feeds(engine) -> list[dict]:
+    """Inputs of the texts a derived graph is checked on (padding, scripts, a long text)."""
+    from layerscope.engines.torch import PARITY_TEXTS
+
+    encoder = engine.encoder()
+    return [encoder(list(PARITY_TEXTS[:4])).inputs, encoder([PARITY_TEXTS[4]]).inputs]
