@@ -96,9 +96,16 @@ class TorchEngine(Engine):
             from layerscope.engines.truncate import truncate_blocks
 
             self.depth = max(int(depth), -1)
-            truncate_blocks(self.net, num_layers, self.depth, final_norm=bool(family.final_norm_in_last_hidden_state))
-            top = "raw embeddings only" if self.depth < 0 else f"layers up to {self.depth}"
-            self.info.notes.append(f"early exit: {top} (the first {max(self.depth, 0)} of {num_layers} blocks)")
+            try:
+                kept = truncate_blocks(self.net, num_layers, self.depth,
+                                       final_norm=bool(family.final_norm_in_last_hidden_state),
+                                       probe=lambda: self.forward(self.encoder()(["a"])))
+            except EngineUnavailableError as exc:  # no block list found: every block runs
+                self.depth = None
+                self.info.notes.append(f"early exit off: {exc}")
+            else:
+                top = "raw embeddings only" if self.depth < 0 else f"layers up to {self.depth}"
+                self.info.notes.append(f"early exit: {top} (the first {kept} of {num_layers} blocks)")
         self.info.provider = f"torch-{self.device.type}"
         self.info.device = str(self.device)
         self.info.precision = self.precision

@@ -295,12 +295,15 @@ def _typed(feed: dict, inputs: dict) -> dict:
             for name, kind in inputs.items()}
 
 
-def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool) -> None:
-    """Keep only the first ``depth`` blocks of a Hugging Face model (in place; the others' weights are freed).
+def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool, probe: Callable[[], object]) -> int:
+    """Keep only the first ``depth`` blocks of a Hugging Face model (in place; the others' weights are freed);
+    returns how many blocks it kept.
 
     The blocks are the outermost ``ModuleList`` of ``num_layers`` modules. Where the model's last hidden state
     carries a final norm (decoders, T5: ``final_norm``), that norm belongs to layer L only: below L it is
-    replaced by an identity, so hidden state ``depth`` is block ``depth``'s own output as in the full model."""
+    replaced by an identity, so hidden state ``depth`` is block ``depth``'s own output as in the full model.
+    For ``depth`` <= 0, ``probe()`` (a forward pass) tells whether the model runs with no block at all; one
+    that cannot (DeBERTa-v2 reads its last block's output) keeps its first block."""
     import torch
 
     lists = [(name, m) for name, m in net.named_modules()
@@ -311,11 +314,21 @@ def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool) -> No
         raise EngineUnavailableError(f"found no list of {num_layers} blocks in {type(net).__name__} to stop early")
     name, blocks = min(lists, key=lambda item: item[0].count("."))
     parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
-    setattr(parent, name.rpartition(".")[2], torch.nn.ModuleList(list(blocks)[:max(depth, 0)]))
+    attr = name.rpartition(".")[2]
     if final_norm and depth < num_layers:
         for child_name, child in list(parent.named_children()):
             if type(child).__name__.endswith("Norm"):
                 setattr(parent, child_name, torch.nn.Identity())
+    kept = torch.nn.ModuleList(list(blocks)[:max(depth, 1)])
+    setattr(parent, attr, kept)
+    if depth <= 0:
+        setattr(parent, attr, torch.nn.ModuleList())
+        try:
+            probe()
+        except Exception:  # noqa: BLE001 - the model's own code fails without a block: it keeps one
+            setattr(parent, attr, kept)
+            return 1
+    return max(depth, 0)
 
 
 def pooled_only_run(manifest, layers: Iterable[str], poolings: Iterable[str], *, tokens: bool = False) -> bool:
