@@ -104,10 +104,9 @@ def test_pruned_graph_has_no_node_of_a_later_block(family, exports):
     assert blocks(upto1.graph) == {0}  # hidden_states.1 is block 0's output: block 1 is not computed
     assert blocks(raw.graph) == set()
     assert len(raw.graph.node) < len(upto1.graph.node) < len(full.graph.node)
-    assert [o.name for o in upto1.graph.output] == ["hidden_states.0", "hidden_states.1", "raw_embeddings",
-                                                    *[o.name for o in full.graph.output if o.name.startswith("pooled.")]]
-    assert [o.name for o in raw.graph.output] == ["raw_embeddings", *[o.name for o in full.graph.output
-                                                                       if o.name.startswith("pooled.")]]
+    pooled = [o.name for o in full.graph.output if o.name.startswith("pooled.")]
+    assert [o.name for o in upto1.graph.output] == ["hidden_states.0", "hidden_states.1", "raw_embeddings", *pooled]
+    assert [o.name for o in raw.graph.output] == ["raw_embeddings", *pooled]
 
 
 def test_a_store_of_the_first_layers_equals_those_layers_of_a_full_store(exports, tmp_path):
