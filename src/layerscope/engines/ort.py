@@ -280,6 +280,8 @@ class OrtEngine(Engine):
         import numpy as np
 
         check_depth(layers, self.depth, self.name)
+        if keep is not None:
+            check_pooled_only(self.pooled_only, self.name)
         in_graph = [p for p in poolings if pooled_output(p) in self.output_names] if self.in_graph_pooling else []
         token_names = [self.token_output(n) for n in layers] if keep is not None else []
         states = None
