@@ -72,6 +72,9 @@ def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n
         options["variant"] = spec.variant
     if cfg.threads and spec.engine != "torch":
         options["threads"] = cfg.threads
+    from layerscope.engines.truncate import depth_of
+
+    options.setdefault("depth", depth_of(layers))  # as an extraction of these layers runs: no block after them
     t0 = time.perf_counter()
     try:
         eng = open_engine(handle, spec.engine, **options)

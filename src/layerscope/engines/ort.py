@@ -19,6 +19,7 @@ from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
+from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.outputs import layer_output, pooled_output
 from layerscope.vocab.pooling import ST, pool, with_st
@@ -176,16 +177,19 @@ class OrtEngine(Engine):
     name = "ort"
     provider = "CPUExecutionProvider"
     uses_onnxruntime = True  # an InferenceSession on ``provider`` (OpenVINO's subclass says False)
+    depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
+    pooled_only = False  # its graph hands back the in-graph pooled outputs alone (hidden states stay inside)
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
-                 **options):
+                 depth: int | None = None, pooled_only: bool = False, **options):
         from layerscope.model.variants import variant_onnx_file
 
         handle = model  # an export: create_engine refuses a plain model for this engine
         super().__init__(handle)
         self.options = options
         self.variant = variant if variant not in (None, "", "fp32") else None
+        named = onnx_file  # another graph asked by name (a lens graph) runs whole
         onnx_file = onnx_file or variant_onnx_file(handle.manifest, self.variant)
         self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
@@ -197,17 +201,18 @@ class OrtEngine(Engine):
             if not path.exists() or file_sha256(path) != entry.sha256:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
+        source, (path, self.pooled_layers) = path, engine_graph(self, path, None if named else depth,
+                                                                pooled_only and not named)  # early exit
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.pooled_layers: list[str] = list(self.manifest.pooled_layers)
         self.info.provider = self.session.get_providers()[0]
         self.info.device = "cpu" if self.provider == "CPUExecutionProvider" else "cuda"
         self.info.precision = self.manifest.variants[self.variant].precision if self.variant else self.manifest.precision
         if self.variant:
-            self.info.notes.append(f"variant {self.variant} ({path.name})")
+            self.info.notes.append(f"variant {self.variant} ({source.name})")
 
     def provider_options(self) -> dict:
         return {}
@@ -248,6 +253,8 @@ class OrtEngine(Engine):
         return layer_output(name)
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
+        check_depth(layers, self.depth, self.name)
+        check_pooled_only(self.pooled_only, self.name)
         outs = self._run(batch, [self.token_output(n) for n in layers])
         import numpy as np
 
@@ -272,6 +279,9 @@ class OrtEngine(Engine):
         left in ``keep["states"]``."""
         import numpy as np
 
+        check_depth(layers, self.depth, self.name)
+        if keep is not None:
+            check_pooled_only(self.pooled_only, self.name)
         in_graph = [p for p in poolings if pooled_output(p) in self.output_names] if self.in_graph_pooling else []
         token_names = [self.token_output(n) for n in layers] if keep is not None else []
         states = None

@@ -25,6 +25,7 @@ from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.engines.ort import OrtEngine, physical_cores
+from layerscope.engines.truncate import engine_graph
 from layerscope.errors import EngineUnavailableError, InputError
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
@@ -155,7 +156,8 @@ class OvEngine(OrtEngine):
     preferred_batch_tokens = 2048
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
-                 in_graph_pooling: bool = True, onnx_file: str | None = None, **options):
+                 in_graph_pooling: bool = True, onnx_file: str | None = None, depth: int | None = None,
+                 pooled_only: bool = False, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
@@ -176,11 +178,11 @@ class OvEngine(OrtEngine):
                                  "not int8")
             path = handle.export_dir / onnx_file
         self.in_graph_pooling = bool(in_graph_pooling)
+        path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
         self.session = OvSession(path, precision, threads or physical_cores())
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        self.pooled_layers = list(self.manifest.pooled_layers)
         self.info.provider = f"openvino {self.session.version} CPU ({self.session.precision})"
         self.info.device = "cpu"
         self.info.precision = precision

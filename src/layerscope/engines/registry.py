@@ -72,6 +72,10 @@ COMMON_OPTIONS = (
     EngineOption("threads", int, None, "intra-op threads"),
     EngineOption("max_seq", int, None, "the longest input the run feeds, in tokens"),
     EngineOption("max_batch", int, None, "the most texts in one batch"),
+    EngineOption("depth", int, None, "the deepest layer the run reads, from --layers (-1: raw only); the engine "
+                 "computes no further (engines/truncate.py)"),
+    EngineOption("pooled_only", bool, False, "the run fetches in-graph pooled vectors only (no token states): an "
+                 "ONNX engine's graph then keeps the hidden states inside, free to release them"),
     EngineOption("min_cosine", float, None, "auto only: the lowest recorded cosine to PyTorch fp32 it accepts"),
 )
 

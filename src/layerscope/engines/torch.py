@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, register
+from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.pooling import ST, pool, with_st
@@ -60,7 +61,10 @@ class TorchEngine(Engine):
     name = "torch"
     precision = "fp32"
 
-    def __init__(self, model, *, device: str | None = None, threads: int | None = None, **_ignored):
+    depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
+
+    def __init__(self, model, *, device: str | None = None, threads: int | None = None, depth: int | None = None,
+                 **_ignored):
         super().__init__(model)
         import torch
 
@@ -86,6 +90,21 @@ class TorchEngine(Engine):
         self.net = load_torch_model(self.model.source(), family, trust_remote_code=self.model.trust_remote_code,
                                     attn_implementation=attention).to(self.device)
         self.word_embeddings = self.net.get_input_embeddings()
+        num_layers = self.manifest.num_layers
+        if depth is not None and int(depth) < num_layers:
+            from layerscope.engines.truncate import truncate_blocks
+
+            self.depth = max(int(depth), -1)
+            try:
+                kept = truncate_blocks(self.net, num_layers, self.depth,
+                                       final_norm=bool(family.final_norm_in_last_hidden_state),
+                                       probe=lambda: self.forward(self.encoder()(["a"])))
+            except EngineUnavailableError as exc:  # no block list found: every block runs
+                self.depth = None
+                self.info.notes.append(f"early exit off: {exc}")
+            else:
+                top = "raw embeddings only" if self.depth < 0 else f"layers up to {self.depth}"
+                self.info.notes.append(f"early exit: {top} (the first {kept} of {num_layers} blocks)")
         self.info.provider = f"torch-{self.device.type}"
         self.info.device = str(self.device)
         self.info.precision = self.precision
@@ -98,7 +117,7 @@ class TorchEngine(Engine):
         torch = self.torch
         encoder = self.encoder()
         batches = [encoder(list(PARITY_TEXTS[:4])), encoder([PARITY_TEXTS[4]])]
-        layers = self.layer_names
+        layers = [n for n in self.layer_names if self.depth is None or n == "raw" or int(n) <= self.depth]
         ref = [self.run_tokens(b, layers) for b in batches]
         self.net.to(getattr(torch, PRECISIONS[self.precision]))
         got = [self.run_tokens(b, layers) for b in batches]
@@ -121,7 +140,12 @@ class TorchEngine(Engine):
 
     def forward(self, batch: Batch):
         """(raw embeddings, tuple of hidden states, model outputs) as torch tensors, no grad."""
-        return torch_forward(self.net, self.word_embeddings, batch.inputs, self.device)
+        raw, hidden, out = torch_forward(self.net, self.word_embeddings, batch.inputs, self.device)
+        if hidden is None and self.depth is not None and self.depth <= 0:
+            # no block ran, so a model that records hidden states on its blocks recorded none: layer 0 is the
+            # blocks' input, which the model hands back as its last hidden state (the final norm is an identity)
+            hidden = (out.last_hidden_state,)
+        return raw, hidden, out
 
     def _select(self, raw, hidden, layers: list[str]) -> list[np.ndarray]:
         arrays = []
@@ -131,6 +155,7 @@ class TorchEngine(Engine):
         return arrays
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
+        check_depth(layers, self.depth, self.name)
         raw, hidden, _ = self.forward(batch)
         return self._select(raw, hidden, layers)
 
@@ -158,6 +183,7 @@ class TorchEngine(Engine):
         from layerscope.vocab.pooling import pool_torch
 
         torch = self.torch
+        check_depth(layers, self.depth, self.name)
         raw, hidden, _ = self.forward(batch)
         with torch.inference_mode():
             states = torch.stack([(raw if n == "raw" else hidden[int(n)]).float() for n in layers])
@@ -170,7 +196,7 @@ class TorchEngine(Engine):
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
         """The model's own pooled output (CLIP's EOS vector after the final norm), where it has one."""
         name = self.manifest.pooled_output
-        if not name:
+        if not name or self.depth is not None:  # the pooler reads the last layer, which this engine skips
             return None
         _, _, out = self.forward(batch)
         return getattr(out, name).float().cpu().numpy()

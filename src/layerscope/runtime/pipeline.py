@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from layerscope.engines.base import Engine
+from layerscope.engines.truncate import depth_of, pooled_only_run
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
@@ -263,6 +264,9 @@ def _start_engine(ex: Extraction, store: LayerStore, engine: str, engine_options
     # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
     # engine does not start.
     options = {"max_batch": ex.max_batch, "max_seq": profile_max_seq(lengths, ex.max_length),
+               "depth": depth_of(ex.layers),  # early exit: --layers decides, and pooled-only runs fetch no states
+               "pooled_only": pooled_only_run(ex.manifest, ex.layers, ex.poolings,
+                                              tokens=bool(ex.settings.get("tokens"))),
                **(engine_options or {})}
     eng = open_engine(ex.handle, engine, **options)
     if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
@@ -335,7 +339,10 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         from layerscope.model.tokenize import check_room
 
         check_room(handle.encoding_tokenizer(), max_length, prompt_text or "")
-    eng = engine if isinstance(engine, Engine) else open_engine(handle, engine, **(engine_options or {}))
+    eng = engine if isinstance(engine, Engine) else open_engine(
+        handle, engine, **{"depth": depth_of(layer_list),  # early exit: --layers decides
+                           "pooled_only": pooled_only_run(handle.manifest, layer_list, pool_list),
+                           **(engine_options or {})})
     manifest = eng.manifest
     out = {(p, l): np.zeros((len(texts), manifest.hidden_size), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,

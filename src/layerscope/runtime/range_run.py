@@ -75,7 +75,10 @@ def open_engine_for(ex: Extraction, store: LayerStore, req: ExtractionRequest, *
     ``finish`` refuses a store whose ranges were made with different variants."""
     from layerscope.export.open import open_engine
 
-    options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, **req.options, **extra}
+    from layerscope.engines.truncate import depth_of
+
+    options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, "depth": depth_of(ex.layers), **req.options,
+               **extra}  # early exit: --layers decides
     eng = open_engine(ex.handle, req.engine, **options)
     return eng
 

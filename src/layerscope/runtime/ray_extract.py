@@ -167,7 +167,10 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
 
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
-            options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, **req.options}
+            from layerscope.engines.truncate import depth_of
+
+            options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, "depth": depth_of(ex.layers),
+                       **req.options}  # early exit: --layers decides
             if not gpus and "threads" not in options and engine_spec(engine).device in ("cpu", "any"):
                 options["threads"] = max(1, int(cpus))
             ctx = ray.data.DataContext.get_current()
