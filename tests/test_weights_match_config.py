@@ -61,3 +61,28 @@ def test_a_head_checkpoint_loaded_as_its_base_model_still_loads(tiny_model):
     net, info = load_torch_model(source, family_for("bert"), output_loading_info=True)
     assert info["unexpected_keys"] and all(k.startswith("cls.") for k in info["unexpected_keys"])
     assert not info["missing_keys"]
+
+
+def test_a_checkpoint_without_a_pooler_loads_and_exports(tiny_model, tmp_path, capsys):
+    """A pooler is no part of the hidden states; checkpoints saved from a masked-LM model lack it (roberta-base
+    does), and they load, export and extract with every other weight read."""
+    from safetensors.numpy import load_file, save_file
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model("bert"), model)
+    weights = load_file(str(model / "model.safetensors"))
+    pooler = [k for k in weights if "pooler" in k.split(".")]
+    assert pooler, sorted(weights)  # the case is what it claims
+    save_file({k: v for k, v in weights.items() if k not in pooler}, str(model / "model.safetensors"),
+              metadata={"format": "pt"})
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXTS, encoding="utf-8")
+    code, text = run_cli(["extract", "--model", model, "--input", corpus, "--out", tmp_path / "store",
+                          "--engine", "torch"], capsys)
+    assert code == 0, text
+    # a weight of a block is still one the model needs
+    del weights[next(k for k in weights if ".layer.0." in k)]
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    line = _one_line(["extract", "--model", model, "--input", corpus, "--out", tmp_path / "s2", "--engine", "torch"],
+                     capsys)
+    assert "missing from the checkpoint" in line, line

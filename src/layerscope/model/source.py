@@ -286,6 +286,8 @@ def _base_weights_unread(model, info) -> bool:
     emb = model.get_input_embeddings()
     name = next((n for n, m in model.named_modules() if m is emb), None)
     return name is not None and f"{name}.weight" in set((info or {}).get("missing_keys", []))
+
+
 def _shape_line(source: ModelSource, exc: Exception) -> str:
     detail = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), "size mismatch")
     return (f"the weights of {source.spec} do not match its config.json ({detail[:240]}); fix config.json or give "
@@ -303,7 +305,9 @@ def weights_problem(model, info: dict, *, with_head: bool = False) -> str | None
     """
     import torch
 
-    missing = list(info.get("missing_keys") or [])
+    # a pooler (BERT's dense + tanh over the first token) is no part of the hidden states, and checkpoints
+    # saved from a masked-LM or sentence-embedding model often lack it (roberta-base does)
+    missing = [k for k in info.get("missing_keys") or [] if "pooler" not in k.split(".")]
     if with_head:
         prefix = getattr(model, "base_model_prefix", "") or ""
         base = getattr(model, prefix, None) if prefix else None
