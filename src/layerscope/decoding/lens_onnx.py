@@ -103,11 +103,11 @@ def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> di
     join the export's record of layerscope's files (``--force`` may replace them)."""
     from layerscope.ownership import writing
 
-    with writing(export_dir, "export"):
-        return _export_lens(export_dir, k, check=check)
+    with writing(export_dir, "export") as wrote:
+        return _export_lens(export_dir, k, wrote, check=check)
 
 
-def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
+def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool = True) -> dict[str, Any]:
     import onnx
 
     from layerscope.decoding.heads import load_decoding_model
@@ -139,11 +139,12 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
     target = out_dir / lens_file(k)
     head_names = {i.name for i in head.graph.initializer}
     lens_data = external.data_file(target.name)
+    tmp_file = target.with_suffix(".onnx.tmp")
+    wrote.add(target.name, tmp_file.name, lens_data, target.stem + ".json")  # named before they are written
     if big:  # the head's own weights (the unembedding: vocab x hidden) go to lens-k{k}.onnx_data
         external.externalize([i for i in base.graph.initializer if i.name in head_names], out_dir, lens_data)
     elif external.inline_bytes(base) >= external.EXTERNAL_DATA_BYTES:  # model + head cross the 2 GiB line
         external.externalize(list(base.graph.initializer), out_dir, lens_data)
-    tmp_file = target.with_suffix(".onnx.tmp")
     onnx.save(base, str(tmp_file))
     os.replace(tmp_file, target)
     external.check_graph(target)
