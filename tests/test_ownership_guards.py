@@ -8,7 +8,7 @@ import os
 import pytest
 
 from layerscope.errors import InputError
-from layerscope.ownership import foreign, record, safe_part
+from layerscope.ownership import foreign, note, record, safe_part
 
 
 def _recorded_dir(root, kind="store"):
@@ -17,7 +17,7 @@ def _recorded_dir(root, kind="store"):
     (d / "store.json").write_text("{}", encoding="utf-8")
     (d / "arrays" / "mean.npy").write_bytes(b"\x00" * 64)
     (d / "notes.md").write_text("layerscope's own notes\n", encoding="utf-8")
-    record(d, kind)
+    record(d, kind, everything=True)  # every file in it written by layerscope
     return d
 
 
@@ -46,6 +46,7 @@ def test_a_store_writer_leaves_out_what_was_there_before_it_started(tmp_path):
     d = _recorded_dir(tmp_path)
     (d / "my_plot.png").write_bytes(b"png")
     with store_writer(d):
+        note(d, files=["arrays/cls.npy"])  # a store's writers name each file before writing it
         (d / "arrays" / "cls.npy").write_bytes(b"\x01" * 64)
     found = foreign(d)
     assert found.unrecorded == ["my_plot.png"] and found.changed == []
@@ -53,15 +54,17 @@ def test_a_store_writer_leaves_out_what_was_there_before_it_started(tmp_path):
 
 def test_a_writer_in_place_leaves_out_what_was_there_before_it_started(tmp_path):
     """``writing`` (a variant added to an export, a result re-rendered): a user's file already in the folder
-    stays the user's; the file the writer made is layerscope's."""
+    stays the user's, and so does one that appears while it runs; the file the writer named is layerscope's."""
     from layerscope.ownership import writing
 
     d = _recorded_dir(tmp_path, "export")
     (d / "my_notes.md").write_text("mine\n", encoding="utf-8")
-    with writing(d, "export"):
+    with writing(d, "export") as wrote:
+        wrote.add("model.int8.onnx", "my_notes.md")  # a name that was the user's before stays the user's
         (d / "model.int8.onnx").write_bytes(b"onnx")
+        (d / "my_plot.png").write_bytes(b"png")  # the user's, written meanwhile
     found = foreign(d)
-    assert found.unrecorded == ["my_notes.md"] and found.changed == []
+    assert found.unrecorded == ["my_notes.md", "my_plot.png"] and found.changed == []
 
 
 @pytest.mark.parametrize("text, part", [(".hidden", "hidden"), ("...x..", "x"), ("../etc", "etc"),

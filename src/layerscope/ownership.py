@@ -32,11 +32,10 @@ from layerscope.errors import InputError
 from layerscope.owned_record import (MARKER, SIGNATURE, WHAT, Foreign, RecordError, foreign, inside, is_temp_of,
                                      kind_of, matches, nested, note, owned, record, walk, write_marker)
 
-__all__ = ["MARKER", "SIGNATURE", "WHAT", "Claim", "Foreign", "RecordError", "check_output_path", "check_replaceable",
-           "check_under", "check_writable", "claim", "clear_own", "describe_foreign", "foreign", "hex_part", "inside",
-           "kind_of", "not_layerscopes", "note", "owned", "record", "remove", "remove_if_empty", "rewriting", "safe_part",
-           "write_marker",
-           "writing"]
+__all__ = ["MARKER", "SIGNATURE", "WHAT", "Claim", "Foreign", "RecordError", "Recorder", "check_output_path",
+           "check_replaceable", "check_under", "check_writable", "claim", "clear_own", "describe_foreign", "foreign",
+           "hex_part", "inside", "kind_of", "not_layerscopes", "note", "owned", "record", "remove", "remove_if_empty",
+           "rewriting", "safe_part", "write_marker", "writing"]
 
 
 @dataclass(frozen=True)
@@ -291,18 +290,38 @@ def rewriting(path: Path, kind: str) -> None:
         record(path, kind, exclude=not_layerscopes(path), pending=True)
 
 
+class Recorder:
+    """The files a writer names, as it writes them, in a layerscope directory it changes in place (given by
+    :func:`writing`). Each name is recorded before the writer writes it (as still being written, so a run
+    killed meanwhile leaves it known as layerscope's) and hashed when the writer ends; a file nobody named
+    (one a user put there during the run) stays out of the record."""
+
+    def __init__(self, path: Path, before: Iterable[str], live: bool) -> None:
+        self.path, self._before, self._live = path, set(before), live
+        self.names: list[str] = []
+
+    def add(self, *names: str) -> None:
+        """Name files (relative paths) the writer is about to write, or has just written."""
+        new = [n for n in names if n not in self._before and n not in self.names]
+        self.names += new
+        if self._live and new and self.path.is_dir():
+            note(self.path, files=new)
+
+
 @contextlib.contextmanager
-def writing(path: str | Path, kind: str) -> Iterator[None]:
-    """Around a writer that adds to or rewrites a layerscope directory in place: what it wrote is recorded
-    when it ends, however it ends; what was not layerscope's before is left out. A directory without a
-    record (an older layerscope's) gets none."""
+def writing(path: str | Path, kind: str) -> Iterator[Recorder]:
+    """Around a writer that adds to or rewrites a layerscope directory in place: the files it names on the
+    :class:`Recorder` this yields are recorded when it ends, however it ends, beside what the record listed
+    already; anything else that appears meanwhile, and what was not layerscope's before, is left out. A
+    directory without a record (an older layerscope's) gets none."""
     path = Path(path)
     if path.is_dir() and any(path.iterdir()) and foreign(path) is None:
-        yield  # made by an older layerscope: no record to add to (--force keeps refusing it, saying why)
+        yield Recorder(path, (), live=False)  # made by an older layerscope: --force keeps refusing it, saying why
         return
     before = not_layerscopes(path)
+    recorder = Recorder(path, before, live=True)
     try:
-        yield
+        yield recorder
     finally:
-        if path.is_dir() and any(path.iterdir()):
-            record(path, kind, everything=True, exclude=before)
+        if path.is_dir() and (recorder.names or owned(path) is not None):
+            record(path, kind, names=recorder.names, exclude=before)

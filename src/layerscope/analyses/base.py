@@ -489,6 +489,11 @@ class Rendered:
     def files(self) -> list[str]:
         return [self.report] + ([self.page] if self.page else [])
 
+    def written(self) -> list[str]:
+        """Every file named here, each plot's SVG twin included (``report.plots.save`` writes both)."""
+        return [*self.files(), *self.tables, *self.plots,
+                *(p[:-4] + ".svg" for p in self.plots if p.endswith(".png"))]
+
 
 def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> Rendered:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
@@ -518,8 +523,10 @@ def rerender(result_dir: Path) -> Rendered:
     from layerscope.ownership import writing
 
     try:
-        with out_lock(result_dir), writing(result_dir, "result"):  # the files it rewrites stay layerscope's
-            return render(result_dir, results)
+        with out_lock(result_dir), writing(result_dir, "result") as wrote:  # what it rewrites stays layerscope's
+            rendered = render(result_dir, results)
+            wrote.add(*rendered.written())
+            return rendered
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InputError(f"{path} lacks or garbles a field its report needs ({type(exc).__name__}: {exc}); "
                          "it was edited or written by another version: re-run layerscope run") from exc

@@ -132,11 +132,11 @@ def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> di
     join the export's record of layerscope's files (``--force`` may replace them)."""
     from layerscope.ownership import writing
 
-    with writing(export_dir, "export"):
-        return _export_lens(export_dir, k, check=check)
+    with writing(export_dir, "export") as wrote:
+        return _export_lens(export_dir, k, wrote, check=check)
 
 
-def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
+def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool = True) -> dict[str, Any]:
     import onnx
 
     from layerscope.decoding.heads import load_decoding_model
@@ -161,14 +161,17 @@ def _export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> d
         head = onnx.load(str(head_path))
     shared = _share_stored_head(head, out_dir, handle.manifest)
     target = out_dir / lens_file(k)
-    # what the stored head does not hold (an export made without one): written once, beside the graph
-    external.externalize(list(head.graph.initializer), out_dir, external.data_file(target.name))
+    lens_data = external.data_file(target.name)
     tmp_file = target.with_suffix(".onnx.tmp")
+    wrote.add(target.name, tmp_file.name, lens_data, target.stem + ".json")  # named before they are written
+    # what the stored head does not hold (an export made without one): written once, beside the graph
+    external.externalize(list(head.graph.initializer), out_dir, lens_data)
     onnx.save(head, str(tmp_file))
     os.replace(tmp_file, target)
     external.check_graph(target)
     sidecar = {"file": target.name, "format": LENS_FORMAT, "k": k, "head": model.info.to_dict(),
-               "outputs": list(OUTPUTS), "probabilities": PROBABILITIES, "sha256": file_sha256(target), "model_onnx_sha256": handle.manifest.onnx_sha256,
+               "outputs": list(OUTPUTS), "probabilities": PROBABILITIES, "sha256": file_sha256(target),
+               "model_onnx_sha256": handle.manifest.onnx_sha256,
                "shared_bytes": shared, "shared_with": handle.manifest.lm_head.get("file") if shared else None}
     if check:
         sidecar["parity"] = lens_parity(handle, model, target, k)

@@ -212,7 +212,8 @@ def _repoint(found, new, lock_path: Path | None):
     from layerscope.ownership import writing
 
     target = found.export_dir
-    with writing(target, "export"):
+    with writing(target, "export") as wrote:
+        wrote.add(MANIFEST)
         manifest = read_manifest_dict(target)
         manifest["source"].update(spec=new.spec, path_or_id=new.path_or_id, alias=new.alias)
         write_json_atomic(target / MANIFEST, manifest)

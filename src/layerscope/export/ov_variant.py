@@ -31,7 +31,8 @@ def make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     """Make and record an OpenVINO variant; what it writes joins the export's record of layerscope's files."""
     from layerscope.ownership import writing
 
-    with writing(export_dir, "export"):
+    with writing(export_dir, "export") as wrote:
+        wrote.add("manifest.json")  # the only file it writes (the int8 file it reads is make_variant's)
         return _make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
 
 

@@ -250,11 +250,20 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     The files it writes join the export's record of layerscope's files (``--force`` may replace them)."""
     from layerscope.ownership import writing
 
-    with writing(export_dir, "export"):
-        return _make_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
+    with writing(export_dir, "export") as wrote:
+        return _make_variant(export_dir, kind, wrote, force=force, tolerance=tolerance, progress=progress)
 
 
-def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
+def variant_names(dst: Path) -> list[str]:
+    """Every file making the variant ``dst`` may write beside it: the graph, its external data (ONNX
+    Runtime's ``<file>.data`` before it is gathered into ``<file>_data``) and their temporary siblings."""
+    from layerscope.export import external as ext
+
+    data = ext.data_file(dst.name)
+    return [dst.name, dst.name + ".tmp", data, data + ".tmp", dst.name + ".data"]
+
+
+def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = False,
                   tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     from layerscope.model.manifest import verify_export
 
@@ -278,6 +287,7 @@ def _make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     src = export_dir / manifest.onnx_file
     big = manifest.external_data  # then the variant keeps its weights in <file>_data too
     dst = export_dir / variant_file(kind)
+    wrote.add(*variant_names(dst), MANIFEST)  # named before they are written
     t0 = time.perf_counter()
     details: dict[str, Any] = {}
     fusions: dict[str, int] | None = None
