@@ -33,7 +33,7 @@ def index_build(
 
     from layerscope.index.store_index import build_store_index
 
-    if pooling is None:
+    if pooling is None and out is None:  # the default folder is named after the pooling
         from layerscope.runtime.store import LayerStore
 
         pooling = LayerStore.open(store).poolings[0]

@@ -18,12 +18,12 @@ def _iso_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | int = -1, pooling: str = "mean",
+def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | int = -1, pooling: str | None = None,
                       kind: str = "flat", nlist: int | None = None, nprobe: int | None = None,
                       hnsw_m: int = 32, ef_search: int = 128, seed: int = 0, device: str = "auto",
                       recall_queries: int = 1000, force: bool = False) -> dict[str, Any]:
-    """Build an index over one (pooling, layer) of a LayerStore and save it with its metadata, holding
-    ``out``'s write lock (one writer per index)."""
+    """Build an index over one (pooling, layer) of a LayerStore (``pooling`` None: the store's first) and save
+    it with its metadata, holding ``out``'s write lock (one writer per index)."""
     from layerscope.out_lock import out_lock
 
     with out_lock(out):
@@ -41,6 +41,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
     where = claim(out, "index", force=force, inputs=[store_path])  # never a folder layerscope did not make
     store = LayerStore.open(store_path)
     layer_name = store.resolve_layer(layer)
+    pooling = pooling or store.poolings[0]
     arr = store[pooling, layer_name]
     t0 = time.perf_counter()
     x = normalize(arr)
