@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from layerscope.cli import main
+
+
+def sha(path) -> str:
+    """The sha256 of a file's bytes, to show a user's file unchanged."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def cli_output(args, capsys) -> tuple[int, str, str]:

@@ -82,3 +82,11 @@ def bert_export(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("bert-export") / "onnx"
     export_model(str(tiny_model("bert")), out)
     return out
+
+
+@pytest.fixture
+def in_tmp_home(tmp_path, monkeypatch):
+    """Run in ``tmp_path`` as the current folder, with a layerscope home of its own."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    return tmp_path

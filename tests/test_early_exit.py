@@ -145,6 +145,9 @@ def test_the_cached_graph_is_reused_and_made_again_when_the_export_changes(tiny_
     stamp = made.stat().st_mtime_ns
     again = create_engine("ort", export_dir, depth=0)
     assert again.info.notes[-1].endswith(", cached)") and made.stat().st_mtime_ns == stamp
+    from layerscope.ownership import foreign
+
+    assert not foreign(export_dir)  # the derived graph and its record are layerscope's: --force may replace them
     # the export changes (a metadata entry is enough to change its content): the derived graph is made again
     model = onnx.load(str(export_dir / "model.onnx"))
     onnx.helper.set_model_props(model, {"edited": "yes"})

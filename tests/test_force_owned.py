@@ -4,7 +4,6 @@ that changed since it was built. Every user file keeps its sha256."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, sha
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 
@@ -27,14 +26,7 @@ COMPOSITIONALITY = ["run", "compositionality", "--engine", "ort", "--layers", "-
                     "--no-cache"]
 
 
-@pytest.fixture(autouse=True)
-def _cwd(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+pytestmark = pytest.mark.usefixtures("in_tmp_home")
 
 
 def user_files(root: Path, names: dict[str, str]) -> dict[str, str]:

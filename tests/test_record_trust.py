@@ -5,7 +5,6 @@ Ctrl-C); a run killed with SIGKILL leaves files --force knows. Every user file k
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, sha
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 
@@ -27,14 +26,7 @@ TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", 
 OTHER = ["A plane is taking off.", "A woman slices an onion.", "Rain falls on the city.", "Kids play football."]
 
 
-@pytest.fixture(autouse=True)
-def _cwd(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+pytestmark = pytest.mark.usefixtures("in_tmp_home")
 
 
 def tree(root: Path) -> dict[str, str]:

@@ -4,7 +4,6 @@ again, and the edited file is left as it is."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -12,19 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, sha
 
 RUN = ["run", "compositionality", "--engine", "ort", "--layers", "-1", "--pooling", "cls", "--no-cache"]
 
 
-@pytest.fixture(autouse=True)
-def _cwd(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+pytestmark = pytest.mark.usefixtures("in_tmp_home")
 
 
 def _edit(path: Path, keep_size_and_time: bool) -> None:

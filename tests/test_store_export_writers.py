@@ -3,7 +3,6 @@ own, replacing only a file export-store wrote. Real processes; every user file k
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import layerscope
-from cli_helpers import run_cli
+from cli_helpers import run_cli, sha
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
 TEXTS = ["a cat sat on the mat", "the weather today is sunny", "water boils at 100 degrees", "neural networks learn"]
@@ -28,10 +27,6 @@ with out_lock(sys.argv[1]):
 
 def env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + [p for p in sys.path if p]))
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")

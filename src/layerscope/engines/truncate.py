@@ -218,7 +218,8 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
     from layerscope.ownership import writing
 
     bar = 0.0 if tolerance is None else float(tolerance)
-    with writing(src.parent, "export"):
+    with writing(src.parent, "export") as wrote:
+        wrote.add(dst.name, rec.name)  # named before they are written
         try:
             pooled, nodes, full_nodes = derive(src, depth, dst, pooled_only)
             names = kept_outputs(_outputs(dst), depth, pooled_only)
