@@ -166,7 +166,6 @@ ORT_OPTIONS = (
     EngineOption("variant", str, None, "a variant recorded by layerscope optimize (int8, fp16, opt)"),
     EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
     EngineOption("opt_level", str, "all", "ONNX Runtime graph optimizations: all, extended, basic or none"),
-    EngineOption("onnx_file", str, None, "another graph of the export to run (the lens graphs)"),
 )
 CUDA_OPTIONS = ORT_OPTIONS + (EngineOption("device_id", int, 0, "the CUDA device"),)
 
@@ -181,7 +180,7 @@ class OrtEngine(Engine):
     pooled_only = False  # its graph hands back the in-graph pooled outputs alone (hidden states stay inside)
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
-                 onnx_file: str | None = None, variant: str | None = None, in_graph_pooling: bool = True,
+                 variant: str | None = None, in_graph_pooling: bool = True,
                  depth: int | None = None, pooled_only: bool = False, **options):
         from layerscope.model.variants import variant_onnx_file
 
@@ -189,8 +188,7 @@ class OrtEngine(Engine):
         super().__init__(handle)
         self.options = options
         self.variant = variant if variant not in (None, "", "fp32") else None
-        named = onnx_file  # another graph asked by name (a lens graph) runs whole
-        onnx_file = onnx_file or variant_onnx_file(handle.manifest, self.variant)
+        onnx_file = variant_onnx_file(handle.manifest, self.variant)
         self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
@@ -201,8 +199,7 @@ class OrtEngine(Engine):
             if not path.exists() or file_sha256(path) != entry.sha256:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
-        source, (path, self.pooled_layers) = path, engine_graph(self, path, None if named else depth,
-                                                                pooled_only and not named)  # early exit
+        source, (path, self.pooled_layers) = path, engine_graph(self, path, depth, pooled_only)  # early exit
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]

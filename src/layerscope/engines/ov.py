@@ -143,7 +143,6 @@ def ov_variant_key(precision: str) -> str:
     "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
     device="cpu", auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
     options=(EngineOption("variant", str, None, "the OpenVINO precision: fp32, bf16 or int8"),
-             EngineOption("onnx_file", str, None, "another graph of the export to run (the lens graphs)"),
              EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)")),
     bench=(BenchRow(note="OpenVINO fp32, in-graph pooling"),
            BenchRow("bf16", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
@@ -156,7 +155,7 @@ class OvEngine(OrtEngine):
     preferred_batch_tokens = 2048
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
-                 in_graph_pooling: bool = True, onnx_file: str | None = None, depth: int | None = None,
+                 in_graph_pooling: bool = True, depth: int | None = None,
                  pooled_only: bool = False, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
@@ -172,11 +171,6 @@ class OvEngine(OrtEngine):
 
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
-        if onnx_file:  # another graph of the same export (a lens graph), at this precision
-            if precision == "int8":
-                raise InputError("the ov engine runs another graph of the export (onnx_file) at fp32 or bf16, "
-                                 "not int8")
-            path = handle.export_dir / onnx_file
         self.in_graph_pooling = bool(in_graph_pooling)
         path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
         self.session = OvSession(path, precision, threads or physical_cores())
