@@ -96,14 +96,17 @@ def test_the_vector_cache_key_holds_the_engines_variant(fake_run):
     assert fp32 != int8 and cache_key(fake_run, texts) == fp32
 
 
-def test_a_cached_store_is_reused_only_when_it_holds_every_asked_pooling(home, fake_run):
-    """A store with ``mean`` alone does not serve a run asking for ``mean`` and ``cls`` (it is extracted
-    anew); the store with both then serves ``cls`` alone."""
+def test_a_cached_store_is_reused_only_when_it_holds_every_asked_pooling(home, fake_run, monkeypatch):
+    """A store with ``mean`` alone (as one made before stores held every pooling of the model) does not serve
+    a run asking for ``mean`` and ``cls`` (it is extracted anew); the store with both then serves ``cls``."""
+    from layerscope.analyses import cache
     from layerscope.analyses.cache import cached_vectors
 
     texts = ["a cat sits", "dogs run in the park", "a man plays guitar"]
     said: list[str] = []
-    cached_vectors(fake_run, texts, layers=["1"], poolings=["mean"], say=said.append)
+    with monkeypatch.context() as m:
+        m.setattr(cache, "model_poolings", lambda manifest, asked: list(asked))
+        cached_vectors(fake_run, texts, layers=["1"], poolings=["mean"], say=said.append)
     assert said[-1].startswith("extracting")
     both = cached_vectors(fake_run, texts, layers=["1"], poolings=["mean", "cls"], say=said.append)
     assert said[-1].startswith("extracting"), said
