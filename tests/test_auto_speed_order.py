@@ -148,7 +148,7 @@ def test_fp32_engines_inherit_the_export_s_parity_and_go_by_speed(no_gpu, tmp_pa
     eng = pick_engine(_ExportOnlyHandle())  # declared: ov fp32 (rank 60) before ort fp32 (rank 70)
     note = eng.info.notes[0]
     assert (eng.name, eng.variant) == ("ov", None), note
-    assert "min cosine 0.999995 (the export's parity: the same graph at fp32)" in note
+    assert "min cosine 0.999995 (the export's fp32 parity)" in note
     for variant in ("ov bf16", "ov int8", "ort int8"):
         assert f"{variant}: accuracy not recorded" in note
     speed_order.record(_bench({"ort": 900.0, "ov": 1000.0}), "bench.json")

@@ -184,7 +184,7 @@ def test_auto_gives_ov_fp32_the_export_parity_and_passes_over_unrecorded_precisi
     note = next(n for n in eng.info.notes if n.startswith("auto picked"))
     # ov at fp32 runs the export's own graph: it has the export's parity; the precisions never checked do not
     assert (eng.name, eng.variant) == ("ov", "fp32"), note
-    assert "(the export's parity: the same graph at fp32)" in note and "ov int8: accuracy not recorded" in note
+    assert "(the export's fp32 parity)" in note and "ov int8: accuracy not recorded" in note
     assert not any("not recorded" in n for n in eng.info.notes if not n.startswith("auto picked"))
 
 

@@ -42,7 +42,7 @@ def candidate_min_cosine(manifest: Manifest | dict[str, Any], key: str, variant:
     cos = recorded_min_cosine(manifest, key)
     if cos is None and variant is None and key != "fp32":
         cos = recorded_min_cosine(manifest, "fp32")
-        return cos, ("the export's parity: the same graph at fp32" if cos is not None else "")
+        return cos, ("the export's fp32 parity" if cos is not None else "")
     return cos, ""
 
 
