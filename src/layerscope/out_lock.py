@@ -86,8 +86,11 @@ def acquire(out: Path, *, error: type[LayerscopeError] = InputError,
         if not same:  # the holder released (and unlinked) it between our open and our flock
             os.close(fd)
             continue
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode("ascii"))
+        try:  # the holder's pid, for the messages of a second writer; the flock is the lock
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode("ascii"))
+        except OSError:  # a full disk: the lock holds without it, and the writer says what is full
+            pass
         _HELD[str(path)] = fd
         try:
             _lock_folder(out, fd, error=error, locked=locked)

@@ -56,8 +56,9 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
 
     with out_lock(out):  # one writer per file: a second run is refused, not interleaved
         _check_destination(out, fmt, force)
-        tmp = _temporary(out)
+        tmp = None
         try:
+            tmp = _temporary(out)
             if tokens:
                 from layerscope.runtime.token_export import token_parquet, token_safetensors
 
@@ -72,7 +73,7 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
                 raise _write_error(out, OSError(None, str(exc))) from None
             raise
         finally:
-            if tmp.exists():
+            if tmp is not None and tmp.exists():
                 tmp.unlink()
     return out
 
