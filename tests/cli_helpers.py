@@ -28,3 +28,15 @@ def run_cli(args, capsys) -> tuple[int, str]:
     """``(exit code, stdout + stderr)`` of ``layerscope ARGS``."""
     code, out, err = cli_output(args, capsys)
     return code, out + err
+
+
+def one_error(code: int, text: str, *needles: str) -> str:
+    """Exit 2 with exactly one ``error:`` line, no traceback, and every needle in the flattened text."""
+    assert code == 2, text
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, text
+    flat = " ".join(text.split())
+    for needle in needles:
+        assert needle in flat, (needle, text)
+    return flat

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_helpers import run_cli, sha
+from cli_helpers import one_error, run_cli, sha
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 
@@ -41,17 +41,6 @@ def unchanged(root: Path, digests: dict[str, str]) -> None:
     for rel, digest in digests.items():
         assert (root / rel).is_file(), f"{rel} was deleted"
         assert sha(root / rel) == digest, f"{rel} was changed"
-
-
-def one_error(code: int, text: str, *needles: str) -> str:
-    assert code == 2, text
-    assert "Traceback" not in text
-    lines = [line for line in text.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, text
-    flat = " ".join(text.split())
-    for needle in needles:
-        assert needle in flat, (needle, text)
-    return flat
 
 
 def tree(root: Path) -> dict[str, str]:

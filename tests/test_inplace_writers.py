@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import run_cli, sha
+from cli_helpers import one_error, run_cli, sha
 
 COMPOSITIONALITY = ["run", "compositionality", "--engine", "ort", "--layers", "-1", "--pooling", "cls",
                     "--no-cache"]
@@ -25,15 +25,6 @@ pytestmark = pytest.mark.usefixtures("in_tmp_home")
 
 def owned(folder: Path) -> dict:
     return json.loads((folder / ".layerscope.json").read_text(encoding="utf-8"))["owned"]
-
-
-def one_error(code: int, text: str, *needles: str) -> None:
-    assert code == 2, text
-    assert "Traceback" not in text
-    assert len([line for line in text.splitlines() if line.startswith("error:")]) == 1, text
-    flat = " ".join(text.split())
-    for needle in needles:
-        assert needle in flat, (needle, text)
 
 
 def test_a_file_dropped_into_an_export_while_optimize_runs_stays_the_users(bert_export, tiny_model, capsys):

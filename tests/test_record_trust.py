@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import run_cli, sha
+from cli_helpers import one_error, run_cli, sha
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 
@@ -31,15 +31,6 @@ pytestmark = pytest.mark.usefixtures("in_tmp_home")
 
 def tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): sha(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
-
-
-def one_error(code: int, text: str, *needles: str) -> None:
-    assert code == 2, text
-    assert "Traceback" not in text
-    assert len([line for line in text.splitlines() if line.startswith("error:")]) == 1, text
-    flat = " ".join(text.split())
-    for needle in needles:
-        assert needle in flat, (needle, text)
 
 
 def env() -> dict[str, str]:
