@@ -47,6 +47,7 @@ class Engine(ABC):
     name: ClassVar[str] = ""
     preferred_batch_tokens: int = 16384  # padded tokens per batch when the caller does not say
     variant: str | None = None  # the variant it loaded (None: the fp32 export, or a plain model)
+    attention_scores: bool = True  # holds a layer's whole [heads, T, T] attention at once (engines/memory.py)
     model: ModelHandle
     info: EngineInfo
 

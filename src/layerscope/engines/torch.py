@@ -85,6 +85,7 @@ class TorchEngine(Engine):
             attention = "sdpa" if supports_sdpa(self.model.source(), family,
                                                 trust_remote_code=self.model.trust_remote_code) else "eager"
         self.attention = attention
+        self.attention_scores = attention == "eager"  # SDPA computes attention in slices (engines/memory.py)
         # Loaded in fp32 first: a half-precision engine measures itself against it, then casts in place
         # (one copy of the weights in memory, never two).
         self.net = load_torch_model(self.model.source(), family, trust_remote_code=self.model.trust_remote_code,

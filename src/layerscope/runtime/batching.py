@@ -9,6 +9,7 @@ together for texts held in memory (``extract`` feeds the same pieces from its sp
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -19,6 +20,8 @@ import numpy as np
 from layerscope.engines.base import Engine
 from layerscope.errors import InputError
 from layerscope.model.tokenize import Batch, Encoder
+
+log = logging.getLogger("layerscope")
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_MAX_BATCH = 256
@@ -63,6 +66,24 @@ def encode_plan(encoder: Encoder, texts: list[str], lengths: np.ndarray, *, batc
                              max_length=encoder.max_length):
         yield encoder([texts[i] for i in rows], index=rows if index is None else index[rows],
                       lengths=lengths[rows])
+
+
+def check_long_texts(eng: Engine, lengths: np.ndarray, max_length: int) -> str | None:
+    """Before the first batch: refuse a run whose longest text cannot fit in memory (engines/memory.py), and
+    return (and log) the line saying how many texts ``max_length`` cuts, None when it cuts none."""
+    from layerscope.engines.memory import check_longest_text
+
+    lengths = np.asarray(lengths)
+    if lengths.size:
+        check_longest_text(eng, int(min(int(lengths.max()), int(max_length))))
+    cut = int((lengths > max_length).sum())
+    if not cut:
+        return None
+    line = (f"{cut:,} of {lengths.size:,} texts are longer than {max_length} tokens and were truncated to "
+            f"{max_length}")
+    log.warning("%s of %s texts are longer than %s tokens and will be truncated to %s (the longest has %s)",
+                f"{cut:,}", f"{lengths.size:,}", max_length, max_length, f"{int(lengths.max()):,}")
+    return line
 
 
 def check_finite(pooled: dict[str, np.ndarray], layers: list[str], batch: Batch) -> dict[str, np.ndarray]:
@@ -154,7 +175,9 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
     """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
     tokenized on a background thread (``background``) so tokenization overlaps the engine."""
     encoder = eng.encoder(max_length, prompt)
-    batches = encode_plan(encoder, texts, encoder.token_lengths(texts),
+    lengths = encoder.token_lengths(texts)
+    check_long_texts(eng, lengths, encoder.max_length)
+    batches = encode_plan(encoder, texts, lengths,
                           batch_tokens=int(batch_tokens or eng.preferred_batch_tokens), max_batch=max_batch)
     with Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
         for batch in feed:

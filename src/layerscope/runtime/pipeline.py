@@ -29,7 +29,8 @@ from layerscope.engines.truncate import depth_of, pooled_only_run
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
-from layerscope.runtime.batching import DEFAULT_MAX_BATCH, Background, check_finite, encode_plan, iter_pooled
+from layerscope.runtime.batching import (DEFAULT_MAX_BATCH, Background, check_finite, check_long_texts, encode_plan,
+                                         iter_pooled)
 from layerscope.runtime.prepare import Extraction, create_store, make_store_dir, open_to_resume, prepare_request
 from layerscope.runtime.request import ExtractionRequest
 from layerscope.progress import progress_bar
@@ -203,6 +204,7 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
         store.update_meta({"engine": eng.info.to_dict(), "settings": settings})
     done = store.done_mask()
     already = int(done.sum())
+    check_long_texts(eng, lengths[done == 0], max_len)  # memory refused, truncation said, before any batch
     warnings = extraction_warnings(store, lengths, max_len)
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0

@@ -1,0 +1,135 @@
+"""What one long text costs an engine in memory, checked against what the machine has before a run starts.
+
+A text longer than the batch's token budget runs in a batch of its own (runtime/batching.py), so a run's
+peak is set by its longest text. For that text of ``T`` tokens (batch of one, fp32) an engine holds at
+least:
+
+- the attention scores and their softmax of one layer, ``2 * heads * T * T`` floats, where attention is
+  computed whole (the exported graphs and the fp32 PyTorch reference, both eager attention); an engine
+  that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
+  ``torch-bf16``) sets ``Engine.attention_scores`` False and is charged nothing for it;
+- the hidden states it hands back, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers
+  ``0..depth``), or one layer's, ``T * hidden``, when the graph keeps them inside (``pooled_only``);
+- one block's feed-forward activations, ``4 * T * hidden`` floats.
+
+This is a floor, not a forecast: an engine's own buffers come on top. A run whose floor is above the memory
+available now is refused in one line naming the longest text's tokens and the ``--max-length`` that fits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+FLOAT = 4  # bytes: activations are fp32 in every engine that materializes them
+
+
+@dataclass(frozen=True)
+class TextCost:
+    """The floor of one text's activations in an engine (``bytes``), and what it is made of."""
+
+    tokens: int
+    attention: int
+    states: int
+    feed_forward: int
+
+    @property
+    def bytes(self) -> int:
+        return self.attention + self.states + self.feed_forward
+
+
+def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
+    """The text model's attention heads from its config.json (``hidden_size // 64`` where none is stated)."""
+    cfg: dict = {}
+    if model_dir is not None:
+        try:
+            cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cfg = {}
+    for part in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
+        for key in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"):
+            value = part.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return max(1, hidden_size // 64)
+
+
+def text_cost(tokens: int, *, hidden_size: int, heads: int, depth: int, pooled_only: bool,
+              attention_scores: bool = True) -> TextCost:
+    """The activation floor of one text of ``tokens`` tokens (see the module's docstring)."""
+    t = int(tokens)
+    attention = 2 * heads * t * t * FLOAT if attention_scores else 0
+    states = (1 if pooled_only else depth + 2) * t * hidden_size * FLOAT
+    return TextCost(t, attention, states, 4 * t * hidden_size * FLOAT)
+
+
+def available_bytes() -> int | None:
+    """Memory this process can still take: MemAvailable, or the cgroup's limit less its use where lower."""
+    found: list[int] = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def longest_that_fits(budget: int, **cost_args) -> int:
+    """The most tokens whose ``text_cost`` stays within ``budget`` bytes (0 if not even one does)."""
+    lo, hi = 0, 1
+    while text_cost(hi, **cost_args).bytes <= budget and hi < 1 << 24:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if text_cost(mid, **cost_args).bytes <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_longest_text(eng, longest: int, *, available: int | None = None) -> TextCost:
+    """Refuse, in one line and before any batch runs, a run whose longest text (``longest`` tokens, already
+    capped by the max length) cannot fit in the memory available; returns the text's cost floor."""
+    from layerscope.errors import InputError
+
+    manifest = eng.manifest
+    handle = eng.model
+    model_dir = getattr(handle, "export_dir", None) if handle.is_export else _source_dir(handle)
+    depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
+    args = dict(hidden_size=manifest.hidden_size, heads=attention_heads(model_dir, manifest.hidden_size),
+                depth=depth, pooled_only=bool(getattr(eng, "pooled_only", False)),
+                attention_scores=bool(getattr(eng, "attention_scores", True)))
+    cost = text_cost(max(1, int(longest)), **args)
+    free = available_bytes() if available is None else available
+    if free is not None and cost.bytes > free:
+        fits = longest_that_fits(free, **args)
+        raise InputError(
+            f"the longest text has {cost.tokens:,} tokens, and one text that long needs at least "
+            f"{_gib(cost.bytes)} of activations in engine '{eng.name}' (attention {_gib(cost.attention)}, "
+            f"hidden states {_gib(cost.states)}) while {_gib(free)} of memory is available: cut texts with "
+            f"--max-length {max(1, fits):,} or less, or free memory")
+    return cost
+
+
+def _source_dir(handle) -> Path | None:
+    try:
+        source = handle.source()
+    except Exception:  # a handle without a local source: the heads are estimated
+        return None
+    path = Path(source.path_or_id)
+    return path if source.is_local and path.is_dir() else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2 ** 30:,.2f} GiB" if n >= 2 ** 27 else f"{n / 2 ** 20:,.0f} MiB"
+
