@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
 
 from layerscope.errors import InputError
 from layerscope.vocab.layers import layer_names
@@ -86,6 +86,13 @@ class Engine(ABC):
     @abstractmethod
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         """Per layer: float32 ``[batch, seq, dim]`` token-level states."""
+
+    def run_stream(self, batches: Iterable[Batch], layers: list[str],
+                   poolings: list[str]) -> Iterator[tuple[Batch, dict[str, np.ndarray]]]:
+        """``(batch, run(batch, ...))`` for each batch, in order. An engine that can keep several batches in
+        flight (OpenVINO's throughput mode) overrides this; the vectors are ``run``'s either way."""
+        for batch in batches:
+            yield batch, self.run(batch, layers, poolings)
 
     def run_outputs(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
         """The graph outputs ``names`` (an engine that runs ONNX graphs); others refuse in one line."""

@@ -18,8 +18,9 @@ so ``run``/``run_tokens`` are the ONNX Runtime engine's.
 
 from __future__ import annotations
 
+import queue
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from layerscope.engines.base import Engine
 
@@ -31,7 +32,10 @@ from layerscope.errors import EngineUnavailableError, InputError
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
     import numpy as np
 
+    from layerscope.model.tokenize import Batch
+
 OV_PRECISIONS = ("fp32", "bf16", "int8")
+IN_FLIGHT = 2  # batches the throughput mode keeps in flight: one per core of the 2-core machines it was measured on
 
 
 def ov_module():
@@ -78,14 +82,17 @@ class _Port:
 class OvSession:
     """A compiled OpenVINO model behind the few calls layerscope makes on an ONNX Runtime session."""
 
-    def __init__(self, model_path: Path, precision: str = "fp32", threads: int | None = None):
+    def __init__(self, model_path: Path, precision: str = "fp32", threads: int | None = None, requests: int = 1):
         ov = ov_module()
         check_precision(precision)
         core = ov_core()
         config: dict[str, Any] = {
-            "PERFORMANCE_HINT": "LATENCY",  # one stream: batches come one at a time
+            # one stream when batches come one at a time; with several in flight, one stream per request
+            "PERFORMANCE_HINT": "LATENCY" if requests == 1 else "THROUGHPUT",
             "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
         }
+        if requests > 1:
+            config["NUM_STREAMS"] = int(requests)
         if threads:
             config["INFERENCE_NUM_THREADS"] = int(threads)
         graph_inputs, graph_outputs = _onnx_io_names(model_path)
@@ -96,7 +103,9 @@ class OvSession:
             raise EngineUnavailableError(
                 f"OpenVINO could not compile {Path(model_path).name}: {str(exc).strip().splitlines()[0][:200]}"
             ) from exc
-        self.request = self.compiled.create_infer_request()
+        self._requests: queue.Queue = queue.Queue()
+        for _ in range(max(1, int(requests))):  # a request serves one batch at a time; a caller waits for a free one
+            self._requests.put(self.compiled.create_infer_request())
         # a port carries every name its tensor had (BLOOM's mask input is also a Cast's output): the graph's
         self._inputs = [_Port(_graph_name(p, graph_inputs), "tensor(int64)") for p in self.compiled.inputs]
         self._outputs = [_Port(_graph_name(p, graph_outputs)) for p in self.compiled.outputs]
@@ -112,11 +121,15 @@ class OvSession:
         return self._outputs
 
     def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-        results = self.request.infer(feed, share_inputs=True)
-        # infer() returns views into the request's own buffers: copy what is kept past the next call
         import numpy as np
 
-        return [np.array(results[self._index[n]], copy=True) for n in names]
+        request = self._requests.get()
+        try:  # infer() leaves Python's lock while it runs, so two threads keep two requests busy
+            results = request.infer(feed, share_inputs=True)
+            # infer() returns views into the request's own buffers: copy what is kept past the next call
+            return [np.array(results[self._index[n]], copy=True) for n in names]
+        finally:
+            self._requests.put(request)
 
 
 def _onnx_io_names(path: Path) -> tuple[list[str], list[str]]:
@@ -143,10 +156,18 @@ def ov_variant_key(precision: str) -> str:
     "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
     device="cpu", auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
     options=(EngineOption("variant", str, None, "the OpenVINO precision: fp32, bf16 or int8"),
-             EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)")),
-    bench=(BenchRow(note="OpenVINO fp32, in-graph pooling"),
-           BenchRow("bf16", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)"),
-           BenchRow("int8", "int8", note="OpenVINO running the dynamic int8 variant"))))
+             EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
+             EngineOption("requests", int, None, "batches in flight: 1 (one stream) or 2 (throughput mode, a stream "
+                                                 "each); default: whichever layerscope bench measured faster on "
+                                                 "this CPU, else 1")),
+    bench=(BenchRow(note="OpenVINO fp32, in-graph pooling, one batch in flight", options=(("requests", 1),)),
+           BenchRow(f"x{IN_FLIGHT}", note="OpenVINO fp32, two batches in flight (throughput mode, two streams)",
+                    options=(("requests", IN_FLIGHT),)),
+           BenchRow("bf16", "bf16", note="OpenVINO bf16 inference precision (CPUs with bf16 compute)",
+                    options=(("requests", 1),)),
+           BenchRow(f"bf16-x{IN_FLIGHT}", "bf16", note="OpenVINO bf16, two batches in flight (throughput mode)",
+                    options=(("requests", IN_FLIGHT),)),
+           BenchRow("int8", "int8", note="OpenVINO running the dynamic int8 variant", options=(("requests", 1),)))))
 class OvEngine(OrtEngine):
     """OpenVINO on the CPU; ``variant`` is its precision (fp32, bf16, int8)."""
 
@@ -156,7 +177,7 @@ class OvEngine(OrtEngine):
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
                  in_graph_pooling: bool = True, depth: int | None = None,
-                 pooled_only: bool = False, **options):
+                 pooled_only: bool = False, requests: int | None = None, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
@@ -173,7 +194,10 @@ class OvEngine(OrtEngine):
             _check_sha(handle, "int8", path)
         self.in_graph_pooling = bool(in_graph_pooling)
         path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
-        self.session = OvSession(path, precision, threads or physical_cores())
+        self.requests, why = in_flight(self.manifest, precision, requests)
+        if why:
+            self.info.notes.append(why)
+        self.session = OvSession(path, precision, threads or physical_cores(), self.requests)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -185,6 +209,31 @@ class OvEngine(OrtEngine):
             self.info.notes.append(f"accuracy of ov {precision} not recorded yet (layerscope optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
 
+    def run_stream(self, batches: Iterable[Batch], layers: list[str],
+                   poolings: list[str]) -> Iterator[tuple[Batch, dict[str, np.ndarray]]]:
+        """``run`` over ``batches`` with ``requests`` of them in flight at once (each on a thread of its own,
+        each thread on an infer request of its own), handed back in order."""
+        if self.requests < 2:
+            yield from super().run_stream(batches, layers, poolings)
+            return
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(self.requests, thread_name_prefix="layerscope-ov") as pool:
+            flying: deque = deque()
+            try:
+                for batch in batches:
+                    flying.append((batch, pool.submit(self.run, batch, layers, poolings)))
+                    if len(flying) >= self.requests:
+                        done, fut = flying.popleft()
+                        yield done, fut.result()
+                while flying:
+                    done, fut = flying.popleft()
+                    yield done, fut.result()
+            finally:
+                for _, fut in flying:
+                    fut.cancel()
+
     @classmethod
     def probe(cls, export_dir=None) -> tuple[bool, str]:
         """(works, detail): whether OpenVINO imports, and the CPU capabilities it reports."""
@@ -195,6 +244,25 @@ class OvEngine(OrtEngine):
             return False, str(exc)
         bf16 = "bf16 too" if "BF16" in caps else "no bf16 on this CPU"
         return True, f"OpenVINO {version} on CPU ({', '.join(caps)}; {bf16})"
+
+
+def in_flight(manifest, precision: str, asked: int | None) -> tuple[int, str | None]:
+    """(batches in flight, the note saying why) for OpenVINO at ``precision``: ``asked`` when given, else the
+    faster of the one- and two-in-flight bench rows recorded on this CPU (engines/speed_order.py), else 1."""
+    if asked is not None:
+        if int(asked) not in (1, IN_FLIGHT):
+            raise InputError(f"requests={asked}: the ov engine keeps 1 or {IN_FLIGHT} batches in flight")
+        return int(asked), None
+    from layerscope.engines.speed_order import IN_FLIGHT_SUFFIX, bench_name, measured_run
+
+    one = bench_name("ov", None if precision == "fp32" else precision)
+    two = one + IN_FLIGHT_SUFFIX
+    speeds = (measured_run(manifest) or {}).get("texts_per_s") or {}
+    if one not in speeds or two not in speeds:
+        return 1, None
+    pick = IN_FLIGHT if speeds[two] > speeds[one] else 1
+    return pick, (f"{pick} batch{'es' if pick > 1 else ''} in flight: layerscope bench measured {two} at "
+                  f"{speeds[two]:,.0f} texts/s and {one} at {speeds[one]:,.0f} on this CPU")
 
 
 def _check_sha(handle, kind: str, path: Path) -> None:

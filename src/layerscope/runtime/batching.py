@@ -179,9 +179,27 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
     check_long_texts(eng, lengths, encoder.max_length)
     batches = encode_plan(encoder, texts, lengths,
                           batch_tokens=int(batch_tokens or eng.preferred_batch_tokens), max_batch=max_batch)
+    waited = [0.0]  # seconds the engine spent waiting for the tokenizer
+
+    def timed(feed: Iterable[Batch]) -> Iterator[Batch]:
+        items = iter(feed)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            finally:
+                waited[0] += time.perf_counter() - t0
+            yield item
+
     with Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
-        for batch in feed:
-            t = time.perf_counter()
-            pooled = check_finite(eng.run(batch, layers, poolings), layers, batch)
-            yield batch, pooled, time.perf_counter() - t
+        t = time.perf_counter()
+        # an engine with several batches in flight hands them back in order: a batch's seconds are those
+        # since the previous hand-back, less the waits for the tokenizer
+        for batch, pooled in eng.run_stream(timed(feed), layers, poolings):
+            pooled = check_finite(pooled, layers, batch)
+            now = time.perf_counter()
+            yield batch, pooled, max(0.0, now - t - waited[0])
+            t, waited[0] = time.perf_counter(), 0.0
 

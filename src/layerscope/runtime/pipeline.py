@@ -214,9 +214,10 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     last_commit = t_run = time.perf_counter()
     pending: list[np.ndarray] = []
     try:
-        for batch in batches:
-            pooled = eng.run(batch, ex.layers, ex.poolings) if tok is None else tok.run(eng, batch, ex.layers,
-                                                                                       ex.poolings)
+        # pooled runs go through run_stream (OpenVINO keeps two batches in flight there); token runs one by one
+        stream = eng.run_stream(batches, ex.layers, ex.poolings) if tok is None else \
+            ((b, tok.run(eng, b, ex.layers, ex.poolings)) for b in batches)
+        for batch, pooled in stream:
             pooled = check_finite(pooled, ex.layers, batch)
             store.write(batch.index, pooled, ex.layers)
             pending.append(batch.index)
