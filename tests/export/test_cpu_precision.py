@@ -82,9 +82,9 @@ def test_bench_default_rows_follow_the_cpu(monkeypatch):
     from layerscope.bench.runner import parse_engines
 
     monkeypatch.setattr(cpu_precision, "bf16_cpu", lambda: None)
-    assert parse_engines("default") == ["ort", "ort-int8", "ov", "ov-bf16"]
+    assert parse_engines("default") == ["ort", "ort-int8", "ov", "ov-x2", "ov-bf16", "ov-bf16-x2"]
     monkeypatch.setattr(cpu_precision, "bf16_cpu", lambda: "no bf16")
-    assert parse_engines("default") == ["ort", "ort-int8", "ov"]
+    assert parse_engines("default") == ["ort", "ort-int8", "ov", "ov-x2"]
 
 
 def test_engines_table_says_what_auto_picks_for_a_fresh_export():

@@ -34,14 +34,16 @@ from layerscope.errors import InputError
 from layerscope.progress import track
 
 
-DEFAULT_ROWS = "ort,ort-int8,ov"
+# ov with one and with two batches in flight: the ov engine runs whichever this measures faster (engines/ov.py)
+DEFAULT_ROWS = "ort,ort-int8,ov,ov-x2"
 
 
 def default_rows() -> str:
-    """The bench's rows when ``--engines`` is not given: ``ov-bf16`` joins them where this CPU computes in bf16."""
+    """The bench's rows when ``--engines`` is not given: ``ov-bf16`` (one and two batches in flight) joins them
+    where this CPU computes in bf16."""
     from layerscope.export.cpu_precision import bf16_cpu
 
-    return DEFAULT_ROWS + ("" if bf16_cpu() else ",ov-bf16")
+    return DEFAULT_ROWS + ("" if bf16_cpu() else ",ov-bf16,ov-bf16-x2")
 
 
 def parse_engines(spec: str | list[str]) -> list[str]:

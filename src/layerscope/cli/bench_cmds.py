@@ -36,7 +36,8 @@ def bench(
     model: str = typer.Option("minilm", "--model", "-m", help="Export dir (or a model, exported on first use)."),
     engines: str = typer.Option("default", "--engines", "-e",
                                 help=f"Comma list: {', '.join(bench_rows())} (hf-eager always runs); default: "
-                                     "ort, ort-int8 and ov, and ov-bf16 where this CPU computes in bf16."),
+                                     "ort, ort-int8, ov and ov-x2 (two batches in flight), and ov-bf16, "
+                                     "ov-bf16-x2 where this CPU computes in bf16."),
     peers: str = typer.Option("all", "--peers", help="sentence-transformers rows: all, none, or a comma list of "
                                                      "st-torch, st-onnx, st-onnx-O3, st-onnx-qint8, st-openvino."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus file (.txt, .jsonl, .csv, ...)."),
