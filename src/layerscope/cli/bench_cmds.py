@@ -59,6 +59,9 @@ def bench(
     in_process: bool = typer.Option(False, "--in-process", help="The older one-process bench (engines share "
                                                                 "thread pools; kept for comparison)."),
     no_plot: bool = typer.Option(False, "--no-plot", help="Skip the PNG bar plot."),
+    depths: Optional[str] = typer.Option(None, "--depths", help="Sweep the deepest layer, e.g. 0,1,3,all: the "
+                                                                "engine rows at layers 0..d for each d (early "
+                                                                "exit), time per text against depth; no peers."),
 ):
     """Every engine and peer over the same texts, each in its own process: speed, accuracy, peak, time split."""
     import shlex
@@ -80,6 +83,16 @@ def bench(
     shared = dict(model=model, engines=names, texts=texts, corpus=corpus_name, layers=layers, pooling=pooling,
                   batch_tokens=batch_tokens, max_batch=max_batch, sts=sts, threads=threads,
                   progress=progress_printer(c))
+    if depths is not None:
+        from layerscope.bench.isolated import IsolatedConfig
+        from layerscope.bench.sweep import run_sweep, write_sweep
+
+        sweep = run_sweep(IsolatedConfig(rounds=rounds, passes=passes, **shared), depths)
+        sweep["command"] = "layerscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        paths = write_sweep(sweep, out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S-depths"))
+        c.print(paths["markdown"].read_text(encoding="utf-8"), soft_wrap=True, markup=False)
+        c.print(f"saved {', '.join(str(p) for p in paths.values())}", markup=False)
+        return
     if in_process:
         from layerscope.bench.runner import BenchConfig, run_bench
 

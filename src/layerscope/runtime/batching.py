@@ -55,17 +55,35 @@ def plan_batches(lengths: np.ndarray, *, batch_tokens: int = DEFAULT_BATCH_TOKEN
 
 
 def encode_plan(encoder: Encoder, texts: list[str], lengths: np.ndarray, *, batch_tokens: int, max_batch: int,
-                index: np.ndarray | None = None) -> Iterator[Batch]:
+                index: np.ndarray | None = None, pool=None) -> Iterator[Batch]:
     """The planned batches of ``texts`` (token counts ``lengths``), tokenized one by one as they are asked for.
 
     ``index`` maps each text to its row in the corpus (default: its position in ``texts``); it becomes
-    ``Batch.index``, where the engine's vectors are written back.
+    ``Batch.index``, where the engine's vectors are written back. ``pool`` (a ``TokenizerPool``) tokenizes
+    several batches at once in its processes, handed back in the same order.
     """
     lengths = np.asarray(lengths)
-    for rows in plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch,
-                             max_length=encoder.max_length):
-        yield encoder([texts[i] for i in rows], index=rows if index is None else index[rows],
-                      lengths=lengths[rows])
+    jobs = (([texts[i] for i in rows], rows if index is None else index[rows], lengths[rows])
+            for rows in plan_batches(lengths, batch_tokens=batch_tokens, max_batch=max_batch,
+                                     max_length=encoder.max_length))
+    if pool is not None:
+        yield from pool.map(jobs)
+        return
+    for batch_texts, rows, counts in jobs:
+        yield encoder(batch_texts, index=rows, lengths=counts)
+
+
+def tokenizer_pool(eng: Engine, encoder: Encoder):
+    """A ``TokenizerPool`` where a measurement recorded on this CPU says one tokenizer cannot keep ``eng`` fed
+    (model/tokenize_pool.py), else None (the one background thread)."""
+    from layerscope.engines.speed_order import cpu_identity
+    from layerscope.model.tokenize_pool import TokenizerPool, processes_for
+
+    count, why = processes_for(eng.manifest.source.weights_sha256, eng.name, cpu=cpu_identity()[0])
+    if count < 2:
+        return None
+    log.info("%s", why)
+    return TokenizerPool(encoder, count)
 
 
 def check_long_texts(eng: Engine, lengths: np.ndarray, max_length: int) -> str | None:
@@ -177,7 +195,8 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
     encoder = eng.encoder(max_length, prompt)
     lengths = encoder.token_lengths(texts)
     check_long_texts(eng, lengths, encoder.max_length)
-    batches = encode_plan(encoder, texts, lengths,
+    pool = tokenizer_pool(eng, encoder) if background else None
+    batches = encode_plan(encoder, texts, lengths, pool=pool,
                           batch_tokens=int(batch_tokens or eng.preferred_batch_tokens), max_batch=max_batch)
     waited = [0.0]  # seconds the engine spent waiting for the tokenizer
 
@@ -193,7 +212,9 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
                 waited[0] += time.perf_counter() - t0
             yield item
 
-    with Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
+    # the pool outlives the thread that reads from it
+    with pool if pool is not None else contextlib.nullcontext(), \
+            Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
         t = time.perf_counter()
         # an engine with several batches in flight hands them back in order: a batch's seconds are those
         # since the previous hand-back, less the waits for the tokenizer

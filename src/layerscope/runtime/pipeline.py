@@ -30,7 +30,7 @@ from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
 from layerscope.runtime.batching import (DEFAULT_MAX_BATCH, Background, check_finite, check_long_texts, encode_plan,
-                                         iter_pooled)
+                                         iter_pooled, tokenizer_pool)
 from layerscope.runtime.prepare import Extraction, create_store, make_store_dir, open_to_resume, prepare_request
 from layerscope.runtime.request import ExtractionRequest
 from layerscope.progress import progress_bar
@@ -209,8 +209,9 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
     bar = progress_bar(progress, store.n - already, todo_tokens)
+    pool = tokenizer_pool(eng, encoder) if tok is None else None  # processes only where measured to be needed
     batches = Background(_stored_batches(out, lengths, done, encoder, batch_tokens=batch_tokens,
-                                         max_batch=ex.max_batch, window=window))
+                                         max_batch=ex.max_batch, window=window, pool=pool))
     last_commit = t_run = time.perf_counter()
     pending: list[np.ndarray] = []
     try:
@@ -236,6 +237,8 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
         raise
     finally:
         batches.close()
+        if pool is not None:
+            pool.close()
         bar.close()
     if int(store.done_mask().sum()) != store.n:
         raise StoreError(f"{out}: {store.n - int(store.done_mask().sum())} rows are missing after the run; "
@@ -283,7 +286,7 @@ def _start_engine(ex: Extraction, store: LayerStore, engine: str, engine_options
 
 
 def _stored_batches(store_dir: Path, lengths: np.ndarray, done: np.ndarray, encoder: Encoder, *,
-                    batch_tokens: int, max_batch: int, window: int) -> Iterator[Batch]:
+                    batch_tokens: int, max_batch: int, window: int, pool=None) -> Iterator[Batch]:
     """The batches of the rows not done yet, read back from texts.jsonl ``window`` rows at a time."""
     n = len(lengths)
     with open(store_dir / TEXTS, encoding="utf-8") as fh:
@@ -292,7 +295,7 @@ def _stored_batches(store_dir: Path, lengths: np.ndarray, done: np.ndarray, enco
             texts = [json.loads(fh.readline())["text"] for _ in range(row, stop)]
             todo = np.nonzero(done[row:stop] == 0)[0]
             yield from encode_plan(encoder, [texts[i] for i in todo], lengths[row:stop][todo],
-                                   batch_tokens=batch_tokens, max_batch=max_batch, index=todo + row)
+                                   batch_tokens=batch_tokens, max_batch=max_batch, index=todo + row, pool=pool)
 
 
 def extraction_warnings(store: LayerStore, lengths: np.ndarray, max_len: int) -> list[str]:

@@ -1,0 +1,133 @@
+"""A pool of tokenizer processes that keeps an engine fed when one tokenizer thread cannot, switched on by measurement.
+
+On a CPU engine tokenizing is a few percent of the time and the one background thread (runtime/batching.py)
+stays ahead; on a GPU the engine can outrun it. ``measure`` times tokenizing alone (the extraction's own
+length-sorted batches, no engine) at 1, 2 and 4 processes; ``record`` keeps those figures with the engine's
+tokens/s for this CPU and model (its weights' sha256) in ``<cache root>/tokenizer-pool.json`` (``benchmarks/tokens/pool.py``
+measures both). ``processes_for`` reads them back: 1 (the thread) unless the recorded engine outran one
+tokenizer, then the fewest processes recorded to keep up with it (the fastest count where none did).
+Nothing is assumed without a record: a run never starts processes it was not measured to need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+POOL_FILE = "tokenizer-pool.json"
+COUNTS = (1, 2, 4)
+KEEP = 20  # records per CPU
+
+_ENCODER = None  # the worker process's encoder
+
+
+def _start(encoder) -> None:
+    global _ENCODER
+    _ENCODER = encoder
+
+
+def _encode(job):
+    texts, index, lengths = job
+    return _ENCODER(texts, index=index, lengths=lengths)
+
+
+class TokenizerPool:
+    """``processes`` spawned workers, each holding a copy of ``encoder``; ``map`` tokenizes jobs
+    ``(texts, index, lengths)`` into batches, in order, several at once."""
+
+    def __init__(self, encoder, processes: int):
+        import multiprocessing
+
+        # spawned, not forked: the parent holds engine thread pools a fork would copy mid-flight
+        self.processes = int(processes)
+        self._pool = multiprocessing.get_context("spawn").Pool(self.processes, _start, (encoder,))
+
+    def map(self, jobs: Iterable[tuple]) -> Iterator:
+        return self._pool.imap(_encode, jobs, chunksize=1)
+
+    def close(self) -> None:
+        self._pool.terminate()
+        self._pool.join()
+
+    def __enter__(self) -> TokenizerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def measure(encoder, jobs: list[tuple], counts: Iterable[int] = COUNTS) -> dict[int, float]:
+    """Tokens/s of tokenizing ``jobs`` alone with 1 (this process, as the background thread does) and more
+    processes (a pool started before the clock)."""
+    tokens = sum(int(sum(min(int(n), encoder.max_length) for n in job[2])) for job in jobs)
+    out: dict[int, float] = {}
+    for count in counts:
+        if count == 1:
+            t = time.perf_counter()
+            for job in jobs:
+                _start(encoder)
+                _encode(job)
+            out[1] = tokens / max(time.perf_counter() - t, 1e-9)
+            continue
+        with TokenizerPool(encoder, count) as pool:
+            list(pool.map(jobs[: count * 2]))  # every worker started and warm
+            t = time.perf_counter()
+            for _ in pool.map(jobs):
+                pass
+            out[count] = tokens / max(time.perf_counter() - t, 1e-9)
+    return out
+
+
+def record(model_key: str, engine: str, engine_tokens_per_s: float, tokenize: dict[int, float], *,
+           cpu: str, root: Path | None = None) -> Path:
+    """Remember one measurement (``cpu``: this CPU's identity) under ``root`` (default: the cache root)."""
+    from layerscope.model.manifest import cache_root
+
+    path = (root or cache_root()) / POOL_FILE
+    data = _read(path)
+    runs = data.setdefault(cpu, [])
+    runs.append({"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": model_key,
+                 "engine": engine, "engine_tokens_per_s": float(engine_tokens_per_s),
+                 "tokenize_tokens_per_s": {str(k): float(v) for k, v in tokenize.items()}})
+    data[cpu] = runs[-KEEP:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def processes_for(model_key: str | None, engine: str, *, cpu: str,
+                  root: Path | None = None) -> tuple[int, str | None]:
+    """(tokenizer processes, the note saying why) for ``engine`` with this model on this CPU: 1 without a
+    record, or where one tokenizer kept up with the engine; else the fewest recorded to keep up."""
+    from layerscope.model.manifest import cache_root
+
+    if not model_key:
+        return 1, None
+    runs = [r for r in _read((root or cache_root()) / POOL_FILE).get(cpu) or []
+            if isinstance(r, dict) and r.get("model") == model_key and r.get("engine") == engine]
+    if not runs:
+        return 1, None
+    last = runs[-1]
+    need = float(last.get("engine_tokens_per_s") or 0)
+    rates = {int(k): float(v) for k, v in (last.get("tokenize_tokens_per_s") or {}).items()}
+    if not rates or rates.get(1, 0.0) >= need:
+        return 1, None
+    enough = sorted(n for n, v in rates.items() if v >= need)
+    pick = enough[0] if enough else max(rates, key=rates.get)
+    if pick == 1:
+        return 1, None
+    return pick, (f"{pick} tokenizer processes: one tokenizes {rates[1]:,.0f} tokens/s here and {engine} runs "
+                  f"{need:,.0f} (recorded {last.get('when')} UTC)")
