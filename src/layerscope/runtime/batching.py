@@ -99,8 +99,10 @@ def check_long_texts(eng: Engine, lengths: np.ndarray, max_length: int) -> str |
         return None
     line = (f"{cut:,} of {lengths.size:,} texts are longer than {max_length} tokens and were truncated to "
             f"{max_length}")
-    log.warning("%s of %s texts are longer than %s tokens and will be truncated to %s (the longest has %s)",
-                f"{cut:,}", f"{lengths.size:,}", max_length, max_length, f"{int(lengths.max()):,}")
+    limit = ("the model's position limit" if eng.manifest.max_length and max_length >= int(eng.manifest.max_length)
+             else "--max-length")
+    log.warning("%s of %s texts are longer than %s tokens and will be truncated to %s (%s; the longest has %s)",
+                f"{cut:,}", f"{lengths.size:,}", max_length, max_length, limit, f"{int(lengths.max()):,}")
     return line
 
 
