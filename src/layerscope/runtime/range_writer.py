@@ -90,9 +90,10 @@ class RangeWriter:
         lengths = np.asarray(self.encoder.token_lengths(texts), dtype=np.int32)
         out = {p: np.zeros((len(self.layers), r.rows, self.hidden), dtype=np.float32) for p in self.poolings}
         tokens = 0
-        for b in encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch,
-                             index=np.arange(r.start, r.stop)):
-            pooled = check_finite(self.eng.run(b, self.layers, self.poolings), self.layers, b)  # rows named as stored
+        plan = encode_plan(self.encoder, texts, lengths, batch_tokens=self.batch_tokens, max_batch=self.max_batch,
+                           index=np.arange(r.start, r.stop))
+        for b, pooled in self.eng.run_stream(plan, self.layers, self.poolings):  # OpenVINO: two in flight
+            pooled = check_finite(pooled, self.layers, b)  # rows named as stored
             for p in self.poolings:
                 out[p][:, np.asarray(b.index) - r.start] = pooled[p]
             tokens += b.n_tokens
