@@ -76,13 +76,12 @@ def test_extraction_with_a_recorded_need_runs_the_pool(bert_export, tmp_path, mo
     assert plain.n == len(TEXTS)
 
 
-def test_measure_counts_every_token(bert_export, monkeypatch):
+def test_measure_counts_every_token(bert_export):
     from layerscope.export.open import open_engine
 
     enc = open_engine(bert_export, "ort").encoder()
     lengths = enc.token_lengths(TEXTS)
     jobs = [(TEXTS[:5], np.arange(5), lengths[:5]), (TEXTS[5:], np.arange(5, len(TEXTS)), lengths[5:])]
-    clock = iter([10.0, 12.0])  # two seconds for the one-process pass
-    monkeypatch.setattr(tokenize_pool.time, "perf_counter", lambda: next(clock))
-    rates = tokenize_pool.measure(enc, jobs, counts=(1,))
+    ticks = iter([10.0, 12.0])  # two seconds for the one-process pass
+    rates = tokenize_pool.measure(enc, jobs, counts=(1,), clock=lambda: next(ticks))
     assert rates == {1: int(np.minimum(lengths, enc.max_length).sum()) / 2.0}
