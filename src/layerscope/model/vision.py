@@ -120,9 +120,12 @@ class ImageEncoder:
         self.where = str(folder)
 
     def pixels(self, images) -> np.ndarray:
-        out = pixel_values(self.processor, images)
-        check_image_size(out, (self.image.height, self.image.width), self.where)
-        return out
+        return self.checked(pixel_values(self.processor, images))
+
+    def checked(self, pixels: np.ndarray) -> np.ndarray:
+        """``pixels`` (made elsewhere with this processor, e.g. on a worker) if the graph takes their size."""
+        check_image_size(pixels, (self.image.height, self.image.width), self.where)
+        return pixels
 
     def batch(self, pixels: np.ndarray, index=None) -> ImageBatch:
         import numpy as np
