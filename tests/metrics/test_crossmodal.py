@@ -67,3 +67,16 @@ def test_aligned_pair_wins_beyond_its_null_and_unrelated_ones_do_not():
         assert fig.value[1, 0] > 0.9 and fig.p[1, 0] == pytest.approx(1 / 51)
         assert fig.value[0, 2] < 0.3
     assert res.figures["cka"].null_mean[1, 0] < res.figures["cka"].value[1, 0]
+
+
+def test_a_layer_without_distinct_rows_has_no_neighbour_figures():
+    """Catches: neighbours read off the tie order of identical rows (a perfect, 'significant' mutual k-NN
+    between a constant layer and anything), CKA of a constant layer reported as a number."""
+    rng = np.random.default_rng(2)
+    a = rng.normal(size=(1, 20, 4))
+    b = np.stack([np.ones((20, 3)), rng.normal(size=(20, 3))])
+    res = crossmodal(a, b, k=3, permutations=10, bootstrap=10)
+    for f in ("mutual_knn", "a_to_b", "b_to_a", "cka"):
+        assert np.isnan(res.figures[f].value[0, 0]) and np.isnan(res.figures[f].p[0, 0]), f
+        assert not np.isnan(res.figures[f].value[0, 1]), f
+    assert res.best.layer_b == 1

@@ -5,7 +5,9 @@
 
 * ``mutual_knn``: the platonic-representation alignment (Huh et al. 2024): for each item, the share of its k
   nearest neighbours (cosine, self excluded) in ``a`` that are also among its k nearest in ``b``, averaged;
-* ``cka``: linear CKA of the two layers (metrics/cka.py);
+* ``cka``: linear CKA of the two layers (metrics/cka.py); NaN where a layer's rows are all the same;
+  the neighbour and retrieval figures are NaN where a layer has k or fewer distinct rows (its neighbours would
+  be whatever order ties are broken in);
 * ``a_to_b`` / ``b_to_a``: retrieval acc@k across the two spaces, which have no shared axes, through relative
   representations: each item is described by its cosines to a seeded half of the pairs (the anchors, the same
   pairs on both sides), and the other half are the queries, retrieved by the cosine of their centred profiles.
@@ -75,6 +77,14 @@ def _check(a: np.ndarray, b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
     return a, b
 
 
+def _cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Linear CKA, NaN where it is undefined (a side whose rows are all the same: no variance)."""
+    try:
+        return linear_cka(x, y)
+    except ValueError:
+        return float("nan")
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-300)
 
@@ -119,6 +129,8 @@ def crossmodal(a, b, *, k: int = 10, acc_k: int = 1, permutations: int = 100, bo
     nn_b = [knn_indices(b[j], k, metric="cosine", backend="numpy") for j in range(lb)]
     prof_a = [_profiles(a[i], anchors, queries) for i in range(la)]
     prof_b = [_profiles(b[j], anchors, queries) for j in range(lb)]
+    distinct_a = [len(np.unique(a[i], axis=0)) > k for i in range(la)]
+    distinct_b = [len(np.unique(b[j], axis=0)) > k for j in range(lb)]
     shape = (la, lb)
     out = {f: {key: np.zeros(shape) for key in ("value", "null", "p", "lo", "hi")} for f in FIGURES}
     boot_values = {f: np.zeros((bootstrap, la, lb)) for f in FIGURES}
@@ -127,13 +139,17 @@ def crossmodal(a, b, *, k: int = 10, acc_k: int = 1, permutations: int = 100, bo
         for j in range(lb):
             per_item = {"mutual_knn": _overlap(nn_a[i], nn_b[j])}
             per_item["a_to_b"], per_item["b_to_a"] = _hits(prof_a[i], prof_b[j], acc_k)
+            if not (distinct_a[i] and distinct_b[j]):  # neighbours would be the tie order: undefined
+                per_item = {f: np.full_like(v, np.nan) for f, v in per_item.items()}
             values = {f: per_item[f].mean() for f in per_item}
-            values["cka"] = linear_cka(a[i], b[j])
+            values["cka"] = _cka(a[i], b[j])
             nulls: dict[str, list[float]] = {f: [] for f in FIGURES}
             for p, inv in zip(perms, inverse):
+                nulls["cka"].append(_cka(a[i], b[j][p]))
+                if not (distinct_a[i] and distinct_b[j]):
+                    continue
                 # item t of b now pairs with item p[t] of the original b: its neighbours, renumbered
                 nulls["mutual_knn"].append(_overlap(nn_a[i], inv[nn_b[j][p]]).mean())
-                nulls["cka"].append(linear_cka(a[i], b[j][p]))
                 pb = _profiles(b[j][p], anchors, queries)
                 ab, ba = _hits(prof_a[i], pb, acc_k)
                 nulls["a_to_b"].append(ab.mean())
@@ -142,19 +158,25 @@ def crossmodal(a, b, *, k: int = 10, acc_k: int = 1, permutations: int = 100, bo
                 boot_values["mutual_knn"][r, i, j] = per_item["mutual_knn"][rows].mean()
                 boot_values["a_to_b"][r, i, j] = per_item["a_to_b"][qrows].mean()
                 boot_values["b_to_a"][r, i, j] = per_item["b_to_a"][qrows].mean()
-                boot_values["cka"][r, i, j] = linear_cka(a[i][rows], b[j][rows])
+                boot_values["cka"][r, i, j] = _cka(a[i][rows], b[j][rows])
             for f in FIGURES:
                 null = np.asarray(nulls[f])
                 out[f]["value"][i, j] = values[f]
-                out[f]["null"][i, j] = null.mean() if null.size else np.nan
-                out[f]["p"][i, j] = (1 + (null >= values[f]).sum()) / (1 + null.size)
-                if bootstrap:
-                    out[f]["lo"][i, j], out[f]["hi"][i, j] = np.percentile(boot_values[f][:, i, j], [2.5, 97.5])
+                out[f]["null"][i, j] = np.nanmean(null) if null.size and not np.isnan(null).all() else np.nan
+                defined = not np.isnan(values[f])
+                out[f]["p"][i, j] = (1 + (null >= values[f]).sum()) / (1 + null.size) if defined else np.nan
+                boot = boot_values[f][:, i, j]
+                if bootstrap and defined and not np.isnan(boot).all():
+                    out[f]["lo"][i, j], out[f]["hi"][i, j] = np.nanpercentile(boot, [2.5, 97.5])
+                else:
+                    out[f]["lo"][i, j] = out[f]["hi"][i, j] = np.nan
     figures = {f: Figure(d["value"], d["null"], d["p"], d["lo"], d["hi"]) for f, d in out.items()}
     sel = figures[select].value
-    bi, bj = np.unravel_index(int(np.argmax(sel)), sel.shape)
+    if np.isnan(sel).all():
+        raise ValueError(f"{select} is undefined on every layer pair (a side without variance)")
+    bi, bj = np.unravel_index(int(np.nanargmax(sel)), sel.shape)
     if bootstrap:
-        flat = boot_values[select].reshape(bootstrap, -1)
+        flat = np.where(np.isnan(boot_values[select]), -np.inf, boot_values[select]).reshape(bootstrap, -1)
         lo, hi = np.percentile(flat.max(axis=1), [2.5, 97.5])
         share = float((flat.argmax(axis=1) == bi * lb + bj).mean())
     else:
