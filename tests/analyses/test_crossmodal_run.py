@@ -93,7 +93,7 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
 
 
 def test_crossmodal_needs_one_image_and_one_text_model(clip_pairs, tmp_path):
-    """Catches: two text models (or a missing --data) compared as if one side were images."""
+    """Catches: two text models compared as if one side were images, more built-in digits asked than exist."""
     from layerscope.analyses.base import Context, run_analysis
 
     root, ckpt = clip_pairs
@@ -101,6 +101,6 @@ def test_crossmodal_needs_one_image_and_one_text_model(clip_pairs, tmp_path):
         run_analysis("crossmodal", Context(models=[str(ckpt), str(ckpt)], engine="ort",
                                            data=str(root / "pairs.jsonl"), out=tmp_path / "x",
                                            options={"k": K, "permutations": 0, "bootstrap": 0}))
-    with pytest.raises(InputError, match="needs --data"):
+    with pytest.raises(InputError, match="--n must be between 4 and 1797"):
         run_analysis("crossmodal", Context(models=[str(root / "clipv"), str(ckpt)], engine="ort",
-                                           out=tmp_path / "y"))
+                                           out=tmp_path / "y", options={"n": 2000}))

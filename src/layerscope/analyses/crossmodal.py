@@ -7,7 +7,9 @@ on every layer; then for every (image layer, text layer) pair, metrics/crossmoda
 platonic-representation definition), linear CKA and retrieval acc@k both ways, each with a shuffled-pairing
 null and a 95% bootstrap interval, and the best layer pair with an interval that pays for choosing it.
 
-``--data`` is JSONL, one pair a line: ``{"image": "path", "caption": "text"}`` (paths relative to the file).
+``--data`` is JSONL, one pair a line: ``{"image": "path", "caption": "text"}`` (paths relative to the file);
+without it, the first ``--n`` of scikit-learn's bundled handwritten digits, each captioned "a photo of the
+digit three" (offline, 1,797 at most).
 """
 
 from __future__ import annotations
@@ -22,6 +24,29 @@ from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelO
 from layerscope.errors import InputError
 
 SELECT = ("mutual_knn", "cka", "a_to_b", "b_to_a")
+
+
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def digit_pairs(n: int) -> list[tuple[str, bytes, str]]:
+    """``(id, PNG bytes, caption)`` of the first ``n`` of scikit-learn's digits (8x8, 16 grey levels, scaled to
+    0..255 and enlarged to 64x64 pixels)."""
+    import io
+
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    if not 4 <= n <= len(digits.images):
+        raise InputError(f"--n must be between 4 and {len(digits.images)} digits, got {n}")
+    pairs = []
+    for i in range(n):
+        im = Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8), "L").resize((64, 64), Image.NEAREST)
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        pairs.append((f"digit-{i}", buf.getvalue(), f"a photo of the digit {WORDS[int(digits.target[i])]}"))
+    return pairs
 
 
 def read_pairs(path: str, image_key: str, caption_key: str) -> list[tuple[str, str, str]]:
@@ -57,7 +82,9 @@ class CrossModalAnalysis(Analysis):
         inputs=("engine",),
         main_score="best_value",
         default_poolings=(),
+        default_data="scikit-learn's digits (built in, --n of them)",
         options=(
+            Option("n", int, 200, "digits to pair with their captions when --data is not given"),
             Option("image_column", str, "image", "field of the image path in --data"),
             Option("caption_column", str, "caption", "field of the caption in --data"),
             Option("k", int, 10, "neighbours per item for mutual k-NN"),
@@ -81,11 +108,9 @@ class CrossModalAnalysis(Analysis):
         o = self.options(ctx)
         if len(ctx.models) != 2:
             raise InputError("crossmodal compares two models: --model VISION_EXPORT --model TEXT_MODEL")
-        if not ctx.data:
-            raise InputError("crossmodal needs --data: JSONL image-caption pairs")
         if o.k < 1 or o.acc_k < 1 or o.permutations < 0 or o.bootstrap < 0 or o.batch_size < 1:
             raise InputError("--k, --acc-k and --batch-size must be 1 or more, --permutations and --bootstrap 0 or more")
-        pairs = read_pairs(ctx.data, o.image_column, o.caption_column)
+        pairs = read_pairs(ctx.data, o.image_column, o.caption_column) if ctx.data else digit_pairs(o.n)
         if o.k > len(pairs) - 2:
             raise InputError(f"--k {o.k} needs more than {o.k + 1} pairs; --data has {len(pairs)}")
         return pairs
@@ -120,7 +145,7 @@ class CrossModalAnalysis(Analysis):
         return {"image_model": names[images[0]], "text_model": names[1 - images[0]],
                 "image_layers": a["layers"], "text_layers": b["layers"], "n": res.n, "k": res.k,
                 "acc_k": res.acc_k, "permutations": res.permutations, "bootstrap": res.bootstrap,
-                "pairs": [{"id": i, "image": Path(f).name} for i, f, _ in data],
+                "pairs": [{"id": i, "image": Path(f).name if isinstance(f, str) else None} for i, f, _ in data],
                 "figures": figures,
                 "best": {"figure": best.figure, "image_layer": a["layers"][best.layer_a],
                          "text_layer": b["layers"][best.layer_b], "value": best.value,
@@ -158,7 +183,7 @@ class CrossModalAnalysis(Analysis):
 
 
 def _image_vectors(run: ModelRun, files: list[str], layers: list[str], pooling: str, batch_size: int) -> np.ndarray:
-    """``[layers, images, hidden]`` of one pooling, the images read and processed here."""
+    """``[layers, images, hidden]`` of one pooling, the images (paths or encoded bytes) read and processed here."""
     from layerscope.data.images import decode
 
     encoder = run.engine.image_encoder()
