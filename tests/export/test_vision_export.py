@@ -16,15 +16,16 @@ from tiny_vision import build_tiny_vision, hf_vision_reference  # noqa: E402
 from layerscope.errors import InputError  # noqa: E402
 
 # (kind, tower, image size, patch size, tokens before the patches: CLS and DINOv2's two registers)
+# one size of each family in the quick loop, a second one (another grid) under -m slow
 CASES = [
     ("vit", None, 16, 4, 1),
     ("vit", None, 24, 8, 1),
     ("dinov2", None, 16, 4, 3),
-    ("dinov2", None, 28, 7, 3),
+    pytest.param(("dinov2", None, 28, 7, 3), marks=pytest.mark.slow),
     ("clip", "vision", 16, 4, 1),
-    ("clip-vision", None, 32, 8, 1),
+    pytest.param(("clip-vision", None, 32, 8, 1), marks=pytest.mark.slow),
     ("siglip", "vision", 16, 4, 0),
-    ("siglip-vision", None, 24, 6, 0),
+    pytest.param(("siglip-vision", None, 24, 6, 0), marks=pytest.mark.slow),
 ]
 FAMILY = {"vit": "vit", "dinov2": "dinov2", "clip": "clip-vision", "clip-vision": "clip-vision",
           "siglip": "siglip-vision", "siglip-vision": "siglip-vision"}
