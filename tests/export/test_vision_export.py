@@ -131,3 +131,21 @@ def test_vision_checkpoint_without_processor_is_one_line(tmp_path):
     (ckpt / "preprocessor_config.json").unlink()
     with pytest.raises(InputError, match="preprocessor_config.json"):
         export_model(str(ckpt), tmp_path / "export")
+
+
+def test_torch_runs_a_plain_vision_checkpoint(tmp_path):
+    """Catches: a plain vision checkpoint described as a text model (asked for a tokenizer), or its torch
+    engine pooling the register tokens into the patch mean."""
+    from transformers import AutoImageProcessor
+
+    from layerscope.engines.base import create_engine
+
+    ckpt = build_tiny_vision("dinov2", tmp_path / "ckpt")
+    images = _images(2)
+    eng = create_engine("torch", str(ckpt), device="cpu")
+    assert eng.manifest.modality == "image" and eng.manifest.image.prefix_tokens == 3
+    pixels = AutoImageProcessor.from_pretrained(ckpt)(images=images, return_tensors="np")["pixel_values"]
+    hidden, _ = hf_vision_reference("dinov2", ckpt, pixels.astype(np.float32))
+    got = eng.run(eng.image_encoder()(images), ["1", "2"], ["mean"])["mean"]
+    np.testing.assert_allclose(got, np.stack(hidden[1:]).astype(np.float64)[:, :, 3:].mean(axis=2),
+                               atol=2e-5, rtol=1e-4)

@@ -77,9 +77,12 @@ class Engine(ABC):
         """Images into batches for a vision tower's export (its own image processor; model/vision.py)."""
         from layerscope.model.vision import ImageEncoder
 
-        if not self.model.is_export:
-            raise InputError(f"{self.model.spec}: images are read through a vision export; run layerscope export")
-        return ImageEncoder(self.model.export_dir, self.manifest, trust_remote_code=self.model.trust_remote_code)
+        source = self.manifest.source
+        if not self.model.is_export and not source.is_local:
+            raise InputError(f"{self.model.spec}: images are read through a vision export or a local checkpoint; "
+                             "run layerscope export")
+        folder = self.model.export_dir if self.model.is_export else source.path_or_id
+        return ImageEncoder(folder, self.manifest, trust_remote_code=self.model.trust_remote_code)
 
     @classmethod
     def probe(cls, export_dir: Path | None = None) -> tuple[bool, str]:
