@@ -105,3 +105,16 @@ def test_image_corpus_errors_are_one_line(setup, tmp_path):
     with pytest.raises(InputError, match="'eos' is not one of"):
         extract_images(export, folder, tmp_path / "s", poolings=["cls", "eos"])
     assert not (tmp_path / "s").exists()
+
+
+def test_extract_images_command_is_one_line_on_bad_input(setup, tmp_path, capsys):
+    """Catches: a traceback (or a made store) for a source that is not there, or a text model given images."""
+    from cli_helpers import run_cli
+
+    _, _, export, folder, _, _ = setup
+    code, text = run_cli(["extract-images", export, tmp_path / "nowhere", "--out", tmp_path / "s"], capsys)
+    assert code == 2 and "no such folder or file" in text and "Traceback" not in text
+    assert len([line for line in text.splitlines() if line.strip()]) == 1
+    code, text = run_cli(["extract-images", "minilm", folder, "--out", tmp_path / "t"], capsys)
+    assert code == 2 and "is not a vision export" in text, text
+    assert not (tmp_path / "s").exists() and not (tmp_path / "t").exists()
