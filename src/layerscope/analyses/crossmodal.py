@@ -171,7 +171,7 @@ class CrossModalAnalysis(Analysis):
                  f"Best layer pair by {fig}: image layer {best['image_layer']}, text layer {best['text_layer']}: "
                  f"{best['value']:.4f} (95% interval of the maximum over all layer pairs {best['ci_low']:.4f} to "
                  f"{best['ci_high']:.4f}; best again in {best['chosen_share']:.0%} of resamples; shuffled-pairing "
-                 f"p = {best['p']:.3g})", "", "![heat map](crossmodal_heatmap.png)", ""]
+                 f"p = {best['p']:.3g})", ""]
         return "\n".join(lines)
 
     def console_summary(self, results, console) -> None:
