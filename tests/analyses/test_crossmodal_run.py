@@ -90,6 +90,10 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
             checked += 1
     assert checked >= 4
     assert (root / "run" / "crossmodal_heatmap.png").exists()
+    page = (root / "run" / "report.html").read_text(encoding="utf-8")
+    assert "mutual k-NN: clipv vs clip" in page and "Best pair: image layer" in page
+    for model in res["per_model"].values():  # the pair's headline, shown for each model
+        assert model["summary"]["best_value"] == combined["best"]["value"]
 
 
 def test_crossmodal_needs_one_image_and_one_text_model(clip_pairs, tmp_path):

@@ -142,6 +142,10 @@ class CrossModalAnalysis(Analysis):
         figures = {f: {"value": fig.value, "null_mean": fig.null_mean, "p": fig.p, "ci_low": fig.ci_low,
                        "ci_high": fig.ci_high} for f, fig in res.figures.items()}
         best = res.best
+        for name in names:  # the headline belongs to the pair of models: each model's summary shows it
+            per_model.outputs[name].figures["summary"].update(
+                best_value=best.value, best_ci_low=best.ci_low, best_ci_high=best.ci_high,
+                best_pair=f"image layer {a['layers'][best.layer_a]}, text layer {b['layers'][best.layer_b]}")
         return {"image_model": names[images[0]], "text_model": names[1 - images[0]],
                 "image_layers": a["layers"], "text_layers": b["layers"], "n": res.n, "k": res.k,
                 "acc_k": res.acc_k, "permutations": res.permutations, "bootstrap": res.bootstrap,

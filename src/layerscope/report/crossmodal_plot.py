@@ -43,3 +43,4 @@ def heatmap(combined: dict[str, Any], out_dir: Path) -> list[str]:
         written.append(path.name)
     plt.close(fig)
     return written
+
