@@ -122,6 +122,23 @@ BUGS = (
         "        touched = path.stat().st_mtime",
         '        touched = (info or {}).get("since", path.stat().st_mtime)',
         ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+    # ---- images
+    Bug("image-mean-counts-registers", S + "model/families.py",
+        '    return cls + int(getattr(vision_config, "num_register_tokens", 0) or 0)',
+        '    return cls',
+        ("tests/export/test_vision_export.py", "tests/runtime/test_image_extract.py")),
+    Bug("image-rows-out-of-order", S + "runtime/image_extract.py",
+        "            store.write(index, eng.run(batch, chosen, modes), chosen)",
+        "            store.write(index[::-1], eng.run(batch, chosen, modes), chosen)",
+        ("tests/runtime/test_image_extract.py",)),
+    Bug("crossmodal-null-keeps-pairing", S + "metrics/crossmodal.py",
+        '                nulls["mutual_knn"].append(_overlap(nn_a[i], inv[nn_b[j][p]]).mean())',
+        '                nulls["mutual_knn"].append(_overlap(nn_a[i], nn_b[j]).mean())',
+        ("tests/metrics/test_crossmodal.py",)),
+    Bug("vision-lens-no-final-norm", S + "analyses/vision_lens.py",
+        "        joint = projection(norm(torch.from_numpy(np.ascontiguousarray(cls_states, dtype=np.float32)))).numpy()",
+        "        joint = projection(torch.from_numpy(np.ascontiguousarray(cls_states, dtype=np.float32))).numpy()",
+        ("tests/analyses/test_vision_lens.py",)),
 )
 
 

@@ -25,7 +25,7 @@ def _config_only(tmp_path, model_type: str, **overrides):
 
 @pytest.mark.parametrize("model_type,overrides,says", [
     ("layerscope-no-such-arch", {}, "has no model class for it"),
-    ("vit", {}, "neither as a masked-LM encoder nor as a causal-LM decoder"),
+    ("resnet", {}, "neither as a masked-LM encoder nor as a causal-LM decoder"),
     ("bart", {}, "is an encoder-decoder model"),
     ("opt", {"hidden_size": 32, "word_embed_proj_dim": 16}, "word_embed_proj_dim=16"),
 ])

@@ -31,6 +31,7 @@ SKIPPED = {
     "bash scripts/test.sh": "runs the whole test suite",
     "layerscope run token_alignment --model qwen2.5-0.5b --generate zh-en --n 200": HUB,
     "layerscope run lens --model Qwen/Qwen2.5-0.5B": HUB,
+    "layerscope run crossmodal --model clip-vision/ --model openai/clip-vit-base-patch32 --n 500": HUB,
     "layerscope run sts --model minilm --model bert-base-uncased": HUB,
     "layerscope run word_context --model bert-base-uncased --data texts.txt --words bank,spring --last-k 4": HUB,
     "layerscope run sts --model minilm --data ../shared/data/stsbenchmark/sts-test.csv --probe":
@@ -107,7 +108,7 @@ def test_the_examples_are_found_and_every_skip_names_one_that_is_there():
     readme = [e.code for e in found if e.doc == "README.md"]
     assert "layerscope extract --model minilm --input corpus.txt --out store/" in readme
     assert 'from layerscope import LayerStore\nLayerStore.open("store")["st", -1]' in readme
-    assert sum(c.startswith("layerscope run ") for c in readme) == 9
+    assert sum(c.startswith("layerscope run ") for c in readme) == 10
     usage = [e for e in found if e.doc == "docs/USAGE.md"]
     assert [e.kind for e in usage].count("python") == 3  # a library call named in prose is not among them
     assert "layerscope extract --model exports/minilm --engine ort --input corpus.txt --out stores/corpus " \

@@ -33,6 +33,8 @@ def export(
     cpu_precisions: bool = typer.Option(True, "--cpu-precisions/--no-cpu-precisions",
                                         help="Also check and record OpenVINO bf16 where this CPU computes in bf16, "
                                              "so --engine auto can pick it (-v says what was found)."),
+    tower: Optional[str] = typer.Option(None, "--tower", help="A two-tower checkpoint's tower: 'vision' exports "
+                                        "CLIP's or SigLIP's image tower (vision models need none)."),
 ):
     """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
     from layerscope.export.exporter import export_model
@@ -43,12 +45,18 @@ def export(
     c = console()
     manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, rtol=rtol, revision=revision,
                             trust_remote_code=trust_remote_code, force=force, dtype=dtype,
-                            progress=progress_printer(c))
+                            progress=progress_printer(c), tower=tower)
     from rich.markup import escape
 
     from layerscope.report.console import print_export_summary
 
     print_export_summary(c, out, manifest)
+    if manifest.modality == "image":  # the precisions and the lens read text
+        cpu_precisions = False
+        if lens_k is not None:
+            from layerscope.errors import InputError
+
+            raise InputError("--lens-k reads a text model's LM head; a vision tower has none (the export is written)")
     if cpu_precisions:  # measured for --engine auto; what it found is said with -v (auto says what it picks)
         from layerscope.cli.common import STATE
         from layerscope.export.cpu_precision import record_cpu_precisions

@@ -74,6 +74,17 @@ class Engine(ABC):
         return Encoder(self.model.encoding_tokenizer(), list(self.manifest.inputs),
                        max_length or self.manifest.max_length, prompt)
 
+    def image_encoder(self):
+        """Images into batches for a vision tower's export (its own image processor; model/vision.py)."""
+        from layerscope.model.vision import ImageEncoder
+
+        source = self.manifest.source
+        if not self.model.is_export and not source.is_local:
+            raise InputError(f"{self.model.spec}: images are read through a vision export or a local checkpoint; "
+                             "run layerscope export")
+        folder = self.model.export_dir if self.model.is_export else source.path_or_id
+        return ImageEncoder(folder, self.manifest, trust_remote_code=self.model.trust_remote_code)
+
     @classmethod
     def probe(cls, export_dir: Path | None = None) -> tuple[bool, str]:
         """(works, detail): whether this engine really starts on this machine (``layerscope engines``)."""
@@ -124,6 +135,19 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release sessions and memory."""
+
+
+def pool_states(manifest, batch, states, mode: str):
+    """One layer's (or stacked layers') token states pooled: over an image's patches (vocab/image_pooling.py)
+    for an image batch, else over the text's tokens by its mask."""
+    prefix = getattr(batch, "prefix_tokens", None)
+    if prefix is not None:
+        from layerscope.vocab.image_pooling import pool_image
+
+        return pool_image(states, mode, prefix)
+    from layerscope.vocab.pooling import pool
+
+    return pool(states, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=manifest.eos_token_id)
 
 
 def check_engine_name(name: str) -> str:

@@ -15,14 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from layerscope.engines.base import Engine
+from layerscope.engines.base import Engine, pool_states
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
 from layerscope.errors import EngineUnavailableError
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.outputs import layer_output, pooled_output
-from layerscope.vocab.pooling import ST, pool, with_st
+from layerscope.vocab.pooling import ST, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
     import numpy as np
@@ -295,11 +295,8 @@ class OrtEngine(Engine):
             states = self.run_tokens(batch, layers)
         if keep is not None:
             keep["states"] = states
-        if rest:
-            eos = self.manifest.eos_token_id
-            for mode in rest:
-                result[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
-                                         for s in states])
+        for mode in rest:
+            result[mode] = np.stack([pool_states(self.manifest, batch, s, mode) for s in states])
         return {p: result[p] for p in poolings}
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:

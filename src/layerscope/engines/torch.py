@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from layerscope.engines.base import Engine
+from layerscope.engines.base import Engine, pool_states
 
 from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, register
 from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
-from layerscope.vocab.pooling import ST, pool, with_st
+from layerscope.vocab.pooling import ST, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
     import numpy as np
@@ -88,11 +88,23 @@ class TorchEngine(Engine):
         self.attention_scores = attention == "eager"  # SDPA computes attention in slices (engines/memory.py)
         # Loaded in fp32 first: a half-precision engine measures itself against it, then casts in place
         # (one copy of the weights in memory, never two).
-        self.net = load_torch_model(self.model.source(), family, trust_remote_code=self.model.trust_remote_code,
-                                    attn_implementation=attention).to(self.device)
-        self.word_embeddings = self.net.get_input_embeddings()
+        self.vision = self.manifest.modality == "image"
+        if self.vision:  # the tower the export traced, from its checkpoint (model/vision.py)
+            from layerscope.model.vision import load_vision_tower
+
+            self.net = load_vision_tower(self.model.source(), family,
+                                         trust_remote_code=self.model.trust_remote_code).to(self.device)
+            self.word_embeddings = None
+            if self.precision != "fp32":
+                raise EngineUnavailableError(f"{self.name}: vision towers run in fp32 for now; use --engine torch")
+        else:
+            self.net = load_torch_model(self.model.source(), family, trust_remote_code=self.model.trust_remote_code,
+                                        attn_implementation=attention).to(self.device)
+            self.word_embeddings = self.net.get_input_embeddings()
         num_layers = self.manifest.num_layers
-        if depth is not None and int(depth) < num_layers:
+        if depth is not None and int(depth) < num_layers and self.vision:
+            self.info.notes.append("early exit off: a vision tower runs every block")
+        elif depth is not None and int(depth) < num_layers:
             from layerscope.engines.truncate import truncate_blocks
 
             self.depth = max(int(depth), -1)
@@ -140,7 +152,17 @@ class TorchEngine(Engine):
         return True, f"PyTorch {torch.__version__} on cpu"
 
     def forward(self, batch: Batch):
-        """(raw embeddings, tuple of hidden states, model outputs) as torch tensors, no grad."""
+        """(raw embeddings, tuple of hidden states, model outputs) as torch tensors, no grad (a vision tower:
+        no raw embeddings, and the outputs hold ``image_embeds``, its joint embedding, or None)."""
+        if self.vision:
+            from types import SimpleNamespace
+
+            import numpy as np
+
+            pixels = self.torch.from_numpy(np.ascontiguousarray(batch.inputs["pixel_values"])).to(self.device)
+            with self.torch.inference_mode():
+                hidden, embeds = self.net(pixels)
+            return None, hidden, SimpleNamespace(image_embeds=embeds)
         raw, hidden, out = torch_forward(self.net, self.word_embeddings, batch.inputs, self.device)
         if hidden is None and self.depth is not None and self.depth <= 0:
             # no block ran, so a model that records hidden states on its blocks recorded none: layer 0 is the
@@ -167,15 +189,10 @@ class TorchEngine(Engine):
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         import numpy as np
 
-        if self.device.type != "cpu" or self.precision != "fp32":
+        if (self.device.type != "cpu" or self.precision != "fp32") and not self.vision:
             return self._pool_on_device(batch, layers, poolings)
         states = self.run_tokens(batch, layers)
-        eos = self.manifest.eos_token_id
-        out = {}
-        for mode in poolings:
-            out[mode] = np.stack([pool(s, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=eos)
-                                  for s in states])
-        return out
+        return {mode: np.stack([pool_states(self.manifest, batch, s, mode) for s in states]) for mode in poolings}
 
     def _pool_on_device(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         """Pool on the device in fp32 and copy back only ``[layers, batch, hidden]`` per pooling."""

@@ -69,17 +69,29 @@ def _one_writer(fn):
 def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
                  atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False, revision: str | None = None,
                  force: bool = False, validation_texts: list[str] | None = None,
-                 progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> Manifest:
+                 progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32",
+                 tower: str | None = None) -> Manifest:
     """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
 
     ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
-    to a depth-scaled cosine against torch fp32 instead of ``atol``.
+    to a depth-scaled cosine against torch fp32 instead of ``atol``.  ``tower="vision"`` exports the vision
+    tower of a two-tower checkpoint (CLIP, SigLIP); a vision model's own type needs no tower.
     """
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
 
     dtype = check_dtype(dtype)
     output = Path(output)
+    from layerscope.model.vision import describe_vision
+
+    vision = describe_vision(spec, tower=tower, trust_remote_code=trust_remote_code, revision=revision)
+    if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
+        if dtype != "fp32" or cache_entry is not None:
+            raise ExportError("vision towers are exported in fp32 into a folder (--out) for now")
+        from layerscope.export.vision_export import export_vision
+
+        return export_vision(spec, output, vision, pooled=pooled, opset=opset, atol=atol, rtol=rtol,
+                             trust_remote_code=trust_remote_code, revision=revision, force=force, progress=progress)
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()

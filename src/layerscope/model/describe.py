@@ -51,6 +51,10 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     source = resolve_source(spec, revision)
     config = load_config(source, trust_remote_code=trust_remote_code)
     family = family_for(config.model_type)
+    if family.modality == "image":  # a vision tower: no tokenizer (model/vision.py)
+        from layerscope.model.vision import describe_vision
+
+        return describe_vision(spec, trust_remote_code=trust_remote_code, revision=revision, with_hash=with_hash)
     check_config(config, family)
     num_layers, hidden, positions = model_dims(config, family)
     from layerscope.model.source import load_tokenizer

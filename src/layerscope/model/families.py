@@ -20,6 +20,8 @@ from layerscope.errors import InputError
 
 Kind = Literal["encoder", "decoder"]
 ExportPath = Literal["optimum", "torch"]
+Modality = Literal["text", "image"]
+JointEmbedding = Literal["projection", "pooler"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class Family:
     positions_after_pad: bool = False  # positions numbered from pad_token_id + 1 (RoBERTa, MPNet)
     # what ``raw_embeddings`` and layer 0 are where they differ in a way a reader must know (manifest)
     embedding_note: str = ""
+    # what the model reads: ``text`` (token ids) or ``image`` (``pixel_values``, a vision tower)
+    modality: Modality = "text"
+    # a vision tower's way into the joint image-text space: ``projection`` (CLIP: the ``visual_projection``
+    # of the pooled CLS, where the checkpoint has one), ``pooler`` (SigLIP: its attention-pooling head's output)
+    joint_embedding: JointEmbedding | None = None
 
     def input_names(self, config) -> list[str]:
         """The model inputs the export takes, for this checkpoint's (text) config."""
@@ -73,8 +80,16 @@ class Family:
         """The config of the text model (CLIP keeps it under ``text_config``), else the config itself."""
         return getattr(config, self.text_config, None) or config if self.text_config else config
 
+    def tower_config(self, config):
+        """The config of the tower this family reads: a two-tower checkpoint's ``vision_config`` for a vision
+        family, its text config for a text one, else the config itself."""
+        if self.modality == "image":
+            return getattr(config, "vision_config", None) or config
+        return self.text_model_config(config)
+
 
 BASE_INPUTS = ("input_ids", "attention_mask")
+IMAGE_INPUTS = ("pixel_values",)
 BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 DECODER_INPUTS = ("input_ids", "attention_mask", "position_ids")
 _GEMMA_NOTE = ("'raw' is the rows of the word-embedding matrix; layer 0 is those rows times sqrt(hidden_size) "
@@ -120,10 +135,27 @@ EXCEPTIONS: dict[str, Family] = {
         Family("gemma", ("gemma",), "decoder", "last", embedding_note=_GEMMA_NOTE),
         Family("gemma2", ("gemma2",), "decoder", "last", embedding_note=_GEMMA_NOTE),
         Family("gemma3_text", ("gemma3_text",), "decoder", "last", embedding_note=_GEMMA_NOTE),
+        # vision towers: pixel values in, every hidden state out (export/vision_export.py); layer 0 is the
+        # patch embeddings with the position embeddings (and CLS, register tokens) added; final_norm is the
+        # norm the model applies after its last layer (not in hidden_states[L])
+        Family("vit", ("vit",), "encoder", "cls", export_path="torch", inputs=IMAGE_INPUTS, modality="image",
+               final_norm_in_last_hidden_state=False, final_norm="layernorm"),
+        Family("dinov2", ("dinov2", "dinov2_with_registers"), "encoder", "cls", export_path="torch",
+               inputs=IMAGE_INPUTS, modality="image", final_norm_in_last_hidden_state=False, final_norm="layernorm"),
+        Family("clip-vision", ("clip_vision_model",), "encoder", "cls", export_path="torch", inputs=IMAGE_INPUTS,
+               modality="image", final_norm_in_last_hidden_state=False, final_norm="post_layernorm",
+               joint_embedding="projection", optimizer_model_type="clip"),
+        # SigLIP has no CLS token: its own pooling is the attention-pooling head
+        Family("siglip-vision", ("siglip_vision_model",), "encoder", "mean", export_path="torch",
+               inputs=IMAGE_INPUTS, modality="image", final_norm_in_last_hidden_state=False,
+               final_norm="post_layernorm", joint_embedding="pooler"),
     )
 }
 
 _BY_TYPE = {t: f for f in EXCEPTIONS.values() for t in f.model_types}
+# the vision tower of a two-tower (image-text) checkpoint, read with ``tower="vision"``
+VISION_TOWERS = {"clip": "clip-vision", "siglip": "siglip-vision"}
+TOWERS = ("text", "vision")
 
 # The model types whose tiny random checkpoints the tests export and hold to Hugging Face on every layer
 # (tests/export/test_export_zoo.py; docs/FAMILIES.md is generated from the same checks).
@@ -162,12 +194,15 @@ def derive_family(model_type: str) -> Family:
                       final_norm_in_last_hidden_state=True)
     raise InputError(
         f"model type '{model_type}' is not supported: transformers knows it neither as a masked-LM encoder nor "
-        "as a causal-LM decoder (AutoModelForMaskedLM / AutoModelForCausalLM), so it is not a text model "
-        "layerscope can read (`layerscope families` lists the supported types)")
+        "as a causal-LM decoder (AutoModelForMaskedLM / AutoModelForCausalLM), and it is not one of the vision "
+        "towers (vit, dinov2, clip, siglip), so layerscope cannot read it (`layerscope families` lists the "
+        "supported types)")
 
 
 def check_config(config, family: Family) -> None:
     """One line for a checkpoint whose config alone shows layerscope cannot serve it (before any weights)."""
+    if family.modality == "image":
+        return
     cfg = family.text_model_config(config)
     if getattr(cfg, "is_encoder_decoder", False) and family.loader == "AutoModel":
         raise InputError(f"model type '{config.model_type}' is an encoder-decoder model; layerscope reads one "
@@ -203,7 +238,23 @@ def supported_types() -> list[str]:
     return sorted(set(causal) | set(masked) | set(_BY_TYPE))
 
 
-def family_for(model_type: str) -> Family:
+def family_for(model_type: str, tower: str | None = None) -> Family:
+    """The family of ``model_type``; ``tower="vision"`` picks the vision tower of a two-tower checkpoint
+    (CLIP, SigLIP), ``"text"`` or None the model as it reads text (a vision model's own family stays)."""
+    if tower not in (None, *TOWERS):
+        raise InputError(f"unknown tower '{tower}'; choose from {', '.join(TOWERS)}")
+    if tower == "vision":
+        if model_type in VISION_TOWERS:
+            return EXCEPTIONS[VISION_TOWERS[model_type]]
+        family = derive_family(model_type)
+        if family.modality != "image":
+            raise InputError(f"model type '{model_type}' has no vision tower layerscope reads; vision towers: "
+                             f"{', '.join(sorted(VISION_TOWERS))} (two-tower) and "
+                             f"{', '.join(t for f in EXCEPTIONS.values() if f.modality == 'image' for t in f.model_types)}")
+        return family
+    if model_type == "siglip":
+        raise InputError("a SigLIP checkpoint has two towers: read its images with tower 'vision' "
+                         "(--tower vision); its text tower is not supported yet")
     return derive_family(model_type)
 
 
@@ -238,7 +289,7 @@ def get_submodule(model, dotted: str):
 def model_dims(config, family: Family) -> tuple[int, int, int]:
     """(num_layers, hidden_size, max_length) of the text model: through Optimum's normalized config of the
     model type where it has one, else the usual attribute names."""
-    cfg = family.text_model_config(config)
+    cfg = family.tower_config(config)
     layers = hidden = None
     try:
         from optimum.utils import NormalizedConfigManager
@@ -249,6 +300,8 @@ def model_dims(config, family: Family) -> tuple[int, int, int]:
         pass
     layers = layers or _first(cfg, "num_hidden_layers", "num_layers", "n_layer", "n_layers")
     hidden = hidden or _first(cfg, "hidden_size", "d_model", "n_embd", "dim")
+    if family.modality == "image":  # every patch and the prefix tokens, at the checkpoint's image size
+        return int(layers), int(hidden), image_tokens(cfg, family)
     max_len = _first(cfg, "max_position_embeddings", "n_positions") or 512
     if family.positions_after_pad:
         max_len -= int(getattr(cfg, "pad_token_id", None) or 0) + 1  # positions start after the padding index
@@ -261,3 +314,17 @@ def _first(cfg, *names):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def prefix_tokens(vision_config, family: Family) -> int:
+    """The tokens a vision tower puts before its patches: CLS (none in SigLIP) and DINOv2's register tokens."""
+    cls = 0 if family.name == "siglip-vision" else 1
+    return cls + int(getattr(vision_config, "num_register_tokens", 0) or 0)
+
+
+def image_tokens(vision_config, family: Family) -> int:
+    """Tokens per image at the config's image size: the patch grid plus the prefix tokens."""
+    size, patch = vision_config.image_size, vision_config.patch_size
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return (height // ph) * (width // pw) + prefix_tokens(vision_config, family)

@@ -171,6 +171,29 @@ class Variant:
         return copy.deepcopy(dict(self.raw))
 
 
+@dataclass(frozen=True)
+class ImageInfo:
+    """A vision tower's input: the image size it was exported at and its token layout (``prefix_tokens``: CLS
+    and register tokens before the patch grid; ``tokens``: all of them)."""
+
+    height: int
+    width: int
+    patch_size: int
+    channels: int = 3
+    prefix_tokens: int = 1
+    register_tokens: int = 0
+    tokens: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "ImageInfo | None":
+        if not d:
+            return None
+        patch = d["patch_size"]
+        return cls(int(d["height"]), int(d["width"]), int(patch if isinstance(patch, int) else patch[0]),
+                   int(d.get("channels", 3)), int(d.get("prefix_tokens", 1)), int(d.get("register_tokens", 0)),
+                   int(d.get("tokens", 0)))
+
+
 _REQUIRED = ("source", "family", "num_layers", "hidden_size")
 
 
@@ -210,6 +233,8 @@ class Manifest(Mapping):
     export_cache: Mapping[str, Any] | None = None
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     export_seconds: float | None = None
+    modality: str = "text"  # "image": a vision tower reading pixel_values (``image`` says how)
+    image: ImageInfo | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the JSON as read
 
     # -- reading -----------------------------------------------------------------
@@ -253,8 +278,9 @@ class Manifest(Mapping):
                                            for k, v in (raw.get("variants") or {}).items() if v}),
                 tokenizer=TokenizerInfo.from_dict(raw.get("tokenizer")), lm_head=raw.get("lm_head"),
                 export_cache=raw.get("export_cache"), files=_frozen(raw.get("files")),
-                export_seconds=_opt_float(raw.get("export_seconds")), raw=MappingProxyType(raw))
-        except (TypeError, ValueError, AttributeError) as exc:
+                export_seconds=_opt_float(raw.get("export_seconds")), modality=str(raw.get("modality") or "text"),
+                image=ImageInfo.from_dict(raw.get("image")), raw=MappingProxyType(raw))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise ManifestError(f"{where} has a field of the wrong type ({exc}); {UPGRADE}") from None
 
     @classmethod

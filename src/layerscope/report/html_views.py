@@ -383,10 +383,36 @@ def generic_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts)] if charts else []
 
 
+def crossmodal_views(results: dict[str, Any]) -> list[Section]:
+    """report.html: one heat map per figure over (image layer, text layer), the best pair in the caption."""
+    from layerscope.report.crossmodal_plot import TITLES
+
+    c = results.get("combined") or {}
+    if "figures" not in c:
+        return []
+    best = c.get("best") or {}
+    rows, cols = [str(x) for x in c["image_layers"]], [str(x) for x in c["text_layers"]]
+    charts = []
+    for name, title in TITLES.items():
+        fig = c["figures"].get(name)
+        if fig is None:
+            continue
+        note = ""
+        if best.get("figure") == name:
+            note = (f" Best pair: image layer {best['image_layer']}, text layer {best['text_layer']}, "
+                    f"{best['value']:.4f} (95% interval of the maximum over every pair {best['ci_low']:.4f} to "
+                    f"{best['ci_high']:.4f}; best again in {best['chosen_share']:.0%} of resamples).")
+        charts.append(heatmap(fig["value"], rows, cols, title=f"{title}: {c['image_model']} vs {c['text_model']}",
+                                   xlabel="text layer", ylabel="image layer", zlabel=title,
+                                   caption=f"{c['n']} image-caption pairs; empty cells are undefined (a layer "
+                                           f"whose rows are not distinct).{note}"))
+    return [Section("figures", "Heat maps", charts)]
+
+
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
-    "saliency": saliency_views, "mteb": mteb_views,
+    "saliency": saliency_views, "mteb": mteb_views, "crossmodal": crossmodal_views,
 }
 
 

@@ -1,0 +1,199 @@
+"""crossmodal: where an image model and a text model meet, layer pair by layer pair, beyond chance.
+
+``layerscope run crossmodal --model VISION_EXPORT --model TEXT_MODEL --data pairs.jsonl``: the images through
+the vision tower (an export made with ``layerscope export``; ``--tower vision`` for CLIP/SigLIP), their
+captions through the text model (the same CLIP checkpoint reads its text tower), each model's first pooling
+on every layer; then for every (image layer, text layer) pair, metrics/crossmodal.py's mutual k-NN (the
+platonic-representation definition), linear CKA and retrieval acc@k both ways, each with a shuffled-pairing
+null and a 95% bootstrap interval, and the best layer pair with an interval that pays for choosing it.
+
+``--data`` is JSONL, one pair a line: ``{"image": "path", "caption": "text"}`` (paths relative to the file);
+without it, the first ``--n`` of scikit-learn's bundled handwritten digits, each captioned "a photo of the
+digit three" (offline, 1,797 at most).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
+from layerscope.errors import InputError
+
+SELECT = ("mutual_knn", "cka", "a_to_b", "b_to_a")
+
+
+WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def digit_pairs(n: int) -> list[tuple[str, bytes, str]]:
+    """``(id, PNG bytes, caption)`` of the first ``n`` of scikit-learn's digits (8x8, 16 grey levels, scaled to
+    0..255 and enlarged to 64x64 pixels)."""
+    import io
+
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    if not 4 <= n <= len(digits.images):
+        raise InputError(f"--n must be between 4 and {len(digits.images)} digits, got {n}")
+    pairs = []
+    for i in range(n):
+        im = Image.fromarray((digits.images[i] * 255 / 16).astype(np.uint8), "L").resize((64, 64), Image.NEAREST)
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        pairs.append((f"digit-{i}", buf.getvalue(), f"a photo of the digit {WORDS[int(digits.target[i])]}"))
+    return pairs
+
+
+def read_pairs(path: str, image_key: str, caption_key: str) -> list[tuple[str, str, str]]:
+    """``(id, image file, caption)`` per line of a JSONL file, every image checked to exist."""
+    data = Path(path)
+    if not data.is_file():
+        raise InputError(f"--data {path}: no such file (JSONL pairs: {{\"{image_key}\": ..., \"{caption_key}\": ...}})")
+    pairs = []
+    for number, line in enumerate(data.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError(f"{path} line {number} is not JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get(image_key), str) or not isinstance(row.get(caption_key), str):
+            raise InputError(f"{path} line {number} needs a string \"{image_key}\" and a string \"{caption_key}\"")
+        file = Path(row[image_key]) if Path(row[image_key]).is_absolute() else data.parent / row[image_key]
+        if not file.is_file():
+            raise InputError(f"{path} line {number}: image {row[image_key]} is not a file")
+        pairs.append((str(row.get("id", number)), str(file), row[caption_key]))
+    if len(pairs) < 4:
+        raise InputError(f"{path} holds {len(pairs)} pairs; crossmodal needs at least 4")
+    return pairs
+
+
+@register
+class CrossModalAnalysis(Analysis):
+    metadata = AnalysisMetadata(
+        name="crossmodal",
+        description="image-caption pairs through a vision model and a text model: mutual k-NN, CKA and "
+                    "retrieval over every layer pair, with shuffled-pairing nulls and bootstrap intervals",
+        inputs=("engine",),
+        main_score="best_value",
+        default_poolings=(),
+        default_data="scikit-learn's digits (built in, --n of them)",
+        options=(
+            Option("n", int, 200, "digits to pair with their captions when --data is not given"),
+            Option("image_column", str, "image", "field of the image path in --data"),
+            Option("caption_column", str, "caption", "field of the caption in --data"),
+            Option("k", int, 10, "neighbours per item for mutual k-NN"),
+            Option("acc_k", int, 1, "retrieval: the pair counts as found within the top acc_k"),
+            Option("permutations", int, 100, "shuffled pairings for each figure's null"),
+            Option("bootstrap", int, 200, "bootstrap resamples of the pairs for the intervals"),
+            Option("select", str, "mutual_knn", "the figure the best layer pair is chosen by", choices=SELECT),
+            Option("batch_size", int, 16, "images per batch"),
+        ),
+    )
+
+    def default_poolings(self, handle) -> list[str]:
+        m = handle.manifest
+        if m.modality == "image":
+            return ["cls" if m.image.prefix_tokens else "mean"]
+        from layerscope.vocab.pooling import family_poolings
+
+        return family_poolings(m, ("mean",))[:1]
+
+    def prepare(self, ctx: Context) -> Any:
+        o = self.options(ctx)
+        if len(ctx.models) != 2:
+            raise InputError("crossmodal compares two models: --model VISION_EXPORT --model TEXT_MODEL")
+        if o.k < 1 or o.acc_k < 1 or o.permutations < 0 or o.bootstrap < 0 or o.batch_size < 1:
+            raise InputError("--k, --acc-k and --batch-size must be 1 or more, --permutations and --bootstrap 0 or more")
+        pairs = read_pairs(ctx.data, o.image_column, o.caption_column) if ctx.data else digit_pairs(o.n)
+        if o.k > len(pairs) - 2:
+            raise InputError(f"--k {o.k} needs more than {o.k + 1} pairs; --data has {len(pairs)}")
+        return pairs
+
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
+        manifest = run.handle.manifest
+        layers = [x for x in (run.layers or []) if x != "raw"]
+        pooling = (run.poolings or self.default_poolings(run.handle))[0]
+        if manifest.modality == "image":
+            vectors = _image_vectors(run, [file for _, file, _ in data], layers, pooling, self.options(ctx).batch_size)
+        else:
+            got = ctx.vectors(run, [caption for _, _, caption in data], layers=layers, poolings=[pooling])
+            vectors = np.stack([got[(pooling, layer)] for layer in layers])
+        figures = {"summary": {"modality": manifest.modality, "pooling": pooling, "layers": layers}, "tables": {}}
+        return ModelOutput(figures, kept={"vectors": vectors, "layers": layers, "modality": manifest.modality})
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.metrics.crossmodal import crossmodal
+
+        o = self.options(ctx)
+        names = list(per_model.outputs)
+        kept = [per_model.outputs[n].kept for n in names]
+        images = [i for i, k in enumerate(kept) if k["modality"] == "image"]
+        if len(images) != 1:
+            raise InputError("crossmodal needs one vision export and one text model among the two --model")
+        a, b = kept[images[0]], kept[1 - images[0]]
+        res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
+                         bootstrap=o.bootstrap, select=o.select, seed=ctx.seed)
+        figures = {f: {"value": fig.value, "null_mean": fig.null_mean, "p": fig.p, "ci_low": fig.ci_low,
+                       "ci_high": fig.ci_high} for f, fig in res.figures.items()}
+        best = res.best
+        for name in names:  # the headline belongs to the pair of models: each model's summary shows it
+            per_model.outputs[name].figures["summary"].update(
+                best_value=best.value, best_ci_low=best.ci_low, best_ci_high=best.ci_high,
+                best_pair=f"image layer {a['layers'][best.layer_a]}, text layer {b['layers'][best.layer_b]}")
+        return {"image_model": names[images[0]], "text_model": names[1 - images[0]],
+                "image_layers": a["layers"], "text_layers": b["layers"], "n": res.n, "k": res.k,
+                "acc_k": res.acc_k, "permutations": res.permutations, "bootstrap": res.bootstrap,
+                "pairs": [{"id": i, "image": Path(f).name if isinstance(f, str) else None} for i, f, _ in data],
+                "figures": figures,
+                "best": {"figure": best.figure, "image_layer": a["layers"][best.layer_a],
+                         "text_layer": b["layers"][best.layer_b], "value": best.value,
+                         "ci_low": best.ci_low, "ci_high": best.ci_high, "chosen_share": best.chosen_share,
+                         "p": float(res.figures[best.figure].p[best.layer_a, best.layer_b]),
+                         "interval": "percentile bootstrap of the maximum over every layer pair"}}
+
+    def plots(self, results, out_dir: Path) -> list[str]:
+        from layerscope.report.crossmodal_plot import heatmap
+
+        combined = results.get("combined") or {}
+        if "figures" not in combined:
+            return []
+        return heatmap(combined, Path(out_dir))
+
+    def report(self, results) -> str:
+        c = results.get("combined") or {}
+        best = c.get("best")
+        if not best:
+            return ""
+        fig = best["figure"]
+        lines = [f"## crossmodal: {c['image_model']} (images) and {c['text_model']} (captions), {c['n']} pairs", "",
+                 f"Best layer pair by {fig}: image layer {best['image_layer']}, text layer {best['text_layer']}: "
+                 f"{best['value']:.4f} (95% interval of the maximum over all layer pairs {best['ci_low']:.4f} to "
+                 f"{best['ci_high']:.4f}; best again in {best['chosen_share']:.0%} of resamples; shuffled-pairing "
+                 f"p = {best['p']:.3g})", ""]
+        return "\n".join(lines)
+
+    def console_summary(self, results, console) -> None:
+        from rich.markup import escape
+
+        text = self.report(results).splitlines()
+        for line in text[:3]:
+            console.print(escape(line.lstrip("# ")))
+
+
+def _image_vectors(run: ModelRun, files: list[str], layers: list[str], pooling: str, batch_size: int) -> np.ndarray:
+    """``[layers, images, hidden]`` of one pooling, the images (paths or encoded bytes) read and processed here."""
+    from layerscope.data.images import decode
+
+    encoder = run.engine.image_encoder()
+    parts = []
+    for start in range(0, len(files), batch_size):
+        idx = np.arange(start, min(start + batch_size, len(files)))
+        batch = encoder([decode(files[i]) for i in idx], idx)
+        parts.append(run.engine.run(batch, layers, [pooling])[pooling])
+    return np.concatenate(parts, axis=1)

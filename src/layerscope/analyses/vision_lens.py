@@ -1,0 +1,136 @@
+"""vision_lens: zero-shot classification from every layer of a CLIP image tower (the vision logit lens).
+
+Each layer's CLS vector (from the vision export, any engine) goes through the tower's own final norm
+(``post_layernorm``) and its projection into the joint space (``visual_projection``), and is scored by cosine
+against the text tower's embeddings of one prompt per class ("a photo of the digit three"); the accuracy of
+the best-scoring class per layer, with its Wilson 95% interval.  The head and the text tower are read from
+the checkpoint the export was made from (a two-tower CLIP).  Without ``--data``: the first ``--n`` of
+scikit-learn's digits with the prompt template ``--template``; with it, JSONL ``{"image": path, "label": name}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
+from layerscope.errors import InputError
+
+
+def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
+    """(payloads, labels): JSONL image/label rows, else the first ``n`` digits with their number words."""
+    if path is None:
+        from layerscope.analyses.crossmodal import digit_pairs
+
+        pairs = digit_pairs(n)
+        return [p for _, p, _ in pairs], [c.rsplit(" ", 1)[-1] for _, _, c in pairs]
+    data = Path(path)
+    if not data.is_file():
+        raise InputError(f"--data {path}: no such file (JSONL: {{\"image\": ..., \"label\": ...}})")
+    payloads, labels = [], []
+    for number, line in enumerate(data.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        file = data.parent / str(row.get("image", ""))
+        if not isinstance(row, dict) or not file.is_file() or not isinstance(row.get("label"), str):
+            raise InputError(f"{path} line {number} needs an existing \"image\" file and a string \"label\"")
+        payloads.append(str(file))
+        labels.append(row["label"])
+    if len(set(labels)) < 2:
+        raise InputError(f"{path}: zero-shot classification needs at least two labels")
+    return payloads, labels
+
+
+def clip_head_and_prompts(source, classes: list[str], template: str):
+    """(final norm, projection, prompt embeddings ``[classes, dim]``) from a two-tower CLIP checkpoint."""
+    import torch
+    import transformers
+
+    from layerscope.model.source import load_tokenizer
+
+    config = transformers.AutoConfig.from_pretrained(source.path_or_id)
+    if config.model_type != "clip":
+        raise InputError(f"the vision lens reads a two-tower CLIP checkpoint (text prompts need its text tower); "
+                         f"{source.spec} is {config.model_type}")
+    model = transformers.CLIPModel.from_pretrained(source.path_or_id, use_safetensors=True).eval()
+    tok = load_tokenizer(source)
+    enc = tok([template.format(c) for c in classes], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        text = model.get_text_features(**enc)
+    return model.vision_model.post_layernorm, model.visual_projection, text.numpy()
+
+
+def zero_shot_by_layer(cls_states: np.ndarray, norm, projection, prompts: np.ndarray) -> np.ndarray:
+    """Predicted class per layer and image: ``[layers, images]`` from CLS states ``[layers, images, hidden]``."""
+    import torch
+
+    with torch.no_grad():
+        joint = projection(norm(torch.from_numpy(np.ascontiguousarray(cls_states, dtype=np.float32)))).numpy()
+    joint = joint / np.linalg.norm(joint, axis=-1, keepdims=True)
+    text = prompts / np.linalg.norm(prompts, axis=-1, keepdims=True)
+    return np.argmax(joint @ text.T, axis=-1)
+
+
+@register
+class VisionLens(Analysis):
+    metadata = AnalysisMetadata(
+        name="vision_lens",
+        description="zero-shot accuracy of every layer of a CLIP image tower: CLS -> final norm -> projection "
+                    "against text prompts",
+        inputs=("engine",),
+        main_score="best_accuracy",
+        default_poolings=("cls",),
+        default_data="scikit-learn's digits (built in, --n of them)",
+        options=(
+            Option("n", int, 200, "digits to classify when --data is not given"),
+            Option("template", str, "a photo of the digit {}", "the prompt of a class ({} is its label)"),
+            Option("batch_size", int, 16, "images per batch"),
+        ),
+    )
+
+    def prepare(self, ctx: Context) -> Any:
+        o = self.options(ctx)
+        if "{}" not in o.template:
+            raise InputError("--template needs {} where the label goes")
+        return labelled_images(ctx.data, o.n)
+
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
+        from layerscope.analyses.crossmodal import _image_vectors
+        from layerscope.metrics.proportion import wilson_interval
+
+        manifest = run.handle.manifest
+        if manifest.modality != "image" or manifest.family != "clip-vision":
+            raise InputError(f"{run.spec}: the vision lens reads a CLIP image tower export (--tower vision)")
+        payloads, labels = data
+        classes = sorted(set(labels))
+        layers = [x for x in (run.layers or []) if x != "raw"]
+        states = _image_vectors(run, payloads, layers, "cls", self.options(ctx).batch_size)
+        norm, projection, prompts = clip_head_and_prompts(manifest.source.model_source(), classes,
+                                                          self.options(ctx).template)
+        predicted = zero_shot_by_layer(states, norm, projection, prompts)
+        truth = np.array([classes.index(lab) for lab in labels])
+        rows = []
+        for layer, pred in zip(layers, predicted):
+            hits = int((pred == truth).sum())
+            low, high = wilson_interval(hits, len(truth))
+            rows.append({"layer": layer, "accuracy": hits / len(truth), "accuracy_ci_low": low,
+                         "accuracy_ci_high": high, "accuracy_ci_method": "wilson"})
+        best = max(rows, key=lambda r: r["accuracy"])
+        summary = {"best_accuracy": best["accuracy"], "best_layer": best["layer"], "n_images": len(truth),
+                   "classes": classes, "chance": 1 / len(classes)}
+        predictions = {layer: [classes[int(c)] for c in pred] for layer, pred in zip(layers, predicted)}
+        return ModelOutput({"summary": summary, "tables": {"layers": rows}, "predictions": predictions})
+
+    def report(self, results) -> str:
+        lines = []
+        for model, fig in results.get("per_model", {}).items():
+            s = fig["summary"]
+            lines += [f"## vision lens: {model}, {s['n_images']} images, {len(s['classes'])} classes "
+                      f"(chance {s['chance']:.2f})", "", "| layer | zero-shot accuracy | 95% interval |", "|---|---|---|"]
+            lines += [f"| {r['layer']} | {r['accuracy']:.3f} | {r['accuracy_ci_low']:.3f} to {r['accuracy_ci_high']:.3f} |"
+                      for r in fig["tables"]["layers"]]
+        return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""Exporting a vision tower (ViT, DINOv2, CLIP's and SigLIP's, alone or from a two-tower checkpoint).
+
+The tower (model/vision.py) is traced with plain ``torch.onnx.export`` at the checkpoint's image size with
+a dynamic batch: every hidden state is an output (``hidden_states.0`` .. ``hidden_states.L``, as for text
+models), the joint image-text embedding too (``image_embeds``: CLIP's projection, SigLIP's head), and the
+in-graph ``pooled.cls`` / ``pooled.mean`` stack every layer and pool it over the patches (CLS and register
+tokens left out of ``mean``; vocab/image_pooling.py).  Every output is then held to PyTorch on a few
+synthetic images put through the checkpoint's own image processor, which is saved into the export.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layerscope.errors import ExportError
+from layerscope.model.manifest import MANIFEST, ONNX_FILE
+from layerscope.model.manifest_type import Manifest
+from layerscope.vocab.outputs import hidden_output, hidden_outputs, pooled_output
+
+JOINT_OUTPUT = "image_embeds"
+
+
+def validation_images(height: int, width: int) -> list:
+    """Four deterministic RGB images (gradient, checkerboard, noise, flat grey) at twice the model's size,
+    so the processor resizes them as it would a photo."""
+    from PIL import Image
+
+    h, w = 2 * height, 2 * width
+    yy, xx = np.mgrid[0:h, 0:w]
+    gradient = np.stack([xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), (xx + yy) * 127 // max(h + w - 2, 1)], -1)
+    checker = ((yy // 4 + xx // 4) % 2 * 255)[..., None].repeat(3, -1)
+    noise = np.random.default_rng(0).integers(0, 256, (h, w, 3))
+    grey = np.full((h, w, 3), 128)
+    return [Image.fromarray(a.astype(np.uint8), "RGB") for a in (gradient, checker, noise, grey)]
+
+
+@contextmanager
+def fixed_size_positions(tower):
+    """DINOv2 resizes its position embeddings to the image on every call, and always while traced (a bicubic
+    resize ONNX cannot express); at the checkpoint's own size that resize gives the embeddings back as they
+    are, which is what the eager model adds.  While inside, the traced graph adds them as they are (the
+    parity check holds the graph to the eager model)."""
+    import torch
+
+    patched = [m for m in tower.modules() if hasattr(m, "interpolate_pos_encoding")
+               and isinstance(getattr(m, "position_embeddings", None), torch.nn.Parameter)]
+    for m in patched:
+        m.interpolate_pos_encoding = lambda embeddings, height, width, m=m: m.position_embeddings
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.interpolate_pos_encoding
+
+
+def _trace(tower, path: Path, *, num_layers: int, joint: bool, height: int, width: int, channels: int,
+           opset: int) -> None:
+    import torch
+
+    class Outputs(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, pixel_values):
+            hidden, embeds = self.net(pixel_values)
+            return (*hidden, embeds) if joint else tuple(hidden)
+
+    names = hidden_outputs(num_layers) + ([JOINT_OUTPUT] if joint else [])
+    axes = {"pixel_values": {0: "batch_size"}, **{n: {0: "batch_size"} for n in names}}
+    dummy = torch.randn(2, channels, height, width, generator=torch.Generator().manual_seed(0))
+    try:
+        with warnings.catch_warnings(), torch.no_grad(), fixed_size_positions(tower):
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Outputs(tower).eval(), (dummy,), str(path), input_names=["pixel_values"],
+                              output_names=names, dynamic_axes=axes, opset_version=opset,
+                              do_constant_folding=True, dynamo=False)
+    except Exception as exc:  # torch.onnx raises many untyped errors
+        raise ExportError(f"torch.onnx could not export this vision tower: {str(exc).splitlines()[0][:300]}") from exc
+
+
+def _add_pooling(path: Path, num_layers: int, hidden: int, tokens: int, prefix: int,
+                 modes: list[str]) -> dict[str, Any]:
+    import onnx
+    from onnx import helper
+
+    from layerscope.export import external
+    from layerscope.export.graph import opset_of
+    from layerscope.vocab.image_pooling import OnnxImagePooling
+    from layerscope.vocab.pooling import OnnxBuilder
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    layers = hidden_outputs(num_layers)
+    for out in graph.output:  # the tracer names the fixed token and hidden dims after nodes: say what they are
+        if out.name in layers:
+            dims = out.type.tensor_type.shape.dim
+            dims[0].dim_param = "batch_size"
+            dims[1].dim_value, dims[2].dim_value = tokens, hidden
+        elif out.name == JOINT_OUTPUT:
+            out.type.tensor_type.shape.dim[0].dim_param = "batch_size"
+    b = OnnxBuilder(graph, "layerscope/pool")
+    axes0 = b.const([0], "axes0")
+    # [L, B, T, H], built as the text exports' (model/manifest_check.py reads the pooled layers off this Concat)
+    stacked = b.node("Concat", [b.node("Unsqueeze", [t, axes0]) for t in layers], "stack", axis=0)
+    rendering = OnnxImagePooling(b, stacked, prefix=prefix, opset=opset_of(model))
+    for mode in modes:
+        name = pooled_output(mode)
+        graph.node.append(helper.make_node("Identity", [rendering.render(mode)], [name], name=f"layerscope/{name}"))
+        graph.output.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
+                                                          [len(layers), "batch_size", hidden]))
+    external.save_graph(model, path, external=False)
+    external.check_graph(path)
+    outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
+    return {"outputs": outputs, "pooled_layers": [str(i) for i in range(num_layers + 1)],
+            "external_data": False, "inputs": [i.name for i in graph.input]}
+
+
+def compare_vision(tower, onnx_path: Path, processor, image: dict[str, Any], modes: list[str]) -> dict[str, Any]:
+    """ONNX Runtime against the torch tower on the validation images (a batch of four, one alone): per
+    output the largest |difference|, the smallest cosine and the reference's scale."""
+    import torch
+
+    from layerscope.engines.ort import make_session
+    from layerscope.export.validate import _max_abs_and_min_cos
+    from layerscope.model.vision import check_image_size, pixel_values
+    from layerscope.vocab.image_pooling import pool_image
+
+    pixels = pixel_values(processor, validation_images(image["height"], image["width"]))
+    check_image_size(pixels, (image["height"], image["width"]), "the export's validation images")
+    session = make_session(onnx_path, "CPUExecutionProvider")
+    names = [o.name for o in session.get_outputs()]
+    stats: dict[str, dict[str, float]] = {}
+    for batch in (pixels, pixels[2:3]):
+        got = dict(zip(names, session.run(names, {"pixel_values": batch})))
+        with torch.inference_mode():
+            hidden, embeds = tower(torch.from_numpy(batch))
+        ref = {hidden_output(i): h.float().numpy() for i, h in enumerate(hidden)}
+        if embeds is not None:
+            ref[JOINT_OUTPUT] = embeds.float().numpy()
+        stacked = np.stack([ref[hidden_output(i)] for i in range(len(hidden))])
+        for mode in modes:
+            ref[pooled_output(mode)] = pool_image(stacked, mode, image["prefix_tokens"])
+        for name in names:
+            max_abs, min_cos = _max_abs_and_min_cos(ref[name], got[name], None)
+            prev = stats.get(name, {"max_abs": 0.0, "min_cos": 1.0, "ref_max_abs": 0.0})
+            stats[name] = {"max_abs": max(prev["max_abs"], max_abs) if not np.isnan(max_abs) else float("nan"),
+                           "min_cos": min(prev["min_cos"], min_cos),
+                           "ref_max_abs": max(prev["ref_max_abs"], float(np.abs(ref[name]).max(initial=0.0)))}
+    return {"images": len(pixels), "batches": 2, "image_size": [image["height"], image["width"]], "outputs": stats}
+
+
+def export_vision(spec: str, output: Path, info: dict[str, Any], *, pooled: list[str] | None, opset: int,
+                  atol: float, rtol: float, trust_remote_code: bool, revision: str | None, force: bool,
+                  progress=None) -> Manifest:
+    """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``."""
+    from layerscope.atomic import staged_dir
+    from layerscope.export.exporter import _manifest, fp32_worst, opset_of_file
+    from layerscope.model.families import FAMILIES
+    from layerscope.model.manifest_check import file_records
+    from layerscope.model.source import load_config, resolve_source
+    from layerscope.model.vision import load_image_processor, load_vision_tower
+    from layerscope.ownership import claim
+    from layerscope.vocab.image_pooling import check_image_poolings, image_poolings
+
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    family = FAMILIES[info["family"]]
+    image = info["image"]
+    modes = check_image_poolings(pooled if pooled is not None else image_poolings(image["prefix_tokens"]),
+                                 image["prefix_tokens"], family.name)
+    source = resolve_source(spec, revision)
+    processor = load_image_processor(source.path_or_id, trust_remote_code=trust_remote_code) if source.is_local \
+        else load_image_processor(spec, trust_remote_code=trust_remote_code)
+    model = Manifest.from_dict(info, where=f"the description of {spec}")
+    claim(output, "export", force=force, inputs=[spec])
+    with staged_dir(output, kind="export") as work:
+        say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers, "
+            f"{image['height']}x{image['width']} pixels)")
+        tower = load_vision_tower(source, family, trust_remote_code=trust_remote_code)
+        joint = tower.joint is not None
+        say("exporting with torch.onnx: every hidden state" + (", the joint embedding" if joint else ""))
+        _trace(tower, work / ONNX_FILE, num_layers=model.num_layers, joint=joint, height=image["height"],
+               width=image["width"], channels=image["channels"], opset=opset)
+        say("adding in-graph pooling over the patches")
+        onnx_info = _add_pooling(work / ONNX_FILE, model.num_layers, model.hidden_size, image["tokens"],
+                                 image["prefix_tokens"], modes)
+        processor.save_pretrained(str(work))
+        load_config(source, trust_remote_code=trust_remote_code).save_pretrained(str(work))
+        say("checking every output against PyTorch (fp32)")
+        parity = compare_vision(tower, work / ONNX_FILE, processor, image, modes)
+        worst_name, worst = fp32_worst(parity, atol, rtol)
+        manifest = _manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
+                             time.perf_counter() - t0, work)
+        manifest.update(export_path="torch", pooled_output=JOINT_OUTPUT if joint else None,
+                        joint_output=JOINT_OUTPUT if joint else None, tokenizer=None)
+        if not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
+            raise ExportError(
+                f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
+                f"{worst['max_abs']:.3g} (tolerance {worst['tolerance']:.3g}; min cosine {worst['min_cos']:.6f}); "
+                "nothing was written. Try --opset 17, or report the model")
+        manifest.update(files=file_records(work))
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return Manifest.from_dict(manifest, where=str(output / MANIFEST))

@@ -1,0 +1,211 @@
+"""Vision towers: loading one (alone, or from a two-tower CLIP/SigLIP checkpoint), running it with every
+hidden state, and turning images into the ``pixel_values`` it reads with the checkpoint's own image processor.
+
+``load_vision_tower`` returns a ``VisionTower``: a torch module whose forward takes ``pixel_values`` and
+returns ``(hidden_states, image_embeds)``, the second being the joint image-text embedding (CLIP's
+``visual_projection`` of its pooled CLS, SigLIP's attention-pooling head) or None where the checkpoint has
+none.  The exporter traces it, the torch engine runs it, and the export's parity check compares the two.
+torch and transformers are imported inside the functions (the model floor imports light).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from layerscope.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from layerscope.model.families import Family
+    from layerscope.model.source import ModelSource
+
+PROCESSOR_FILE = "preprocessor_config.json"
+
+
+def _tower_class():
+    import torch
+
+    class VisionTower(torch.nn.Module):
+        """The vision transformer of a checkpoint and its way into the joint space, as one module."""
+
+        def __init__(self, model, family: Family):
+            super().__init__()
+            self.tower = _recording_tower(model)
+            self.projection = getattr(model, "visual_projection", None) if family.joint_embedding == "projection" else None
+            self.joint = family.joint_embedding if (family.joint_embedding == "pooler"
+                                                    and _has_head(self.tower)) else None
+            if self.projection is not None:
+                self.joint = "projection"
+
+        def forward(self, pixel_values):
+            out = self.tower(pixel_values=pixel_values, output_hidden_states=True)
+            embeds = None
+            if self.joint == "projection":
+                embeds = self.projection(out.pooler_output)
+            elif self.joint == "pooler":
+                embeds = out.pooler_output
+            return tuple(out.hidden_states), embeds
+
+    return VisionTower
+
+
+def _has_head(tower) -> bool:
+    inner = getattr(tower, "vision_model", tower)
+    return bool(getattr(inner, "use_head", False)) and getattr(inner, "head", None) is not None
+
+
+def _recording_tower(model):
+    """The module whose forward hands back every hidden state: CLIP's vision transformer, or (SigLIP) a
+    ``SiglipVisionModel`` around the two-tower model's transformer (SigLIP records its hidden states in the
+    vision model's forward, which the two-tower model does not call)."""
+    import torch
+    import transformers
+
+    if isinstance(model, transformers.SiglipModel):
+        with torch.device("meta"):  # the shell's own weights are never used: no memory, no init
+            shell = transformers.SiglipVisionModel(model.config.vision_config)
+        shell.vision_model = model.vision_model
+        return shell.eval()
+    if isinstance(model, transformers.SiglipVisionModel):
+        return model
+    return getattr(model, "vision_model", model)  # CLIP keeps the transformer inside
+
+
+def load_vision_tower(source: ModelSource, family: Family, *, trust_remote_code: bool = False):
+    """The ``VisionTower`` of ``source`` in fp32, eval mode, eager attention."""
+    from dataclasses import replace
+
+    from layerscope.model.source import load_config, load_torch_model
+
+    config = load_config(source, trust_remote_code=trust_remote_code)
+    loader = "AutoModel"
+    if "CLIPVisionModelWithProjection" in (getattr(config, "architectures", None) or []):
+        loader = "CLIPVisionModelWithProjection"  # AutoModel would drop its projection
+    model = load_torch_model(source, replace(family, loader=loader), trust_remote_code=trust_remote_code)
+    return _tower_class()(model, family).eval()
+
+
+@dataclass
+class ImageBatch:
+    """Images as a vision tower reads them: ``inputs["pixel_values"]`` float32 ``[batch, 3, H, W]``."""
+
+    inputs: dict[str, Any]
+    index: Any  # row positions of these images in the corpus
+    prefix_tokens: int  # CLS and register tokens before the patches (left out of ``mean``)
+
+    @property
+    def size(self) -> int:
+        return int(self.inputs["pixel_values"].shape[0])
+
+    @property
+    def input_ids(self):
+        return None
+
+    @property
+    def mask(self):
+        raise InputError("an image batch has no attention mask: pool image tokens with vocab/image_pooling.py")
+
+
+class ImageEncoder:
+    """Images (PIL) into an ``ImageBatch`` through the export's own image processor, held to the size the
+    graph was traced at (``manifest.image``)."""
+
+    def __init__(self, folder, manifest, *, trust_remote_code: bool = False):
+        if manifest.image is None:
+            raise InputError(f"{manifest.source.label} reads text, not images")
+        self.image = manifest.image
+        self.processor = load_image_processor(folder, trust_remote_code=trust_remote_code)
+        self.where = str(folder)
+
+    def pixels(self, images) -> np.ndarray:
+        return self.checked(pixel_values(self.processor, images))
+
+    def checked(self, pixels: np.ndarray) -> np.ndarray:
+        """``pixels`` (made elsewhere with this processor, e.g. on a worker) if the graph takes their size."""
+        check_image_size(pixels, (self.image.height, self.image.width), self.where)
+        return pixels
+
+    def batch(self, pixels: np.ndarray, index=None) -> ImageBatch:
+        import numpy as np
+
+        idx = np.arange(len(pixels)) if index is None else np.asarray(index)
+        return ImageBatch({"pixel_values": pixels}, idx, self.image.prefix_tokens)
+
+    def __call__(self, images, index=None) -> ImageBatch:
+        return self.batch(self.pixels(images), index)
+
+
+def load_image_processor(folder, *, trust_remote_code: bool = False):
+    """The image processor saved with a checkpoint or an export (``preprocessor_config.json``), or one line."""
+    from pathlib import Path
+
+    if Path(str(folder)).is_dir() and not (Path(str(folder)) / PROCESSOR_FILE).exists():
+        raise InputError(f"{folder} has no {PROCESSOR_FILE}: a vision model needs its image processor saved "
+                         "beside it (processor.save_pretrained(folder))")
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the image processor of {folder}: {str(exc).splitlines()[0][:200]}") from exc
+
+
+def pixel_values(processor, images) -> np.ndarray:
+    """float32 ``[batch, 3, H, W]`` of PIL images through ``processor`` (RGB first: grey and RGBA photos)."""
+    import numpy as np
+
+    rgb = [im.convert("RGB") if getattr(im, "mode", "RGB") != "RGB" else im for im in images]
+    out = processor(images=rgb, return_tensors="np")["pixel_values"]
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def check_image_size(pixels: np.ndarray, expected: tuple[int, int], where: str) -> None:
+    """One line when the processor's output is not the size the export was traced at."""
+    if tuple(pixels.shape[-2:]) != tuple(expected):
+        raise InputError(f"{where}: the image processor gives {pixels.shape[-2]}x{pixels.shape[-1]} pixels but the "
+                         f"model was exported at {expected[0]}x{expected[1]}; fix its preprocessor_config.json size")
+
+
+def describe_vision(spec: str, *, tower: str | None = None, trust_remote_code: bool = False,
+                    revision: str | None = None, with_hash: bool = True) -> dict[str, Any] | None:
+    """The manifest's model half of a vision tower (``tower="vision"``: a two-tower checkpoint's), or None
+    when ``spec`` is read as text."""
+    from pathlib import Path
+
+    import layerscope
+    from layerscope.model.families import family_for, image_tokens, model_dims, prefix_tokens
+    from layerscope.model.source import load_config, resolve_source, weights_hash
+
+    source = resolve_source(spec, revision)
+    config = load_config(source, trust_remote_code=trust_remote_code)
+    family = family_for(config.model_type, tower)
+    if family.modality != "image":
+        return None
+    vision = family.tower_config(config)
+    num_layers, hidden, tokens = model_dims(config, family)
+    size = vision.image_size
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    src = source.to_dict()
+    src["weights_sha256"] = weights_hash(source) if with_hash else None
+    if with_hash and source.is_local:
+        from layerscope.model.identity import local_identity
+
+        src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
+    src["model_type"] = config.model_type
+    prefix = prefix_tokens(vision, family)
+    return {
+        "format_version": None, "layerscope_version": layerscope.__version__, "source": src,
+        "family": family.name, "kind": family.kind, "modality": "image", "tower": tower,
+        "num_layers": num_layers, "hidden_size": hidden, "max_length": tokens, "max_length_from": "image size",
+        "inputs": list(family.inputs or ()), "layers": [str(i) for i in range(num_layers + 1)],
+        "final_norm_in_last_layer": False, "final_norm": family.final_norm,
+        "default_pooling": family.default_pooling, "eos_token_id": None, "pooled_output": None,
+        "embedding_note": "layer 0 is the patch embeddings with position embeddings and the prefix tokens added",
+        "image": {"height": int(height), "width": int(width), "patch_size": vision.patch_size,
+                  "channels": int(getattr(vision, "num_channels", 3)), "prefix_tokens": prefix,
+                  "register_tokens": int(getattr(vision, "num_register_tokens", 0) or 0),
+                  "tokens": tokens},
+        "sentence_transformers": None,
+    }
