@@ -56,7 +56,9 @@ class AttentionRunner:
         if entry is None:
             raise InputError(f"{self.export_dir} has no attention graph; make it with: layerscope optimize "
                              f"{self.export_dir} --variant {att.KIND}")
-        self.special_ids = list((entry.raw.get("details") or {}).get("special_ids") or [])
+        details = entry.raw.get("details") or {}
+        self.special_ids = list(details.get("special_ids") or [])
+        self.heads = int(details.get("heads") or 0) or None  # recorded at export
         self.num_layers = self.manifest.num_layers
         self.input_names = list(self.manifest.inputs)
         if engine == "torch":

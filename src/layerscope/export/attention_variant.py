@@ -67,7 +67,8 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
     entry = {"file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size, "external_data": None,
              "precision": "fp32", "build_seconds": round(time.perf_counter() - t0, 2),
              "details": {"outputs": att.output_names(manifest.num_layers), "summaries": list(att.SUMMARIES),
-                         "special_ids": special, "attention": "eager"},
+                         "special_ids": special, "attention": "eager",
+                         "heads": parity.pop("heads")},
              "tolerance": {"max_abs": att.ATOL, "relative_to_scale_above_1": True}, "parity": parity}
     _record(export_dir, att.KIND, entry)
     return entry
@@ -119,4 +120,4 @@ def attention_parity(net, onnx_path: Path, manifest, tok, special: list[int],
                            "ref_max_abs": max(prev["ref_max_abs"], scale)}
     for s in stats.values():  # probabilities are <= 1; distances count positions, so the bar grows with them
         s["tolerance"] = att.ATOL * max(1.0, s["ref_max_abs"])
-    return {"texts": len(texts), "batches": 2, "padding": ["right", "left"], "outputs": stats}
+    return {"heads": int(probs[0].shape[1]), "texts": len(texts), "batches": 2, "padding": ["right", "left"], "outputs": stats}
