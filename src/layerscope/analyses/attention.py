@@ -10,6 +10,7 @@ layer and attention flow from the pooled token (metrics/attention.py); report.ht
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,9 @@ def head_rows(stats: dict[str, np.ndarray], *, seed: int) -> tuple[list[dict], l
     for layer in range(layers):
         lrow: dict[str, Any] = {"layer": str(layer + 1), "texts": n}
         for name, values in stats.items():
-            with np.errstate(invalid="ignore"):
-                row(np.nanmean(values[:, layer, :], axis=1) if np.isfinite(values[:, layer, :]).any()
-                    else values[:, layer, 0], lrow, name)
+            with warnings.catch_warnings():  # a text whose every head is undefined (one token): NaN, left out
+                warnings.simplefilter("ignore", RuntimeWarning)
+                row(np.nanmean(values[:, layer, :], axis=1), lrow, name)
         per_layer.append(lrow)
         for head in range(heads):
             hrow: dict[str, Any] = {"layer": str(layer + 1), "head": head, "texts": n}
@@ -128,7 +129,7 @@ class AttentionAnalysis(Analysis):
         heads_known = runner.heads
         if shown:  # said before anything runs: the patterns are the large part of the results
             ctx.say(f"attention: full patterns of {len(shown)} texts ({layers} layers x {heads_known} heads x "
-                    f"tokens²) take about {pattern_bytes(lengths[shown], layers, heads_known) / 1e6:.1f} MB of "
+                    f"tokens²) take about {pattern_bytes(lengths[shown], layers, heads_known or 1) / 1e6:.1f} MB of "
                     "results.json")
         stats: dict[str, np.ndarray] = {}
         with steps(f"attention: {len(texts):,} texts", len(texts)) as bar:
@@ -152,8 +153,9 @@ class AttentionAnalysis(Analysis):
         summary = {"first_share_last_layer": last["first"], "texts": len(texts), "layers": layers, "heads": heads,
                    "causal": handle.manifest.kind == "decoder", "engine": runner.engine,
                    "headline": heads_line, "intervals": method(len(texts), "texts", ctx.seed)}
-        grids = {name: _grid(np.nanmean(stats[name], axis=0)) if np.isfinite(stats[name]).any() else
-                 [[None] * heads for _ in range(layers)] for name in SUMMARIES}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a head no text defines stays None
+            grids = {name: _grid(np.nanmean(stats[name], axis=0)) for name in SUMMARIES}
         return {"summary": summary, "grids": grids, "viewer": viewer,
                 "tables": {"attention_heads": per_head, "attention_layers": per_layer}}
 

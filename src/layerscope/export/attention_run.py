@@ -38,7 +38,7 @@ def check_attention_engine(engine: str) -> str:
 def require_attention_variant(handle) -> None:
     """One line saying how to make the attention variant when the export has none."""
     if not handle.is_export or handle.manifest.variant(att.KIND) is None:
-        where = handle.path if handle.is_export else "MODEL"
+        where = handle.export_dir if handle.is_export else "MODEL"
         raise InputError(f"{where} has no attention graph; export it with: layerscope export MODEL --attentions "
                          f"(or add one to an export: layerscope optimize {where} --variant {att.KIND})")
 
@@ -58,7 +58,7 @@ class AttentionRunner:
                              f"{self.export_dir} --variant {att.KIND}")
         details = entry.raw.get("details") or {}
         self.special_ids = list(details.get("special_ids") or [])
-        self.heads = int(details.get("heads") or 0) or None  # recorded at export
+        self.heads = int(details.get("heads") or 0) or self._config_heads()  # recorded at export
         self.num_layers = self.manifest.num_layers
         self.input_names = list(self.manifest.inputs)
         if engine == "torch":
@@ -77,6 +77,11 @@ class AttentionRunner:
 
                 self._session = make_session(path, "CPUExecutionProvider")
             self._module = None
+
+    def _config_heads(self) -> int | None:
+        from layerscope.export.variants import _num_heads
+
+        return _num_heads(self.export_dir, self.manifest) or None
 
     def _torch_module(self):
         from layerscope.model.families import FAMILIES

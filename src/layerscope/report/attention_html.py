@@ -54,6 +54,7 @@ SCRIPT = """
     var a = Math.max(0, Math.min(1, v / (top || 1)));
     return 'rgba(31,95,168,' + a.toFixed(3) + ')';
   }
+  function label(tok) { return tok.trim() === '' ? '\u2423' : tok; }  // a whitespace token shown as ␣
   function current() { return views[$('attn-model').value][+$('attn-text').value]; }
   function matrix(t) {
     var layer = $('attn-layer').value, head = $('attn-head').value;
@@ -72,18 +73,18 @@ SCRIPT = """
     $('attn-head').disabled = $('attn-layer').value === 'rollout';
     $('attn-note').textContent = (t.causal ? 'Causal attention: a token sees only itself and the tokens before ' +
       'it; hatched cells are masked, not zero. ' : 'Bidirectional attention: every token sees every token. ') +
-      'Rows: query tokens; columns: key tokens; colour: attention probability, darkest at this view\'s largest (' +
+      'Rows: query tokens; columns: key tokens; colour: attention probability, darkest at the largest value in view (' +
       top.toFixed(3) + '; hover a cell for its value).';
     while (grid.firstChild) { grid.removeChild(grid.firstChild); }
     var head = document.createElement('tr'); head.appendChild(document.createElement('th'));
     t.tokens.forEach(function (tok, j) {
       var th = document.createElement('th'); th.className = 'col' + (t.special[j] ? ' sp' : '');
-      th.textContent = tok; head.appendChild(th);
+      th.textContent = label(tok); head.appendChild(th);
     });
     grid.appendChild(head);
     t.tokens.forEach(function (tok, i) {
       var tr = document.createElement('tr'), th = document.createElement('th');
-      th.className = t.special[i] ? 'sp' : ''; th.textContent = tok; tr.appendChild(th);
+      th.className = t.special[i] ? 'sp' : ''; th.textContent = label(tok); tr.appendChild(th);
       t.tokens.forEach(function (_, j) {
         var td = document.createElement('td');
         if (t.causal && j > i) { td.className = 'masked'; td.title = 'masked'; }
@@ -99,7 +100,7 @@ SCRIPT = """
         ' at the last layer to each input token (Abnar & Zuidema 2020).';
       var top = Math.max.apply(null, t.flow.concat([1e-9]));
       t.tokens.forEach(function (tok, j) {
-        var s = document.createElement('span'); s.textContent = tok; s.title = t.flow[j].toFixed(4);
+        var s = document.createElement('span'); s.textContent = label(tok); s.title = t.flow[j].toFixed(4);
         s.style.background = colour(t.flow[j], top); flow.appendChild(s);
       });
     } else { $('attn-flow-note').textContent = 'No attention flow for this text (too long, or turned off).'; }

@@ -1,0 +1,168 @@
+"""``run attention``: per-head figures equal per-text summaries taken alone, the viewer's patterns equal
+transformers' eager attention, bad input is one line before any folder, and report.html's viewer draws in
+Chromium with text from the data kept as text."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from layerscope.analyses.base import Context, run_analysis
+from layerscope.errors import InputError
+from layerscope.export import attention as att
+from layerscope.export.attention_run import AttentionRunner
+from layerscope.export.exporter import export_model
+from layerscope.export.variants import make_variant
+
+PAYLOAD = "<img src=x onerror=\"console.error('INJECTED')\"> & </script>"
+TEXTS = ["The cat sat on the mat.", "a", "Dogs run in the park every morning before work.", PAYLOAD,
+         "A man plays a guitar."]
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_model, tmp_path_factory):
+    cache = {}
+
+    def get(family, attn=True):
+        key = (family, attn)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"run-attn-{family}") / "onnx"
+            export_model(str(tiny_model(family)), out)
+            if attn:
+                make_variant(out, "attn")
+            cache[key] = out
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("attn-data") / "texts.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(exports, data, tmp_path_factory):
+    done = {}
+
+    def get(family):
+        if family not in done:
+            out = tmp_path_factory.mktemp(f"attn-result-{family}") / "r"
+            ctx = Context(models=[str(exports(family))], data=str(data), out=out, options={"patterns": 4})
+            done[family] = run_analysis("attention", ctx)
+        return done[family]
+
+    return get
+
+
+def _hf_attention(source, text, decoder):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(source))
+    net = AutoModel.from_pretrained(str(source), attn_implementation="eager").eval()
+    enc = tok([text], return_tensors="pt")
+    with torch.no_grad():
+        out = net(**enc, output_attentions=True, **({"use_cache": False} if decoder else {}))
+    return np.stack([a[0].numpy() for a in out.attentions])  # [L, H, T, T]
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_head_means_equal_summaries_of_each_text_alone(family, runs, exports):
+    """Batched, padded, aggregated: each head's mean over texts equals the mean of each text run alone."""
+    out, results = runs(family)
+    fig = next(iter(results["per_model"].values()))
+    runner = AttentionRunner(exports(family), "ort")
+    from layerscope.model.handle import ModelHandle
+
+    encoder = ModelHandle.resolve(exports(family)).encoding_tokenizer()
+    from layerscope.model.tokenize import Encoder
+
+    enc = Encoder(encoder, list(runner.input_names), 128)
+    alone = {s: np.stack([runner.run(enc([t]).inputs).summaries[s][0] for t in TEXTS]) for s in att.SUMMARIES}
+    for row in fig["tables"]["attention_heads"]:
+        layer, head = int(row["layer"]) - 1, row["head"]
+        for s in att.SUMMARIES:
+            values = alone[s][:, layer, head]
+            assert row[s] == pytest.approx(float(np.nanmean(values)), abs=1e-5), (s, row)
+            assert row[f"{s}_ci_low"] <= row[s] <= row[f"{s}_ci_high"]
+    assert len(fig["tables"]["attention_heads"]) == 2 * 4
+    assert sorted(p.name for p in out.glob("attention_*.png")) == sorted(f"attention_{s}.png" for s in att.SUMMARIES)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_viewer_patterns_equal_transformers(family, runs, tiny_model):
+    _, results = runs(family)
+    fig = next(iter(results["per_model"].values()))
+    assert len(fig["viewer"]) == 4  # --patterns bounds the texts kept in full
+    decoder = family == "gpt2"
+    for entry in fig["viewer"]:
+        ref = _hf_attention(tiny_model(family), entry["text"], decoder)
+        np.testing.assert_allclose(np.array(entry["patterns"]), ref, atol=1e-4)
+        assert entry["causal"] is decoder
+        assert len(entry["tokens"]) == ref.shape[-1]
+
+
+def test_one_token_text_by_hand(runs):
+    """A one-token text attends only to itself: entropy 0, first-token share 1, distance 0, and no previous
+    token (NaN, left out of the head's mean, never counted as 0)."""
+    _, results = runs("gpt2")
+    fig = next(iter(results["per_model"].values()))
+    one = next(e for e in fig["viewer"] if e["text"] == "a")
+    assert len(one["tokens"]) == 1
+    assert np.array(one["patterns"]).ravel().tolist() == [1.0] * 8  # 2 layers x 4 heads x 1 x 1
+    for row in fig["tables"]["attention_heads"]:
+        assert row["previous"] is not None
+
+
+def test_export_without_attention_graph_is_refused_first(exports, data, tmp_path):
+    out = tmp_path / "r"
+    with pytest.raises(InputError, match="--attentions"):
+        run_analysis("attention", Context(models=[str(exports("bert", attn=False))], data=str(data), out=out))
+    assert not out.exists()
+
+
+def test_engine_without_attention_graph_runner_is_refused(exports, data, tmp_path):
+    with pytest.raises(InputError, match="ort, ov or torch"):
+        run_analysis("attention", Context(models=[str(exports("bert"))], engine="torch-fp16", data=str(data),
+                                          out=tmp_path / "r"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_viewer_draws_in_chromium(family, runs, tmp_path):
+    from report.test_html_report import open_page  # the suite's headless Chromium runner
+
+    out, results = runs(family)
+    dom, console = open_page(out / "report.html", tmp_path / "profile")
+    assert console == []  # no script error, and the payload's onerror never ran
+    grid = dom[dom.index("id=\"attn-grid\""):]
+    grid = grid[:grid.index("</table>")]
+    first = next(iter(results["per_model"].values()))["viewer"][0]
+    t = len(first["tokens"])
+    assert grid.count("<tr") == t + 1  # a header row and one row per query token
+    masked = grid.count('class="masked"')
+    assert masked == (t * (t - 1) // 2 if family == "gpt2" else 0)  # causal: every key after the query
+    assert "<img src=\"x\"" not in dom and "<img src=x" not in dom  # the text stays text
+    options = re.findall(r"<option value=\"\d+\">([^<]*)</option>", dom)
+    assert any("&lt;img src=x" in o for o in options)
+
+
+def test_one_token_summaries_by_hand(exports):
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.tokenize import Encoder
+
+    runner = AttentionRunner(exports("gpt2"), "ort")
+    enc = Encoder(ModelHandle.resolve(exports("gpt2")).encoding_tokenizer(), list(runner.input_names), 16)
+    feed = enc(["a"]).inputs
+    assert feed["input_ids"].shape == (1, 1)
+    got = runner.run(feed).summaries
+    np.testing.assert_allclose(got["entropy"], 0.0, atol=1e-6)
+    np.testing.assert_allclose(got["first"], 1.0, atol=1e-6)
+    np.testing.assert_allclose(got["distance"], 0.0, atol=1e-6)
+    assert np.isnan(got["previous"]).all()
