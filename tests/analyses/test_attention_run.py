@@ -166,3 +166,20 @@ def test_one_token_summaries_by_hand(exports):
     np.testing.assert_allclose(got["first"], 1.0, atol=1e-6)
     np.testing.assert_allclose(got["distance"], 0.0, atol=1e-6)
     assert np.isnan(got["previous"]).all()
+
+
+def test_plain_model_gets_the_attention_graph_in_its_cached_export(tiny_model, data, in_tmp_home):
+    """A plain model (not an export folder): its cached export gets the attention graph on first use, and
+    the torch engine computes the same figures as ONNX Runtime on that graph."""
+    from layerscope.model.manifest import cache_root
+
+    ctx = dict(models=[str(tiny_model("bert"))], data=str(data), options={"patterns": 1})
+    _, torch_run = run_analysis("attention", Context(engine="torch", out=in_tmp_home / "t", **ctx))
+    entries = [p for p in (cache_root() / "exports").iterdir() if (p / att.FILE).is_file()]
+    assert len(entries) == 1
+    _, ort_run = run_analysis("attention", Context(engine="ort", out=in_tmp_home / "o", **ctx))
+    a = next(iter(torch_run["per_model"].values()))["tables"]["attention_heads"]
+    b = next(iter(ort_run["per_model"].values()))["tables"]["attention_heads"]
+    for ra, rb in zip(a, b):
+        for s in att.SUMMARIES:
+            assert ra[s] == pytest.approx(rb[s], abs=1e-5)

@@ -111,15 +111,15 @@ class AttentionAnalysis(Analysis):
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.export.attention import SUMMARIES
-        from layerscope.export.attention_run import AttentionRunner, require_attention_variant
+        from layerscope.export.attention_run import AttentionRunner, attention_export
         from layerscope.progress import steps
 
         o = self.options(ctx)
         handle = run.handle
-        require_attention_variant(handle)
+        export_dir = attention_export(handle, ctx.say)
         spec = ctx.spec if ctx.spec is not None else ctx
         encoder = run.engine.encoder(spec.max_length)
-        runner = AttentionRunner(handle.export_dir, ENGINES[ctx.engine])
+        runner = AttentionRunner(export_dir, ENGINES[ctx.engine])
         texts = data["texts"]
         lengths = np.minimum(encoder.token_lengths(texts), encoder.max_length)
         shown = list(range(min(int(o.patterns), len(texts))))

@@ -43,6 +43,29 @@ def require_attention_variant(handle) -> None:
                          f"(or add one to an export: layerscope optimize {where} --variant {att.KIND})")
 
 
+def attention_export(handle, say=None) -> Path:
+    """The export dir holding ``handle``'s attention graph. An export the user made must have it already
+    (one line says how to add it); a plain model's cached export (made on first use, export/cache.py) gets
+    it added on first use too, under the cache entry's lock."""
+    if handle.is_export and handle.manifest.variant(att.KIND) is not None:
+        return handle.export_dir
+    from layerscope.model.manifest import cache_root
+
+    cache = (cache_root() / "exports").resolve()
+    if handle.is_export and cache not in handle.export_dir.resolve().parents:
+        require_attention_variant(handle)
+    from filelock import FileLock
+
+    from layerscope.export.open import ensure_export
+    from layerscope.export.variants import make_variant
+
+    entry = ensure_export(handle).export_dir
+    with FileLock(str(entry.parent / f".{entry.name}.lock")):
+        (say or (lambda msg: None))(f"adding the attention graph to the cached export {entry}")
+        make_variant(entry, att.KIND, progress=say)
+    return entry
+
+
 class AttentionRunner:
     """The attention outputs of an export with the ``attn`` variant, on ``engine`` (ort, ov or torch)."""
 
