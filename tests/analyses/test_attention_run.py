@@ -183,3 +183,21 @@ def test_plain_model_gets_the_attention_graph_in_its_cached_export(tiny_model, d
     for ra, rb in zip(a, b):
         for s in att.SUMMARIES:
             assert ra[s] == pytest.approx(rb[s], abs=1e-5)
+
+
+def test_two_models_side_by_side_on_the_same_texts(exports, data, tmp_path):
+    """An encoder and a decoder in one run: the side-by-side table holds each model's per-layer first-token
+    share as its own table says, and the paired difference is the difference of the two."""
+    ctx = Context(models=[str(exports("bert")), str(exports("gpt2"))], labels=["enc", "dec"], data=str(data),
+                  out=tmp_path / "r", options={"patterns": 1})
+    _, results = run_analysis("attention", ctx)
+    tables = results["combined"]["tables"]
+    layers = {m: {r["layer"]: r["first"] for r in results["per_model"][m]["tables"]["attention_layers"]}
+              for m in ("enc", "dec")}
+    assert len(tables["side_by_side"]) == 2
+    same = [r for r in tables["model_comparison"] if r.get("comparison") == "same layer"]
+    assert len(same) == 2
+    for row in same:
+        layer = str(row["layer_a"]).split()[-1]
+        assert row["difference"] == pytest.approx(layers["enc"][layer] - layers["dec"][layer], abs=1e-9)
+        assert row["ci_low"] <= row["difference"] <= row["ci_high"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 
 ENGINES = {"auto": "ort", "ort": "ort", "ov": "ov", "torch": "torch"}  # auto: ONNX Runtime, where parity was held
@@ -109,7 +109,7 @@ class AttentionAnalysis(Analysis):
             raise InputError(f"{path} holds no texts")
         return {"texts": texts, "path": str(path)}
 
-    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.export.attention import SUMMARIES
         from layerscope.export.attention_run import AttentionRunner, attention_export
         from layerscope.progress import steps
@@ -156,8 +156,27 @@ class AttentionAnalysis(Analysis):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a head no text defines stays None
             grids = {name: _grid(np.nanmean(stats[name], axis=0)) for name in SUMMARIES}
-        return {"summary": summary, "grids": grids, "viewer": viewer,
-                "tables": {"attention_heads": per_head, "attention_layers": per_layer}}
+        figures = {"summary": summary, "grids": grids, "viewer": viewer,
+                   "tables": {"attention_heads": per_head, "attention_layers": per_layer}}
+        return ModelOutput(figures, compare=self._compare_rows(stats["first"], per_layer))
+
+    @staticmethod
+    def _compare_rows(first: np.ndarray, per_layer: list[dict]):
+        """Per layer, the first-token share (heads averaged within each text) as a function of the texts: what
+        a model-vs-model comparison resamples, the same texts for every model."""
+        from layerscope.analyses.compare import ScoreRow, model_rows
+        from layerscope.metrics.paired import mean_scorer
+
+        per_text = first.mean(axis=2)  # [texts, layers]; every text has a first token
+        rows = [ScoreRow("first", r["layer"], r["first"], (r["first_ci_low"], r["first_ci_high"]),
+                         mean_scorer(per_text[:, i])) for i, r in enumerate(per_layer)]
+        return model_rows(len(per_layer), per_text.shape[0], rows)
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from layerscope.analyses.compare import compare_models
+
+        return compare_models(per_model, score="first", score_label="first-token share", group_label="summary",
+                              seed=ctx.seed, say=ctx.say)
 
     @staticmethod
     def _one_text(runner, encoder, text: str, index: int, run: ModelRun, with_flow: bool) -> dict[str, Any]:
