@@ -201,3 +201,17 @@ def test_two_models_side_by_side_on_the_same_texts(exports, data, tmp_path):
         layer = str(row["layer_a"]).split()[-1]
         assert row["difference"] == pytest.approx(layers["enc"][layer] - layers["dec"][layer], abs=1e-9)
         assert row["ci_low"] <= row["difference"] <= row["ci_high"]
+
+
+def test_size_said_before_the_run_matches_results_json(runs):
+    """The pattern size announced before the run is within a third of what the viewer's texts take."""
+    from layerscope.analyses.attention import pattern_bytes
+
+    out, results = runs("bert")
+    viewer = next(iter(results["per_model"].values()))["viewer"]
+    said = pattern_bytes([len(v["tokens"]) for v in viewer], 2, 4)
+    saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    for fig in saved["per_model"].values():
+        fig["viewer"] = []
+    written = (out / "results.json").stat().st_size - len(json.dumps(saved, indent=2, ensure_ascii=False))
+    assert 0.67 < said / written < 1.33, (said, written)

@@ -166,3 +166,15 @@ def test_verify_covers_the_attention_graph(attn_export, tmp_path):
     with open(copy / att.FILE, "ab") as f:
         f.write(b"x")
     assert any(att.FILE in p for p in verify_export_files(copy)[1])
+
+
+def test_summaries_without_mask_or_ids_count_every_position():
+    """A graph with no mask and no token ids (an image tower's patches): every position is a real query."""
+    import torch
+
+    p = torch.tensor([[0.5, 0.5], [0.25, 0.75]]).view(1, 1, 1, 2, 2)
+    entropy, first, special, distance, previous = (float(x) for x in att.summaries(p, None, None, torch.tensor([-1])))
+    assert first == pytest.approx((0.5 + 0.25) / 2)
+    assert special == 0.0
+    assert distance == pytest.approx((0.5 + 0.25) / 2)
+    assert previous == pytest.approx(0.25)

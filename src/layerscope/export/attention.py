@@ -60,11 +60,16 @@ def summaries(probs, mask, input_ids, special_ids):
     queries that have a previous real token (a one-token text gives NaN: undefined, never 0)."""
     import torch
 
-    m = mask.to(probs.dtype)  # [B, T]
     t = probs.shape[-1]
+    if mask is None:  # a graph without a mask input (an image tower's patches): every position is real
+        mask = torch.ones(probs.shape[0], t, dtype=torch.int64, device=probs.device)
+    m = mask.to(probs.dtype)  # [B, T]
     first = ((torch.cumsum(mask, 1) == 1) & (mask > 0)).to(probs.dtype)  # [B, T] one-hot
-    ids = input_ids.unsqueeze(-1) == special_ids.to(input_ids.dtype).view(1, 1, -1)
-    special = (ids.any(-1) & (mask > 0)).to(probs.dtype)  # [B, T]
+    if input_ids is None:  # no token ids: no special tokens (the first position is still counted by 'first')
+        special = torch.zeros_like(m)
+    else:
+        ids = input_ids.unsqueeze(-1) == special_ids.to(input_ids.dtype).view(1, 1, -1)
+        special = (ids.any(-1) & (mask > 0)).to(probs.dtype)  # [B, T]
     pos = torch.arange(t, dtype=probs.dtype, device=probs.device)
     dist = (pos.view(-1, 1) - pos.view(1, -1)).abs()  # [T, T] query x key
     prev = (pos.view(1, -1) == pos.view(-1, 1) - 1).to(probs.dtype)  # key = query - 1
@@ -105,7 +110,8 @@ def attention_module(net, input_names: list[str], special_ids: list[int], *, dec
             probs = [a.float() for a in out.attentions]
             if not probs or any(a is None for a in probs):
                 raise ExportError("the model returned no attention probabilities with eager attention")
-            stats = summaries(torch.stack(probs, 1), feed["attention_mask"], feed["input_ids"], self.special_ids)
+            stats = summaries(torch.stack(probs, 1), feed.get("attention_mask"), feed.get("input_ids"),
+                              self.special_ids)
             return (*probs, *stats)
 
     return AttentionOutputs(net).eval()
