@@ -178,3 +178,28 @@ def test_summaries_without_mask_or_ids_count_every_position():
     assert special == 0.0
     assert distance == pytest.approx((0.5 + 0.25) / 2)
     assert previous == pytest.approx(0.25)
+
+
+def test_big_graph_data_is_gathered_beside_the_export(tiny_model, tmp_path, monkeypatch):
+    """Over 2 GiB torch writes one file per tensor: they are gathered into model.attn.onnx_data, recorded and
+    verified, and the graph still runs (simulated by re-saving the tiny graph with per-tensor files)."""
+    import onnx
+
+    from layerscope.model.manifest_check import verify_export_files
+
+    real = att.trace_attention
+
+    def per_tensor_files(net, path, **kw):
+        real(net, path, **kw)
+        model = onnx.load(str(path))
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
+
+    monkeypatch.setattr(att, "trace_attention", per_tensor_files)
+    out = tmp_path / "onnx"
+    export_model(str(tiny_model("bert")), out, pooled=[])
+    entry = make_variant(out, "attn")
+    assert list(entry["external_data"]) == ["model.attn.onnx_data"]
+    assert not list(out.glob(".attn-trace-*"))  # the tracing folder is gone
+    assert verify_export_files(out)[1] == []
+    feed = _feeds(out)[0]["right"]
+    assert AttentionRunner(out, "ort").run(feed, patterns=True).patterns.shape[:3] == (len(TEXTS), 2, 4)

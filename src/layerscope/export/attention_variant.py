@@ -52,9 +52,7 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
         special = att.special_token_ids(tok)
         net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager")
         say("tracing every layer's attention probabilities (eager attention)")
-        att.trace_attention(net, dst, input_names=list(manifest.inputs), num_layers=manifest.num_layers,
-                            special_ids=special, decoder=family.kind == "decoder",
-                            vocab_size=int(manifest.vocab_size or 2), opset=opset)
+        _trace_into(export_dir, dst, net, manifest, special, decoder=family.kind == "decoder", opset=opset)
         say("checking every layer and head against transformers' output_attentions (right and left padding)")
         parity = attention_parity(net, dst, manifest, tok, special)
         worst = [f"{name} max |diff| {s['max_abs']:.3g} > {s['tolerance']:.3g}"
@@ -64,7 +62,11 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
     except BaseException:
         _discard(export_dir, att.KIND, dst)
         raise
-    entry = {"file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size, "external_data": None,
+    from layerscope.export import external as ext
+
+    data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in ext.data_files(dst)}
+    entry = {"file": dst.name, "sha256": file_sha256(dst),
+             "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()), "external_data": data or None,
              "precision": "fp32", "build_seconds": round(time.perf_counter() - t0, 2),
              "details": {"outputs": att.output_names(manifest.num_layers), "summaries": list(att.SUMMARIES),
                          "special_ids": special, "attention": "eager",
@@ -72,6 +74,25 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
              "tolerance": {"max_abs": att.ATOL, "relative_to_scale_above_1": True}, "parity": parity}
     _record(export_dir, att.KIND, entry)
     return entry
+
+
+def _trace_into(export_dir: Path, dst: Path, net, manifest, special: list[int], *, decoder: bool, opset: int) -> None:
+    """Trace in a folder of its own (torch writes one file per tensor for a graph over 2 GiB), gather those
+    into ``<file>_data`` as the export's are, then move the graph and its data beside the export."""
+    import os
+    import tempfile
+
+    from layerscope.export import external as ext
+
+    with tempfile.TemporaryDirectory(dir=export_dir, prefix=".attn-trace-") as tmp:
+        path = Path(tmp) / dst.name
+        att.trace_attention(net, path, input_names=list(manifest.inputs), num_layers=manifest.num_layers,
+                            special_ids=special, decoder=decoder, vocab_size=int(manifest.vocab_size or 2),
+                            opset=opset)
+        ext.consolidate(path)
+        for f in ext.data_files(path):
+            os.replace(f, export_dir / f.name)
+        os.replace(path, dst)
 
 
 def _tokenizer(export_dir: Path):
