@@ -105,7 +105,13 @@ def test_viewer_patterns_equal_transformers(family, runs, tiny_model):
         ref = _hf_attention(tiny_model(family), entry["text"], decoder)
         np.testing.assert_allclose(np.array(entry["patterns"]), ref, atol=1e-4)
         assert entry["causal"] is decoder
-        assert len(entry["tokens"]) == ref.shape[-1]
+        t = ref.shape[-1]
+        assert len(entry["tokens"]) == t
+        # flow from the pooled token: [CLS] for the encoder, the last token for the decoder
+        assert entry["flow_query"] == (t - 1 if decoder else 0) and len(entry["flow"]) == t
+        # the path through the token itself has capacity >= 0.5 at every layer (the residual's half identity)
+        assert entry["flow"][entry["flow_query"]] >= 0.5 - 1e-4
+        assert np.array(entry["rollout"]).shape == (2, t, t)
 
 
 def test_one_token_text_by_hand(runs):
@@ -168,6 +174,7 @@ def test_one_token_summaries_by_hand(exports):
     assert np.isnan(got["previous"]).all()
 
 
+@pytest.mark.slow
 def test_plain_model_gets_the_attention_graph_in_its_cached_export(tiny_model, data, in_tmp_home):
     """A plain model (not an export folder): its cached export gets the attention graph on first use, and
     the torch engine computes the same figures as ONNX Runtime on that graph."""

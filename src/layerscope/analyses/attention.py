@@ -77,8 +77,8 @@ class AttentionAnalysis(Analysis):
             Option("max_texts", int, 0, "summarise at most this many texts (0 = all)"),
             Option("patterns", int, 8, "texts whose full patterns, rollout and flow are kept for the viewer "
                                        "(layers x heads x tokens² numbers each; the size is said before the run)"),
-            Option("flow", bool, True, "attention flow (max-flow) from the pooled token for the viewer texts "
-                                       f"of up to {FLOW_MAX_TOKENS} tokens"),
+            Option("no_flow", bool, False, "skip attention flow (one max-flow per input token, from the pooled "
+                                           f"token; computed for viewer texts of up to {FLOW_MAX_TOKENS} tokens)"),
         ),
     )
 
@@ -144,7 +144,7 @@ class AttentionAnalysis(Analysis):
                         stats[name] = np.full((len(texts), layers, heads), np.nan, dtype=np.float64)
                     stats[name][rows] = value
                 bar.advance(len(rows))
-        viewer = [self._one_text(runner, encoder, texts[i], i, run, bool(o.flow)) for i in shown]
+        viewer = [self._one_text(runner, encoder, texts[i], i, run, not o.no_flow) for i in shown]
         per_head, per_layer = head_rows(stats, seed=ctx.seed)
         last = per_layer[-1]
         from layerscope.analyses.intervals import headline, method
