@@ -203,3 +203,14 @@ def test_big_graph_data_is_gathered_beside_the_export(tiny_model, tmp_path, monk
     assert verify_export_files(out)[1] == []
     feed = _feeds(out)[0]["right"]
     assert AttentionRunner(out, "ort").run(feed, patterns=True).patterns.shape[:3] == (len(TEXTS), 2, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["roberta", "deberta-v2", "clip-text", "t5-encoder", "qwen3"])
+def test_every_other_family_traces_within_tolerance(family, attn_export):
+    """The attention graph is generic: each tiny family's patterns match transformers (right and left
+    padding) as recorded by the variant's own check against the family's loader."""
+    entry = json.loads((attn_export(family) / "manifest.json").read_text())["variants"]["attn"]
+    assert entry["parity"]["padding"] == ["right", "left"]
+    for name, check in entry["parity"]["outputs"].items():
+        assert check["max_abs"] <= (1e-5 if name.startswith(att.PATTERN_PREFIX) else check["tolerance"]), name
