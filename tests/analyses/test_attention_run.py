@@ -222,3 +222,16 @@ def test_size_said_before_the_run_matches_results_json(runs):
         fig["viewer"] = []
     written = (out / "results.json").stat().st_size - len(json.dumps(saved, indent=2, ensure_ascii=False))
     assert 0.67 < said / written < 1.33, (said, written)
+
+
+def test_batches_keep_the_padded_patterns_under_the_budget(monkeypatch):
+    from layerscope.analyses import attention as analysis
+
+    monkeypatch.setattr(analysis, "PATTERN_BYTES", 4 * 2 * 100)  # room for one 10-token text: two 10x10 maps
+    lengths = np.array([10, 3, 10, 5, 1])
+    order = np.argsort(lengths, kind="stable")  # 1, 3, 5, 10, 10 tokens
+    got = [list(b) for b in analysis.batches(order, lengths, maps=2)]
+    # by hand: 1+3+5 tokens fit together (3 texts x 2 maps x 25 floats x 4 bytes = 600 <= 800); a 10-token
+    # text needs 800 bytes alone, so each goes by itself
+    assert got == [[4, 1, 3], [0], [2]]
+    assert sorted(i for b in got for i in b) == list(range(5))

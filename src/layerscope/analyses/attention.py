@@ -21,6 +21,7 @@ from layerscope.errors import InputError
 
 ENGINES = {"auto": "ort", "ort": "ort", "ov": "ov", "torch": "torch"}  # auto: ONNX Runtime, where parity was held
 BATCH_TEXTS = 16
+PATTERN_BYTES = 256 << 20  # a batch's attention probabilities held by the graph at once (float32)
 DIGITS = 4  # decimals kept of each probability shown in the viewer
 FLOW_MAX_TOKENS = 64  # attention flow (one max-flow per input token) only for texts up to this length
 
@@ -30,6 +31,20 @@ def pattern_bytes(lengths, layers: int, heads: int) -> int:
     the rollout after each layer, at DIGITS decimals, about 28 bytes a value in its indented JSON (measured on
     all-MiniLM-L6-v2: 28.4)."""
     return int(sum(28 * (layers * heads + layers) * int(t) ** 2 for t in lengths))
+
+
+def batches(order: np.ndarray, lengths: np.ndarray, maps: int) -> list[np.ndarray]:
+    """Texts in ``order`` (by length) cut into batches of at most BATCH_TEXTS whose padded patterns (``maps``
+    layer x head maps of tokens² floats per text) stay under PATTERN_BYTES: the graph holds them all."""
+    out, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and end - start < BATCH_TEXTS and \
+                (end + 1 - start) * maps * 4 * int(lengths[order[end]]) ** 2 <= PATTERN_BYTES:
+            end += 1
+        out.append(order[start:end])
+        start = end
+    return out
 
 
 def _grid(values: np.ndarray) -> list[list[float | None]]:
@@ -134,8 +149,7 @@ class AttentionAnalysis(Analysis):
                     "results.json")
         stats: dict[str, np.ndarray] = {}
         with steps(f"attention: {len(texts):,} texts", len(texts)) as bar:
-            for start in range(0, len(texts), BATCH_TEXTS):
-                rows = order[start:start + BATCH_TEXTS]
+            for rows in batches(order, lengths, layers * (heads_known or 1)):
                 got = runner.run(encoder([texts[i] for i in rows]).inputs)
                 for name in SUMMARIES:
                     value = got.summaries[name]
