@@ -17,7 +17,8 @@ from layerscope.engines.registry import bench_rows
 def optimize(
     export_dir: Path = typer.Argument(..., help="An export dir made by layerscope export."),
     variant: str = typer.Option(..., "--variant", help="Comma list: opt, gqa (Qwen decoders), int8, int8-block, fp16 (bf16 is refused on CPU); "
-                                                       "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions)."),
+                                                       "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions); attn (attention "
+                                                       "probabilities and summaries per layer and head)."),
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""

@@ -30,6 +30,9 @@ def export(
                               "Softmax kept fp32; held to a depth-scaled cosine against torch fp32)."),
     lens_k: Optional[int] = typer.Option(None, "--lens-k",
                                          help="Also write lens-k{K}.onnx: per-layer rank and top-K ids (logit lens)."),
+    attentions: bool = typer.Option(False, "--attentions",
+                                    help="Also write model.attn.onnx: every layer's attention probabilities (eager "
+                                         "attention) and per-head summaries, for layerscope run attention."),
     cpu_precisions: bool = typer.Option(True, "--cpu-precisions/--no-cpu-precisions",
                                         help="Also check and record OpenVINO bf16 where this CPU computes in bf16, "
                                              "so --engine auto can pick it (-v says what was found)."),
@@ -65,6 +68,11 @@ def export(
         for line in record_cpu_precisions(out, progress=progress_printer(c) if verbose else None):
             if verbose:
                 c.print(line, markup=False, highlight=False)
+    if attentions:
+        from layerscope.export.variants import make_variant
+        from layerscope.report.console import print_variant
+
+        print_variant(c, "attn", make_variant(out, "attn", force=force, progress=progress_printer(c)))
     if lens_k is not None:
         from layerscope.decoding.lens_onnx import export_lens
 

@@ -250,6 +250,10 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     The files it writes join the export's record of layerscope's files (``--force`` may replace them)."""
     from layerscope.ownership import writing
 
+    if check_kind(kind) == "attn":  # its own graph and outputs (export/attention_variant.py)
+        from layerscope.export.attention_variant import make_attention_variant
+
+        return make_attention_variant(export_dir, force=force, progress=progress)
     with writing(export_dir, "export") as wrote:
         return _make_variant(export_dir, kind, wrote, force=force, tolerance=tolerance, progress=progress)
 

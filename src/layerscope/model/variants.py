@@ -14,6 +14,7 @@ from layerscope.model.manifest_type import Manifest, variant_entries
 
 VARIANT_KINDS = ("opt", "gqa", "int8", "int8-block", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
+ATTENTION_KIND = "attn"  # attention probabilities and summaries, not the export's outputs (export/attention.py)
 
 
 def variant_file(kind: str) -> str:
@@ -31,13 +32,13 @@ def check_kind(kind: str) -> str:
             "variant 'bf16' is not supported: ONNX Runtime's CPU execution provider has no bf16 MatMul or Add "
             "kernels (a bf16 graph fails with NOT_IMPLEMENTED), although this CPU has avx512_bf16; use int8 on "
             "CPU, fp16 on GPU")
-    if kind in OV_KINDS:
+    if kind in OV_KINDS or kind == ATTENTION_KIND:
         return kind
     if kind not in VARIANT_KINDS:
         from layerscope.errors import unknown_name
 
         raise unknown_name("variant", kind, VARIANT_KINDS,
-                           listed=[k for k in VARIANT_KINDS if k != "bf16"] + list(OV_KINDS))
+                           listed=[k for k in VARIANT_KINDS if k != "bf16"] + list(OV_KINDS) + [ATTENTION_KIND])
     return kind
 
 
@@ -48,6 +49,9 @@ def variant_onnx_file(manifest: Manifest, kind: str | None) -> str | None:
     check_kind(kind)
     if kind in OV_KINDS:
         raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
+    if kind == ATTENTION_KIND:
+        raise InputError(f"variant '{kind}' has attention outputs, not hidden states: it is read by "
+                         "layerscope run attention")
     entry = variant_entries(manifest).get(kind)
     if not entry:
         raise InputError(f"this export has no '{kind}' variant yet; make it with: layerscope optimize EXPORT_DIR "

@@ -172,7 +172,7 @@ def print_variant(console, kind: str, entry: dict) -> None:
     table.add_column("max abs diff", justify="right")
     table.add_column("min cosine", justify="right")
     for name, s in entry["parity"]["outputs"].items():
-        table.add_row(name, f"{s['max_abs']:.2e}", f"{s['min_cos']:.6f}")
+        table.add_row(name, f"{s['max_abs']:.2e}", f"{s['min_cos']:.6f}" if s.get("min_cos") is not None else "-")
     console.print(table)
 
 

@@ -371,6 +371,28 @@ def mteb_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts)]
 
 
+def attention_views(results) -> list[Section]:
+    from layerscope.report import attention_html as view
+
+    charts = []
+    names = ("entropy", "first", "special", "distance", "previous")
+    for name in names:
+        charts += curves(results, table_series(results, "attention_layers", name, suffix=name if multi(results) else ""),
+                         title=f"{name} by layer, heads averaged", ylabel=name,
+                         caption=f"Per text, the {name} summary averaged over the layer's heads; band: 95% interval "
+                                 "over texts.")
+    for model, fig in per_model(results).items():
+        for name, grid in (fig.get("grids") or {}).items():
+            charts.append(heatmap(grid, [str(i + 1) for i in range(len(grid))],
+                                  [str(h) for h in range(len(grid[0]) if grid else 0)], xlabel="head", ylabel="layer",
+                                  zlabel=name, title=f"{name} per layer × head ({model})",
+                                  caption="Mean over texts of each head's per-text summary."))
+    viewer = Section("viewer", "Attention viewer", html=view.HTML, css=view.CSS, script=view.SCRIPT,
+                     data=view.viewer_data(results),
+                     intro="One text at a time: pick a layer (or the rollout) and a head (or their mean).")
+    return [viewer, Section("figures", "Layer curves and head maps", charts)]
+
+
 def generic_views(results) -> list[Section]:
     main = results.get("main_score")
     charts = []
@@ -413,6 +435,7 @@ VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
     "saliency": saliency_views, "mteb": mteb_views, "crossmodal": crossmodal_views,
+    "attention": attention_views,
 }
 
 
