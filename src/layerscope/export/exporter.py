@@ -20,7 +20,7 @@ import numpy as np
 
 import layerscope
 from layerscope.errors import ExportError
-from layerscope.export import external
+from layerscope.export import external, lean
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.onnx_config import make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
@@ -97,7 +97,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
     with staged_dir(output, kind="export") as work:
         trace = dict(spec=spec, revision=revision, family=family.name, num_layers=model.num_layers, dtype=dtype,
-                     opset=opset, trust_remote_code=trust_remote_code, threshold=EXTERNAL_DATA_BYTES)
+                     opset=opset, trust_remote_code=trust_remote_code, threshold=stream_threshold())
         weights = checkpoint_weight_bytes(source, dtype)
         if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
             # a big model is loaded and traced in a child process: its memory goes back to the OS when the
@@ -194,7 +194,13 @@ def opset_of_file(path: Path) -> int:
 
 # Weights from which the model is loaded and traced in a child process (None: never). Its own constant, so
 # tests that lower EXTERNAL_DATA_BYTES still see the streamed steps in-process; tests lower this one too.
-TRACE_IN_CHILD_BYTES: int | None = external.EXTERNAL_DATA_BYTES
+TRACE_IN_CHILD_BYTES: int | None = lean.STREAM_BYTES
+
+
+def stream_threshold() -> int:
+    """Weights from which the export is traced without them and streamed (``lean.STREAM_BYTES``, or lower
+    where the external-data limit is)."""
+    return min(EXTERNAL_DATA_BYTES, lean.STREAM_BYTES)
 
 
 def trace_step(trace: dict[str, Any], work: Path) -> None:
@@ -301,8 +307,6 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
     from unittest.mock import patch
 
     from optimum.exporters.onnx import onnx_export_from_model
-
-    from layerscope.export import lean
 
     # Above the threshold the weights are never copied: traced without them, written one by one after.
     streamed = lean.ENABLED and lean.weight_bytes(model) >= threshold
