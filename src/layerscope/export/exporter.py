@@ -308,6 +308,8 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
 
     from optimum.exporters.onnx import onnx_export_from_model
 
+    from layerscope.export.traceable import traceable
+
     # Above the threshold the weights are never copied: traced without them, written one by one after.
     streamed = lean.ENABLED and lean.weight_bytes(model) >= threshold
 
@@ -319,7 +321,7 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
             # Optimum gathers torch's per-tensor external files by loading the whole model into one
             # proto (a second copy of the weights); we stream them into one file ourselves instead.
             with patch("optimum.exporters.onnx.convert.check_model_uses_external_data", return_value=False), \
-                    (lean.without_weights(onnx_cfg) if streamed else nullcontext()):
+                    (lean.without_weights(onnx_cfg) if streamed else nullcontext()), traceable():
                 onnx_export_from_model(
                     model, work, opset=opset, task="feature-extraction", do_validation=False,
                     custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},
