@@ -192,9 +192,12 @@ def warn_ignored_code(source: ModelSource, auto_map: dict | list, where: str) ->
         source.spec, where, classes)
 
 
-def _loader_class(name: str):
+def _loader_class(name: str, source: ModelSource | None = None, trust_remote_code: bool = False):
     import transformers
 
+    if "{arch}" in name:  # the config's own architecture (families.py Family.loader)
+        config = load_config(source, trust_remote_code=trust_remote_code)
+        name = name.format(arch=type(config).__name__.removesuffix("Config"))
     return getattr(transformers, name)
 
 
@@ -204,7 +207,7 @@ def supports_sdpa(source: ModelSource, family: Family, *, trust_remote_code: boo
 
     config = transformers.AutoConfig.from_pretrained(source.path_or_id, revision=source.revision,
                                                      trust_remote_code=trust_remote_code)
-    auto = _loader_class(family.loader)
+    auto = _loader_class(family.loader, source, trust_remote_code)
     try:
         cls = auto._model_mapping[type(config)]
     except (AttributeError, KeyError):
@@ -233,7 +236,7 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             f"the weights of {source.spec} were read from {source.path_or_id}, which no longer exists (moved, "
             "or its environment was rebuilt); export the model again from where it is now")
     cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
-    cls = _loader_class(cls_name)
+    cls = _loader_class(cls_name, source, trust_remote_code)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
                                   use_safetensors=True,
                                   dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
