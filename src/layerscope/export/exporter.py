@@ -218,9 +218,12 @@ def trace_step(trace: dict[str, Any], work: Path) -> None:
         from layerscope.export.torch_export import torch_export
 
         text = family.text_model_config(config)
+        streamed = lean.ENABLED and lean.weight_bytes(model) >= trace["threshold"]
         torch_export(model, work / ONNX_FILE, input_names=family.input_names(text), num_layers=trace["num_layers"],
-                     opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size))
-        external.consolidate(work / ONNX_FILE)
+                     opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size),
+                     streamed=streamed)
+        if not streamed:
+            external.consolidate(work / ONNX_FILE)
         model.config.save_pretrained(work)  # as Optimum does: a lens rebuilds its head from it
         finish = lambda: None  # noqa: E731
     else:
