@@ -122,6 +122,23 @@ BUGS = (
         "        touched = path.stat().st_mtime",
         '        touched = (info or {}).get("since", path.stat().st_mtime)',
         ("tests/runtime/test_range_guards.py", "tests/runtime/test_shard_extract.py")),
+    # ---- export memory, model families
+    Bug("stream-only-over-external-limit", S + "export/exporter.py",
+        "    return min(EXTERNAL_DATA_BYTES, lean.STREAM_BYTES)",
+        "    return EXTERNAL_DATA_BYTES",
+        ("tests/export/test_trace_in_child.py",)),
+    Bug("torch-lens-whole-batch", S + "analyses/lens.py",
+        "                out = torch_lens(model, inputs, all_layers, k, positions=step, bar=bar)",
+        "                out = torch_lens(model, inputs, all_layers, k, bar=bar)",
+        ("tests/decoding/test_lens_streaming.py",)),
+    Bug("gqa-window-less-one", S + "export/gqa.py",
+        "                          scale=scale, window=int(window) if window else None)",
+        "                          scale=scale, window=int(window) - 1 if window else None)",
+        ("tests/export/test_gqa_families.py",)),
+    Bug("deberta-scripted-branch", S + "export/traceable.py",
+        '        if deberta is not None and hasattr(deberta, "build_rpos"):',
+        "        if False:",
+        ("tests/export/test_deberta_openvino.py",)),
 )
 
 
