@@ -111,3 +111,23 @@ def test_a_gpt2_medium_checkpoint_streams_in_a_child_by_default():
     assert weights == 4 * 354_823_168 < exporter.EXTERNAL_DATA_BYTES
     assert exporter.TRACE_IN_CHILD_BYTES is not None and weights >= exporter.TRACE_IN_CHILD_BYTES
     assert weights >= exporter.stream_threshold() == lean.STREAM_BYTES
+
+
+def test_a_script_without_a_main_guard_exports_through_the_child(tiny_model, tmp_path):
+    """A user's script calling export_model at top level (no ``if __name__ == "__main__":``): the spawned child
+    must not run the script again. Catches: the child re-running it and dying in multiprocessing's
+    bootstrapping check, reported as a failed export."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "user_script.py"
+    script.write_text("from layerscope.export import exporter\n"
+                      "exporter.TRACE_IN_CHILD_BYTES = 1\n"
+                      f"exporter.export_model({str(tiny_model('bert'))!r}, {str(tmp_path / 'out')!r}, pooled=['mean'])\n"
+                      "print('EXPORTED')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.count("EXPORTED") == 1, done.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["parity"]["outputs"]

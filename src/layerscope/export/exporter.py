@@ -258,7 +258,10 @@ def trace_in_child(trace: dict[str, Any], work: Path, weights: int, *, target=No
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads and big tensors
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target or _trace_child, args=(trace, str(work), child), daemon=True)
-    proc.start()
+    from layerscope.export.spawn import main_not_rerun
+
+    with main_not_rerun():  # a caller's script without a __main__ guard is not run again in the child
+        proc.start()
     child.close()
     try:
         message = parent.recv()
