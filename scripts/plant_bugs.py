@@ -139,6 +139,23 @@ BUGS = (
         "        joint = projection(norm(torch.from_numpy(np.ascontiguousarray(cls_states, dtype=np.float32)))).numpy()",
         "        joint = projection(torch.from_numpy(np.ascontiguousarray(cls_states, dtype=np.float32))).numpy()",
         ("tests/analyses/test_vision_lens.py",)),
+    # ---- export memory, model families
+    Bug("stream-only-over-external-limit", S + "export/exporter.py",
+        "    return min(EXTERNAL_DATA_BYTES, lean.STREAM_BYTES)",
+        "    return EXTERNAL_DATA_BYTES",
+        ("tests/export/test_trace_in_child.py",)),
+    Bug("torch-lens-whole-batch", S + "analyses/lens.py",
+        "                out = torch_lens(model, inputs, all_layers, k, positions=step, bar=bar)",
+        "                out = torch_lens(model, inputs, all_layers, k, bar=bar)",
+        ("tests/decoding/test_lens_streaming.py",)),
+    Bug("gqa-window-less-one", S + "export/gqa.py",
+        "                          scale=scale, window=int(window) if window else None)",
+        "                          scale=scale, window=int(window) - 1 if window else None)",
+        ("tests/export/test_gqa_families.py",)),
+    Bug("deberta-scripted-branch", S + "export/traceable.py",
+        '        if deberta is not None and hasattr(deberta, "build_rpos"):',
+        "        if False:",
+        ("tests/export/test_deberta_openvino.py",)),
 )
 
 

@@ -112,3 +112,85 @@ def test_extract_takes_trust_remote_code_as_an_argument(tiny_model, tmp_path):
     report = extract(str(model), str(corpus), tmp_path / "store", engine="torch", layers="-1",
                      trust_remote_code=True)
     assert report.n == 2 and report.store.complete
+
+
+SCALED_BERT = '''from transformers import BertModel
+from transformers.models.bert.modeling_bert import BertEmbeddings
+
+
+class ScaledEmbeddings(BertEmbeddings):
+    def forward(self, *args, **kwargs):
+        return 2.0 * super().forward(*args, **kwargs)
+
+
+class ScaledBertModel(BertModel):
+    """The model's own code: BERT whose embedding output is doubled, in the usual module layout."""
+
+    def __init__(self, config, add_pooling_layer=True):
+        super().__init__(config, add_pooling_layer=add_pooling_layer)
+        self.embeddings = ScaledEmbeddings(config)
+        self.post_init()
+'''
+
+
+def _own_code_model(tiny_model, tmp_path, model_type: str) -> Path:
+    """The tiny BERT with modeling code in its folder (auto_map in config.json, no hub), of ``model_type``."""
+    model = Path(shutil.copytree(tiny_model("bert"), tmp_path / f"own-code-{model_type}"))
+    (model / "modeling_scaled.py").write_text(SCALED_BERT)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.update(model_type=model_type, architectures=["ScaledBertModel"],
+               auto_map={"AutoModel": "modeling_scaled.ScaledBertModel"})
+    if model_type != "bert":
+        (model / "configuration_scaled.py").write_text(
+            f"from transformers import BertConfig\n\n\nclass ScaledConfig(BertConfig):\n    model_type = {model_type!r}\n")
+        cfg["auto_map"]["AutoConfig"] = "configuration_scaled.ScaledConfig"
+    (model / "config.json").write_text(json.dumps(cfg))
+    return model
+
+
+def test_a_known_type_with_its_own_modeling_code_exports_what_that_code_computes(tiny_model, tmp_path):
+    """A 'bert' checkpoint whose own modeling code doubles the embeddings: with the flag the export's every
+    layer equals that code's forward (Hugging Face with trust_remote_code), not the built-in BERT's. Catches:
+    the flag not reaching the loader that traces (the built-in class exported, layer 0 half the size)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer, BertModel
+
+    from layerscope.engines.ort import make_session
+    from layerscope.export.exporter import export_model
+
+    model = _own_code_model(tiny_model, tmp_path, "bert")
+    out = tmp_path / "exp"
+    export_model(str(model), out, pooled=["mean"], trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    enc = tok(["a cat sat on the mat", "hi"], padding=True, return_tensors="np")
+    session = make_session(out / "model.onnx", "CPUExecutionProvider")
+    feed = {i.name: enc[i.name].astype(np.int64) for i in session.get_inputs()}
+    names = [f"hidden_states.{i}" for i in range(3)]
+    got = dict(zip(names, session.run(names, feed)))
+    own = AutoModel.from_pretrained(str(model), trust_remote_code=True).eval()
+    assert type(own).__name__ == "ScaledBertModel"
+    builtin = BertModel.from_pretrained(str(model)).eval()
+    mask = enc["attention_mask"].astype(bool)
+    with torch.no_grad():
+        want = own(**{k: torch.from_numpy(v) for k, v in feed.items()}, output_hidden_states=True).hidden_states
+        plain = builtin(**{k: torch.from_numpy(v) for k, v in feed.items()}, output_hidden_states=True).hidden_states
+    for i, name in enumerate(names):
+        np.testing.assert_allclose(got[name][mask], want[i].numpy()[mask], atol=1e-5, err_msg=name)
+    assert not np.allclose(got["hidden_states.0"][mask], plain[0].numpy()[mask], atol=1e-3)
+
+
+@pytest.mark.parametrize("flag", [[], ["--trust-remote-code"]])
+def test_a_type_only_the_models_own_code_defines_is_one_line_before_the_weights(flag, tiny_model, tmp_path,
+                                                                                 capsys):
+    """Catches: 'a newer transformers may know it' for a type that is the model's own, and weights read first
+    (the weights file here is garbage: reading it would be another error)."""
+    model = _own_code_model(tiny_model, tmp_path, "scaledbert")
+    (model / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(model), "--out", str(tmp_path / "exp"), *flag])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "model type 'scaledbert' exists only in the model's own code (AutoModel = " \
+           "modeling_scaled.ScaledBertModel)" in err[0]
+    assert not (tmp_path / "exp").exists()

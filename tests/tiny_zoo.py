@@ -25,11 +25,12 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from tiny_models import MAX_POSITIONS, _corpus_words, _mark_special, _qwen_tokenizer, _wordpiece_vocab
 
 ENCODERS = ("bert", "roberta", "xlm-roberta", "camembert", "deberta-v2", "mpnet", "distilbert", "albert",
-            "electra", "modernbert", "t5", "mt5", "clip_text_model")
+            "electra", "modernbert", "t5", "mt5", "umt5", "clip_text_model")
 DECODERS = ("gpt2", "gpt_neox", "gptj", "gpt_neo", "opt", "bloom", "llama", "mistral", "mixtral", "qwen2",
             "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "olmo2",
             "falcon", "stablelm", "granite", "smollm3")
 MODEL_TYPES = ENCODERS + DECODERS
+T5_TYPES = ("t5", "mt5", "umt5")  # encoder-decoder checkpoints whose encoder stack is exported
 
 H, L, A, KV, D, FF = 32, 2, 4, 2, 8, 64
 WINDOW = 4  # sliding windows shorter than most validation texts
@@ -97,7 +98,7 @@ SHAPES: dict[str, dict] = {
     "smollm3": dict(_ROTARY, no_rope_layers=[1, 0], use_sliding_window=False),
 }
 SHAPES["xlm-roberta"] = SHAPES["camembert"] = SHAPES["roberta"]
-SHAPES["mt5"] = SHAPES["t5"]
+SHAPES["mt5"] = SHAPES["umt5"] = SHAPES["t5"]
 
 
 def wordpiece_tokenizer(specials: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")):
@@ -152,12 +153,12 @@ def build_zoo_model(model_type: str, out_dir: Path, *, seed: int = 0) -> Path:
     tok.save_pretrained(out_dir)
     ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                bos_token_id=tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
-    if model_type in ("t5", "mt5"):
+    if model_type in T5_TYPES:
         ids["decoder_start_token_id"] = tok.pad_token_id
     shape = {**ids, **SHAPES[model_type]}
     config = transformers.AutoConfig.for_model(model_type, vocab_size=len(tok), **shape)
     torch.manual_seed(seed)
-    if model_type in ("t5", "mt5"):
+    if model_type in T5_TYPES:
         model = transformers.AutoModelForSeq2SeqLM.from_config(config)
     elif model_type == "clip_text_model":
         model = transformers.CLIPTextModel(config)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_zoo import ENCODERS, build_zoo_model
+from tiny_zoo import ENCODERS, T5_TYPES, build_zoo_model
 
 # no empty text (a tokenizer without BOS gives it no token at all); lengths past the 4-token windows
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today",
          "一只猫坐在垫子上", "Water boils at 100 degrees Celsius at sea level."]
 # positions numbered from the padding id by the model itself (pad-aware: nothing to pass)
 PAD_AWARE_POSITIONS = ("roberta", "xlm-roberta", "camembert", "mpnet")
-NO_HEAD = ("t5", "mt5", "clip_text_model")  # no LM head of their own: the tied embeddings decode
+NO_HEAD = (*T5_TYPES, "clip_text_model")  # no LM head of their own: the tied embeddings decode
 TOL = 1e-4  # the export's own fp32 bound (plus 1e-5 x scale, as recorded)
 
 
@@ -64,8 +64,9 @@ def _reference_model(ckpt: Path, model_type: str):
     tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if model_type in ("t5", "mt5"):
-        cls = transformers.MT5EncoderModel if model_type == "mt5" else transformers.T5EncoderModel
+    if model_type in T5_TYPES:
+        cls = {"t5": transformers.T5EncoderModel, "mt5": transformers.MT5EncoderModel,
+               "umt5": transformers.UMT5EncoderModel}[model_type]
         return tok, cls.from_pretrained(str(ckpt)).eval(), None
     if model_type == "clip_text_model":
         return tok, transformers.CLIPTextModel.from_pretrained(str(ckpt)).eval(), None
@@ -84,7 +85,7 @@ def hf_layers(ckpt: Path, model_type: str, texts: list[str], side: str) -> list[
     takes = inspect.signature(net.forward).parameters
     pass_positions = "position_ids" in takes and model_type not in PAD_AWARE_POSITIONS
     if side == "left" and not pass_positions and model_type not in PAD_AWARE_POSITIONS + ("bloom",) \
-            and model_type not in ("t5", "mt5", "deberta-v2"):
+            and model_type not in (*T5_TYPES, "deberta-v2"):
         return None
     tok.padding_side = side
     enc = tok(texts, padding=True, return_tensors="pt")

@@ -73,9 +73,25 @@ def test_checkpoint_without_head_falls_back_to_tied_embeddings(tiny_model, tmp_p
     assert torch.allclose(got, h @ e.T, atol=1e-6)
 
 
-def test_lens_ranks_and_topk_match_numpy(tiny_model):
+class _Count:
+    def __init__(self):
+        self.runs = []
+
+    def advance(self, n):
+        self.runs.append(n)
+
+
+@pytest.mark.parametrize("positions", [None, 3])
+def test_lens_ranks_and_topk_match_numpy(tiny_model, positions):
+    """Decoded all at once or three real positions at a time (runs that cross from one text into the next),
+    every real position's rank, top-k ids and probabilities are numpy's on the whole batch's logits.
+    Catches: a run's results written to the wrong positions, padding decoded, a run skipped."""
     handle, model, inputs = _setup(tiny_model("bert"))
-    out = torch_lens(model, inputs, [0, 1, 2], k=4)
+    bar = _Count()
+    out = torch_lens(model, inputs, [0, 1, 2], k=4, positions=positions, bar=bar)
+    real = int(inputs["attention_mask"].sum())
+    assert real < inputs["attention_mask"].numel()  # the batch has padding
+    assert bar.runs == ([real] if positions is None else [3] * (real // 3) + ([real % 3] if real % 3 else []))
     with torch.no_grad():
         hidden = model.base(**inputs, output_hidden_states=True).hidden_states
     ids = inputs["input_ids"].numpy()
@@ -87,7 +103,7 @@ def test_lens_ranks_and_topk_match_numpy(tiny_model):
         for b in range(ids.shape[0]):
             for s in range(ids.shape[1]):
                 if not mask[b, s]:
-                    assert out.rank[li, b, s] == 0
+                    assert out.rank[li, b, s] == 0 and not out.topk_ids[li, b, s].any()
                     continue
                 row = logits[b, s]
                 assert out.rank[li, b, s] == 1 + int((row > row[ids[b, s]]).sum())

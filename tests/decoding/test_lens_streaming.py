@@ -1,8 +1,9 @@
-"""The lens on an ONNX engine: a progress line per batch on a clock, and memory bounded by the head's run of
-positions, not by the batch times the vocabulary."""
+"""The lens on every engine: a progress line per run of positions on a clock, and memory bounded by the head's
+run of positions, not by the batch times the vocabulary."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from layerscope.analyses.base import Context, run_analysis
 
@@ -27,9 +29,11 @@ class FakeTime:
         return self.now
 
 
-def test_lens_says_how_far_it_is_within_every_batch(tiny_model, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_says_how_far_it_is_within_every_batch(engine, tiny_model, tmp_path, monkeypatch, caplog):
     """A run of positions through the head at a time (one here), each advancing the count: on a clock that
-    moves 31 s per reading, a line per run, so a batch that takes minutes is not silent."""
+    moves 31 s per reading, a line per run, so a batch that takes minutes is not silent. Catches: an engine
+    that decodes a whole batch at once, or advances the count once per batch."""
     import layerscope.progress as progress
     from layerscope.model.handle import ModelHandle
 
@@ -40,14 +44,17 @@ def test_lens_says_how_far_it_is_within_every_batch(tiny_model, tmp_path, monkey
     caplog.set_level(logging.INFO, logger="layerscope")
     data = tmp_path / "texts.txt"
     data.write_text("".join(f"text number {i} about a cat\n" for i in range(5)))
-    ctx = Context(models=[str(tiny_model("bert"))], engine="ort", data=str(data), cache=False, out=tmp_path / "out",
-                  options={"top_k": 3, "show": 0, "batch": 2})
+    console = Console(file=io.StringIO(), width=200)
+    ctx = Context(models=[str(tiny_model("bert"))], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                  options={"top_k": 3, "show": 0, "batch": 2}, console=console)
     run_analysis("lens", ctx)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lens: tokens decoded")]
     tok = ModelHandle.resolve(tiny_model("bert")).tokenizer()
     total = sum(len(ids) for ids in tok(data.read_text().splitlines())["input_ids"])
     counts = [line.split(": ")[2].split(" ")[0] for line in said]
     assert counts == [f"{i}/{total}" for i in range(1, total + 1)]  # every position, in three batches
+    if engine == "torch":
+        assert f"loading {tiny_model('bert')} and its decoding head in PyTorch" in console.file.getvalue()
 
 
 def _big_vocab_gpt2(tiny_model, out: Path, vocab: int) -> Path:
@@ -70,15 +77,16 @@ import resource, sys
 import layerscope.decoding.lens_onnx as lens_onnx
 lens_onnx.HEAD_BYTES = 8 * 2**20
 from layerscope.analyses.base import Context, run_analysis
-export, data, batch, out = sys.argv[1:5]
-run_analysis("lens", Context(models=[export], engine="ort", data=data, cache=False, out=out,
+export, data, batch, out, engine = sys.argv[1:6]
+run_analysis("lens", Context(models=[export], engine=engine, data=data, cache=False, out=out,
                              options={"top_k": 5, "show": 0, "batch": int(batch)}))
 print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
 @pytest.mark.slow
-def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(tiny_model, tmp_path):
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, tiny_model, tmp_path):
     """32 texts of ~120 tokens at once with a 60,000-row vocabulary: every layer's logits of the batch would be
     32 x 120 x 60,000 x 4 bytes = 920 MB (and its softmax as much again); decoded a run of positions at a time
     (8 MiB of logits here), the peak RSS of a child process is within 150 MB of the same run 2 texts at a time."""
@@ -87,7 +95,8 @@ def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(tiny_mode
 
     vocab = 60_000
     export = tmp_path / "exp"
-    export_model(str(_big_vocab_gpt2(tiny_model, tmp_path / "ckpt", vocab)), export, pooled=["mean"])
+    ckpt = _big_vocab_gpt2(tiny_model, tmp_path / "ckpt", vocab)
+    export_model(str(ckpt), export, pooled=["mean"])
     meta = export_lens(export, 5)
     assert not (export / "lens-k5.onnx_data").exists()  # the head's 7.7 MB matrix is read from lm_head.safetensors
     assert (export / "lens-k5.onnx").stat().st_size < vocab * 32 * 4 // 10 and meta["shared_bytes"] >= vocab * 32 * 4
@@ -96,7 +105,9 @@ def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(tiny_mode
     env = {**os.environ, "PYTHONPATH": SRC, "LAYERSCOPE_HOME": str(tmp_path / "home")}
     peaks = {}
     for batch in (2, 32):
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(export), str(data), str(batch), str(tmp_path / f"o{batch}")],
+        model = export if engine == "ort" else ckpt  # torch runs the checkpoint
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(model), str(data), str(batch), str(tmp_path / f"o{batch}"),
+                               engine],
                               env=env, capture_output=True, text=True, timeout=600)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("PEAK_KIB ")), None)
         assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]

@@ -99,3 +99,27 @@ def test_streamed_fp16_export_is_bit_identical_to_the_ordinary_one(tiny_model, t
     a, b = _outputs(ordinary), _outputs(streamed)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_streamed_torch_onnx_moe_export_is_bit_identical_to_the_ordinary_one(tmp_path, monkeypatch):
+    """Mixtral (no Optimum config: the plain torch.onnx path, every expert computed) streams its weights above
+    the threshold as the Optimum path does. Catches: the torch.onnx path holding torch.onnx's copy of every
+    weight at any size, and weights named after the wrapper module not found (an ExportError)."""
+    import tiny_zoo
+
+    calls = []
+    real = lean.attach_weights
+    monkeypatch.setattr(lean, "attach_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ckpt = tiny_zoo.build_zoo_model("mixtral", tmp_path / "ckpt")
+    ordinary = tmp_path / "ordinary"
+    assert export_model(str(ckpt), ordinary, pooled=["mean"])["export_path"] == "torch"
+    assert not calls
+    monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
+    streamed = tmp_path / "streamed"
+    manifest = export_model(str(ckpt), streamed, pooled=["mean"])
+    assert calls == [1] and manifest["external_data"] is True
+    assert _weight_digests(streamed) == _weight_digests(ordinary)
+    a, b = _outputs(ordinary), _outputs(streamed)
+    assert list(a) == list(b) and "raw_embeddings" in a
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)

@@ -79,3 +79,55 @@ def test_fp32_tolerance_grows_with_the_outputs_scale_by_hand():
     parity["outputs"]["raw_embeddings"]["max_abs"] = float("nan")  # NaN is always the worst, and refused
     name, worst = fp32_worst(parity, 1e-4)
     assert name == "raw_embeddings" and not worst["max_abs"] <= worst["tolerance"]
+
+
+def test_weights_under_the_external_data_limit_stream_in_a_child_from_their_own_threshold(tiny_model, tmp_path,
+                                                                                          monkeypatch):
+    """A model below the 2 GiB external-data limit but over ``lean.STREAM_BYTES`` (GPT-2-medium's 1.42 GB) is
+    traced in a child and streamed, not held twice by torch.onnx in this process. Catches: the streamed path
+    keyed on the external-data limit alone, and the child threshold left at that limit."""
+    from layerscope.export import lean
+
+    weights = checkpoint_weight_bytes(resolve_source(str(tiny_model("qwen2"))), "fp32")
+    assert exporter.EXTERNAL_DATA_BYTES > weights  # the external-data limit alone would take the ordinary path
+    calls = []
+    real = lean.attach_weights
+    monkeypatch.setattr(lean, "attach_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(lean, "STREAM_BYTES", weights - 1)
+    monkeypatch.setattr(exporter, "TRACE_IN_CHILD_BYTES", None)  # in-process, so the spy sees the call
+    manifest = export_model(str(tiny_model("qwen2")), tmp_path / "streamed", pooled=["mean"])
+    assert calls == [1] and manifest["external_data"] is True
+    monkeypatch.setattr(lean, "STREAM_BYTES", 2 * weights)  # over the weights and buffers in memory
+    manifest = export_model(str(tiny_model("qwen2")), tmp_path / "ordinary", pooled=["mean"])
+    assert calls == [1] and manifest["external_data"] is False
+
+
+def test_a_gpt2_medium_checkpoint_streams_in_a_child_by_default():
+    """GPT-2-medium: 354,823,168 parameters (24 x 12,596,224 per block + 52,511,744 token and position embeddings + 2,048 final
+    norm), 4 bytes each in fp32; its export must take the child process and the streamed path by default."""
+    from layerscope.export import lean
+
+    weights = 4 * (24 * 12_596_224 + 50_257 * 1_024 + 1_024 * 1_024 + 2_048)
+    assert weights == 4 * 354_823_168 < exporter.EXTERNAL_DATA_BYTES
+    assert exporter.TRACE_IN_CHILD_BYTES is not None and weights >= exporter.TRACE_IN_CHILD_BYTES
+    assert weights >= exporter.stream_threshold() == lean.STREAM_BYTES
+
+
+def test_a_script_without_a_main_guard_exports_through_the_child(tiny_model, tmp_path):
+    """A user's script calling export_model at top level (no ``if __name__ == "__main__":``): the spawned child
+    must not run the script again. Catches: the child re-running it and dying in multiprocessing's
+    bootstrapping check, reported as a failed export."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "user_script.py"
+    script.write_text("from layerscope.export import exporter\n"
+                      "exporter.TRACE_IN_CHILD_BYTES = 1\n"
+                      f"exporter.export_model({str(tiny_model('bert'))!r}, {str(tmp_path / 'out')!r}, pooled=['mean'])\n"
+                      "print('EXPORTED')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.count("EXPORTED") == 1, done.stderr[-2000:]
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["parity"]["outputs"]

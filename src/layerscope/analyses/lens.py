@@ -156,17 +156,20 @@ class Lens(Analysis):
             from layerscope.decoding.heads import load_decoding_model
             from layerscope.decoding.lens import torch_lens
 
+            from layerscope.decoding.lens_onnx import positions_per_run
+
+            ctx.say(f"loading {run.handle.manifest.source.path_or_id} and its decoding head in PyTorch")
             model = load_decoding_model(run.handle)
             enc = run.engine.encoder()
             all_layers = list(range(run.num_layers + 1))
+            step = positions_per_run(int(run.handle.manifest.vocab_size))  # the ONNX head's logits budget
 
             def go(texts, bar):
                 batch = enc(texts)
                 import torch
 
                 inputs = {n: torch.from_numpy(v) for n, v in batch.inputs.items()}
-                out = torch_lens(model, inputs, all_layers, k)
-                bar.advance(int((np.asarray(batch.mask) > 0).sum()))
+                out = torch_lens(model, inputs, all_layers, k, positions=step, bar=bar)
                 out.truncated = int(batch.truncated.sum())
                 return out
 

@@ -106,19 +106,37 @@ class LensBatch:
     mask: np.ndarray  # [B, S]
 
 
-def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int, hidden_states=None) -> LensBatch:
-    """Run the base model (or take ``hidden_states``, every layer's) and its decoding head on one batch."""
+def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int, hidden_states=None, *,
+               positions: int | None = None, bar=None) -> LensBatch:
+    """Run the base model (or take ``hidden_states``, every layer's) and its decoding head on one batch.
+
+    The head decodes the real tokens only, ``positions`` at a time (None: all at once), so the logits held at
+    once are positions x vocabulary, not the batch's; padding gets rank 0, ids 0 and probabilities 0, as on the
+    ONNX engines. ``bar``: a progress count advanced by the positions of each run."""
     import torch
 
     decoder = model.family.kind == "decoder"
     if hidden_states is None:
         hidden_states = base_hidden_states(model, inputs)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    target, valid = lens_targets(ids, mask, decoder)
+    rows, cols = torch.nonzero(mask > 0, as_tuple=True)
+    (b, s), n = ids.shape, len(layers)
+    rank, top_ids, top_p = np.zeros((n, b, s), np.int64), np.zeros((n, b, s, k), np.int64), np.zeros((n, b, s, k))
+    step = max(1, len(rows) if positions is None else int(positions))
     with torch.inference_mode():
-        hidden = [hidden_states[i] for i in layers]
-        r, i, p = lens_outputs(model.head, hidden, layers, inputs["input_ids"], inputs["attention_mask"], k,
-                               decoder)
-    return LensBatch(r.numpy(), i.numpy(), p.to(torch.float64).numpy(), inputs["input_ids"].numpy(),
-                     inputs["attention_mask"].numpy())
+        for a in range(0, len(rows), step):
+            r, c = rows[a:a + step], cols[a:a + step]
+            hidden = [hidden_states[i][r, c][None] for i in layers]
+            # targets go in already shifted: the input-token rule of lens_outputs applies, as in the ONNX head
+            out_r, out_i, out_p = lens_outputs(model.head, hidden, layers, target[r, c][None],
+                                               valid[r, c][None].to(torch.int64), k, False)
+            rn, cn = r.numpy(), c.numpy()
+            rank[:, rn, cn], top_ids[:, rn, cn] = out_r[:, 0].numpy(), out_i[:, 0].numpy()
+            top_p[:, rn, cn] = out_p[:, 0].to(torch.float64).numpy()
+            if bar is not None:
+                bar.advance(len(r))
+    return LensBatch(rank, top_ids, top_p, ids.numpy(), mask.numpy())
 
 
 class LensAccumulator:

@@ -20,7 +20,7 @@ import numpy as np
 
 import layerscope
 from layerscope.errors import ExportError
-from layerscope.export import external
+from layerscope.export import external, lean
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.onnx_config import make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
@@ -109,7 +109,7 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
 
     with staged_dir(output, kind="export") as work:
         trace = dict(spec=spec, revision=revision, family=family.name, num_layers=model.num_layers, dtype=dtype,
-                     opset=opset, trust_remote_code=trust_remote_code, threshold=EXTERNAL_DATA_BYTES)
+                     opset=opset, trust_remote_code=trust_remote_code, threshold=stream_threshold())
         weights = checkpoint_weight_bytes(source, dtype)
         if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
             # a big model is loaded and traced in a child process: its memory goes back to the OS when the
@@ -206,7 +206,13 @@ def opset_of_file(path: Path) -> int:
 
 # Weights from which the model is loaded and traced in a child process (None: never). Its own constant, so
 # tests that lower EXTERNAL_DATA_BYTES still see the streamed steps in-process; tests lower this one too.
-TRACE_IN_CHILD_BYTES: int | None = external.EXTERNAL_DATA_BYTES
+TRACE_IN_CHILD_BYTES: int | None = lean.STREAM_BYTES
+
+
+def stream_threshold() -> int:
+    """Weights from which the export is traced without them and streamed (``lean.STREAM_BYTES``, or lower
+    where the external-data limit is)."""
+    return min(EXTERNAL_DATA_BYTES, lean.STREAM_BYTES)
 
 
 def trace_step(trace: dict[str, Any], work: Path) -> None:
@@ -224,9 +230,12 @@ def trace_step(trace: dict[str, Any], work: Path) -> None:
         from layerscope.export.torch_export import torch_export
 
         text = family.text_model_config(config)
+        streamed = lean.ENABLED and lean.weight_bytes(model) >= trace["threshold"]
         torch_export(model, work / ONNX_FILE, input_names=family.input_names(text), num_layers=trace["num_layers"],
-                     opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size))
-        external.consolidate(work / ONNX_FILE)
+                     opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size),
+                     streamed=streamed)
+        if not streamed:
+            external.consolidate(work / ONNX_FILE)
         model.config.save_pretrained(work)  # as Optimum does: a lens rebuilds its head from it
         finish = lambda: None  # noqa: E731
     else:
@@ -261,7 +270,10 @@ def trace_in_child(trace: dict[str, Any], work: Path, weights: int, *, target=No
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads and big tensors
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target or _trace_child, args=(trace, str(work), child), daemon=True)
-    proc.start()
+    from layerscope.export.spawn import main_not_rerun
+
+    with main_not_rerun():  # a caller's script without a __main__ guard is not run again in the child
+        proc.start()
     child.close()
     try:
         message = parent.recv()
@@ -314,7 +326,7 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
 
     from optimum.exporters.onnx import onnx_export_from_model
 
-    from layerscope.export import lean
+    from layerscope.export.traceable import traceable
 
     # Above the threshold the weights are never copied: traced without them, written one by one after.
     streamed = lean.ENABLED and lean.weight_bytes(model) >= threshold
@@ -327,7 +339,7 @@ def _optimum_export(model, work: Path, onnx_cfg, opset: int, *, threshold: int):
             # Optimum gathers torch's per-tensor external files by loading the whole model into one
             # proto (a second copy of the weights); we stream them into one file ourselves instead.
             with patch("optimum.exporters.onnx.convert.check_model_uses_external_data", return_value=False), \
-                    (lean.without_weights(onnx_cfg) if streamed else nullcontext()):
+                    (lean.without_weights(onnx_cfg) if streamed else nullcontext()), traceable():
                 onnx_export_from_model(
                     model, work, opset=opset, task="feature-extraction", do_validation=False,
                     custom_onnx_configs={"model": onnx_cfg}, model_kwargs={"output_hidden_states": True},

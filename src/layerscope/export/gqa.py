@@ -1,5 +1,5 @@
-"""The ``gqa`` variant: each attention block of a rotary decoder (Qwen2, Qwen2.5, Qwen3, Llama) as one
-ONNX Runtime ``GroupQueryAttention`` node.
+"""The ``gqa`` variant: each attention block of a rotary decoder (Qwen2, Qwen2.5, Qwen3, Llama, Mistral, OLMo-2,
+Granite) as one ONNX Runtime ``GroupQueryAttention`` node.
 
 The exported graph computes attention the way the checkpoint's eager code does: rotary embedding on
 q and k, ``repeat_kv`` copying each key/value head to every query head of its group (``Expand``: 7x for
@@ -11,7 +11,9 @@ node with the rotary embedding fused (``do_rotary``, cos/sin tables computed by 
 rotary module), grouped key/value heads read in place, and the causal and padding masks applied by the kernel; its output
 replaces the input of the output projection, and the nodes that computed attention before are dropped.
 Qwen3's per-head q/k RMS norms stay graph nodes: the kernel's own norm prologue (``q_norm_weight``) runs on
-CUDA and WebGPU only (onnxruntime 1.32 refuses it on the CPU).
+CUDA and WebGPU only (onnxruntime 1.32 refuses it on the CPU); OLMo-2's q/k RMS norms, over all heads at
+once, stay graph nodes the same way. Mistral's sliding window is the kernel's ``local_window_size`` (the query
+and the keys before it, as transformers counts them; a window one less drifts at once), Granite's ``attention_multiplier`` its ``scale``.
 Every hidden-state and pooled output is kept, and the variant is held to fp32 parity like any other.
 
 The kernel reads positions as 0..n-1 within each row and the valid length of each row from the
@@ -34,8 +36,10 @@ import numpy as np
 from layerscope.errors import ExportError, InputError
 from layerscope.model.manifest_type import Manifest
 
-GQA_FAMILIES = ("qwen2", "qwen3", "llama")
-_ROTARY_CLASS = {"qwen2": "Qwen2RotaryEmbedding", "qwen3": "Qwen3RotaryEmbedding", "llama": "LlamaRotaryEmbedding"}
+GQA_FAMILIES = ("qwen2", "qwen3", "llama", "mistral", "olmo2", "granite")
+_ROTARY_CLASS = {"qwen2": "Qwen2RotaryEmbedding", "qwen3": "Qwen3RotaryEmbedding", "llama": "LlamaRotaryEmbedding",
+                 "mistral": "MistralRotaryEmbedding", "olmo2": "Olmo2RotaryEmbedding",
+                 "granite": "GraniteRotaryEmbedding"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,10 @@ class AttentionShape:
     num_heads: int
     kv_heads: int
     head_dim: int
-    qk_norm: bool
+    qk_norm: bool  # Qwen3: an RMS norm per head on q and k
+    qk_norm_flat: bool = False  # OLMo-2: an RMS norm over all heads on q and k
+    scale: float | None = None  # the softmax's scale where it is not 1/sqrt(head_dim) (Granite)
+    window: int | None = None  # Mistral's sliding window: the keys a query sees, itself included
 
 
 def check_gqa(export_dir: Path, manifest: Manifest):
@@ -84,8 +91,11 @@ def attention_shape(config, family: str) -> AttentionShape:
     if head_dim % 16:
         raise InputError(f"variant 'gqa': this model's attention heads are {head_dim} wide; ONNX Runtime's "
                          "GroupQueryAttention kernel takes a multiple of 16: use the fp32 export")
+    window = getattr(config, "sliding_window", None) if family == "mistral" else None  # every layer's, when set
+    scale = float(config.attention_multiplier) if family == "granite" else None
     return AttentionShape(num_heads=heads, kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-                          head_dim=head_dim, qk_norm=family == "qwen3")
+                          head_dim=head_dim, qk_norm=family == "qwen3", qk_norm_flat=family == "olmo2",
+                          scale=scale, window=int(window) if window else None)
 
 
 def rotary_tables(config, family: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -154,6 +164,9 @@ def _find_layers(graph, num_layers: int, shape: AttentionShape) -> list[_Layer]:
             layer.q = _module_output(graph, consumers, f"{scope}/q_norm")
             layer.k = _module_output(graph, consumers, f"{scope}/k_norm")
             layer.per_head = True
+        if shape.qk_norm_flat:  # read after the norms, already [batch, seq, heads * head_dim]
+            layer.q = _module_output(graph, consumers, f"{scope}/q_norm")
+            layer.k = _module_output(graph, consumers, f"{scope}/k_norm")
         layers.append(layer)
     return layers
 
@@ -200,9 +213,11 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
         out = f"{p}layer{i}"
         q, k = (flat(layer.q, f"{out}/q"), flat(layer.k, f"{out}/k")) if layer.per_head else (layer.q, layer.k)
         ins = [q, k, layer.v, "", "", p + "seqlens_k", p + "total", p + "cos", p + "sin"]
+        extra = ({"scale": shape.scale} if shape.scale is not None else {}) | \
+            ({"local_window_size": shape.window} if shape.window is not None else {})
         new_nodes.append(helper.make_node("GroupQueryAttention", ins, [out], domain="com.microsoft",
                                           name=f"{p}attention{i}", num_heads=shape.num_heads,
-                                          kv_num_heads=shape.kv_heads, do_rotary=1))
+                                          kv_num_heads=shape.kv_heads, do_rotary=1, **extra))
         layer.out_node.input[0] = out
     graph.node.extend(new_nodes)
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -222,6 +237,7 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     _save(model, dst, external=external)
     return {"fused_attention_nodes": len(layers), "nodes_dropped": dropped, "num_heads": shape.num_heads,
             "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "rotary_rows": rows,
-            "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm else None,
+            "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm or shape.qk_norm_flat else None,
+            "scale": shape.scale, "local_window_size": shape.window,
             "padding": "right (positions 0..n-1 per row, lengths from the mask)"}
 

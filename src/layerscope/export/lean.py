@@ -32,6 +32,11 @@ from layerscope.export import external
 FOLDED_OPS = frozenset({"Transpose", "Identity", "Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Shape",
                         "Slice", "Gather", "Concat", "Expand"})
 ENABLED = True  # False: the ordinary path even above the threshold (benchmarks/models/lean_export_rss.py)
+# Weights (bytes in memory) from which an export streams them and traces in a child process, far below the
+# 2 GiB that forces external data: the ordinary path peaks at ~6.5x the weights (torch.onnx's copy and its
+# folded transposes, then torch reloaded for validation in a process that kept its freed memory), streamed
+# in a child ~2x (benchmarks/models/README.md); from 300 MB on that gap (over 1.3 GB) outweighs a child's start.
+STREAM_BYTES = 300_000_000
 
 
 def weight_bytes(model) -> int:

@@ -10,6 +10,9 @@ Mixture-of-experts blocks route each token to its top-k experts with a data-depe
 experts that were hit; traced, that loop would keep only the experts the dummy batch happened to use.  For
 the export they compute every expert on every token and weight each by its routing weight (zero for the
 experts not chosen): the same sum in another order (:func:`dense_moe`).
+
+``streamed=True`` (weights over ``lean.STREAM_BYTES``) traces without the weights and writes each from the
+model's own tensor afterwards (export/lean.py), as the Optimum path does: torch.onnx never holds a copy.
 """
 
 from __future__ import annotations
@@ -96,8 +99,9 @@ def _dummy(names: list[str], vocab: int):
 
 
 def torch_export(model, path: Path, *, input_names: list[str], num_layers: int, opset: int, decoder: bool,
-                 vocab_size: int) -> None:
-    """Trace ``model`` into ``path`` with every hidden state as an output (weights inside the file)."""
+                 vocab_size: int, streamed: bool = False) -> None:
+    """Trace ``model`` into ``path`` with every hidden state as an output (weights inside the file, or streamed
+    into external data)."""
     import torch
 
     names = list(input_names)
@@ -120,6 +124,10 @@ def torch_export(model, path: Path, *, input_names: list[str], num_layers: int, 
             warnings.simplefilter("ignore")
             torch.onnx.export(wrapper, _dummy(names, vocab_size), str(path), input_names=names,
                               output_names=outputs, dynamic_axes=axes, opset_version=opset,
-                              do_constant_folding=True, dynamo=False)
+                              do_constant_folding=not streamed, export_params=not streamed, dynamo=False)
     except Exception as exc:  # torch.onnx raises many untyped errors
         raise ExportError(f"torch.onnx could not export this model: {str(exc).splitlines()[0][:300]}") from exc
+    if streamed:
+        from layerscope.export import lean
+
+        lean.attach_weights(path, wrapper, opset=opset)  # parameters are graph inputs named as the wrapper's

@@ -11,7 +11,7 @@ tolerance is not written.
 - ``opt``: ONNX Runtime's offline transformer optimizer (attention, LayerNorm,
   GELU, embedding fusion).  Fusion counts come from the optimizer itself, so
   an extra graph output that blocks a fusion shows up as a missing count.
-- ``gqa``: rotary decoders (Qwen2, Qwen2.5, Qwen3) with each layer's attention one
+- ``gqa``: rotary decoders (Qwen2, Qwen2.5, Qwen3, Llama, Mistral, OLMo-2, Granite) with each layer's attention one
   ``GroupQueryAttention`` node, rotary embedding and Qwen3's q/k norms fused, grouped key/value heads
   read without the ``repeat_kv`` copies (``export/gqa.py``); fp32.
 - ``int8``: dynamic quantization of the weight MatMuls only (per-channel int8

@@ -14,7 +14,7 @@ from typing import Any
 import layerscope
 from layerscope.errors import InputError
 from layerscope.model.families import check_config, family_for, model_dims
-from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
+from layerscope.model.source import ModelSource, check_family, load_config, resolve_source, weights_hash
 from layerscope.vocab.layers import layer_names
 
 
@@ -50,6 +50,7 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
                    with_hash: bool = True) -> dict[str, Any]:
     source = resolve_source(spec, revision)
     config = load_config(source, trust_remote_code=trust_remote_code)
+    check_family(config.model_type, getattr(config, "auto_map", None))  # a type of the model's own code: one line
     family = family_for(config.model_type)
     if family.modality == "image":  # a vision tower: no tokenizer (model/vision.py)
         from layerscope.model.vision import describe_vision

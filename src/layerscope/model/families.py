@@ -36,7 +36,9 @@ class Family:
     # for the model type (export/onnx_config.py), and the plain torch.onnx path where it registers none
     onnx_config: str | None = None
     export_path: ExportPath | None = None  # None: "optimum" where Optimum has a config, else "torch"
-    loader: str = "AutoModel"  # transformers class that loads the base model (no head)
+    # transformers class that loads the base model (no head); "{arch}" is the config class's name less "Config"
+    # (T5Config -> T5EncoderModel, UMT5Config -> UMT5EncoderModel: each T5 variant's own layers)
+    loader: str = "AutoModel"
     lm_head_loader: str | None = None  # class that loads the model with its LM head (lens); derived when None
     # Hugging Face's last hidden state has the final norm applied (decoders), or not (CLIP)
     final_norm_in_last_hidden_state: bool | None = None
@@ -112,7 +114,7 @@ EXCEPTIONS: dict[str, Family] = {
         Family("clip-text", ("clip", "clip_text_model"), "encoder", "eos", onnx_config="CLIPTextOnnxConfig",
                loader="CLIPTextModel", final_norm_in_last_hidden_state=False, pooled_output="pooler_output",
                text_config="text_config", optimizer_model_type="clip", inputs=BASE_INPUTS),
-        Family("t5-encoder", ("t5", "mt5", "umt5"), "encoder", onnx_config="T5Encoder", loader="T5EncoderModel",
+        Family("t5-encoder", ("t5", "mt5", "umt5"), "encoder", onnx_config="T5Encoder", loader="{arch}EncoderModel",
                final_norm_in_last_hidden_state=True, inputs=BASE_INPUTS,
                export_dtype_notes="T5 activations overflow in fp16; keep fp32 or bf16", optimizer_model_type="t5"),
         Family("gpt2", ("gpt2",), "decoder", "last", onnx_config="GPT2OnnxConfig",
@@ -160,8 +162,8 @@ TOWERS = ("text", "vision")
 # The model types whose tiny random checkpoints the tests export and hold to Hugging Face on every layer
 # (tests/export/test_export_zoo.py; docs/FAMILIES.md is generated from the same checks).
 CHECKED_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "deberta-v2", "mpnet", "distilbert", "albert",
-                 "electra", "modernbert", "t5", "mt5", "clip_text_model", "gpt2", "gpt_neox", "gptj", "gpt_neo",
-                 "opt", "bloom", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+                 "electra", "modernbert", "t5", "mt5", "umt5", "clip_text_model", "gpt2", "gpt_neox", "gptj",
+                 "gpt_neo", "opt", "bloom", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
                  "gemma2", "gemma3_text", "phi", "phi3", "olmo2", "falcon", "stablelm", "granite", "smollm3")
 
 

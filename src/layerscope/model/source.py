@@ -142,11 +142,11 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         )
     except (OSError, ValueError) as exc:
         if source.is_local:
-            _check_family(_declared_type(source))  # a model type transformers does not know: say that
+            _check_family(_declared(source))  # a model type transformers does not know: say that
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
     except Exception as exc:  # transformers refusing a config it reads (xlnet: "no sequence length limit")
-        _check_family(_declared_type(source))
+        _check_family(_declared(source))
         raise ModelNotFoundError(f"transformers cannot read the config of {source.spec} "
                                  f"({type(exc).__name__}: {exc})") from exc
     if not trust_remote_code:
@@ -154,25 +154,40 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
     return config
 
 
-def _declared_type(source: ModelSource) -> str | None:
-    """The ``model_type`` a local checkpoint's config.json declares, read without transformers."""
+def _declared(source: ModelSource) -> dict:
+    """A local checkpoint's config.json, read without transformers ({} where there is none)."""
     import json
 
     if not source.is_local:
-        return None
+        return {}
     try:
-        value = json.loads((Path(source.path_or_id) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) else None
+        value = json.loads((Path(source.path_or_id) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
-def _check_family(model_type: str | None) -> None:
+def _check_family(declared: dict) -> None:
     """One line for a model type no family covers (model/families.py)."""
-    if model_type is not None:
-        from layerscope.model.families import family_for
+    if isinstance(declared.get("model_type"), str):
+        check_family(declared["model_type"], declared.get("auto_map"))
 
+
+def check_family(model_type: str, auto_map) -> None:
+    """``family_for(model_type)``, or one line for a type that only the model's own code (``auto_map``) defines."""
+    from layerscope.errors import InputError
+    from layerscope.model.families import family_for
+
+    try:
         family_for(model_type)
+    except InputError:
+        if not auto_map or not isinstance(auto_map, dict):
+            raise
+        code = ", ".join(f"{k} = {v}" for k, v in sorted(auto_map.items()) if k.startswith("AutoModel"))
+        raise InputError(f"model type '{model_type}' exists only in the model's own code ({code or 'auto_map'}), "
+                         "which layerscope does not export, with or without --trust-remote-code: it runs a model's "
+                         "own code only for types transformers knows (jina-bert's 'bert', say); `layerscope "
+                         "families` lists them") from None
 
 
 _WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader
@@ -192,9 +207,12 @@ def warn_ignored_code(source: ModelSource, auto_map: dict | list, where: str) ->
         source.spec, where, classes)
 
 
-def _loader_class(name: str):
+def _loader_class(name: str, source: ModelSource | None = None, trust_remote_code: bool = False):
     import transformers
 
+    if "{arch}" in name:  # the config's own architecture (families.py Family.loader)
+        config = load_config(source, trust_remote_code=trust_remote_code)
+        name = name.format(arch=type(config).__name__.removesuffix("Config"))
     return getattr(transformers, name)
 
 
@@ -204,7 +222,7 @@ def supports_sdpa(source: ModelSource, family: Family, *, trust_remote_code: boo
 
     config = transformers.AutoConfig.from_pretrained(source.path_or_id, revision=source.revision,
                                                      trust_remote_code=trust_remote_code)
-    auto = _loader_class(family.loader)
+    auto = _loader_class(family.loader, source, trust_remote_code)
     try:
         cls = auto._model_mapping[type(config)]
     except (AttributeError, KeyError):
@@ -233,7 +251,7 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             f"the weights of {source.spec} were read from {source.path_or_id}, which no longer exists (moved, "
             "or its environment was rebuilt); export the model again from where it is now")
     cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
-    cls = _loader_class(cls_name)
+    cls = _loader_class(cls_name, source, trust_remote_code)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
                                   use_safetensors=True,
                                   dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
