@@ -176,11 +176,15 @@ def describe_vision(spec: str, *, tower: str | None = None, trust_remote_code: b
 
     import layerscope
     from layerscope.model.families import family_for, image_tokens, model_dims, prefix_tokens
-    from layerscope.model.source import load_config, resolve_source, weights_hash
+    from layerscope.model.source import check_family, load_config, resolve_source, weights_hash
 
     source = resolve_source(spec, revision)
     config = load_config(source, trust_remote_code=trust_remote_code)
-    family = family_for(config.model_type, tower)
+    try:
+        family = family_for(config.model_type, tower)
+    except InputError:
+        check_family(config.model_type, getattr(config, "auto_map", None))  # a type of the model's own code
+        raise
     if family.modality != "image":
         return None
     vision = family.tower_config(config)
