@@ -47,7 +47,8 @@ def test_parse_engines_rejects_unknown():
 def test_tiny_bench_run(export_dir, tmp_path):
     from layerscope.data.synthetic import synthetic_texts
     from layerscope.bench.report import markdown_table, write_results
-    from layerscope.bench.runner import BenchConfig, run_bench
+    from layerscope.bench.config import BenchConfig
+    from layerscope.bench.runner import run_bench
 
     sts = tmp_path / "sts.csv"
     rows = [("main-captions", "x", "2012", f"{i:04d}", f"{s:.1f}", a, b) for i, (s, a, b) in enumerate([

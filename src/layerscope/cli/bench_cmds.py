@@ -80,7 +80,8 @@ def bench(
                   batch_tokens=batch_tokens, max_batch=max_batch, sts=sts, threads=threads,
                   progress=progress_printer(c))
     if in_process:
-        from layerscope.bench.runner import BenchConfig, run_bench
+        from layerscope.bench.config import BenchConfig
+        from layerscope.bench.runner import run_bench
 
         result = run_bench(BenchConfig(include_st=peers != "none", **shared))
     else:
