@@ -134,7 +134,7 @@ def test_reading_the_registry_loads_no_numpy_or_engine_library():
 def test_gpu_libraries_are_preloaded_once_before_a_gpu_provider(monkeypatch):
     """Catches: a CUDA provider that cannot find libcudart/cuDNN from the nvidia-* pip packages because
     onnxruntime's preload_dlls was never called (it is not called by importing onnxruntime)."""
-    from layerscope.engines import ort as ort_mod
+    from layerscope.engines import ort_session as ort_mod
 
     calls = []
     fake = SimpleNamespace(preload_dlls=lambda: calls.append(1),

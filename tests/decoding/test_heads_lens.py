@@ -139,7 +139,7 @@ def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
     assert p["rank_mismatch_fraction"] == 0.0 and p["top1_mismatch_fraction"] == 0.0
     # the graph's softmax runs in float64, and a sidecar that does not say so marks a graph to export again
     from layerscope.decoding.lens_onnx import read_sidecar
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     probs = next(o for o in make_session(out / meta["file"], "CPUExecutionProvider").get_outputs()
                  if o.name == "lens.topk_probs")
@@ -178,7 +178,7 @@ def _hf_causal_lens(path, inputs, k):
 def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
     """The traced head alone (fed torch hidden states), for a decoder with its final norm."""
     from layerscope.decoding.lens_onnx import OUTPUTS, _trace_head, run_onnx_lens
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     handle, model, inputs = _setup(tiny_model("gpt2"))
     path = tmp_path / "head.onnx"

@@ -20,7 +20,7 @@ def _run(export_dir):
     from transformers import AutoTokenizer
 
     from layerscope.model.tokenize import Encoder
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.source import prepare_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(export_dir))

@@ -30,7 +30,7 @@ def llama_export(tmp_path_factory):
 def test_gqa_variant_fuses_every_llama_layer_and_matches_fp32(llama_export):
     """Catches: Llama refused by the gqa variant, a layer left unfused (anchors named differently from
     Qwen's, no q/k biases), wrong rotary tables (hidden states drift from layer 1 on), an output lost."""
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.export.variants import make_variant
     from layerscope.model.handle import ModelHandle
     from layerscope.model.tokenize import Encoder

@@ -33,7 +33,7 @@ def exports(tmp_path_factory):
 
 
 def _run(export_dir, file, texts):
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.handle import ModelHandle
     from layerscope.model.tokenize import Encoder
 

@@ -20,7 +20,7 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 
 def _outputs(export_dir):
     from layerscope.model.tokenize import Encoder
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(export_dir)

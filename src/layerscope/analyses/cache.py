@@ -74,7 +74,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     """Vectors of ``texts``; a cached store of the same model, engine, settings and texts is reused when it
     holds every asked layer and pooling (stores are extracted with every layer and every pooling of the
     model, so other choices reuse them too)."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
     from layerscope.runtime.pipeline import embed, extract
     from layerscope.vocab.layers import Layers, layer_names
 

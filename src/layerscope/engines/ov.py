@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
-from layerscope.engines.ort import OrtEngine, physical_cores
+from layerscope.engines.ort import OrtEngine
+from layerscope.engines.ort_session import physical_cores
 from layerscope.engines.truncate import engine_graph
 from layerscope.errors import EngineUnavailableError, InputError
 

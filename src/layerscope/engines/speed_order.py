@@ -26,7 +26,7 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_v
 
 
 def _root() -> Path:
-    from layerscope.model.manifest import cache_root  # the model floor is below the engines
+    from layerscope.model.home import cache_root  # the model floor is below the engines
 
     return cache_root()
 
