@@ -37,8 +37,8 @@ def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
     corpus = tmp_path / "sts.txt"
     corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
     manifest = export_model("minilm", tmp_path / "minilm")
-    assert manifest["num_layers"] == 6 and manifest["hidden_size"] == 384
-    assert max(v["max_abs"] for v in manifest["parity"]["outputs"].values()) <= 1e-4
+    assert manifest.num_layers == 6 and manifest.hidden_size == 384
+    assert max(v.max_abs for v in manifest.parity.outputs.values()) <= 1e-4
     store = extract(tmp_path / "minilm", str(corpus), tmp_path / "store", engine="ort", layers="-1",
                     poolings=["mean"]).store
     ours = np.asarray(store["mean", -1], dtype=np.float64)

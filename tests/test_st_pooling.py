@@ -193,4 +193,4 @@ def test_an_export_cached_before_st_support_is_made_again(tiny_model, tmp_path, 
     path.write_text(json.dumps(old))
     again = ensure_export(ModelHandle.resolve(str(ckpt)))
     assert again.export_dir == first.export_dir
-    assert again.manifest["sentence_transformers"]["pooling"] == "cls"
+    assert again.manifest.sentence_transformers["pooling"] == "cls"

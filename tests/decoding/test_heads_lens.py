@@ -182,13 +182,13 @@ def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
 
     handle, model, inputs = _setup(tiny_model("gpt2"))
     path = tmp_path / "head.onnx"
-    _trace_head(model, 3, int(handle.manifest["hidden_size"]), 18, path)
+    _trace_head(model, 3, handle.manifest.hidden_size, 18, path)
     ref = _hf_causal_lens(tiny_model("gpt2"), inputs, 3)
     with torch.no_grad():
         hidden = model.base(**inputs, output_hidden_states=True).hidden_states
     r, ids, p = run_onnx_lens(make_session(path, "CPUExecutionProvider"),
                               {n: inputs[n].numpy() for n in ("input_ids", "attention_mask")},
-                              [h.numpy() for h in hidden], True, 3, int(handle.manifest["vocab_size"]))
+                              [h.numpy() for h in hidden], True, 3, int(handle.manifest.vocab_size))
     assert [o.name for o in make_session(path, "CPUExecutionProvider").get_outputs()] == list(OUTPUTS)
     assert np.array_equal(r, ref.rank)
     real = inputs["attention_mask"].numpy().astype(bool)  # padding is in no figure (and GPT-2 pads differently)

@@ -37,7 +37,7 @@ def test_external_data_when_the_model_is_big(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 1000)  # pretend the tiny model is over the limit
     out = tmp_path / "onnx"
     manifest = exporter.export_model(str(tiny_model("gpt2")), out, pooled=["mean", "last"])
-    assert manifest["external_data"] is True
+    assert manifest.external_data is True
     assert (out / "model.onnx_data").exists()
     assert (out / "model.onnx").stat().st_size < (out / "model.onnx_data").stat().st_size
     engine = create_engine("ort", ModelHandle.resolve(out))

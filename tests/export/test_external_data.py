@@ -38,7 +38,7 @@ def test_external_data_export_is_bit_identical(family, tiny_model, tmp_path, mon
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     big = tmp_path / "big"
     manifest = export_model(str(tiny_model(family)), big)
-    assert manifest["external_data"] is True
+    assert manifest.external_data is True
     assert json.loads((normal / "manifest.json").read_text())["external_data"] is False
     assert (big / "model.onnx_data").stat().st_size > (big / "model.onnx").stat().st_size
     graph = onnx.load(str(big / "model.onnx"), load_external_data=False)

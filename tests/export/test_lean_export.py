@@ -54,7 +54,7 @@ def test_streamed_export_is_bit_identical_to_the_ordinary_one(family, tiny_model
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     streamed = tmp_path / "streamed"
     manifest = export_model(str(tiny_model(family)), streamed, pooled=["mean"])
-    assert calls == [1] and manifest["external_data"] is True
+    assert calls == [1] and manifest.external_data is True
     from layerscope.export import external
 
     assert external.inline_bytes(onnx.load(str(streamed / "model.onnx"), load_external_data=False)) < 10_000
@@ -93,7 +93,7 @@ def test_streamed_fp16_export_is_bit_identical_to_the_ordinary_one(tiny_model, t
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 5_000)
     streamed = tmp_path / "streamed"
     manifest = export_model(str(tiny_model("qwen2")), streamed, pooled=["mean"], dtype="fp16")
-    assert manifest["external_data"] is True and manifest["fp16_nodes_kept_fp32"] > 0
+    assert manifest.external_data is True and manifest.to_dict()["fp16_nodes_kept_fp32"] > 0
     assert _weight_digests(streamed) == _weight_digests(ordinary)
     assert any(d[0] == "float16" for d in _weight_digests(streamed))
     a, b = _outputs(ordinary), _outputs(streamed)

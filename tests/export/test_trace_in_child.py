@@ -37,12 +37,12 @@ def test_child_trace_equals_the_in_process_export(tiny_model, tmp_path, monkeypa
     said = []
     child = export_model(str(tiny_model("qwen2")), tmp_path / "child", pooled=["mean"], progress=said.append)
     assert any("in a child process" in s for s in said) and not any("in a child process" in s for s in said_in)
-    assert child["external_data"] is here["external_data"] is True
+    assert child.external_data is here.external_data is True
     assert (tmp_path / "child" / "model.onnx_data").read_bytes() == (tmp_path / "here" / "model.onnx_data").read_bytes()
-    assert child["parity"]["outputs"].keys() == here["parity"]["outputs"].keys()
-    for name, stats in here["parity"]["outputs"].items():
-        np.testing.assert_allclose(child["parity"]["outputs"][name]["max_abs"], stats["max_abs"], rtol=0, atol=0)
-    assert json.loads((tmp_path / "child" / "manifest.json").read_text())["outputs"] == here["outputs"]
+    assert child.parity.outputs.keys() == here.parity.outputs.keys()
+    for name, stats in here.parity.outputs.items():
+        np.testing.assert_allclose(child.parity.outputs[name].max_abs, stats.max_abs, rtol=0, atol=0)
+    assert json.loads((tmp_path / "child" / "manifest.json").read_text())["outputs"] == here.to_dict()["outputs"]
 
 
 def test_a_child_killed_by_the_kernel_is_one_clear_error(tmp_path):

@@ -45,13 +45,13 @@ class OrtEngine(Engine):
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
                  depth: int | None = None, pooled_only: bool = False, **options):
-        from layerscope.model.variants import variant_onnx_file
+        from layerscope.model.variants import run_variant, variant_onnx_file
 
         handle = model  # an export: create_engine refuses a plain model for this engine
         super().__init__(handle)
         self.options = options
-        self.variant = variant if variant not in (None, "", "fp32") else None
-        onnx_file = variant_onnx_file(handle.manifest, self.variant)
+        onnx_file = variant_onnx_file(handle.manifest, variant)  # refuses an OpenVINO precision in one line
+        self.variant = run_variant(variant)
         self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:

@@ -165,7 +165,9 @@ class OvEngine(OrtEngine):
         precision = precision[3:] if precision.startswith("ov-") else precision
         if precision not in OV_PRECISIONS:
             raise InputError(f"the ov engine runs variants {', '.join(OV_PRECISIONS)}, not '{variant}'")
-        self.variant = precision
+        from layerscope.model.variants import run_variant
+
+        self.variant = run_variant(precision)  # fp32 runs the export's own graph: no variant
         path = handle.onnx_path
         if precision == "int8":
             from layerscope.model.variants import variant_onnx_file

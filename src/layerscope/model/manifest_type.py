@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator
+from typing import Any
 
 from layerscope.errors import ManifestError
 
@@ -175,7 +175,7 @@ _REQUIRED = ("source", "family", "num_layers", "hidden_size")
 
 
 @dataclass(frozen=True)
-class Manifest(Mapping):
+class Manifest:
     """One model's facts: an export's manifest.json, or a plain model's description."""
 
     format_version: int | None  # None: not an export (a plain model's description, or an old embedded copy)
@@ -318,22 +318,6 @@ class Manifest(Mapping):
     def key(self) -> str:
         """A stable identity for caching: the weights hash where known, else the source id."""
         return self.source.weights_sha256 or f"{self.source.path_or_id}@{self.source.revision}"
-
-    # -- read-only mapping view, for code not yet moved to the attributes -----------
-    def __getitem__(self, name: str) -> Any:
-        return copy.deepcopy(self.raw[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.raw)
-
-    def __len__(self) -> int:
-        return len(self.raw)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.raw
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return copy.deepcopy(self.raw[name]) if name in self.raw else default
 
 
 def variant_entries(manifest: "Manifest | Mapping[str, Any]") -> Mapping[str, Variant]:
