@@ -78,9 +78,10 @@ def sts_dir():
 def bert_export(tiny_model, tmp_path_factory):
     """A tiny BERT exported with the default outputs, once per test module (a module may alter it)."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
+    export_model(resolve_source(str(tiny_model("bert"))), out)
     return out
 
 

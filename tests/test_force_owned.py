@@ -125,10 +125,11 @@ def test_extract_force_replaces_its_store_and_the_index_built_inside(bert_export
 
 def test_export_force_keeps_user_files_named_like_export_files(tiny_model, tmp_path, capsys):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     model = tiny_model("bert")
     out = tmp_path / "E"
-    export_model(str(model), out, pooled=["mean"])
+    export_model(resolve_source(str(model)), out, pooled=["mean"])
     mine = user_files(out, {"tokenizer_notes.md": "how I tokenized", "peers/mine.txt": "peer list"})
     before = tree(out)
     code, text = run_cli(["export", model, "--out", out, "--force"], capsys)

@@ -50,11 +50,12 @@ def _custom_tokenizer_model(tiny_model, tmp_path) -> Path:
 
 def test_the_flag_reaches_export_validation_and_the_export_tokenizer(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
     from layerscope.model.handle import ModelHandle
 
     model = _custom_tokenizer_model(tiny_model, tmp_path)
     out = tmp_path / "exp"
-    manifest = export_model(str(model), out, trust_remote_code=True)  # validation re-loads the saved tokenizer
+    manifest = export_model(resolve_source(str(model)), out, trust_remote_code=True)  # validation re-loads the saved tokenizer
     assert manifest.parity.outputs
     tok = ModelHandle.resolve(out, trust_remote_code=True).tokenizer()
     assert type(tok).__name__ == "CustomTokenizerFast"

@@ -126,9 +126,10 @@ def test_lens_accumulator_by_hand():
 def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
     from layerscope.decoding.lens_onnx import export_lens, lens_parity
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = tmp_path / "exp"
-    export_model(str(tiny_model("bert")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["mean"])
     meta = export_lens(out, 5)
     assert meta["parity"]["rank_mismatch_fraction"] == 0.0
     assert meta["parity"]["top1_mismatch_fraction"] == 0.0

@@ -10,6 +10,7 @@ import pytest
 from layerscope.engines.base import create_engine
 from layerscope.vocab.layers import layer_names
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.model.handle import ModelHandle
 from layerscope.vocab.pooling import pool
 from hf_reference import check_engine, hf_reference
@@ -26,7 +27,7 @@ def exported(tiny_model, tmp_path_factory):
     def get(family):
         if family not in cache:
             out = tmp_path_factory.mktemp(f"export-{family}") / "onnx"
-            export_model(str(tiny_model(family)), out)
+            export_model(resolve_source(str(tiny_model(family))), out)
             cache[family] = out
         return cache[family]
 

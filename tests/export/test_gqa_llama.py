@@ -15,6 +15,7 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 def llama_export(tmp_path_factory):
     import tiny_zoo
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("gqa-llama")
     saved = dict(tiny_zoo.SHAPES["llama"])
@@ -23,7 +24,7 @@ def llama_export(tmp_path_factory):
         ckpt = tiny_zoo.build_zoo_model("llama", root / "src", seed=1)
     finally:
         tiny_zoo.SHAPES["llama"] = saved
-    export_model(str(ckpt), root / "onnx", pooled=["mean", "last"])
+    export_model(resolve_source(str(ckpt)), root / "onnx", pooled=["mean", "last"])
     return root / "onnx"
 
 

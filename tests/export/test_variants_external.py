@@ -17,13 +17,14 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 def exports(tiny_model, tmp_path_factory):
     """The same tiny BERT exported twice: one file, and with its weights in model.onnx_data."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("variants-external")
-    export_model(str(tiny_model("bert")), root / "small", pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("bert"))), root / "small", pooled=["mean"])
     before = exporter.EXTERNAL_DATA_BYTES
     exporter.EXTERNAL_DATA_BYTES = 10_000
     try:
-        assert export_model(str(tiny_model("bert")), root / "big", pooled=["mean"])["external_data"]
+        assert export_model(resolve_source(str(tiny_model("bert"))), root / "big", pooled=["mean"]).external_data
     finally:
         exporter.EXTERNAL_DATA_BYTES = before
     return root / "small", root / "big"

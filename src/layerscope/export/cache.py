@@ -185,8 +185,8 @@ def cached_export(handle, options: dict[str, Any] | None = None):
             import shutil
 
             shutil.rmtree(target)
-        export_model(handle.spec, target, trust_remote_code=handle.trust_remote_code,
-                     revision=handle.source().revision, force=True, cache_entry=ident, lock=False, **options)
+        export_model(handle.source(), target, trust_remote_code=handle.trust_remote_code, force=True,
+                     cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
         for line in record_cpu_precisions(target):  # for --engine auto, which says what it picks

@@ -25,10 +25,11 @@ from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_outpu
 from layerscope.export.onnx_config import make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.hashing import file_sha256
-from layerscope.model.describe import describe_model
+from layerscope.model.describe import describe_source
 from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.manifest_check import file_records
+from layerscope.model.source import ModelSource
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
 from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
 
@@ -54,23 +55,24 @@ def _one_writer(fn):
     import functools
 
     @functools.wraps(fn)
-    def wrapper(spec, output, *args, lock: bool = True, **kwargs):
+    def wrapper(source, output, *args, lock: bool = True, **kwargs):
         if not lock:
-            return fn(spec, output, *args, **kwargs)
+            return fn(source, output, *args, **kwargs)
         from layerscope.out_lock import out_lock
 
         with out_lock(output):
-            return fn(spec, output, *args, **kwargs)
+            return fn(source, output, *args, **kwargs)
 
     return wrapper
 
 
 @_one_writer
-def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
-                 atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False, revision: str | None = None,
+def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] | None = None,
+                 opset: int = DEFAULT_OPSET, atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> Manifest:
-    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
+    """Export the resolved model ``source`` (``model.source.resolve_source``; its revision included) into
+    ``output``; returns the manifest. Raises ExportError on a parity failure.
 
     ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
     to a depth-scaled cosine against torch fp32 instead of ``atol``.
@@ -78,25 +80,27 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
 
+    if not isinstance(source, ModelSource):
+        raise TypeError(f"export_model takes a resolved ModelSource (resolve_source(...)), not {type(source).__name__}")
+    spec = source.spec
     dtype = check_dtype(dtype)
     output = Path(output)
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)  # the manifest's model half
+    info = describe_source(source, trust_remote_code=trust_remote_code)  # the manifest's model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
     from layerscope.model.families import FAMILIES
-    from layerscope.model.source import load_torch_model, resolve_source
+    from layerscope.model.source import load_torch_model
 
     family = FAMILIES[model.family]
     requested = pooled if pooled is not None else default_pooled(family.name)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     require_pooled_output(pooled_modes, family.pooled_output, family.name)
-    source = resolve_source(spec, revision)
     from layerscope.atomic import staged_dir
 
     with staged_dir(output, kind="export") as work:
-        trace = dict(spec=spec, revision=revision, family=family.name, num_layers=model.num_layers, dtype=dtype,
+        trace = dict(source=source.to_dict(), family=family.name, num_layers=model.num_layers, dtype=dtype,
                      opset=opset, trust_remote_code=trust_remote_code, threshold=EXTERNAL_DATA_BYTES)
         weights = checkpoint_weight_bytes(source, dtype)
         if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
@@ -200,10 +204,10 @@ TRACE_IN_CHILD_BYTES: int | None = external.EXTERNAL_DATA_BYTES
 def trace_step(trace: dict[str, Any], work: Path) -> None:
     """Load the torch model, export it into ``work`` and free it; ``trace`` holds export_model's arguments."""
     from layerscope.model.families import FAMILIES
-    from layerscope.model.source import load_config, load_torch_model, resolve_source
+    from layerscope.model.source import ModelSource, load_config, load_torch_model
 
     family = FAMILIES[trace["family"]]
-    source = resolve_source(trace["spec"], trace["revision"])
+    source = ModelSource(**trace["source"])  # resolved by export_model; the child loads exactly that
     config = load_config(source, trust_remote_code=trace["trust_remote_code"])
     model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"])
     from layerscope.export.onnx_config import export_path

@@ -320,13 +320,6 @@ class Manifest:
         return self.source.weights_sha256 or f"{self.source.path_or_id}@{self.source.revision}"
 
 
-def variant_entries(manifest: "Manifest | Mapping[str, Any]") -> Mapping[str, Variant]:
-    """The typed variants of a manifest, or of a bare mapping holding only a ``variants`` entry."""
-    if isinstance(manifest, Manifest):
-        return manifest.variants
-    return {str(k): Variant.from_dict(k, v) for k, v in (manifest.get("variants") or {}).items() if v}
-
-
 def as_manifest(value: "Manifest | Mapping[str, Any]", *, where: str = "the manifest") -> Manifest:
     """``value`` as a ``Manifest`` (a dict from a store or a results file is read here)."""
     return value if isinstance(value, Manifest) else Manifest.from_dict(value, where=where)
@@ -340,4 +333,4 @@ def manifest_dict(value: "Manifest | Mapping[str, Any] | None") -> dict[str, Any
 
 
 __all__ = ["FORMAT_VERSION", "Manifest", "OutputCheck", "Parity", "SourceInfo", "TokenizerInfo", "Variant",
-           "as_manifest", "manifest_dict", "variant_entries"]
+           "as_manifest", "manifest_dict"]

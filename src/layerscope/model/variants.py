@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.errors import InputError
-from layerscope.model.manifest_type import Manifest, variant_entries
+from layerscope.model.manifest_type import Manifest
 
 VARIANT_KINDS = ("opt", "gqa", "int8", "int8-block", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
@@ -55,7 +55,7 @@ def variant_onnx_file(manifest: Manifest, kind: str | None) -> str | None:
     if run_variant(kind) is None:
         return None
     check_kind(kind)
-    entry = variant_entries(manifest).get(kind)
+    entry = manifest.variant(kind)
     if not entry:
         raise InputError(f"this export has no '{kind}' variant yet; make it with: layerscope optimize EXPORT_DIR "
                          f"--variant {kind}")
