@@ -53,7 +53,7 @@ def test_extract_checks_options_before_writing_anything(option, needle, bert_exp
 def test_max_length_at_the_model_limit_is_accepted(bert_export, tmp_path):
     from layerscope.model.manifest import read_manifest
 
-    limit = int(read_manifest(bert_export)["max_length"])
+    limit = read_manifest(bert_export).max_length
     assert extract(bert_export, ["a b c"], tmp_path / "s", engine="ort", max_length=limit).n == 1
     with pytest.raises(InputError, match=f"use at most {limit}"):
         extract(bert_export, ["a b c"], tmp_path / "t", engine="ort", max_length=limit + 1)
