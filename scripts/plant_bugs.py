@@ -62,8 +62,8 @@ BUGS = (
         ("tests/test_ownership_guards.py", "tests/test_force_owned.py", "tests/test_report_paths.py")),
     # ---- silently wrong figures
     Bug("cache-key-no-variant", S + "analyses/cache.py",
-        '        "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),',
-        '        "onnx": run.handle.manifest.get("onnx_sha256"),',
+        '        "onnx": run.handle.manifest.onnx_sha256, "variant": getattr(run.engine, "variant", None),',
+        '        "onnx": run.handle.manifest.onnx_sha256,',
         ("tests/analyses/test_identity_guards.py", "tests/test_export_cache.py", "tests/analyses/test_run_spec.py", "tests/test_variants.py")),
     Bug("cache-poolings-overlap", S + "analyses/cache.py",
         "        if set(layers) <= set(store.layers) and set(poolings) <= set(store.poolings):",

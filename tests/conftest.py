@@ -74,13 +74,25 @@ def sts_dir():
     return path
 
 
-@pytest.fixture(scope="module")
-def bert_export(tiny_model, tmp_path_factory):
-    """A tiny BERT exported with the default outputs, once per test module (a module may alter it)."""
+@pytest.fixture(scope="session")
+def _bert_export_once(tiny_model, tmp_path_factory):
+    """The tiny BERT exported once per session; no test sees this folder, each module gets a copy."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
+    out = tmp_path_factory.mktemp("bert-export-once") / "onnx"
+    export_model(resolve_source(str(tiny_model("bert"))), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bert_export(_bert_export_once, tmp_path_factory):
+    """A tiny BERT exported with the default outputs, a fresh copy per test module (a module may alter it).
+
+    Copied with its files' times, so the export's record of its files (sha256, size, mtime) still holds: the
+    copy is the export, made once per session instead of once per module (about 30 modules use it)."""
     out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(str(tiny_model("bert")), out)
+    shutil.copytree(_bert_export_once, out, symlinks=True)
     return out
 
 

@@ -26,14 +26,14 @@ def _bench(speeds: dict[str, float], *, texts: int = 2758, kind: str = "layersco
 
 
 def test_without_a_bench_the_declared_order_is_kept_and_said(tmp_path):
-    order, source = speed_order.ranked(CPU_RANK, {"onnx_sha256": SHA}, root=tmp_path)
+    order, source = speed_order.ranked(CPU_RANK, SHA, root=tmp_path)
     assert order == list(CPU_RANK) and "declared order" in source
 
 
 def test_measured_engines_take_the_declared_slots_fastest_first(tmp_path):
     """Catches: ranking that ignores the record, ranks slowest first, or moves unmeasured engines."""
     assert speed_order.record(_bench({"ort": 900.0, "ov": 500.0, "ort-int8": 700.0}), "b.json", root=tmp_path) == 3
-    order, source = speed_order.ranked(CPU_RANK, {"onnx_sha256": SHA}, root=tmp_path)
+    order, source = speed_order.ranked(CPU_RANK, SHA, root=tmp_path)
     names = [speed_order.bench_name(e, v) for e, v, _ in order]
     # declared: ov-bf16, ov-int8, ort-gqa, ort-int8-block, ort-int8, ov, ort; the measured slots (4..6) get ort,
     # ort-int8, ov; the unmeasured keep theirs
@@ -53,8 +53,8 @@ def test_short_in_process_or_empty_benches_are_not_recorded(tmp_path):
 def test_the_same_export_wins_over_a_later_run_of_another(tmp_path):
     speed_order.record(_bench({"ort": 900.0, "ov": 500.0}), root=tmp_path)
     speed_order.record(_bench({"ort": 100.0, "ov": 800.0}, sha="b" * 64, model="other"), root=tmp_path)
-    assert speed_order.measured_run({"onnx_sha256": SHA}, root=tmp_path)["texts_per_s"]["ort"] == 900.0
-    assert speed_order.measured_run({"onnx_sha256": "c" * 64}, root=tmp_path)["model"] == "other"
+    assert speed_order.measured_run(SHA, root=tmp_path)["texts_per_s"]["ort"] == 900.0
+    assert speed_order.measured_run("c" * 64, root=tmp_path)["model"] == "other"
     data = json.loads((tmp_path / speed_order.SPEEDS_FILE).read_text())
     (key, entry), = data.items()
     assert key == speed_order.cpu_identity()[0] and len(entry["runs"]) == 2
@@ -67,12 +67,20 @@ def test_cpu_identity_depends_on_the_engine_relevant_flags():
     assert speed_order.cpu_identity(base)[1] == "Some CPU (avx2, fma)"
 
 
+def _manifest(**recorded):
+    """A typed manifest holding only what auto reads: the graph's sha256 and the parities recorded."""
+    from layerscope.model.manifest_type import Manifest
+
+    return Manifest.from_dict({"source": {"spec": "x", "path_or_id": "x"}, "family": "bert", "num_layers": 1,
+                               "hidden_size": 4, "onnx_sha256": SHA, **recorded})
+
+
 class _Handle:
     is_export = True
 
     def __init__(self):
         one = {"outputs": {"hidden_states.1": {"min_cos": 1.0, "max_abs": 0.0}}}
-        self.manifest = {"onnx_sha256": SHA, "parity": one, "variants": {"ov-fp32": {"parity": one}}}
+        self.manifest = _manifest(parity=one, variants={"ov-fp32": {"file": "model.onnx", "parity": one}})
 
 
 class _Engine:
@@ -137,7 +145,7 @@ class _ExportOnlyHandle:
     is_export = True
 
     def __init__(self, min_cos: float = 0.999995):
-        self.manifest = {"onnx_sha256": SHA, "parity": {"outputs": {"hidden_states.1": {"min_cos": min_cos}}}}
+        self.manifest = _manifest(parity={"outputs": {"hidden_states.1": {"min_cos": min_cos}}})
 
 
 def test_fp32_engines_inherit_the_export_s_parity_and_go_by_speed(no_gpu, tmp_path, monkeypatch):

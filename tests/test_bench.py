@@ -12,10 +12,11 @@ import pytest
 @pytest.fixture(scope="module")
 def export_dir(tiny_model, tmp_path_factory):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     model = tiny_model("bert")
     out = tmp_path_factory.mktemp("export-bench") / "tiny"
-    export_model(str(model), out)
+    export_model(resolve_source(str(model)), out)
     return out
 
 
@@ -47,7 +48,8 @@ def test_parse_engines_rejects_unknown():
 def test_tiny_bench_run(export_dir, tmp_path):
     from layerscope.data.synthetic import synthetic_texts
     from layerscope.bench.report import markdown_table, write_results
-    from layerscope.bench.runner import BenchConfig, run_bench
+    from layerscope.bench.config import BenchConfig
+    from layerscope.bench.runner import run_bench
 
     sts = tmp_path / "sts.csv"
     rows = [("main-captions", "x", "2012", f"{i:04d}", f"{s:.1f}", a, b) for i, (s, a, b) in enumerate([

@@ -12,9 +12,10 @@ import pytest
 @pytest.fixture(scope="module")
 def export_dir(tiny_model, tmp_path_factory):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = tmp_path_factory.mktemp("iso-export") / "tiny"
-    export_model(str(tiny_model("bert")), out)
+    export_model(resolve_source(str(tiny_model("bert"))), out)
     return out
 
 

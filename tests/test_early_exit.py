@@ -21,11 +21,12 @@ BLOCK_SCOPE = {"bert": "/encoder/layer.{i}/", "gpt2": "/h.{i}/"}
 @pytest.fixture(scope="module")
 def exports(tiny_model, tmp_path_factory):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = {}
     for family in ("bert", "gpt2"):
         out[family] = tmp_path_factory.mktemp(f"early-{family}") / "onnx"
-        export_model(str(tiny_model(family)), out[family])
+        export_model(resolve_source(str(tiny_model(family))), out[family])
     return out
 
 
@@ -134,9 +135,10 @@ def test_a_store_of_the_first_layers_equals_those_layers_of_a_full_store(exports
 
 def test_the_cached_graph_is_reused_and_made_again_when_the_export_changes(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     export_dir = tmp_path / "onnx"
-    export_model(str(tiny_model("bert")), export_dir)
+    export_model(resolve_source(str(tiny_model("bert"))), export_dir)
     first = create_engine("ort", export_dir, depth=0)
     made = export_dir / "model.upto-0.onnx"
     record = json.loads((export_dir / "model.upto-0.json").read_text())
@@ -166,10 +168,11 @@ def test_the_cached_graph_is_reused_and_made_again_when_the_export_changes(tiny_
 def test_an_export_with_external_data_is_pruned_without_copying_weights(tiny_model, tmp_path, monkeypatch):
     from layerscope.export import exporter, external
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     export_dir = tmp_path / "big"
-    assert export_model(str(tiny_model("qwen2")), export_dir)["external_data"] is True
+    assert export_model(resolve_source(str(tiny_model("qwen2"))), export_dir).external_data is True
     full = create_engine("ort", export_dir)
     batch = full.encoder()(TEXTS)
     eng = create_engine("ort", export_dir, depth=1)

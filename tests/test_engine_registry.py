@@ -62,7 +62,11 @@ def test_a_declared_engine_joins_every_reader(declared):
     assert registry.auto_order(explicit_variant=False)[0] == ("quick", None, "fp32")
     assert parse_engines("quick,quick-int8") == ["quick", "quick-int8"]
     assert bench_engines()["quick-int8"].variant == "int8"
-    handle = SimpleNamespace(manifest={"parity": {"outputs": {"hidden_states.0": {"min_cos": 1.0}}}})
+    from layerscope.model.manifest_type import Manifest
+
+    handle = SimpleNamespace(manifest=Manifest.from_dict({
+        "source": {"spec": "x"}, "family": "bert", "num_layers": 1, "hidden_size": 4,
+        "parity": {"outputs": {"hidden_states.0": {"min_cos": 1.0}}}}))
     engine = pick_engine(handle, max_batch=8)
     assert isinstance(engine, _Recorder) and engine.options == {"max_batch": 8}
     assert engine.info.notes[0].startswith("auto picked quick (min cosine 1.000000")
@@ -134,7 +138,7 @@ def test_reading_the_registry_loads_no_numpy_or_engine_library():
 def test_gpu_libraries_are_preloaded_once_before_a_gpu_provider(monkeypatch):
     """Catches: a CUDA provider that cannot find libcudart/cuDNN from the nvidia-* pip packages because
     onnxruntime's preload_dlls was never called (it is not called by importing onnxruntime)."""
-    from layerscope.engines import ort as ort_mod
+    from layerscope.engines import ort_session as ort_mod
 
     calls = []
     fake = SimpleNamespace(preload_dlls=lambda: calls.append(1),

@@ -64,8 +64,8 @@ def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
     build_tiny_model("bert", model_dir, seed=1)  # the user retrains: new safetensors in the same dir
     second = ensure_export(ModelHandle.resolve(model_dir))
     assert second.export_dir != first.export_dir
-    assert second.manifest["export_cache"]["key"] != first.manifest["export_cache"]["key"]
-    assert second.manifest["source"]["weights_sha256"] == hashlib.sha256(
+    assert second.manifest.export_cache["key"] != first.manifest.export_cache["key"]
+    assert second.manifest.source.weights_sha256 == hashlib.sha256(
         (model_dir / "model.safetensors").read_bytes()).hexdigest()
     after = _outputs(second, texts)
     assert not np.allclose(after["mean", "2"], before["mean", "2"])
@@ -76,8 +76,8 @@ def test_changed_weights_give_a_new_export_and_new_figures(model_dir, tmp_path):
     assert new_ort != pytest.approx(old_figures, abs=1e-6)
     ran = next(iter(res["models"].values()))["export"]  # results.json says which export ran
     assert Path(ran["dir"]) == second.export_dir
-    assert ran["onnx_sha256"] == second.manifest["onnx_sha256"]
-    assert ran["cache_key"] == second.manifest["export_cache"]["key"]
+    assert ran["onnx_sha256"] == second.manifest.onnx_sha256
+    assert ran["cache_key"] == second.manifest.export_cache["key"]
     assert ran["made_by"] == layerscope.__version__
     # the old entry stays as it was and is not handed out for the new weights again
     assert (first.export_dir / "manifest.json").exists()
@@ -117,7 +117,7 @@ def test_key_covers_options_versions_and_an_entry_with_another_key_is_not_reused
     (made.export_dir / "manifest.json").write_text(json.dumps(manifest))
     again = ensure_export(ModelHandle.resolve(model_dir))
     assert again.export_dir == made.export_dir
-    assert again.manifest["export_cache"]["key"] == base["key"]
+    assert again.manifest.export_cache["key"] == base["key"]
 
 
 def test_hash_is_remembered_by_stat_signature_and_a_rewrite_is_seen(tmp_path, monkeypatch):

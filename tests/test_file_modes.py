@@ -17,9 +17,10 @@ def umask_022():
 
 def test_export_dir_and_lm_head_follow_the_umask(tiny_model, tmp_path, umask_022):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = tmp_path / "gpt2-export"
-    export_model(str(tiny_model("gpt2")), out)
+    export_model(resolve_source(str(tiny_model("gpt2"))), out)
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     head = out / "lm_head.safetensors"
     assert head.exists() and stat.S_IMODE(head.stat().st_mode) == 0o644

@@ -125,10 +125,11 @@ def test_extract_force_replaces_its_store_and_the_index_built_inside(bert_export
 
 def test_export_force_keeps_user_files_named_like_export_files(tiny_model, tmp_path, capsys):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     model = tiny_model("bert")
     out = tmp_path / "E"
-    export_model(str(model), out, pooled=["mean"])
+    export_model(resolve_source(str(model)), out, pooled=["mean"])
     mine = user_files(out, {"tokenizer_notes.md": "how I tokenized", "peers/mine.txt": "peer list"})
     before = tree(out)
     code, text = run_cli(["export", model, "--out", out, "--force"], capsys)
@@ -195,20 +196,23 @@ def test_a_weights_hash_from_a_manifest_never_leads_outside_results(bad, bert_ex
 
 
 def test_result_folder_parts_are_slugged_and_checked_under_the_root(tmp_path):
+    from dataclasses import replace
+
     from layerscope.analyses.layout import model_name, model_revision
+    from layerscope.model.manifest_type import SourceInfo
     from layerscope.errors import InputError
     from layerscope.ownership import check_under
 
-    man = {"source": {"alias": "../../etc", "revision": "../../../tmp", "weights_sha256": "ab" * 32}}
-    parts = [model_name("x", man), model_revision(man, "k")]
+    src = SourceInfo(spec="x", path_or_id="x", alias="../../etc", revision="../../../tmp", weights_sha256="ab" * 32)
+    parts = [model_name("x", src), model_revision(src, "k")]
     assert all("/" not in p and p not in (".", "..") and not p.startswith(".") for p in parts), parts
     path = check_under(tmp_path / "results" / parts[0] / parts[1] / "sts", tmp_path / "results")
     assert path.resolve().is_relative_to((tmp_path / "results").resolve())
-    del man["source"]["revision"]
-    assert model_revision(man, "k") == "ab" * 6
-    man["source"]["weights_sha256"] = "../../../../tmp"
+    src = replace(src, revision=None)
+    assert model_revision(src, "k") == "ab" * 6
+    src = replace(src, weights_sha256="../../../../tmp")  # as a hand-made source could hold it
     with pytest.raises(InputError, match="not a sha256"):
-        model_revision(man, "k")
+        model_revision(src, "k")
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "link").symlink_to("/tmp")
     with pytest.raises(InputError, match="outside"):

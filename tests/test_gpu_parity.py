@@ -42,13 +42,14 @@ def need(providers, engine: str) -> None:
 @pytest.fixture(scope="module")
 def exported(tiny_model, tmp_path_factory):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     cache = {}
 
     def get(family):
         if family not in cache:
             out = tmp_path_factory.mktemp(f"gpu-{family}") / "onnx"
-            export_model(str(tiny_model(family)), out, pooled=["mean"])
+            export_model(resolve_source(str(tiny_model(family))), out, pooled=["mean"])
             cache[family] = out
         return cache[family]
 

@@ -50,7 +50,7 @@ def test_fields_are_typed_and_the_json_form_round_trips():
     assert back == d and back["some_future_key"] == {"kept": [1, 2]}
     assert Manifest.from_dict(json.loads(json.dumps(back))) == m
     back["num_layers"] = 99  # the copy handed out is the caller's: the manifest stays as read
-    assert m.num_layers == 2 and m["num_layers"] == 2
+    assert m.num_layers == 2 and m.to_dict()["num_layers"] == 2
 
 
 def test_an_export_manifest_round_trips_through_its_file(bert_export):

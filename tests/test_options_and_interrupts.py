@@ -15,6 +15,7 @@ import pytest
 
 from layerscope.errors import InputError
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.runtime.pipeline import embed, extract
 from layerscope.runtime.store import LayerStore
 from cli_helpers import run_cli as cli
@@ -52,7 +53,7 @@ def test_extract_checks_options_before_writing_anything(option, needle, bert_exp
 def test_max_length_at_the_model_limit_is_accepted(bert_export, tmp_path):
     from layerscope.model.manifest import read_manifest
 
-    limit = int(read_manifest(bert_export)["max_length"])
+    limit = read_manifest(bert_export).max_length
     assert extract(bert_export, ["a b c"], tmp_path / "s", engine="ort", max_length=limit).n == 1
     with pytest.raises(InputError, match=f"use at most {limit}"):
         extract(bert_export, ["a b c"], tmp_path / "t", engine="ort", max_length=limit + 1)
@@ -137,7 +138,7 @@ def test_engine_error_after_some_rows_keeps_a_resumable_store(bert_export, tmp_p
 @pytest.mark.parametrize("family, fate, same", [("bert", "drops them", True), ("gpt2", "encodes them as tokens", False)])
 def test_nul_bytes_are_counted_and_kept(family, fate, same, tiny_model, tmp_path):
     export = tmp_path / "exp"
-    export_model(str(tiny_model(family)), export, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model(family))), export, pooled=["mean"])
     texts = ["ab cd", "a\x00b cd", "plain text", "x\x00\x00y"]
     report = extract(export, texts, tmp_path / "s", engine="ort", poolings=["mean"])
     warning = next(w for w in report.warnings if "NUL" in w)

@@ -15,9 +15,10 @@ TEXTS = ["a dog plays in the snow", "Hi", "the weather is sunny and warm today, 
 @pytest.fixture(scope="module")
 def export_dir(tiny_model, tmp_path_factory):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = tmp_path_factory.mktemp("ov-export") / "tiny"
-    export_model(str(tiny_model("bert")), out)
+    export_model(resolve_source(str(tiny_model("bert"))), out)
     return out
 
 
@@ -136,7 +137,9 @@ def _copy_with_variants(export_dir, dst, keep):
     manifest = json.loads((dst / "manifest.json").read_text())
     manifest["variants"] = {k: v for k, v in manifest.get("variants", {}).items() if k in keep}
     (dst / "manifest.json").write_text(json.dumps(manifest))
-    return dst, manifest
+    from layerscope.model.manifest import read_manifest
+
+    return dst, read_manifest(dst)
 
 
 def test_auto_picks_the_fastest_engine_that_meets_min_cosine(export_dir, tmp_path, monkeypatch):
@@ -151,7 +154,7 @@ def test_auto_picks_the_fastest_engine_that_meets_min_cosine(export_dir, tmp_pat
     export, manifest = _copy_with_variants(export_dir, tmp_path / "e", {"ov-fp32", "int8"})
     int8_cos = recorded_min_cosine(manifest, "int8")
     ov_cos = recorded_min_cosine(manifest, "ov-fp32")
-    assert int8_cos == min(s["min_cos"] for n, s in manifest["variants"]["int8"]["parity"]["outputs"].items()
+    assert int8_cos == min(s.min_cos for n, s in manifest.variants["int8"].parity.outputs.items()
                            if n.startswith(("hidden_states.", "pooled.")))
     assert int8_cos < ov_cos
 
@@ -163,10 +166,10 @@ def test_auto_picks_the_fastest_engine_that_meets_min_cosine(export_dir, tmp_pat
     eng, note = picked(min_cosine=int8_cos)
     assert (eng.name, eng.variant) == ("ort", "int8") and f"min cosine {int8_cos:.6f}" in note
     eng, note = picked(min_cosine=min(1.0, (int8_cos + ov_cos) / 2))
-    assert (eng.name, eng.variant) == ("ov", "fp32"), note
+    assert (eng.name, eng.variant) == ("ov", None), note
     assert f"ort int8: min cosine {int8_cos:.6f} <" in note
     eng, note = picked()  # the default bar, 0.9999 (the tiny model's int8 may meet it)
-    assert (eng.name, eng.variant) == (("ort", "int8") if int8_cos >= 0.9999 else ("ov", "fp32")), note
+    assert (eng.name, eng.variant) == (("ort", "int8") if int8_cos >= 0.9999 else ("ov", None)), note
     assert ">= 0.9999" in note
     with pytest.raises(InputError, match="use it with --engine auto"):
         create_engine("ort", str(export), min_cosine=0.99)
@@ -183,7 +186,7 @@ def test_auto_gives_ov_fp32_the_export_parity_and_passes_over_unrecorded_precisi
     eng = create_engine("auto", str(bare))
     note = next(n for n in eng.info.notes if n.startswith("auto picked"))
     # ov at fp32 runs the export's own graph: it has the export's parity; the precisions never checked do not
-    assert (eng.name, eng.variant) == ("ov", "fp32"), note
+    assert (eng.name, eng.variant) == ("ov", None), note
     assert "(the export's fp32 parity)" in note and "ov int8: accuracy not recorded" in note
     assert not any("not recorded" in n for n in eng.info.notes if not n.startswith("auto picked"))
 
@@ -201,7 +204,7 @@ def test_engines_table_lists_ov_and_what_auto_picks(export_dir, tmp_path, monkey
     if by["trt"].works or by["cuda"].works:
         pytest.skip("a GPU engine starts here: auto picks it")
     assert by["auto"].detail == "picks ov here (recorded min cosine " + \
-        f"{min(s['min_cos'] for n, s in manifest['parity']['outputs'].items() if n.startswith(('hidden_states.', 'pooled.'))):.6f}" + \
+        f"{min(s.min_cos for n, s in manifest.parity.outputs.items() if n.startswith(('hidden_states.', 'pooled.'))):.6f}" + \
         "; order from the declared order (no layerscope bench of these engines on this CPU yet))"
     by = {s.name: s for s in probe_all(str(only_ov))}
     assert by["auto"].detail.startswith("picks ov here (recorded min cosine")

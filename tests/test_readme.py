@@ -29,7 +29,7 @@ def test_the_results_folder_the_docs_name_is_the_one_runs_write():
     from layerscope.analyses.layout import model_name
     from layerscope.model.handle import ModelHandle
 
-    model_part = model_name("minilm", ModelHandle.resolve("minilm").manifest)  # the folder runs write under results/
+    model_part = model_name("minilm", ModelHandle.resolve("minilm").manifest.source)  # the folder runs write under results/
     assert model_part == "sentence-transformers__all-MiniLM-L6-v2"
     for doc in DOCS:
         text = doc.read_text(encoding="utf-8")

@@ -50,12 +50,13 @@ def _custom_tokenizer_model(tiny_model, tmp_path) -> Path:
 
 def test_the_flag_reaches_export_validation_and_the_export_tokenizer(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
     from layerscope.model.handle import ModelHandle
 
     model = _custom_tokenizer_model(tiny_model, tmp_path)
     out = tmp_path / "exp"
-    manifest = export_model(str(model), out, trust_remote_code=True)  # validation re-loads the saved tokenizer
-    assert manifest["parity"]["outputs"]
+    manifest = export_model(resolve_source(str(model)), out, trust_remote_code=True)  # validation re-loads the saved tokenizer
+    assert manifest.parity.outputs
     tok = ModelHandle.resolve(out, trust_remote_code=True).tokenizer()
     assert type(tok).__name__ == "CustomTokenizerFast"
 
@@ -96,7 +97,7 @@ def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplo
     warnings = [r.getMessage() for r in caplog.records if "own code" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "AutoModel" in warnings[0] and "ignored" in warnings[0] and "--trust-remote-code" in warnings[0]
-    assert exported.manifest["family"] == "bert"
+    assert exported.manifest.family == "bert"
 
 
 def test_extract_takes_trust_remote_code_as_an_argument(tiny_model, tmp_path):

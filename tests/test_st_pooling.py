@@ -80,10 +80,11 @@ def test_st_pooling_matches_sentence_transformers_encode(tiny_model, tmp_path, m
 
 def test_st_pooling_on_an_onnx_export_with_in_graph_pooling(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
     from layerscope.runtime.pipeline import embed
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True)
-    export_model(str(ckpt), tmp_path / "export")
+    export_model(resolve_source(str(ckpt)), tmp_path / "export")
     manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
     assert manifest["sentence_transformers"]["pooling"] == "cls"
     assert manifest["sentence_transformers"]["normalize"] is True
@@ -193,4 +194,4 @@ def test_an_export_cached_before_st_support_is_made_again(tiny_model, tmp_path, 
     path.write_text(json.dumps(old))
     again = ensure_export(ModelHandle.resolve(str(ckpt)))
     assert again.export_dir == first.export_dir
-    assert again.manifest["sentence_transformers"]["pooling"] == "cls"
+    assert again.manifest.sentence_transformers["pooling"] == "cls"

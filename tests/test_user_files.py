@@ -15,6 +15,7 @@ import pytest
 
 from layerscope.errors import InputError, LayerscopeError
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 from cli_helpers import run_cli as cli
@@ -187,18 +188,18 @@ def test_export_force_refuses_foreign_folders_and_the_model_itself(tiny_model, t
 def test_export_force_never_deletes_an_export_that_holds_the_model(tiny_model, tmp_path):
     # An export dir the user saved the model checkpoint into: the input is inside, so --force refuses.
     out = tmp_path / "exp"
-    export_model(str(tiny_model("bert")), out)
+    export_model(resolve_source(str(tiny_model("bert"))), out)
     inside = out / "trt_cache"
     shutil.copytree(tiny_model("bert"), inside)
     with pytest.raises(InputError, match="holds this command's input"):
-        export_model(str(inside), out, force=True)
+        export_model(resolve_source(str(inside)), out, force=True)
     assert (inside / "config.json").exists() and (out / "manifest.json").exists()
 
 
 def test_export_force_replaces_an_export_and_marks_the_new_one(tiny_model, tmp_path):
     out = tmp_path / "exp"
-    export_model(str(tiny_model("bert")), out, pooled=["mean"])
-    export_model(str(tiny_model("bert")), out, pooled=["cls"], force=True)
+    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["cls"], force=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["pooled_modes"] == ["cls"] and kind_of(out) == "export"
 

@@ -26,10 +26,11 @@ TOL = 1e-4  # the export's own fp32 bound (plus 1e-5 x scale, as recorded)
 def export_zoo(model_type: str, root: Path) -> tuple[Path, Path]:
     """(checkpoint, export) of the tiny ``model_type`` under ``root``."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     ckpt = build_zoo_model(model_type, Path(root) / "ckpt")
     out = Path(root) / "onnx"
-    export_model(str(ckpt), out, pooled=["mean", "last"])
+    export_model(resolve_source(str(ckpt)), out, pooled=["mean", "last"])
     return ckpt, out
 
 

@@ -33,9 +33,10 @@ def main() -> None:
         from tiny_models import build_tiny_model
 
         from layerscope.export.exporter import export_model
+        from layerscope.model.source import resolve_source
 
         export_dir = tmp / "export"
-        export_model(str(build_tiny_model("qwen2", tmp / "model", seed=0)), export_dir, dtype="fp16")
+        export_model(resolve_source(str(build_tiny_model("qwen2", tmp / "model", seed=0))), export_dir, dtype="fp16")
     before = onnx.load(str(export_dir / "model.onnx"), load_external_data=False)
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp / "optimized.onnx")

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from tiny_models import build_tiny_model
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.export.variants import _quiet
 from onnxruntime.transformers.optimizer import optimize_model
 from onnxruntime.transformers.fusion_options import FusionOptions
@@ -21,7 +22,7 @@ res = {}
 for fam in ["qwen2", "qwen3", "bert", "gpt2"]:
     src = build_tiny_model(fam, d / fam)
     out = d / (fam + "-x")
-    m = export_model(str(src), out, pooled=["mean"])
+    m = export_model(resolve_source(str(src)), out, pooled=["mean"])
     cfg = json.loads((out / "config.json").read_text())
     heads = cfg.get("num_attention_heads") or cfg.get("n_head")
     row = {}
@@ -37,7 +38,7 @@ for fam in ["qwen2", "qwen3", "bert", "gpt2"]:
     for mt in ["bert", "gpt2", "qwen3"]:
         try:
             with _quiet():
-                o = optimize_model(str(out / "model.onnx"), model_type=mt, num_heads=heads, hidden_size=m["hidden_size"], opt_level=0, use_gpu=False, optimization_options=FusionOptions(mt))
+                o = optimize_model(str(out / "model.onnx"), model_type=mt, num_heads=heads, hidden_size=m.hidden_size, opt_level=0, use_gpu=False, optimization_options=FusionOptions(mt))
             row[f"optimizer_{mt}"] = {k: int(v) for k, v in o.get_fused_operator_statistics().items() if v}
         except Exception as e:
             row[f"optimizer_{mt}"] = f"{type(e).__name__}: {str(e)[:120]}"

@@ -28,6 +28,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from layerscope.export import exporter, lean
+    from layerscope.model.source import resolve_source
 
     if args.path != "default":
         exporter.EXTERNAL_DATA_BYTES = 1  # every export takes the external-data path
@@ -42,12 +43,12 @@ def main() -> None:
     exporter._postprocess = postprocess
     load_before = open("/proc/loadavg").read().split()[:3]
     t0 = time.perf_counter()
-    manifest = exporter.export_model(args.checkpoint, args.out, pooled=["mean"], force=True)
+    manifest = exporter.export_model(resolve_source(args.checkpoint), args.out, pooled=["mean"], force=True)
     print(json.dumps({
-        "path": args.path, "stream_bytes": lean.STREAM_BYTES, "checkpoint": args.checkpoint, "external_data": manifest["external_data"],
-        "onnx_bytes": manifest["onnx_bytes"], "seconds": round(time.perf_counter() - t0, 1),
-        **marks, "export_peak_rss_bytes": manifest["export_peak_rss_bytes"],
-        "parity_worst_max_abs": max(s["max_abs"] for s in manifest["parity"]["outputs"].values()),
+        "path": args.path, "stream_bytes": lean.STREAM_BYTES, "checkpoint": args.checkpoint, "external_data": manifest.external_data,
+        "onnx_bytes": manifest.to_dict()["onnx_bytes"], "seconds": round(time.perf_counter() - t0, 1),
+        **marks, "export_peak_rss_bytes": manifest.to_dict()["export_peak_rss_bytes"],
+        "parity_worst_max_abs": max(s.max_abs for s in manifest.parity.outputs.values()),
         "loadavg_before": load_before, "loadavg_after": open("/proc/loadavg").read().split()[:3],
         "pid": os.getpid(),
     }))

@@ -118,9 +118,10 @@ def bench(kind: str) -> list[dict]:
             corpus = work / "sts.txt"
             n = sts_corpus(corpus)
             from layerscope.export.exporter import export_model
+            from layerscope.model.source import resolve_source
 
             model = work / "minilm"
-            export_model("minilm", model)
+            export_model(resolve_source("minilm"), model)
             engine, cli = "ort", [sys.executable, "-m", "layerscope", "-q", "extract"]
             extra = ["--threads", "1"]
         else:

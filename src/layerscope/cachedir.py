@@ -87,7 +87,7 @@ def _kind_dir(root: Path, kind: str) -> Path | Skipped | None:
 
 def scan(root: Path | None = None, kinds: tuple[str, ...] = tuple(MARKERS)) -> tuple[list[Entry], list[Skipped]]:
     """Every entry layerscope made under the cache root, and what it found there but did not make."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     root = Path(root) if root is not None else cache_root()
     entries: list[Entry] = []
@@ -114,7 +114,7 @@ def scan(root: Path | None = None, kinds: tuple[str, ...] = tuple(MARKERS)) -> t
 def clear(kinds: tuple[str, ...] = tuple(MARKERS), older_than_days: float | None = None,
           root: Path | None = None) -> tuple[list[Entry], list[Skipped]]:
     """Remove layerscope's entries of ``kinds`` (only those older than ``older_than_days`` when given)."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     if older_than_days is not None and not older_than_days >= 0:
         raise InputError(f"--older-than wants a number of days >= 0, not {older_than_days}")

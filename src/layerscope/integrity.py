@@ -15,7 +15,7 @@ def verify_path(path: Path) -> tuple[int, list[str]]:
 
         return LayerStore.verify(path)
     if (path / "manifest.json").is_file():
-        from layerscope.model.manifest_check import verify_export_files
+        from layerscope.model.manifest_verify import verify_export_files
 
         return verify_export_files(path)
     raise InputError(f"{path} is neither a layer store (store.json) nor an export dir (manifest.json); "

@@ -164,8 +164,11 @@ def test_locked_cache_store_keeps_max_length_and_batch_tokens(monkeypatch):
     monkeypatch.setattr(pipeline, "extract", locked)
     monkeypatch.setattr(pipeline, "embed", embed)
     info = SimpleNamespace(name="torch", provider="torch-cpu", precision="fp32")
-    handle = SimpleNamespace(key="k", manifest={"num_layers": 2, "max_length": 128, "source": {}},
-                             trust_remote_code=False)
+    from layerscope.model.manifest_type import Manifest
+
+    manifest = Manifest.from_dict({"source": {"spec": "k"}, "family": "bert", "num_layers": 2, "hidden_size": 4,
+                                   "max_length": 128})
+    handle = SimpleNamespace(key="k", manifest=manifest, trust_remote_code=False)
     run = SimpleNamespace(handle=handle, engine=SimpleNamespace(info=info))
     cache.cached_vectors(run, ["a text"], layers=["2"], poolings=["mean"], max_length=24, batch_tokens=512)
     assert seen["max_length"] == 24 and seen["batch_tokens"] == 512

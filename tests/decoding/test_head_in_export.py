@@ -11,6 +11,7 @@ import pytest
 from layerscope.decoding.heads import load_decoding_model, model_inputs
 from layerscope.decoding.lens_onnx import export_lens, lens_file, lens_of_export
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.export.lm_head import HEAD_FILE
 from layerscope.model.handle import ModelHandle
 from layerscope.hashing import file_sha256
@@ -33,10 +34,10 @@ def test_lens_after_the_checkpoint_is_gone_equals_the_lens_made_with_it(family, 
     src = tmp_path / "ckpt"
     shutil.copytree(tiny_model(family), src)
     out = tmp_path / "exp"
-    manifest = export_model(str(src), out, pooled=["mean"])
-    entry = manifest["lm_head"]
+    manifest = export_model(resolve_source(str(src)), out, pooled=["mean"])
+    entry = manifest.lm_head
     assert entry["kind"] == kind and entry["file"] == HEAD_FILE
-    assert entry["sha256"] == file_sha256(out / HEAD_FILE) == manifest["files"][HEAD_FILE]["sha256"]
+    assert entry["sha256"] == file_sha256(out / HEAD_FILE) == manifest.files[HEAD_FILE]["sha256"]
     with_source = export_lens(out, 4)
     assert with_source["parity"]["reference_hidden_states"].startswith("torch")
     a = _lens(out, 4)
@@ -59,9 +60,9 @@ def test_stored_head_decodes_like_the_checkpoint_head(tiny_model, tmp_path):
     import torch
 
     out = tmp_path / "exp"
-    export_model(str(tiny_model("gpt2")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("gpt2"))), out, pooled=["mean"])
     handle = ModelHandle.resolve(out)
-    assert handle.manifest["lm_head"]["aliases"] == {"lm_head.weight": "transformer.wte.weight"}
+    assert handle.manifest.lm_head["aliases"] == {"lm_head.weight": "transformer.wte.weight"}
     stored = load_decoding_model(handle)
     source = load_decoding_model(ModelHandle.resolve(str(tiny_model("gpt2"))))
     h = torch.randn(2, 5, 32)
@@ -82,9 +83,9 @@ def test_bare_checkpoint_keeps_its_word_embeddings_as_the_head(tmp_path, tiny_mo
         if f.name.startswith(("tokenizer", "special", "vocab")):
             shutil.copy(f, bare / f.name)
     out = tmp_path / "exp"
-    manifest = export_model(str(bare), out, pooled=["mean"])
-    assert manifest["lm_head"]["kind"] == "tied-word-embeddings"
-    assert manifest["lm_head"]["missing_head_weights"]
+    manifest = export_model(resolve_source(str(bare)), out, pooled=["mean"])
+    assert manifest.lm_head["kind"] == "tied-word-embeddings"
+    assert manifest.lm_head["missing_head_weights"]
     meta = export_lens(out, 3)
     shutil.rmtree(bare)
     assert load_decoding_model(ModelHandle.resolve(out)).info.kind == "tied-word-embeddings"
@@ -97,7 +98,7 @@ def test_changed_head_file_is_refused(tiny_model, tmp_path):
     from layerscope.errors import ManifestError
 
     out = tmp_path / "exp"
-    export_model(str(tiny_model("qwen2")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("qwen2"))), out, pooled=["mean"])
     handle = ModelHandle.resolve(out)
     data = bytearray((out / HEAD_FILE).read_bytes())
     data[-1] ^= 0xFF
@@ -136,8 +137,8 @@ def test_head_of_a_bf16_checkpoint_is_loaded_in_bf16_and_kept_in_fp32(family, ti
         return real(*args, **kwargs)
 
     monkeypatch.setattr(source_mod, "load_torch_model", spy)
-    family_entry = FAMILIES[ModelHandle.resolve(src).manifest["family"]]
-    entry = save_head(resolve_source(str(src), None), family_entry, ModelHandle.resolve(src).manifest["num_layers"],
+    family_entry = FAMILIES[ModelHandle.resolve(src).manifest.family]
+    entry = save_head(resolve_source(str(src), None), family_entry, ModelHandle.resolve(src).manifest.num_layers,
                       tmp_path)
     assert asked == ["auto"]
     stored = load_file(str(tmp_path / HEAD_FILE))

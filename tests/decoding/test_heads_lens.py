@@ -142,9 +142,10 @@ def test_lens_accumulator_by_hand():
 def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
     from layerscope.decoding.lens_onnx import export_lens, lens_parity
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     out = tmp_path / "exp"
-    export_model(str(tiny_model("bert")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["mean"])
     meta = export_lens(out, 5)
     assert meta["parity"]["rank_mismatch_fraction"] == 0.0
     assert meta["parity"]["top1_mismatch_fraction"] == 0.0
@@ -155,7 +156,7 @@ def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
     assert p["rank_mismatch_fraction"] == 0.0 and p["top1_mismatch_fraction"] == 0.0
     # the graph's softmax runs in float64, and a sidecar that does not say so marks a graph to export again
     from layerscope.decoding.lens_onnx import read_sidecar
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     probs = next(o for o in make_session(out / meta["file"], "CPUExecutionProvider").get_outputs()
                  if o.name == "lens.topk_probs")
@@ -194,17 +195,17 @@ def _hf_causal_lens(path, inputs, k):
 def test_lens_head_graph_matches_torch_gpt2(tiny_model, tmp_path):
     """The traced head alone (fed torch hidden states), for a decoder with its final norm."""
     from layerscope.decoding.lens_onnx import OUTPUTS, _trace_head, run_onnx_lens
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     handle, model, inputs = _setup(tiny_model("gpt2"))
     path = tmp_path / "head.onnx"
-    _trace_head(model, 3, int(handle.manifest["hidden_size"]), 18, path)
+    _trace_head(model, 3, handle.manifest.hidden_size, 18, path)
     ref = _hf_causal_lens(tiny_model("gpt2"), inputs, 3)
     with torch.no_grad():
         hidden = model.base(**inputs, output_hidden_states=True).hidden_states
     r, ids, p = run_onnx_lens(make_session(path, "CPUExecutionProvider"),
                               {n: inputs[n].numpy() for n in ("input_ids", "attention_mask")},
-                              [h.numpy() for h in hidden], True, 3, int(handle.manifest["vocab_size"]))
+                              [h.numpy() for h in hidden], True, 3, int(handle.manifest.vocab_size))
     assert [o.name for o in make_session(path, "CPUExecutionProvider").get_outputs()] == list(OUTPUTS)
     assert np.array_equal(r, ref.rank)
     real = inputs["attention_mask"].numpy().astype(bool)  # padding is in no figure (and GPT-2 pads differently)

@@ -10,6 +10,7 @@ from layerscope.decoding.lens_onnx import export_lens, lens_of_export
 from layerscope.export import external
 from layerscope.export import exporter
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.model.handle import ModelHandle
 
 TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox"]
@@ -24,11 +25,11 @@ def _lens_outputs(export_dir, meta):
 def test_lens_graph_on_external_data_export(tiny_model, tmp_path, monkeypatch):
     src = str(tiny_model("qwen2"))
     normal = tmp_path / "normal"
-    export_model(src, normal, pooled=["mean"])
+    export_model(resolve_source(src), normal, pooled=["mean"])
     ref_meta = export_lens(normal, 4)
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     big = tmp_path / "big"
-    assert export_model(src, big, pooled=["mean"])["external_data"]
+    assert export_model(resolve_source(src), big, pooled=["mean"]).external_data
     meta = export_lens(big, 4)
     assert meta["parity"]["rank_mismatch_fraction"] == 0.0
     lens_graph = onnx.load(str(big / meta["file"]), load_external_data=False)
@@ -53,7 +54,7 @@ def test_lens_without_its_source_checkpoint_says_what_to_do(tiny_model, tmp_path
     src = tmp_path / "ckpt"
     shutil.copytree(tiny_model("gpt2"), src)
     out = tmp_path / "exp"
-    export_model(str(src), out, pooled=["mean"])
+    export_model(resolve_source(str(src)), out, pooled=["mean"])
     meta = export_lens(out, 3)  # made while the checkpoint exists: carries the head
     shutil.rmtree(src)
     model = load_decoding_model(ModelHandle.resolve(out))  # the head is kept in the export

@@ -92,11 +92,12 @@ def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, t
     (8 MiB of logits here), the peak RSS of a child process is within 150 MB of the same run 2 texts at a time."""
     from layerscope.decoding.lens_onnx import export_lens
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     vocab = 60_000
     export = tmp_path / "exp"
     ckpt = _big_vocab_gpt2(tiny_model, tmp_path / "ckpt", vocab)
-    export_model(str(ckpt), export, pooled=["mean"])
+    export_model(resolve_source(str(ckpt)), export, pooled=["mean"])
     meta = export_lens(export, 5)
     assert not (export / "lens-k5.onnx_data").exists()  # the head's 7.7 MB matrix is read from lm_head.safetensors
     assert (export / "lens-k5.onnx").stat().st_size < vocab * 32 * 4 // 10 and meta["shared_bytes"] >= vocab * 32 * 4

@@ -22,7 +22,7 @@ def bert(tiny_model):
     model = load_decoding_model(handle)
     inputs = model_inputs(handle, handle.tokenizer(), [TEXT], 64)
     torch.manual_seed(0)
-    h = int(handle.manifest["hidden_size"])
+    h = handle.manifest.hidden_size
     objective = Objective("probe", "mean", torch.randn(3, h), torch.randn(3), labels=["a", "b", "c"])
     return handle, model, inputs, objective
 

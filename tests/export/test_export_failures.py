@@ -11,12 +11,13 @@ from layerscope.engines.base import create_engine
 from layerscope.errors import ExportError, InputError
 from layerscope.export import exporter
 from layerscope.model.handle import ModelHandle
+from layerscope.model.source import resolve_source
 
 
 def test_parity_failure_names_the_worst_output_and_writes_nothing(tiny_model, tmp_path):
     out = tmp_path / "onnx"
     with pytest.raises(ExportError) as err:
-        exporter.export_model(str(tiny_model("bert")), out, atol=1e-12, rtol=0.0)
+        exporter.export_model(resolve_source(str(tiny_model("bert"))), out, atol=1e-12, rtol=0.0)
     message = str(err.value)
     assert "worst output" in message and "tolerance 1e-12" in message
     assert not out.exists()
@@ -29,15 +30,15 @@ def test_existing_output_needs_force(tiny_model, tmp_path):
     (out / "something").write_text("x")
     for force in (False, True):  # a folder layerscope did not make is never replaced
         with pytest.raises(InputError, match=r"layerscope did not make \(something\)"):
-            exporter.export_model(str(tiny_model("bert")), out, force=force)
+            exporter.export_model(resolve_source(str(tiny_model("bert"))), out, force=force)
     assert (out / "something").read_text() == "x"
 
 
 def test_external_data_when_the_model_is_big(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 1000)  # pretend the tiny model is over the limit
     out = tmp_path / "onnx"
-    manifest = exporter.export_model(str(tiny_model("gpt2")), out, pooled=["mean", "last"])
-    assert manifest["external_data"] is True
+    manifest = exporter.export_model(resolve_source(str(tiny_model("gpt2"))), out, pooled=["mean", "last"])
+    assert manifest.external_data is True
     assert (out / "model.onnx_data").exists()
     assert (out / "model.onnx").stat().st_size < (out / "model.onnx_data").stat().st_size
     engine = create_engine("ort", ModelHandle.resolve(out))
@@ -67,7 +68,7 @@ def test_the_default_tolerance_catches_a_small_drift(drift, refused, tiny_model,
     out = tmp_path / "onnx"
     if refused:
         with pytest.raises(ExportError, match=r"does not match PyTorch: worst output \S+ differs by 0.002"):
-            exporter.export_model(str(tiny_model("bert")), out)
+            exporter.export_model(resolve_source(str(tiny_model("bert"))), out)
         assert not out.exists()
     else:
-        assert exporter.export_model(str(tiny_model("bert")), out)["parity"]["tolerance_abs"] > 0
+        assert exporter.export_model(resolve_source(str(tiny_model("bert"))), out).parity.tolerance_abs > 0

@@ -10,6 +10,7 @@ import pytest
 from layerscope.engines.base import create_engine
 from layerscope.vocab.layers import layer_names
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.model.handle import ModelHandle
 from layerscope.vocab.pooling import pool
 from hf_reference import check_engine, hf_reference
@@ -26,7 +27,7 @@ def exported(tiny_model, tmp_path_factory):
     def get(family):
         if family not in cache:
             out = tmp_path_factory.mktemp(f"export-{family}") / "onnx"
-            export_model(str(tiny_model(family)), out)
+            export_model(resolve_source(str(tiny_model(family))), out)
             cache[family] = out
         return cache[family]
 
@@ -67,15 +68,15 @@ def test_ort_engine_matches_torch_engine_every_layer_and_pooling(family, exporte
     torch_engine = create_engine("torch", handle)
     encoder = ort_engine.encoder()
     batch = encoder(TEXTS)
-    layers = handle.manifest["layers"]
-    poolings = handle.manifest["pooled_modes"]
+    layers = list(handle.manifest.layers)
+    poolings = list(handle.manifest.pooled_modes)
     got = ort_engine.run(batch, layers, poolings)  # in-graph pooling
     ref = torch_engine.run(batch, layers, poolings)  # numpy pooling over torch states
     for mode in poolings:
-        assert got[mode].shape == (len(layers), len(TEXTS), handle.manifest["hidden_size"])
+        assert got[mode].shape == (len(layers), len(TEXTS), handle.manifest.hidden_size)
         np.testing.assert_allclose(got[mode], ref[mode], atol=1e-4, err_msg=f"{family} {mode}")
-    tokens_ort = ort_engine.run_tokens(batch, ["raw", "0", str(handle.manifest["num_layers"])])
-    tokens_ref = torch_engine.run_tokens(batch, ["raw", "0", str(handle.manifest["num_layers"])])
+    tokens_ort = ort_engine.run_tokens(batch, ["raw", "0", str(handle.manifest.num_layers)])
+    tokens_ref = torch_engine.run_tokens(batch, ["raw", "0", str(handle.manifest.num_layers)])
     valid = batch.mask.astype(bool)
     for a, b in zip(tokens_ort, tokens_ref):
         np.testing.assert_allclose(a[valid], b[valid], atol=1e-4)
@@ -85,7 +86,7 @@ def test_in_graph_pooling_equals_numpy_pooling_of_token_states(exported):
     handle = ModelHandle.resolve(exported("bert"))
     engine = create_engine("ort", handle)
     batch = engine.encoder()(TEXTS)
-    layers = handle.manifest["layers"]
+    layers = list(handle.manifest.layers)
     states = engine.run_tokens(batch, layers)
     pooled = engine.run(batch, layers, ["mean", "max", "last", "mean-nobos", "cls"])
     for mode, arr in pooled.items():
@@ -109,8 +110,8 @@ def test_eos_pooling_reads_the_clip_eos_position(exported):
     handle = ModelHandle.resolve(exported("clip-text"))
     engine = create_engine("torch", handle)
     batch = engine.encoder()(["a cat", "a much longer sentence about cats"])
-    eos_id = handle.manifest["eos_token_id"]
-    last_layer = str(handle.manifest["num_layers"])
+    eos_id = handle.manifest.eos_token_id
+    last_layer = str(handle.manifest.num_layers)
     states = engine.run_tokens(batch, [last_layer])[0]
     pooled = engine.run(batch, [last_layer], ["eos"])["eos"][0]
     for row in range(2):
@@ -124,14 +125,14 @@ def test_tokenizers_only_path_is_verified_and_identical(family, exported):
     from layerscope.model.fast_tokenizer import FastTokenizer
 
     handle = ModelHandle.resolve(exported(family))
-    info = handle.manifest["tokenizer"]
-    assert info["fast"] is True, family  # every tiny tokenizer is a fast one, so the check must pass
+    info = handle.manifest.tokenizer
+    assert info.fast is True, family  # every tiny tokenizer is a fast one, so the check must pass
     fast = handle.encoding_tokenizer()
     assert isinstance(fast, FastTokenizer)
     texts = TEXTS + ["word " * 300, "   "]
-    for max_length in (5, handle.manifest["max_length"]):
-        a = Encoder(fast, handle.manifest["inputs"], max_length)(texts)
-        b = Encoder(handle.tokenizer(), handle.manifest["inputs"], max_length)(texts)
+    for max_length in (5, handle.manifest.max_length):
+        a = Encoder(fast, list(handle.manifest.inputs), max_length)(texts)
+        b = Encoder(handle.tokenizer(), list(handle.manifest.inputs), max_length)(texts)
         assert a.inputs.keys() == b.inputs.keys()
         for key in a.inputs:
             np.testing.assert_array_equal(a.inputs[key], b.inputs[key], err_msg=f"{family} {key} {max_length}")
@@ -147,7 +148,7 @@ def test_a_tokenizer_the_fast_path_cannot_reproduce_is_not_used(exported, tmp_pa
     hf = handle.tokenizer()
     broken = tmp_path / "tokenizer.json"
     shutil.copy(handle.export_dir / "tokenizer.json", broken)
-    fast = FastTokenizer(broken, handle.manifest["tokenizer"]["special_ids"])
+    fast = FastTokenizer(broken, handle.manifest.tokenizer.special_ids)
     fast.tokenizer.post_processor = None  # drops [CLS]/[SEP]: no longer what Hugging Face gives
     assert not matches_hf(fast, hf, TEXTS, (8,))
 
@@ -166,5 +167,5 @@ def test_every_token_level_output_matches_plain_hugging_face(family, exported, t
     model/tokenize.py ``Encoder``): the export, its own parity check and the torch engine all get the
     same wrong positions, so every other test here sees them agree with one another."""
     handle = ModelHandle.resolve(exported(family))
-    assert handle.manifest["num_layers"] == 2
+    assert handle.manifest.num_layers == 2
     check_engine(create_engine("ort", handle), hf_reference(tiny_model(family), family), HF_MAX_ABS, family)

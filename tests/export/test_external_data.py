@@ -11,6 +11,7 @@ import pytest
 from layerscope.export import external
 from layerscope.export import exporter
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today", ""]
 
@@ -20,7 +21,7 @@ def _run(export_dir):
     from transformers import AutoTokenizer
 
     from layerscope.model.tokenize import Encoder
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.source import prepare_tokenizer
 
     tok = AutoTokenizer.from_pretrained(str(export_dir))
@@ -34,11 +35,11 @@ def _run(export_dir):
 @pytest.mark.parametrize("family", ["bert", "qwen2"])
 def test_external_data_export_is_bit_identical(family, tiny_model, tmp_path, monkeypatch):
     normal = tmp_path / "normal"
-    export_model(str(tiny_model(family)), normal)
+    export_model(resolve_source(str(tiny_model(family))), normal)
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     big = tmp_path / "big"
-    manifest = export_model(str(tiny_model(family)), big)
-    assert manifest["external_data"] is True
+    manifest = export_model(resolve_source(str(tiny_model(family))), big)
+    assert manifest.external_data is True
     assert json.loads((normal / "manifest.json").read_text())["external_data"] is False
     assert (big / "model.onnx_data").stat().st_size > (big / "model.onnx").stat().st_size
     graph = onnx.load(str(big / "model.onnx"), load_external_data=False)

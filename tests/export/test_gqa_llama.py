@@ -15,6 +15,7 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 def llama_export(tmp_path_factory):
     import tiny_zoo
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("gqa-llama")
     saved = dict(tiny_zoo.SHAPES["llama"])
@@ -23,14 +24,14 @@ def llama_export(tmp_path_factory):
         ckpt = tiny_zoo.build_zoo_model("llama", root / "src", seed=1)
     finally:
         tiny_zoo.SHAPES["llama"] = saved
-    export_model(str(ckpt), root / "onnx", pooled=["mean", "last"])
+    export_model(resolve_source(str(ckpt)), root / "onnx", pooled=["mean", "last"])
     return root / "onnx"
 
 
 def test_gqa_variant_fuses_every_llama_layer_and_matches_fp32(llama_export):
     """Catches: Llama refused by the gqa variant, a layer left unfused (anchors named differently from
     Qwen's, no q/k biases), wrong rotary tables (hidden states drift from layer 1 on), an output lost."""
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.export.variants import make_variant
     from layerscope.model.handle import ModelHandle
     from layerscope.model.tokenize import Encoder

@@ -18,6 +18,7 @@ def exports(tmp_path_factory):
     are 64 or 128 wide), 4 query heads sharing 2 key/value heads, 3 layers."""
     import tiny_models
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("gqa")
     saved = {k: getattr(tiny_models, k) for k in ("HIDDEN", "HEAD_DIM", "LAYERS")}
@@ -25,7 +26,7 @@ def exports(tmp_path_factory):
     try:
         for family in ("qwen2", "qwen3"):
             model = tiny_models.build_tiny_model(family, root / f"{family}-src", seed=1)
-            export_model(str(model), root / family, pooled=["mean", "last"])
+            export_model(resolve_source(str(model)), root / family, pooled=["mean", "last"])
     finally:
         for k, v in saved.items():
             setattr(tiny_models, k, v)
@@ -33,7 +34,7 @@ def exports(tmp_path_factory):
 
 
 def _run(export_dir, file, texts):
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.handle import ModelHandle
     from layerscope.model.tokenize import Encoder
 
@@ -90,10 +91,11 @@ def test_gqa_is_refused_in_one_line_where_the_kernel_cannot_run(tiny_model, tmp_
     """An encoder, and a decoder with 8-wide heads (the kernel wants multiples of 16): refused before any work,
     nothing written."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
     from layerscope.export.variants import make_variant
 
     for family, match in (("bert", "rotary decoders"), ("qwen2", "multiple of 16")):
-        export_model(str(tiny_model(family)), tmp_path / family)
+        export_model(resolve_source(str(tiny_model(family))), tmp_path / family)
         with pytest.raises(InputError, match=match):
             make_variant(tmp_path / family, "gqa")
         assert not (tmp_path / family / "model.gqa.onnx").exists()

@@ -10,6 +10,7 @@ import pytest
 
 from layerscope.errors import ExportError, InputError
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.export.half import check_dtype, fp16_failures, fp16_min_cos, fp16_tolerance
 
 
@@ -20,8 +21,8 @@ def half_exports(tiny_model, tmp_path_factory):
     def get(family):
         if family not in cache:
             root = tmp_path_factory.mktemp(f"half-{family}")
-            cache[family] = (export_model(str(tiny_model(family)), root / "fp32"),
-                             export_model(str(tiny_model(family)), root / "fp16", dtype="fp16"), root)
+            cache[family] = (export_model(resolve_source(str(tiny_model(family))), root / "fp32"),
+                             export_model(resolve_source(str(tiny_model(family))), root / "fp16", dtype="fp16"), root)
         return cache[family]
 
     return get
@@ -30,7 +31,7 @@ def half_exports(tiny_model, tmp_path_factory):
 @pytest.mark.parametrize("family", ["bert", "qwen2"])
 def test_fp16_export_is_half_size_with_fp32_outputs(family, half_exports):
     m32, m16, root = half_exports(family)
-    assert m16["precision"] == "fp16" and m32["precision"] == "fp32"
+    assert m16.precision == "fp16" and m32.precision == "fp32"
     graph = onnx.load(str(root / "fp16" / "model.onnx"))
     big = [t for t in graph.graph.initializer if np.prod(t.dims) >= 256]
     assert big and all(t.data_type == onnx.TensorProto.FLOAT16 for t in big)
@@ -38,12 +39,12 @@ def test_fp16_export_is_half_size_with_fp32_outputs(family, half_exports):
     weights = {d: sum(len(t.raw_data) for t in onnx.load(str(root / d / "model.onnx")).graph.initializer)
                for d in ("fp32", "fp16")}
     assert weights["fp16"] < 0.55 * weights["fp32"]
-    assert m16["onnx_bytes"] < m32["onnx_bytes"]
-    tol = m16["parity"]["tolerance_fp16"]
-    assert set(tol["min_cos"]) == set(m16["parity"]["outputs"])
-    for name, s in m16["parity"]["outputs"].items():
-        assert s["min_cos"] >= tol["min_cos"][name], name
-    assert m16["export_peak_rss_bytes"] > 0
+    assert m16.to_dict()["onnx_bytes"] < m32.to_dict()["onnx_bytes"]
+    tol = m16.parity.tolerance_fp16
+    assert set(tol["min_cos"]) == set(m16.parity.outputs)
+    for name, s in m16.parity.outputs.items():
+        assert s.min_cos >= tol["min_cos"][name], name
+    assert m16.to_dict()["export_peak_rss_bytes"] > 0
     saved = json.loads((root / "fp16" / "manifest.json").read_text())
     assert saved["parity"]["tolerance_fp16"]["rule"].startswith("min_cos >= 1 -")
 
@@ -55,7 +56,7 @@ def test_fp16_keeps_layernorm_and_softmax_in_fp32(half_exports):
     types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info}
     types.update({t.name: t.data_type for t in graph.graph.initializer})
     sensitive = [n for n in graph.graph.node if n.op_type in ("LayerNormalization", "Softmax")]
-    assert sensitive and m16["fp16_nodes_kept_fp32"] >= len(sensitive)
+    assert sensitive and m16.to_dict()["fp16_nodes_kept_fp32"] >= len(sensitive)
     for node in sensitive:
         assert types.get(node.input[0]) == onnx.TensorProto.FLOAT, node.name
 
@@ -84,7 +85,7 @@ def test_fp16_drift_beyond_tolerance_writes_nothing(tiny_model, tmp_path, monkey
 
     monkeypatch.setattr(half, "FP16_COS_BUDGET", 1e-12)  # no model keeps cosine 1 - 1e-12 in fp16
     with pytest.raises(ExportError, match="drifts from PyTorch fp32"):
-        export_model(str(tiny_model("qwen2")), tmp_path / "out", dtype="fp16")
+        export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "out", dtype="fp16")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 

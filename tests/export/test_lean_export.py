@@ -14,13 +14,14 @@ from onnx import numpy_helper
 
 from layerscope.export import exporter, lean
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today"]
 
 
 def _outputs(export_dir):
     from layerscope.model.tokenize import Encoder
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(export_dir)
@@ -49,12 +50,12 @@ def test_streamed_export_is_bit_identical_to_the_ordinary_one(family, tiny_model
     real = lean.attach_weights
     monkeypatch.setattr(lean, "attach_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
     ordinary = tmp_path / "ordinary"
-    export_model(str(tiny_model(family)), ordinary, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model(family))), ordinary, pooled=["mean"])
     assert not calls  # below the threshold: the ordinary path
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     streamed = tmp_path / "streamed"
-    manifest = export_model(str(tiny_model(family)), streamed, pooled=["mean"])
-    assert calls == [1] and manifest["external_data"] is True
+    manifest = export_model(resolve_source(str(tiny_model(family))), streamed, pooled=["mean"])
+    assert calls == [1] and manifest.external_data is True
     from layerscope.export import external
 
     assert external.inline_bytes(onnx.load(str(streamed / "model.onnx"), load_external_data=False)) < 10_000
@@ -73,7 +74,7 @@ def test_streamed_offsets_are_page_aligned_and_inside_the_file(tiny_model, tmp_p
 
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     out = tmp_path / "exp"
-    export_model(str(tiny_model("qwen2")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("qwen2"))), out, pooled=["mean"])
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False)
     size = (out / "model.onnx_data").stat().st_size
     tensors = external.external_tensors(graph)
@@ -89,11 +90,11 @@ def test_streamed_fp16_export_is_bit_identical_to_the_ordinary_one(tiny_model, t
     result. Catches: fp16 weights written as fp32 (or cast), and the fp32-kept LayerNorm/Softmax edits
     failing on a graph whose initializers are external."""
     ordinary = tmp_path / "ordinary"
-    export_model(str(tiny_model("qwen2")), ordinary, pooled=["mean"], dtype="fp16")
+    export_model(resolve_source(str(tiny_model("qwen2"))), ordinary, pooled=["mean"], dtype="fp16")
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 5_000)
     streamed = tmp_path / "streamed"
-    manifest = export_model(str(tiny_model("qwen2")), streamed, pooled=["mean"], dtype="fp16")
-    assert manifest["external_data"] is True and manifest["fp16_nodes_kept_fp32"] > 0
+    manifest = export_model(resolve_source(str(tiny_model("qwen2"))), streamed, pooled=["mean"], dtype="fp16")
+    assert manifest.external_data is True and manifest.to_dict()["fp16_nodes_kept_fp32"] > 0
     assert _weight_digests(streamed) == _weight_digests(ordinary)
     assert any(d[0] == "float16" for d in _weight_digests(streamed))
     a, b = _outputs(ordinary), _outputs(streamed)

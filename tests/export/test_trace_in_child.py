@@ -12,6 +12,7 @@ from layerscope.errors import ExportError, ModelNotFoundError
 from layerscope.export import exporter
 from layerscope.export.exporter import checkpoint_weight_bytes, export_model, trace_in_child
 from layerscope.model.source import resolve_source
+from layerscope.model.source import resolve_source
 
 
 def test_weight_bytes_from_the_safetensors_headers(tiny_model):
@@ -32,17 +33,17 @@ def test_child_trace_equals_the_in_process_export(tiny_model, tmp_path, monkeypa
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)  # streamed, in both
     monkeypatch.setattr(exporter, "TRACE_IN_CHILD_BYTES", None)
     said_in = []
-    here = export_model(str(tiny_model("qwen2")), tmp_path / "here", pooled=["mean"], progress=said_in.append)
+    here = export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "here", pooled=["mean"], progress=said_in.append)
     monkeypatch.setattr(exporter, "TRACE_IN_CHILD_BYTES", 10_000)
     said = []
-    child = export_model(str(tiny_model("qwen2")), tmp_path / "child", pooled=["mean"], progress=said.append)
+    child = export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "child", pooled=["mean"], progress=said.append)
     assert any("in a child process" in s for s in said) and not any("in a child process" in s for s in said_in)
-    assert child["external_data"] is here["external_data"] is True
+    assert child.external_data is here.external_data is True
     assert (tmp_path / "child" / "model.onnx_data").read_bytes() == (tmp_path / "here" / "model.onnx_data").read_bytes()
-    assert child["parity"]["outputs"].keys() == here["parity"]["outputs"].keys()
-    for name, stats in here["parity"]["outputs"].items():
-        np.testing.assert_allclose(child["parity"]["outputs"][name]["max_abs"], stats["max_abs"], rtol=0, atol=0)
-    assert json.loads((tmp_path / "child" / "manifest.json").read_text())["outputs"] == here["outputs"]
+    assert child.parity.outputs.keys() == here.parity.outputs.keys()
+    for name, stats in here.parity.outputs.items():
+        np.testing.assert_allclose(child.parity.outputs[name].max_abs, stats.max_abs, rtol=0, atol=0)
+    assert json.loads((tmp_path / "child" / "manifest.json").read_text())["outputs"] == here.to_dict()["outputs"]
 
 
 def test_a_child_killed_by_the_kernel_is_one_clear_error(tmp_path):
@@ -53,7 +54,8 @@ def test_a_child_killed_by_the_kernel_is_one_clear_error(tmp_path):
 
 
 def test_an_error_in_the_child_comes_back_as_the_same_error(tmp_path, monkeypatch):
-    trace = dict(spec=str(tmp_path / "nowhere"), revision=None, family="qwen2", num_layers=2, dtype="fp32", opset=17,
+    nowhere = str(tmp_path / "nowhere")
+    trace = dict(source=dict(spec=nowhere, path_or_id=nowhere, is_local=True), family="qwen2", num_layers=2, dtype="fp32", opset=17,
                  trust_remote_code=False, threshold=10_000)
     with pytest.raises(ModelNotFoundError, match="nowhere"):
         trace_in_child(trace, tmp_path, 1)

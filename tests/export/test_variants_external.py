@@ -17,13 +17,14 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 def exports(tiny_model, tmp_path_factory):
     """The same tiny BERT exported twice: one file, and with its weights in model.onnx_data."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("variants-external")
-    export_model(str(tiny_model("bert")), root / "small", pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("bert"))), root / "small", pooled=["mean"])
     before = exporter.EXTERNAL_DATA_BYTES
     exporter.EXTERNAL_DATA_BYTES = 10_000
     try:
-        assert export_model(str(tiny_model("bert")), root / "big", pooled=["mean"])["external_data"]
+        assert export_model(resolve_source(str(tiny_model("bert"))), root / "big", pooled=["mean"]).external_data
     finally:
         exporter.EXTERNAL_DATA_BYTES = before
     return root / "small", root / "big"
@@ -31,7 +32,7 @@ def exports(tiny_model, tmp_path_factory):
 
 def _run(export_dir, file):
     from layerscope.model.tokenize import Encoder
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.model.handle import ModelHandle
 
     session = make_session(export_dir / file, "CPUExecutionProvider")
@@ -45,7 +46,7 @@ def test_variant_of_an_external_data_export(exports, kind):
     """Catches: the old refusal ('made for single-file exports only'), a variant written as one file
     (inline weights) or with its data elsewhere, a variant whose data file is not hashed in the manifest,
     and a transform that sees different weights than the single-file export's (outputs must be equal)."""
-    from layerscope.model.manifest_check import verify_export_files
+    from layerscope.model.manifest_verify import verify_export_files
     from layerscope.export.variants import make_variant
 
     small, big = exports
@@ -85,7 +86,7 @@ def test_failed_variant_of_an_external_data_export_leaves_nothing(exports):
         make_variant(big, "fp16", force=True, tolerance={"min_cos": 1.0, "max_abs": 0.0})
     assert not (big / "model.fp16.onnx").exists() and not (big / "model.fp16.onnx_data").exists()
     # the forced remake replaced the recorded fp16 variant: its entry goes too, so the export still verifies
-    from layerscope.model.manifest_check import verify_export_files
+    from layerscope.model.manifest_verify import verify_export_files
 
     assert "fp16" not in json.loads((big / "manifest.json").read_text()).get("variants", {})
     assert not verify_export_files(big)[1]
@@ -108,7 +109,7 @@ def test_openvino_int8_of_an_external_data_export_matches_the_single_file_one(ex
     pytest.importorskip("openvino")
     from layerscope.errors import ExportError
     from layerscope.export.variants import make_variant
-    from layerscope.model.manifest_check import verify_export_files
+    from layerscope.model.manifest_verify import verify_export_files
 
     small, big = exports
     outcome = {}

@@ -125,9 +125,9 @@ def test_the_encoder_counts_what_it_cut(bert_export):
     from layerscope.model.tokenize import TEXT_CHARS_PER_TOKEN, Encoder
 
     handle = ModelHandle.resolve(bert_export)
-    enc = Encoder(handle.encoding_tokenizer(), handle.manifest["inputs"], 16)
+    enc = Encoder(handle.encoding_tokenizer(), list(handle.manifest.inputs), 16)
     long = "the cat " * (TEXT_CHARS_PER_TOKEN * 16)
     lengths = enc.token_lengths([long, "a cat", " " * (TEXT_CHARS_PER_TOKEN * 16 + 5) + "cat"])
     assert enc.cut == 1  # the spaces-only head would leave too few tokens: read whole, not cut
-    plain = Encoder(handle.encoding_tokenizer(), handle.manifest["inputs"], 16).token_lengths(["a cat", "cat"])
+    plain = Encoder(handle.encoding_tokenizer(), list(handle.manifest.inputs), 16).token_lengths(["a cat", "cat"])
     assert lengths[0] > 16 and lengths[1] == plain[0] and lengths[2] == plain[1]

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from layerscope.export.exporter import export_model
+
+from layerscope.model.source import resolve_source
 from layerscope.runtime import pipeline
 from layerscope.runtime.pipeline import profile_max_seq
 
@@ -15,7 +17,7 @@ from layerscope.runtime.pipeline import profile_max_seq
 @pytest.fixture(scope="module")
 def qwen_export(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("limits") / "qwen"
-    export_model(str(tiny_model("qwen2")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("qwen2"))), out, pooled=["mean"])
     return out
 
 

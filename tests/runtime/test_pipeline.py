@@ -57,8 +57,8 @@ def test_extract_restores_corpus_order_and_matches_embed(bert_export, tmp_path):
         one = embed(handle, [texts[i]], engine=engine, layers="all", poolings=["mean"])
         for layer in store.layers:
             np.testing.assert_allclose(store["mean", layer][i], one["mean", layer][0], atol=1e-4)
-    assert store["mean", -1].shape == (300, handle.manifest["hidden_size"])
-    np.testing.assert_array_equal(store["mean", -1], store["mean", str(handle.manifest["num_layers"])])
+    assert store["mean", -1].shape == (300, handle.manifest.hidden_size)
+    np.testing.assert_array_equal(store["mean", -1], store["mean", str(handle.manifest.num_layers)])
 
 
 def test_empty_lines_are_kept_and_counted_and_long_texts_truncated(bert_export, tmp_path):

@@ -76,7 +76,7 @@ def _pooling_graph(modes):
 
 @pytest.fixture(scope="module")
 def graph_session():
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     import tempfile
     from pathlib import Path

@@ -252,6 +252,7 @@ def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, 
     """Done means: inspect extract --ray local over the 2,758 STS test sentences equals the plain run."""
     from layerscope.cli import main
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     sentences = []
     with open(sts_dir / "sts-test.csv", encoding="utf-8", newline="") as fh:
@@ -261,7 +262,7 @@ def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, 
     assert len(sentences) == 2758
     corpus_path = tmp_path / "sts.txt"
     corpus_path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    export_model("minilm", tmp_path / "minilm")
+    export_model(resolve_source("minilm"), tmp_path / "minilm")
     common = ["extract", "--model", str(tmp_path / "minilm"), "--input", str(corpus_path), "--engine", "ort",
               "--layers", "all", "--pooling", "mean,cls"]
     for extra, out in (([], "plain"), (["--ray", "local", "--ray-workers", "2"], "ray")):

@@ -13,6 +13,7 @@ import pytest
 from layerscope.errors import Interrupted
 from layerscope.engines.base import Engine, create_engine
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.model.handle import ModelHandle
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
@@ -29,7 +30,7 @@ def corpus(n: int, seed: int) -> list[str]:
 @pytest.fixture(scope="module")
 def bert_export(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("bert-export-faults") / "onnx"
-    export_model(str(tiny_model("bert")), out, pooled=POOLINGS)
+    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=POOLINGS)
     return out
 
 

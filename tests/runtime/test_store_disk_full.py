@@ -60,7 +60,7 @@ def test_a_too_small_disk_is_one_error_before_any_work(bert_export, small_disk, 
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"short text {i}\n" for i in range(n)), encoding="utf-8")
     manifest = ModelHandle.resolve(bert_export).manifest
-    needed = n * manifest["hidden_size"] * 4 * (manifest["num_layers"] + 2) + n  # raw, 0..L
+    needed = n * manifest.hidden_size * 4 * (manifest.num_layers + 2) + n  # raw, 0..L
     assert needed > 2 * 2**20  # the arrays do not fit, the texts do
     proc = _extract(bert_export, corpus, small_disk / "s")
     line = _one_line(proc)

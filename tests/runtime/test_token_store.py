@@ -21,6 +21,7 @@ import pytest
 
 from layerscope.errors import StoreError
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.runtime.pipeline import extract
 from layerscope.runtime.store import LayerStore
 
@@ -82,7 +83,7 @@ def assert_matches_hf(store: LayerStore, refs, texts: list[str], atol: float) ->
 @pytest.fixture(scope="module")
 def gpt2_export(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpt2-export") / "onnx"
-    export_model(str(tiny_model("gpt2")), out)
+    export_model(resolve_source(str(tiny_model("gpt2"))), out)
     return out
 
 

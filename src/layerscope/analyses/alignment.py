@@ -260,7 +260,7 @@ class Alignment(Analysis):
                     cf = category_figures(src[idx], tgt[idx], seed=ctx.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
         # the headline follows the model's own pooling (a decoder's is 'last'), when it was run
-        own = run.handle.manifest.get("default_pooling", "mean")
+        own = run.handle.manifest.default_pooling
         main = own if own in poolings else "mean" if "mean" in poolings else poolings[0]
 
         def figures_of(pooling: str) -> dict[str, Any]:

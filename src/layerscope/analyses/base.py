@@ -296,11 +296,11 @@ class RunOutcome:
 
 def _resolved_engine(engine_name: str, engine_options: dict[str, Any], opened) -> tuple[str, str | None]:
     """The engine that runs a model and its variant: auto's pick (``opened``), else the one asked for."""
+    from layerscope.model.variants import run_variant
+
     if opened is not None:
-        variant = getattr(opened, "variant", None)
-        return opened.info.name, (None if variant in (None, "", "fp32") else str(variant))
-    variant = engine_options.get("variant")
-    return engine_name, (None if variant in (None, "", "fp32") else str(variant))
+        return opened.info.name, run_variant(getattr(opened, "variant", None))
+    return engine_name, run_variant(engine_options.get("variant"))
 
 
 def run_analysis(name: str, ctx: Context) -> RunOutcome:
@@ -387,8 +387,8 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
         for i, (spec, man, key) in enumerate(sources):
             resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles
                                  else (None, None))
-            models.append(ModelSpec(given=spec, key=key, folder=model_name(spec, man),
-                                    revision=model_revision(man, key),
+            models.append(ModelSpec(given=spec, key=key, folder=model_name(spec, man.source),
+                                    revision=model_revision(man.source, key),
                                     layers=tuple(layers[i]) if handles else None,
                                     poolings=tuple(poolings[i]) if handles else None,
                                     engine=resolved, variant=variant))

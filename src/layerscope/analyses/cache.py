@@ -27,10 +27,10 @@ def cache_key(run, texts: list[str], layers: list[str] | None = None, poolings: 
         h.update(b"\x00")
     info = run.engine.info
     ident = {
-        "model": run.handle.key, "files": run.handle.manifest.get("source", {}).get("files_sha256"),
+        "model": run.handle.key, "files": run.handle.manifest.source.files_sha256,
         "engine": info.name, "provider": info.provider, "precision": info.precision,
-        "onnx": run.handle.manifest.get("onnx_sha256"), "variant": getattr(run.engine, "variant", None),
-        "max_length": max_length or run.handle.manifest.get("max_length"), "texts": h.hexdigest(),
+        "onnx": run.handle.manifest.onnx_sha256, "variant": getattr(run.engine, "variant", None),
+        "max_length": max_length or run.handle.manifest.max_length, "texts": h.hexdigest(),
         "batch_tokens": batch_tokens,
         "remote_code": bool(getattr(run.handle, "trust_remote_code", False)),
     }
@@ -44,8 +44,8 @@ def model_poolings(manifest, asked: list[str]) -> list[str]:
     sentence-transformers recipe layerscope reproduces), in the vocabulary's order, and any other asked."""
     from layerscope.vocab.pooling import EOS, POOLINGS, ST
 
-    st = manifest.get("sentence_transformers") or {}
-    own = manifest.get("pooled_output")
+    st = manifest.sentence_transformers or {}
+    own = manifest.pooled_output
     have = [p for p in POOLINGS if (p != EOS or own) and (p != ST or st.get("supported"))]
     return have + [p for p in asked if p not in have]
 
@@ -74,7 +74,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     """Vectors of ``texts``; a cached store of the same model, engine, settings and texts is reused when it
     holds every asked layer and pooling (stores are extracted with every layer and every pooling of the
     model, so other choices reuse them too)."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
     from layerscope.runtime.pipeline import embed, extract
     from layerscope.vocab.layers import Layers, layer_names
 
@@ -87,7 +87,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     if store is not None:
         say(f"reusing cached vectors {store.path}")
     else:
-        num_layers = int(run.handle.manifest["num_layers"])
+        num_layers = run.handle.manifest.num_layers
         all_layers = layer_names(num_layers)
         extra = [layer for layer in layers if layer not in all_layers]
         every = model_poolings(run.handle.manifest, poolings)

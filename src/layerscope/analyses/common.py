@@ -43,10 +43,10 @@ def raw_note(manifest, layers) -> str | None:
     (no position embeddings or norm added: Qwen), one line saying they are the same by construction."""
     from layerscope.model.families import FAMILIES
 
-    family = FAMILIES.get(manifest.get("family"))
+    family = FAMILIES.get(manifest.family)
     if family is None or not family.raw_is_layer0 or not {"raw", "0"} <= set(map(str, layers)):
         return None
-    return (f"{manifest.get('family')}: 'raw' and layer 0 are the same vectors by construction (layer 0 is the "
+    return (f"{manifest.family}: 'raw' and layer 0 are the same vectors by construction (layer 0 is the "
             "word embeddings, nothing added), so their figures are equal")
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import InputError
+from layerscope.model.manifest_type import SourceInfo
 
 RESULTS_ROOT = Path("results")
 
@@ -32,26 +33,24 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-.") or "model"
 
 
-def model_name(spec: str, manifest: dict) -> str:
+def model_name(spec: str, src: SourceInfo) -> str:
     """A folder name for a model: its alias, its hub id with ``/`` as ``__``, or its directory's name."""
-    src = manifest.get("source", {}) or {}
-    if src.get("alias"):
-        return _slug(str(src["alias"]).replace("/", "__"))
-    if src.get("is_local") is False and src.get("path_or_id"):
-        return _slug(str(src["path_or_id"]).replace("/", "__"))
-    path = src.get("path_or_id") or spec
+    if src.alias:
+        return _slug(str(src.alias).replace("/", "__"))
+    if src.is_local is False and src.path_or_id:
+        return _slug(str(src.path_or_id).replace("/", "__"))
+    path = src.path_or_id or spec
     return _slug(Path(str(path)).name)
 
 
-def model_revision(manifest: dict, key: str) -> str:
+def model_revision(src: SourceInfo, key: str) -> str:
     """The revision asked for, else a short weights hash, else a short hash of the model's identity."""
-    src = manifest.get("source", {}) or {}
-    if src.get("revision"):
-        return _slug(str(src["revision"]))
-    if src.get("weights_sha256"):
+    if src.revision:
+        return _slug(str(src.revision))
+    if src.weights_sha256:
         from layerscope.ownership import hex_part
 
-        return hex_part(src["weights_sha256"], "the model's source.weights_sha256")
+        return hex_part(src.weights_sha256, "the model's source.weights_sha256")
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:12]
 
 

@@ -176,7 +176,7 @@ class Lens(Analysis):
             return go, model.info.to_dict(), "torch (PyTorch head)"
 
         from layerscope.decoding.lens_onnx import export_lens, lens_file, onnx_lens, read_sidecar
-        from layerscope.engines.ort import make_session
+        from layerscope.engines.ort_session import make_session
         from layerscope.export.open import ensure_export
         from layerscope.vocab.outputs import hidden_outputs
 

@@ -11,7 +11,7 @@ import numpy as np
 from layerscope.bench.timing import Clock, Run, timing
 
 if TYPE_CHECKING:
-    from layerscope.bench.runner import BenchConfig
+    from layerscope.bench.config import BenchConfig
 
 HF_EAGER = "hf-eager"
 ST = "sentence-transformers"

@@ -13,7 +13,7 @@ from layerscope.bench.timing import Clock, Run, timing
 from layerscope.errors import EngineUnavailableError, InputError, LayerscopeError
 
 if TYPE_CHECKING:
-    from layerscope.bench.runner import BenchConfig
+    from layerscope.bench.config import BenchConfig
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, st_row
+from layerscope.bench.config import BenchConfig
 from layerscope.bench.engine_rows import bench_engines, engine_row
 from layerscope.data.pairs import read_sts
 from layerscope.errors import InputError
@@ -62,28 +62,6 @@ def parse_engines(spec: str | list[str]) -> list[str]:
     if not out and not any(n in BASELINES for n in names):
         raise InputError("--engines named no engine")
     return out
-
-
-@dataclass
-class BenchConfig:
-    model: str
-    engines: list[str]
-    texts: list[str]
-    corpus: str
-    layers: str = "all-hidden"
-    pooling: str = "mean"
-    batch_tokens: int | None = None  # None: each engine's preferred budget
-    max_batch: int = 256
-    hf_batch_size: int = 64
-    st_batch_size: int = 32
-    max_length: int | None = None
-    sts: str | None = None
-    make_variants: bool = True
-    include_st: bool = True
-    threads: int | None = None
-    accuracy_rows: int = 4096
-    progress: Callable[[str], None] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- helpers

@@ -115,7 +115,7 @@ def _hf_row(job: dict[str, Any]) -> Row:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    from layerscope.engines.ort import physical_cores
+    from layerscope.engines.ort_session import physical_cores
     from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(job["export_dir"])

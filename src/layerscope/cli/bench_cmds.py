@@ -95,7 +95,8 @@ def bench(
         c.print(f"saved {', '.join(str(p) for p in paths.values())}", markup=False)
         return
     if in_process:
-        from layerscope.bench.runner import BenchConfig, run_bench
+        from layerscope.bench.config import BenchConfig
+        from layerscope.bench.runner import run_bench
 
         result = run_bench(BenchConfig(include_st=peers != "none", **shared))
     else:

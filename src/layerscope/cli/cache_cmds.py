@@ -14,7 +14,7 @@ from layerscope.cli.root import cache_app
 def cache_list():
     """Exports and vector stores in the cache: kind, model, size, age, the layerscope version that made it."""
     from layerscope.cachedir import scan
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
     from layerscope.report.console import print_cache
 
     print_cache(console(), cache_root(), *scan())

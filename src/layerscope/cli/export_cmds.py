@@ -41,12 +41,13 @@ def export(
 ):
     """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     name = model.rstrip("/").split("/")[-1]
     out = out or Path("exports") / name
     modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
     c = console()
-    manifest = export_model(model, out, pooled=modes, opset=opset, atol=atol, rtol=rtol, revision=revision,
+    manifest = export_model(resolve_source(model, revision), out, pooled=modes, opset=opset, atol=atol, rtol=rtol,
                             trust_remote_code=trust_remote_code, force=force, dtype=dtype,
                             progress=progress_printer(c), tower=tower)
     from rich.markup import escape

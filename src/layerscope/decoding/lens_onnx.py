@@ -242,7 +242,7 @@ def run_onnx_lens(session, inputs: dict[str, np.ndarray], hidden: list[np.ndarra
 def lens_of_export(handle, k: int, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lens of an export on model inputs: its ``model.onnx`` for the hidden states, then ``lens-k{k}.onnx``
     (both on ONNX Runtime's CPU provider)."""
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     graph = make_session(handle.onnx_path, "CPUExecutionProvider")
     names = hidden_outputs(handle.manifest.num_layers)
@@ -257,7 +257,7 @@ def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = Non
     """ONNX Runtime (CPU) vs the torch computation on a padded batch: rank and top-k agreement."""
     from layerscope.decoding.heads import model_inputs
     from layerscope.decoding.lens import rank_bands, torch_lens
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     inputs = model_inputs(handle, handle.tokenizer(), texts or PARITY_TEXTS, 64)
     layers = list(range(model.num_layers + 1))
@@ -289,7 +289,7 @@ def _reference_hidden(handle, model, inputs):
     import torch
 
     from layerscope.decoding.lens import base_hidden_states
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     if model.has_base:
         try:

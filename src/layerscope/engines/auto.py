@@ -18,25 +18,20 @@ first).  The note on the engine says which figures the pick went by.
 
 from __future__ import annotations
 
-from typing import Any
 
 from layerscope.engines.registry import EngineSpec, auto_order, engines, fallback_engine, register
 from layerscope.errors import EngineUnavailableError, InputError
-from layerscope.model.manifest_type import Manifest, Parity
+from layerscope.model.manifest_type import Manifest
 
 DEFAULT_MIN_COSINE = 0.9999
 
 
-def recorded_min_cosine(manifest: Manifest | dict[str, Any], key: str) -> float | None:
+def recorded_min_cosine(manifest: Manifest, key: str) -> float | None:
     """Worst cosine to torch fp32 over every hidden-state and pooled output, or None if not recorded (or NaN)."""
-    if isinstance(manifest, Manifest):
-        return manifest.min_cosine(key)
-    entry = manifest.get("parity") if key == "fp32" else ((manifest.get("variants") or {}).get(key) or {}).get("parity")
-    parity = Parity.from_dict(entry)  # a bare mapping (a partial one in tests): read through the same type
-    return parity.min_cosine() if parity is not None else None
+    return manifest.min_cosine(key)
 
 
-def candidate_min_cosine(manifest: Manifest | dict[str, Any], key: str, variant: str | None) -> tuple[float | None, str]:
+def candidate_min_cosine(manifest: Manifest, key: str, variant: str | None) -> tuple[float | None, str]:
     """A candidate's recorded worst cosine and where it comes from.  One with no variant runs the export's
     fp32 graph, so without a record of its own it has the export's parity (same graph, fp32 kernels)."""
     cos = recorded_min_cosine(manifest, key)
@@ -60,7 +55,7 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
     if not explicit:
         from layerscope.engines.speed_order import ranked
 
-        order, ranked_by = ranked(tuple(order), handle.manifest)
+        order, ranked_by = ranked(tuple(order), handle.manifest.onnx_sha256)
     for name, variant, key in order:
         label = name + (f" {variant}" if variant else "")
         if key:

@@ -3,23 +3,19 @@
 ONNX Runtime falls back to the CPU silently when a GPU provider cannot load,
 and prints pages of library errors while doing so.  Here the native stderr is
 captured while a session is made, the providers the session really got are
-checked, and a requested-but-unavailable provider becomes one clear error.
+checked, and a requested-but-unavailable provider becomes one clear error (``ort_session.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine, pool_states
-
+from layerscope.engines.ort_session import make_session, ort_module, physical_cores, probe_model
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
-from layerscope.errors import EngineUnavailableError
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
+from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
 from layerscope.vocab.outputs import layer_output, pooled_output
 from layerscope.vocab.pooling import ST, with_st
@@ -28,139 +24,6 @@ if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is r
     import numpy as np
 
     from layerscope.model.tokenize import Batch
-
-@contextlib.contextmanager
-def captured_stderr():
-    """Capture what native code writes to fd 2 (ONNX Runtime's provider-loading noise)."""
-    box = {"text": ""}
-    try:
-        fd = os.dup(2)
-    except OSError:  # no real stderr (some notebook kernels)
-        yield box
-        return
-    import io
-    import sys
-
-    py_out, py_err = io.StringIO(), io.StringIO()
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        sys.stderr.flush()
-        os.dup2(tmp.fileno(), 2)
-        try:
-            # onnxruntime also print()s its fallback notice from Python
-            with contextlib.redirect_stdout(py_out), contextlib.redirect_stderr(py_err):
-                yield box
-        finally:
-            os.dup2(fd, 2)
-            os.close(fd)
-            tmp.seek(0)
-            box["text"] = tmp.read().decode("utf-8", "replace") + py_out.getvalue() + py_err.getvalue()
-
-
-def _reason(noise: str, provider: str) -> str:
-    """The one line of ONNX Runtime's noise that says why a provider did not load."""
-    if provider == "TensorrtExecutionProvider" and ("TensorRT" in noise or "nvinfer" in noise):
-        return "the TensorRT libraries (libnvinfer) are not installed or no supported GPU is present"
-    for pattern in (r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file",
-                    r"(CUDA driver version is insufficient[^\n]*)",
-                    r"(no CUDA-capable device is detected)",
-                    r"(cudaErrorNoDevice[^\n]*)"):
-        m = re.search(pattern, noise)
-        if m:
-            what = m.group(1)
-            return f"{what} cannot be loaded" if what.startswith("lib") else what
-    return "ONNX Runtime could not load it on this machine (no GPU, or its libraries are missing)"
-
-
-def ort_module():
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise EngineUnavailableError(
-            "onnxruntime is not installed: pip install onnxruntime (or onnxruntime-gpu on Linux x86-64)") from exc
-    ort.set_default_logger_severity(3)
-    return ort
-
-
-_PROBED: dict[str, str] = {}  # provider -> "" when it loads, else the reason (per process)
-_PRELOADED: list[bool] = []
-
-
-def preload_gpu_libraries(ort) -> None:
-    """Load the CUDA and cuDNN libraries once per process where this build knows how (onnxruntime-gpu >= 1.21:
-    from PyTorch's lib dir or the ``nvidia-*`` pip packages), so the CUDA provider finds them without
-    LD_LIBRARY_PATH. Where it cannot, the provider's own start reports the missing file by name."""
-    if _PRELOADED or not hasattr(ort, "preload_dlls"):
-        return
-    _PRELOADED.append(True)
-    with captured_stderr():
-        try:
-            ort.preload_dlls()
-        except Exception:  # noqa: BLE001 - a failed preload leaves the provider to name what it misses
-            pass
-
-
-def make_session(model_path: str | Path, provider: str, provider_options: dict | None = None, *,
-                 threads: int | None = None, opt_level: str = "all", extra: dict | None = None):
-    """An InferenceSession that really runs on ``provider``, or EngineUnavailableError with the reason."""
-    ort = ort_module()
-    if provider not in ort.get_available_providers():
-        raise EngineUnavailableError(
-            f"{provider} is not in this onnxruntime build (it has {', '.join(ort.get_available_providers())}); "
-            "install onnxruntime-gpu for CUDA/TensorRT")
-    if provider != "CPUExecutionProvider":
-        preload_gpu_libraries(ort)
-    if provider != "CPUExecutionProvider" and Path(model_path) != _probe_model():
-        # Find out on a one-node graph first: a GPU provider that cannot load fails in milliseconds
-        # there, instead of after the full model was read and partitioned.
-        reason = _PROBED.get(provider)
-        if reason is None:
-            try:
-                make_session(_probe_model(), provider, {"trt_engine_cache_enable": False}
-                             if provider == "TensorrtExecutionProvider" else {})
-                _PROBED[provider] = ""
-            except EngineUnavailableError as exc:
-                _PROBED[provider] = str(exc)
-            reason = _PROBED[provider]
-        if reason:
-            raise EngineUnavailableError(reason)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = {
-        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[opt_level]
-    if threads:
-        so.intra_op_num_threads = int(threads)
-    for key, value in (extra or {}).items():
-        so.add_session_config_entry(key, str(value))
-    providers: list[Any] = [(provider, provider_options or {})]
-    if provider != "CPUExecutionProvider":
-        providers.append("CPUExecutionProvider")
-    with captured_stderr() as noise:
-        try:
-            session = ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own untyped errors here
-            session, error = None, exc
-        else:
-            error = None
-    if session is None:
-        raise EngineUnavailableError(f"{provider} failed to start: {str(error).splitlines()[0][:200]}")
-    got = session.get_providers()
-    if got[0] != provider:
-        raise EngineUnavailableError(f"{provider} did not load: {_reason(noise['text'], provider)}")
-    return session
-
-
-def physical_cores() -> int | None:
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False)
-    except ImportError:
-        return None
-
 
 ORT_OPTIONS = (
     EngineOption("variant", str, None, "a variant recorded by layerscope optimize (int8, fp16, opt)"),
@@ -182,13 +45,13 @@ class OrtEngine(Engine):
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
                  depth: int | None = None, pooled_only: bool = False, **options):
-        from layerscope.model.variants import variant_onnx_file
+        from layerscope.model.variants import run_variant, variant_onnx_file
 
         handle = model  # an export: create_engine refuses a plain model for this engine
         super().__init__(handle)
         self.options = options
-        self.variant = variant if variant not in (None, "", "fp32") else None
-        onnx_file = variant_onnx_file(handle.manifest, self.variant)
+        onnx_file = variant_onnx_file(handle.manifest, variant)  # refuses an OpenVINO precision in one line
+        self.variant = run_variant(variant)
         self.in_graph_pooling = bool(in_graph_pooling)
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
@@ -436,7 +299,7 @@ def probe_providers(export_dir: Path | None = None, only: type | None = None) ->
         ort = ort_module()
     except EngineUnavailableError as exc:
         return {name: (False, str(exc)) for name in ort_engines}
-    model_path = _probe_model() if export_dir is None else Path(export_dir) / "model.onnx"
+    model_path = probe_model() if export_dir is None else Path(export_dir) / "model.onnx"
     for name, cls in ort_engines.items():
         try:
             opts = {"trt_engine_cache_enable": False} if cls.provider == "TensorrtExecutionProvider" else {}
@@ -446,21 +309,3 @@ def probe_providers(export_dir: Path | None = None, only: type | None = None) ->
         else:
             results[name] = (True, f"onnxruntime {ort.__version__}, {cls.provider}")
     return results
-
-
-def _probe_model() -> Path:
-    """A one-node ONNX model, enough to see whether a provider starts."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    path = Path(tempfile.gettempdir()) / "layerscope-probe.onnx"
-    if not path.exists():
-        node = helper.make_node("Add", ["x", "x"], ["y"])
-        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        onnx.save(model, str(tmp))
-        os.replace(tmp, path)
-    return path

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from layerscope.engines.base import Engine
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
-from layerscope.engines.ort import OrtEngine, physical_cores
+from layerscope.engines.ort import OrtEngine
+from layerscope.engines.ort_session import physical_cores
 from layerscope.engines.truncate import engine_graph
 from layerscope.errors import EngineUnavailableError, InputError
 
@@ -185,7 +186,9 @@ class OvEngine(OrtEngine):
         precision = precision[3:] if precision.startswith("ov-") else precision
         if precision not in OV_PRECISIONS:
             raise InputError(f"the ov engine runs variants {', '.join(OV_PRECISIONS)}, not '{variant}'")
-        self.variant = precision
+        from layerscope.model.variants import run_variant
+
+        self.variant = run_variant(precision)  # fp32 runs the export's own graph: no variant
         path = handle.onnx_path
         if precision == "int8":
             from layerscope.model.variants import variant_onnx_file

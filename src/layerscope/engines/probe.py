@@ -62,7 +62,7 @@ def _auto_detail(statuses: list[EngineStatus], export_dir) -> str:
     ov_bf16 = "no bf16" not in next((s.detail for s in statuses if s.name == "ov"), "no bf16")
     from layerscope.engines.speed_order import ranked
 
-    order, ranked_by = ranked(tuple(auto_order(explicit_variant=False)), manifest)
+    order, ranked_by = ranked(tuple(auto_order(explicit_variant=False)), manifest.onnx_sha256)
     for name, variant, key in order:
         cos, _ = candidate_min_cosine(manifest, key, variant)
         if not works.get(name) or cos is None or cos < DEFAULT_MIN_COSINE or (variant == "bf16" and not ov_bf16):

@@ -26,7 +26,7 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_v
 
 
 def _root() -> Path:
-    from layerscope.model.manifest import cache_root  # the model floor is below the engines
+    from layerscope.model.home import cache_root  # the model floor is below the engines
 
     return cache_root()
 
@@ -85,12 +85,13 @@ def _read(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def measured_run(manifest: dict[str, Any], *, root: Path | None = None) -> dict[str, Any] | None:
-    """The bench run on this CPU that ``auto`` goes by (same export first, else the latest), or None."""
+def measured_run(onnx_sha256: str | None, *, root: Path | None = None) -> dict[str, Any] | None:
+    """The bench run on this CPU that ``auto`` goes by (the same export, by its graph's sha256, first; else the
+    latest), or None."""
     key, _ = cpu_identity()
     runs = [r for r in (_read((root or _root()) / SPEEDS_FILE).get(key) or {}).get("runs", [])
             if isinstance(r, dict) and isinstance(r.get("texts_per_s"), dict)]
-    same = [r for r in runs if manifest.get("onnx_sha256") and r.get("onnx_sha256") == manifest.get("onnx_sha256")]
+    same = [r for r in runs if onnx_sha256 and r.get("onnx_sha256") == onnx_sha256]
     return (same or runs or [None])[-1]
 
 
@@ -108,12 +109,12 @@ def with_in_flight(speeds: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def ranked(declared: tuple, manifest: dict[str, Any], *, root: Path | None = None) -> tuple[list, str]:
+def ranked(declared: tuple, onnx_sha256: str | None, *, root: Path | None = None) -> tuple[list, str]:
     """``declared`` ((engine, variant, key) fastest first) reordered by this CPU's measured speeds.
 
     Returns the order and one sentence saying which figures it came from.
     """
-    run = measured_run(manifest, root=root)
+    run = measured_run(onnx_sha256, root=root)
     speeds = with_in_flight((run or {}).get("texts_per_s") or {})
     slots = [i for i, c in enumerate(declared) if bench_name(c[0], c[1]) in speeds]
     if not slots:
@@ -124,7 +125,7 @@ def ranked(declared: tuple, manifest: dict[str, Any], *, root: Path | None = Non
         order[i] = cand
     figures = ", ".join(f"{bench_name(c[0], c[1])} {speeds[bench_name(c[0], c[1])]:,.0f}" for c in measured)
     source = (f"texts/s measured on this CPU by layerscope bench ({run.get('when')} UTC, {run.get('model')}"
-              f"{', same export' if run.get('onnx_sha256') == manifest.get('onnx_sha256') else ''}): {figures}")
+              f"{', same export' if run.get('onnx_sha256') == onnx_sha256 else ''}): {figures}")
     return order, source
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine, pool_states
-
+from layerscope.engines.parity_texts import PARITY_TEXTS
 from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, register
 from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
@@ -32,15 +32,6 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
 
 
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-# The probe a half-precision engine checks itself on at start, against fp32 on the same device: mixed
-# lengths (padding), a non-Latin script, digits and symbols, and one text of a few hundred tokens.
-PARITY_TEXTS = (
-    "A man is playing a guitar.",
-    "Hi",
-    "一个人正在弹吉他。",
-    "Numbers like 3.14159 and 2,718 appear here; so do symbols: #, @, & and %!",
-    " ".join(["Two dogs play in the snow while their owners watch from a bench near the frozen lake."] * 12),
-)
 
 
 TORCH_OPTIONS = (EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+from layerscope.engines.parity_texts import PARITY_TEXTS
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_index, output_layer, pooled_mode
 
 RECIPE = 1  # bump when the derived graph is built differently: cached ones are made again
@@ -240,7 +241,7 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
             "recipe": RECIPE, "depth": depth, "pooled_only": pooled_only, "source": src.name, "source_sha256": key,
             "sha256": hash_files([dst]), "outputs": names, "pooled_layers": pooled, "nodes": nodes,
             "full_nodes": full_nodes,
-            "check": {"texts": "engines/torch.py PARITY_TEXTS", "runtime": "onnxruntime CPU", "tolerance_abs": bar,
+            "check": {"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU", "tolerance_abs": bar,
                       "max_abs": worst, "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
     return Truncated(dst, depth, tuple(pooled), worst, pooled_only, nodes, full_nodes, reused=False,
                      every_layer=depth == num_layers)
@@ -271,7 +272,7 @@ def _check(src: Path, dst: Path, names: list[str], full_pooled: list[str], poole
            feeds: list[dict]) -> dict[str, float]:
     """Worst |derived - full| per output over ``feeds``, both graphs on ONNX Runtime's CPU provider in turn
     (one session in memory at a time)."""
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
 
     def outputs(path: Path) -> list[list]:
         session = make_session(path, "CPUExecutionProvider")
@@ -369,7 +370,5 @@ def engine_graph(engine, path: Path, depth: int | None, pooled_only: bool) -> tu
 
 def probe_feeds(engine) -> list[dict]:
     """Inputs of the texts a derived graph is checked on (padding, scripts, a long text)."""
-    from layerscope.engines.torch import PARITY_TEXTS
-
     encoder = engine.encoder()
     return [encoder(list(PARITY_TEXTS[:4])).inputs, encoder([PARITY_TEXTS[4]]).inputs]

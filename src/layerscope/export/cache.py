@@ -98,7 +98,8 @@ def find_cached_export(spec: str, *, trust_remote_code: bool = False):
     is something else (an export dir, a hub id). Neither transformers nor torch is imported, so a run on a
     model exported before starts in the time its engine takes."""
     from layerscope.errors import ModelNotFoundError
-    from layerscope.model.manifest import MANIFEST, cache_root
+    from layerscope.model.home import cache_root
+    from layerscope.model.manifest import MANIFEST
     from layerscope.model.source import resolve_source
     from layerscope.model.stconfig import read_st_config
 
@@ -161,7 +162,7 @@ def cached_export(handle, options: dict[str, Any] | None = None):
 
     from layerscope.export.exporter import export_model
     from layerscope.model.handle import ModelHandle
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     options = dict(options or {})
     ident = export_key(handle, options)
@@ -184,8 +185,8 @@ def cached_export(handle, options: dict[str, Any] | None = None):
             import shutil
 
             shutil.rmtree(target)
-        export_model(handle.spec, target, trust_remote_code=handle.trust_remote_code,
-                     revision=handle.source().revision, force=True, cache_entry=ident, lock=False, **options)
+        export_model(handle.source(), target, trust_remote_code=handle.trust_remote_code, force=True,
+                     cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
         for line in record_cpu_precisions(target):  # for --engine auto, which says what it picks

@@ -35,7 +35,7 @@ def record_cpu_precisions(export_dir: str | Path, *, progress=None) -> list[str]
         entry = make_ov_variant(export_dir, "ov-bf16", progress=progress)
     except (ExportError, EngineUnavailableError) as exc:
         return [f"ov-bf16 not recorded: {exc}"]
-    from layerscope.engines.auto import recorded_min_cosine
+    from layerscope.model.manifest_type import Variant
 
-    cos = recorded_min_cosine({"variants": {"ov-bf16": entry}}, "ov-bf16")
+    cos = Variant.from_dict("ov-bf16", entry).parity.min_cosine()  # make_ov_variant records it with its parity
     return [f"ov-bf16 recorded (OpenVINO bf16 on this CPU): worst cosine to PyTorch fp32 {cos:.6f}"]

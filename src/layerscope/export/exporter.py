@@ -18,17 +18,17 @@ from typing import Any
 
 import numpy as np
 
-import layerscope
 from layerscope.errors import ExportError
 from layerscope.export import external, lean
+from layerscope.export.manifest_write import _manifest, _save_tokenizer
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
 from layerscope.export.onnx_config import make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
-from layerscope.hashing import file_sha256
-from layerscope.model.describe import describe_model
-from layerscope.model.manifest import FORMAT_VERSION, MANIFEST, ONNX_FILE
+from layerscope.model.describe import describe_source
+from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.manifest_check import file_records
+from layerscope.model.source import ModelSource
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
 from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
 
@@ -54,24 +54,25 @@ def _one_writer(fn):
     import functools
 
     @functools.wraps(fn)
-    def wrapper(spec, output, *args, lock: bool = True, **kwargs):
+    def wrapper(source, output, *args, lock: bool = True, **kwargs):
         if not lock:
-            return fn(spec, output, *args, **kwargs)
+            return fn(source, output, *args, **kwargs)
         from layerscope.out_lock import out_lock
 
         with out_lock(output):
-            return fn(spec, output, *args, **kwargs)
+            return fn(source, output, *args, **kwargs)
 
     return wrapper
 
 
 @_one_writer
-def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = None, opset: int = DEFAULT_OPSET,
-                 atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False, revision: str | None = None,
+def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] | None = None,
+                 opset: int = DEFAULT_OPSET, atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32",
                  tower: str | None = None) -> Manifest:
-    """Export ``spec`` into ``output``; returns the manifest. Raises ExportError on a parity failure.
+    """Export the resolved model ``source`` (``model.source.resolve_source``; its revision included) into
+    ``output``; returns the manifest. Raises ExportError on a parity failure.
 
     ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
     to a depth-scaled cosine against torch fp32 instead of ``atol``.  ``tower="vision"`` exports the vision
@@ -80,35 +81,37 @@ def export_model(spec: str, output: str | Path, *, pooled: list[str] | None = No
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
 
+    if not isinstance(source, ModelSource):
+        raise TypeError(f"export_model takes a resolved ModelSource (resolve_source(...)), not {type(source).__name__}")
+    spec = source.spec
     dtype = check_dtype(dtype)
     output = Path(output)
     from layerscope.model.vision import describe_vision
 
-    vision = describe_vision(spec, tower=tower, trust_remote_code=trust_remote_code, revision=revision)
+    vision = describe_vision(spec, tower=tower, trust_remote_code=trust_remote_code, revision=source.revision)
     if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
         if dtype != "fp32" or cache_entry is not None:
             raise ExportError("vision towers are exported in fp32 into a folder (--out) for now")
         from layerscope.export.vision_export import export_vision
 
         return export_vision(spec, output, vision, pooled=pooled, opset=opset, atol=atol, rtol=rtol,
-                             trust_remote_code=trust_remote_code, revision=revision, force=force, progress=progress)
+                             trust_remote_code=trust_remote_code, revision=source.revision, force=force, progress=progress)
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    info = describe_model(spec, trust_remote_code=trust_remote_code, revision=revision)  # the manifest's model half
+    info = describe_source(source, trust_remote_code=trust_remote_code)  # the manifest's model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
     from layerscope.model.families import FAMILIES
-    from layerscope.model.source import load_torch_model, resolve_source
+    from layerscope.model.source import load_torch_model
 
     family = FAMILIES[model.family]
     requested = pooled if pooled is not None else default_pooled(family.name)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     require_pooled_output(pooled_modes, family.pooled_output, family.name)
-    source = resolve_source(spec, revision)
     from layerscope.atomic import staged_dir
 
     with staged_dir(output, kind="export") as work:
-        trace = dict(spec=spec, revision=revision, family=family.name, num_layers=model.num_layers, dtype=dtype,
+        trace = dict(source=source.to_dict(), family=family.name, num_layers=model.num_layers, dtype=dtype,
                      opset=opset, trust_remote_code=trust_remote_code, threshold=stream_threshold())
         weights = checkpoint_weight_bytes(source, dtype)
         if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
@@ -218,10 +221,10 @@ def stream_threshold() -> int:
 def trace_step(trace: dict[str, Any], work: Path) -> None:
     """Load the torch model, export it into ``work`` and free it; ``trace`` holds export_model's arguments."""
     from layerscope.model.families import FAMILIES
-    from layerscope.model.source import load_config, load_torch_model, resolve_source
+    from layerscope.model.source import ModelSource, load_config, load_torch_model
 
     family = FAMILIES[trace["family"]]
-    source = resolve_source(trace["spec"], trace["revision"])
+    source = ModelSource(**trace["source"])  # resolved by export_model; the child loads exactly that
     config = load_config(source, trust_remote_code=trace["trust_remote_code"])
     model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"])
     from layerscope.export.onnx_config import export_path
@@ -400,61 +403,3 @@ def _output_dim(model, name: str) -> int | None:
             dims = o.type.tensor_type.shape.dim
             return dims[-1].dim_value or None
     return None
-
-
-def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
-    """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
-    from layerscope.model.source import load_tokenizer
-    from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf, special_ids
-
-    tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
-    tok.save_pretrained(str(work))
-    ids = special_ids(tok)
-    fast_ok = False
-    if (work / "tokenizer.json").exists() and getattr(tok, "is_fast", False):
-        try:
-            fast = FastTokenizer(work / "tokenizer.json", ids)
-            texts = VALIDATION_TEXTS + ["", "   ", "x " * (max_length + 10)]
-            fast_ok = matches_hf(fast, tok, texts, (8, max_length))
-        except Exception:  # any doubt keeps the Hugging Face tokenizer at run time
-            fast_ok = False
-    return {"fast": fast_ok, "special_ids": ids}
-
-
-def _manifest(model: Manifest, onnx_info, pooled_modes, parity, opset, atol, seconds, work: Path) -> dict[str, Any]:
-    import onnxruntime
-
-    import torch
-    import transformers
-
-    manifest = model.to_dict()
-    manifest.update({
-        "format_version": FORMAT_VERSION,
-        "layerscope_version": layerscope.__version__,
-        "onnx_file": ONNX_FILE,
-        "onnx_sha256": file_sha256(work / ONNX_FILE),
-        "external_data": onnx_info["external_data"],
-        "onnx_bytes": sum(f.stat().st_size for f in [work / ONNX_FILE, *external.data_files(work / ONNX_FILE)]),
-        "inputs": onnx_info["inputs"],
-        "outputs": onnx_info["outputs"],
-        "pooled_modes": pooled_modes,
-        "pooled_layers": onnx_info["pooled_layers"],
-        "dtype": "float32",
-        "precision": "fp32",
-        "opset": opset,
-        "parity": {"tolerance_abs": atol, **parity},
-        "export_seconds": round(seconds, 2),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "optimum": _dist_version("optimum"), "optimum-onnx": _dist_version("optimum-onnx"), "onnxruntime": onnxruntime.__version__,
-                     "numpy": np.__version__},
-    })
-    return manifest
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"

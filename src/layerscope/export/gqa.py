@@ -222,19 +222,19 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     graph.node.extend(new_nodes)
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from layerscope.export.variants import _quiet
+    from layerscope.export.variant_files import quiet
 
     before = len(graph.node)
-    with _quiet():
+    with quiet():
         tools = OnnxModel(model)
         tools.prune_graph(allow_remove_graph_inputs=False)  # the old attention nodes, unused initializers
         tools.topological_sort(is_deterministic=True)  # the fused nodes after what they read
     dropped = before - len(graph.node)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    from layerscope.export.variants import _save
+    from layerscope.export.variant_files import save_variant
 
-    _save(model, dst, external=external)
+    save_variant(model, dst, external=external)
     return {"fused_attention_nodes": len(layers), "nodes_dropped": dropped, "num_heads": shape.num_heads,
             "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "rotary_rows": rows,
             "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm or shape.qk_norm_flat else None,

@@ -32,7 +32,7 @@ def make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     from layerscope.ownership import writing
 
     with writing(export_dir, "export") as wrote:
-        wrote.add("manifest.json")  # the only file it writes (the int8 file it reads is make_variant's)
+        wrote.add("manifest.json")  # the only file it writes (the int8 file it reads is made before)
         return _make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
 
 
@@ -40,7 +40,7 @@ def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
                      tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
     from layerscope.engines.ov import OvSession, check_precision
     from layerscope.model.manifest import verify_export
-    from layerscope.export.variants import _record, _worst, make_variant, variant_parity
+    from layerscope.export.variant_files import record_variant, variant_parity, worst_output
 
     say = progress or (lambda msg: None)
     export_dir = Path(export_dir)
@@ -49,9 +49,11 @@ def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     precision = kind[3:]
     check_precision(precision)
     if precision == "int8":
-        say("ov-int8 reads the int8 variant: making or checking it first")
-        file = make_variant(export_dir, "int8", progress=progress)["file"]
-        manifest = read_manifest(export_dir)
+        int8 = manifest.variant("int8")
+        if int8 is None:
+            raise ExportError("ov-int8 reads the int8 variant, and this export has none: make 'int8' first "
+                              "(make_variant makes it on the way to 'ov-int8')")
+        file = int8.file
     else:
         file = manifest.onnx_file
     path = export_dir / file
@@ -65,7 +67,7 @@ def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     say("checking every output against PyTorch fp32")
     parity = variant_parity(export_dir, manifest, path, session=session)
     tol = dict(OV_TOLERANCES[kind], **(tolerance or {}))
-    worst = _worst(parity["outputs"], tol)
+    worst = worst_output(parity["outputs"], tol)
     if worst:
         raise ExportError(f"variant '{kind}' is outside its tolerance: {worst}; nothing was recorded")
     entry = {
@@ -74,5 +76,5 @@ def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         "build_seconds": round(build_s, 2), "fusions": None, "details": {"reads": file},
         "tolerance": tol, "parity": parity,
     }
-    _record(export_dir, kind, entry)
+    record_variant(export_dir, kind, entry)
     return entry

@@ -70,7 +70,7 @@ def compare_outputs(net, family, onnx_path: Path, info: Manifest, texts: list[st
     import gc
 
     from layerscope.model.tokenize import Encoder
-    from layerscope.engines.ort import make_session
+    from layerscope.engines.ort_session import make_session
     from layerscope.engines.torch import torch_forward
     from layerscope.model.source import ModelSource, load_tokenizer
     from layerscope.vocab.outputs import RAW_OUTPUT, hidden_output, layer_output, pooled_output

@@ -35,14 +35,15 @@ tolerance is not written.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError, InputError
+from layerscope.export.variant_files import (discard_variant, quiet, record_variant, save_variant, variant_data_files,
+                                               variant_parity, worst_output)
 from layerscope.hashing import file_sha256
-from layerscope.model.manifest import MANIFEST, read_manifest, read_manifest_dict
+from layerscope.model.manifest import MANIFEST, read_manifest
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.variants import OV_KINDS, check_kind, variant_file
 
@@ -85,7 +86,7 @@ def optimize_graph(src: Path, dst: Path, manifest: Manifest, num_heads: int, *,
     family = FAMILIES.get(manifest.family)
     model_type = family.optimizer_model_type if family else "bert"
     options = FusionOptions(model_type)
-    with _quiet():
+    with quiet():
         opt = optimize_model(str(src), model_type=model_type, num_heads=num_heads,
                              hidden_size=manifest.hidden_size, opt_level=0, use_gpu=False,
                              optimization_options=options)
@@ -95,7 +96,7 @@ def optimize_graph(src: Path, dst: Path, manifest: Manifest, num_heads: int, *,
         from onnx import helper  # the optimizer forgets this; the quantizer's shape inference needs it
 
         opt.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    _save(opt.model, dst, external=external)
+    save_variant(opt.model, dst, external=external)
     return stats
 
 
@@ -130,7 +131,7 @@ def quantize_int8(src: Path, dst: Path, *, keep_down_proj: bool = INT8_KEEP_DOWN
             skipped += 1
     if not targets:
         raise ExportError(f"{src.name} has no weight MatMul to quantize")
-    with _quiet():
+    with quiet():
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
                          nodes_to_quantize=targets, op_types_to_quantize=["MatMul", "Attention"],
                          extra_options={"MatMulConstBOnly": True}, use_external_data_format=external)
@@ -155,14 +156,14 @@ def quantize_int8_block(src: Path, dst: Path, *, block: int = INT8_BLOCK, extern
     model = onnx.load(str(src))
     keep = [n.name for n in model.graph.node if n.name.startswith("layerscope/")]
     config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, accuracy_level=4, bits=8)
-    with _quiet():
+    with quiet():
         quantizer = MatMulNBitsQuantizer(model, nodes_to_exclude=keep, algo_config=config)
         quantizer.process()
     out = quantizer.model.model
     quantized = sum(1 for n in out.graph.node if n.op_type == "MatMulNBits")
     if not quantized:
         raise ExportError(f"{src.name} has no weight MatMul to quantize")
-    _save(out, dst, external=external)
+    save_variant(out, dst, external=external)
     return {"quantized_nodes": quantized, "weight_type": f"int8 symmetric per block of {block}",
             "activations": f"int8 per block of {block} at run time (accuracy level 4)"}
 
@@ -173,7 +174,7 @@ def convert_fp16(src: Path, dst: Path, *, external: bool = False) -> dict[str, A
 
     model = onnx.load(str(src))
     keep = [n.name for n in model.graph.node if n.name.startswith("layerscope/")]
-    with _quiet():
+    with quiet():
         half = convert_float_to_float16(model, keep_io_types=True, op_block_list=FP16_BLOCK_LIST,
                                         node_block_list=keep)
     # The converter inserts one identical Cast per consumer of a blocked Cast node (same name, same
@@ -188,58 +189,8 @@ def convert_fp16(src: Path, dst: Path, *, external: bool = False) -> dict[str, A
     dropped = len(half.graph.node) - len(nodes)
     del half.graph.node[:]
     half.graph.node.extend(nodes)
-    _save(half, dst, external=external)
+    save_variant(half, dst, external=external)
     return {"kept_fp32_ops": FP16_BLOCK_LIST, "kept_fp32_nodes": len(keep), "duplicate_casts_dropped": dropped}
-
-
-def _save(model, dst: Path, *, external: bool = False) -> None:
-    """Save a variant graph; its weights go to ``<file>_data`` when the export's do, or when over 1.8 GB."""
-    from layerscope.export import external as ext
-
-    big = external or ext.uses_external_data(model) or model.ByteSize() >= ext.EXTERNAL_DATA_BYTES
-    (dst.parent / ext.data_file(dst.name)).unlink(missing_ok=True)
-    ext.save_graph(model, dst, external=big)
-
-
-def _data_files(dst: Path) -> list[Path]:
-    from layerscope.export import external as ext
-
-    return ext.data_files(dst) if dst.exists() else []
-
-
-def _remove(dst: Path) -> None:
-    """A variant that failed leaves nothing behind: its graph and its external data."""
-    from layerscope.export import external as ext
-
-    for path in (dst.parent / ext.data_file(dst.name), dst.with_name(dst.name + ".data")):
-        path.unlink(missing_ok=True)
-    dst.unlink(missing_ok=True)
-
-
-class _quiet:
-    """Silence the optimizer's and quantizer's logging and warnings while they run."""
-
-    def __enter__(self):
-        import logging
-        import warnings
-
-        self._warn = warnings.catch_warnings()
-        self._warn.__enter__()
-        warnings.simplefilter("ignore")
-        self._levels = {}
-        for name in ("onnxruntime", "root", "fusion_base", "onnx_model", "optimizer"):
-            lg = logging.getLogger(None if name == "root" else name)
-            self._levels[name] = lg.level
-            lg.setLevel(logging.ERROR)
-        return self
-
-    def __exit__(self, *exc):
-        import logging
-
-        for name, level in self._levels.items():
-            logging.getLogger(None if name == "root" else name).setLevel(level)
-        self._warn.__exit__(*exc)
-        return False
 
 
 # ---------------------------------------------------------------- make + check + record
@@ -275,6 +226,9 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
     if kind in OV_KINDS:
         from layerscope.export.ov_variant import make_ov_variant
 
+        if kind == "ov-int8":
+            (progress or (lambda msg: None))("ov-int8 reads the int8 variant: making or checking it first")
+            make_variant(export_dir, "int8", progress=progress)
         return make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
     say = progress or (lambda msg: None)
     export_dir = Path(export_dir)
@@ -314,10 +268,10 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
             say("converting to fp16 (LayerNorm, Softmax, reductions and pooling kept in fp32)")
             details = convert_fp16(src, dst, external=big)
     except (InputError, ExportError):
-        _discard(export_dir, kind, dst)
+        discard_variant(export_dir, kind, dst)
         raise
     except Exception as exc:  # the optimizer and quantizer raise untyped errors
-        _discard(export_dir, kind, dst)
+        discard_variant(export_dir, kind, dst)
         raise ExportError(f"could not make variant '{kind}': {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from exc
     build_s = time.perf_counter() - t0
@@ -326,13 +280,13 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
         say("checking every output against PyTorch fp32")
         parity = variant_parity(export_dir, manifest, dst)
         tol = dict(TOLERANCES[kind], **(tolerance or {}))
-        worst = _worst(parity["outputs"], tol)
+        worst = worst_output(parity["outputs"], tol)
         if worst:
             raise ExportError(f"variant '{kind}' is outside its tolerance: {worst}; nothing was written")
     except BaseException:
-        _discard(export_dir, kind, dst)
+        discard_variant(export_dir, kind, dst)
         raise
-    data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in _data_files(dst)}
+    data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in variant_data_files(dst)}
     entry = {
         "file": dst.name, "sha256": file_sha256(dst), "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()),
         "external_data": data or None,
@@ -340,7 +294,7 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
         "build_seconds": round(build_s, 2), "fusions": fusions, "details": details,
         "tolerance": tol, "parity": parity,
     }
-    _record(export_dir, kind, entry)
+    record_variant(export_dir, kind, entry)
     return entry
 
 
@@ -353,49 +307,3 @@ def _check_outputs(src: Path, dst: Path) -> None:
         missing = sorted(set(want) - set(got))
         raise ExportError(f"{dst.name} lost outputs {missing or '-'} (order or names changed); the transform "
                           "must keep every hidden-state and pooled output")
-
-
-def variant_parity(export_dir: Path, manifest: Manifest, onnx_path: Path, *, session=None) -> dict[str, Any]:
-    """The export's own parity check (same texts, same batches) run on a variant file."""
-    from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
-    from layerscope.model.families import FAMILIES
-    from layerscope.model.source import load_torch_model
-
-    family = FAMILIES[manifest.family]
-    net = load_torch_model(manifest.source.model_source(), family)
-    return compare_outputs(net, family, onnx_path, manifest, VALIDATION_TEXTS, list(manifest.pooled_modes),
-                           list(manifest.pooled_layers), session=session)
-
-
-def _worst(outputs: dict[str, dict[str, float]], tol: dict[str, float | None]) -> str | None:
-    """A description of the first output outside ``tol``, or None."""
-    import math
-
-    for name, s in outputs.items():
-        if tol.get("max_abs") is not None and not s["max_abs"] <= tol["max_abs"]:
-            return f"{name} max |diff| {s['max_abs']:.3g} > {tol['max_abs']:g}"
-        if tol.get("min_cos") is not None and not (s["min_cos"] >= tol["min_cos"] and not math.isnan(s["min_cos"])):
-            return f"{name} min cosine {s['min_cos']:.6f} < {tol['min_cos']:g}"
-    return None
-
-
-def _discard(export_dir: Path, kind: str, dst: Path) -> None:
-    """A variant that failed leaves nothing: its files, and the entry of the variant a forced remake wrote
-    over (its files are gone, so layerscope verify would refuse the export)."""
-    from layerscope.atomic import write_json_atomic
-
-    _remove(dst)
-    manifest = read_manifest_dict(export_dir)  # edited and written back
-    if kind in (manifest.get("variants") or {}):
-        del manifest["variants"][kind]
-        write_json_atomic(export_dir / MANIFEST, manifest)
-        logging.getLogger("layerscope").warning("the earlier '%s' variant of %s was replaced and is gone; "
-                                                "make it again without the failing option", kind, export_dir)
-
-
-def _record(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
-    from layerscope.atomic import write_json_atomic
-
-    manifest = read_manifest_dict(export_dir)  # edited and written back
-    manifest.setdefault("variants", {})[kind] = entry
-    write_json_atomic(export_dir / MANIFEST, manifest)

@@ -11,7 +11,7 @@ Ranks are found in the top ``mrr_cutoff`` results (default 1000, capped at n):
 when n <= cutoff they are exact and MRR is the full MRR; above it a partner
 ranked below the cutoff counts 0 towards MRR (it would count < 1/cutoff).
 A partner that shares its cosine with other rows counts as its expectation
-over a random order of the tied rows (:class:`layerscope.metrics.neighbors.TiedRanks`),
+over a random order of the tied rows (:class:`layerscope.metrics.ties.TiedRanks`),
 the same figure on every engine.
 """
 
@@ -24,7 +24,8 @@ import numpy as np
 
 from layerscope.index.vector_index import VectorIndex, measure_recall
 from layerscope.metrics.checks import BLOCK_ELEMENTS
-from layerscope.metrics.neighbors import SCREEN, TIE_TOL, TiedRanks, _float64_counts, drop_self, retrieval_metrics
+from layerscope.metrics.neighbors import drop_self, retrieval_metrics
+from layerscope.metrics.ties import SCREEN, TIE_TOL, TiedRanks, float64_tie_counts
 
 DEFAULT_ANN_THRESHOLD = 50_000
 DEFAULT_MRR_CUTOFF = 1000
@@ -80,7 +81,7 @@ def partner_ranks(index: VectorIndex, queries: np.ndarray, cutoff: int, *, base:
         past = ~full & (scores[:, -1] >= target[:, 0] - SCREEN)  # the tie or the partner may run past the list
         redo = np.flatnonzero(past) if exact else np.empty(0, dtype=np.int64)
         if redo.size:
-            a64, t64 = _float64_counts(q[redo], base, rows[redo])
+            a64, t64 = float64_tie_counts(q[redo], base, rows[redo])
             a_b[redo], t_b[redo] = np.where(a64 >= k, np.inf, a64), t64
         above[q0:q1], tied[q0:q1] = a_b, t_b
     return TiedRanks(above, tied)

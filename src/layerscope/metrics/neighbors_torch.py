@@ -122,7 +122,7 @@ def cosine_tied_ranks(sn: np.ndarray, tn: np.ndarray, *, device: str = "cuda", q
     the same as on the numpy and FAISS paths."""
     import torch
 
-    from layerscope.metrics.neighbors import SCREEN, TiedRanks, _float64_counts
+    from layerscope.metrics.ties import SCREEN, TiedRanks, float64_tie_counts
 
     dev = torch.device(device)
     n = sn.shape[0]
@@ -149,6 +149,6 @@ def cosine_tied_ranks(sn: np.ndarray, tn: np.ndarray, *, device: str = "cuda", q
     tied = np.ones(n, dtype=np.int64)
     idx = np.flatnonzero(redo)
     if idx.size:
-        above[idx], tied[idx] = _float64_counts(np.asarray(sn[idx], dtype=np.float32), np.asarray(tn, dtype=np.float32),
+        above[idx], tied[idx] = float64_tie_counts(np.asarray(sn[idx], dtype=np.float32), np.asarray(tn, dtype=np.float32),
                                                 idx)
     return TiedRanks(above, tied)

@@ -48,7 +48,12 @@ def check_vocab_fits(spec: str, tokenizer, text_config) -> None:
 
 def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str | None = None,
                    with_hash: bool = True) -> dict[str, Any]:
-    source = resolve_source(spec, revision)
+    """What the model ``spec`` names is, before any export (the manifest's model half)."""
+    return describe_source(resolve_source(spec, revision), trust_remote_code=trust_remote_code, with_hash=with_hash)
+
+
+def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True) -> dict[str, Any]:
+    """What the resolved model ``source`` is, before any export (the manifest's model half)."""
     config = load_config(source, trust_remote_code=trust_remote_code)
     check_family(config.model_type, getattr(config, "auto_map", None))  # a type of the model's own code: one line
     family = family_for(config.model_type)
@@ -118,4 +123,4 @@ def _st_config(source: ModelSource) -> dict[str, Any] | None:
     return read_st_config(root)
 
 
-__all__ = ["describe_model"]
+__all__ = ["describe_model", "describe_source"]

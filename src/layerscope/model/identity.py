@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from layerscope.model.home import cache_root
+
 # Weight formats layerscope never loads (safetensors only) and model cards: they do not change an export.
 # Every other top-level file counts (config, tokenizer, vocab, custom code), known to matter or not.
 IGNORED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".onnx_data", ".gguf", ".lock",
@@ -34,8 +36,6 @@ def _signature(paths: list[Path]) -> list[list[Any]]:
 
 
 def _hash_dir() -> Path:
-    from layerscope.model.manifest import cache_root
-
     return cache_root() / "hashes"
 
 

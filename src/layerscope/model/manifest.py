@@ -7,7 +7,6 @@ The handle that carries a manifest around is ``model/handle.py``; what is checke
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,3 @@ def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, chec
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", text).strip("-") or "model"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LAYERSCOPE_HOME", Path.home() / ".cache" / "layerscope"))

@@ -12,14 +12,13 @@ At load (every ``ModelHandle.resolve``), cheap enough to run each time:
 * external data files exist and are as large as the graph's references into them and as
   recorded; they are *not* hashed at load (they can be many GB), ``layerscope verify`` does that.
 
-``layerscope verify EXPORT_DIR`` re-hashes every file recorded in the manifest's ``files`` (written
+``layerscope verify EXPORT_DIR`` (``manifest_verify.py``) re-hashes every file recorded in the manifest's ``files`` (written
 at export: model.onnx, its external data, tokenizer and config files), every variant and every
 lens graph against its sidecar.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,57 +163,3 @@ def file_records(export_dir: Path) -> dict[str, dict[str, Any]]:
         if rel not in (MANIFEST, MARKER):
             out[rel] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
     return out
-
-
-def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
-    """Re-hash every file the export recorded: (files verified, one line per problem)."""
-    from layerscope.model.manifest import read_manifest, verify_export
-
-    export_dir = Path(export_dir)
-    try:
-        manifest = read_manifest(export_dir)
-    except ManifestError as exc:
-        return 0, [str(exc)]
-    problems: list[str] = []
-    try:
-        verify_export(export_dir, manifest, check_hash=False)  # paths, graph and sizes; hashes below
-    except ManifestError as exc:
-        problems.append(str(exc))
-    from layerscope.ownership import MARKER
-
-    expected: dict[str, str] = {}
-    for rel, rec in manifest.files.items():
-        if rel != MARKER:  # older exports recorded the ownership marker too; it changes as files are added
-            expected[rel] = (rec or {}).get("sha256")
-    if not expected:
-        problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
-                        "export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
-    expected.setdefault(manifest.onnx_file, manifest.onnx_sha256)
-    for kind, entry in manifest.variants.items():
-        expected[entry.file] = entry.sha256
-        for rel, rec in (entry.external_data or {}).items():  # a variant of a big export
-            expected[rel] = (rec or {}).get("sha256")
-    for sidecar in sorted(export_dir.glob("lens-k*.json")):
-        try:
-            meta = json.loads(sidecar.read_text(encoding="utf-8"))
-            expected[meta["file"]] = meta["sha256"]
-        except (OSError, ValueError, KeyError, TypeError):
-            problems.append(f"{sidecar.name} (a lens graph's sidecar) cannot be read")
-    checked = 0
-    for rel, digest in expected.items():
-        try:
-            path = member(export_dir, rel, "file")
-        except ManifestError as exc:
-            problems.append(str(exc))
-            continue
-        if any(f"/{rel} " in p or p.startswith(f"{rel} ") for p in problems):
-            continue  # already reported by the load checks
-        if not path.is_file():
-            problems.append(f"{rel} is missing")
-        elif not digest:
-            problems.append(f"{rel} has no recorded sha256")
-        elif file_sha256(path) != digest:
-            problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed after export")
-        else:
-            checked += 1
-    return checked, problems

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterator
+from typing import Any
 
 from layerscope.errors import ManifestError
 
@@ -198,7 +198,7 @@ _REQUIRED = ("source", "family", "num_layers", "hidden_size")
 
 
 @dataclass(frozen=True)
-class Manifest(Mapping):
+class Manifest:
     """One model's facts: an export's manifest.json, or a plain model's description."""
 
     format_version: int | None  # None: not an export (a plain model's description, or an old embedded copy)
@@ -345,29 +345,6 @@ class Manifest(Mapping):
         """A stable identity for caching: the weights hash where known, else the source id."""
         return self.source.weights_sha256 or f"{self.source.path_or_id}@{self.source.revision}"
 
-    # -- read-only mapping view, for code not yet moved to the attributes -----------
-    def __getitem__(self, name: str) -> Any:
-        return copy.deepcopy(self.raw[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.raw)
-
-    def __len__(self) -> int:
-        return len(self.raw)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.raw
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return copy.deepcopy(self.raw[name]) if name in self.raw else default
-
-
-def variant_entries(manifest: "Manifest | Mapping[str, Any]") -> Mapping[str, Variant]:
-    """The typed variants of a manifest, or of a bare mapping holding only a ``variants`` entry."""
-    if isinstance(manifest, Manifest):
-        return manifest.variants
-    return {str(k): Variant.from_dict(k, v) for k, v in (manifest.get("variants") or {}).items() if v}
-
 
 def as_manifest(value: "Manifest | Mapping[str, Any]", *, where: str = "the manifest") -> Manifest:
     """``value`` as a ``Manifest`` (a dict from a store or a results file is read here)."""
@@ -382,4 +359,4 @@ def manifest_dict(value: "Manifest | Mapping[str, Any] | None") -> dict[str, Any
 
 
 __all__ = ["FORMAT_VERSION", "Manifest", "OutputCheck", "Parity", "SourceInfo", "TokenizerInfo", "Variant",
-           "as_manifest", "manifest_dict", "variant_entries"]
+           "as_manifest", "manifest_dict"]

@@ -10,11 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.errors import InputError
-from layerscope.model.manifest_type import Manifest, variant_entries
+from layerscope.model.manifest_type import Manifest
 
 VARIANT_KINDS = ("opt", "gqa", "int8", "int8-block", "fp16", "bf16")
 OV_KINDS = ("ov-fp32", "ov-bf16", "ov-int8")  # OpenVINO precisions of the same graphs (export/ov_variant.py)
 ATTENTION_KIND = "attn"  # attention probabilities and summaries, not the export's outputs (export/attention.py)
+
+
+def run_variant(variant: str | None) -> str | None:
+    """The variant a run is recorded and compared by: None for the export's own fp32 graph, whichever engine
+    runs it and however it was asked for (no variant, ``fp32``, OpenVINO's ``ov-fp32``); else the name given.
+    Stores, results, resume checks and the engines all go by this one rule."""
+    return None if variant in (None, "", "fp32", "ov-fp32") else str(variant)
 
 
 def variant_file(kind: str) -> str:
@@ -44,7 +51,9 @@ def check_kind(kind: str) -> str:
 
 def variant_onnx_file(manifest: Manifest, kind: str | None) -> str | None:
     """The file an engine should load for ``kind`` (None: the fp32 export)."""
-    if kind in (None, "", "fp32"):
+    if kind in OV_KINDS:  # before the fp32 rule: no ONNX Runtime engine loads ov-fp32 as a file
+        raise InputError(f"variant '{kind}' is an OpenVINO precision: run it with --engine ov --variant {kind[3:]}")
+    if run_variant(kind) is None:
         return None
     check_kind(kind)
     if kind in OV_KINDS:
@@ -52,7 +61,7 @@ def variant_onnx_file(manifest: Manifest, kind: str | None) -> str | None:
     if kind == ATTENTION_KIND:
         raise InputError(f"variant '{kind}' has attention outputs, not hidden states: it is read by "
                          "layerscope run attention")
-    entry = variant_entries(manifest).get(kind)
+    entry = manifest.variant(kind)
     if not entry:
         raise InputError(f"this export has no '{kind}' variant yet; make it with: layerscope optimize EXPORT_DIR "
                          f"--variant {kind}")

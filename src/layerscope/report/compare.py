@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def _num(v, digits: int = 4) -> str:
-    from layerscope.report.writer import num
-
-    return num(v, digits)
+from layerscope.report.numbers import num
 
 
 def _p(v, resamples: int | None = None) -> str:
@@ -30,8 +26,8 @@ def _cell(row: dict, name: str, score: str) -> str:
     if row.get(f"{name} layer") is None:
         return "-"
     lo, hi = row.get(f"{name} ci_low"), row.get(f"{name} ci_high")
-    ci = f" [{_num(lo, 3)}, {_num(hi, 3)}]" if lo is not None and hi is not None else ""
-    return f"{_num(value)}{ci}"
+    ci = f" [{num(lo, 3)}, {num(hi, 3)}]" if lo is not None and hi is not None else ""
+    return f"{num(value)}{ci}"
 
 
 def side_by_side_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]] | None:
@@ -65,11 +61,11 @@ def comparison_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]
     header = ["comparison", "A", "B", "score A", "score B", "A - B", "95% CI", "p", "p (Holm)"]
     cells = []
     for r in rows:
-        ci = (f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r.get("ci_low") is not None
+        ci = (f"[{num(r['ci_low'])}, {num(r['ci_high'])}]" if r.get("ci_low") is not None
               and r.get("ci_high") is not None else "-")
         cells.append([r["comparison"], f"{r['model_a']} {r.get(f'{group}_a')} {r['layer_a']}{_best_label(r, 'a')}",
                       f"{r['model_b']} {r.get(f'{group}_b')} {r['layer_b']}{_best_label(r, 'b')}",
-                      _num(r.get(f"{score}_a")), _num(r.get(f"{score}_b")), _num(r.get("difference")), ci,
+                      num(r.get(f"{score}_a")), num(r.get(f"{score}_b")), num(r.get("difference")), ci,
                       _p(r.get("p_value"), resamples), _p(r.get("p_holm"), resamples)])
     return header, cells
 
@@ -146,12 +142,12 @@ def print_comparison(results: dict[str, Any], console) -> None:
         for r in rows:
             if (r["model_a"], r["model_b"]) != (a_name, b_name):
                 continue
-            ci = (f" [{_num(r['ci_low'])}, {_num(r['ci_high'])}]" if r.get("ci_low") is not None
+            ci = (f" [{num(r['ci_low'])}, {num(r['ci_high'])}]" if r.get("ci_low") is not None
                   and r.get("ci_high") is not None else "")
             t.add_row(esc(r["comparison"]), esc(f"{r.get(f'{group}_a')} {r['layer_a']}{_best_label(r, 'a')}"),
                       esc(f"{r.get(f'{group}_b')} {r['layer_b']}{_best_label(r, 'b')}"),
-                      _num(r.get(f"{meta['score']}_a")), _num(r.get(f"{meta['score']}_b")),
-                      esc(f"{_num(r.get('difference'))}{ci}"), esc(_p(r.get("p_value"), meta.get("n_resamples"))),
+                      num(r.get(f"{meta['score']}_a")), num(r.get(f"{meta['score']}_b")),
+                      esc(f"{num(r.get('difference'))}{ci}"), esc(_p(r.get("p_value"), meta.get("n_resamples"))),
                       esc(_p(r.get("p_holm"), meta.get("n_resamples"))))
         console.print(t)
         if meta.get("correction"):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from layerscope.report.html_figures import Section
+
 CSS = """
 .nb table.t td { vertical-align: top; }
 .nb td.hit { background: #d9f2d9; }
@@ -109,8 +111,6 @@ def _valid(nb: Any) -> bool:
 
 def neighbour_section(results: dict[str, Any]):
     """The browser's section, or None when no model's results hold neighbours (older results files)."""
-    from layerscope.report.html_views import Section
-
     data = {m: {**f["neighbours"], "layers": [str(x) for x in f.get("layers") or []],
                 "pooling": (f.get("summary") or {}).get("pooling")}
             for m, f in (results.get("per_model") or {}).items() if isinstance(f, dict) and _valid(f.get("neighbours"))}

@@ -277,7 +277,9 @@ def _start_engine(ex: Extraction, store: LayerStore, engine: str, engine_options
     eng = open_engine(ex.handle, engine, **options)
     if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
         picked = getattr(eng, "variant", None)
-        ex.settings["variant"] = picked if picked not in ("", "fp32") else None
+        from layerscope.model.variants import run_variant
+
+        ex.settings["variant"] = run_variant(picked)
         if check_variant and store.settings.get("variant") != ex.settings["variant"]:
             raise StoreError(f"{ex.out} was made with variant={store.settings.get('variant')!r}, --engine auto "
                              f"picked {ex.settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
@@ -358,4 +360,4 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
                 out[p, layer][batch.index] = pooled[p][li]
     from layerscope.vocab.layers import LayerVectors
 
-    return LayerVectors(out, manifest["num_layers"])  # ("mean", 6), ("mean", -1) and ("mean", "6") as in a store
+    return LayerVectors(out, manifest.num_layers)  # ("mean", 6), ("mean", -1) and ("mean", "6") as in a store

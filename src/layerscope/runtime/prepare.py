@@ -19,6 +19,7 @@ from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
 from layerscope.errors import InputError
 from layerscope.model.manifest_type import Manifest
+from layerscope.model.variants import run_variant
 from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
 from layerscope.ownership import Claim
@@ -144,7 +145,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
         "layers": layer_list, "poolings": pool_list, "dtype": dtype, "batch_tokens": batch_tokens,
         "max_batch": max_batch, "max_length": max_len, "input": describe_source(source),
         "layerscope_version": layerscope.__version__,
-        "variant": variant if variant not in ("", "fp32") else None,  # resuming must not mix precisions
+        "variant": run_variant(variant),  # resuming must not mix precisions
         "prompt": prompt_text or None,
     }
     return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, manifest=manifest,

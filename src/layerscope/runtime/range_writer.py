@@ -152,8 +152,9 @@ class RangeWriter:
 
 
 def _variant(eng) -> str | None:
-    picked = getattr(eng, "variant", None)
-    return picked if picked not in ("", "fp32") else None
+    from layerscope.model.variants import run_variant
+
+    return run_variant(getattr(eng, "variant", None))
 
 
 def _read_store_id(store_dir: Path) -> str | None:

@@ -18,7 +18,7 @@ the poolings above, L2-normalized or not), applied by ``with_st``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from layerscope.errors import InputError, unknown_name
 
@@ -326,14 +326,22 @@ def with_st(poolings: list[str], compute: Callable[[list[str]], Mapping[str, Any
     return {p: got[p] for p in poolings}
 
 
-def family_poolings(manifest: Mapping[str, Any], analysis_defaults) -> list[str]:
+class PoolingFacts(Protocol):
+    """What :func:`family_poolings` reads of a model (a ``Manifest`` has it; this floor cannot import one)."""
+
+    default_pooling: str
+    kind: str
+    pooled_output: str | None
+
+
+def family_poolings(manifest: PoolingFacts, analysis_defaults) -> list[str]:
     """The poolings an analysis compares when none are asked for, from the model's family: a decoder's
     first token is just the first word, so decoders get ``last`` (their own) and ``mean``; CLIP gets ``eos``
     (its own pooled output); every other family the analysis's defaults (``mean``, ``cls``)."""
-    own = manifest.get("default_pooling", "mean")
-    if manifest.get("kind") == "decoder" or own == "last":
+    own = manifest.default_pooling
+    if manifest.kind == "decoder" or own == "last":
         return [own, "mean"] if own != "mean" else ["mean", "last"]
-    if own == EOS and manifest.get("pooled_output"):
+    if own == EOS and manifest.pooled_output:
         return [EOS]
     return list(analysis_defaults)
 
