@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from layerscope.cli import main
+from layerscope.model.source import resolve_source
 
 CUSTOM_TOKENIZER = '''from transformers import BertTokenizerFast
 
@@ -50,7 +51,6 @@ def _custom_tokenizer_model(tiny_model, tmp_path) -> Path:
 
 def test_the_flag_reaches_export_validation_and_the_export_tokenizer(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
     from layerscope.model.handle import ModelHandle
 
     model = _custom_tokenizer_model(tiny_model, tmp_path)
@@ -162,7 +162,7 @@ def test_a_known_type_with_its_own_modeling_code_exports_what_that_code_computes
 
     model = _own_code_model(tiny_model, tmp_path, "bert")
     out = tmp_path / "exp"
-    export_model(str(model), out, pooled=["mean"], trust_remote_code=True)
+    export_model(resolve_source(str(model)), out, pooled=["mean"], trust_remote_code=True)
     tok = AutoTokenizer.from_pretrained(str(model))
     enc = tok(["a cat sat on the mat", "hi"], padding=True, return_tensors="np")
     session = make_session(out / "model.onnx", "CPUExecutionProvider")

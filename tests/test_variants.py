@@ -137,6 +137,9 @@ def test_token_level_pooling_matches_in_graph(export_dir):
 
 def test_bad_variant_names_give_clear_errors(export_dir):
     from layerscope.errors import InputError
+    import dataclasses
+
+    from layerscope.model.manifest import read_manifest
     from layerscope.model.variants import check_kind, variant_onnx_file
 
     with pytest.raises(InputError, match="bf16"):
@@ -144,4 +147,4 @@ def test_bad_variant_names_give_clear_errors(export_dir):
     with pytest.raises(InputError, match="did you mean 'int8'"):
         check_kind("int9")
     with pytest.raises(InputError, match="layerscope optimize"):
-        variant_onnx_file({"variants": {}}, "fp16")
+        variant_onnx_file(dataclasses.replace(read_manifest(export_dir), variants={}), "fp16")

@@ -36,7 +36,7 @@ def main() -> None:
     from layerscope.vocab.layers import layer_names
     from layerscope.engines.ort import make_session
     from layerscope.model.handle import ModelHandle
-    from layerscope.export.variants import _quiet
+    from layerscope.export.variant_files import quiet as _quiet
 
     handle = ModelHandle.resolve(args.export_dir)
     m = handle.manifest

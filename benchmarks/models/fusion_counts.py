@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from tiny_models import build_tiny_model
 from layerscope.export.exporter import export_model
 from layerscope.model.source import resolve_source
-from layerscope.export.variants import _quiet
+from layerscope.export.variant_files import quiet as _quiet
 from onnxruntime.transformers.optimizer import optimize_model
 from onnxruntime.transformers.fusion_options import FusionOptions
 import onnx, onnxruntime as ort

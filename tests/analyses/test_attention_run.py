@@ -15,6 +15,7 @@ from layerscope.errors import InputError
 from layerscope.export import attention as att
 from layerscope.export.attention_run import AttentionRunner
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.export.variants import make_variant
 
 PAYLOAD = "<img src=x onerror=\"console.error('INJECTED')\"> & </script>"
@@ -30,7 +31,7 @@ def exports(tiny_model, tmp_path_factory):
         key = (family, attn)
         if key not in cache:
             out = tmp_path_factory.mktemp(f"run-attn-{family}") / "onnx"
-            export_model(str(tiny_model(family)), out)
+            export_model(resolve_source(str(tiny_model(family))), out)
             if attn:
                 make_variant(out, "attn")
             cache[key] = out
@@ -178,7 +179,7 @@ def test_one_token_summaries_by_hand(exports):
 def test_plain_model_gets_the_attention_graph_in_its_cached_export(tiny_model, data, in_tmp_home):
     """A plain model (not an export folder): its cached export gets the attention graph on first use, and
     the torch engine computes the same figures as ONNX Runtime on that graph."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     ctx = dict(models=[str(tiny_model("bert"))], data=str(data), options={"patterns": 1})
     _, torch_run = run_analysis("attention", Context(engine="torch", out=in_tmp_home / "t", **ctx))

@@ -37,10 +37,12 @@ def clip_pairs(tmp_path_factory):
 
     from layerscope.export.exporter import export_model
 
+    from layerscope.model.source import resolve_source
+
     root = tmp_path_factory.mktemp("crossmodal")
     ckpt = build_tiny_model("clip-text", root / "clip")
     t.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(ckpt)
-    export_model(str(ckpt), root / "clipv", tower="vision")
+    export_model(resolve_source(str(ckpt)), root / "clipv", tower="vision")
     digits = load_digits()
     (root / "img").mkdir()
     words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

@@ -27,10 +27,11 @@ def test_zero_shot_by_layer_equals_transformers(tmp_path):
     from layerscope.analyses.base import Context, run_analysis
     from layerscope.analyses.crossmodal import digit_pairs
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     ckpt = build_tiny_model("clip-text", tmp_path / "clip")
     t.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(ckpt)
-    export_model(str(ckpt), tmp_path / "clipv", tower="vision")
+    export_model(resolve_source(str(ckpt)), tmp_path / "clipv", tower="vision")
     _, res = run_analysis("vision_lens", Context(models=[str(tmp_path / "clipv")], engine="ort",
                                                  out=tmp_path / "run", options={"n": N}))
     (fig,) = res["per_model"].values()

@@ -12,7 +12,9 @@ import pytest
 from layerscope.export import attention as att
 from layerscope.export.attention_run import AttentionRunner
 from layerscope.export.exporter import export_model
+from layerscope.model.source import resolve_source
 from layerscope.export.variants import make_variant
+from layerscope.model.source import resolve_source
 
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today", "一只猫"]
 ATTN_FAMILIES = ("bert", "gpt2", "qwen2")
@@ -25,7 +27,7 @@ def attn_export(tiny_model, tmp_path_factory):
     def get(family):
         if family not in cache:
             out = tmp_path_factory.mktemp(f"attn-{family}") / "onnx"
-            export_model(str(tiny_model(family)), out, pooled=[])
+            export_model(resolve_source(str(tiny_model(family))), out, pooled=[])
             make_variant(out, "attn")
             cache[family] = out
         return cache[family]
@@ -158,7 +160,7 @@ def test_attention_variant_refused_as_an_embedding_graph(attn_export):
 def test_verify_covers_the_attention_graph(attn_export, tmp_path):
     import shutil
 
-    from layerscope.model.manifest_check import verify_export_files
+    from layerscope.model.manifest_verify import verify_export_files
 
     copy = tmp_path / "copy"
     shutil.copytree(attn_export("bert"), copy)
@@ -185,7 +187,7 @@ def test_big_graph_data_is_gathered_beside_the_export(tiny_model, tmp_path, monk
     verified, and the graph still runs (simulated by re-saving the tiny graph with per-tensor files)."""
     import onnx
 
-    from layerscope.model.manifest_check import verify_export_files
+    from layerscope.model.manifest_verify import verify_export_files
 
     real = att.trace_attention
 
@@ -196,7 +198,7 @@ def test_big_graph_data_is_gathered_beside_the_export(tiny_model, tmp_path, monk
 
     monkeypatch.setattr(att, "trace_attention", per_tensor_files)
     out = tmp_path / "onnx"
-    export_model(str(tiny_model("bert")), out, pooled=[])
+    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=[])
     entry = make_variant(out, "attn")
     assert list(entry["external_data"]) == ["model.attn.onnx_data"]
     assert not list(out.glob(".attn-trace-*"))  # the tracing folder is gone

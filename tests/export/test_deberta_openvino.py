@@ -16,11 +16,12 @@ def test_deberta_v2_export_compiles_on_openvino_and_matches_onnx_runtime(tiny_mo
     from layerscope.engines.ort import make_session
     from layerscope.engines.ov import OvSession
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
     from layerscope.model.handle import ModelHandle
     from layerscope.model.tokenize import Encoder
 
     out = tmp_path / "exp"
-    export_model(str(tiny_model("deberta-v2")), out, pooled=["mean"])
+    export_model(resolve_source(str(tiny_model("deberta-v2"))), out, pooled=["mean"])
     graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
     assert "If" not in {n.op_type for n in graph.node}
     session = make_session(out / "model.onnx", "CPUExecutionProvider")

@@ -18,6 +18,7 @@ ATTRIBUTES = {"mistral": {"local_window_size": 4}, "olmo2": {}, "granite": {"sca
 def family_export(request, tmp_path_factory):
     import tiny_zoo
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     family = request.param
     root = tmp_path_factory.mktemp(f"gqa-{family}")
@@ -27,7 +28,7 @@ def family_export(request, tmp_path_factory):
         ckpt = tiny_zoo.build_zoo_model(family, root / "src", seed=1)
     finally:
         tiny_zoo.SHAPES[family] = saved
-    export_model(str(ckpt), root / "onnx", pooled=["mean", "last"])
+    export_model(resolve_source(str(ckpt)), root / "onnx", pooled=["mean", "last"])
     return family, root / "onnx"
 
 

@@ -113,12 +113,12 @@ def test_streamed_torch_onnx_moe_export_is_bit_identical_to_the_ordinary_one(tmp
     monkeypatch.setattr(lean, "attach_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
     ckpt = tiny_zoo.build_zoo_model("mixtral", tmp_path / "ckpt")
     ordinary = tmp_path / "ordinary"
-    assert export_model(str(ckpt), ordinary, pooled=["mean"])["export_path"] == "torch"
+    assert export_model(resolve_source(str(ckpt)), ordinary, pooled=["mean"]).to_dict()["export_path"] == "torch"
     assert not calls
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     streamed = tmp_path / "streamed"
-    manifest = export_model(str(ckpt), streamed, pooled=["mean"])
-    assert calls == [1] and manifest["external_data"] is True
+    manifest = export_model(resolve_source(str(ckpt)), streamed, pooled=["mean"])
+    assert calls == [1] and manifest.external_data is True
     assert _weight_digests(streamed) == _weight_digests(ordinary)
     a, b = _outputs(ordinary), _outputs(streamed)
     assert list(a) == list(b) and "raw_embeddings" in a

@@ -12,7 +12,6 @@ from layerscope.errors import ExportError, ModelNotFoundError
 from layerscope.export import exporter
 from layerscope.export.exporter import checkpoint_weight_bytes, export_model, trace_in_child
 from layerscope.model.source import resolve_source
-from layerscope.model.source import resolve_source
 
 
 def test_weight_bytes_from_the_safetensors_headers(tiny_model):
@@ -97,11 +96,11 @@ def test_weights_under_the_external_data_limit_stream_in_a_child_from_their_own_
     monkeypatch.setattr(lean, "attach_weights", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(lean, "STREAM_BYTES", weights - 1)
     monkeypatch.setattr(exporter, "TRACE_IN_CHILD_BYTES", None)  # in-process, so the spy sees the call
-    manifest = export_model(str(tiny_model("qwen2")), tmp_path / "streamed", pooled=["mean"])
-    assert calls == [1] and manifest["external_data"] is True
+    manifest = export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "streamed", pooled=["mean"])
+    assert calls == [1] and manifest.external_data is True
     monkeypatch.setattr(lean, "STREAM_BYTES", 2 * weights)  # over the weights and buffers in memory
-    manifest = export_model(str(tiny_model("qwen2")), tmp_path / "ordinary", pooled=["mean"])
-    assert calls == [1] and manifest["external_data"] is False
+    manifest = export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "ordinary", pooled=["mean"])
+    assert calls == [1] and manifest.external_data is False
 
 
 def test_a_gpt2_medium_checkpoint_streams_in_a_child_by_default():
@@ -126,8 +125,10 @@ def test_a_script_without_a_main_guard_exports_through_the_child(tiny_model, tmp
 
     script = tmp_path / "user_script.py"
     script.write_text("from layerscope.export import exporter\n"
+                      "from layerscope.model.source import resolve_source\n"
                       "exporter.TRACE_IN_CHILD_BYTES = 1\n"
-                      f"exporter.export_model({str(tiny_model('bert'))!r}, {str(tmp_path / 'out')!r}, pooled=['mean'])\n"
+                      f"exporter.export_model(resolve_source({str(tiny_model('bert'))!r}), {str(tmp_path / 'out')!r}, "
+                      "pooled=['mean'])\n"
                       "print('EXPORTED')\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)

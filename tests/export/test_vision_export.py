@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_vision import build_tiny_vision, hf_vision_reference  # noqa: E402
 
 from layerscope.errors import InputError  # noqa: E402
+from layerscope.model.source import resolve_source
 
 # (kind, tower, image size, patch size, tokens before the patches: CLS and DINOv2's two registers)
 # one size of each family in the quick loop, a second one (another grid) under -m slow
@@ -46,7 +47,7 @@ def exported(request, tmp_path_factory):
     kind, tower, size, patch, prefix = request.param
     root = tmp_path_factory.mktemp(f"{kind}{size}")
     ckpt = build_tiny_vision(kind, root / "ckpt", image_size=size, patch_size=patch)
-    manifest = export_model(str(ckpt), root / "export", tower=tower)
+    manifest = export_model(resolve_source(str(ckpt)), root / "export", tower=tower)
     return kind, ckpt, root / "export", manifest, prefix
 
 
@@ -103,7 +104,7 @@ def test_siglip_has_no_cls_pooling(tmp_path):
 
     ckpt = build_tiny_vision("siglip-vision", tmp_path / "ckpt")
     with pytest.raises(InputError, match="no CLS token"):
-        export_model(str(ckpt), tmp_path / "export", pooled=["cls"])
+        export_model(resolve_source(str(ckpt)), tmp_path / "export", pooled=["cls"])
     assert not (tmp_path / "export").exists()
 
 
@@ -120,7 +121,7 @@ def test_two_tower_needs_a_known_tower(tmp_path):
         family_for("bert", "vision")
     ckpt = build_tiny_vision("siglip", tmp_path / "ckpt")
     with pytest.raises(InputError, match="--tower vision"):
-        export_model(str(ckpt), tmp_path / "export")
+        export_model(resolve_source(str(ckpt)), tmp_path / "export")
 
 
 def test_vision_checkpoint_without_processor_is_one_line(tmp_path):
@@ -130,7 +131,7 @@ def test_vision_checkpoint_without_processor_is_one_line(tmp_path):
     ckpt = build_tiny_vision("vit", tmp_path / "ckpt")
     (ckpt / "preprocessor_config.json").unlink()
     with pytest.raises(InputError, match="preprocessor_config.json"):
-        export_model(str(ckpt), tmp_path / "export")
+        export_model(resolve_source(str(ckpt)), tmp_path / "export")
 
 
 def test_torch_runs_a_plain_vision_checkpoint(tmp_path):

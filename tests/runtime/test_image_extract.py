@@ -31,11 +31,12 @@ def _digit_images():
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("images")
     ckpt = build_tiny_vision("dinov2", root / "ckpt")
     export = root / "export"
-    export_model(str(ckpt), export)
+    export_model(resolve_source(str(ckpt)), export)
     images, labels = _digit_images()
     folder = root / "digits"
     folder.mkdir()

@@ -40,6 +40,8 @@ def long_export(tiny_model, tmp_path_factory) -> Path:
 
     from layerscope.export.exporter import export_model
 
+    from layerscope.model.source import resolve_source
+
     src = tiny_model("bert")
     where = tmp_path_factory.mktemp("long-bert")
     model_dir = where / "model"
@@ -55,7 +57,7 @@ def long_export(tiny_model, tmp_path_factory) -> Path:
     config.max_position_embeddings = POSITIONS
     torch.manual_seed(0)
     BertModel(config).eval().save_pretrained(model_dir, safe_serialization=True)
-    export_model(str(model_dir), where / "onnx")
+    export_model(resolve_source(str(model_dir)), where / "onnx")
     return where / "onnx"
 
 

@@ -49,7 +49,7 @@ def attention_export(handle, say=None) -> Path:
     it added on first use too, under the cache entry's lock."""
     if handle.is_export and handle.manifest.variant(att.KIND) is not None:
         return handle.export_dir
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     cache = (cache_root() / "exports").resolve()
     if handle.is_export and cache not in handle.export_dir.resolve().parents:

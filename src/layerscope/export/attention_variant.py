@@ -31,7 +31,7 @@ def make_attention_variant(export_dir: str | Path, *, force: bool = False, opset
 
 
 def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict[str, Any]:
-    from layerscope.export.variants import _discard, _record, variant_names
+    from layerscope.export.variant_files import discard_variant as _discard, record_variant as _record, variant_names
     from layerscope.model.families import FAMILIES
     from layerscope.model.manifest import verify_export
     from layerscope.model.source import load_torch_model

@@ -20,8 +20,8 @@ import numpy as np
 
 from layerscope.errors import ExportError
 from layerscope.export import external, lean
-from layerscope.export.manifest_write import _manifest, _save_tokenizer
-from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names, opset_of
+from layerscope.export.manifest_write import FP32_RTOL, _manifest, _save_tokenizer, fp32_worst, opset_of_file
+from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names
 from layerscope.export.onnx_config import make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.model.describe import describe_source
@@ -36,7 +36,6 @@ log = logging.getLogger("layerscope")
 
 DEFAULT_OPSET = 18
 EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to model.onnx_data (tests lower it)
-FP32_RTOL = 1e-5  # fp32 outputs: |onnx - torch| <= atol + FP32_RTOL x the output's largest |value| (recorded)
 
 
 def default_pooled(family_name: str) -> list[str]:
@@ -166,19 +165,6 @@ def _export_path(family, source, trust_remote_code: bool) -> str:
     return export_path(family, load_config(source, trust_remote_code=trust_remote_code))
 
 
-def fp32_worst(parity: dict[str, Any], atol: float, rtol: float = FP32_RTOL) -> tuple[str, dict[str, Any]]:
-    """Record each output's fp32 tolerance in ``parity`` and return the output furthest over (or nearest) it.
-
-    Deep decoders' hidden states grow to magnitudes in the hundreds, where float32 summed in another order
-    differs by 1e-4 with cosine 1.000000 (Qwen2.5-3B shape, layer 35: 1.6e-4): the absolute ``atol`` alone
-    would refuse a correct graph, so the tolerance grows with the output's own scale, and says so."""
-    parity["tolerance_rel"] = rtol
-    for stats in parity["outputs"].values():
-        stats["tolerance"] = atol + rtol * float(stats.get("ref_max_abs") or 0.0)
-    return max(parity["outputs"].items(),
-               key=lambda kv: float("inf") if np.isnan(kv[1]["max_abs"]) else kv[1]["max_abs"] / kv[1]["tolerance"])
-
-
 def _peak_rss() -> int:
     """Peak resident memory so far (bytes) of this process or of the child that traced the model, whichever
     was larger: what the export needed at most."""
@@ -199,12 +185,6 @@ def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num
         raise ExportError(f"fp16 export of {spec} drifts from PyTorch fp32: {bad[0]}"
                           f"{f' (and {len(bad) - 1} more outputs)' if len(bad) > 1 else ''}; nothing was written. "
                           "Export in fp32 (--dtype fp32)")
-
-
-def opset_of_file(path: Path) -> int:
-    import onnx
-
-    return opset_of(onnx.load(str(path), load_external_data=False))
 
 
 # Weights from which the model is loaded and traced in a child process (None: never). Its own constant, so

@@ -108,3 +108,12 @@ def record_variant(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
     manifest = read_manifest_dict(export_dir)  # edited and written back
     manifest.setdefault("variants", {})[kind] = entry
     write_json_atomic(export_dir / MANIFEST, manifest)
+
+
+def variant_names(dst: Path) -> list[str]:
+    """Every file making the variant ``dst`` may write beside it: the graph, its external data (ONNX
+    Runtime's ``<file>.data`` before it is gathered into ``<file>_data``) and their temporary siblings."""
+    from layerscope.export import external as ext
+
+    data = ext.data_file(dst.name)
+    return [dst.name, dst.name + ".tmp", data, data + ".tmp", dst.name + ".data"]

@@ -41,7 +41,7 @@ from typing import Any
 
 from layerscope.errors import ExportError, InputError
 from layerscope.export.variant_files import (discard_variant, quiet, record_variant, save_variant, variant_data_files,
-                                               variant_parity, worst_output)
+                                               variant_names, variant_parity, worst_output)
 from layerscope.hashing import file_sha256
 from layerscope.model.manifest import MANIFEST, read_manifest
 from layerscope.model.manifest_type import Manifest
@@ -207,15 +207,6 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
         return make_attention_variant(export_dir, force=force, progress=progress)
     with writing(export_dir, "export") as wrote:
         return _make_variant(export_dir, kind, wrote, force=force, tolerance=tolerance, progress=progress)
-
-
-def variant_names(dst: Path) -> list[str]:
-    """Every file making the variant ``dst`` may write beside it: the graph, its external data (ONNX
-    Runtime's ``<file>.data`` before it is gathered into ``<file>_data``) and their temporary siblings."""
-    from layerscope.export import external as ext
-
-    data = ext.data_file(dst.name)
-    return [dst.name, dst.name + ".tmp", data, data + ".tmp", dst.name + ".data"]
 
 
 def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = False,

@@ -162,7 +162,7 @@ def export_vision(spec: str, output: Path, info: dict[str, Any], *, pooled: list
                   progress=None) -> Manifest:
     """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``."""
     from layerscope.atomic import staged_dir
-    from layerscope.export.exporter import _manifest, fp32_worst, opset_of_file
+    from layerscope.export.manifest_write import _manifest, fp32_worst, opset_of_file
     from layerscope.model.families import FAMILIES
     from layerscope.model.manifest_check import file_records
     from layerscope.model.source import load_config, resolve_source

@@ -10,8 +10,7 @@ Format versions: an export's manifest.json carries ``format_version``; :func:`Ma
 refuses a file without one or with one this version cannot read, in one line that says how to upgrade.
 A manifest copied into a store or a results file before the field existed still opens.
 
-For code not yet moved to the attributes, a ``Manifest`` also reads like a mapping (``m["family"]``,
-``m.get("variants", {})``); those reads hand back copies, so the manifest itself never changes.
+A ``Manifest`` has no mapping view: code reads its fields, and ``to_dict()`` where it needs the JSON.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def measure(encoder, jobs: list[tuple], counts: Iterable[int] = COUNTS, *,
 def record(model_key: str, engine: str, engine_tokens_per_s: float, tokenize: dict[int, float], *,
            cpu: str, root: Path | None = None) -> Path:
     """Remember one measurement (``cpu``: this CPU's identity) under ``root`` (default: the cache root)."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     path = (root or cache_root()) / POOL_FILE
     data = _read(path)
@@ -113,7 +113,7 @@ def processes_for(model_key: str | None, engine: str, *, cpu: str,
                   root: Path | None = None) -> tuple[int, str | None]:
     """(tokenizer processes, the note saying why) for ``engine`` with this model on this CPU: 1 without a
     record, or where one tokenizer kept up with the engine; else the fewest recorded to keep up."""
-    from layerscope.model.manifest import cache_root
+    from layerscope.model.home import cache_root
 
     if not model_key:
         return 1, None
