@@ -1,7 +1,9 @@
 """What report.html shows for each analysis: which figures of results.json become which charts.
 
-Every function here reads results.json's figures and draws them; none computes a figure. An analysis
-without an entry below still gets a page (summary, tables, settings, models) plus a curve of its main
+An analysis that declares its figures (``AnalysisMetadata.figures``) gets its charts from that declaration
+(report/declared.py); the functions below draw the analyses written before declarations, from the results
+document. Every function here reads results.json's figures and draws them; none computes a figure. An analysis
+with neither still gets a page (summary, tables, settings, models) plus a curve of its main
 score for every table that has one per layer.
 """
 
@@ -390,5 +392,11 @@ VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
 }
 
 
-def views(results: dict[str, Any]) -> list[Section]:
-    return VIEWS.get(str(results.get("analysis")), generic_views)(results)
+def views(results, figures=None) -> list[Section]:
+    """The sections of typed ``results``: drawn from the analysis's declared ``figures`` (report/declared.py),
+    else by its function above, else the generic curves."""
+    if figures is not None:
+        from layerscope.report.declared import sections
+
+        return sections(figures, results)
+    return VIEWS.get(results.analysis, generic_views)(results.document)
