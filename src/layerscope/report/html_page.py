@@ -165,40 +165,39 @@ def _summary(results) -> str:
     from layerscope.report.writer import ci, sig
 
     main = results.main_score
-    models = {str(m): f.summary for m, f in results.per_model.items() if f.summary}
+    models = {str(m): f for m, f in results.per_model.items() if f.summary}
     if not models:
         return ""
     several = len(models) > 1
     rows, notes = [], []
-    for model, summary in models.items():
-        heads = [h for h in summary.get("headline") or [] if isinstance(h, dict)]
-        if heads:
-            for h in heads:
-                rows.append({**({"model": model} if several else {}), "figure": h.get("figure"),
-                             "value": h.get("value"),
-                             "95% interval": ci(h.get("ci_low"), h.get("ci_high")).strip() or "–",
-                             "where": h.get("where") or "", "chance": h.get("chance")})
+    for model, fig in models.items():
+        if fig.headline:
+            for h in fig.headline:
+                rows.append({**({"model": model} if several else {}), "figure": h.figure, "value": h.value,
+                             "95% interval": ci(h.ci_low, h.ci_high).strip() or "–", "where": h.where,
+                             "chance": h.chance})
         else:
-            scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            scalars = {k: v for k, v in fig.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             for k in sorted(scalars, key=lambda k: k != main):
                 rows.append({**({"model": model} if several else {}), "figure": k, "value": scalars[k],
                              "95% interval": "–", "where": "main score" if k == main else "", "chance": None})
-        if summary.get("intervals"):
-            notes.append((f"{model}: " if several else "") + str(summary.get("intervals")))
+        if fig.intervals:
+            notes.append((f"{model}: " if several else "") + fig.intervals)
     columns = [c for c in (rows[0] if rows else []) if c in ("figure", "value")
                or any(r.get(c) not in (None, "", "–") for r in rows)]  # no column of dashes alone
     lead = ""
     if main is not None:
-        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(s.get(main), 4))}</b>"
-                           for m, s in models.items())
+        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(f.summary.get(main), 4))}</b>"
+                           for m, f in models.items())
         lead = f"<p>Main score <code>{html.escape(str(main))}</code>: {scores}</p>"
     note = "".join(f"<p class='note'>Intervals: {html.escape(n)}.</p>" for n in notes)
-    full = html.escape(json.dumps(models, indent=2, ensure_ascii=False, default=str))
+    full = html.escape(json.dumps({m: f.summary for m, f in models.items()}, indent=2, ensure_ascii=False,
+                                  default=str))
     return (lead + (html_table(rows, columns) if rows else "") + note
             + f"<details><summary>every summary figure (JSON)</summary><pre>{full}</pre></details>")
 
 
-def _tables(results: dict[str, Any]) -> str:
+def _tables(results) -> str:
     from layerscope.report.writer import merged_tables, safe_file_name
 
     parts = []

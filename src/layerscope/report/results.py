@@ -78,12 +78,39 @@ def safe_relative(path: str, where: str) -> str:
 # ---------------------------------------------------------------- the sections
 
 @dataclass(frozen=True)
+class Headline:
+    """One headline figure of a model's summary (analyses/intervals.py ``headline``): value, 95% interval, where."""
+
+    figure: str
+    value: Any = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    where: str = ""
+    chance: float | None = None
+
+    @classmethod
+    def read(cls, doc: Any, where: str) -> Headline:
+        doc = _dict(doc, where)
+        numbers = {k: _need(doc.get(k), (int, float), f"{where}.{k}", optional=True)
+                   for k in ("ci_low", "ci_high", "chance")}
+        return cls(figure=str(doc.get("figure")), value=doc.get("value"),
+                   where=str(_need(doc.get("where") or "", str, f"{where}.where")), **numbers)
+
+
+@dataclass(frozen=True)
 class ModelFigures:
     """One model's figures (or the run's combined figures): ``summary``, ``tables`` and the rest (``extra``)."""
 
     summary: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    headline: tuple[Headline, ...] = ()  # the summary's headline figures, read
+
+    @property
+    def intervals(self) -> str | None:
+        """How the summary's 95% intervals were made, in words (None: it says nothing)."""
+        text = self.summary.get("intervals")
+        return str(text) if text else None
 
     def table(self, name: str) -> tuple[dict[str, Any], ...]:
         """The rows of table ``name`` (none where the run wrote no such table)."""
@@ -97,12 +124,14 @@ class ModelFigures:
     def read(cls, doc: Any, where: str) -> ModelFigures:
         doc = _dict(doc, where)
         summary = _dict(doc.pop("summary", None), f"{where}.summary")
+        heads = _need(summary.get("headline") or [], list, f"{where}.summary.headline")
+        headline = tuple(Headline.read(h, f"{where}.summary.headline[{i}]") for i, h in enumerate(heads))
         tables = _tables(doc.pop("tables", None), f"{where}.tables")
         files = doc.get("mteb_files")
         if files is not None:
             for rel in _dict(files, f"{where}.mteb_files"):
                 safe_relative(rel, f"{where}.mteb_files")
-        return cls(summary, tables, doc)
+        return cls(summary, tables, doc, headline)
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.extra)

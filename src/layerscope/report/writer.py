@@ -179,18 +179,16 @@ def headline_section(results) -> list[str]:
     intervals; every string escaped for Markdown."""
     lines: list[str] = []
     for model, figures in results.per_model.items():
-        heads = [md_data(h) for h in figures.summary.get("headline") or [] if isinstance(h, dict)]
-        if not heads:
+        if not figures.headline:
             continue
         lines += [f"- **{md_data(model)}**" if results.several else ""]
         bullet = "  - " if results.several else "- "
-        for h in heads:
-            chance = f"; chance {sig(h.get('chance'))}" if h.get("chance") is not None else ""
-            where = f" ({h.get('where') or ''}{chance})" if h.get("where") or chance else ""
-            lines.append(f"{bullet}{h.get('figure')}: **{sig(h.get('value'))}**{ci(h.get('ci_low'), h.get('ci_high'))}"
-                         f"{where}")
-        if figures.summary.get("intervals"):
-            lines.append(f"{bullet}brackets: {md_data(figures.summary.get('intervals'))}")
+        for h in figures.headline:
+            chance = f"; chance {sig(h.chance)}" if h.chance is not None else ""
+            where = f" ({md_data(h.where)}{chance})" if h.where or chance else ""
+            lines.append(f"{bullet}{md_data(h.figure)}: **{md_data(sig(h.value))}**{ci(h.ci_low, h.ci_high)}{where}")
+        if figures.intervals:
+            lines.append(f"{bullet}brackets: {md_data(figures.intervals)}")
     lines = [x for x in lines if x]
     return ["## Headline figures", "", *lines, ""] if lines else []
 
