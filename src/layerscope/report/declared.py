@@ -138,7 +138,7 @@ class _Raw(str):
 def sections(decl, results) -> list:
     from layerscope.report.depth import relative_depths
     from layerscope.report.html_figures import Series, layer_curves
-    from layerscope.report.html_views import Section
+    from layerscope.report.html_figures import Section
 
     rel = relative_depths(results) is not None
     charts = []

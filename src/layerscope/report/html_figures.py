@@ -59,6 +59,20 @@ class Chart:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Section:
+    """One part of report.html under its own heading: charts, then HTML built from escaped values."""
+
+    anchor: str
+    title: str
+    charts: list[Chart] = field(default_factory=list)
+    intro: str = ""  # HTML: built here from escaped values
+    html: str = ""  # HTML after the charts
+    css: str = ""
+    script: str = ""  # a script that registers itself in window.layerscopeExtras
+    data: dict[str, Any] = field(default_factory=dict)  # merged into the page's JSON data block
+
+
 def _go():
     import plotly.graph_objects as go  # the page writer checks first that plotly is installed
 

@@ -109,7 +109,7 @@ def _valid(nb: Any) -> bool:
 
 def neighbour_section(results: dict[str, Any]):
     """The browser's section, or None when no model's results hold neighbours (older results files)."""
-    from layerscope.report.html_views import Section
+    from layerscope.report.html_figures import Section
 
     data = {m: {**f["neighbours"], "layers": [str(x) for x in f.get("layers") or []],
                 "pooling": (f.get("summary") or {}).get("pooling")}

@@ -10,25 +10,12 @@ score for every table that has one per layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
-from layerscope.report.html_figures import Chart, Series, bars, heatmap, layer_curves, num, xy_lines
+from layerscope.report.html_figures import Chart, Section, Series, bars, heatmap, layer_curves, num, xy_lines
 
 OWN = "own"  # compositionality's row for the model's own pooled output (not a layer)
-
-
-@dataclass
-class Section:
-    anchor: str
-    title: str
-    charts: list[Chart] = field(default_factory=list)
-    intro: str = ""  # HTML: built here from escaped values
-    html: str = ""  # HTML after the charts
-    css: str = ""
-    script: str = ""  # a script that registers itself in window.layerscopeExtras
-    data: dict[str, Any] = field(default_factory=dict)  # merged into the page's JSON data block
 
 
 def data_file(results: dict[str, Any]) -> str | None:
