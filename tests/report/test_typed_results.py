@@ -142,3 +142,21 @@ def test_a_declared_analysis_gets_png_markdown_html_and_console_from_its_declara
     buf = io.StringIO()
     print_summary(_Declared(), load_results(out), Console(file=buf, width=120, color_system=None))
     assert "1,200 items, best 0.75 (ok)" in buf.getvalue() and "0.750" in buf.getvalue()
+
+
+def test_a_grouped_curve_draws_one_line_per_model_and_group_value(tmp_path):
+    """``Curve.group``: the rows split into lines by a column's values (here pooling), named after the model
+    where several share the chart."""
+    from layerscope.report.declared import sections
+
+    rows = [{"layer": "0", "pooling": "mean", "score": 0.1}, {"layer": "1", "pooling": "mean", "score": 0.2},
+            {"layer": "0", "pooling": "cls", "score": 0.3}, {"layer": "1", "pooling": "cls", "score": 0.4}]
+    doc = _doc()
+    doc["per_model"] = {name: {"summary": {}, "tables": {"by_layer": [dict(r) for r in rows]}} for name in ("a", "b")}
+    doc["models"] = {}
+    decl = Figures(curves=(Curve("by_layer", (Line("score", "score"),), file="f", title="t", ylabel="y",
+                                 per_model=False, group=("pooling",)),))
+    (section,) = sections(decl, Results.from_document(doc, "test"))
+    (chart,) = section.charts
+    lines = {t["name"]: t["y"] for t in chart.figure["data"] if t.get("mode", "").startswith("lines")}
+    assert lines == {"a mean": [0.1, 0.2], "a cls": [0.3, 0.4], "b mean": [0.1, 0.2], "b cls": [0.3, 0.4]}

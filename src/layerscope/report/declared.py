@@ -56,20 +56,24 @@ def _chance(results, curve):
 
 
 def _charts(results, curve):
-    """(suffix, {label: (layers, values, low, high)}) per chart of a curve."""
+    """(file suffix, model or None, {label: (layers, values, low, high, model)}) per chart of a curve: a line
+    per declared ``Line``, per model where models share a chart, and per value of the ``group`` columns."""
     several = results.several
     out = []
     for model in results.per_model:
         lines = {}
-        rows = _rows(results, model, curve)
-        for line in curve.lines:
-            layers = [str(r.get("layer")) for r in rows]
-            label = (f"{model} {line.label}" if len(curve.lines) > 1 else model) if (several and not curve.per_model) \
-                else line.label
-            has_ci = any(f"{line.column}_ci_low" in r for r in rows)
-            lines[label] = (layers, [r.get(line.column) for r in rows],
-                            [r.get(f"{line.column}_ci_low") for r in rows] if has_ci else None,
-                            [r.get(f"{line.column}_ci_high") for r in rows] if has_ci else None, model)
+        groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+        for r in _rows(results, model, curve):
+            groups.setdefault(tuple(str(r.get(g)) for g in curve.group), []).append(r)
+        for key, rows in groups.items():
+            for line in curve.lines:
+                parts = [model] if several and not curve.per_model else []
+                parts += [line.label] if len(curve.lines) > 1 or not (parts or key) else []
+                label = " ".join([*parts, *key])
+                has_ci = any(f"{line.column}_ci_low" in r for r in rows)
+                lines[label] = ([str(r.get("layer")) for r in rows], [r.get(line.column) for r in rows],
+                                [r.get(f"{line.column}_ci_low") for r in rows] if has_ci else None,
+                                [r.get(f"{line.column}_ci_high") for r in rows] if has_ci else None, model)
         if curve.per_model:
             out.append(("_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", model) if several else "", model, lines))
         else:
@@ -104,19 +108,19 @@ def markdown(decl, results) -> str:
 
     parts = []
     for model, fig in results.per_model.items():
-        parts.append(f"## {md_data(model)}\n")
-        if decl.sentence:
-            parts.append(fill(decl.sentence, fig.summary, md_data) + "\n")
+        mine = [fill(decl.sentence, fig.summary, md_data) + "\n"] if decl.sentence else []
         for table in decl.tables:
             rows = [md_data(r) for r in fig.table(table.name)]
             if rows:
-                parts.append(md_table(rows, table.shown(rows), digits=table.digits))
+                mine.append(md_table(rows, table.shown(rows), digits=table.digits))
         for listing in decl.listings:
             items = [x for x in fig.value(listing.value) or [] if isinstance(x, dict)]
             if items:
-                parts.append(f"{md_data(listing.title)}:\n")
-                parts += [f"- {_item(listing, x, md_data)}" for x in items[:listing.limit]]
-                parts.append("")
+                mine.append(f"{md_data(listing.title)}:\n")
+                mine += [f"- {_item(listing, x, md_data)}" for x in items[:listing.limit]]
+                mine.append("")
+        if mine:
+            parts += [f"## {md_data(model)}\n", *mine]
     return "\n".join(parts)
 
 

@@ -37,6 +37,7 @@ class Curve:
     chance: str | None = None  # a summary field drawn as a dashed line (the chance level)
     per_model: bool = True
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
+    group: tuple[str, ...] = ()  # columns whose values split the rows into lines (e.g. task and pooling)
 
 
 @dataclass(frozen=True)

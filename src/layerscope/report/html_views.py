@@ -344,22 +344,6 @@ def saliency_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts), tokens]
 
 
-def mteb_views(results) -> list[Section]:
-    series = []
-    for model, fig in per_model(results).items():
-        groups: dict[tuple, list[dict]] = {}
-        for r in (fig.get("tables") or {}).get("layers", []):
-            groups.setdefault((r.get("task"), r.get("pooling")), []).append(r)
-        for (task, pooling), rs in groups.items():
-            label = " / ".join(str(x) for x in ((model if multi(results) else None), task, pooling) if x)
-            series.append(Series(label, [str(r.get("layer")) for r in rs], [r.get("main_score") for r in rs],
-                                 num_layers=num_layers(results, model)))
-    charts = curves(results, series, title="MTEB main score by layer", ylabel="MTEB main score",
-                    caption="Every layer × pooling scored as an embedding model by the mteb library; MTEB's own "
-                            "result files are under mteb/results/.")
-    return [Section("figures", "Layer curves", charts)]
-
-
 def generic_views(results) -> list[Section]:
     main = results.get("main_score")
     charts = []
@@ -375,7 +359,7 @@ def generic_views(results) -> list[Section]:
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
-    "saliency": saliency_views, "mteb": mteb_views,
+    "saliency": saliency_views,
 }
 
 
