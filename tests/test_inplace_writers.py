@@ -66,9 +66,9 @@ def test_a_file_dropped_into_a_result_folder_while_report_renders_stays_the_user
     mine = out / "my_figure.png"
     real = html_page.write_html_report
 
-    def rendering_page(folder, results):  # the user saves a file into the folder mid-render
+    def rendering_page(folder, results, *more):  # the user saves a file into the folder mid-render
         mine.write_bytes(b"the user's own figure")
-        return real(folder, results)
+        return real(folder, results, *more)
 
     monkeypatch.setattr(html_page, "write_html_report", rendering_page)
     code, text = run_cli(["report", str(out)], capsys)

@@ -150,7 +150,9 @@ def test_a_new_analysis_is_one_file(tmp_path, monkeypatch, capsys):
     folder.mkdir()
     (folder / "wordcount_e10.py").write_text(textwrap.dedent(TINY), encoding="utf-8")
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
-    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))
+    import layerscope.analyses.registry as analyses_registry
+
+    monkeypatch.setattr(analyses_registry, "_REGISTRY", dict(analyses_registry._REGISTRY))
     monkeypatch.delitem(sys.modules, "layerscope.analyses.wordcount_e10", raising=False)
     try:
         assert "wordcount-e10" in base.registry()

@@ -22,7 +22,8 @@ from layerscope.analyses.base import Context, rerender, run_analysis
 pytest.importorskip("plotly")
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-ANALYSES = ("sts", "compositionality", "pooling", "alignment", "similarity", "lens", "saliency", "mteb")
+ANALYSES = ("sts", "compositionality", "pooling", "alignment", "similarity", "lens", "saliency", "mteb",
+            "token_alignment", "word_context")
 PAYLOAD = "</script><script>alert(1)</script>"
 LOUD = "</script><script>console.error('INJECTED-SCRIPT')</script><img src=x onerror=\"console.error('INJECTED-IMG')\">"
 
@@ -130,6 +131,8 @@ def runs(tiny_model, tmp_path_factory):
                          options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
                                   "reference": "a lovely day in the park", "decode": "logits", "eval_fraction": 0.5}),
         "mteb": dict(models=[bert], data=pairs, poolings=["mean"], options={"tasks": "STSBenchmark"}),
+        "token_alignment": dict(models=[bert], options={"generate": "zh-en", "n": 8, "bins": 4}),
+        "word_context": dict(models=[bert], options={"n": 30}),
     }
     out = {}
     try:
@@ -298,3 +301,25 @@ def test_report_is_made_from_results_json_alone(runs, tmp_path, monkeypatch):
 
 def test_report_html_is_named_in_report_md(runs):
     assert "report.html" in (_dir(runs, "compositionality") / "report.md").read_text(encoding="utf-8")
+
+
+def test_declared_views_escape_strings_from_results(runs, tmp_path):
+    """A declared analysis's sentence and listing (word_context) put strings from results.json on the page and
+    in report.md as text only."""
+    work = tmp_path / "tampered"
+    shutil.copytree(_dir(runs, "word_context"), work)
+    results = json.loads((work / "results.json").read_text())
+    fig = next(iter(results["per_model"].values()))
+    fig["summary"]["words"] = [LOUD, "plain"]
+    fig["neighbours"][0]["word"] = LOUD
+    fig["neighbours"][0]["neighbours"][0]["word"] = LOUD
+    (work / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    rerender(work)
+    text = (work / "report.html").read_text(encoding="utf-8")
+    for raw in ("<script>console.error", "<img src=x"):
+        assert raw not in text
+        assert raw not in (work / "report.md").read_text(encoding="utf-8")
+    dom, console = open_page(work / "report.html", tmp_path / "profile")
+    assert console == [], console
+    words = dom[dom.index('id="words"'):dom.index('id="figures"')]
+    assert words.count("INJECTED-SCRIPT") >= 3  # the sentence, the occurrence and its neighbour, as text

@@ -1,17 +1,16 @@
-"""The analysis framework: metadata, registry, the run loop, and saving.
+"""The analysis framework: the ``Analysis`` class, its ``Context``, and the run loop.
 
-An analysis is a class with a ``metadata`` object and a ``compute`` method
-that turns one model into a JSON-able dict of figures.  The base class owns
-the loop over models, the engines, the cached vectors, the result directory
-and the report.  Plots and ``report.md`` are made from the saved results
-alone (``layerscope report`` re-renders them without touching a model).
+An analysis is a class with a ``metadata`` object (analyses/metadata.py) and a ``compute`` method
+that turns one model into a JSON-able dict of figures, registered with ``@register``
+(analyses/registry.py).  The base class owns the loop over models, the engines, the cached vectors
+and the result directory; the run's results are typed (report/results.py) and its plots, report.md
+and report.html are made from them alone (analyses/rendering.py), from the analysis's declared
+figures where it has them (report/figures.py).  An analysis module imports what it needs from here.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -20,57 +19,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-import layerscope
+from layerscope.analyses.metadata import INPUTS, AnalysisMetadata, Option
+from layerscope.analyses.registry import _REGISTRY, get_analysis, register, registry
+from layerscope.analyses.rendering import Rendered, render, rerender, write_results
 from layerscope.errors import InputError
 
+# what an analysis module imports from here (the registration path every analysis uses)
+__all__ = ["INPUTS", "Analysis", "AnalysisMetadata", "Context", "ModelOutput", "ModelRun", "Option", "PerModel",
+           "Rendered", "RunOutcome", "_REGISTRY", "get_analysis", "register", "registry", "render", "rerender",
+           "run_analysis", "write_results"]
+
 log = logging.getLogger("layerscope")
-
-
-@dataclass(frozen=True)
-class Option:
-    """An analysis-specific option, e.g. ``--probe`` or ``--n 200``.
-
-    The CLI builds ``layerscope run NAME`` from these declarations: its parsing, its ``--help``
-    and its one-line errors (see layerscope/cli/analysis_cmds.py).
-    """
-
-    name: str  # python name; the flag is --name with _ as -
-    type: type = str  # str, int, float, or bool (a flag)
-    default: Any = None
-    help: str = ""
-    choices: tuple[str, ...] | None = None  # the only values accepted, when they are a fixed few
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def help_text(self) -> str:
-        """The help line, with the accepted values when they are declared."""
-        return self.help + (f" (one of: {', '.join(self.choices)})" if self.choices else "")
-
-
-# What an analysis can read (AnalysisMetadata.inputs), as `layerscope run NAME --help` describes it.
-INPUTS = {
-    "pairs": "sentence pairs with a human score (STS Benchmark files, or CSV/TSV/JSONL with named columns)",
-    "aligned": "paired texts: source, target and an optional category (CSV/TSV/JSONL with named columns)",
-    "items": "compositionality items (JSONL: positive, negative, paraphrases)",
-    "texts": "one text per row (.txt, .jsonl, .csv, .tsv or .parquet)",
-    "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
-    "engine": "runs the model itself rather than reading cached vectors",
-}
-
-
-@dataclass(frozen=True)
-class AnalysisMetadata:
-    name: str
-    description: str
-    inputs: tuple[str, ...]  # what it reads (see INPUTS); shown in `layerscope run NAME --help`
-    main_score: str  # the headline figure, a key in each model's "summary"
-    default_poolings: tuple[str, ...] = ("mean",)
-    default_data: str | None = None  # built-in data used when --data is not given
-    needs_gradients: bool = False  # runs the model itself on the torch engine
-    options: tuple[Option, ...] = ()
 
 
 @dataclass
@@ -119,7 +78,9 @@ class PerModel(dict):
 
 @dataclass
 class Context:
-    """Settings common to every analysis run."""
+    """An analysis run as asked (models, engine, data, options, ...) and, on ``run_analysis``'s own copy, the
+    run's ``spec`` (a RunSpec, analyses/spec.py) and typed ``opts``: ``compute`` reads what the run resolved
+    (max length, batch tokens, layers and poolings per model) from the spec alone."""
 
     models: list[str]
     engine: str = "auto"
@@ -151,9 +112,9 @@ class Context:
         """Pooled vectors of ``texts`` (reusing a matching cached LayerStore when there is one)."""
         from layerscope.analyses.cache import cached_vectors
 
-        spec = self.spec if self.spec is not None else self  # the run's spec; a bare context for library callers
         return cached_vectors(run, texts, layers=layers, poolings=poolings, use_cache=self.cache,
-                              say=self.say, tag=tag, max_length=spec.max_length, batch_tokens=spec.batch_tokens)
+                              say=self.say, tag=tag, max_length=self.spec.max_length,
+                              batch_tokens=self.spec.batch_tokens)
 
 
 class Analysis(ABC):
@@ -217,50 +178,7 @@ class Analysis(ABC):
         pass
 
 
-_REGISTRY: dict[str, type[Analysis]] = {}
-
-
-def register(cls: type[Analysis]) -> type[Analysis]:
-    _REGISTRY[cls.metadata.name] = cls
-    return cls
-
-
-def registry() -> dict[str, type[Analysis]]:
-    from layerscope.analyses import _load_all
-
-    _load_all()
-    return dict(_REGISTRY)
-
-
-def get_analysis(name: str) -> type[Analysis]:
-    reg = registry()
-    if name not in reg:
-        from layerscope.errors import unknown_name
-
-        raise unknown_name("analysis", name, sorted(reg))
-    return reg[name]
-
-
 # ---------------------------------------------------------------- running
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.floating, float)):
-        v = float(obj)
-        return None if math.isnan(v) or math.isinf(v) else v
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
 
 def check_layers(spec: str, handle, model: str) -> list[str]:
     """Resolve ``--layers`` against one model; a bad spec names the option and the model."""
@@ -274,15 +192,22 @@ def check_layers(spec: str, handle, model: str) -> list[str]:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What ``run_analysis`` hands back: the result dir, its results, whether it was reused, and the run's spec.
+    """What ``run_analysis`` hands back: the result dir, its typed results (``saved``, report/results.py),
+    whether it was reused, and the run's spec.
 
-    It unpacks as ``(dir, results)`` (and indexes so), as the Python API always returned.
+    It unpacks as ``(dir, results)`` (and indexes so) with ``results`` the results document, as the Python
+    API always returned.
     """
 
     out: Path
-    results: dict[str, Any]
+    saved: Any  # Results (report/results.py)
     reused: bool
     spec: Any  # the RunSpec (analyses/spec.py)
+
+    @property
+    def results(self) -> dict[str, Any]:
+        """The results document (results.json as written)."""
+        return self.saved.document
 
     def __iter__(self):
         return iter((self.out, self.results))
@@ -324,7 +249,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
     from layerscope.analyses.common import resolve_poolings
     from layerscope.analyses.layout import (claim_result_dir, default_result_dir, model_name, model_revision,
                                             check_runs_index, check_summary, write_runs_index)
-    from layerscope.analyses.spec import RESULTS_FORMAT, ModelSpec, RunSpec, make_options, options_dict
+    from layerscope.analyses.spec import ModelSpec, RunSpec, make_options, options_dict
     from layerscope.engines.registry import check_engine_options, engine_spec, gradient_engine
     from layerscope.export.open import open_engine, resolve_model
 
@@ -442,91 +367,11 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
                 engine.close()
     per_model = PerModel({key: as_output(value) for key, value in per_model.items()})
     combined = analysis.combine(ctx, per_model, data)
-    results = {
-        "format": RESULTS_FORMAT,
-        "analysis": name,
-        "description": meta.description,
-        "main_score": meta.main_score,
-        "layerscope_version": layerscope.__version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seconds": round(time.perf_counter() - t0, 2),
-        "settings": run_spec.settings(None if offline is None else list(models_meta)),
-        "spec_hash": run_spec.hash,
-        "identity": run_spec.identity(),
-        "spec": run_spec.to_json(),
-        "models": models_meta,
-        "per_model": per_model,
-        "combined": combined,
-    }
-    results = _jsonable(results)
+    from layerscope.report.results import Results
+
+    results = Results.from_run(meta, run_spec, seconds=time.perf_counter() - t0, models=models_meta,
+                               per_model=per_model.outputs, combined=combined, stored=offline is not None)
     write_results(out, results, analysis)
     if default_layout:
         write_runs_index(out.parent)
     return RunOutcome(out, results, False, run_spec)
-
-
-def write_results(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> None:
-    """Write results.json, CSV tables, plots and report.md into ``out`` atomically (staging dir + rename)."""
-    from layerscope.atomic import staged_dir
-
-    analysis = analysis or get_analysis(results["analysis"])()
-    with staged_dir(Path(out), kind="result") as stage:
-        (stage / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n",
-                                            encoding="utf-8")
-        render(stage, results, analysis)
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """What a render (re)wrote from results alone: plot and CSV file names, report.md, and report.html
-    (None where plotly is missing and the page was not written)."""
-
-    plots: tuple[str, ...]
-    tables: tuple[str, ...]
-    report: str
-    page: str | None
-
-    def files(self) -> list[str]:
-        return [self.report] + ([self.page] if self.page else [])
-
-    def written(self) -> list[str]:
-        """Every file named here, each plot's SVG twin included (``report.plots.save`` writes both)."""
-        return [*self.files(), *self.tables, *self.plots,
-                *(p[:-4] + ".svg" for p in self.plots if p.endswith(".png"))]
-
-
-def render(out: Path, results: dict[str, Any], analysis: Analysis | None = None) -> Rendered:
-    """(Re)write CSV tables, plots, report.md and report.html from results alone."""
-    from layerscope.report.html_page import write_html_report
-    from layerscope.report.writer import md_data, write_report, write_tables
-
-    from layerscope.report.depth import relative_depths
-    from layerscope.report.plots import depth_axis
-
-    analysis = analysis or get_analysis(results["analysis"])()
-    tables = write_tables(out, results)
-    with depth_axis(relative_depths(results)):  # the axis report.html draws for the same results
-        plots = analysis.plots(results, out)
-    page = write_html_report(out, results)
-    body = analysis.report(md_data(results))  # every string from data escaped for Markdown
-    write_report(out, results, body, tables, plots, page=page)
-    return Rendered(tuple(plots), tuple(tables), "report.md", page)
-
-
-def rerender(result_dir: Path) -> Rendered:
-    result_dir = Path(result_dir)
-    from layerscope.analyses.spec import load_results
-
-    saved = load_results(result_dir)  # older results (no run spec) still render
-    path, results = saved.path, saved.document
-    from layerscope.out_lock import out_lock
-    from layerscope.ownership import writing
-
-    try:
-        with out_lock(result_dir), writing(result_dir, "result") as wrote:  # what it rewrites stays layerscope's
-            rendered = render(result_dir, results)
-            wrote.add(*rendered.written())
-            return rendered
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise InputError(f"{path} lacks or garbles a field its report needs ({type(exc).__name__}: {exc}); "
-                         "it was edited or written by another version: re-run layerscope run") from exc

@@ -90,22 +90,26 @@ def _not_as_written(out: Path) -> str | None:
 
 
 def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = False, inputs=(),
-                     default_layout: bool = False) -> tuple[str, dict[str, Any] | None]:
-    """``("new", None)``, ``("reuse", earlier results)`` or ``("replace", None)`` for result dir ``out``.
+                     default_layout: bool = False) -> tuple[str, Any]:
+    """``("new", None)``, ``("reuse", earlier Results)`` or ``("replace", None)`` for result dir ``out``.
 
     Refuses (InputError): a file, a folder layerscope did not make, user files in a result dir
     that would be replaced, a folder holding an input, and a result of another spec without --force.
     """
-    from layerscope.analyses.spec import load_results
+    from layerscope.analyses.rendering import load_results
     from layerscope.ownership import claim
+    from layerscope.report.results import GarbledResults
 
     if default_layout and (out.parent / "results.json").is_file():
         raise _older_layout(out.parent)
     where = claim(out, "result", keep=True, inputs=inputs)
     if where.kind is None:
         return "new", None
+    garbled = None
     try:
         earlier = load_results(out)
+    except GarbledResults as exc:
+        earlier, garbled = None, exc.reason
     except InputError:
         earlier = None
     complete = earlier is not None and earlier.complete
@@ -116,7 +120,7 @@ def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = 
         if changed:
             raise InputError(f"{out}/results.json {changed}, so its figures are not reused; move {out} aside "
                              f"(mv {out} {out}-edited) or give another --out, and run again")
-        return "reuse", earlier.document
+        return "reuse", earlier
     if not (same or force or (recompute and older)):
         if older:
             why = ("a result written by an older layerscope, without a run spec; it still opens with "
@@ -124,6 +128,8 @@ def claim_result_dir(out: Path, spec, *, recompute: bool = False, force: bool = 
             raise InputError(f"{out} holds {why}")
         if complete:
             why = "a run that differs in " + ", ".join(spec.differences(earlier.identity))
+        elif garbled:
+            why = f"a results.json that garbles its figures ({garbled})"
         else:
             why = "an unreadable results.json"
         raise InputError(f"{out} holds {why}; keep both with another --out, or replace it with --force")
@@ -139,7 +145,7 @@ def write_runs_index(analysis_dir: Path) -> Path | None:
     """
     import os
 
-    from layerscope.analyses.spec import load_results
+    from layerscope.analyses.rendering import load_results
 
     rows = []
     for path in sorted(Path(analysis_dir).glob("*/results.json")):
@@ -148,7 +154,7 @@ def write_runs_index(analysis_dir: Path) -> Path | None:
         except InputError:
             continue
         try:
-            rows.append(_runs_row(path, saved.document))
+            rows.append(_runs_row(path, saved))
         except (TypeError, ValueError, AttributeError):  # a garbled results.json: left out of the index
             continue
     if not rows:
@@ -182,31 +188,29 @@ def check_runs_index(analysis_dir: Path) -> Path:
     return index
 
 
-def _runs_row(path: Path, doc: dict) -> list[str]:
-    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
-    options = settings.get("options") if isinstance(settings.get("options"), dict) else {}
-    opts = ", ".join(f"{k}={v}" for k, v in sorted(options.items()) if v not in (None, False))
-    resolved = settings.get("engines_resolved")
-    engines = ",".join(str(e) for e in resolved if e) if isinstance(resolved, list) else ""
-    poolings = settings.get("poolings")
-    return [path.parent.name, str(doc.get("created", "")), f"{settings.get('engine')} -> {engines or '-'}",
-            str(settings.get("layers")), ",".join(map(str, poolings)) if isinstance(poolings, list) and poolings
-            else "default", str(settings.get("max_length") or "model's"), str(settings.get("data") or "-"),
-            opts or "-"]
+def _runs_row(path: Path, saved) -> list[str]:
+    settings = saved.settings
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(settings.options.items()) if v not in (None, False))
+    engines = ",".join(settings.engines_resolved)
+    return [path.parent.name, str(saved.created or ""), f"{settings.engine} -> {engines or '-'}",
+            str(settings.layers), ",".join(settings.poolings) or "default", str(settings.max_length or "model's"),
+            str(settings.data or "-"), opts or "-"]
 
 
-def check_summary(out: Path, results: dict[str, Any], analysis) -> None:
-    """Print a reused result's summary to nowhere first: a results.json whose figures are garbled is one line."""
+def check_summary(out: Path, results, analysis) -> None:
+    """Print a reused result's summary (typed ``results``) to nowhere first: a results.json whose figures are
+    garbled is one line."""
     import io
 
     from rich.console import Console
 
+    from layerscope.analyses.rendering import print_summary
     from layerscope.report.compare import print_comparison
 
     quiet = Console(file=io.StringIO(), width=120)
     try:
-        analysis.console_summary(results, quiet)
-        print_comparison(results, quiet)
+        print_summary(analysis, results, quiet)
+        print_comparison(results.document, quiet)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InputError(f"{out}/results.json lacks or garbles a field its summary needs ({type(exc).__name__}: "
                          f"{str(exc)[:120]}); it was edited since it was written: run again with --recompute "

@@ -27,6 +27,7 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import layers_for, poolings_for
 from layerscope.errors import InputError, MissingExtraError
+from layerscope.report.figures import Curve, Figures, Line
 from layerscope.progress import track
 
 LOCAL_STS = {"STSBenchmark": "test"}  # MTEB task -> STS Benchmark split we hold locally
@@ -108,6 +109,11 @@ class MtebAnalysis(Analysis):
         default_data="STSBenchmark: ../shared/data/stsbenchmark/sts-test.csv (local)",
         options=(Option("tasks", str, "STSBenchmark", "comma list of MTEB task names"),
                  Option("batch", int, 64, "texts per encode call MTEB hands over"),),
+        figures=Figures(summary_numbers=("best_main_score", "texts_run"), curves=(
+            Curve("layers", (Line("main_score", "MTEB main score"),), file="mteb_layers",
+                  title="MTEB main score by layer", ylabel="MTEB main score", per_model=False, group=("task", "pooling"),
+                  caption="Every layer × pooling scored as an embedding model by the mteb library; MTEB's own "
+                          "result files are under mteb/results/."),)),
     )
 
     def prepare(self, ctx: Context) -> dict[str, Any]:
@@ -226,9 +232,8 @@ class MtebAnalysis(Analysis):
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.report.plots import layer_lines
-
-        # MTEB's own result files, re-written from results.json (paths stay inside out_dir/mteb).
+        """MTEB's own result files, re-written from results.json (its curve is declared in ``figures``); the
+        typed loader refused any path that would leave the result folder, and this checks again."""
         root = (out_dir / "mteb").resolve()
         for figures in results.get("per_model", {}).values():
             for rel, content in figures.get("mteb_files", {}).items():
@@ -237,18 +242,7 @@ class MtebAnalysis(Analysis):
                     continue  # a path that would leave the result directory is not written
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        series: dict[str, tuple[list[str], list]] = {}
-        multi = len(results.get("per_model", {})) > 1
-        for model, figures in results.get("per_model", {}).items():
-            for r in figures.get("tables", {}).get("layers", []):
-                label = f"{model + ' ' if multi else ''}{r['task']} {r['pooling']}"
-                xs, ys = series.setdefault(label, ([], []))
-                xs.append(str(r["layer"]))
-                ys.append(r["main_score"])
-        if not series:
-            return []
-        return [layer_lines(out_dir / "mteb_layers.png", series, ylabel="MTEB main score",
-                            title="MTEB main score per layer")]
+        return []
 
     def report(self, results: dict[str, Any]) -> str:
         lines = ["MTEB-format results per layer and pooling are under `mteb/results/`."]

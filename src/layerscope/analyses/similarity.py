@@ -262,7 +262,7 @@ class Similarity(Analysis):
         if o.tokens:
             from layerscope.runtime.token_embed import embed_tokens
 
-            spec = ctx.spec if ctx.spec is not None else ctx
+            spec = ctx.spec
             tv = embed_tokens(run.engine, data["texts"], layers, batch_tokens=spec.batch_tokens,
                               max_length=spec.max_length)
             get, n = _token_getter(ctx, o, lambda la: tv.layers[la].__getitem__, tv.special)

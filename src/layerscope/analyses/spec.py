@@ -5,7 +5,7 @@ vector cache's extraction settings and the default result folder all derive from
 ``RunSpec``; none of them is rebuilt from the loose settings elsewhere, so they cannot disagree.
 
 Also here: the typed options of an analysis (a frozen dataclass generated from its declared
-``Option``s, every default filled in) and results.json's format version with its typed loader.
+``Option``s, every default filled in). results.json itself, typed: report/results.py.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import InputError
-
-# results.json's format: 1 added "format", "spec" and "spec_hash" (a result without them is older).
-RESULTS_FORMAT = 1
-
 
 # ---------------------------------------------------------------- typed analysis options
 
@@ -173,50 +169,3 @@ def _file_sha256(path: str | None) -> str | None:
     from layerscope.hashing import file_sha256
 
     return file_sha256(p)
-
-
-# ---------------------------------------------------------------- results.json, typed
-
-@dataclass(frozen=True)
-class SavedResults:
-    """A results.json read back: its format, the run's identity and hash, and the whole document."""
-
-    path: Path
-    format: int  # 0: written before results carried a run spec
-    analysis: str
-    spec_hash: str | None
-    identity: dict[str, Any] | None
-    complete: bool  # it holds the per-model figures
-    document: dict[str, Any]
-
-    @property
-    def older(self) -> bool:
-        return self.format < RESULTS_FORMAT
-
-
-def load_results(path: str | Path) -> SavedResults:
-    """Read ``DIR/results.json`` (or the file itself); a missing, garbled or foreign file is one line."""
-    path = Path(path)
-    if path.is_dir() or not path.name.endswith(".json"):
-        path = path / "results.json"
-    if not path.exists():
-        raise InputError(f"{path.parent} has no results.json; give a directory written by layerscope run")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path} is not valid JSON ({exc})") from None
-    except RecursionError:  # nested deeper than the JSON reader goes: never what layerscope writes
-        raise InputError(f"{path} is nested too deeply to read; it was not written by layerscope run: "
-                         "re-run layerscope run") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("analysis"), str):
-        raise InputError(f"{path} does not name its analysis; give a directory written by layerscope run")
-    fmt = doc.get("format", 0)
-    if not isinstance(fmt, int) or fmt < 0:
-        raise InputError(f"{path} has an unreadable format {fmt!r}; re-run layerscope run")
-    if fmt > RESULTS_FORMAT:
-        raise InputError(f"{path} was written by a newer layerscope (results format {fmt}, this one reads "
-                         f"{RESULTS_FORMAT}); upgrade layerscope to read it")
-    ident = doc.get("identity") if isinstance(doc.get("identity"), dict) else None
-    spec_hash = doc.get("spec_hash") if isinstance(doc.get("spec_hash"), str) else None
-    return SavedResults(path=path, format=fmt, analysis=doc["analysis"], spec_hash=spec_hash, identity=ident,
-                        complete=isinstance(doc.get("per_model"), dict), document=doc)

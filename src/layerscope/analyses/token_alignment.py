@@ -15,7 +15,6 @@ Token vectors come from one forward pass per batch (runtime/token_embed.py), as 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,31 @@ import numpy as np
 from layerscope.analyses.alignment import ALIGNED_DATA_OPTIONS
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.figures import Curve, Figures, Line, Table
+
+LAYERS_TABLE = "token_alignment_layers"
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    sentence="{n_pairs:,} pairs, {tokens:,} tokens; {shared_token_share:.1%} of the non-special tokens have an id "
+             "the other side shares. Last layer ({layer}): z = {z:.2f}, without shared tokens {z_without_shared:.2f}.",
+    summary_numbers=("z", "z_without_shared", "shared_cosine", "specific_cosine", "special_cosine",
+                     "shared_token_share", "n_pairs", "tokens"),
+    curves=(
+        Curve(LAYERS_TABLE, (Line("shared_cosine", "shared"), Line("specific_cosine", "specific"),
+                             Line("special_cosine", "special"), Line("first_token_cosine", "first token")),
+              file="token_cosines", title="paired texts: cosine of shared, language-specific and special tokens",
+              ylabel="mean cosine",
+              caption="Mean cosine of a pair's token vectors: tokens whose id both sides hold (shared), tokens only "
+                      "one side holds (specific), special tokens, and the two first tokens."),
+        Curve(LAYERS_TABLE, (Line("z", "all tokens"), Line("z_without_shared", "shared tokens removed")),
+              file="z_without_shared", title="alignment z of mean-pooled vectors, with and without shared tokens",
+              ylabel="z", caption="Matched vs scrambled pairs (exact permutation moments) of mean-pooled vectors, "
+                                  "and the same with the shared tokens left out of the pooling."),
+    ),
+    tables=(Table(LAYERS_TABLE, ("layer", "shared_cosine", "specific_cosine", "special_cosine", "first_token_cosine",
+                                 "z", "z_without_shared"), prefixes=("pos",)),),
+)
 
 
 PAIR_OPTIONS = ("generate", "n", "source_file", "target_file", "source_column", "target_column", "category_column")
@@ -74,6 +98,7 @@ class TokenAlignment(Analysis):
             *ALIGNED_DATA_OPTIONS,
             Option("bins", int, 10, "relative-position bins"),
         ),
+        figures=FIGURES,
     )
 
     def prepare(self, ctx: Context):
@@ -99,7 +124,7 @@ class TokenAlignment(Analysis):
         n = len(data)
         if n < 2:
             raise InputError("token_alignment needs at least 2 pairs")
-        spec = ctx.spec if ctx.spec is not None else ctx
+        spec = ctx.spec
         texts = data.sources + data.targets
         lengths, fed = token_lengths(run.engine, texts, max_length=spec.max_length)
         hidden = int(run.engine.manifest.hidden_size)
@@ -122,61 +147,4 @@ class TokenAlignment(Analysis):
                    "shared_cosine": last["shared_cosine"], "specific_cosine": last["specific_cosine"],
                    "special_cosine": last["special_cosine"], "shared_token_share": last["shared_token_share"],
                    "n_pairs": n, "tokens": int(fed.sum())}
-        return {"summary": summary, "layers": layers, "bins": bins, "tables": {"token_alignment_layers": rows}}
-
-    # -- rendering -----------------------------------------------------------
-    def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.report.plots import layer_lines
-
-        out_dir = Path(out_dir)
-        files = []
-        for model, fig in results["per_model"].items():
-            rows = fig["tables"]["token_alignment_layers"]
-            names = [r["layer"] for r in rows]
-            tag = model.replace("/", "_") if len(results["per_model"]) > 1 else ""
-            files.append(layer_lines(
-                out_dir / f"token_cosines{'_' + tag if tag else ''}.png",
-                {k: (names, [r[f"{k}_cosine"] for r in rows]) for k in ("shared", "specific", "special")}
-                | {"first token": (names, [r["first_token_cosine"] for r in rows])},
-                title="paired texts: cosine of shared, language-specific and special tokens", ylabel="mean cosine"))
-            files.append(layer_lines(
-                out_dir / f"z_without_shared{'_' + tag if tag else ''}.png",
-                {"all tokens": (names, [r["z"] for r in rows]),
-                 "shared tokens removed": (names, [r["z_without_shared"] for r in rows])},
-                title="alignment z of mean-pooled vectors, with and without shared tokens", ylabel="z"))
-        return files
-
-    def report(self, results) -> str:
-        from layerscope.report.writer import md_table
-
-        parts = []
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            parts.append(f"## {model}\n\n{s['n_pairs']} pairs, {s['tokens']:,} tokens; {s['shared_token_share']:.1%} "
-                         f"of the non-special tokens have an id the other side shares. Last layer: z = {s['z']:.2f}, "
-                         f"without shared tokens {s['z_without_shared']:.2f}.\n")
-            cols = ["layer", "shared_cosine", "specific_cosine", "special_cosine", "first_token_cosine", "z",
-                    "z_without_shared"] + [f"pos{b}" for b in range(fig["bins"])]
-            parts.append(md_table(fig["tables"]["token_alignment_layers"], cols, digits=3))
-        return "\n".join(parts)
-
-    def console_summary(self, results, console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-
-        for model, fig in results["per_model"].items():
-            t = Table(title=f"token_alignment - {esc(model)}")
-            for c in ("layer", "shared", "specific", "special", "first", "z", "z w/o shared"):
-                t.add_column(c, justify="right")
-            for r in fig["tables"]["token_alignment_layers"]:
-                t.add_row(r["layer"], *(_f(r[k]) for k in ("shared_cosine", "specific_cosine", "special_cosine",
-                                                            "first_token_cosine")), _f(r["z"], 1),
-                          _f(r["z_without_shared"], 1))
-            console.print(t)
-
-
-def _f(v, digits: int = 3) -> str:
-    from layerscope.report.writer import num
-
-    return "-" if v is None else num(v, digits)
+        return {"summary": summary, "layers": layers, "bins": bins, "tables": {LAYERS_TABLE: rows}}

@@ -14,13 +14,30 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.figures import Curve, Figures, Line, Listing, Table
+
+LAYERS_TABLE = "word_context_layers"
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    sentence="{occurrences:,} occurrences of {words}; same-word share among {knn} nearest neighbours with the "
+             "{vectors} vectors: {same_word_share:.3f} (chance {chance:.3f}).",
+    summary_numbers=("same_word_share", "chance", "knn", "occurrences"),
+    curves=(Curve(LAYERS_TABLE, (Line("same_word_share", "same-word share"),), file="same_word_share",
+                  title="same word among an occurrence's nearest neighbours (line: chance)", ylabel="same-word share",
+                  caption="For each occurrence of the chosen words, the share of its nearest other occurrences "
+                          "(cosine of the word's vector in context) that are the same word.",
+                  chance="chance", per_model=False, layers_only=True),),
+    tables=(Table(LAYERS_TABLE, ("layer", "same_word_share")),),
+    listings=(Listing("neighbours", "Nearest neighbours of a sample of occurrences",
+                      item="{word} in text {text}: {neighbours}", sub="neighbours", each="{word} (text {text})"),),
+)
 
 WORD = re.compile(r"[^\W\d_]{4,}")
 
@@ -63,6 +80,7 @@ class WordContext(Analysis):
             Option("n", int, 100, "built-in zh-en problems (English side) used as texts when no --data"),
             Option("examples", int, 12, "occurrences whose nearest neighbours are kept for the report"),
         ),
+        figures=FIGURES,
     )
 
     def prepare(self, ctx: Context):
@@ -101,7 +119,7 @@ class WordContext(Analysis):
         k_last = min(o.last_k, run.num_layers)
         last = [str(i) for i in range(run.num_layers - k_last + 1, run.num_layers + 1)]
         needed = layers + [x for x in last if x not in layers]
-        spec = ctx.spec if ctx.spec is not None else ctx
+        spec = ctx.spec
         occ = data["occurrences"]
         labels = [w for w, *_ in occ]
         vectors = self._occurrence_vectors(ctx, run, data["texts"], occ, layers, last, needed, spec)
@@ -121,7 +139,7 @@ class WordContext(Analysis):
                                 for j in nbrs[i]]} for i in shown]
         return {"summary": {"same_word_share": share, "vectors": name, "chance": chance, "knn": knn,
                             "occurrences": len(occ), "words": data["words"]},
-                "layers": layers, "neighbours": view, "tables": {"word_context_layers": rows}}
+                "layers": layers, "neighbours": view, "tables": {LAYERS_TABLE: rows}}
 
     @staticmethod
     def _occurrence_vectors(ctx, run, texts, occ, layers, last, needed, spec) -> dict[Any, np.ndarray]:
@@ -150,38 +168,3 @@ class WordContext(Analysis):
                     out[layer][mine] = span_vectors([tv.layers[layer]], tv.spans, tv.offsets, where)
                 out[None][mine] = span_vectors([tv.layers[x] for x in last], tv.spans, tv.offsets, where)
         return out
-
-    def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.report.plots import layer_lines
-
-        series = {}
-        for model, fig in results["per_model"].items():
-            rows = [r for r in fig["tables"]["word_context_layers"] if not r["layer"].startswith("last")]
-            series[model] = ([r["layer"] for r in rows], [r["same_word_share"] for r in rows])
-        chance = next(iter(results["per_model"].values()))["summary"]["chance"]
-        return [layer_lines(Path(out_dir) / "same_word_share.png", series, hline=chance,
-                            title="same word among an occurrence's nearest neighbours (line: chance)",
-                            ylabel="same-word share")]
-
-    def report(self, results) -> str:
-        from layerscope.report.writer import md_table
-
-        parts = []
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            parts.append(f"## {model}\n\n{s['occurrences']} occurrences of {', '.join(s['words'])}; same-word share "
-                         f"among {s['knn']} nearest neighbours with the {s['vectors']} vectors: "
-                         f"{s['same_word_share']:.3f} (chance {s['chance']:.3f}).\n")
-            parts.append(md_table(fig["tables"]["word_context_layers"], ["layer", "same_word_share"], digits=3))
-            for v in fig["neighbours"][:5]:
-                near = "; ".join(f"{n['word']} (text {n['text']})" for n in v["neighbours"])
-                parts.append(f"- **{v['word']}** in text {v['text']}: {near}")
-        return "\n".join(parts)
-
-    def console_summary(self, results, console) -> None:
-        from layerscope.report.console import esc
-
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            rows = ", ".join(f"{r['layer']}: {r['same_word_share']:.2f}" for r in fig["tables"]["word_context_layers"])
-            console.print(f"{esc(model)}: same-word share ({s['knn']}-NN, chance {s['chance']:.2f}) {rows}")

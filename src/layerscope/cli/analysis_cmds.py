@@ -174,11 +174,12 @@ def run_from_cli(name: str, *, model, label, engine, layers, pooling, data, data
                       force=force, trust_remote_code=trust_remote_code, max_length=max_length,
                       batch_tokens=batch_tokens)
     outcome = run_analysis(name, context)
-    result_dir, results = outcome.out, outcome.results
-    cls().console_summary(results, c)
+    result_dir = outcome.out
+    from layerscope.analyses.rendering import print_summary
     from layerscope.report.compare import print_comparison
 
-    print_comparison(results, c)
+    print_summary(cls(), outcome.saved, c)
+    print_comparison(outcome.results, c)
     from rich.markup import escape
 
     if outcome.reused:

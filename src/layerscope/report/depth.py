@@ -7,26 +7,15 @@ block), where ``raw`` has no place. ``relative_depths(results)`` decides, from r
 
 from __future__ import annotations
 
-from typing import Any
-
 RELATIVE_LABEL = "relative depth (layer / number of layers)"
 
 
-def model_depths(results: dict[str, Any]) -> dict[str, int]:
-    """Each model's number of layers (blocks), by its name in ``per_model``."""
-    out = {}
-    for model in results.get("per_model") or {}:
-        man = ((results.get("models") or {}).get(model) or {}).get("manifest") or {}
-        value = man.get("num_layers")
-        if isinstance(value, int) and value > 0:
-            out[str(model)] = value
-    return out
+def relative_depths(results) -> dict[str, int] | None:
+    """``{model: number of layers}`` when the run's models (``results``: typed, or a results document) differ
+    in depth (the relative-depth axis), else None (the layer axis)."""
+    from layerscope.report.results import as_results
 
-
-def relative_depths(results: dict[str, Any]) -> dict[str, int] | None:
-    """``{model: number of layers}`` when the run's models differ in depth (the relative-depth axis), else
-    None (the layer axis)."""
-    depths = model_depths(results)
+    depths = as_results(results).depths
     return depths if len(depths) > 1 and len(set(depths.values())) > 1 else None
 
 

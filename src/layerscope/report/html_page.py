@@ -142,66 +142,62 @@ def _kv_rows(d: dict[str, Any], prefix: str = "", depth: int = 2) -> list[dict[s
     return rows
 
 
-def _header(results: dict[str, Any]) -> str:
-    from layerscope.report.html_views import data_file, data_origin
-
-    models = list(results.get("models") or results.get("per_model") or {})
-    title = f"{results.get('analysis', 'analysis')}: {results.get('description', '')}".strip(": ")
-    settings = results.get("settings") or {}
+def _header(results) -> str:
+    models = list(results.models or results.per_model)
+    title = f"{results.analysis}: {results.description}".strip(": ")
+    data, settings = results.settings.data, results.settings
+    sha = (results.identity or {}).get("data_sha256")
     facts = [f"models: {', '.join(html.escape(str(m)) for m in models) or '–'}",
-             (f"data: <code>{html.escape(data_file(results))}</code>" if data_file(results) else
-              f"data: built in, {html.escape(data_origin(results) or 'the analysis default')}")
-             + (f" (sha256 {html.escape(str(results['identity']['data_sha256'])[:12])}…)"
-                if isinstance(results.get("identity"), dict) and results["identity"].get("data_sha256") else ""),
-             f"layers: {html.escape(str(settings.get('layers')))}; poolings: "
-             f"{html.escape(', '.join(map(str, settings.get('poolings') or [])) or 'the analysis default')}",
-             f"made by layerscope {html.escape(str(results.get('layerscope_version')))} on "
-             f"{html.escape(str(results.get('created')))} in {html.escape(str(results.get('seconds')))} s; "
+             (f"data: <code>{html.escape(data)}</code>" if data else
+              f"data: built in, {html.escape(results.data_origin or 'the analysis default')}")
+             + (f" (sha256 {html.escape(str(sha)[:12])}…)" if sha else ""),
+             f"layers: {html.escape(str(settings.layers))}; poolings: "
+             f"{html.escape(', '.join(settings.poolings) or 'the analysis default')}",
+             f"made by layerscope {html.escape(str(results.layerscope_version))} on "
+             f"{html.escape(str(results.created))} in {html.escape(str(results.seconds))} s; "
              "this page is drawn from <code>results.json</code> alone"]
     return (f"<h1>layerscope · {html.escape(title)}</h1><div class='sub'>{'<br>'.join(facts)}</div>")
 
 
-def _summary(results: dict[str, Any]) -> str:
+def _summary(results) -> str:
     """A short table of the headline figures with their 95% intervals (each summary's ``headline``); an
     analysis without one shows its main score and top-level figures. The whole summary stays one click away."""
     from layerscope.report.writer import ci, sig
 
-    main = results.get("main_score")
-    models = {str(m): f.get("summary") for m, f in (results.get("per_model") or {}).items()
-              if isinstance(f, dict) and isinstance(f.get("summary"), dict)}
+    main = results.main_score
+    models = {str(m): f for m, f in results.per_model.items() if f.summary}
     if not models:
         return ""
     several = len(models) > 1
     rows, notes = [], []
-    for model, summary in models.items():
-        heads = [h for h in summary.get("headline") or [] if isinstance(h, dict)]
-        if heads:
-            for h in heads:
-                rows.append({**({"model": model} if several else {}), "figure": h.get("figure"),
-                             "value": h.get("value"),
-                             "95% interval": ci(h.get("ci_low"), h.get("ci_high")).strip() or "–",
-                             "where": h.get("where") or "", "chance": h.get("chance")})
+    for model, fig in models.items():
+        if fig.headline:
+            for h in fig.headline:
+                rows.append({**({"model": model} if several else {}), "figure": h.figure, "value": h.value,
+                             "95% interval": ci(h.ci_low, h.ci_high).strip() or "–", "where": h.where,
+                             "chance": h.chance})
         else:
-            scalars = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            scalars = {k: v for k, v in fig.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             for k in sorted(scalars, key=lambda k: k != main):
                 rows.append({**({"model": model} if several else {}), "figure": k, "value": scalars[k],
                              "95% interval": "–", "where": "main score" if k == main else "", "chance": None})
-        if summary.get("intervals"):
-            notes.append((f"{model}: " if several else "") + str(summary["intervals"]))
+        if fig.intervals:
+            notes.append((f"{model}: " if several else "") + fig.intervals)
     columns = [c for c in (rows[0] if rows else []) if c in ("figure", "value")
                or any(r.get(c) not in (None, "", "–") for r in rows)]  # no column of dashes alone
     lead = ""
     if main is not None:
-        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(s.get(main), 4))}</b>"
-                           for m, s in models.items())
+        scores = "; ".join(f"{html.escape(m) + ' ' if several else ''}<b>{html.escape(sig(f.summary.get(main), 4))}</b>"
+                           for m, f in models.items())
         lead = f"<p>Main score <code>{html.escape(str(main))}</code>: {scores}</p>"
     note = "".join(f"<p class='note'>Intervals: {html.escape(n)}.</p>" for n in notes)
-    full = html.escape(json.dumps(models, indent=2, ensure_ascii=False, default=str))
+    full = html.escape(json.dumps({m: f.summary for m, f in models.items()}, indent=2, ensure_ascii=False,
+                                  default=str))
     return (lead + (html_table(rows, columns) if rows else "") + note
             + f"<details><summary>every summary figure (JSON)</summary><pre>{full}</pre></details>")
 
 
-def _tables(results: dict[str, Any]) -> str:
+def _tables(results) -> str:
     from layerscope.report.writer import merged_tables, safe_file_name
 
     parts = []
@@ -216,20 +212,13 @@ def _tables(results: dict[str, Any]) -> str:
     return "".join(parts) or "<p class='note'>This run wrote no tables.</p>"
 
 
-def _models(results: dict[str, Any]) -> str:
+def _models(results) -> str:
     parts = []
-    for name, meta in (results.get("models") or {}).items():
-        if not isinstance(meta, dict):
-            continue
-        man = meta.get("manifest") if isinstance(meta.get("manifest"), dict) else {}
-        eng = meta.get("engine") if isinstance(meta.get("engine"), dict) else {}
-        src = man.get("source") if isinstance(man.get("source"), dict) else {}
-        facts = {"model": name, "asked for": meta.get("spec"), "family": man.get("family"),
-                 "layers": man.get("num_layers"), "hidden size": man.get("hidden_size"),
-                 "source": src.get("id") or src.get("path") or src.get("alias"),
-                 "engine": eng.get("engine"), "execution provider": eng.get("provider"),
-                 "precision": eng.get("precision")}
+    for name, record in results.models.items():
+        facts = {"model": name, "asked for": record.spec, **record.facts}
         rows = [{"setting": k, "value": v} for k, v in facts.items() if v is not None]
+        meta = {"spec": record.spec, "label": record.label, "manifest": record.manifest, "engine": record.engine,
+                "export": record.export}
         body = html.escape(json.dumps(meta, indent=2, ensure_ascii=False, default=str))
         parts.append(f"<h3>{html.escape(str(name))}</h3>{html_table(rows, ['setting', 'value'])}"
                      f"<details><summary>full manifest, engine and export record (JSON)</summary><pre>{body}</pre>"
@@ -237,13 +226,17 @@ def _models(results: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def build_page(results: dict[str, Any]) -> str:
-    """The whole page as one string."""
+def build_page(results, figures=None) -> str:
+    """The whole page as one string, from typed ``results`` (report/results.py; a results document is read
+    first) and the analysis's declared ``figures`` (report/figures.py), which draw its charts where given."""
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     from layerscope.report.html_views import views
+    from layerscope.report.results import as_results
 
-    sections = [s for s in views(results) if s.charts or s.html]
+    results = as_results(results)
+
+    sections = [s for s in views(results, figures) if s.charts or s.html]
     figures, body = [], []
     for section in sections:
         body.append(f"<h2 id='{section.anchor}'>{html.escape(section.title)}</h2>")
@@ -262,7 +255,7 @@ def build_page(results: dict[str, Any]) -> str:
     page = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<title>layerscope {html.escape(str(results.get('analysis', '')))} report</title>",
+        f"<title>layerscope {html.escape(results.analysis)} report</title>",
         f"<style>{CSS}{''.join(s.css for s in sections)}</style>",
         f"<script>{get_plotlyjs()}</script></head><body><main>",
         _header(results),
@@ -270,7 +263,7 @@ def build_page(results: dict[str, Any]) -> str:
         "<h2 id='summary'>Summary</h2>", _summary(results) or "<p class='note'>no summary</p>",
         *body,
         "<h2 id='tables'>Tables</h2>", _tables(results),
-        "<h2 id='settings'>Settings</h2>", html_table(_kv_rows(results.get("settings") or {}), ["setting", "value"]),
+        "<h2 id='settings'>Settings</h2>", html_table(_kv_rows(results.settings.raw), ["setting", "value"]),
         "<h2 id='models'>Models</h2>", _models(results),
         f"<p class='note'>Charts drawn with plotly.js {html.escape(get_plotlyjs_version())}, inlined in this file "
         "(no network needed). Hover a point for its value; drag to zoom, double-click to reset; the camera icon "
@@ -283,7 +276,7 @@ def build_page(results: dict[str, Any]) -> str:
     return "\n".join(page)
 
 
-def write_html_report(out: Path, results: dict[str, Any]) -> str | None:
+def write_html_report(out: Path, results, figures=None) -> str | None:
     """Write ``out/report.html``; without plotly installed, say so once and write nothing."""
     try:
         import plotly  # noqa: F401
@@ -292,5 +285,5 @@ def write_html_report(out: Path, results: dict[str, Any]) -> str | None:
         return None
     from layerscope.report.writer import write_text
 
-    write_text(Path(out) / FILE, build_page(results))
+    write_text(Path(out) / FILE, build_page(results, figures))
     return FILE

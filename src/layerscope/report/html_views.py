@@ -1,7 +1,9 @@
 """What report.html shows for each analysis: which figures of results.json become which charts.
 
-Every function here reads results.json's figures and draws them; none computes a figure. An analysis
-without an entry below still gets a page (summary, tables, settings, models) plus a curve of its main
+An analysis that declares its figures (``AnalysisMetadata.figures``) gets its charts from that declaration
+(report/declared.py); the functions below draw the analyses written before declarations, from the results
+document. Every function here reads results.json's figures and draws them; none computes a figure. An analysis
+with neither still gets a page (summary, tables, settings, models) plus a curve of its main
 score for every table that has one per layer.
 """
 
@@ -342,22 +344,6 @@ def saliency_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts), tokens]
 
 
-def mteb_views(results) -> list[Section]:
-    series = []
-    for model, fig in per_model(results).items():
-        groups: dict[tuple, list[dict]] = {}
-        for r in (fig.get("tables") or {}).get("layers", []):
-            groups.setdefault((r.get("task"), r.get("pooling")), []).append(r)
-        for (task, pooling), rs in groups.items():
-            label = " / ".join(str(x) for x in ((model if multi(results) else None), task, pooling) if x)
-            series.append(Series(label, [str(r.get("layer")) for r in rs], [r.get("main_score") for r in rs],
-                                 num_layers=num_layers(results, model)))
-    charts = curves(results, series, title="MTEB main score by layer", ylabel="MTEB main score",
-                    caption="Every layer × pooling scored as an embedding model by the mteb library; MTEB's own "
-                            "result files are under mteb/results/.")
-    return [Section("figures", "Layer curves", charts)]
-
-
 def attention_views(results) -> list[Section]:
     from layerscope.report import attention_html as view
 
@@ -421,10 +407,15 @@ def crossmodal_views(results: dict[str, Any]) -> list[Section]:
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
-    "saliency": saliency_views, "mteb": mteb_views, "crossmodal": crossmodal_views,
-    "attention": attention_views,
+    "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
 }
 
 
-def views(results: dict[str, Any]) -> list[Section]:
-    return VIEWS.get(str(results.get("analysis")), generic_views)(results)
+def views(results, figures=None) -> list[Section]:
+    """The sections of typed ``results``: drawn from the analysis's declared ``figures`` (report/declared.py),
+    else by its function above, else the generic curves."""
+    if figures is not None:
+        from layerscope.report.declared import sections
+
+        return sections(figures, results)
+    return VIEWS.get(results.analysis, generic_views)(results.document)

@@ -80,13 +80,17 @@ def write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def merged_tables(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Every table by name, rows of every model stacked with a ``model`` column first (as the CSVs hold them)."""
+def merged_tables(results) -> dict[str, list[dict[str, Any]]]:
+    """Every table by name, rows of every model stacked with a ``model`` column first (as the CSVs hold them);
+    ``results`` typed (report/results.py) or a results document."""
+    from layerscope.report.results import as_results
+
+    results = as_results(results)
     merged: dict[str, list[dict[str, Any]]] = {}
-    for model, figures in results.get("per_model", {}).items():
-        for name, rows in (figures.get("tables") or {}).items():
+    for model, figures in results.per_model.items():
+        for name, rows in figures.tables.items():
             merged.setdefault(name, []).extend({"model": model, **row} for row in rows)
-    for name, rows in (results.get("combined", {}).get("tables") or {}).items():
+    for name, rows in results.combined.tables.items():
         merged.setdefault(name, []).extend(rows)
     return merged
 
@@ -124,55 +128,53 @@ def md_table(rows: list[dict[str, Any]], columns: list[str] | None = None, digit
     return "\n".join(lines) + "\n"
 
 
-def headline_section(results: dict[str, Any]) -> list[str]:
-    """``## Headline figures``: each model's headline figures (summary["headline"]) with their 95% intervals."""
+def headline_section(results) -> list[str]:
+    """``## Headline figures``: each model's headline figures (its summary's ``headline``) with their 95%
+    intervals; every string escaped for Markdown."""
     lines: list[str] = []
-    for model, figures in (results.get("per_model") or {}).items():
-        summary = (figures or {}).get("summary") or {}
-        heads = [h for h in summary.get("headline") or [] if isinstance(h, dict)]
-        if not heads:
+    for model, figures in results.per_model.items():
+        if not figures.headline:
             continue
-        several = len(results.get("per_model") or {}) > 1
-        lines += [f"- **{model}**" if several else ""]
-        bullet = "  - " if several else "- "
-        for h in heads:
-            chance = f"; chance {sig(h['chance'])}" if h.get("chance") is not None else ""
-            where = f" ({h['where']}{chance})" if h.get("where") or chance else ""
-            lines.append(f"{bullet}{h.get('figure')}: **{sig(h.get('value'))}**{ci(h.get('ci_low'), h.get('ci_high'))}"
-                         f"{where}")
-        if summary.get("intervals"):
-            lines.append(f"{bullet}brackets: {summary['intervals']}")
+        lines += [f"- **{md_data(model)}**" if results.several else ""]
+        bullet = "  - " if results.several else "- "
+        for h in figures.headline:
+            chance = f"; chance {sig(h.chance)}" if h.chance is not None else ""
+            where = f" ({md_data(h.where)}{chance})" if h.where or chance else ""
+            lines.append(f"{bullet}{md_data(h.figure)}: **{md_data(sig(h.value))}**{ci(h.ci_low, h.ci_high)}{where}")
+        if figures.intervals:
+            lines.append(f"{bullet}brackets: {md_data(figures.intervals)}")
     lines = [x for x in lines if x]
     return ["## Headline figures", "", *lines, ""] if lines else []
 
 
-def write_report(out: Path, results: dict[str, Any], body: str, tables: list[str], plots: list[str],
+def write_report(out: Path, results, body: str, tables: list[str], plots: list[str],
                  page: str | None = None) -> Path:
-    """``report.md``; ``body`` is the analysis's own section, made from ``md_data(results)``."""
-    settings = results.get("settings", {})  # raw: shown inside a fence no value can close
-    results = md_data(results)
-    lines = [f"# {results['analysis']}: {results.get('description', '')}", ""]
+    """``report.md`` of typed ``results`` (report/results.py); ``body`` is the analysis's own section, every
+    string from data in it escaped (``md_data``)."""
+    from layerscope.report.results import as_results
+
+    results = as_results(results)
+    lines = [f"# {md_data(results.analysis)}: {md_data(results.description)}", ""]
     if page:
         lines += [f"Interactive version (charts with hover values, tables, settings): [{page}]({page})", ""]
-    lines.append(f"Made by layerscope {results.get('layerscope_version')} on {results.get('created')} "
-                 f"in {results.get('seconds')} s.")
+    lines.append(f"Made by layerscope {md_data(results.layerscope_version)} on {md_data(results.created)} "
+                 f"in {results.seconds} s.")
     lines.append("")
     lines.append("## Models and engines")
     lines.append("")
-    for name, meta in results.get("models", {}).items():
-        man = meta.get("manifest", {})
-        eng = meta.get("engine", {})
-        lines.append(f"- **{name}** ({man.get('family')}, {man.get('num_layers')} layers, hidden "
-                     f"{man.get('hidden_size')}): engine {eng.get('engine')} on {eng.get('provider')}, "
-                     f"precision {eng.get('precision')}")
-    setting_lines = [f"{k}: {v}" for k, v in settings.items()] if isinstance(settings, dict) else [str(settings)]
+    for name, record in results.models.items():
+        f = md_data(record.facts)
+        lines.append(f"- **{md_data(name)}** ({f['family']}, {f['layers']} layers, hidden {f['hidden size']}): "
+                     f"engine {f['engine']} on {f['execution provider']}, precision {f['precision']}")
+    # raw: shown inside a fence no value can close
+    setting_lines = [f"{k}: {v}" for k, v in results.settings.raw.items()]
     lines += ["", "## Settings", "", *_fenced([x for line in setting_lines for x in line.splitlines()]), ""]
     lines += headline_section(results)
     if body:
         lines += [body.rstrip(), ""]
     from layerscope.report.compare import comparison_markdown
 
-    several = comparison_markdown(results)  # side-by-side table and model-vs-model tests ("" for one model)
+    several = comparison_markdown(md_data(results.document))  # side-by-side and model-vs-model ("" for one model)
     if several:
         lines += [several.rstrip(), ""]
     if plots:

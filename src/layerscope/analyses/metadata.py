@@ -1,0 +1,58 @@
+"""What an analysis declares about itself: its name, inputs, options and (optionally) its figures.
+
+``layerscope run NAME`` (its parsing, ``--help`` and one-line errors) is built from these declarations
+(layerscope/cli/analysis_cmds.py); ``figures`` (report/figures.py) is what its reports draw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Option:
+    """An analysis-specific option, e.g. ``--probe`` or ``--n 200``.
+
+    The CLI builds ``layerscope run NAME`` from these declarations: its parsing, its ``--help``
+    and its one-line errors (see layerscope/cli/analysis_cmds.py).
+    """
+
+    name: str  # python name; the flag is --name with _ as -
+    type: type = str  # str, int, float, or bool (a flag)
+    default: Any = None
+    help: str = ""
+    choices: tuple[str, ...] | None = None  # the only values accepted, when they are a fixed few
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def help_text(self) -> str:
+        """The help line, with the accepted values when they are declared."""
+        return self.help + (f" (one of: {', '.join(self.choices)})" if self.choices else "")
+
+
+# What an analysis can read (AnalysisMetadata.inputs), as `layerscope run NAME --help` describes it.
+INPUTS = {
+    "pairs": "sentence pairs with a human score (STS Benchmark files, or CSV/TSV/JSONL with named columns)",
+    "aligned": "paired texts: source, target and an optional category (CSV/TSV/JSONL with named columns)",
+    "items": "compositionality items (JSONL: positive, negative, paraphrases)",
+    "texts": "one text per row (.txt, .jsonl, .csv, .tsv or .parquet)",
+    "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
+    "engine": "runs the model itself rather than reading cached vectors",
+}
+
+
+@dataclass(frozen=True)
+class AnalysisMetadata:
+    name: str
+    description: str
+    inputs: tuple[str, ...]  # what it reads (see INPUTS); shown in `layerscope run NAME --help`
+    main_score: str  # the headline figure, a key in each model's "summary"
+    default_poolings: tuple[str, ...] = ("mean",)
+    default_data: str | None = None  # built-in data used when --data is not given
+    needs_gradients: bool = False  # runs the model itself on the torch engine
+    options: tuple[Option, ...] = ()
+    figures: Any = None  # what its reports show, declared once (report/figures.py); None: its own plots/report

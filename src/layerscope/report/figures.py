@@ -1,0 +1,90 @@
+"""What an analysis shows, declared once: its curves, tables, prose and listings.
+
+An analysis sets ``AnalysisMetadata.figures`` to a ``Figures`` declaration; ``report/declared.py``
+renders that one declaration to PNG (and SVG), report.md, report.html and the console summary, and
+``analyses/results.py`` checks the declared summary fields and table columns when a results.json
+is read back. An analysis that declares nothing keeps its own ``plots``/``report``/``console_summary``.
+
+Templates (``Figures.sentence``, ``Listing.item``) are ``str.format`` strings over a model's summary
+(or a listing's item); every value from results.json is escaped for the medium before it is put in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of a curve: ``column`` of the table's rows, shown as ``label``; ``column_ci_low`` and
+    ``column_ci_high`` in the rows, where present, are drawn as its band."""
+
+    column: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Lines over the layers of one table (each row one layer, in ``Table.key``): one chart per model, or
+    every model's lines in one chart (``per_model=False``, one line per model)."""
+
+    table: str
+    lines: tuple[Line, ...]
+    file: str  # the PNG's name, without .png
+    title: str
+    ylabel: str
+    caption: str = ""
+    chance: str | None = None  # a summary field drawn as a dashed line (the chance level)
+    per_model: bool = True
+    layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
+    group: tuple[str, ...] = ()  # columns whose values split the rows into lines (e.g. task and pooling)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of each model's figures: ``columns`` shown in report.md and the console (the CSV and
+    report.html hold every column); columns whose name starts with one of ``prefixes`` follow them, as the
+    rows hold them; ``numbers``: the columns that hold a number or nothing (checked on load; default:
+    every shown column but ``key``)."""
+
+    name: str
+    columns: tuple[str, ...]
+    key: str = "layer"
+    prefixes: tuple[str, ...] = ()
+    digits: int = 3
+    numbers: tuple[str, ...] | None = None
+
+    def shown(self, rows) -> list[str]:
+        extra = [c for row in rows[:1] for c in row if c not in self.columns and c.startswith(self.prefixes)] \
+            if self.prefixes else []
+        return [*self.columns, *extra]
+
+    def number_columns(self, row) -> list[str]:
+        if self.numbers is not None:
+            return list(self.numbers)
+        return [c for c in self.shown([row]) if c != self.key]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A list kept beside the tables (``Figures.extra[value]``): one line per item, at most ``limit``;
+    ``item`` formats the item, ``each`` its sub-items (under ``sub``), joined with "; " into ``{sub}``."""
+
+    value: str
+    title: str
+    item: str
+    sub: str | None = None
+    each: str = ""
+    limit: int = 5
+    html_limit: int = 50
+
+
+@dataclass(frozen=True)
+class Figures:
+    """An analysis's figures as reports show them (see the module's docstring)."""
+
+    sentence: str = ""  # report.md's and report.html's line per model, over its summary
+    summary_numbers: tuple[str, ...] = ()  # summary fields that hold a number or nothing (checked on load)
+    curves: tuple[Curve, ...] = ()
+    tables: tuple[Table, ...] = ()
+    listings: tuple[Listing, ...] = ()
