@@ -78,7 +78,6 @@ KNOWN_EXCEPTIONS: dict[str, tuple[str, str]] = {
     "layerscope.runtime.token_store": (
         "store", "runtime/ is moving into store/ and extract/ with StoreLayout; the store modules import each other "
         "in functions"),
-    "size layerscope.analyses.base": ("results", "analyses/base.py is being split with the typed results and Context"),
 }
 
 

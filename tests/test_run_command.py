@@ -132,7 +132,9 @@ class WordCount(Analysis):
         return Path(ctx.data).read_text(encoding="utf-8").split()
 
     def stored_sources(self, ctx, data):  # made without a model
-        return [("words", {"source": {"alias": "words"}}, "words-v1")]
+        from layerscope.model.manifest_type import SourceInfo
+
+        return [("words", SourceInfo(spec="words", path_or_id="words", alias="words"), "words-v1")]
 
     def offline(self, ctx, data):
         count = len(data) * ctx.options["scale"]

@@ -23,6 +23,7 @@ from layerscope.analyses.metadata import INPUTS, AnalysisMetadata, Option
 from layerscope.analyses.registry import _REGISTRY, get_analysis, register, registry
 from layerscope.analyses.rendering import Rendered, render, rerender, write_results
 from layerscope.errors import InputError
+from layerscope.model.manifest_type import SourceInfo
 
 # what an analysis module imports from here (the registration path every analysis uses)
 __all__ = ["INPUTS", "Analysis", "AnalysisMetadata", "Context", "ModelOutput", "ModelRun", "Option", "PerModel",
@@ -148,8 +149,9 @@ class Analysis(ABC):
         """Figures for one model (a JSON-able dict with at least ``summary`` and ``tables``), as a
         ``ModelOutput`` when ``combine`` needs more from each model than its saved figures."""
 
-    def stored_sources(self, ctx: Context, data: Any) -> list[tuple[str, dict, str]] | None:
-        """For a run made from LayerStores instead of models: ``(path, manifest, identity)`` per store.
+    def stored_sources(self, ctx: Context, data: Any) -> list[tuple[str, SourceInfo, str]] | None:
+        """For a run made from LayerStores instead of models: ``(path, source, identity)`` per store, ``source``
+        the model's ``SourceInfo`` as the store recorded it (``LayerStore.manifest.source``).
 
         None (the default): the run uses ``--model``. Analyses that override ``offline`` override this too.
         """
@@ -294,7 +296,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
         poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]
-        sources = [(spec, h.manifest, h.key) for spec, h in zip(ctx.models, handles)]
+        sources = [(spec, h.manifest.source, h.key) for spec, h in zip(ctx.models, handles)]
     elif ctx.poolings:
         from layerscope.vocab.pooling import check_poolings
 
@@ -309,11 +311,11 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
                 ctx.say(f"{spec}: starting engine auto")
                 opened[i] = open_engine(handle, "auto", **{**limits, **engine_options})
         models = []
-        for i, (spec, man, key) in enumerate(sources):
+        for i, (spec, src, key) in enumerate(sources):
             resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles
                                  else (None, None))
-            models.append(ModelSpec(given=spec, key=key, folder=model_name(spec, man.source),
-                                    revision=model_revision(man.source, key),
+            models.append(ModelSpec(given=spec, key=key, folder=model_name(spec, src),
+                                    revision=model_revision(src, key),
                                     layers=tuple(layers[i]) if handles else None,
                                     poolings=tuple(poolings[i]) if handles else None,
                                     engine=resolved, variant=variant))

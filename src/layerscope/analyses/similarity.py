@@ -226,7 +226,7 @@ class Similarity(Analysis):
     def stored_sources(self, ctx: Context, data):
         if data["mode"] != "stores":
             return None
-        return [(str(st.path), st.manifest, f"{st.settings.get('model_key')}|{st.settings.get('corpus_sha256')}|"
+        return [(str(st.path), st.manifest.source, f"{st.settings.get('model_key')}|{st.settings.get('corpus_sha256')}|"
                  f"{st.meta.get('created')}") for st in (data["a"], data["b"]) if st is not None]
 
     def offline(self, ctx: Context, data):
