@@ -58,7 +58,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         recall = measure_recall(vi, x, qs, k=10)
     manifest = store.manifest
     meta = {
-        "model_key": store.settings.get("model_key") or manifest.key,
+        "model_key": store.spec.model_key or manifest.key,
         "model": manifest.source_dict(),
         "family": manifest.family,
         "num_layers": manifest.num_layers,
@@ -67,7 +67,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         "store": str(Path(store_path).resolve()),
         "store_created": store.meta.get("created"),
         "store_identity": store_identity(store.meta, pooling, layer_name),
-        "max_length": store.settings.get("max_length") if isinstance(store.settings, dict) else None,
+        "max_length": store.spec.max_length,
         "seconds": {"normalize": round(t_norm, 3), "build": round(t_build, 3)},
         "recall_vs_exact": recall,
         "backend_detail": vi.backend.describe(),

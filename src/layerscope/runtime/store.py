@@ -30,11 +30,11 @@ from layerscope.runtime import store_dtype as sd
 from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
 from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
 from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
+from layerscope.runtime.store_spec import FORMAT_VERSION, READS, StoreSpec
 
 STORE_JSON = "store.json"
 TEXTS = "texts.jsonl"
 DONE = "done.npy"
-FORMAT_VERSION = 1
 
 
 def _release_pages(arr: np.ndarray) -> None:
@@ -76,9 +76,10 @@ class LayerStore:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise StoreError(f"{meta_path} is damaged ({exc}); re-run layerscope extract") from None
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise StoreError(f"{path} has store format {meta.get('format_version')}, this layerscope reads "
-                             f"{FORMAT_VERSION}; re-run layerscope extract")
+        if not isinstance(meta, dict) or meta.get("format_version") not in READS:
+            version = meta.get("format_version") if isinstance(meta, dict) else None
+            raise StoreError(f"{path} has store format {version}, this layerscope reads "
+                             f"{', '.join(map(str, READS))}; re-run layerscope extract")
         problems = layout_problems(path, meta)
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
@@ -93,9 +94,11 @@ class LayerStore:
         return store
 
     @classmethod
-    def create(cls, path: str | Path, *, n: int, layers: list[str], poolings: list[str], hidden_size: int,
-               dtype: str, manifest: Manifest | dict, settings: dict) -> "LayerStore":
+    def create(cls, path: str | Path, *, n: int, spec: StoreSpec, hidden_size: int,
+               manifest: Manifest | dict) -> "LayerStore":
+        """Reserve the arrays of ``spec`` for ``n`` rows and write ``store.json`` (its settings: ``spec``, once)."""
         path = Path(path)
+        layers, poolings, dtype = list(spec.layers), list(spec.poolings), spec.dtype
         path.mkdir(parents=True, exist_ok=True)
         staging = path / "arrays.partial"
         from layerscope.ownership import note
@@ -126,14 +129,16 @@ class LayerStore:
         meta = {
             "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
             "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
-            "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": spec.to_json(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "store_id": secrets.token_hex(16),  # this store, not another made later at the same path
         }
         meta["structure_sha256"] = structure_sha256(meta)
         if (path / TEXTS).is_file():
             meta["texts_bytes"] = (path / TEXTS).stat().st_size
         write_json_atomic(path / STORE_JSON, meta)
-        return cls(path, meta, "r+")
+        store = cls(path, meta, "r+")
+        store._spec = spec
+        return store
 
     # -- facts ---------------------------------------------------------------
     @property
@@ -156,8 +161,46 @@ class LayerStore:
         return self._manifest
 
     @property
+    def spec(self) -> StoreSpec:
+        """What the store holds and how it was asked for (``store.json``'s settings), typed once."""
+        if getattr(self, "_spec", None) is None:
+            self._spec = StoreSpec.load(self.meta.get("settings"), format_version=self.meta.get("format_version"),
+                                        where=str(self.path / STORE_JSON))
+        return self._spec
+
+    @property
     def settings(self) -> dict:
-        return self.meta["settings"]
+        """``store.json``'s settings as written (the JSON of ``spec``), for readers outside the store."""
+        return self.spec.to_json()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.meta["hidden_size"])
+
+    @property
+    def store_id(self) -> str | None:
+        """The identity the store was made with (every claim and done mark names it); None in older stores."""
+        got = self.meta.get("store_id")
+        return got if isinstance(got, str) else None
+
+    @property
+    def empty_texts(self) -> int:
+        return int(self.meta.get("empty_texts") or 0)
+
+    @property
+    def nul_texts(self) -> int:
+        return int(self.meta.get("nul_texts") or 0)
+
+    @property
+    def range_rows(self) -> int | None:
+        """Rows per range of the store's range plan (None: made before stores recorded one)."""
+        plan = self.meta.get("ranges")
+        return int(plan["rows"]) if isinstance(plan, dict) and plan.get("rows") else None
+
+    @property
+    def range_writers(self) -> bool:
+        """Whether the store is written range by range (``--shard``, Ray) rather than by one process."""
+        return bool(self.meta.get("range_writers"))
 
     @property
     def complete(self) -> bool:
