@@ -12,6 +12,7 @@ import numpy as np
 
 from layerscope.errors import InputError, StoreError
 from layerscope.index.vector_index import VectorIndex, measure_recall, normalize
+from layerscope.runtime.store_layout import STORE_JSON, TEXTS, StoreLayout, array_rel
 
 
 def _iso_now() -> str:
@@ -91,8 +92,7 @@ def store_identity(store_meta: dict[str, Any], pooling: str, layer: str) -> dict
         return rec.get("sha256") if isinstance(rec, dict) else None
 
     return {"corpus_sha256": settings.get("corpus_sha256"), "structure_sha256": store_meta.get("structure_sha256"),
-            "n": store_meta.get("n"), "texts_sha256": sha("texts.jsonl"),
-            "array_sha256": sha(f"arrays/{pooling}/{layer}.npy")}
+            "n": store_meta.get("n"), "texts_sha256": sha(TEXTS), "array_sha256": sha(array_rel(pooling, layer))}
 
 
 def check_store(index_path: str | Path, meta: dict[str, Any]):
@@ -106,8 +106,8 @@ def check_store(index_path: str | Path, meta: dict[str, Any]):
     if not isinstance(recorded, dict):
         raise StoreError(f"index {index_path} does not record which store it was built from (made by an older "
                          f"layerscope), so its answers cannot be trusted; {rebuild}")
-    if not (store_path / "store.json").is_file():
-        raise StoreError(f"the index's store {store_path} is gone (no store.json); {rebuild}, or move the "
+    if not StoreLayout(store_path).store_json.is_file():
+        raise StoreError(f"the index's store {store_path} is gone (no {STORE_JSON}); {rebuild}, or move the "
                          "store back")
     store = LayerStore.open(store_path)
     now = store_identity(store.meta, str(meta.get("pooling")), str(meta.get("layer")))
@@ -174,9 +174,9 @@ def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, mod
 
 
 def _store_records(store_path: Path, rows: set[int]) -> dict[int, dict]:
-    texts = store_path / "texts.jsonl"
+    texts = StoreLayout(store_path).texts
     if not texts.exists():
-        raise StoreError(f"the index's store {store_path} is gone (no texts.jsonl); rebuild the index or move "
+        raise StoreError(f"the index's store {store_path} is gone (no {TEXTS}); rebuild the index or move "
                          "the store back")
     out: dict[int, dict] = {}
     last = max(rows) if rows else -1

@@ -193,16 +193,17 @@ def spool_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, leng
     from layerscope.ownership import note
     from layerscope.runtime import store_ranges
     from layerscope.runtime.spool import spool_corpus
+    from layerscope.runtime.store_layout import LENGTHS
     from layerscope.runtime.store_space import allocate_npy
 
     out = ex.out
-    note(out, files=[store_ranges.OFFSETS, "lengths.npy"])  # named before they are written
+    note(out, files=[store_ranges.OFFSETS, LENGTHS])  # named before they are written
     read = CorpusStats()
     spool = spool_corpus(records_of(source, **reader, stats=read), out, encoder=encoder if lengths_now else None,
                          granule=store_ranges.GRANULE)
     np.save(out / store_ranges.OFFSETS, spool["offsets"])
     if not lengths_now:
-        allocate_npy(out / "lengths.npy", np.dtype(np.int32), (spool["n"],))
+        allocate_npy(out / LENGTHS, np.dtype(np.int32), (spool["n"],))
     ex.spec = ex.spec.replace(corpus_sha256=spool["sha256"])
     return Spooled(n=spool["n"], empty=spool["empty"], nul=spool["nul"], id_field=read.id_field,
                    lengths_now=lengths_now, nul_dropped=drops_nul(encoder) if spool["nul"] else None)

@@ -118,7 +118,9 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
         from layerscope.runtime.store_dtype import check_error_bar
 
         check_error_bar(store.path, store.dtype, half)
-    done = np.load(store.path / "done.npy", mmap_mode="r+")
+    from layerscope.runtime.store_layout import StoreLayout
+
+    done = np.load(StoreLayout(store.path).done, mmap_mode="r+")
     done[:] = 1
     done.flush()
     del done
@@ -136,7 +138,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     if half:
         record["half_error"] = half
     store.finish(record)
-    shutil.rmtree(store.path / store_ranges.RANGES, ignore_errors=True)
+    shutil.rmtree(StoreLayout(store.path).ranges, ignore_errors=True)
     return record
 
 

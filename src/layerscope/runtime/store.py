@@ -32,9 +32,7 @@ from layerscope.runtime.store_check import checksums, layout_problems, structure
 from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
 from layerscope.runtime.store_spec import FORMAT_VERSION, READS, StoreSpec
 
-STORE_JSON = "store.json"
-TEXTS = "texts.jsonl"
-DONE = "done.npy"
+from layerscope.runtime.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
 
 
 def _release_pages(arr: np.ndarray) -> None:
@@ -49,10 +47,6 @@ def _release_pages(arr: np.ndarray) -> None:
         mm.madvise(advice)
     except (OSError, ValueError):
         pass
-
-
-def _pool_dir(pooling: str) -> str:
-    return pooling  # pooling names are already file-safe (mean, cls, mean-nobos, ...)
 
 
 class LayerStore:
@@ -100,11 +94,11 @@ class LayerStore:
         path = Path(path)
         layers, poolings, dtype = list(spec.layers), list(spec.poolings), spec.dtype
         path.mkdir(parents=True, exist_ok=True)
-        staging = path / "arrays.partial"
+        where = StoreLayout(path)
+        staging = where.staging
         from layerscope.ownership import note
 
-        files = [f"{_pool_dir(p)}/{layer}.npy" for p in poolings for layer in layers]
-        note(path, files=[f"{d}/{f}" for d in (staging.name, "arrays") for f in files]
+        note(path, files=array_rels(poolings, layers, staging.name) + array_rels(poolings, layers)
              + [f"{staging.name}/{DONE}", DONE, STORE_JSON])  # named before they are written
         if staging.exists():
             shutil.rmtree(staging)
@@ -113,9 +107,9 @@ class LayerStore:
         check_free(path, needed)
         try:
             for pooling in poolings:
-                (staging / _pool_dir(pooling)).mkdir(parents=True)
                 for layer in layers:
-                    allocate_npy(staging / _pool_dir(pooling) / f"{layer}.npy", disk, (n, hidden_size))
+                    where.staged_array(pooling, layer).parent.mkdir(parents=True, exist_ok=True)
+                    allocate_npy(where.staged_array(pooling, layer), disk, (n, hidden_size))
             allocate_npy(staging / DONE, np.dtype(np.uint8), (n,))
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
@@ -123,9 +117,9 @@ class LayerStore:
                 raise no_space(path, needed, exc) from None
             raise
         os.replace(staging / DONE, path / DONE)
-        if (path / "arrays").exists():
-            shutil.rmtree(path / "arrays")
-        os.replace(staging, path / "arrays")
+        if where.arrays.exists():
+            shutil.rmtree(where.arrays)
+        os.replace(staging, where.arrays)
         meta = {
             "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
             "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
@@ -242,7 +236,7 @@ class LayerStore:
         k = (pooling, name)
         if k not in self._arrays:
             mode = "r+" if self.mode == "r+" else "r"
-            self._arrays[k] = np.load(self.path / "arrays" / _pool_dir(pooling) / f"{name}.npy", mmap_mode=mode)
+            self._arrays[k] = np.load(StoreLayout(self.path).array(pooling, name), mmap_mode=mode)
         return self._arrays[k]
 
     def _missing_pooling(self, pooling: str) -> str:

@@ -70,6 +70,13 @@ class StoreSpec:
                 return key, theirs[key], mine[key]
         return None
 
+    @classmethod
+    def bare(cls, layers, poolings, dtype: str = "float32", *, model: str = "", max_length: int = 0) -> "StoreSpec":
+        """The spec of a store made outside an extraction (a benchmark's scratch store, a test's): arrays only."""
+        return cls(model=model, model_key=model, engine="", variant=None, layers=tuple(map(str, layers)),
+                   poolings=tuple(poolings), prompt=None, max_length=max_length, max_batch=0, batch_tokens=None,
+                   dtype=dtype, tokens=None, input="", corpus_sha256=None)
+
     def replace(self, **changes: Any) -> "StoreSpec":
         return dataclasses.replace(self, **changes)
 
@@ -93,7 +100,7 @@ class StoreSpec:
             raise StoreError(f"{where} records no settings; re-run layerscope extract")
         required = ("model_key", "layers", "poolings", "dtype", "max_length")
         if format_version >= 2:
-            required += ("model", "engine_requested", "max_batch", "input", "corpus_sha256")
+            required += ("model", "engine_requested", "max_batch", "input")
         missing = [k for k in required if settings.get(k) is None]
         if missing:
             raise StoreError(f"{where}'s settings lack {', '.join(missing)}; re-run layerscope extract")
