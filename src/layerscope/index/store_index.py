@@ -67,7 +67,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         "pooling": pooling,
         "store": str(Path(store_path).resolve()),
         "store_created": store.meta.get("created"),
-        "store_identity": store_identity(store.meta, pooling, layer_name),
+        "store_identity": store_identity(store, pooling, layer_name),
         "max_length": store.spec.max_length,
         "seconds": {"normalize": round(t_norm, 3), "build": round(t_build, 3)},
         "recall_vs_exact": recall,
@@ -81,18 +81,11 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
     return vi.meta
 
 
-def store_identity(store_meta: dict[str, Any], pooling: str, layer: str) -> dict[str, Any]:
-    """What an index must find again in its store: the corpus hash, the recorded checksums of the texts and
-    of the indexed array, the row count and the store's structure hash (all read from store.json)."""
-    sums = store_meta.get("checksums") or {}
-    settings = store_meta.get("settings") if isinstance(store_meta.get("settings"), dict) else {}
-
-    def sha(rel: str) -> str | None:
-        rec = sums.get(rel)
-        return rec.get("sha256") if isinstance(rec, dict) else None
-
-    return {"corpus_sha256": settings.get("corpus_sha256"), "structure_sha256": store_meta.get("structure_sha256"),
-            "n": store_meta.get("n"), "texts_sha256": sha(TEXTS), "array_sha256": sha(array_rel(pooling, layer))}
+def store_identity(store, pooling: str, layer: str) -> dict[str, Any]:
+    """What an index must find again in its store (a LayerStore): the corpus hash, the recorded checksums of the
+    texts and of the indexed array, the row count and the store's structure hash (all recorded in store.json)."""
+    return {"corpus_sha256": store.spec.corpus_sha256, "structure_sha256": store.structure_sha256, "n": store.n,
+            "texts_sha256": store.file_sha256(TEXTS), "array_sha256": store.file_sha256(array_rel(pooling, layer))}
 
 
 def check_store(index_path: str | Path, meta: dict[str, Any]):
@@ -110,7 +103,7 @@ def check_store(index_path: str | Path, meta: dict[str, Any]):
         raise StoreError(f"the index's store {store_path} is gone (no {STORE_JSON}); {rebuild}, or move the "
                          "store back")
     store = LayerStore.open(store_path)
-    now = store_identity(store.meta, str(meta.get("pooling")), str(meta.get("layer")))
+    now = store_identity(store, str(meta.get("pooling")), str(meta.get("layer")))
     changed = [k for k in ("corpus_sha256", "texts_sha256", "array_sha256", "structure_sha256", "n")
                if recorded.get(k) != now.get(k)]
     if changed:

@@ -226,7 +226,7 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
     if store.dtype != "float32":
         from layerscope.runtime.store_dtype import check_error_bar
 
-        check_error_bar(out, store.dtype, store.meta.get("half_error") or {})
+        check_error_bar(out, store.dtype, store.half_error)
     run_seconds = time.perf_counter() - t_run
     seconds = time.perf_counter() - t0
     truncated = int((lengths > max_len).sum())
@@ -284,7 +284,7 @@ def extraction_warnings(store: LayerStore, lengths: np.ndarray, max_len: int) ->
                         f"truncated to {max_len}")
     nul = store.nul_texts
     if nul:
-        fate = ("drops them, so they do not change the vectors" if store.meta.get("nul_dropped_by_tokenizer")
+        fate = ("drops them, so they do not change the vectors" if store.nul_dropped_by_tokenizer
                 else "encodes them as tokens, so they change the vectors")
         warnings.append(f"{nul:,} of {store.n:,} texts contain NUL bytes (\\x00); they are kept as is in "
                         f"texts.jsonl, and this model's tokenizer {fate}")

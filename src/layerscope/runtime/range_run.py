@@ -19,6 +19,7 @@ from layerscope.runtime import store_ranges
 from layerscope.runtime.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
                                         spool_store)
 from layerscope.runtime.request import ExtractionRequest
+from layerscope.runtime.store_layout import LENGTHS, StoreLayout
 from layerscope.runtime.store import LayerStore
 
 
@@ -43,7 +44,7 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
 
         row_bytes = store.hidden_size * itemsize(store.dtype) * len(store.layers) * len(store.poolings)
         rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
-        relied_on = {k: v for k, v in (store.meta.get("internal_sha256") or {}).items() if k != "lengths.npy"}
+        relied_on = {k: v for k, v in store.internal_sha256.items() if k != LENGTHS}
         store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)},
                            "internal_sha256": relied_on})  # range writers write their rows' lengths again
     if not store.complete and not store.store_id:  # made before stores had an identity
@@ -101,7 +102,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
                          "run the missing shards (layerscope extract ... --shard status lists them)")
     reports = [store_ranges.done_report(store.path, r.k) for r in ranges]
     reports = [r for r in reports if store_ranges.mark_store(r) in (None, store_id(store))]
-    engine = next((r["engine"] for r in reports if r.get("engine")), store.meta.get("engine") or {})
+    engine = next((r["engine"] for r in reports if r.get("engine")), store.engine_info)
     variants = {r.get("variant") for r in reports if "variant" in r}
     if len(variants) > 1:
         raise StoreError(f"{store.path}: its ranges were made with different variants ({sorted(map(str, variants))}: "
@@ -109,7 +110,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
                          "and redo the store")
     spec = store.spec
     batch_tokens = next((r["batch_tokens"] for r in reports if r.get("batch_tokens")), None)
-    half = dict(store.meta.get("half_error") or {})
+    half = store.half_error
     for r in reports:
         for key, (err, cos) in (r.get("half_error") or {}).items():
             old = half.get(key, {"max_abs_error": 0.0, "min_cosine": 1.0})
@@ -118,14 +119,12 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
         from layerscope.runtime.store_dtype import check_error_bar
 
         check_error_bar(store.path, store.dtype, half)
-    from layerscope.runtime.store_layout import StoreLayout
-
     done = np.load(StoreLayout(store.path).done, mmap_mode="r+")
     done[:] = 1
     done.flush()
     del done
     store.close()
-    from layerscope.runtime.store_check import LENGTHS, load_internal
+    from layerscope.runtime.store_check import load_internal
 
     lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
     max_len = spec.max_length

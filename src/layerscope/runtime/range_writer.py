@@ -32,7 +32,7 @@ from layerscope.errors import StoreError
 from layerscope.runtime import store_dtype as sd
 from layerscope.runtime import store_ranges
 from layerscope.runtime.store_check import _npy_header
-from layerscope.runtime.store_layout import LENGTHS, STORE_JSON, TEXTS, array_rel, array_rels
+from layerscope.runtime.store_layout import LENGTHS, TEXTS, array_rel, array_rels
 
 
 WRITE_THREADS = 8
@@ -155,12 +155,9 @@ def _variant(eng) -> str | None:
 
 
 def _read_store_id(store_dir: Path) -> str | None:
-    try:
-        meta = json.loads((Path(store_dir) / STORE_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    got = meta.get("store_id") if isinstance(meta, dict) else None
-    return got if isinstance(got, str) else None
+    from layerscope.runtime.store import recorded_store_id
+
+    return recorded_store_id(store_dir)
 
 
 def _open_same(path: Path, ident: tuple[int, int], store_dir: Path, r: store_ranges.Range) -> int:

@@ -192,6 +192,50 @@ class LayerStore:
         return int(plan["rows"]) if isinstance(plan, dict) and plan.get("rows") else None
 
     @property
+    def half_error(self) -> dict[str, dict[str, float]]:
+        """Per ``pooling/layer``: the largest error and lowest cosine a half-size dtype cost so far."""
+        got = self.meta.get("half_error")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def nul_dropped_by_tokenizer(self) -> bool | None:
+        """Whether the tokenizer ignores the corpus's NUL bytes (None: the corpus has none)."""
+        got = self.meta.get("nul_dropped_by_tokenizer")
+        return None if got is None else bool(got)
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """The engine that wrote the store, as its ``EngineInfo.to_dict()`` recorded it ({} when none yet)."""
+        got = self.meta.get("engine")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def internal_sha256(self) -> dict[str, str]:
+        """The sha256 of each internal file a writer relies on (ray-offsets.npy, lengths.npy)."""
+        got = self.meta.get("internal_sha256")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def structure_sha256(self) -> str | None:
+        """The hash of store.json's structural fields recorded when the store was made (store_check)."""
+        got = self.meta.get("structure_sha256")
+        return got if isinstance(got, str) else None
+
+    def file_sha256(self, rel: str) -> str | None:
+        """The sha256 recorded for file ``rel`` when the store was finished (None: not recorded)."""
+        sums = self.meta.get("checksums")
+        rec = sums.get(rel) if isinstance(sums, dict) else None
+        return rec.get("sha256") if isinstance(rec, dict) else None
+
+    @property
+    def token_layers(self) -> list[str]:
+        """The layers whose token vectors the store holds (``extract --tokens``; [] without them)."""
+        from layerscope.runtime.token_store import TokenSection
+
+        sec = TokenSection.of(self.meta)
+        return list(sec.layers) if sec is not None else []
+
+    @property
     def range_writers(self) -> bool:
         """Whether the store is written range by range (``--shard``, Ray) rather than by one process."""
         return bool(self.meta.get("range_writers"))
@@ -342,3 +386,13 @@ class LayerStore:
         state = "complete" if self.complete else "incomplete"
         return (f"LayerStore({str(self.path)!r}, n={self.n}, layers={self.layers}, "
                 f"poolings={self.poolings}, {state})")
+
+
+def recorded_store_id(path: str | Path) -> str | None:
+    """The identity store.json at ``path`` names now, read afresh (None: no store there, or one without)."""
+    try:
+        meta = json.loads(StoreLayout(path).store_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    got = meta.get("store_id") if isinstance(meta, dict) else None
+    return got if isinstance(got, str) else None
