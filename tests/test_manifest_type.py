@@ -100,8 +100,9 @@ def test_an_old_copy_without_a_version_still_opens_from_a_store(tmp_path):
     del old["layers"], old["sentence_transformers"]
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "texts.jsonl").write_text('{"id": "0", "text": "a"}\n{"id": "1", "text": "b"}\n')
-    store = LayerStore.create(tmp_path / "s", n=2, layers=["0"], poolings=["mean"], hidden_size=8, dtype="float32",
-                              manifest=old, settings={})
+    from layerscope.runtime.store_spec import StoreSpec
+
+    store = LayerStore.create(tmp_path / "s", n=2, spec=StoreSpec.bare(["0"], ["mean"]), hidden_size=8, manifest=old)
     store.close()
     m = LayerStore.open(tmp_path / "s", allow_incomplete=True).manifest
     assert isinstance(m, Manifest) and m.format_version is None and not m.is_export

@@ -202,8 +202,10 @@ def test_a_pooling_the_store_lacks_is_refused_naming_what_it_holds_in_words(tmp_
 
     manifest = {"num_layers": 2, "hidden_size": 4, "family": "bert", "source": {"spec": "m", "path_or_id": "m"},
                 "sentence_transformers": {"pooling": "mean", "normalize": True, "supported": True}}
-    store = LayerStore.create(tmp_path / "s", n=2, layers=["2"], poolings=["st", "cls"], hidden_size=4,
-                              dtype="float32", manifest=manifest, settings={})
+    from layerscope.runtime.store_spec import StoreSpec
+
+    store = LayerStore.create(tmp_path / "s", n=2, spec=StoreSpec.bare(["2"], ["st", "cls"]), hidden_size=4,
+                              manifest=manifest)
     with pytest.raises(StoreError) as err:
         store["mean", -1]
     assert str(err.value) == (

@@ -1,4 +1,5 @@
-"""Long-context models: the engine profile comes from the corpus, and inspect run takes the limits."""
+"""Long-context models: the engine profile comes from --max-length (else the model's limit), and inspect run
+takes the limits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from layerscope.export.exporter import export_model
 
 from layerscope.model.source import resolve_source
 from layerscope.runtime import pipeline
-from layerscope.runtime.pipeline import profile_max_seq
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +21,8 @@ def qwen_export(tiny_model, tmp_path_factory):
     return out
 
 
-def test_profile_max_seq():
-    assert profile_max_seq(np.array([3, 17, 9]), 32768) == 17
-    assert profile_max_seq(np.array([3, 17, 9]), 8) == 8
-    assert profile_max_seq(np.array([], dtype=np.int64), 32768) == 1
-
-
-def test_engine_profile_follows_the_corpus_not_the_context(qwen_export, tmp_path, monkeypatch):
+@pytest.mark.parametrize("max_length", [None, 24])
+def test_engine_profile_follows_max_length_not_the_corpus(qwen_export, tmp_path, monkeypatch, max_length):
     seen = {}
     real = pipeline.open_engine
 
@@ -37,10 +32,12 @@ def test_engine_profile_follows_the_corpus_not_the_context(qwen_export, tmp_path
 
     monkeypatch.setattr(pipeline, "open_engine", spy)
     texts = ["a cat sat on the mat", "hi", "the quick brown fox jumps"]
-    report = pipeline.extract(qwen_export, texts, tmp_path / "store", engine="ort", layers="all", poolings=["mean"])
+    report = pipeline.extract(qwen_export, texts, tmp_path / "store", engine="ort", layers="all", poolings=["mean"],
+                              max_length=max_length)
     lengths = np.load(tmp_path / "store" / "lengths.npy")
     manifest = json.loads((qwen_export / "manifest.json").read_text())
-    assert seen["max_seq"] == int(lengths.max()) < manifest["max_length"]
+    # the same profile whatever the corpus holds (and whichever executor runs it): --max-length, else the limit
+    assert seen["max_seq"] == (max_length or manifest["max_length"]) > int(lengths.max())
     assert report.store.n == 3
     meta = json.loads((tmp_path / "store" / "store.json").read_text())
     assert meta["engine"]["engine"] == "ort" and meta["settings"]["batch_tokens"] > 0

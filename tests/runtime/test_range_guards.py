@@ -134,9 +134,9 @@ def test_finish_refuses_while_the_last_missing_range_is_a_dead_workers(corpus, t
     out = tmp_path / "s"
     req = ExtractionRequest.of(model, str(path), out, resume=True, **KW)
     ex, store = range_run.open_or_create(req, range_rows=256)
-    writer = RangeWriter(store.path, range_run.open_engine_for(ex, store, req), layers=ex.layers,
+    writer = RangeWriter(store.path, range_run.open_engine_for(ex, req), layers=ex.layers,
                          poolings=ex.poolings, store_dtype="float32", max_length=ex.max_length,
-                         prompt=ex.settings["prompt"], batch_tokens=None, max_batch=64)
+                         prompt=ex.spec.prompt, batch_tokens=None, max_batch=64)
     ranges = range_run.ranges_of(store)
     assert len(ranges) == 5
     for r in ranges[:-1]:

@@ -186,7 +186,7 @@ def test_a_range_is_marked_done_only_after_its_data_is_fsynced(setup, tmp_path, 
     req = ExtractionRequest.of(model, str(path), tmp_path / "s", engine="fake", layers="all",
                                poolings=["mean", "cls"], text_field="body", id_field="doc", resume=True)
     ex, store = open_or_create(req, range_rows=256)
-    writer = range_writer.RangeWriter(store.path, open_engine_for(ex, store, req), layers=ex.layers,
+    writer = range_writer.RangeWriter(store.path, open_engine_for(ex, req), layers=ex.layers,
                                       poolings=ex.poolings, store_dtype="float32", max_length=ex.max_length,
                                       prompt=None, batch_tokens=None, max_batch=64)
     events: list[tuple[str, str]] = []

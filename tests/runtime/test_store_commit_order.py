@@ -14,9 +14,11 @@ LAYERS = ["0", "1", "2"]
 
 
 def _store(tmp_path) -> LayerStore:
-    return LayerStore.create(tmp_path / "s", n=10, layers=LAYERS, poolings=["mean", "cls"], hidden_size=4,
-                             dtype="float32", manifest={"num_layers": 2, "hidden_size": 4, "family": "bert",
-                                                        "source": {"spec": "m", "path_or_id": "m"}}, settings={})
+    from layerscope.runtime.store_spec import StoreSpec
+
+    return LayerStore.create(tmp_path / "s", n=10, spec=StoreSpec.bare(LAYERS, ["mean", "cls"]), hidden_size=4,
+                             manifest={"num_layers": 2, "hidden_size": 4, "family": "bert",
+                                       "source": {"spec": "m", "path_or_id": "m"}})
 
 
 def test_rows_are_flushed_before_they_are_marked_done(tmp_path, monkeypatch):

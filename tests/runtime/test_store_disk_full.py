@@ -21,6 +21,7 @@ import pytest
 from layerscope.errors import StoreError
 from layerscope.model.handle import ModelHandle
 from layerscope.runtime.store import LayerStore
+from layerscope.runtime.store_spec import StoreSpec
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -100,14 +101,13 @@ def test_a_failed_reservation_names_the_bytes_and_cleans_up(tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(StoreError, match=r"they need 4,001 bytes"):
-        LayerStore.create(tmp_path / "s", n=1, layers=["raw", "0"], poolings=["mean", "cls"], hidden_size=250,
-                          dtype="float32", manifest={"num_layers": 1, "hidden_size": 250}, settings={})
+        LayerStore.create(tmp_path / "s", n=1, spec=StoreSpec.bare(["raw", "0"], ["mean", "cls"]), hidden_size=250,
+                          manifest={"num_layers": 1, "hidden_size": 250})
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == []
 
 
 def test_reserved_arrays_are_allocated_not_sparse(tmp_path):
-    store = LayerStore.create(tmp_path / "s", n=1000, layers=["raw"], poolings=["mean"], hidden_size=256,
-                              dtype="float32", settings={},
+    store = LayerStore.create(tmp_path / "s", n=1000, spec=StoreSpec.bare(["raw"], ["mean"]), hidden_size=256,
                               manifest={"num_layers": 0, "hidden_size": 256, "family": "bert",
                                         "source": {"spec": "m", "path_or_id": "m"}})
     path = tmp_path / "s" / "arrays" / "mean" / "raw.npy"

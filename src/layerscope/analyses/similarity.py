@@ -226,7 +226,7 @@ class Similarity(Analysis):
     def stored_sources(self, ctx: Context, data):
         if data["mode"] != "stores":
             return None
-        return [(str(st.path), st.manifest.source, f"{st.settings.get('model_key')}|{st.settings.get('corpus_sha256')}|"
+        return [(str(st.path), st.manifest.source, f"{st.spec.model_key}|{st.spec.corpus_sha256}|"
                  f"{st.meta.get('created')}") for st in (data["a"], data["b"]) if st is not None]
 
     def offline(self, ctx: Context, data):
@@ -248,8 +248,7 @@ class Similarity(Analysis):
             figures = self._figures(ctx, get, layers, n)
             figures["store"] = str(st.path)
             per_model[label] = ModelOutput(figures, kept=(get, layers, n))
-            meta[label] = {"spec": str(st.path), "manifest": st.manifest.to_dict(), "engine": st.settings.get("engine", {})
-                           if isinstance(st.settings.get("engine"), dict) else {"engine": st.settings.get("engine")}}
+            meta[label] = {"spec": str(st.path), "manifest": st.manifest.to_dict(), "engine": {"engine": st.spec.engine}}
         return per_model, meta
 
     def compute(self, ctx: Context, run: ModelRun, data) -> ModelOutput:

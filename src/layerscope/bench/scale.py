@@ -70,7 +70,7 @@ def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: st
                          engine_options=options or None)
     result = {
         **head, "complete": True, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tokens": report.tokens,
-        "batch_tokens": report.store.settings.get("batch_tokens"),
+        "batch_tokens": report.store.spec.batch_tokens,
         "seconds": round(report.seconds, 2), "texts_per_s": report.n / report.seconds,
         "checkpoints": marks, "peak_rss_mib": round(mem.peak_rss / 2**20, 1),
         "peak_anon_rss_mib": None if mem.peak_anon is None else round(mem.peak_anon / 2**20, 1),

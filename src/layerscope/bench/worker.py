@@ -75,9 +75,10 @@ def _engine_row(job: dict[str, Any]) -> Row:
 
         parts = dict.fromkeys(("tokenize_s", "engine_s", "pool_copy_s", "write_s"), 0.0)
         with tempfile.TemporaryDirectory(prefix="layerscope-bench-") as tmp:
-            store = LayerStore.create(Path(tmp) / "store", n=len(texts), layers=layers, poolings=[pooling],
-                                      hidden_size=hidden, dtype="float32", manifest=handle.manifest,
-                                      settings={})
+            from layerscope.runtime.store_spec import StoreSpec
+
+            store = LayerStore.create(Path(tmp) / "store", n=len(texts), spec=StoreSpec.bare(layers, [pooling]),
+                                      hidden_size=hidden, manifest=handle.manifest)
             out = np.empty((len(layers), len(texts), hidden), np.float32)
             t = time.perf_counter()
             encoder = eng.encoder(kw["max_length"])

@@ -12,6 +12,7 @@ import numpy as np
 
 from layerscope.errors import InputError, StoreError
 from layerscope.index.vector_index import VectorIndex, measure_recall, normalize
+from layerscope.runtime.store_layout import STORE_JSON, TEXTS, StoreLayout, array_rel
 
 
 def _iso_now() -> str:
@@ -58,7 +59,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         recall = measure_recall(vi, x, qs, k=10)
     manifest = store.manifest
     meta = {
-        "model_key": store.settings.get("model_key") or manifest.key,
+        "model_key": store.spec.model_key or manifest.key,
         "model": manifest.source_dict(),
         "family": manifest.family,
         "num_layers": manifest.num_layers,
@@ -66,8 +67,8 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         "pooling": pooling,
         "store": str(Path(store_path).resolve()),
         "store_created": store.meta.get("created"),
-        "store_identity": store_identity(store.meta, pooling, layer_name),
-        "max_length": store.settings.get("max_length") if isinstance(store.settings, dict) else None,
+        "store_identity": store_identity(store, pooling, layer_name),
+        "max_length": store.spec.max_length,
         "seconds": {"normalize": round(t_norm, 3), "build": round(t_build, 3)},
         "recall_vs_exact": recall,
         "backend_detail": vi.backend.describe(),
@@ -80,19 +81,11 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
     return vi.meta
 
 
-def store_identity(store_meta: dict[str, Any], pooling: str, layer: str) -> dict[str, Any]:
-    """What an index must find again in its store: the corpus hash, the recorded checksums of the texts and
-    of the indexed array, the row count and the store's structure hash (all read from store.json)."""
-    sums = store_meta.get("checksums") or {}
-    settings = store_meta.get("settings") if isinstance(store_meta.get("settings"), dict) else {}
-
-    def sha(rel: str) -> str | None:
-        rec = sums.get(rel)
-        return rec.get("sha256") if isinstance(rec, dict) else None
-
-    return {"corpus_sha256": settings.get("corpus_sha256"), "structure_sha256": store_meta.get("structure_sha256"),
-            "n": store_meta.get("n"), "texts_sha256": sha("texts.jsonl"),
-            "array_sha256": sha(f"arrays/{pooling}/{layer}.npy")}
+def store_identity(store, pooling: str, layer: str) -> dict[str, Any]:
+    """What an index must find again in its store (a LayerStore): the corpus hash, the recorded checksums of the
+    texts and of the indexed array, the row count and the store's structure hash (all recorded in store.json)."""
+    return {"corpus_sha256": store.spec.corpus_sha256, "structure_sha256": store.structure_sha256, "n": store.n,
+            "texts_sha256": store.file_sha256(TEXTS), "array_sha256": store.file_sha256(array_rel(pooling, layer))}
 
 
 def check_store(index_path: str | Path, meta: dict[str, Any]):
@@ -106,11 +99,11 @@ def check_store(index_path: str | Path, meta: dict[str, Any]):
     if not isinstance(recorded, dict):
         raise StoreError(f"index {index_path} does not record which store it was built from (made by an older "
                          f"layerscope), so its answers cannot be trusted; {rebuild}")
-    if not (store_path / "store.json").is_file():
-        raise StoreError(f"the index's store {store_path} is gone (no store.json); {rebuild}, or move the "
+    if not StoreLayout(store_path).store_json.is_file():
+        raise StoreError(f"the index's store {store_path} is gone (no {STORE_JSON}); {rebuild}, or move the "
                          "store back")
     store = LayerStore.open(store_path)
-    now = store_identity(store.meta, str(meta.get("pooling")), str(meta.get("layer")))
+    now = store_identity(store, str(meta.get("pooling")), str(meta.get("layer")))
     changed = [k for k in ("corpus_sha256", "texts_sha256", "array_sha256", "structure_sha256", "n")
                if recorded.get(k) != now.get(k)]
     if changed:
@@ -174,9 +167,9 @@ def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, mod
 
 
 def _store_records(store_path: Path, rows: set[int]) -> dict[int, dict]:
-    texts = store_path / "texts.jsonl"
+    texts = StoreLayout(store_path).texts
     if not texts.exists():
-        raise StoreError(f"the index's store {store_path} is gone (no texts.jsonl); rebuild the index or move "
+        raise StoreError(f"the index's store {store_path} is gone (no {TEXTS}); rebuild the index or move "
                          "the store back")
     out: dict[int, dict] = {}
     last = max(rows) if rows else -1

@@ -31,7 +31,8 @@ from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
 from layerscope.runtime.batching import (DEFAULT_MAX_BATCH, Background, check_finite, check_long_texts, encode_plan,
                                          iter_pooled, tokenizer_pool)
-from layerscope.runtime.prepare import Extraction, create_store, make_store_dir, open_to_resume, prepare_request
+from layerscope.runtime.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
+                                        spool_store)
 from layerscope.runtime.request import ExtractionRequest
 from layerscope.progress import progress_bar
 from layerscope.runtime.store import TEXTS, LayerStore
@@ -106,12 +107,6 @@ def _cleanup_on_failure(ex: Extraction) -> Iterator[dict]:
         raise Interrupted(f"interrupted: {rows:,} of {store.n:,} rows done; continue with --resume") from None
 
 
-def profile_max_seq(lengths: np.ndarray, max_length: int) -> int:
-    """The longest sequence a run will feed: the corpus's longest text, capped by ``max_length``."""
-    longest = int(lengths.max()) if lengths.size else 1
-    return max(1, min(int(max_length), longest))
-
-
 def _one_writer(fn: Callable) -> Callable:
     """Run ``fn`` holding the store's write lock (and recording what it wrote); a full disk (or file-size limit) becomes one line."""
 
@@ -160,55 +155,46 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
 @_one_writer
 def extract_request(req: ExtractionRequest, *, window: int = DEFAULT_WINDOW) -> ExtractReport:
     """The in-process executor: one process runs the whole ``ExtractionRequest``."""
-    from layerscope.runtime.token_write import token_settings
-
-    tok_settings = token_settings(req.tokens, req.store_dtype, None)  # checked before anything starts
     ex = prepare_request(req)
-    if tok_settings is not None:
-        ex.settings["tokens"] = tok_settings
     t0 = time.perf_counter()
     with _cleanup_on_failure(ex) as state:
-        return _extract_into(ex, state, source=req.source, engine=req.engine, engine_options=req.options or None,
-                             batch_tokens=req.batch_tokens, window=window, progress=req.progress, t0=t0,
-                             reader=req.reader.as_kwargs())
+        return _extract_into(ex, state, req, window=window, t0=t0)
 
 
-def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options, batch_tokens, window,
-                  progress, t0, reader) -> ExtractReport:
+def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window: int, t0: float) -> ExtractReport:
     """The run itself, inside the directory ``_cleanup_on_failure`` prepared (``state['store']``: the store)."""
-    out, settings, manifest, max_len = ex.out, ex.settings, ex.manifest, ex.max_length
+    out, manifest, max_len = ex.out, ex.manifest, ex.max_length
+    reader = req.reader.as_kwargs()
     eng = ex.engine
-    store = state["store"] = open_to_resume(ex, source, reader, variant_later=eng is None and engine == "auto")
-    if store is not None and store.meta.get("range_writers") and not store.complete:
+    store = state["store"] = open_to_resume(ex, req.source, reader, variant_later=eng is None and ex.variant_pending)
+    if store is not None and store.range_writers and not store.complete:
         raise StoreError(f"{out} is being written range by range (--shard or --ray); continue it the same way "
                          "(layerscope extract ... --shard i/N, or --ray ... --resume)")
-    # the engine starts once the corpus is known: its profile (TensorRT) follows the longest text
-    encoder = eng.encoder(max_len, settings["prompt"] or "") if eng is not None else \
-        Encoder(ex.handle.encoding_tokenizer(), list(manifest.inputs), max_len, settings["prompt"] or "")
-    created = store is None
-    if created:
-        store = state["store"] = create_store(ex, source, reader, encoder, lengths_now=True)
+    encoder = eng.encoder(max_len, ex.prompt) if eng is not None else \
+        Encoder(ex.handle.encoding_tokenizer(), list(manifest.inputs), max_len, ex.prompt)
+    spooled = None
+    if store is None:  # the corpus is read (and refused, when it is bad) before the engine starts
+        spooled = spool_store(ex, req.source, reader, encoder, lengths_now=True)
+    if eng is None:
+        eng = _start_engine(ex, req, made=None if store is None else store.spec)
+    if store is None:
+        ex.spec = ex.spec.replace(batch_tokens=int(req.batch_tokens or eng.preferred_batch_tokens))
+        store = state["store"] = create_store(ex, spooled, engine_info=eng.info.to_dict())
+    batch_tokens = int(req.batch_tokens or eng.preferred_batch_tokens)
     from layerscope.runtime.store_check import LENGTHS, load_internal
     from layerscope.runtime.token_write import start_tokens
 
     lengths = load_internal(out, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
-
-    tok = start_tokens(store, settings, lengths, max_len, ex.layers)
+    tok = start_tokens(store, lengths, ex.layers)
     encoder.details = tok is not None
     commit = store.commit if tok is None else functools.partial(tok.commit, store)
-    if eng is None:
-        eng = _start_engine(ex, store, engine, engine_options, lengths, check_variant=not created)
-    batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
-    settings["batch_tokens"] = batch_tokens
-    if created:
-        store.update_meta({"engine": eng.info.to_dict(), "settings": settings})
     done = store.done_mask()
     already = int(done.sum())
     check_long_texts(eng, lengths[done == 0], max_len)  # memory refused, truncation said, before any batch
     warnings = extraction_warnings(store, lengths, max_len)
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
-    bar = progress_bar(progress, store.n - already, todo_tokens)
+    bar = progress_bar(req.progress, store.n - already, todo_tokens)
     pool = tokenizer_pool(eng, encoder) if tok is None else None  # processes only where measured to be needed
     batches = Background(_stored_batches(out, lengths, done, encoder, batch_tokens=batch_tokens,
                                          max_batch=ex.max_batch, window=window, pool=pool))
@@ -246,7 +232,7 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
     if store.dtype != "float32":
         from layerscope.runtime.store_dtype import check_error_bar
 
-        check_error_bar(out, store.dtype, store.meta.get("half_error") or {})
+        check_error_bar(out, store.dtype, store.half_error)
     run_seconds = time.perf_counter() - t_run
     seconds = time.perf_counter() - t0
     truncated = int((lengths > max_len).sum())
@@ -256,34 +242,25 @@ def _extract_into(ex: Extraction, state: dict, *, source, engine, engine_options
                   "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
                   # this call's extraction loop alone (no engine start), and what it extracted
                   "run_seconds": round(run_seconds, 3), "run_rows": store.n - already, "run_tokens": int(tokens_done)})
-    return ExtractReport(store=store, n=store.n, empty=int(store.meta.get("empty_texts", 0)), truncated=truncated,
+    return ExtractReport(store=store, n=store.n, empty=store.empty_texts, truncated=truncated,
                          tokens=tokens_done, seconds=seconds, run_seconds=run_seconds, engine=eng.info.to_dict(),
                          resumed_rows=already, warnings=warnings)
 
 
-def _start_engine(ex: Extraction, store: LayerStore, engine: str, engine_options: dict | None,
-                  lengths: np.ndarray, *, check_variant: bool) -> Engine:
-    """The engine, started once the corpus is known; what ``auto`` picked is recorded and, when resuming,
-    must be what the store was made with."""
-    # TensorRT builds its optimization profile from the batching plan: at most max_batch texts of
-    # the corpus's longest text (capped by max_length), not of the model's 32k context (other
-    # engines ignore these). A store made for this run is removed by _cleanup_on_failure if the
-    # engine does not start.
-    options = {"max_batch": ex.max_batch, "max_seq": profile_max_seq(lengths, ex.max_length),
-               "depth": depth_of(ex.layers),  # early exit: --layers decides, and pooled-only runs fetch no states
-               "pooled_only": pooled_only_run(ex.manifest, ex.layers, ex.poolings,
-                                              tokens=bool(ex.settings.get("tokens"))),
-               **(engine_options or {})}
-    eng = open_engine(ex.handle, engine, **options)
-    if engine == "auto":  # auto may pick a reduced-precision variant: record it, never mix it on resume
-        picked = getattr(eng, "variant", None)
-        from layerscope.model.variants import run_variant
+def _start_engine(ex: Extraction, req: ExtractionRequest, *, made) -> Engine:
+    """The engine, started once the corpus is spooled, with the options every executor uses
+    (``engine_plan``); what ``auto`` picked goes into the spec and, resuming, must be what the store
+    ``made`` was made with. A store made for this run is removed by _cleanup_on_failure if the engine does
+    not start."""
+    from layerscope.runtime.prepare import check_same
+    from layerscope.runtime.engine_plan import engine_options
+    from layerscope.model.variants import run_variant
 
-        ex.settings["variant"] = run_variant(picked)
-        if check_variant and store.settings.get("variant") != ex.settings["variant"]:
-            raise StoreError(f"{ex.out} was made with variant={store.settings.get('variant')!r}, --engine auto "
-                             f"picked {ex.settings['variant']!r} now ({eng.info.notes[-1] if eng.info.notes else ''})"
-                             "; pass the same --min-cosine, or use another --out")
+    eng = open_engine(ex.handle, req.engine, **engine_options(ex.spec, ex.manifest, req.options).as_kwargs())
+    if ex.variant_pending:  # auto may pick a reduced-precision variant: record it, never mix it on resume
+        ex.spec = ex.spec.replace(variant=run_variant(getattr(eng, "variant", None)))
+        if made is not None:
+            check_same(ex, made, picked=eng.info.notes[-1] if eng.info.notes else "")
     return eng
 
 
@@ -303,7 +280,7 @@ def _stored_batches(store_dir: Path, lengths: np.ndarray, done: np.ndarray, enco
 def extraction_warnings(store: LayerStore, lengths: np.ndarray, max_len: int) -> list[str]:
     """The lines a finished extraction reports: empty texts, truncated texts, texts with NUL bytes."""
     warnings: list[str] = []
-    empty = int(store.meta.get("empty_texts", 0))
+    empty = store.empty_texts
     if empty:
         warnings.append(f"{empty:,} of {store.n:,} texts are empty or whitespace-only "
                         "(kept as rows so ids stay aligned)")
@@ -311,9 +288,9 @@ def extraction_warnings(store: LayerStore, lengths: np.ndarray, max_len: int) ->
     if truncated:
         warnings.append(f"{truncated:,} of {store.n:,} texts are longer than {max_len} tokens and were "
                         f"truncated to {max_len}")
-    nul = int(store.meta.get("nul_texts", 0))
+    nul = store.nul_texts
     if nul:
-        fate = ("drops them, so they do not change the vectors" if store.meta.get("nul_dropped_by_tokenizer")
+        fate = ("drops them, so they do not change the vectors" if store.nul_dropped_by_tokenizer
                 else "encodes them as tokens, so they change the vectors")
         warnings.append(f"{nul:,} of {store.n:,} texts contain NUL bytes (\\x00); they are kept as is in "
                         f"texts.jsonl, and this model's tokenizer {fate}")

@@ -27,11 +27,9 @@ from layerscope.runtime.batching import DEFAULT_MAX_BATCH
 from layerscope.vocab.pooling import check_poolings, require_pooled_output
 from layerscope.runtime.spool import corpus_sha256
 from layerscope.runtime.store import STORE_JSON, LayerStore
+from layerscope.runtime.store_spec import StoreSpec, TokensSpec
 
 log = logging.getLogger("layerscope")
-
-# Settings a resumed store must share with the run continuing it.
-MATCH_KEYS = ("model_key", "layers", "poolings", "dtype", "max_length", "input", "variant", "prompt")
 
 
 @dataclass
@@ -48,7 +46,12 @@ class Extraction:
     poolings: list[str]
     max_length: int
     max_batch: int
-    settings: dict[str, Any]  # recorded in store.json; the MATCH_KEYS among them are checked on resume
+    spec: StoreSpec  # store.json's settings; completed with the corpus hash (and auto's variant) before creation
+    variant_pending: bool = False  # --engine auto picks the variant once the engine starts
+
+    @property
+    def prompt(self) -> str:
+        return self.spec.prompt or ""
 
 
 def check_dtype(dtype: str) -> None:
@@ -97,12 +100,13 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
                        max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
                        force: bool = False, engine_options: dict | None = None, prompt_name: str | None = None,
                        prompt: str | None = None, trust_remote_code: bool = False,
-                       engine_runs_here: bool = True) -> Extraction:
+                       engine_runs_here: bool = True, tokens_dtype: str | None = None) -> Extraction:
     """Check everything that can be checked before the corpus is read; raise one clear error otherwise.
 
     ``model`` is a name, a path or a ModelHandle (resolved with ``trust_remote_code``, off unless
     asked); an ``Engine`` passed as ``engine`` brings its own model.  ``engine_runs_here``: the engine
     starts on this machine, so whether it can is checked first (on Ray the workers' machines decide).
+    ``tokens_dtype``: the run also stores token vectors, in that dtype.
     """
     from layerscope.export.open import require_engine, resolve_model
     from layerscope.limits import check_engine_options, check_limits
@@ -138,25 +142,25 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
 
         check_room(handle.encoding_tokenizer(), max_len, prompt_text or "")
     max_batch = int(max_batch or DEFAULT_MAX_BATCH)
-    variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
-    settings = {
-        "model": handle.spec, "model_key": handle.key,
-        "engine_requested": engine if isinstance(engine, str) else engine.name,
-        "layers": layer_list, "poolings": pool_list, "dtype": dtype, "batch_tokens": batch_tokens,
-        "max_batch": max_batch, "max_length": max_len, "input": describe_source(source),
-        "layerscope_version": layerscope.__version__,
-        "variant": run_variant(variant),  # resuming must not mix precisions
-        "prompt": prompt_text or None,
-    }
+    asked_variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
+    spec = StoreSpec(model=handle.spec, model_key=handle.key,
+                     engine=engine if isinstance(engine, str) else engine.name,
+                     variant=run_variant(asked_variant),  # resuming must not mix precisions
+                     layers=tuple(layer_list), poolings=tuple(pool_list), prompt=prompt_text or None,
+                     max_length=max_len, max_batch=max_batch, batch_tokens=batch_tokens, dtype=dtype,
+                     tokens=TokensSpec(tokens_dtype) if tokens_dtype else None, input=describe_source(source),
+                     corpus_sha256=None, layerscope_version=layerscope.__version__)
     return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, manifest=manifest,
-                      layers=layer_list, poolings=pool_list, max_length=max_len, max_batch=max_batch,
-                      settings=settings)
+                      layers=layer_list, poolings=pool_list, max_length=max_len, max_batch=max_batch, spec=spec,
+                      variant_pending=engine == "auto" and not asked_variant)
 
 
 def prepare_request(req, *, engine_runs_here: bool = True) -> Extraction:
     """``prepare_extraction`` of an ``ExtractionRequest`` (runtime/request.py)."""
+    from layerscope.runtime.token_write import tokens_dtype
+
     return prepare_extraction(req.model, req.source, req.out, engine_runs_here=engine_runs_here,
-                              **req.prepare_kwargs())
+                              tokens_dtype=tokens_dtype(req.tokens, req.store_dtype), **req.prepare_kwargs())
 
 
 def drops_nul(encoder) -> bool:
@@ -165,49 +169,71 @@ def drops_nul(encoder) -> bool:
     return bool(with_nul == without)
 
 
-def create_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, lengths_now: bool,
-                 range_rows: int | None = None) -> LayerStore:
-    """Spool the corpus and make the store every executor writes into (arrays reserved up front).
+@dataclass(frozen=True)
+class Spooled:
+    """The corpus as ``spool_store`` wrote it into the store's folder (texts.jsonl, offsets, lengths)."""
+
+    n: int
+    empty: int
+    nul: int
+    id_field: str | None
+    lengths_now: bool
+    nul_dropped: bool | None
+
+
+def spool_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, lengths_now: bool) -> Spooled:
+    """Spool the corpus into ``ex.out`` and complete ``ex.spec`` with its hash (nothing else is made yet).
 
     ``lengths_now``: tokenize every text now for ``lengths.npy`` (the in-process run sorts by them);
     otherwise ``lengths.npy`` is reserved and each range's worker writes its rows' lengths. The byte
-    offsets of texts.jsonl and the range plan are recorded either way, so any executor can continue
-    the store. ``range_rows`` overrides the plan's rows per range (a multiple of ``GRANULE``).
+    offsets of texts.jsonl are recorded either way, so any executor can continue the store.
     """
-    from layerscope.runtime import store_ranges
-    from layerscope.runtime.spool import spool_corpus
-    from layerscope.runtime.store_dtype import itemsize
-    from layerscope.runtime.store_space import allocate_npy
-
     import numpy as np
 
     from layerscope.data.corpus import CorpusStats
     from layerscope.ownership import note
+    from layerscope.runtime import store_ranges
+    from layerscope.runtime.spool import spool_corpus
+    from layerscope.runtime.store_layout import LENGTHS
+    from layerscope.runtime.store_space import allocate_npy
 
     out = ex.out
-    note(out, files=[store_ranges.OFFSETS, "lengths.npy"])  # named before they are written
+    note(out, files=[store_ranges.OFFSETS, LENGTHS])  # named before they are written
     read = CorpusStats()
     spool = spool_corpus(records_of(source, **reader, stats=read), out, encoder=encoder if lengths_now else None,
                          granule=store_ranges.GRANULE)
     np.save(out / store_ranges.OFFSETS, spool["offsets"])
     if not lengths_now:
-        allocate_npy(out / "lengths.npy", np.dtype(np.int32), (spool["n"],))
-    ex.settings["corpus_sha256"] = spool["sha256"]
+        allocate_npy(out / LENGTHS, np.dtype(np.int32), (spool["n"],))
+    ex.spec = ex.spec.replace(corpus_sha256=spool["sha256"])
+    return Spooled(n=spool["n"], empty=spool["empty"], nul=spool["nul"], id_field=read.id_field,
+                   lengths_now=lengths_now, nul_dropped=drops_nul(encoder) if spool["nul"] else None)
+
+
+def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None = None,
+                 range_rows: int | None = None) -> LayerStore:
+    """Make the store every executor writes into, for the spooled corpus: arrays reserved up front,
+    ``ex.spec`` written as its settings (once), the range plan recorded (``range_rows`` overrides its
+    rows per range, a multiple of ``GRANULE``)."""
+    from layerscope.runtime import store_ranges
+    from layerscope.runtime.store_check import LENGTHS, internal_sha256
+    from layerscope.runtime.store_dtype import itemsize
+
+    out, n = ex.out, spooled.n
     hidden = int(ex.manifest.hidden_size)
-    store = LayerStore.create(out, n=spool["n"], layers=ex.layers, poolings=ex.poolings, hidden_size=hidden,
-                              dtype=ex.settings["dtype"], manifest=ex.manifest, settings=ex.settings)
-    row_bytes = hidden * itemsize(ex.settings["dtype"]) * len(ex.layers) * len(ex.poolings)
-    rows = int(range_rows or store_ranges.range_rows(spool["n"], row_bytes))
+    row_bytes = hidden * itemsize(ex.spec.dtype) * len(ex.layers) * len(ex.poolings)
+    rows = int(range_rows or store_ranges.range_rows(n, row_bytes))
     if rows % store_ranges.GRANULE:
         raise InputError(f"range rows must be a multiple of {store_ranges.GRANULE}, not {rows}")
-    from layerscope.runtime.store_check import LENGTHS, internal_sha256
-
-    relied_on = [store_ranges.OFFSETS] + ([LENGTHS] if lengths_now else [])  # range writers fill lengths later
-    store.update_meta({"empty_texts": spool["empty"], "nul_texts": spool["nul"], "id_field": read.id_field,
+    store = LayerStore.create(out, n=n, spec=ex.spec, hidden_size=hidden, manifest=ex.manifest)
+    # range writers fill lengths.npy later
+    relied_on = [store_ranges.OFFSETS] + ([LENGTHS] if spooled.lengths_now else [])
+    store.update_meta({"empty_texts": spooled.empty, "nul_texts": spooled.nul, "id_field": spooled.id_field,
                        "internal_sha256": internal_sha256(out, relied_on),
-                       "nul_dropped_by_tokenizer": drops_nul(encoder) if spool["nul"] else None,
-                       "ranges": {"rows": rows, "count": -(-spool["n"] // rows)},
-                       "range_writers": not lengths_now})  # lengths.npy is filled range by range
+                       "nul_dropped_by_tokenizer": spooled.nul_dropped,
+                       "ranges": {"rows": rows, "count": -(-n // rows)},
+                       "range_writers": not spooled.lengths_now,  # lengths.npy is filled range by range
+                       **({"engine": engine_info} if engine_info else {})})
     return store
 
 
@@ -238,23 +264,18 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
                    variant_later: bool = False) -> LayerStore | None:
     """The store at ``ex.out`` to continue, or None when this run does not resume one.
 
-    Refused when the store was made with other settings (``MATCH_KEYS``; ``variant_later``: the
-    caller checks the variant once ``--engine auto`` has picked one) or from another version of the
-    corpus (texts or ids changed). ``reader`` holds the corpus reader's options.
+    Refused when the store's spec differs from this run's in its identity (``StoreSpec.identity``;
+    ``variant_later``: the caller checks the variant once ``--engine auto`` has picked one), the corpus
+    hash included (texts or ids changed). ``reader`` holds the corpus reader's options.
     """
     if not (ex.resume and (ex.out / STORE_JSON).exists()):
         return None
     store = LayerStore.open(ex.out, allow_incomplete=True)
-    for key in MATCH_KEYS:
-        if key == "variant" and variant_later:
-            continue
-        if store.settings.get(key) != ex.settings.get(key):
-            raise StoreError(f"{ex.out} was made with {key}={store.settings.get(key)!r}, this run asks for "
-                             f"{ex.settings.get(key)!r}; use another --out or drop --resume (and use --force)")
-    recorded = store.settings.get("corpus_sha256")
-    if recorded and corpus_sha256(records_of(source, **reader)) != recorded:
-        raise StoreError(f"{ex.out} was made from another version of {ex.settings['input']} (its texts or ids "
-                         "changed since); drop --resume and use --force, or choose another --out")
+    made = store.spec
+    check_same(ex, made, skip=("variant", "corpus_sha256") if variant_later else ("corpus_sha256",))
+    if made.corpus_sha256:  # the corpus is read again only when everything else matches
+        ex.spec = ex.spec.replace(corpus_sha256=corpus_sha256(records_of(source, **reader)))
+        check_same(ex, made, skip=("variant",) if variant_later else ())
     if store.complete:
         log.info("store already complete")
     else:
@@ -263,3 +284,24 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
         rewriting(ex.out, "store")  # its files are written again: a run killed now leaves them known as ours
     store.mode = "r+"
     return store
+
+
+def check_same(ex: Extraction, made: StoreSpec, *, skip: tuple[str, ...] = (), picked: str = "") -> None:
+    """Refuse to continue a store whose spec ``made`` differs from this run's in its identity (one line).
+    ``picked``: what ``--engine auto`` said about the variant it picked."""
+    diff = ex.spec.mismatch(made, skip=skip)
+    if diff is None:
+        return
+    key, was, now = diff
+    if key == "corpus_sha256":
+        raise StoreError(f"{ex.out} was made from another version of {ex.spec.input} (its texts or ids "
+                         "changed since); drop --resume and use --force, or choose another --out")
+    if key == "tokens":
+        was, now = (t.to_json() if t else None for t in (was, now))
+    if key == "variant" and picked:
+        raise StoreError(f"{ex.out} was made with variant={was!r}, --engine auto picked {now!r} now ({picked})"
+                         "; pass the same --min-cosine, or use another --out")
+    if isinstance(was, tuple):
+        was, now = list(was), list(now)
+    raise StoreError(f"{ex.out} was made with {key}={was!r}, this run asks for {now!r}; use another --out or "
+                     "drop --resume (and use --force)")

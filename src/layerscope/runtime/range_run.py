@@ -16,8 +16,10 @@ import numpy as np
 
 from layerscope.errors import InputError, StoreError
 from layerscope.runtime import store_ranges
-from layerscope.runtime.prepare import Extraction, create_store, make_store_dir, open_to_resume, prepare_request
+from layerscope.runtime.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
+                                        spool_store)
 from layerscope.runtime.request import ExtractionRequest
+from layerscope.runtime.store_layout import LENGTHS, StoreLayout
 from layerscope.runtime.store import LayerStore
 
 
@@ -34,18 +36,18 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
     reader = req.reader.as_kwargs()
     store = open_to_resume(ex, req.source, reader)
     if store is None:
-        prompt = ex.settings["prompt"] or ""
-        encoder = Encoder(ex.handle.encoding_tokenizer(), list(ex.manifest.inputs), ex.max_length, prompt)
-        store = create_store(ex, req.source, reader, encoder, lengths_now=False, range_rows=range_rows)
-    elif "ranges" not in store.meta:  # begun by the in-process extract: cut it now
+        encoder = Encoder(ex.handle.encoding_tokenizer(), list(ex.manifest.inputs), ex.max_length, ex.prompt)
+        spooled = spool_store(ex, req.source, reader, encoder, lengths_now=False)
+        store = create_store(ex, spooled, range_rows=range_rows)
+    elif store.range_rows is None:  # begun by the in-process extract: cut it now
         from layerscope.runtime.store_dtype import itemsize
 
-        row_bytes = store.meta["hidden_size"] * itemsize(store.meta["dtype"]) * len(store.layers) * len(store.poolings)
+        row_bytes = store.hidden_size * itemsize(store.dtype) * len(store.layers) * len(store.poolings)
         rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
-        relied_on = {k: v for k, v in (store.meta.get("internal_sha256") or {}).items() if k != "lengths.npy"}
+        relied_on = {k: v for k, v in store.internal_sha256.items() if k != LENGTHS}
         store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)},
                            "internal_sha256": relied_on})  # range writers write their rows' lengths again
-    if not store.complete and not store.meta.get("store_id"):  # made before stores had an identity
+    if not store.complete and not store.store_id:  # made before stores had an identity
         import secrets
 
         store.update_meta({"store_id": secrets.token_hex(16)})
@@ -54,33 +56,29 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
 
 def store_id(store: LayerStore) -> str | None:
     """The identity the store was made with: every claim and done mark names it."""
-    got = store.meta.get("store_id")
-    return got if isinstance(got, str) else None
+    return store.store_id
 
 
 def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
-    plan = store.meta.get("ranges")
-    if not plan:
+    rows = store.range_rows
+    if not rows:
         raise StoreError(f"{store.path} records no range plan (made by an older layerscope); finish it with "
                          "layerscope extract ... --resume")
-    return store_ranges.plan(store.n, int(plan["rows"]), store_ranges.load_offsets(store.path, store.meta, store.n))
+    return store_ranges.plan(store.n, rows, store_ranges.load_offsets(store.path, store.meta, store.n))
 
 
 def range_status(store: LayerStore) -> store_ranges.RangeStatus:
     return store_ranges.status(store.path, ranges_of(store), store.done_mask(), store_id(store))
 
 
-def open_engine_for(ex: Extraction, store: LayerStore, req: ExtractionRequest, **extra):
-    """The run's engine in this process. What ``--engine auto`` picked goes into each range's done mark, and
-    ``finish`` refuses a store whose ranges were made with different variants."""
+def open_engine_for(ex: Extraction, req: ExtractionRequest):
+    """The run's engine in this process, with the options every executor uses (``engine_plan``). What
+    ``--engine auto`` picked goes into each range's done mark, and ``finish`` refuses a store whose ranges
+    were made with different variants."""
     from layerscope.export.open import open_engine
+    from layerscope.runtime.engine_plan import engine_options
 
-    from layerscope.engines.truncate import depth_of
-
-    options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, "depth": depth_of(ex.layers), **req.options,
-               **extra}  # early exit: --layers decides
-    eng = open_engine(ex.handle, req.engine, **options)
-    return eng
+    return open_engine(ex.handle, req.engine, **engine_options(ex.spec, ex.manifest, req.options).as_kwargs())
 
 
 def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -104,42 +102,42 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
                          "run the missing shards (layerscope extract ... --shard status lists them)")
     reports = [store_ranges.done_report(store.path, r.k) for r in ranges]
     reports = [r for r in reports if store_ranges.mark_store(r) in (None, store_id(store))]
-    engine = next((r["engine"] for r in reports if r.get("engine")), store.meta.get("engine") or {})
+    engine = next((r["engine"] for r in reports if r.get("engine")), store.engine_info)
     variants = {r.get("variant") for r in reports if "variant" in r}
     if len(variants) > 1:
         raise StoreError(f"{store.path}: its ranges were made with different variants ({sorted(map(str, variants))}: "
                          "--engine auto picked differently on different machines); pass --engine and --variant, "
                          "and redo the store")
-    if variants:
-        store.settings["variant"] = variants.pop()
+    spec = store.spec
     batch_tokens = next((r["batch_tokens"] for r in reports if r.get("batch_tokens")), None)
-    half = dict(store.meta.get("half_error") or {})
+    half = store.half_error
     for r in reports:
         for key, (err, cos) in (r.get("half_error") or {}).items():
             old = half.get(key, {"max_abs_error": 0.0, "min_cosine": 1.0})
             half[key] = {"max_abs_error": max(old["max_abs_error"], err), "min_cosine": min(old["min_cosine"], cos)}
-    if store.meta["dtype"] != "float32":
+    if store.dtype != "float32":
         from layerscope.runtime.store_dtype import check_error_bar
 
-        check_error_bar(store.path, store.meta["dtype"], half)
-    done = np.load(store.path / "done.npy", mmap_mode="r+")
+        check_error_bar(store.path, store.dtype, half)
+    done = np.load(StoreLayout(store.path).done, mmap_mode="r+")
     done[:] = 1
     done.flush()
     del done
     store.close()
-    from layerscope.runtime.store_check import LENGTHS, load_internal
+    from layerscope.runtime.store_check import load_internal
 
     lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
-    max_len = int(store.settings["max_length"])
-    if batch_tokens:
-        store.settings["batch_tokens"] = int(batch_tokens)
-    record = {"engine": engine, "truncated_texts": int((lengths > max_len).sum()),
+    max_len = spec.max_length
+    # what the ranges ran with, recorded beside the settings (the spec is as the store was made)
+    ran = {"variant": next(iter(variants)) if variants else spec.variant,
+           "batch_tokens": int(batch_tokens) if batch_tokens else spec.batch_tokens}
+    record = {"engine": engine, "ran": ran, "truncated_texts": int((lengths > max_len).sum()),
               "warnings": extraction_warnings(store, lengths, max_len),
               "tokens": int(np.minimum(lengths, max_len).sum()), **(extra or {})}
     if half:
         record["half_error"] = half
     store.finish(record)
-    shutil.rmtree(store.path / store_ranges.RANGES, ignore_errors=True)
+    shutil.rmtree(StoreLayout(store.path).ranges, ignore_errors=True)
     return record
 
 

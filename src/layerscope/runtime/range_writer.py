@@ -31,7 +31,8 @@ import numpy as np
 from layerscope.errors import StoreError
 from layerscope.runtime import store_dtype as sd
 from layerscope.runtime import store_ranges
-from layerscope.runtime.store_check import LENGTHS, _npy_header
+from layerscope.runtime.store_check import _npy_header
+from layerscope.runtime.store_layout import LENGTHS, TEXTS, array_rel, array_rels
 
 
 WRITE_THREADS = 8
@@ -53,7 +54,7 @@ class RangeWriter:
         self.hidden = int(eng.manifest.hidden_size)
         self._offsets: dict[str, int] = {}
         self._files: dict[str, tuple[int, int]] = {}  # (device, inode) of each file when the writer opened
-        for rel in [f"arrays/{p}/{layer}.npy" for p in self.poolings for layer in self.layers] + [LENGTHS]:
+        for rel in array_rels(self.poolings, self.layers) + [LENGTHS]:
             self._data_offset(rel)
 
     def _data_offset(self, rel: str) -> int:
@@ -75,8 +76,6 @@ class RangeWriter:
                              "it. Run this shard again to write the store that is there now")
 
     def _texts(self, r: store_ranges.Range) -> list[str]:
-        from layerscope.runtime.store import TEXTS
-
         with open(self.store_dir / TEXTS, "rb") as fh:
             fh.seek(r.offset)
             return [json.loads(fh.readline())["text"] for _ in range(r.rows)]
@@ -108,7 +107,7 @@ class RangeWriter:
         jobs = []
         for p in self.poolings:
             for li, layer in enumerate(self.layers):
-                rel, rows = f"arrays/{p}/{layer}.npy", vectors[p][li]
+                rel, rows = array_rel(p, layer), vectors[p][li]
                 if self.store_dtype != "float32":
                     err, cos = sd.error_stats(rows, self.store_dtype)
                     errors[f"{p}/{layer}"] = [err, cos]
@@ -158,14 +157,9 @@ def _variant(eng) -> str | None:
 
 
 def _read_store_id(store_dir: Path) -> str | None:
-    from layerscope.runtime.store import STORE_JSON
+    from layerscope.runtime.store import recorded_store_id
 
-    try:
-        meta = json.loads((Path(store_dir) / STORE_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    got = meta.get("store_id") if isinstance(meta, dict) else None
-    return got if isinstance(got, str) else None
+    return recorded_store_id(store_dir)
 
 
 def _open_same(path: Path, ident: tuple[int, int], store_dir: Path, r: store_ranges.Range) -> int:

@@ -138,8 +138,8 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
     t0 = time.perf_counter()
     ex, store = range_run.open_or_create(req, range_rows=shard_rows, engine_runs_here=False)
     out, engine = ex.out, req.engine
-    if shard_rows and int(store.meta["ranges"]["rows"]) != int(shard_rows):
-        raise InputError(f"{out} is cut into ranges of {store.meta['ranges']['rows']} rows, not {shard_rows}; "
+    if shard_rows and store.range_rows != int(shard_rows):
+        raise InputError(f"{out} is cut into ranges of {store.range_rows} rows, not {shard_rows}; "
                          "resume it without shard_rows")
     ranges = range_run.ranges_of(store)
     done = store.done_mask()
@@ -164,15 +164,13 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
             import ray
 
             from layerscope.engines.registry import engine_spec
+            from layerscope.runtime.engine_plan import engine_options
 
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
-            from layerscope.engines.truncate import depth_of
-
-            options = {"max_batch": ex.max_batch, "max_seq": ex.max_length, "depth": depth_of(ex.layers),
-                       **req.options}  # early exit: --layers decides
-            if not gpus and "threads" not in options and engine_spec(engine).device in ("cpu", "any"):
-                options["threads"] = max(1, int(cpus))
+            options = engine_options(ex.spec, ex.manifest, req.options)
+            if not gpus and engine_spec(engine).device in ("cpu", "any"):  # each actor's share of the CPUs
+                options = options.with_asked(threads=max(1, int(cpus)))
             ctx = ray.data.DataContext.get_current()
             ctx.enable_progress_bars = False
             ds = ray.data.from_items(todo, override_num_blocks=len(todo))
@@ -184,9 +182,9 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
                 num_cpus=cpus, num_gpus=gpus or None,
                 fn_constructor_kwargs={
                     "model": _worker_model(ex.handle, engine, req.trust_remote_code), "engine": engine,
-                    "engine_options": options, "trust_remote_code": req.trust_remote_code,
-                    "layers": ex.layers, "poolings": ex.poolings, "store_dtype": ex.settings["dtype"],
-                    "max_length": ex.max_length, "prompt": ex.settings["prompt"], "batch_tokens": req.batch_tokens,
+                    "engine_options": options.as_kwargs(), "trust_remote_code": req.trust_remote_code,
+                    "layers": ex.layers, "poolings": ex.poolings, "store_dtype": ex.spec.dtype,
+                    "max_length": ex.max_length, "prompt": ex.spec.prompt, "batch_tokens": req.batch_tokens,
                     "max_batch": ex.max_batch, "store_dir": str(out),
                     "store_id": range_run.store_id(store)})
             for row in ds.iter_rows():
@@ -212,7 +210,7 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
         "seconds": round(seconds, 3),
         "ray": {"shard_rows": ranges[0].rows if ranges else 0, "shards": len(ranges), "workers": workers, **counts,
                 "address": address or "local", "seconds": timing}})
-    return ExtractReport(store=store, n=store.n, empty=int(store.meta.get("empty_texts", 0)),
+    return ExtractReport(store=store, n=store.n, empty=store.empty_texts,
                          truncated=record["truncated_texts"], tokens=tokens, seconds=seconds,
                          run_seconds=run_seconds, engine=record["engine"], resumed_rows=already,
                          warnings=record["warnings"])

@@ -86,9 +86,9 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
             if not store_ranges.is_done(store.path, r.k, sid) and not bool(done_rows[r.start:r.stop].all())]
     computed = claimed = rows = tokens = 0
     if todo:
-        eng = range_run.open_engine_for(ex, store, req)
+        eng = range_run.open_engine_for(ex, req)
         writer = RangeWriter(store.path, eng, layers=ex.layers, poolings=ex.poolings,
-                             store_dtype=ex.settings["dtype"], max_length=ex.max_length, prompt=ex.settings["prompt"],
+                             store_dtype=ex.spec.dtype, max_length=ex.max_length, prompt=ex.spec.prompt,
                              batch_tokens=req.batch_tokens, max_batch=ex.max_batch, store_id=sid)
         for r in todo:
             writer.check_store(r)
@@ -133,7 +133,7 @@ def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
 
     store = LayerStore.open(out, allow_incomplete=True)
     if store.complete:
-        count = int((store.meta.get("ranges") or {}).get("count", 0))
+        count = len(range_run.ranges_of(store)) if store.range_rows else 0
         return store_ranges.RangeStatus(list(range(count)), [], [], []), count, True
     return range_run.range_status(store), len(range_run.ranges_of(store)), False
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from layerscope.errors import InputError
 from layerscope.model.tokenize import Encoder
-from layerscope.runtime.store import TEXTS
+from layerscope.runtime.store_layout import LENGTHS, TEXTS
 
 LENGTH_CHUNK = 4096  # texts tokenized at a time for their lengths
 
@@ -45,7 +45,7 @@ def spool_corpus(records: Iterable, out: Path, *, encoder: Encoder | None = None
     from layerscope.ownership import note
 
     tmp = out / (TEXTS + ".partial")
-    note(out, files=[tmp.name, TEXTS] + (["lengths.npy"] if encoder is not None else []))  # before writing
+    note(out, files=[tmp.name, TEXTS] + ([LENGTHS] if encoder is not None else []))  # before writing
     h = hashlib.sha256()
     offsets: list[int] = []
     lengths: list[np.ndarray] = []

@@ -30,11 +30,9 @@ from layerscope.runtime import store_dtype as sd
 from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
 from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
 from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
+from layerscope.runtime.store_spec import FORMAT_VERSION, READS, StoreSpec
 
-STORE_JSON = "store.json"
-TEXTS = "texts.jsonl"
-DONE = "done.npy"
-FORMAT_VERSION = 1
+from layerscope.runtime.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
 
 
 def _release_pages(arr: np.ndarray) -> None:
@@ -49,10 +47,6 @@ def _release_pages(arr: np.ndarray) -> None:
         mm.madvise(advice)
     except (OSError, ValueError):
         pass
-
-
-def _pool_dir(pooling: str) -> str:
-    return pooling  # pooling names are already file-safe (mean, cls, mean-nobos, ...)
 
 
 class LayerStore:
@@ -76,9 +70,10 @@ class LayerStore:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise StoreError(f"{meta_path} is damaged ({exc}); re-run layerscope extract") from None
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise StoreError(f"{path} has store format {meta.get('format_version')}, this layerscope reads "
-                             f"{FORMAT_VERSION}; re-run layerscope extract")
+        if not isinstance(meta, dict) or meta.get("format_version") not in READS:
+            version = meta.get("format_version") if isinstance(meta, dict) else None
+            raise StoreError(f"{path} has store format {version}, this layerscope reads "
+                             f"{', '.join(map(str, READS))}; re-run layerscope extract")
         problems = layout_problems(path, meta)
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
@@ -93,15 +88,17 @@ class LayerStore:
         return store
 
     @classmethod
-    def create(cls, path: str | Path, *, n: int, layers: list[str], poolings: list[str], hidden_size: int,
-               dtype: str, manifest: Manifest | dict, settings: dict) -> "LayerStore":
+    def create(cls, path: str | Path, *, n: int, spec: StoreSpec, hidden_size: int,
+               manifest: Manifest | dict) -> "LayerStore":
+        """Reserve the arrays of ``spec`` for ``n`` rows and write ``store.json`` (its settings: ``spec``, once)."""
         path = Path(path)
+        layers, poolings, dtype = list(spec.layers), list(spec.poolings), spec.dtype
         path.mkdir(parents=True, exist_ok=True)
-        staging = path / "arrays.partial"
+        where = StoreLayout(path)
+        staging = where.staging
         from layerscope.ownership import note
 
-        files = [f"{_pool_dir(p)}/{layer}.npy" for p in poolings for layer in layers]
-        note(path, files=[f"{d}/{f}" for d in (staging.name, "arrays") for f in files]
+        note(path, files=array_rels(poolings, layers, staging.name) + array_rels(poolings, layers)
              + [f"{staging.name}/{DONE}", DONE, STORE_JSON])  # named before they are written
         if staging.exists():
             shutil.rmtree(staging)
@@ -110,9 +107,9 @@ class LayerStore:
         check_free(path, needed)
         try:
             for pooling in poolings:
-                (staging / _pool_dir(pooling)).mkdir(parents=True)
                 for layer in layers:
-                    allocate_npy(staging / _pool_dir(pooling) / f"{layer}.npy", disk, (n, hidden_size))
+                    where.staged_array(pooling, layer).parent.mkdir(parents=True, exist_ok=True)
+                    allocate_npy(where.staged_array(pooling, layer), disk, (n, hidden_size))
             allocate_npy(staging / DONE, np.dtype(np.uint8), (n,))
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
@@ -120,20 +117,22 @@ class LayerStore:
                 raise no_space(path, needed, exc) from None
             raise
         os.replace(staging / DONE, path / DONE)
-        if (path / "arrays").exists():
-            shutil.rmtree(path / "arrays")
-        os.replace(staging, path / "arrays")
+        if where.arrays.exists():
+            shutil.rmtree(where.arrays)
+        os.replace(staging, where.arrays)
         meta = {
             "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
             "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
-            "settings": settings, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": spec.to_json(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "store_id": secrets.token_hex(16),  # this store, not another made later at the same path
         }
         meta["structure_sha256"] = structure_sha256(meta)
         if (path / TEXTS).is_file():
             meta["texts_bytes"] = (path / TEXTS).stat().st_size
         write_json_atomic(path / STORE_JSON, meta)
-        return cls(path, meta, "r+")
+        store = cls(path, meta, "r+")
+        store._spec = spec
+        return store
 
     # -- facts ---------------------------------------------------------------
     @property
@@ -156,8 +155,90 @@ class LayerStore:
         return self._manifest
 
     @property
+    def spec(self) -> StoreSpec:
+        """What the store holds and how it was asked for (``store.json``'s settings), typed once."""
+        if getattr(self, "_spec", None) is None:
+            self._spec = StoreSpec.load(self.meta.get("settings"), format_version=self.meta.get("format_version"),
+                                        where=str(self.path / STORE_JSON))
+        return self._spec
+
+    @property
     def settings(self) -> dict:
-        return self.meta["settings"]
+        """``store.json``'s settings as written (the JSON of ``spec``), for readers outside the store."""
+        return self.spec.to_json()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.meta["hidden_size"])
+
+    @property
+    def store_id(self) -> str | None:
+        """The identity the store was made with (every claim and done mark names it); None in older stores."""
+        got = self.meta.get("store_id")
+        return got if isinstance(got, str) else None
+
+    @property
+    def empty_texts(self) -> int:
+        return int(self.meta.get("empty_texts") or 0)
+
+    @property
+    def nul_texts(self) -> int:
+        return int(self.meta.get("nul_texts") or 0)
+
+    @property
+    def range_rows(self) -> int | None:
+        """Rows per range of the store's range plan (None: made before stores recorded one)."""
+        plan = self.meta.get("ranges")
+        return int(plan["rows"]) if isinstance(plan, dict) and plan.get("rows") else None
+
+    @property
+    def half_error(self) -> dict[str, dict[str, float]]:
+        """Per ``pooling/layer``: the largest error and lowest cosine a half-size dtype cost so far."""
+        got = self.meta.get("half_error")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def nul_dropped_by_tokenizer(self) -> bool | None:
+        """Whether the tokenizer ignores the corpus's NUL bytes (None: the corpus has none)."""
+        got = self.meta.get("nul_dropped_by_tokenizer")
+        return None if got is None else bool(got)
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """The engine that wrote the store, as its ``EngineInfo.to_dict()`` recorded it ({} when none yet)."""
+        got = self.meta.get("engine")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def internal_sha256(self) -> dict[str, str]:
+        """The sha256 of each internal file a writer relies on (ray-offsets.npy, lengths.npy)."""
+        got = self.meta.get("internal_sha256")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def structure_sha256(self) -> str | None:
+        """The hash of store.json's structural fields recorded when the store was made (store_check)."""
+        got = self.meta.get("structure_sha256")
+        return got if isinstance(got, str) else None
+
+    def file_sha256(self, rel: str) -> str | None:
+        """The sha256 recorded for file ``rel`` when the store was finished (None: not recorded)."""
+        sums = self.meta.get("checksums")
+        rec = sums.get(rel) if isinstance(sums, dict) else None
+        return rec.get("sha256") if isinstance(rec, dict) else None
+
+    @property
+    def token_layers(self) -> list[str]:
+        """The layers whose token vectors the store holds (``extract --tokens``; [] without them)."""
+        from layerscope.runtime.token_store import TokenSection
+
+        sec = TokenSection.of(self.meta)
+        return list(sec.layers) if sec is not None else []
+
+    @property
+    def range_writers(self) -> bool:
+        """Whether the store is written range by range (``--shard``, Ray) rather than by one process."""
+        return bool(self.meta.get("range_writers"))
 
     @property
     def complete(self) -> bool:
@@ -199,7 +280,7 @@ class LayerStore:
         k = (pooling, name)
         if k not in self._arrays:
             mode = "r+" if self.mode == "r+" else "r"
-            self._arrays[k] = np.load(self.path / "arrays" / _pool_dir(pooling) / f"{name}.npy", mmap_mode=mode)
+            self._arrays[k] = np.load(StoreLayout(self.path).array(pooling, name), mmap_mode=mode)
         return self._arrays[k]
 
     def _missing_pooling(self, pooling: str) -> str:
@@ -305,3 +386,13 @@ class LayerStore:
         state = "complete" if self.complete else "incomplete"
         return (f"LayerStore({str(self.path)!r}, n={self.n}, layers={self.layers}, "
                 f"poolings={self.poolings}, {state})")
+
+
+def recorded_store_id(path: str | Path) -> str | None:
+    """The identity store.json at ``path`` names now, read afresh (None: no store there, or one without)."""
+    try:
+        meta = json.loads(StoreLayout(path).store_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    got = meta.get("store_id") if isinstance(meta, dict) else None
+    return got if isinstance(got, str) else None

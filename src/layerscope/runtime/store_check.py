@@ -27,9 +27,7 @@ import numpy as np
 
 from layerscope.hashing import file_sha256
 
-TEXTS = "texts.jsonl"
-DONE = "done.npy"
-LENGTHS = "lengths.npy"
+from layerscope.runtime.store_layout import DONE, LENGTHS, TEXTS, array_rels
 STRUCTURE_KEYS = ("format_version", "n", "layers", "poolings", "hidden_size", "dtype", "manifest")
 
 
@@ -45,7 +43,7 @@ def structure_sha256(meta: dict[str, Any]) -> str:
 
 
 def array_files(meta: dict[str, Any]) -> list[str]:
-    return [f"arrays/{p}/{layer}.npy" for p in meta["poolings"] for layer in meta["layers"]]
+    return array_rels(meta["poolings"], meta["layers"])
 
 
 def _npy_header(path: Path) -> tuple[tuple, np.dtype, bool, int]:

@@ -35,7 +35,7 @@ def column_name(pooling: str, layer: str) -> str:
 
 def _description(store: LayerStore) -> dict[str, Any]:
     return {"n": store.n, "layers": store.layers, "poolings": store.poolings,
-            "hidden_size": store.meta["hidden_size"], "dtype": store.meta["dtype"],
+            "hidden_size": store.hidden_size, "dtype": store.dtype,
             "settings": store.settings, "model": store.manifest.source_dict(),
             "columns": {column_name(p, l): {"pooling": p, "layer": l} for p in store.poolings for l in store.layers}}
 
@@ -139,7 +139,7 @@ def _parquet(store: LayerStore, path: Path) -> None:
         import pyarrow.parquet as pq
     except ImportError:
         raise MissingExtraError("pyarrow", "parquet") from None
-    hidden = int(store.meta["hidden_size"])
+    hidden = store.hidden_size
     keys = [(p, l) for p in store.poolings for l in store.layers]
     # a float16 store stays float16 in the file; bfloat16 (which Arrow lacks) is written as float32
     vec_type = pa.list_(pa.float16() if store.dtype == "float16" else pa.float32(), hidden)

@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
+from layerscope.runtime.store_layout import OFFSETS, StoreLayout
+
 GRANULE = 256  # rows between recorded byte offsets of texts.jsonl; range sizes are multiples of it
 MAX_RANGE_ROWS = 8192
 MAX_RANGE_BYTES = 256 << 20  # a range's vectors are held in memory once before they are written
 TARGET_RANGES = 64  # about this many ranges per store, so a redone range costs little
-RANGES = "ranges"
-OFFSETS = "ray-offsets.npy"  # byte offset of every GRANULE-th row of texts.jsonl (named when only Ray used it)
 LEASE_S = 600.0  # a claim from another host that was not touched for this long is stale
 
 
@@ -128,15 +128,15 @@ def load_offsets(out: Path, meta: dict[str, Any], n: int) -> np.ndarray:
 # ---------------------------------------------------------------- claims and done marks
 
 def _dir(store_dir: Path) -> Path:
-    return Path(store_dir) / RANGES
+    return StoreLayout(store_dir).ranges
 
 
 def done_path(store_dir: Path, k: int) -> Path:
-    return _dir(store_dir) / f"{int(k):06d}.done"
+    return StoreLayout(store_dir).done_mark(k)
 
 
 def claim_path(store_dir: Path, k: int) -> Path:
-    return _dir(store_dir) / f"{int(k):06d}.claim"
+    return StoreLayout(store_dir).claim(k)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -49,7 +49,7 @@ def token_parquet(store, path: Path) -> None:
         import pyarrow.parquet as pq
     except ImportError:
         raise MissingExtraError("pyarrow", "parquet") from None
-    layers = [store.tokens(layer) for layer in store.meta["token_arrays"]["layers"]]
+    layers = [store.tokens(layer) for layer in store.token_layers]
     first, hidden = layers[0], layers[0].section.hidden_size
     strings = first.strings()
     vec = pa.list_(pa.float32(), hidden)
@@ -74,7 +74,7 @@ def token_parquet(store, path: Path) -> None:
 
 
 def token_safetensors(store, path: Path) -> None:
-    layers = [store.tokens(layer) for layer in store.meta["token_arrays"]["layers"]]
+    layers = [store.tokens(layer) for layer in store.token_layers]
     first = layers[0]
     tensors: list[tuple[str, np.ndarray, str]] = [
         (token_column(t.layer), t.raw, t.section.dtype) for t in layers]

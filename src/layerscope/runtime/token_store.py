@@ -34,9 +34,9 @@ import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.runtime import store_dtype
+from layerscope.runtime.store_layout import TOKENS
 from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
 
-TOKENS = "tokens"
 OFFSETS = f"{TOKENS}/offsets.npy"
 IDS = f"{TOKENS}/ids.npy"
 SPECIAL = f"{TOKENS}/special.npy"

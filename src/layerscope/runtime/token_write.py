@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.runtime import store_dtype
-from layerscope.runtime.token_store import (SECTION, TOKENS, TokenSection, TokenWriter, create_token_arrays,
+from layerscope.runtime.token_store import (SECTION, TokenSection, TokenWriter, create_token_arrays,
                                             describe_cost)
 
 log = logging.getLogger("layerscope")
 
 
-def token_settings(tokens: bool, dtype: str, store_dtype_name: str | None) -> dict[str, Any] | None:
-    """What a store's settings record about its tokens (checked on resume); None without ``--tokens``."""
-    if not tokens:
-        return None
-    return {"dtype": store_dtype.check(store_dtype_name or dtype)}
+def tokens_dtype(tokens: bool, dtype: str) -> str | None:
+    """The dtype a run stores its token vectors in (checked); None without ``--tokens``."""
+    return store_dtype.check(dtype) if tokens else None
 
 
 class TokenRun:
@@ -49,24 +46,21 @@ class TokenRun:
         self.writer.write_strings(tokenizer)
 
 
-def start_tokens(store, settings: dict[str, Any], lengths: np.ndarray, max_length: int,
-                 layers: list[str]) -> TokenRun | None:
-    """The token half of this run, or None when it stores no tokens; refused when a resumed store was
-    made with other token settings."""
-    want, made = settings.get(TOKENS), store.settings.get(TOKENS)
-    if want != made:
-        raise StoreError(f"{store.path} was made with tokens={made!r}, this run asks for {want!r}; use another "
-                         "--out or drop --resume (and use --force)")
+def start_tokens(store, lengths: np.ndarray, layers: list[str]) -> TokenRun | None:
+    """The token half of this run, or None when its store holds no tokens (a resumed store's token settings
+    were matched with the rest of its spec, ``prepare.open_to_resume``)."""
+    want = store.spec.tokens
     if want is None:
         return None
+    max_length = store.spec.max_length
     section = TokenSection.of(store.meta)
     if section is None:  # a new store (or one killed before its token arrays were made: no row is done)
         if int(store.done_mask().sum()):
             raise StoreError(f"{store.path} has rows done but no token arrays; re-run with --force")
-        hidden = int(store.meta["hidden_size"])
+        hidden = store.hidden_size
         log.info(describe_cost(int(np.minimum(np.maximum(lengths, 1), max_length).sum()), len(lengths), layers,
-                               hidden, want["dtype"]))
-        section = create_token_arrays(Path(store.path), lengths, max_length, layers, hidden, want["dtype"])
+                               hidden, want.dtype))
+        section = create_token_arrays(Path(store.path), lengths, max_length, layers, hidden, want.dtype)
         from layerscope.runtime.store_check import structure_sha256
 
         meta = {**store.meta, SECTION: section.to_dict()}
