@@ -383,10 +383,16 @@ def generic_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts)] if charts else []
 
 
+def explain_views(results) -> list[Section]:
+    from layerscope.report.explain_figs import explain_views as sections
+
+    return sections(results, Section)
+
+
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
-    "saliency": saliency_views, "mteb": mteb_views,
+    "saliency": saliency_views, "mteb": mteb_views, "explain": explain_views,
 }
 
 
