@@ -48,9 +48,9 @@ class Explain(Analysis):
         name="explain",
         description="Which token pairs make two texts similar: integrated Jacobians (Möller, Nikolaev and Padó "
                     "2023), a token x token matrix that sums to the similarity minus its reference terms",
-        inputs=("engine",),
+        inputs=("text_pairs", "engine"),
         main_score="pairs_hide_aopc",
-        default_data=None,
+        default_data="none: give a file of pairs, or --pair A B",
         needs_gradients=True,
         options=(
             Option("pair", tuple[str, str], None, "one pair to explain: --pair \"text A\" \"text B\" (instead of "
