@@ -31,9 +31,10 @@ def _steps_list(text: str, flag: str) -> list[int]:
 
 
 def _load_net(run: ModelRun):
-    """The fp32 PyTorch model: the torch engine's own when it holds every block, else loaded here."""
-    net = getattr(run.engine, "net", None)
-    if net is not None and getattr(run.engine, "precision", "") == "fp32" and getattr(run.engine, "depth", 1) is None:
+    """The fp32 PyTorch model on the CPU: the torch engine's own when it holds every block there, else loaded."""
+    net, engine = getattr(run.engine, "net", None), run.engine
+    if (net is not None and getattr(engine, "precision", "") == "fp32" and getattr(engine, "depth", 1) is None
+            and str(getattr(engine, "device", "")) == "cpu"):
         return net.eval()
     from layerscope.model.source import load_torch_model
 
