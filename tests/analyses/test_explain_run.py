@@ -81,11 +81,11 @@ def test_hiding_game_separates_pairs_from_random_on_sts(sts_dir, tmp_path):
     from layerscope.analyses.base import Context, run_analysis
 
     ctx = Context(models=["minilm"], engine="torch", data=str(sts_dir / "sts-test.csv"), out=tmp_path / "r",
-                  options={"max_pairs": 24, "steps": 16, "k": 3, "curve": "2,16", "show": 1})
+                  options={"max_pairs": 14, "steps": 6, "k": 3, "curve": "2", "show": 1})
     _, results = run_analysis("explain", ctx)
     fig = next(iter(results["per_model"].values()))
     test = next(t for t in fig["tables"]["explain_tests"] if t["method_b"] == "random")
-    assert test["pairs"] == 24
+    assert test["pairs"] == 14
     assert test["difference"] > 0 and test["ci_low"] > 0, test
     rows = {r["method"]: r for r in fig["tables"]["explain_hiding"]}
     assert rows["pairs"]["hide_aopc_ci_low"] > rows["random"]["hide_aopc"]

@@ -172,3 +172,25 @@ def test_minilm_matrix_sums_within_one_percent_at_default_steps(sts_dir):
             res = attribute_pair(enc, a, b, layer, DEFAULT_STEPS)
             assert res.similarity == pytest.approx(float(ga @ gb), abs=1e-5)
             assert res.relative_error < 0.01, (ta, tb, layer, res.relative_error)
+
+
+def test_hiding_game_hides_one_side_at_a_time_by_hand():
+    from layerscope.decoding.pair_games import play_pair
+
+    def inputs(ids):
+        return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+
+    def shared(x, y):  # a similarity by hand: the share of distinct tokens the two texts have in common
+        sx, sy = set(x["input_ids"][0].tolist()), set(y["input_ids"][0].tolist())
+        return len(sx & sy) / len(sx | sy)
+
+    a, b = inputs([0, 10, 11, 12, 1]), inputs([0, 10, 13, 12, 1])  # 0 and 1 play the special tokens
+    m = np.zeros((5, 5))
+    m[1, 1], m[3, 3], m[2, 2] = 0.5, 0.3, -0.2  # tokens 10-10 first, then 12-12
+    drops = play_pair(shared, a, b, m, np.array([1, 2, 3]), np.array([1, 2, 3]), 2, 2, np.random.default_rng(0))
+    full = 4 / 6  # {0, 10, 12, 1} shared of {0, 1, 10, 11, 12, 13}
+    k1 = full - 0.5 * (3 / 6 + 3 / 6)  # 10 deleted from a alone, then from b alone
+    k2 = full - 0.5 * (2 / 6 + 2 / 6)  # 10 and 12
+    assert drops["pairs"] == pytest.approx([k1, k2])
+    assert drops["one-sided"] == pytest.approx([k1, k2])  # rows 0.5, -0.2, 0.3: the same tokens
+    assert all(d <= k for d, k in zip(drops["random"], [k1, k2]))

@@ -1,10 +1,13 @@
 """The hiding game on pairs: delete the tokens of the top token pairs, the similarity should fall.
 
-For ``k = 1..K``: ``pairs`` deletes the tokens of the ``k`` largest cells of the attribution matrix (the
-union of their rows from text a and their columns from text b: ``n_a`` and ``n_b`` tokens). Two controls
+For ``k = 1..K``: ``pairs`` takes the ``k`` largest cells of the attribution matrix; their rows are ``n_a``
+tokens of text a, their columns ``n_b`` tokens of text b. One side is hidden at a time (the a tokens deleted
+from a while b stays whole, then the b tokens from b while a stays whole) and the drop is
+``s(a, b) - mean(s(a', b), s(a, b'))``: deleting both sides of a matched pair at once (``girl`` from both
+texts) mostly leaves two texts that agree on the rest, and would reward hiding what they share. Two controls
 delete exactly as many tokens from each side: ``one-sided`` the ``n_a`` / ``n_b`` tokens with the largest
 one-sided sums (rows and columns of the matrix), ``random`` ``n_a`` / ``n_b`` content tokens drawn at random
-(averaged over draws). Special tokens are never deleted. The drop is ``s(a, b) - s(a', b')``.
+(averaged over draws). Special tokens are never deleted.
 """
 
 from __future__ import annotations
@@ -50,13 +53,16 @@ def play_pair(similarity: Callable[[dict, dict], float], a: dict, b: dict, matri
     full = similarity(a, b)
     drops: dict[str, list[float]] = {m: [] for m in METHODS}
     rows, cols = matrix.sum(1), matrix.sum(0)
+
+    def drop(hide_a, hide_b) -> float:
+        return full - 0.5 * (similarity(delete(a, hide_a), b) + similarity(a, delete(b, hide_b)))
+
     for k in range(1, k_max + 1):
         hide_a, hide_b = top_pairs(matrix, content_a, content_b, k)
         n_a, n_b = len(hide_a), len(hide_b)
-        drops["pairs"].append(full - similarity(delete(a, hide_a), delete(b, hide_b)))
-        drops["one-sided"].append(full - similarity(delete(a, top_tokens(rows, content_a, n_a)),
-                                                    delete(b, top_tokens(cols, content_b, n_b))))
-        got = [full - similarity(delete(a, rng.choice(content_a, n_a, replace=False)),
-                                 delete(b, rng.choice(content_b, n_b, replace=False))) for _ in range(draws)]
-        drops["random"].append(float(np.mean(got)))
+        drops["pairs"].append(drop(hide_a, hide_b))
+        drops["one-sided"].append(drop(top_tokens(rows, content_a, n_a), top_tokens(cols, content_b, n_b)))
+        drops["random"].append(float(np.mean([drop(rng.choice(content_a, n_a, replace=False),
+                                                   rng.choice(content_b, n_b, replace=False))
+                                              for _ in range(draws)])))
     return drops

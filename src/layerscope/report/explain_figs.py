@@ -67,7 +67,8 @@ def explain_markdown(results: dict[str, Any]) -> str:
                   f"s(r_a, r_b)] (r: the baseline input); largest relative completeness error "
                   f"{'-' if rel is None else f'{100 * rel:.3g}%'}.", "",
                   md_table(fig["tables"]["explain_pairs"]), "",
-                  "Hiding game (tokens of the top-k pairs deleted; the controls delete as many tokens per side), "
+                  "Hiding game (tokens of the top-k pairs deleted, one side at a time; the controls delete as many "
+                  "tokens per side), "
                   f"AOPC = mean drop over k = 1..{s['k_max']}, {s.get('intervals', '95% bootstrap intervals')}:", "",
                   md_table([{"at": r["layer"], "method": r["method"], "AOPC": sig(r["hide_aopc"]),
                              "95% CI": ci(r.get("hide_aopc_ci_low"), r.get("hide_aopc_ci_high")).strip() or "-"}
@@ -115,7 +116,8 @@ def explain_views(results: dict[str, Any], Section) -> list:
         charts.append(bars(groups, errors=errors, ylabel="mean drop of similarity",
                            title=f"Hiding game on pairs ({model})",
                            caption="Mean drop of the similarity when the tokens of the top 1..K token pairs are "
-                                   "deleted (pairs), vs as many tokens per side by one-sided sums or at random; "
+                                   "deleted, one side at a time (pairs), vs as many tokens per side by one-sided "
+                                   "sums or at random; "
                                    "whiskers: 95% intervals over pairs."))
         curves: dict[str, tuple[list, list]] = {}
         for r in fig["tables"]["explain_completeness"]:
