@@ -41,6 +41,8 @@ INPUTS = {
     "items": "compositionality items (JSONL: positive, negative, paraphrases)",
     "texts": "one text per row (.txt, .jsonl, .csv, .tsv or .parquet)",
     "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
+    "text_pairs": "pairs of texts, no score needed (STS Benchmark files, JSONL with sentence1/sentence2, or "
+                  "'text A<TAB>text B' lines)",
     "engine": "runs the model itself rather than reading cached vectors",
 }
 

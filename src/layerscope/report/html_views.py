@@ -404,10 +404,17 @@ def crossmodal_views(results: dict[str, Any]) -> list[Section]:
     return [Section("figures", "Heat maps", charts)]
 
 
+def explain_views(results) -> list[Section]:
+    from layerscope.report.explain_figs import explain_views as sections
+
+    return sections(results, Section)
+
+
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
     "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
+    "explain": explain_views,
 }
 
 

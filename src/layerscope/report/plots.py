@@ -334,16 +334,17 @@ def text_color_for(rgb) -> str:
 
 def heatmap(path: Path, matrix, row_labels: Sequence[str], col_labels: Sequence[str], *, title: str,
             xlabel: str = "", ylabel: str = "", vmin: float | None = None, vmax: float | None = None,
-            annotate: bool = True) -> str:
-    """A matrix as coloured cells; each value printed in black or white, whichever contrasts with its cell."""
+            annotate: bool = True, cmap: str = "viridis", rotate: bool = False) -> str:
+    """A matrix as coloured cells; each value printed in black or white, whichever contrasts with its cell
+    (``cmap``: a diverging map for signed values; ``rotate``: column labels slanted)."""
     import numpy as np
 
     plt = _plt()
     m = np.asarray(matrix, dtype=float)
     fig, ax = plt.subplots(figsize=(2.0 + 0.55 * len(col_labels), 1.5 + 0.5 * len(row_labels)), dpi=120)
-    im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="viridis")
+    im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap=cmap)
     ax.set_xticks(range(len(col_labels)))
-    ax.set_xticklabels(col_labels)
+    ax.set_xticklabels(col_labels, rotation=45 if rotate else 0, ha="right" if rotate else "center")
     ax.set_yticks(range(len(row_labels)))
     ax.set_yticklabels(row_labels)
     if annotate and m.size <= 900:
