@@ -125,11 +125,15 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
         with open(out / TEXTS, "w", encoding="utf-8") as fh:
             for r in records:
                 fh.write(json.dumps({"id": r.id, "text": r.file or r.id, "file": r.file}, ensure_ascii=False) + "\n")
-        settings = {"modality": "image", "engine": engine, "layers": chosen, "poolings": modes,
-                    "batch_size": int(batch_size), "dtype": "float32", "source": str(source)}
-        store = LayerStore.create(out, n=len(records), layers=chosen, poolings=modes,
-                                  hidden_size=manifest.hidden_size, dtype="float32", manifest=manifest,
-                                  settings=settings)
+        import layerscope
+        from layerscope.runtime.store_spec import StoreSpec
+
+        spec = StoreSpec(model=str(model), model_key=handle.key, engine=str(engine), variant=None,
+                         layers=tuple(map(str, chosen)), poolings=tuple(modes), prompt=None, max_length=0,
+                         max_batch=int(batch_size), batch_tokens=None, dtype="float32", tokens=None,
+                         input=str(source), corpus_sha256=None, layerscope_version=layerscope.__version__)
+        store = LayerStore.create(out, n=len(records), spec=spec, hidden_size=manifest.hidden_size,
+                                  manifest=manifest)
         encoder = eng.image_encoder()
         for index, pixels in _pixel_stream(records, handle.export_dir, int(batch_size), int(workers)):
             batch = encoder.batch(encoder.checked(pixels), index)
