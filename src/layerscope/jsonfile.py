@@ -1,4 +1,5 @@
-"""Writing a JSON file so that a reader never sees half of it (used by every floor, imports nothing of ours)."""
+"""Writing a JSON file so that a reader never sees half of it, and reading back a JSON object that may be missing
+or damaged (used by every floor, imports nothing of ours)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,12 @@ def write_json_atomic(path: Path, data: Any, *, indent: int = 2) -> None:
         except OSError:
             pass
         raise
+
+
+def read_json_dict(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when the file is missing, unreadable or holds anything but an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -10,12 +10,13 @@ the latest one on the same export (its ``onnx_sha256``) if there is one, else th
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any
+
+from layerscope.jsonfile import read_json_dict, write_json_atomic
 
 SPEEDS_FILE = "bench-speeds.json"
 KEEP_RUNS = 20  # per CPU
@@ -63,7 +64,7 @@ def record(bench: dict[str, Any], bench_json: str | Path | None = None, *, root:
         return 0
     key, desc = cpu_identity()
     path = (root or _root()) / SPEEDS_FILE
-    data = _read(path)
+    data = read_json_dict(path)
     entry = data.setdefault(key, {"cpu": desc, "runs": []})
     model = bench.get("model") or {}
     entry["runs"].append({"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": model.get("source"),
@@ -71,25 +72,16 @@ def record(bench: dict[str, Any], bench_json: str | Path | None = None, *, root:
                           "bench_json": str(bench_json) if bench_json else None, "texts_per_s": speeds})
     entry["runs"] = entry["runs"][-KEEP_RUNS:]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
     return len(speeds)
 
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def measured_run(onnx_sha256: str | None, *, root: Path | None = None) -> dict[str, Any] | None:
     """The bench run on this CPU that ``auto`` goes by (the same export, by its graph's sha256, first; else the
     latest), or None."""
     key, _ = cpu_identity()
-    runs = [r for r in (_read((root or _root()) / SPEEDS_FILE).get(key) or {}).get("runs", [])
+    runs = [r for r in (read_json_dict((root or _root()) / SPEEDS_FILE).get(key) or {}).get("runs", [])
             if isinstance(r, dict) and isinstance(r.get("texts_per_s"), dict)]
     same = [r for r in runs if onnx_sha256 and r.get("onnx_sha256") == onnx_sha256]
     return (same or runs or [None])[-1]

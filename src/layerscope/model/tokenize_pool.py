@@ -11,11 +11,11 @@ Nothing is assumed without a record: a run never starts processes it was not mea
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+from layerscope.jsonfile import read_json_dict, write_json_atomic
 
 POOL_FILE = "tokenizer-pool.json"
 COUNTS = (1, 2, 4)
@@ -88,25 +88,16 @@ def record(model_key: str, engine: str, engine_tokens_per_s: float, tokenize: di
     from layerscope.model.home import cache_root
 
     path = (root or cache_root()) / POOL_FILE
-    data = _read(path)
+    data = read_json_dict(path)
     runs = data.setdefault(cpu, [])
     runs.append({"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": model_key,
                  "engine": engine, "engine_tokens_per_s": float(engine_tokens_per_s),
                  "tokenize_tokens_per_s": {str(k): float(v) for k, v in tokenize.items()}})
     data[cpu] = runs[-KEEP:]
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
     return path
 
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def processes_for(model_key: str | None, engine: str, *, cpu: str,
@@ -117,7 +108,7 @@ def processes_for(model_key: str | None, engine: str, *, cpu: str,
 
     if not model_key:
         return 1, None
-    runs = [r for r in _read((root or cache_root()) / POOL_FILE).get(cpu) or []
+    runs = [r for r in read_json_dict((root or cache_root()) / POOL_FILE).get(cpu) or []
             if isinstance(r, dict) and r.get("model") == model_key and r.get("engine") == engine]
     if not runs:
         return 1, None
