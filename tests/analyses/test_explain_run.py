@@ -70,6 +70,7 @@ def test_report_escapes_tokens_and_draws_in_chromium(tiny_model, tmp_path, capsy
     page = (out / "report.html").read_text()
     assert "onerror=\"console.error('INJECTED')\"" not in page
     assert "&lt;img" in page or "\\u003cimg" in page
+    assert "data: one pair given with --pair" in page and "built in" not in page  # the header names --pair
     dom, console = open_page(out / "report.html", tmp_path / "profile")
     assert console == [], console
     drawn = figures_drawn(dom)

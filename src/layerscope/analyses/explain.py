@@ -200,6 +200,11 @@ class Explain(Analysis):
                 "tables": {"explain_pairs": pair_rows, "explain_completeness": curve_rows,
                            "explain_hiding": hiding, "explain_tests": tests}}
 
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        """Where the pairs came from when no file was given (the page header names it)."""
+        return {"data": {"origin": "one pair given with --pair", "n": len(data["pairs"])}} \
+            if data["source"] == "--pair" else {}
+
     # ------------------------------------------------------------------ rendering
     def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
         from layerscope.report.explain_figs import explain_plots

@@ -149,7 +149,8 @@ def _header(results) -> str:
     sha = (results.identity or {}).get("data_sha256")
     facts = [f"models: {', '.join(html.escape(str(m)) for m in models) or '–'}",
              (f"data: <code>{html.escape(data)}</code>" if data else
-              f"data: built in, {html.escape(results.data_origin or 'the analysis default')}")
+              f"data: {html.escape(results.data_origin)}" if results.data_origin else
+              "data: built in, the analysis default")
              + (f" (sha256 {html.escape(str(sha)[:12])}…)" if sha else ""),
              f"layers: {html.escape(str(settings.layers))}; poolings: "
              f"{html.escape(', '.join(settings.poolings) or 'the analysis default')}",
