@@ -124,13 +124,13 @@ def test_a_read_only_cache_is_one_line(readonly_dir, tiny_model, monkeypatch, tm
 def test_an_unsupported_model_type_is_named(tiny_model, corpus, tmp_path, capsys):
     model = Path(shutil.copytree(tiny_model("bert"), tmp_path / "xl"))
     config = json.loads((model / "config.json").read_text())
-    config["model_type"] = "vit"  # an image model: transformers knows it, layerscope reads text models
+    config["model_type"] = "resnet"  # a convolutional image model: transformers knows it, layerscope has no family
     (model / "config.json").write_text(json.dumps(config))
     before = _hashes(model)
     for args in (["extract", "--model", model, "--engine", "torch", "--input", corpus, "--out", tmp_path / "S"],
                  ["export", model, "--out", tmp_path / "E"]):
         line = _one_line(args, capsys)
-        assert "model type 'vit' is not supported: transformers knows it neither as a masked-LM encoder" in line, line
+        assert "model type 'resnet' is not supported: transformers knows it neither as a masked-LM encoder" in line, line
     assert _hashes(model) == before
 
 
