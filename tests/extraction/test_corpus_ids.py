@@ -48,7 +48,7 @@ def test_ids_reach_the_store_and_every_export(tiny_model, tmp_path, capsys):
     import pyarrow.parquet as pq
     from safetensors import safe_open
 
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     src = _jsonl(tmp_path / "c.jsonl", [{"id": i, "text": t} for i, t in zip(IDS, TEXTS)])
     out = tmp_path / "store"

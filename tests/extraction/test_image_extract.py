@@ -51,8 +51,8 @@ def test_folder_list_and_dataset_give_the_same_vectors(setup):
     import datasets
     from transformers import AutoImageProcessor
 
-    from layerscope.runtime.image_extract import extract_images
-    from layerscope.runtime.store import LayerStore
+    from layerscope.extraction.image_extract import extract_images
+    from layerscope.store.store import LayerStore
 
     root, ckpt, export, folder, images, _ = setup
     extract_images(export, folder, root / "s_folder", workers=1, batch_size=4)
@@ -88,7 +88,7 @@ def test_image_corpus_errors_are_one_line(setup, tmp_path):
     import datasets
 
     from layerscope.data.images import read_images
-    from layerscope.runtime.image_extract import extract_images
+    from layerscope.extraction.image_extract import extract_images
 
     root, _, export, folder, _, _ = setup
     listing = tmp_path / "list.txt"

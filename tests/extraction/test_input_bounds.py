@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from cli_helpers import run_cli as cli
-from layerscope.runtime.pipeline import embed
+from layerscope.extraction.pipeline import embed
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 MiB = 2 ** 20
@@ -98,7 +98,7 @@ def test_a_very_long_line_is_cut_before_tokenizing(tiny_model, tmp_path, baselin
                            kill_above=baseline + 2048 * MiB)
     assert code == 0, err
     assert top - baseline < 200 * MiB, (top / MiB, baseline / MiB)
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     store = LayerStore.open(tmp_path / "s")
     assert store.texts()[1] == line  # the text itself is kept whole

@@ -11,7 +11,7 @@ import pytest
 from layerscope.export.exporter import export_model
 
 from layerscope.model.source import resolve_source
-from layerscope.runtime import pipeline
+from layerscope.extraction import pipeline
 
 
 @pytest.fixture(scope="module")

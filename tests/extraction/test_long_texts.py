@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from layerscope.errors import InputError
-from layerscope.runtime import batching
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction import batching
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while a cat sat on the mat"] * 3)
 TEXTS = ["a cat sat on the mat", LONG, "hi", "the dog runs", "Water boils at 100 degrees Celsius."]

@@ -8,7 +8,7 @@ import pytest
 
 from cli_helpers import run_cli as cli
 from layerscope.errors import InputError
-from layerscope.runtime.pipeline import embed, extract
+from layerscope.extraction.pipeline import embed, extract
 
 LONG = "the cat sat on the mat near a river"
 

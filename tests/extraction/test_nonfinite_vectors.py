@@ -10,7 +10,7 @@ import pytest
 
 from cli_helpers import run_cli as cli
 from layerscope.errors import InputError
-from layerscope.runtime.pipeline import embed, extract
+from layerscope.extraction.pipeline import embed, extract
 
 TEXTS = ["the cat sat on the mat", "a dog runs in the park", "two birds fly", "she reads a book"]
 

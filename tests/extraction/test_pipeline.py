@@ -15,9 +15,9 @@ import pytest
 from layerscope.engines.base import create_engine
 from layerscope.errors import InputError, Interrupted, StoreError
 from layerscope.model.handle import ModelHandle
-from layerscope.runtime.batching import plan_batches
-from layerscope.runtime.pipeline import embed, extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.batching import plan_batches
+from layerscope.extraction.pipeline import embed, extract
+from layerscope.store.store import LayerStore
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 
@@ -117,7 +117,7 @@ def test_interrupted_extraction_resumes_to_an_identical_store(bert_export, tmp_p
 # is killed. The kill therefore always lands mid-run, after a commit, with written but uncommitted rows.
 _CHILD = """
 import sys, time
-import layerscope.runtime.pipeline as pipeline
+import layerscope.extraction.pipeline as pipeline
 from layerscope.engines.base import Engine
 
 real_create = pipeline.open_engine
@@ -150,7 +150,7 @@ main(sys.argv[1:])
 def test_killed_process_resumes_to_an_identical_store(bert_export, tmp_path):
     """SIGKILL mid-run, then --resume: no row lost, duplicated or shifted.
 
-    Catches: dropping the pipeline's periodic commit in runtime/pipeline.py (``len(pending) >= 64`` /
+    Catches: dropping the pipeline's periodic commit in extraction/pipeline.py (``len(pending) >= 64`` /
     2 s timer: a killed run then keeps nothing, so ``0 < kept`` fails), and the test's own old hole: a
     child killed before its first commit or after its last passed vacuously (now 0 < kept < n and the
     resumed run must report ``resumed_rows == kept``)."""
@@ -244,7 +244,7 @@ def test_empty_corpus(bert_export, tmp_path):
 def test_embed_refuses_what_extract_refuses_before_any_engine_starts(bert_export, monkeypatch, kwargs, message):
     """Catches: embed (what every analysis runs) opening the engine first, so a typo in --layers surfaced only
     after a big model's engine had loaded for minutes, and embed skipping extract's eos check."""
-    import layerscope.runtime.pipeline as pipeline
+    import layerscope.extraction.pipeline as pipeline
 
     def no_engine(*args, **kw):
         raise AssertionError("the engine was started before the request was checked")

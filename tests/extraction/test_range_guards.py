@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import fake_engine
-from layerscope.runtime import store_ranges
-from layerscope.runtime.store import LayerStore
+from layerscope.store import store_ranges
+from layerscope.store.store import LayerStore
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 N = 1100  # ranges of 512 rows: [0, 512), [512, 1024), [1024, 1100)
@@ -58,9 +58,9 @@ def test_plan_offsets_come_from_each_ranges_first_row():
 @pytest.fixture(scope="module")
 def half_stores(corpus, tmp_path_factory):
     """A float16 store from two shards with ranges of two granules, and the plain run's float16 store."""
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import extract_shard
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard
 
     model, path = corpus
     root = tmp_path_factory.mktemp("half")
@@ -125,10 +125,10 @@ def test_finish_refuses_while_the_last_missing_range_is_a_dead_workers(corpus, t
     """A worker killed inside the last range leaves only its stale claim: neither ``--shard finish`` nor the
     shard that finishes the others may mark the store complete over those unwritten (all-zero) rows."""
     from layerscope.errors import StoreError
-    from layerscope.runtime import range_run
-    from layerscope.runtime.range_writer import RangeWriter
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import shard_finish, shard_status
+    from layerscope.extraction import range_run
+    from layerscope.extraction.range_writer import RangeWriter
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import shard_finish, shard_status
 
     model, path = corpus
     out = tmp_path / "s"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from layerscope.errors import InputError, MissingExtraError
-from layerscope.runtime.store import LayerStore
+from layerscope.store.store import LayerStore
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 
@@ -37,7 +37,7 @@ def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
 
 
 def test_missing_ray_is_one_line(monkeypatch):
-    from layerscope.runtime.ray_extract import require_ray
+    from layerscope.extraction.ray_extract import require_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     with pytest.raises(MissingExtraError, match=r"pip install 'layerscope\[ray\]'"):
@@ -79,7 +79,7 @@ def test_sources_other_than_files_keep_order_and_empty_rows():
 
 
 def test_range_rows_are_granule_multiples():
-    from layerscope.runtime.store_ranges import GRANULE, MAX_RANGE_BYTES, MAX_RANGE_ROWS, range_rows
+    from layerscope.store.store_ranges import GRANULE, MAX_RANGE_BYTES, MAX_RANGE_ROWS, range_rows
 
     assert range_rows(10, 1536) == GRANULE
     assert range_rows(2758 * 64, 1536) == 2816  # 64 ranges of 2,758 rows, rounded up to 256s
@@ -94,7 +94,7 @@ def test_unreachable_cluster_is_one_line_and_reads_nothing(tmp_path):
     pytest.importorskip("ray.data")
     if ray.is_initialized():
         pytest.skip("a Ray cluster is already connected in this process")
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.ray_extract import extract_ray
 
     (tmp_path / "c.txt").write_text("a\nb\n", encoding="utf-8")
     with pytest.raises(InputError, match="cannot reach the Ray cluster at '127.0.0.1:9'"):
@@ -142,7 +142,7 @@ def small_corpus(bert_export, tmp_path_factory):
     """1,100 texts as JSONL with user ids, and the plain single-process store of them."""
     import json
 
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     root = tmp_path_factory.mktemp("ray-small")
     texts = corpus(1100)
@@ -164,7 +164,7 @@ def _ray_kw():
 def test_actor_killed_mid_run_gives_the_same_store(ray_cluster, ray_faults, bert_export, small_corpus, tmp_path):
     """An actor killed inside the last range, with ranges of two granules: the range is retried on a restarted
     actor and the store equals the plain run."""
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.ray_extract import extract_ray
 
     path, plain = small_corpus
     arm, marker = ray_faults / "kill-2", ray_faults / "killed-2"
@@ -189,7 +189,7 @@ def test_actor_killed_mid_run_gives_the_same_store(ray_cluster, ray_faults, bert
 
 @pytest.mark.ray
 def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_export, small_corpus, tmp_path):
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.ray_extract import extract_ray
 
     path, plain = small_corpus
 
@@ -229,7 +229,7 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
 @pytest.mark.ray
 def test_resume_refuses_other_settings(ray_cluster, bert_export, small_corpus, tmp_path):
     from layerscope.errors import StoreError
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.ray_extract import extract_ray
 
     path, _ = small_corpus
     kw = _ray_kw()
@@ -278,7 +278,7 @@ def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, 
 
 DRIVER = """
 import sys, time
-from layerscope.runtime.ray_extract import extract_ray
+from layerscope.extraction.ray_extract import extract_ray
 
 def hang(info):  # the first range is recorded; then the driver stalls until it is killed
     print("merged", info["shard"], flush=True)
@@ -299,7 +299,7 @@ def test_driver_sigkilled_mid_run_resumes(ray_cluster, bert_export, small_corpus
     from pathlib import Path
 
     import layerscope
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.ray_extract import extract_ray
 
     path, plain = small_corpus
     env = {**os.environ, "PYTHONPATH": str(Path(layerscope.__file__).parents[1])}
@@ -328,7 +328,7 @@ def test_ray_force_and_resume_follow_the_plain_extract_rules(ray_cluster, bert_e
     import shutil
 
     from layerscope.errors import StoreError
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.ray_extract import extract_ray
 
     path, plain = small_corpus
     notes = tmp_path / "notes"
@@ -362,8 +362,8 @@ def test_ray_force_and_resume_follow_the_plain_extract_rules(ray_cluster, bert_e
 
 @pytest.mark.ray
 def test_ray_with_a_prompt_equals_the_plain_run(ray_cluster, bert_export, small_corpus, tmp_path):
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.ray_extract import extract_ray
 
     path, _ = small_corpus
     kw = dict(engine="ort", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc")
@@ -396,7 +396,7 @@ while len([n for n in ray.nodes() if n["Alive"]]) < 2:
     __import__("time").sleep(0.5)
 ray.shutdown()
 import sys
-from layerscope.runtime.ray_extract import extract_ray
+from layerscope.extraction.ray_extract import extract_ray
 
 r = extract_ray(sys.argv[1], sys.argv[2], sys.argv[3], address=sys.argv[4], engine="ort", layers="all",
                 poolings=["mean", "cls"], text_field="body", id_field="doc", workers=2, shard_rows=256,

@@ -15,8 +15,8 @@ from layerscope.engines.base import Engine, create_engine
 from layerscope.export.exporter import export_model
 from layerscope.model.source import resolve_source
 from layerscope.model.handle import ModelHandle
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 POOLINGS = ["mean", "max"]
@@ -101,7 +101,7 @@ def _resume(bert_export, corpus_file, out, **kw):
 
 
 def test_interrupt_inside_engine_run_resumes_to_an_identical_store(bert_export, corpus_file, reference, tmp_path):
-    """Catches: moving ``pending.append(batch.index)`` above ``eng.run`` in runtime/pipeline.py (a batch is
+    """Catches: moving ``pending.append(batch.index)`` above ``eng.run`` in extraction/pipeline.py (a batch is
     marked done before it is computed: the store resumes 'complete' with all-zero rows), and dropping the
     commit of pending rows in the pipeline's ``except`` branch (kept would not equal the rows computed)."""
     engine = InterruptingEngine(create_engine("ort", ModelHandle.resolve(bert_export)), interrupt_at=7)
@@ -121,7 +121,7 @@ def test_interrupt_inside_engine_run_resumes_to_an_identical_store(bert_export, 
 def test_interrupt_inside_store_write_resumes_to_an_identical_store(bert_export, corpus_file, reference,
                                                                     tmp_path, monkeypatch):
     """Catches: moving ``pending.append(batch.index)`` above ``store.write`` (or above ``eng.run``) in
-    runtime/pipeline.py: a half-written batch would be marked done and never redone."""
+    extraction/pipeline.py: a half-written batch would be marked done and never redone."""
     real_write = LayerStore.write
     calls = {"n": 0, "rows": 0}
 
@@ -152,7 +152,7 @@ def test_corpus_larger_than_the_window(bert_export, corpus_file, reference, tmp_
     """A window of 64 rows over 300 texts (four full windows and a partial one) gives the store a window
     larger than the corpus gives, and every row equals its text embedded alone.
 
-    Catches: dropping the window offset in runtime/pipeline.py's prefetcher (``index=rows + row`` ->
+    Catches: dropping the window offset in extraction/pipeline.py's prefetcher (``index=rows + row`` ->
     ``index=rows``, or reading ``lengths``/``done`` without ``[row:stop]``)."""
     windowed = extract(bert_export, str(corpus_file), tmp_path / "w", engine="ort", layers="all",
                        poolings=POOLINGS, batch_tokens=128, window=64).store

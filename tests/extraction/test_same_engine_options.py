@@ -27,7 +27,7 @@ def fake():
 def opened(monkeypatch):
     """The options of every engine opened in this process, in order."""
     import layerscope.export.open as open_mod
-    from layerscope.runtime import pipeline
+    from layerscope.extraction import pipeline
 
     seen: list[dict] = []
     real = open_mod.open_engine
@@ -63,7 +63,7 @@ class _Rows:
 def ray_here(monkeypatch):
     ray = pytest.importorskip("ray")
     pytest.importorskip("ray.data")
-    import layerscope.runtime.ray_extract as ray_extract
+    import layerscope.extraction.ray_extract as ray_extract
 
     monkeypatch.setattr(ray_extract, "connect", lambda address, **kw: False)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
@@ -72,9 +72,9 @@ def ray_here(monkeypatch):
 
 
 def test_in_process_shard_and_ray_open_the_engine_with_the_same_options(tiny_model, tmp_path, opened, ray_here):
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import extract_shard
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard
 
     model = str(tiny_model("bert"))
     corpus = tmp_path / "c.jsonl"

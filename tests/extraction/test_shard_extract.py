@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import fake_engine
-from layerscope.runtime import store_ranges
-from layerscope.runtime.store import LayerStore
+from layerscope.store import store_ranges
+from layerscope.store.store import LayerStore
 
 TESTS = Path(__file__).resolve().parents[1]
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
@@ -50,7 +50,7 @@ def fake():
 @pytest.fixture(scope="module")
 def setup(fake, tiny_model, tmp_path_factory):
     """The tiny BERT, a corpus with ids, a NUL byte and empty rows, and the plain run's store of it."""
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     root = tmp_path_factory.mktemp("shards")
     rng = np.random.default_rng(0)
@@ -178,9 +178,9 @@ def test_claims_refuse_a_live_holder_and_take_over_a_dead_one(tmp_path):
 
 def test_a_range_is_marked_done_only_after_its_data_is_fsynced(setup, tmp_path, monkeypatch):
     """The order on disk: every array and lengths.npy written and fsync'd, then the done mark."""
-    from layerscope.runtime import range_writer
-    from layerscope.runtime.range_run import open_or_create, open_engine_for
-    from layerscope.runtime.request import ExtractionRequest
+    from layerscope.extraction import range_writer
+    from layerscope.extraction.range_run import open_or_create, open_engine_for
+    from layerscope.extraction.request import ExtractionRequest
 
     model, path, _ = setup
     req = ExtractionRequest.of(model, str(path), tmp_path / "s", engine="fake", layers="all",
@@ -219,7 +219,7 @@ def test_a_range_is_marked_done_only_after_its_data_is_fsynced(setup, tmp_path, 
 
 
 def range_run_ranges(store):
-    from layerscope.runtime.range_run import ranges_of
+    from layerscope.extraction.range_run import ranges_of
 
     return ranges_of(store)
 
@@ -242,9 +242,9 @@ def test_bad_shard_specs_are_one_line(setup, tmp_path):
 def test_half_size_shards_equal_the_plain_run_within_the_recorded_bound(setup, tmp_path, dtype):
     """A half-size store from shards equals a half-size plain run exactly and float32 within the bound its
     store.json records; every reader gets float32; the disk holds half the bytes."""
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import extract_shard
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard
 
     model, path, plain32 = setup
     kw = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
@@ -276,8 +276,8 @@ def test_half_size_shards_equal_the_plain_run_within_the_recorded_bound(setup, t
 
 def test_a_half_size_store_below_the_bar_is_refused(setup, tmp_path, monkeypatch):
     from layerscope.errors import StoreError
-    from layerscope.runtime import store_dtype
-    from layerscope.runtime.pipeline import extract
+    from layerscope.store import store_dtype
+    from layerscope.extraction.pipeline import extract
 
     model, path, _ = setup
     monkeypatch.setitem(store_dtype.MIN_COSINE, "bfloat16", 1.0)  # no bfloat16 rounding keeps cosine 1 exactly
@@ -290,9 +290,9 @@ def test_a_half_size_store_below_the_bar_is_refused(setup, tmp_path, monkeypatch
 def test_a_plain_resume_of_a_sharded_store_is_refused(setup, tmp_path):
     """Its lengths are written range by range: a plain --resume would batch unfinished rows as empty."""
     from layerscope.errors import StoreError
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import extract_shard
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard
 
     model, path, plain = setup
     kw = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
@@ -310,9 +310,9 @@ def test_a_shard_whose_store_was_deleted_and_made_again_writes_nothing_into_the_
     ends equal to its own plain run."""
     import shutil
 
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import extract_shard
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard
 
     model, path, _ = setup
     kw = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc",
@@ -345,8 +345,8 @@ def test_a_shard_whose_store_was_deleted_and_made_again_writes_nothing_into_the_
 
 
 def test_done_marks_of_another_store_do_not_count_and_verify_names_them(setup, tmp_path):
-    from layerscope.runtime.request import ExtractionRequest
-    from layerscope.runtime.shard_extract import extract_shard, shard_finish
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard, shard_finish
 
     model, path, _ = setup
     kw = dict(engine="fake", layers="all", poolings=["mean"], text_field="body", id_field="doc")
@@ -471,7 +471,7 @@ def test_a_pickled_or_truncated_internal_file_is_one_line(name, damage, setup, t
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert name in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     from layerscope.errors import StoreError
-    from layerscope.runtime.shard_extract import shard_finish, shard_status
+    from layerscope.extraction.shard_extract import shard_finish, shard_status
 
     if name == store_ranges.OFFSETS:
         with pytest.raises(StoreError, match=name):

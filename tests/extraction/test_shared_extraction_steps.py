@@ -11,9 +11,9 @@ import threading
 import pytest
 
 from layerscope.errors import InputError, StoreError
-from layerscope.runtime.batching import Background
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.batching import Background
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 TEXTS = ["the cat sat", "a dog ran far", "", "birds fly over the river", "one more"]
 
@@ -67,7 +67,7 @@ def test_closing_stops_the_producer_and_runs_its_cleanup():
 @pytest.fixture
 def no_cluster(monkeypatch):
     pytest.importorskip("ray")
-    import layerscope.runtime.ray_extract as ray_extract
+    import layerscope.extraction.ray_extract as ray_extract
 
     monkeypatch.setattr(ray_extract, "connect", lambda address, **kw: False)
     return ray_extract.extract_ray

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import layerscope
-from layerscope.runtime.store import LayerStore
+from layerscope.store.store import LayerStore
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from layerscope.runtime.store import DONE, LayerStore
+from layerscope.store.store import DONE, LayerStore
 
 LAYERS = ["0", "1", "2"]
 
 
 def _store(tmp_path) -> LayerStore:
-    from layerscope.runtime.store_spec import StoreSpec
+    from layerscope.store.store_spec import StoreSpec
 
     return LayerStore.create(tmp_path / "s", n=10, spec=StoreSpec.bare(LAYERS, ["mean", "cls"]), hidden_size=4,
                              manifest={"num_layers": 2, "hidden_size": 4, "family": "bert",

@@ -20,8 +20,8 @@ import pytest
 
 from layerscope.errors import StoreError
 from layerscope.model.handle import ModelHandle
-from layerscope.runtime.store import LayerStore
-from layerscope.runtime.store_spec import StoreSpec
+from layerscope.store.store import LayerStore
+from layerscope.store.store_spec import StoreSpec
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 

@@ -11,8 +11,8 @@ import pytest
 from layerscope.errors import StoreError
 from layerscope.export.exporter import export_model
 from layerscope.model.source import resolve_source
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 from cli_helpers import cli_output
 
 TEXTS = [f"text number {i} about a cat and a dog" for i in range(40)]

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from layerscope.errors import StoreError
-from layerscope.runtime.pipeline import embed, extract
-from layerscope.runtime.store import LayerStore
-from layerscope.runtime.store_lock import acquire, lock_path, release
+from layerscope.extraction.pipeline import embed, extract
+from layerscope.store.store import LayerStore
+from layerscope.store.store_lock import acquire, lock_path, release
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 SRC = str(Path(__file__).resolve().parents[2] / "src")

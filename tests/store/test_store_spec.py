@@ -24,7 +24,7 @@ def fake():
 def old_store(tiny_model, tmp_path):
     """A store whose store.json is in format 1, as layerscope wrote it before settings were typed: no corpus
     hash, prompt, variant or tokens in its settings, and no structure hash."""
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     model = str(tiny_model("bert"))
     out = tmp_path / "old"
@@ -41,7 +41,7 @@ def old_store(tiny_model, tmp_path):
 
 
 def test_a_format_1_store_opens_with_its_settings_typed(old_store):
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     _, out = old_store
     store = LayerStore.open(out)
@@ -52,8 +52,8 @@ def test_a_format_1_store_opens_with_its_settings_typed(old_store):
 
 
 def test_a_format_1_store_resumes_with_the_same_request_and_refuses_another(old_store):
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.store import LayerStore
+    from layerscope.extraction.pipeline import extract
+    from layerscope.store.store import LayerStore
 
     model, out = old_store
     before = np.array(LayerStore.open(out)["mean", 1])
@@ -65,7 +65,7 @@ def test_a_format_1_store_resumes_with_the_same_request_and_refuses_another(old_
 
 @pytest.mark.parametrize("version", [0, 3, None])
 def test_an_unknown_store_format_is_one_line(old_store, version):
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     _, out = old_store
     meta = json.loads((out / "store.json").read_text(encoding="utf-8"))
@@ -77,8 +77,8 @@ def test_an_unknown_store_format_is_one_line(old_store, version):
 
 def test_a_new_store_writes_its_settings_once_and_finishing_leaves_them(tiny_model, tmp_path, monkeypatch):
     """Settings are the spec made before the store was: every later write of store.json carries them unchanged."""
-    from layerscope.runtime import store as store_mod
-    from layerscope.runtime.pipeline import extract
+    from layerscope.store import store as store_mod
+    from layerscope.extraction.pipeline import extract
 
     written = []
     real = store_mod.write_json_atomic

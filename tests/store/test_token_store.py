@@ -22,8 +22,8 @@ import pytest
 from layerscope.errors import StoreError
 from layerscope.export.exporter import export_model
 from layerscope.model.source import resolve_source
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today",
          "一只猫坐在垫子上", "Water boils at 100 degrees Celsius at sea level.", "",
@@ -178,7 +178,7 @@ def test_pooled_store_has_no_tokens(tiny_model, tmp_path):
 
 KILLED_RUN = """
 import sys, time
-from layerscope.runtime import token_store
+from layerscope.store import token_store
 real = token_store.TokenWriter.write
 calls = {"n": 0}
 def slow(self, batch, states):
@@ -188,7 +188,7 @@ def slow(self, batch, states):
         print("WRITING", flush=True)
         time.sleep(0.2)
 token_store.TokenWriter.write = slow
-from layerscope.runtime.pipeline import extract
+from layerscope.extraction.pipeline import extract
 extract(sys.argv[1], sys.argv[2], sys.argv[3], engine="ort", layers="all", poolings=["mean"], tokens=True,
         batch_tokens=64)
 """
@@ -232,7 +232,7 @@ def test_export_store_tokens_round_trip_through_pyarrow_and_safetensors(tiny_mod
     from safetensors.numpy import load_file
     from safetensors import safe_open
 
-    from layerscope.runtime.store_export import export_store
+    from layerscope.store.store_export import export_store
 
     store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="0,2", tokens=True,
                     store_dtype=dtype).store
@@ -293,7 +293,7 @@ def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, caps
 def test_ort_fetches_pooled_and_token_outputs_in_one_run(bert_export, tmp_path, monkeypatch):
     """One session.run per batch, and the pooled rows are the graph's own (equal to a pooled-only run)."""
     from layerscope.engines.ort import OrtEngine
-    from layerscope.runtime.token_store import TokenWriter
+    from layerscope.store.token_store import TokenWriter
 
     calls, batches = [], []
     real_run, real_write = OrtEngine._run, TokenWriter.write
@@ -321,7 +321,7 @@ def test_token_safetensors_header_does_not_grow_with_the_texts(tiny_model, tmp_p
 
     from safetensors import safe_open
 
-    from layerscope.runtime.store_export import export_store
+    from layerscope.store.store_export import export_store
 
     texts = [f"text number {i} about the {['cat', 'dog', 'fox'][i % 3]}" for i in range(4000)]
     store = extract(tiny_model("bert"), texts, tmp_path / "s", engine="torch", layers="2", tokens=True).store
@@ -339,7 +339,7 @@ def test_a_token_safetensors_file_that_does_not_read_back_is_not_called_written(
     """A file safetensors cannot open as written (here a writer that mislabels a tensor's type) is one line,
     exit 2, and no file is left at the destination."""
     from cli_helpers import run_cli
-    from layerscope.runtime import token_export
+    from layerscope.store import token_export
 
     extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True)
     monkeypatch.setitem(token_export._ST_DTYPES, "int32", "F32")  # same size, another type: opens, reads wrong
@@ -384,7 +384,7 @@ def test_a_float16_token_store_never_keeps_inf(tiny_model, tmp_path):
 def test_verify_finds_non_finite_token_values(tiny_model, tmp_path):
     """A store whose checksums agree with an inf in a token array (as a writer that kept it would have left
     it) is still not clean."""
-    from layerscope.runtime.store_check import checksums
+    from layerscope.store.store_check import checksums
 
     store = extract(tiny_model("bert"), TEXTS, tmp_path / "s", engine="torch", layers="2", tokens=True,
                     store_dtype="float16").store
@@ -453,7 +453,7 @@ def test_spans_count_from_the_text_not_from_the_prompt(tiny_model, tmp_path):
 def test_token_rows_are_flushed_before_the_store_marks_them_done(tiny_model, tmp_path, monkeypatch):
     """A row is marked done only once all of it is durable: the token arrays are flushed before every commit
     of the pooled store (the commit that writes done.npy)."""
-    from layerscope.runtime.token_store import TokenWriter
+    from layerscope.store.token_store import TokenWriter
 
     events: list[str] = []
     real_flush, real_commit = TokenWriter.flush, LayerStore.commit

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from layerscope.runtime.store_spec import StoreSpec
+from layerscope.store.store_spec import StoreSpec
 
 
 @dataclass(frozen=True)

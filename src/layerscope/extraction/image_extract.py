@@ -97,8 +97,8 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
     from layerscope.data.images import read_images
     from layerscope.engines.base import create_engine
     from layerscope.ownership import claim, note, remove, write_marker
-    from layerscope.runtime.store import TEXTS, LayerStore
-    from layerscope.runtime.store_lock import store_writer
+    from layerscope.store.store import TEXTS, LayerStore
+    from layerscope.store.store_lock import store_writer
     from layerscope.vocab.image_pooling import check_image_poolings, image_poolings
     from layerscope.vocab.layers import resolve_layers
 
@@ -126,7 +126,7 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
             for r in records:
                 fh.write(json.dumps({"id": r.id, "text": r.file or r.id, "file": r.file}, ensure_ascii=False) + "\n")
         import layerscope
-        from layerscope.runtime.store_spec import StoreSpec
+        from layerscope.store.store_spec import StoreSpec
 
         spec = StoreSpec(model=str(model), model_key=handle.key, engine=str(engine), variant=None,
                          layers=tuple(map(str, chosen)), poolings=tuple(modes), prompt=None, max_length=0,

@@ -29,13 +29,13 @@ from layerscope.engines.truncate import depth_of, pooled_only_run
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
-from layerscope.runtime.batching import (DEFAULT_MAX_BATCH, Background, check_finite, check_long_texts, encode_plan,
+from layerscope.extraction.batching import (DEFAULT_MAX_BATCH, Background, check_finite, check_long_texts, encode_plan,
                                          iter_pooled, tokenizer_pool)
-from layerscope.runtime.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
+from layerscope.extraction.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
                                         spool_store)
-from layerscope.runtime.request import ExtractionRequest
+from layerscope.extraction.request import ExtractionRequest
 from layerscope.progress import progress_bar
-from layerscope.runtime.store import TEXTS, LayerStore
+from layerscope.store.store import TEXTS, LayerStore
 
 log = logging.getLogger("layerscope")
 
@@ -112,8 +112,8 @@ def _one_writer(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(req, *args, **kwargs):
-        from layerscope.runtime.store_lock import store_writer
-        from layerscope.runtime.store_space import FULL
+        from layerscope.store.store_lock import store_writer
+        from layerscope.store.store_space import FULL
 
         out = req.out
         try:  # the record written when the writer ends may meet the full disk too: the same line
@@ -141,7 +141,7 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
     ``store_dtype`` (``dtype`` is its older name): float32 (default), float16 or bfloat16 on disk, for the
     pooled vectors and (with ``tokens``) the token vectors alike; every reader gets float32 back.
     ``trust_remote_code`` lets a model whose repository ships its own code be resolved (off unless asked).
-    ``tokens`` also stores every token's vector of ``layers`` (runtime/token_store.py).
+    ``tokens`` also stores every token's vector of ``layers`` (store/token_store.py).
     """
     req = ExtractionRequest.of(model, source, out, engine=engine, layers=layers, poolings=poolings,
                                store_dtype=store_dtype or dtype or "float32", batch_tokens=batch_tokens,
@@ -181,8 +181,8 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
         ex.spec = ex.spec.replace(batch_tokens=int(req.batch_tokens or eng.preferred_batch_tokens))
         store = state["store"] = create_store(ex, spooled, engine_info=eng.info.to_dict())
     batch_tokens = int(req.batch_tokens or eng.preferred_batch_tokens)
-    from layerscope.runtime.store_check import LENGTHS, load_internal
-    from layerscope.runtime.token_write import start_tokens
+    from layerscope.store.store_check import LENGTHS, load_internal
+    from layerscope.store.token_write import start_tokens
 
     lengths = load_internal(out, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
     tok = start_tokens(store, lengths, ex.layers)
@@ -230,7 +230,7 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
         raise StoreError(f"{out}: {store.n - int(store.done_mask().sum())} rows are missing after the run; "
                          "run again with --resume")
     if store.dtype != "float32":
-        from layerscope.runtime.store_dtype import check_error_bar
+        from layerscope.store.store_dtype import check_error_bar
 
         check_error_bar(out, store.dtype, store.half_error)
     run_seconds = time.perf_counter() - t_run
@@ -252,8 +252,8 @@ def _start_engine(ex: Extraction, req: ExtractionRequest, *, made) -> Engine:
     (``engine_plan``); what ``auto`` picked goes into the spec and, resuming, must be what the store
     ``made`` was made with. A store made for this run is removed by _cleanup_on_failure if the engine does
     not start."""
-    from layerscope.runtime.prepare import check_same
-    from layerscope.runtime.engine_plan import engine_options
+    from layerscope.extraction.prepare import check_same
+    from layerscope.extraction.engine_plan import engine_options
     from layerscope.model.variants import run_variant
 
     eng = open_engine(ex.handle, req.engine, **engine_options(ex.spec, ex.manifest, req.options).as_kwargs())
@@ -309,7 +309,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
     from layerscope.export.open import resolve_model
     from layerscope.limits import check_engine_options, check_limits
-    from layerscope.runtime.prepare import check_request
+    from layerscope.extraction.prepare import check_request
 
     if not texts:
         raise InputError("no texts given")

@@ -1,5 +1,5 @@
 """Preparing an extraction: every check and decision made before a row is read, shared by ``extract``
-and the Ray driver (``runtime/ray_extract.py``), so both refuse the same things with the same words.
+and the Ray driver (``extraction/ray_extract.py``), so both refuse the same things with the same words.
 
 ``prepare_extraction`` checks the options, claims the output directory (nothing is deleted yet),
 resolves the model, its layers, poolings (the model's own by default) and prompt, and writes down the
@@ -23,11 +23,11 @@ from layerscope.model.variants import run_variant
 from layerscope.vocab.layers import resolve_layers
 from layerscope.errors import InputError, StoreError
 from layerscope.ownership import Claim
-from layerscope.runtime.batching import DEFAULT_MAX_BATCH
+from layerscope.extraction.batching import DEFAULT_MAX_BATCH
 from layerscope.vocab.pooling import check_poolings, require_pooled_output
-from layerscope.runtime.spool import corpus_sha256
-from layerscope.runtime.store import STORE_JSON, LayerStore
-from layerscope.runtime.store_spec import StoreSpec, TokensSpec
+from layerscope.extraction.spool import corpus_sha256
+from layerscope.store.store import STORE_JSON, LayerStore
+from layerscope.store.store_spec import StoreSpec, TokensSpec
 
 log = logging.getLogger("layerscope")
 
@@ -55,7 +55,7 @@ class Extraction:
 
 
 def check_dtype(dtype: str) -> None:
-    from layerscope.runtime.store_dtype import check
+    from layerscope.store.store_dtype import check
 
     check(dtype)
 
@@ -156,8 +156,8 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
 
 
 def prepare_request(req, *, engine_runs_here: bool = True) -> Extraction:
-    """``prepare_extraction`` of an ``ExtractionRequest`` (runtime/request.py)."""
-    from layerscope.runtime.token_write import tokens_dtype
+    """``prepare_extraction`` of an ``ExtractionRequest`` (extraction/request.py)."""
+    from layerscope.store.token_write import tokens_dtype
 
     return prepare_extraction(req.model, req.source, req.out, engine_runs_here=engine_runs_here,
                               tokens_dtype=tokens_dtype(req.tokens, req.store_dtype), **req.prepare_kwargs())
@@ -192,10 +192,10 @@ def spool_store(ex: Extraction, source, reader: dict[str, Any], encoder, *, leng
 
     from layerscope.data.corpus import CorpusStats
     from layerscope.ownership import note
-    from layerscope.runtime import store_ranges
-    from layerscope.runtime.spool import spool_corpus
-    from layerscope.runtime.store_layout import LENGTHS
-    from layerscope.runtime.store_space import allocate_npy
+    from layerscope.store import store_ranges
+    from layerscope.extraction.spool import spool_corpus
+    from layerscope.store.store_layout import LENGTHS
+    from layerscope.store.store_space import allocate_npy
 
     out = ex.out
     note(out, files=[store_ranges.OFFSETS, LENGTHS])  # named before they are written
@@ -215,9 +215,9 @@ def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None =
     """Make the store every executor writes into, for the spooled corpus: arrays reserved up front,
     ``ex.spec`` written as its settings (once), the range plan recorded (``range_rows`` overrides its
     rows per range, a multiple of ``GRANULE``)."""
-    from layerscope.runtime import store_ranges
-    from layerscope.runtime.store_check import LENGTHS, internal_sha256
-    from layerscope.runtime.store_dtype import itemsize
+    from layerscope.store import store_ranges
+    from layerscope.store.store_check import LENGTHS, internal_sha256
+    from layerscope.store.store_dtype import itemsize
 
     out, n = ex.out, spooled.n
     hidden = int(ex.manifest.hidden_size)
@@ -238,7 +238,7 @@ def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None =
 
 
 def _locked() -> type:
-    from layerscope.runtime.store_lock import StoreLockedError
+    from layerscope.store.store_lock import StoreLockedError
 
     return StoreLockedError
 

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import InputError, StoreError
-from layerscope.runtime import store_ranges
-from layerscope.runtime.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
+from layerscope.store import store_ranges
+from layerscope.extraction.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
                                         spool_store)
-from layerscope.runtime.request import ExtractionRequest
-from layerscope.runtime.store_layout import LENGTHS, StoreLayout
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.request import ExtractionRequest
+from layerscope.store.store_layout import LENGTHS, StoreLayout
+from layerscope.store.store import LayerStore
 
 
 def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
@@ -40,7 +40,7 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
         spooled = spool_store(ex, req.source, reader, encoder, lengths_now=False)
         store = create_store(ex, spooled, range_rows=range_rows)
     elif store.range_rows is None:  # begun by the in-process extract: cut it now
-        from layerscope.runtime.store_dtype import itemsize
+        from layerscope.store.store_dtype import itemsize
 
         row_bytes = store.hidden_size * itemsize(store.dtype) * len(store.layers) * len(store.poolings)
         rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
@@ -76,7 +76,7 @@ def open_engine_for(ex: Extraction, req: ExtractionRequest):
     ``--engine auto`` picked goes into each range's done mark, and ``finish`` refuses a store whose ranges
     were made with different variants."""
     from layerscope.export.open import open_engine
-    from layerscope.runtime.engine_plan import engine_options
+    from layerscope.extraction.engine_plan import engine_options
 
     return open_engine(ex.handle, req.engine, **engine_options(ex.spec, ex.manifest, req.options).as_kwargs())
 
@@ -86,7 +86,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
 
     The caller holds the store lock. Returns what was recorded (tokens, engine, half-size error).
     """
-    from layerscope.runtime.pipeline import extraction_warnings
+    from layerscope.extraction.pipeline import extraction_warnings
 
     ranges = ranges_of(store)
     st = store_ranges.status(store.path, ranges, store.done_mask(), store_id(store))
@@ -116,7 +116,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
             old = half.get(key, {"max_abs_error": 0.0, "min_cosine": 1.0})
             half[key] = {"max_abs_error": max(old["max_abs_error"], err), "min_cosine": min(old["min_cosine"], cos)}
     if store.dtype != "float32":
-        from layerscope.runtime.store_dtype import check_error_bar
+        from layerscope.store.store_dtype import check_error_bar
 
         check_error_bar(store.path, store.dtype, half)
     done = np.load(StoreLayout(store.path).done, mmap_mode="r+")
@@ -124,7 +124,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     done.flush()
     del done
     store.close()
-    from layerscope.runtime.store_check import load_internal
+    from layerscope.store.store_check import load_internal
 
     lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
     max_len = spec.max_length
@@ -157,7 +157,7 @@ def waiting_writer(out: Path, wait_s: float):
     waiting while another shard holds it to make the store (or finish it). Use as ``with waiting_writer(...)``."""
     import contextlib
 
-    from layerscope.runtime.store_lock import StoreLockedError, store_writer
+    from layerscope.store.store_lock import StoreLockedError, store_writer
 
     deadline = time.monotonic() + wait_s
     while True:

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import StoreError
-from layerscope.runtime import store_dtype as sd
-from layerscope.runtime import store_ranges
-from layerscope.runtime.store_check import _npy_header
-from layerscope.runtime.store_layout import LENGTHS, TEXTS, array_rel, array_rels
+from layerscope.store import store_dtype as sd
+from layerscope.store import store_ranges
+from layerscope.store.store_check import _npy_header
+from layerscope.store.store_layout import LENGTHS, TEXTS, array_rel, array_rels
 
 
 WRITE_THREADS = 8
@@ -83,7 +83,7 @@ class RangeWriter:
     def compute(self, r: store_ranges.Range, claim: store_ranges.Claim | None = None
                 ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
         """``({pooling: float32 [layers, rows, hidden]}, token lengths, tokens run)`` of range ``r``."""
-        from layerscope.runtime.batching import check_finite, encode_plan
+        from layerscope.extraction.batching import check_finite, encode_plan
 
         texts = self._texts(r)
         lengths = np.asarray(self.encoder.token_lengths(texts), dtype=np.int32)
@@ -157,7 +157,7 @@ def _variant(eng) -> str | None:
 
 
 def _read_store_id(store_dir: Path) -> str | None:
-    from layerscope.runtime.store import recorded_store_id
+    from layerscope.store.store import recorded_store_id
 
     return recorded_store_id(store_dir)
 

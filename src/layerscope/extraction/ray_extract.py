@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from layerscope.errors import InputError, MissingExtraError, StoreError
-from layerscope.runtime.pipeline import ExtractReport
-from layerscope.runtime.prepare import check_dtype
+from layerscope.extraction.pipeline import ExtractReport
+from layerscope.extraction.prepare import check_dtype
 from layerscope.progress import progress_bar
-from layerscope.runtime import range_run, store_ranges
-from layerscope.runtime.ray_shards import RangeActor
-from layerscope.runtime.request import ExtractionRequest
+from layerscope.extraction import range_run
+from layerscope.store import store_ranges
+from layerscope.extraction.ray_shards import RangeActor
+from layerscope.extraction.request import ExtractionRequest
 
 log = logging.getLogger("layerscope")
 
@@ -118,7 +119,7 @@ def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local"
     check_engine_name(req.engine)
     t0 = time.perf_counter()
     started = connect(address)
-    from layerscope.runtime.store_lock import store_writer
+    from layerscope.store.store_lock import store_writer
 
     try:
         with store_writer(req.out):  # one driver per store, as for a plain extract
@@ -164,7 +165,7 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
             import ray
 
             from layerscope.engines.registry import engine_spec
-            from layerscope.runtime.engine_plan import engine_options
+            from layerscope.extraction.engine_plan import engine_options
 
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))

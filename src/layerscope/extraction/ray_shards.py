@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.runtime import store_ranges
+from layerscope.store import store_ranges
 
 
 class RangeActor:
@@ -23,7 +23,7 @@ class RangeActor:
                  store_dtype: str, max_length: int, prompt: str | None, batch_tokens: int | None, max_batch: int,
                  store_dir: str, trust_remote_code: bool = False, store_id: str | None = None):
         from layerscope.export.open import open_engine
-        from layerscope.runtime.range_writer import RangeWriter
+        from layerscope.extraction.range_writer import RangeWriter
 
         eng = open_engine(model, engine, trust_remote_code=trust_remote_code, **engine_options)
         self.writer = RangeWriter(store_dir, eng, layers=layers, poolings=poolings, store_dtype=store_dtype,

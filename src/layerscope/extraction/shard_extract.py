@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass
 
 from layerscope.errors import InputError
-from layerscope.runtime import range_run, store_ranges
-from layerscope.runtime.request import ExtractionRequest
+from layerscope.extraction import range_run
+from layerscope.store import store_ranges
+from layerscope.extraction.request import ExtractionRequest
 
 LOCK_WAIT_S = 3600.0  # how long a shard waits for the first one to spool the corpus (LAYERSCOPE_SHARD_LOCK_WAIT)
 
@@ -59,7 +60,7 @@ class ShardReport:
 
 def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None) -> ShardReport:
     """Write shard ``index`` of ``count`` of ``req`` into its store; finish the store when it is the last."""
-    from layerscope.runtime.range_writer import RangeWriter
+    from layerscope.extraction.range_writer import RangeWriter
 
     if req.tokens:
         raise InputError("--tokens is not supported with --shard yet; run without it")
@@ -110,8 +111,8 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
 
 def _finish_if_last(store) -> bool:
     """Finish the store when every range is done and no other process holds its lock (else leave it)."""
-    from layerscope.runtime.store import LayerStore
-    from layerscope.runtime.store_lock import StoreLockedError, store_writer
+    from layerscope.store.store import LayerStore
+    from layerscope.store.store_lock import StoreLockedError, store_writer
 
     if not range_run.range_status(store).complete:
         return False
@@ -129,7 +130,7 @@ def _finish_if_last(store) -> bool:
 
 def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
     """(range status, ranges in the plan, complete) of the store at ``out``."""
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     store = LayerStore.open(out, allow_incomplete=True)
     if store.complete:
@@ -140,8 +141,8 @@ def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
 
 def shard_finish(out) -> dict:
     """``--shard finish``: check every range and write the checksums (under the store lock)."""
-    from layerscope.runtime.store import LayerStore
-    from layerscope.runtime.store_lock import store_writer
+    from layerscope.store.store import LayerStore
+    from layerscope.store.store_lock import store_writer
 
     with store_writer(out):
         store = LayerStore.open(out, allow_incomplete=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from layerscope.errors import InputError
 from layerscope.model.tokenize import Encoder
-from layerscope.runtime.store_layout import LENGTHS, TEXTS
+from layerscope.store.store_layout import LENGTHS, TEXTS
 
 LENGTH_CHUNK = 4096  # texts tokenized at a time for their lengths
 

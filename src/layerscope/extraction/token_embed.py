@@ -1,5 +1,5 @@
 """Token-level vectors of a small list of texts, in memory (what analyses on tokens read): the same batches,
-engine call and ragged layout as a token store (runtime/token_store.py), without the store.
+engine call and ragged layout as a token store (store/token_store.py), without the store.
 
 A corpus is read in chunks (``token_chunks``): each chunk's token vectors, every layer asked, fit in
 ``CHUNK_BYTES``, so what an analysis holds at once is bounded by that, not by the corpus; each engine batch
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layerscope.runtime.token_store import offsets_of, token_counts
+from layerscope.store.token_store import offsets_of, token_counts
 
 
 @dataclass
@@ -68,7 +68,7 @@ def embed_tokens(eng, texts: list[str], layers: list[str], *, batch_tokens: int 
                  bar=None) -> TokenVectors:
     """Token vectors of ``texts`` (``lengths``: their untruncated token lengths, when known already; ``bar``:
     a progress count advanced by the texts of each engine batch)."""
-    from layerscope.runtime.batching import DEFAULT_MAX_BATCH, encode_plan
+    from layerscope.extraction.batching import DEFAULT_MAX_BATCH, encode_plan
 
     encoder = eng.encoder(max_length, prompt)
     encoder.details = True

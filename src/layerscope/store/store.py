@@ -26,13 +26,13 @@ import numpy as np
 
 from layerscope.atomic import write_json_atomic
 from layerscope.errors import LayerscopeError, StoreError
-from layerscope.runtime import store_dtype as sd
+from layerscope.store import store_dtype as sd
 from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
-from layerscope.runtime.store_check import checksums, layout_problems, structure_sha256
-from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
-from layerscope.runtime.store_spec import FORMAT_VERSION, READS, StoreSpec
+from layerscope.store.store_check import checksums, layout_problems, structure_sha256
+from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
+from layerscope.store.store_spec import FORMAT_VERSION, READS, StoreSpec
 
-from layerscope.runtime.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
+from layerscope.store.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
 
 
 def _release_pages(arr: np.ndarray) -> None:
@@ -230,7 +230,7 @@ class LayerStore:
     @property
     def token_layers(self) -> list[str]:
         """The layers whose token vectors the store holds (``extract --tokens``; [] without them)."""
-        from layerscope.runtime.token_store import TokenSection
+        from layerscope.store.token_store import TokenSection
 
         sec = TokenSection.of(self.meta)
         return list(sec.layers) if sec is not None else []
@@ -296,9 +296,9 @@ class LayerStore:
 
     def tokens(self, layer: int | str):
         """Token-level vectors of ``layer`` (stores made with ``extract --tokens``), memory-mapped: a
-        ``TokenLayer`` (runtime/token_store.py) with ``offsets``, ``ids``, ``special``, ``spans`` and
+        ``TokenLayer`` (store/token_store.py) with ``offsets``, ``ids``, ``special``, ``spans`` and
         float32 reads per text (``text(i)``), per token id (``of_id``) or per slice (``rows``)."""
-        from layerscope.runtime.token_store import open_token_layer
+        from layerscope.store.token_store import open_token_layer
 
         return open_token_layer(self.path, self.meta, self.resolve_layer(layer))
 
@@ -378,7 +378,7 @@ class LayerStore:
             meta = json.loads((path / STORE_JSON).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             return 0, [f"{STORE_JSON} cannot be read ({exc})"]
-        from layerscope.runtime.store_check import verify
+        from layerscope.store.store_check import verify
 
         return verify(path, meta)
 

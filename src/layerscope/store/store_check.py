@@ -27,7 +27,7 @@ import numpy as np
 
 from layerscope.hashing import file_sha256
 
-from layerscope.runtime.store_layout import DONE, LENGTHS, TEXTS, array_rels
+from layerscope.store.store_layout import DONE, LENGTHS, TEXTS, array_rels
 STRUCTURE_KEYS = ("format_version", "n", "layers", "poolings", "hidden_size", "dtype", "manifest")
 
 
@@ -35,7 +35,7 @@ def structure_sha256(meta: dict[str, Any]) -> str:
     """Hash of the fields that say what the arrays hold; recorded at creation, checked on every open."""
     fields = {k: meta.get(k) for k in STRUCTURE_KEYS}
     fields["corpus_sha256"] = (meta.get("settings") or {}).get("corpus_sha256")
-    if meta.get("token_arrays"):  # token-level arrays (runtime/token_store.py); absent from pooled-only stores
+    if meta.get("token_arrays"):  # token-level arrays (store/token_store.py); absent from pooled-only stores
         fields["token_arrays"] = meta["token_arrays"]
     fields = json.loads(json.dumps(fields))  # as store.json will hold them (keys as strings, tuples as lists)
     blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
@@ -106,7 +106,7 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     try:
         n, hidden = int(meta["n"]), int(meta["hidden_size"])
         layers, poolings = list(meta["layers"]), list(meta["poolings"])
-        from layerscope.runtime.store_dtype import disk_dtype
+        from layerscope.store.store_dtype import disk_dtype
 
         dtype = disk_dtype(meta["dtype"])
         num_layers = int(meta["manifest"]["num_layers"])
@@ -133,7 +133,7 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
     problem = _check_npy(root, DONE, (n,), np.dtype(np.uint8))
     if problem:
         problems.append(problem)
-    from layerscope.runtime.token_store import token_layout_problems
+    from layerscope.store.token_store import token_layout_problems
 
     problems += token_layout_problems(root, meta, _check_npy)
     texts = root / TEXTS
@@ -175,7 +175,7 @@ def _names(problems: list[str], rel: str) -> bool:
 
 
 def checksum_files(meta: dict[str, Any], root: Path) -> list[str]:
-    from layerscope.runtime.token_store import token_files
+    from layerscope.store.token_store import token_files
 
     rels = array_files(meta) + [DONE, TEXTS] + token_files(meta)
     return rels + ([LENGTHS] if (Path(root) / LENGTHS).is_file() else [])
@@ -200,7 +200,7 @@ def _count_lines(path: Path) -> int:
 
 def _nonfinite_problems(root: Path, meta: dict[str, Any], problems: list[str]) -> list[str]:
     """A line for every vector array (pooled and token) that holds NaN or inf, read in chunks."""
-    from layerscope.runtime.token_store import TokenSection, layer_file, nonfinite_count
+    from layerscope.store.token_store import TokenSection, layer_file, nonfinite_count
 
     try:
         sec = TokenSection.of(meta)
@@ -240,7 +240,7 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
         if file_sha256(root / rel) != sha:
             problems.append(f"{rel} does not match the sha256 recorded when the store was made (damaged or "
                             "edited); the store's writers rely on it")
-    from layerscope.runtime.store_ranges import foreign_marks
+    from layerscope.store.store_ranges import foreign_marks
 
     sid = meta.get("store_id") if isinstance(meta.get("store_id"), str) else None
     foreign = foreign_marks(root, sid)

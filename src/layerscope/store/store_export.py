@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import InputError, MissingExtraError
-from layerscope.runtime.store import LayerStore
+from layerscope.store.store import LayerStore
 
 FORMATS = ("parquet", "safetensors")
 ROW_GROUP = 8192
@@ -43,7 +43,7 @@ def _description(store: LayerStore) -> dict[str, Any]:
 def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None, *,
                  force: bool = False, tokens: bool = False) -> Path:
     """Write the store as ``fmt`` (parquet or safetensors); return the file's path. ``tokens``: its
-    token-level vectors instead (runtime/token_export.py), default ``<store>.tokens.<fmt>``."""
+    token-level vectors instead (store/token_export.py), default ``<store>.tokens.<fmt>``."""
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt}: choose parquet or safetensors")
     store = LayerStore.open(store_path)
@@ -60,7 +60,7 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
         try:
             tmp = _temporary(out)
             if tokens:
-                from layerscope.runtime.token_export import token_parquet, token_safetensors
+                from layerscope.store.token_export import token_parquet, token_safetensors
 
                 (token_parquet if fmt == "parquet" else token_safetensors)(store, tmp)
             else:
@@ -110,7 +110,7 @@ def _check_folder(out: Path) -> None:
 
 def _write_error(out: Path, exc: OSError) -> Exception:
     from layerscope.errors import StoreError
-    from layerscope.runtime.store_space import FULL
+    from layerscope.store.store_space import FULL
 
     why = (exc.strerror or str(exc) or type(exc).__name__).splitlines()[0][:160]
     if exc.errno in FULL or "No space left" in str(exc) or "Disk quota" in str(exc):
@@ -161,7 +161,7 @@ def _parquet(store: LayerStore, path: Path) -> None:
 
 def _block(store: LayerStore, pooling: str, layer: str, start: int, stop: int):
     """Rows ``[start, stop)`` as written to a file: float16 as stored, else float32 (bfloat16 decoded)."""
-    from layerscope.runtime.store_dtype import decode
+    from layerscope.store.store_dtype import decode
 
     raw = store.raw((pooling, layer))[start:stop]
     return raw if store.dtype in ("float32", "float16") else decode(raw, store.dtype)

@@ -9,7 +9,7 @@ and the exporters) asks this module for a path; none spells a file name of its o
     lengths.npy                      int32 [n]: each text's token count
     ray-offsets.npy                  byte offset of every GRANULE-th row of texts.jsonl (for range writers)
     arrays/<pooling>/<layer>.npy     [n, hidden] pooled vectors (arrays.partial/ while being reserved)
-    tokens/...                       token-level arrays (``extract --tokens``; runtime/token_store.py)
+    tokens/...                       token-level arrays (``extract --tokens``; store/token_store.py)
     ranges/<k>.claim, <k>.done       per-range claims and done marks of range writers
     .layerscope                      the ownership record (``ownership.py``: which files layerscope wrote)
 

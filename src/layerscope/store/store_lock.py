@@ -75,7 +75,7 @@ _RANGE_MARK = re.compile(r"\d+\.(claim|done)")
 
 def _range_marks(store_dir: Path) -> list[str]:
     """The claims and done marks range writers left under ``ranges/`` (named by their layout)."""
-    from layerscope.runtime.store_layout import RANGES
+    from layerscope.store.store_layout import RANGES
 
     folder = store_dir / RANGES
     if not folder.is_dir() or folder.is_symlink():
@@ -93,7 +93,7 @@ def _record(store_dir: Path, before: list[str], ok: bool) -> None:
     known = None
     if ok:
         try:
-            from layerscope.runtime.store_layout import StoreLayout
+            from layerscope.store.store_layout import StoreLayout
 
             sums = json.loads(StoreLayout(store_dir).store_json.read_text(encoding="utf-8")).get("checksums") or {}
             known = {rel: rec["sha256"] for rel, rec in sums.items() if isinstance(rec, dict) and rec.get("sha256")}

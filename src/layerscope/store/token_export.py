@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import MissingExtraError
-from layerscope.runtime.token_store import TokenLayer
+from layerscope.store.token_store import TokenLayer
 
 ROW_GROUP = 65536
 CHUNK = 1 << 16  # tokens copied at a time

@@ -4,7 +4,7 @@ Inside the store directory (``extract ... --tokens``)::
 
     tokens/offsets.npy     int64 [n + 1]: text i's tokens are rows offsets[i]:offsets[i+1] of every array
     tokens/<layer>.npy     [total_tokens, hidden] in the store's token dtype (float32, float16, or
-                           bfloat16 kept as uint16: runtime/store_dtype.py)
+                           bfloat16 kept as uint16: store/store_dtype.py)
     tokens/ids.npy         int32 [total_tokens]: token ids
     tokens/special.npy     uint8 [total_tokens]: 1 for special tokens (BOS, CLS, SEP, EOS, an empty text's
                            fallback token)
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import StoreError
-from layerscope.runtime import store_dtype
-from layerscope.runtime.store_layout import TOKENS
-from layerscope.runtime.store_space import FULL, allocate_npy, check_free, no_space
+from layerscope.store import store_dtype
+from layerscope.store.store_layout import TOKENS
+from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
 
 OFFSETS = f"{TOKENS}/offsets.npy"
 IDS = f"{TOKENS}/ids.npy"
@@ -210,7 +210,7 @@ class TokenWriter:
 
     def flush(self) -> None:
         """Everything written so far is on disk (call before the rows are marked done)."""
-        from layerscope.runtime.store import _release_pages
+        from layerscope.store.store import _release_pages
 
         for arr in self._arrays.values():
             arr.flush()

@@ -4,7 +4,7 @@
 token lengths are known, and says what they cost; ``TokenRun.run`` gets a batch's pooled vectors and
 token states from one forward pass (``Engine.run_with_tokens``) and writes the tokens into their ranges;
 ``TokenRun.commit`` flushes them before the store marks the rows done; ``TokenRun.finish`` writes the
-token strings before the store's checksums are taken. The arrays themselves: ``runtime/token_store.py``.
+token strings before the store's checksums are taken. The arrays themselves: ``store/token_store.py``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from layerscope.errors import StoreError
-from layerscope.runtime import store_dtype
-from layerscope.runtime.token_store import (SECTION, TokenSection, TokenWriter, create_token_arrays,
+from layerscope.store import store_dtype
+from layerscope.store.token_store import (SECTION, TokenSection, TokenWriter, create_token_arrays,
                                             describe_cost)
 
 log = logging.getLogger("layerscope")
@@ -61,7 +61,7 @@ def start_tokens(store, lengths: np.ndarray, layers: list[str]) -> TokenRun | No
         log.info(describe_cost(int(np.minimum(np.maximum(lengths, 1), max_length).sum()), len(lengths), layers,
                                hidden, want.dtype))
         section = create_token_arrays(Path(store.path), lengths, max_length, layers, hidden, want.dtype)
-        from layerscope.runtime.store_check import structure_sha256
+        from layerscope.store.store_check import structure_sha256
 
         meta = {**store.meta, SECTION: section.to_dict()}
         store.update_meta({SECTION: section.to_dict(), "structure_sha256": structure_sha256(meta)})
