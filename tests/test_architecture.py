@@ -19,6 +19,7 @@ is no longer needed (the edge is gone or no longer breaks a rule), so it cannot 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -426,3 +427,19 @@ def test_model_floor_never_loads_onnxruntime_and_no_torch_at_import():
                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_no_subpackage_shadows_a_public_name():
+    """Catches: a package or module named like a lazy public name (``layerscope/extract/``), which, once imported,
+    replaces ``layerscope.extract`` the function with the module (``from layerscope import extract`` gets it)."""
+    import layerscope
+
+    children = {p.stem for p in (SRC / "layerscope").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert sorted(children & set(layerscope._LAZY)) == []
+    code = ("import importlib, layerscope\n"
+            "for m in set(layerscope._LAZY.values()): importlib.import_module(m)\n"
+            "from layerscope import LayerStore, embed, extract\n"
+            "print(type(LayerStore).__name__, type(embed).__name__, type(extract).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(SRC)}).stdout.split()
+    assert out == ["type", "function", "function"]
