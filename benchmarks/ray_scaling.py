@@ -34,8 +34,8 @@ def main() -> None:
 
     import numpy as np
 
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.ray_extract import extract_ray
+    from layerscope.extraction.pipeline import extract
+    from layerscope.extraction.ray_extract import extract_ray
 
     out = Path(args.out)
     rows = []

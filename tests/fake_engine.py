@@ -69,7 +69,7 @@ def install_range_faults() -> None:
     import time
     from pathlib import Path
 
-    from layerscope.runtime.range_writer import RangeWriter
+    from layerscope.extraction.range_writer import RangeWriter
 
     stall, delay, kill_dir = os.environ.get(STALL_RANGE), os.environ.get(RANGE_DELAY), os.environ.get(KILL_DIR)
     if not (stall or delay or kill_dir) or getattr(RangeWriter.run, "with_faults", False):

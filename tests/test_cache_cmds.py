@@ -116,7 +116,7 @@ def test_clear_leaves_a_store_that_a_run_is_writing(home, bert_export, tmp_path,
 
     import numpy as np
 
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     words = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
     rng = np.random.default_rng(3)

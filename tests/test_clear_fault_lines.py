@@ -47,7 +47,7 @@ def corpus(tmp_path) -> Path:
 # ---------------------------------------------------------------- --out through a symlink
 
 def test_force_through_a_symlinked_out_is_refused(bert_export, corpus, tmp_path, capsys):
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     store = tmp_path / "S"
     extract(bert_export, str(corpus), store, engine="ort", poolings=["mean"])
@@ -101,7 +101,7 @@ def test_a_read_only_out_is_refused_before_the_work(command, readonly_dir, bert_
     elif command == "export":
         args = ["export", tiny_model("bert"), "--out", out]
     else:
-        from layerscope.runtime.pipeline import extract
+        from layerscope.extraction.pipeline import extract
 
         extract(bert_export, str(corpus), tmp_path / "S", engine="ort", poolings=["mean"])
         args = ["index", "build", "--store", tmp_path / "S", "--out", out]
@@ -172,7 +172,7 @@ def test_a_results_json_nested_too_deep_is_one_line(bert_export, tmp_path, capsy
 
 @pytest.mark.parametrize("kind", ["binary", "hnsw-x", None])
 def test_an_index_json_whose_kind_was_edited_is_one_line(kind, bert_export, corpus, tmp_path, capsys):
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     extract(bert_export, str(corpus), tmp_path / "S", engine="ort", poolings=["mean"])
     index = tmp_path / "I"

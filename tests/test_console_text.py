@@ -19,7 +19,7 @@ def flat(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def bracket_store(bert_export, tmp_path_factory):
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     root = tmp_path_factory.mktemp("brackets")
     corpus = root / "c.txt"

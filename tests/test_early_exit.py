@@ -111,8 +111,8 @@ def test_pruned_graph_has_no_node_of_a_later_block(family, exports):
 
 
 def test_a_store_of_the_first_layers_equals_those_layers_of_a_full_store(exports, tmp_path):
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.store import LayerStore
+    from layerscope.extraction.pipeline import extract
+    from layerscope.store.store import LayerStore
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS * 3) + "\n", encoding="utf-8")

@@ -9,7 +9,7 @@ TEXTS = ["a cat sat on the mat", "the train leaves at noon"]
 
 def test_embed_all_layers_takes_store_keys(bert_export, tmp_path):
     import layerscope
-    from layerscope.runtime.pipeline import embed, extract
+    from layerscope.extraction.pipeline import embed, extract
 
     got = embed(str(bert_export), TEXTS, engine="ort", layers="all", poolings=["mean"])
     store = extract(str(bert_export), TEXTS, tmp_path / "s", engine="ort", layers="all", poolings=["mean"]).store

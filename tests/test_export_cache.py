@@ -35,7 +35,7 @@ def model_dir(tmp_path) -> Path:
 
 
 def _outputs(handle, texts):
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     return embed(handle, texts, engine="ort", layers="all", poolings=["mean"])
 

@@ -35,7 +35,7 @@ def test_no_empty_trt_cache_where_tensorrt_never_started(bert_export, tmp_path):
     from layerscope.engines.ort import TensorrtEngine
     from layerscope.errors import EngineUnavailableError
     from layerscope.model.handle import ModelHandle
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: TensorRT may start")

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from cli_helpers import one_error, run_cli, sha
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", "hello there", "a man plays guitar"]
 OTHER = ["A plane is taking off.", "A woman slices an onion.", "Rain falls on the city.", "Kids play football.",
@@ -220,7 +220,7 @@ def test_result_folder_parts_are_slugged_and_checked_under_the_root(tmp_path):
 
 
 def _rehash(store: Path, meta: dict) -> None:
-    from layerscope.runtime.store_check import structure_sha256
+    from layerscope.store.store_check import structure_sha256
 
     meta["structure_sha256"] = structure_sha256(meta)
     (store / "store.json").write_text(json.dumps(meta))
@@ -260,7 +260,7 @@ def test_store_json_paths_stay_inside_the_store(field, bert_export, tmp_path, ca
 
 HOLD = """
 import sys, time
-from layerscope.runtime.store_lock import store_lock  # the same OS lock every --out writer takes
+from layerscope.store.store_lock import store_lock  # the same OS lock every --out writer takes
 with store_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)

@@ -40,7 +40,7 @@ def test_every_local_dataset_form_reads_in_order_with_ids(saved, kind, split):
 
 
 def test_extract_from_a_saved_dataset_on_the_command_line(saved, tiny_model, tmp_path, capsys):
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     out = tmp_path / "store"
     code, text = run_cli(["extract", "--model", str(tiny_model("bert")), "--engine", "torch", "--dataset",

@@ -14,15 +14,15 @@ import pytest
 
 import layerscope
 from cli_helpers import run_cli
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
 TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", "hello there", "a man plays guitar"]
 
 HOLD = """
 import sys, time
-from layerscope.runtime.store_lock import store_lock  # the lock every --out writer takes
+from layerscope.store.store_lock import store_lock  # the lock every --out writer takes
 with store_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)

@@ -94,13 +94,13 @@ def test_a_manifest_without_required_facts_is_one_line():
 
 def test_an_old_copy_without_a_version_still_opens_from_a_store(tmp_path):
     """Catches: a store written before manifests had a format version (or typed fields) that no longer opens."""
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     old = _plain()  # as describe_model wrote it before, with no format_version key at all
     del old["layers"], old["sentence_transformers"]
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "texts.jsonl").write_text('{"id": "0", "text": "a"}\n{"id": "1", "text": "b"}\n')
-    from layerscope.runtime.store_spec import StoreSpec
+    from layerscope.store.store_spec import StoreSpec
 
     store = LayerStore.create(tmp_path / "s", n=2, spec=StoreSpec.bare(["0"], ["mean"]), hidden_size=8, manifest=old)
     store.close()

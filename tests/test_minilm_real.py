@@ -5,7 +5,7 @@ Agreement reached (issue 16's measurement; onnxruntime 1.31 CPU, torch 2.13): ma
 vectors 2.8e-7, 1 - cosine 1.2e-12. The bound below (atol 1e-5) leaves a ~35x margin for another CPU or
 BLAS, and still fails on differences a cosine >= 0.9999 bound let through.
 
-Catches: storing float16 by default (``dtype="float16"`` in runtime/pipeline.py ``extract``): every
+Catches: storing float16 by default (``dtype="float16"`` in extraction/pipeline.py ``extract``): every
 cosine stays above 0.9999 (the old bound), the vectors differ by ~1e-4."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
     from layerscope.export.exporter import export_model
 
     from layerscope.model.source import resolve_source
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     texts = sts_sentences(sts_dir / "sts-test.csv")
     assert len(texts) == 2758

@@ -13,11 +13,11 @@ TEXTS = ["a cat sat on the mat", "the weather today is sunny", "water boils"]
 
 def test_open_keeps_its_engine_and_the_callers_layer_names(tiny_model, monkeypatch):
     import layerscope.engines.base as base
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     made = []
     real = base.create_engine
-    import layerscope.runtime.pipeline as pipeline
+    import layerscope.extraction.pipeline as pipeline
 
     counting = lambda *a, **k: made.append(a) or real(*a, **k)  # noqa: E731
     monkeypatch.setattr(base, "create_engine", counting)

@@ -16,8 +16,8 @@ import pytest
 from layerscope.errors import InputError
 from layerscope.export.exporter import export_model
 from layerscope.model.source import resolve_source
-from layerscope.runtime.pipeline import embed, extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import embed, extract
+from layerscope.store.store import LayerStore
 from cli_helpers import run_cli as cli
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()

@@ -214,8 +214,8 @@ def test_auto_records_its_pick_so_resume_never_mixes_precisions(export_dir, tmp_
     from layerscope.engines.auto import recorded_min_cosine
     from layerscope.errors import StoreError
     from layerscope.export.variants import make_variant
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.store import LayerStore
+    from layerscope.extraction.pipeline import extract
+    from layerscope.store.store import LayerStore
 
     make_variant(export_dir, "int8")
     make_variant(export_dir, "ov-fp32")

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("openvino")
 
-from layerscope.runtime.batching import iter_pooled  # noqa: E402
+from layerscope.extraction.batching import iter_pooled  # noqa: E402
 
 TEXTS = ["a dog plays in the snow", "Hi", "the weather is sunny and warm today, so we walk to the lake",
          "she bought apples", "two dogs near the lake", "embedding models turn sentences into vectors",

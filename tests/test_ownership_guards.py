@@ -41,7 +41,7 @@ def test_a_same_size_edit_makes_a_file_the_users(tmp_path):
 def test_a_store_writer_leaves_out_what_was_there_before_it_started(tmp_path):
     """A file the user put into a store (with a record) before a writer (resume, a shard) started is not
     recorded as layerscope's when the writer ends; what the writer made is."""
-    from layerscope.runtime.store_lock import store_writer
+    from layerscope.store.store_lock import store_writer
 
     d = _recorded_dir(tmp_path)
     (d / "my_plot.png").write_bytes(b"png")

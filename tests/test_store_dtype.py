@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from layerscope.errors import InputError
-from layerscope.runtime import store_dtype as sd
+from layerscope.store import store_dtype as sd
 
 
 def test_bfloat16_is_upper_half_rounded_to_nearest_even():

@@ -16,11 +16,11 @@ TEXTS = ["a cat sat on the mat", "", "the weather today is sunny", "water boils 
 
 @pytest.fixture(scope="module")
 def store(tiny_model, tmp_path_factory):
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     out = tmp_path_factory.mktemp("export-store") / "store"
     extract(str(tiny_model("bert")), TEXTS, out, engine="torch", layers="0,-1", poolings=["mean", "cls"])
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     return LayerStore.open(out)
 
@@ -28,7 +28,7 @@ def store(tiny_model, tmp_path_factory):
 def test_parquet_holds_ids_texts_and_every_vector(store, tmp_path, capsys, monkeypatch):
     import pyarrow.parquet as pq
 
-    import layerscope.runtime.store_export as se
+    import layerscope.store.store_export as se
 
     monkeypatch.setattr(se, "ROW_GROUP", 2)  # several row groups, as in a large store
     path = tmp_path / "s.parquet"
@@ -60,7 +60,7 @@ def test_safetensors_holds_ids_texts_and_every_vector(store, tmp_path, capsys):
 
 
 def test_force_replaces_only_layerscopes_own_file(store, tmp_path):
-    from layerscope.runtime.store_export import export_store
+    from layerscope.store.store_export import export_store
 
     path = tmp_path / "x.parquet"
     path.write_text("someone else's file")

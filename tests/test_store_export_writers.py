@@ -31,7 +31,7 @@ def env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def store(bert_export, tmp_path_factory):
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     out = tmp_path_factory.mktemp("export-writers") / "store"
     extract(bert_export, TEXTS, out, engine="ort", layers="0,-1")

@@ -39,7 +39,7 @@ def test_no_record_no_pool(tmp_path):
 
 def test_pool_batches_equal_the_threads(bert_export):
     from layerscope.export.open import open_engine
-    from layerscope.runtime.batching import encode_plan
+    from layerscope.extraction.batching import encode_plan
 
     eng = open_engine(bert_export, "ort")
     enc = eng.encoder()
@@ -58,8 +58,8 @@ def test_pool_batches_equal_the_threads(bert_export):
 def test_extraction_with_a_recorded_need_runs_the_pool(bert_export, tmp_path, monkeypatch):
     from layerscope.engines.speed_order import cpu_identity
     from layerscope.model.handle import ModelHandle
-    from layerscope.runtime.pipeline import extract
-    from layerscope.runtime.store import LayerStore
+    from layerscope.extraction.pipeline import extract
+    from layerscope.store.store import LayerStore
 
     plain = extract(bert_export, TEXTS, tmp_path / "plain", engine="ort", layers="all", batch_tokens=24)
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))

@@ -16,8 +16,8 @@ import pytest
 from layerscope.errors import InputError, LayerscopeError
 from layerscope.export.exporter import export_model
 from layerscope.model.source import resolve_source
-from layerscope.runtime.pipeline import extract
-from layerscope.runtime.store import LayerStore
+from layerscope.extraction.pipeline import extract
+from layerscope.store.store import LayerStore
 from cli_helpers import run_cli as cli
 
 MARKER = ".layerscope.json"

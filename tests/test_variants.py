@@ -111,7 +111,7 @@ def test_int8_block_quantizes_weights_per_block_and_keeps_pooling_fp32(export_di
 def test_engine_runs_a_variant_and_matches_fp32(export_dir):
     from layerscope.engines.base import create_engine
     from layerscope.export.variants import make_variant
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     make_variant(export_dir, "opt")
     texts = ["a quick test", "the dog plays in the snow near the lake", "hi"]
@@ -125,7 +125,7 @@ def test_engine_runs_a_variant_and_matches_fp32(export_dir):
 
 def test_token_level_pooling_matches_in_graph(export_dir):
     from layerscope.engines.base import create_engine
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     texts = ["one", "two words here", "a somewhat longer sentence with more tokens in it"]
     a = embed(str(export_dir), texts, engine=create_engine("ort", str(export_dir)), poolings=["mean", "max"])

@@ -103,7 +103,7 @@ def hf_layers(ckpt: Path, model_type: str, texts: list[str], side: str) -> list[
 
 def check_store_tokens(export: Path, ref: list[dict[str, np.ndarray]], out: Path) -> float:
     """``extract --tokens`` with ONNX Runtime; every stored layer of every text against ``ref``."""
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     store = extract(str(export), TEXTS, out, engine="ort", layers="all", poolings=["mean"], tokens=True,
                     batch_tokens=64).store

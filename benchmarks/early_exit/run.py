@@ -40,7 +40,7 @@ def texts_of(args) -> list[str]:
 def child(args) -> dict:
     """One engine at one depth, in this process."""
     from layerscope.export.open import open_engine
-    from layerscope.runtime.pipeline import iter_pooled
+    from layerscope.extraction.pipeline import iter_pooled
 
     texts = texts_of(args)
     load_before = os.getloadavg()[0]

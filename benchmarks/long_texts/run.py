@@ -27,7 +27,7 @@ from pathlib import Path
 CHILD = r"""
 import json, re, sys
 from layerscope.errors import LayerscopeError
-from layerscope.runtime.pipeline import extract
+from layerscope.extraction.pipeline import extract
 export, corpus, out, engine, mode = sys.argv[1:6]
 try:
     rep = extract(export, corpus, out, engine=engine, layers="all", poolings=["mean"], tokens=mode == "tokens",

@@ -32,7 +32,7 @@ import numpy as np
 def _batches(export_dir: Path, texts: list[str], batch_tokens: int):
     from layerscope.model.handle import ModelHandle
     from layerscope.model.tokenize import Encoder
-    from layerscope.runtime.batching import plan_batches
+    from layerscope.extraction.batching import plan_batches
 
     handle = ModelHandle.resolve(export_dir)
     enc = Encoder(handle.encoding_tokenizer(), list(handle.manifest.inputs), handle.manifest.max_length)

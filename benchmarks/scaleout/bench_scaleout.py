@@ -93,7 +93,7 @@ import fake_engine
 fake_engine.register_fake()  # the driver checks the engine's name
 ray.init(num_cpus=int(sys.argv[3]), include_dashboard=False, log_to_driver=False,
          runtime_env={"worker_process_setup_hook": "fake_engine.setup"})
-from layerscope.runtime.ray_extract import extract_ray
+from layerscope.extraction.ray_extract import extract_ray
 args = json.loads(sys.argv[1])
 t = time.perf_counter()
 extract_ray(address="local", workers=int(sys.argv[3]), **args, out=sys.argv[2])
@@ -175,7 +175,7 @@ def old_merge() -> dict:
                          capture_output=True, text=True, check=True).stdout
     ns: dict = {}
     exec(compile(src, "old_ray_shards.py", "exec"), ns)
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     work = Path(tempfile.mkdtemp(prefix="merge-"))
     try:
@@ -206,8 +206,8 @@ def old_merge() -> dict:
 WRITER = """
 import sys, time, numpy as np
 from pathlib import Path
-from layerscope.runtime import store_ranges
-from layerscope.runtime.range_writer import RangeWriter
+from layerscope.store import store_ranges
+from layerscope.extraction.range_writer import RangeWriter
 
 store, index, count, rows, hidden, layers = sys.argv[1], *map(int, sys.argv[2:7])
 
@@ -238,7 +238,7 @@ def new_writes() -> list[dict]:
     row size as ``old_merge``), no engine."""
     import numpy as np
 
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     n, hidden, layers, rows = 2048, 2048, 37, 512
     out = []

@@ -3,7 +3,7 @@
     python benchmarks/scaleout/half_error.py
 
 Prints, per pooling and layer, the largest absolute error and the smallest row cosine of the vectors read
-back from each half-size type (``runtime/store_dtype.error_stats``), the figures the refusal bar in
+back from each half-size type (``store/store_dtype.error_stats``), the figures the refusal bar in
 ``store_dtype.MIN_COSINE`` is set from.
 """
 
@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 
-from layerscope.runtime.pipeline import embed
-from layerscope.runtime.store_dtype import error_stats
+from layerscope.extraction.pipeline import embed
+from layerscope.store.store_dtype import error_stats
 
 STS = Path(os.environ.get("LAYERSCOPE_STS_DIR", Path(__file__).resolve().parents[3] / "shared" / "data" / "stsbenchmark"))
 

@@ -49,7 +49,7 @@ def main() -> None:
     from layerscope.engines.speed_order import cpu_identity
     from layerscope.export.open import open_engine
     from layerscope.model.tokenize_pool import measure, record
-    from layerscope.runtime.batching import plan_batches
+    from layerscope.extraction.batching import plan_batches
 
     texts = texts_of(args)
     load_before = os.getloadavg()[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 CHILD = """
 import sys, time
-from layerscope.runtime.pipeline import extract
+from layerscope.extraction.pipeline import extract
 t = time.perf_counter()
 rep = extract(sys.argv[1], sys.argv[2], sys.argv[3], engine="ort", layers="0,3,6", poolings=["mean"], tokens=True,
               store_dtype="float16", window=4096)

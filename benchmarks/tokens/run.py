@@ -47,7 +47,7 @@ def du(path: Path) -> int:
 
 
 def run(export: str, texts: list[str], label: str, tmp: Path) -> list[dict]:
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     rows = []
     for name, kw in (("pooled", {}), ("tokens-float32", {"tokens": True}),

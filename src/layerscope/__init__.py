@@ -7,8 +7,8 @@ module on first use, so ``import layerscope`` stays light (no numpy, torch or ON
 __version__ = "0.1.0"
 
 # public name -> the module that defines it, imported on first access
-_LAZY = {"LayerStore": "layerscope.runtime.store", "embed": "layerscope.runtime.pipeline",
-         "extract": "layerscope.runtime.pipeline"}
+_LAZY = {"LayerStore": "layerscope.store.store", "embed": "layerscope.extraction.pipeline",
+         "extract": "layerscope.extraction.pipeline"}
 __all__ = ["LayerStore", "embed", "extract", "open", "__version__"]
 
 

@@ -146,7 +146,7 @@ def _writer_lock(entry: Entry):
     """Take the lock a writer of ``entry`` holds (a store's write lock, an export's file lock), so it is
     never removed under a run that is filling it; a function releasing it, or None when it is held."""
     if entry.kind == "stores":
-        from layerscope.runtime.store_lock import StoreLockedError, acquire, release
+        from layerscope.store.store_lock import StoreLockedError, acquire, release
 
         try:
             fd = acquire(entry.path)

@@ -11,7 +11,7 @@ def verify_path(path: Path) -> tuple[int, list[str]]:
     """(files verified, one line per problem) for a store or an export dir."""
     path = Path(path)
     if (path / "store.json").is_file():
-        from layerscope.runtime.store import LayerStore
+        from layerscope.store.store import LayerStore
 
         return LayerStore.verify(path)
     if (path / "manifest.json").is_file():

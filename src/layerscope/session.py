@@ -101,7 +101,7 @@ class EmbeddingModel:
         """``{(pooling, layer): [n, hidden]}`` with each layer keyed as it was asked for.
 
         ``poolings`` defaults to the model's own (``st`` for a sentence-transformers checkpoint)."""
-        from layerscope.runtime.pipeline import embed
+        from layerscope.extraction.pipeline import embed
 
         self._check_open()
         texts = [texts] if isinstance(texts, str) else list(texts)

@@ -50,7 +50,7 @@ def _direct_retrieval(src, tgt):
 
 def test_alignment_z_and_retrieval_match_numpy(tmp_path, tiny_model):
     from layerscope.data.bilingual import generate_pairs
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     model = tiny_model("bert")
     out, res = run_analysis("alignment", _ctx(tmp_path, model, "al", options={
@@ -96,7 +96,7 @@ def test_alignment_bad_input_fails_before_models(tmp_path, tiny_model):
 
 def test_similarity_cka_heatmap_and_values(tmp_path, tiny_model):
     from layerscope.data.bilingual import generate_pairs
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     model = tiny_model("bert")
     out, res = run_analysis("similarity", _ctx(tmp_path, model, "sim", options={"n": 15, "knn": 4}))
@@ -139,7 +139,7 @@ def test_store_similarity_index_and_search(tmp_path, tiny_model):
     transposed, in analyses/similarity.py ``combine`` (``cka_matrix(get_a, la, get_a, la, ...)``): both
     keep the matrix's shape, which was all the test checked."""
     from layerscope.index.store_index import build_store_index, search_index
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     texts = [f"the cat number {i} sat on mat {i % 7}" for i in range(40)]
     corpus = tmp_path / "c.txt"

@@ -34,7 +34,7 @@ def splits(tmp_path) -> dict[str, Path]:
 @pytest.fixture()
 def passes(monkeypatch, tmp_path) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
     """Every pass of texts through a model that an analysis asks for: (how, texts, poolings)."""
-    import layerscope.runtime.pipeline as pipeline
+    import layerscope.extraction.pipeline as pipeline
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     seen: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []

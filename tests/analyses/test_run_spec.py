@@ -148,9 +148,9 @@ def test_locked_cache_store_keeps_max_length_and_batch_tokens(monkeypatch):
     """When another run holds the cache store, the vectors are computed in memory with the run's settings."""
     from types import SimpleNamespace
 
-    import layerscope.runtime.pipeline as pipeline
+    import layerscope.extraction.pipeline as pipeline
     from layerscope.analyses import cache
-    from layerscope.runtime.store_lock import StoreLockedError
+    from layerscope.store.store_lock import StoreLockedError
 
     seen = {}
 

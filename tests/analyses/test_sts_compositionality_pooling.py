@@ -248,7 +248,7 @@ def test_pooling_variants_quantization_and_truncation(tiny_model, tmp_path):
     (``-dist`` -> ``dist`` in analyses/pooling.py ``_retrieval_binary``); the old test checked only the
     float32 and full-width rows, which are 1 by construction."""
     from layerscope.data.pairs import read_pairs
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     data = tmp_path / "pairs.tsv"
     data.write_text("".join(f"g\tf\t2020\t{i:04d}\t{sc}\t{a}\t{b}\n"

@@ -4,7 +4,7 @@ split equals what sentence-transformers' own all-MiniLM-L6-v2 embeddings give.
 Agreement reached (issue 16's measurement; onnxruntime 1.31 CPU, torch 2.13): |difference| 9.4e-10. The
 bound (1e-6) leaves a 1000x margin for another CPU or BLAS.
 
-Catches: storing float16 by default (``dtype="float16"`` in runtime/pipeline.py ``extract``), which the
+Catches: storing float16 by default (``dtype="float16"`` in extraction/pipeline.py ``extract``), which the
 old 5e-4 bound let through."""
 
 from __future__ import annotations

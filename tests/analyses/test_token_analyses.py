@@ -103,7 +103,7 @@ def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model,
     from layerscope.data.bilingual import generate_pairs
 
     if chunk_bytes:  # pairs read a few at a time: the figures are those of all pairs at once
-        monkeypatch.setattr("layerscope.runtime.token_embed.CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr("layerscope.extraction.token_embed.CHUNK_BYTES", chunk_bytes)
     model = tiny_model(family)
     ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "ta", seed=1,
                   options={"generate": "zh-en", "n": N, "bins": BINS}, cache=False)
@@ -161,7 +161,7 @@ def test_similarity_on_tokens_equals_cka_of_hf_token_states(tmp_path, tiny_model
 
 def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
     pytest.importorskip("faiss")
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     texts = ["the cat sat on the mat", "a dog runs over the river", "the quick brown fox", "lazy dogs sleep"]
     store = extract(tiny_model("bert"), texts, tmp_path / "s", engine="torch", layers="all", tokens=True).store
@@ -184,7 +184,7 @@ def test_word_context_equals_an_independent_computation(tmp_path, tiny_model, la
     import re
 
     if chunk_bytes:  # texts read one or two at a time: the figures are those of all texts at once
-        monkeypatch.setattr("layerscope.runtime.token_embed.CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr("layerscope.extraction.token_embed.CHUNK_BYTES", chunk_bytes)
 
     import torch
     from transformers import AutoModel, AutoTokenizer

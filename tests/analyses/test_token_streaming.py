@@ -42,7 +42,7 @@ def lines(monkeypatch, caplog):
 @pytest.fixture()
 def fed(monkeypatch) -> list[str]:
     """Every text a token analysis passes through the model."""
-    import layerscope.runtime.token_embed as token_embed
+    import layerscope.extraction.token_embed as token_embed
 
     seen: list[str] = []
     real = token_embed.embed_tokens
@@ -84,7 +84,7 @@ def test_token_alignment_says_how_far_it_is_on_every_batch(tiny_model, tmp_path,
 _CHILD = """
 import json, sys, tracemalloc
 from layerscope.analyses.base import Context, get_analysis, run_analysis
-import layerscope.runtime.token_embed as token_embed
+import layerscope.extraction.token_embed as token_embed
 token_embed.CHUNK_BYTES = int(sys.argv[3])
 spec = json.loads(sys.argv[2])
 cls = get_analysis(spec["name"])

@@ -1,5 +1,5 @@
 """data/ is a floor of its own: its readers import nothing of layerscope but errors and other data modules,
-not even lazily inside a function, so runtime, analyses and the bench can all read through it."""
+not even lazily inside a function, so extraction, analyses and the bench can all read through it."""
 
 from __future__ import annotations
 

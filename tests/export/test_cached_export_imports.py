@@ -62,7 +62,7 @@ def test_a_cached_export_is_found_and_extracted_without_transformers_or_torch(ti
         seen = _extract_in_child(["extract", "--model", str(model), "--engine", engine, "--input", str(corpus),
                                   "--out", str(tmp_path / f"store-{engine}")], home)
         assert seen == {"code": 0, "torch": False, "transformers": False}, engine
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     store = LayerStore.open(tmp_path / "store-ort")
     assert store.meta["settings"]["model"] == str(model)

@@ -52,7 +52,7 @@ def model_poolings(manifest, asked: list[str]) -> list[str]:
 
 def _find_superset(root, base: str, layers: list[str], poolings: list[str]):
     """A complete cached store of the same model/engine/texts holding every asked layer and pooling."""
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     if not root.exists():
         return None
@@ -75,7 +75,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     holds every asked layer and pooling (stores are extracted with every layer and every pooling of the
     model, so other choices reuse them too)."""
     from layerscope.model.home import cache_root
-    from layerscope.runtime.pipeline import embed, extract
+    from layerscope.extraction.pipeline import embed, extract
     from layerscope.vocab.layers import Layers, layer_names
 
     if not use_cache:
@@ -96,7 +96,7 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
         say(f"extracting {len(texts):,} texts with {run.engine.info.name} -> {path}")
         from layerscope.errors import Interrupted
         from layerscope.progress import mode as progress_mode
-        from layerscope.runtime.store_lock import StoreLockedError
+        from layerscope.store.store_lock import StoreLockedError
 
         try:
             store = extract(run.handle, list(texts), path, engine=run.engine,

@@ -161,7 +161,7 @@ class Similarity(Analysis):
     )
 
     def prepare(self, ctx: Context):
-        from layerscope.runtime.store import LayerStore
+        from layerscope.store.store import LayerStore
 
         o = self.options(ctx)
         if o.knn < 0:
@@ -259,7 +259,7 @@ class Similarity(Analysis):
         o = self.options(ctx)
         n = len(data["texts"])
         if o.tokens:
-            from layerscope.runtime.token_embed import embed_tokens
+            from layerscope.extraction.token_embed import embed_tokens
 
             spec = ctx.spec
             tv = embed_tokens(run.engine, data["texts"], layers, batch_tokens=spec.batch_tokens,

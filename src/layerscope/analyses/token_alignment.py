@@ -10,7 +10,7 @@ The decomposition the cross-lingual study did by hand, per layer (figures from m
 * cosine by relative position (``--bins`` equal bins of ``(p + 0.5) / len``): is alignment uniform across
   the text?
 
-Token vectors come from one forward pass per batch (runtime/token_embed.py), as ``extract --tokens`` stores them.
+Token vectors come from one forward pass per batch (extraction/token_embed.py), as ``extract --tokens`` stores them.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class TokenAlignment(Analysis):
         from layerscope.analyses.common import layers_for
         from layerscope.metrics.tokens import Side
         from layerscope.progress import steps
-        from layerscope.runtime.token_embed import embed_tokens, token_chunks, token_lengths
+        from layerscope.extraction.token_embed import embed_tokens, token_chunks, token_lengths
 
         layers = layers_for(ctx, run)
         bins = self.options(ctx).bins

@@ -148,7 +148,7 @@ class WordContext(Analysis):
         vectors and the occurrences' vectors, whatever the size of the corpus."""
         from layerscope.metrics.tokens import span_vectors
         from layerscope.progress import steps
-        from layerscope.runtime.token_embed import embed_tokens, token_chunks, token_lengths
+        from layerscope.extraction.token_embed import embed_tokens, token_chunks, token_lengths
 
         holding = np.array(sorted({t for _, t, _, _ in occ}), np.int64)
         chosen = [texts[t] for t in holding]

@@ -40,7 +40,7 @@ def bench_engines() -> dict[str, BenchEngine]:
 def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
     from layerscope.bench.machine import PeakMemory
     from layerscope.export.open import open_engine
-    from layerscope.runtime.pipeline import iter_pooled
+    from layerscope.extraction.pipeline import iter_pooled
 
     run = Run(spec.name, "engine", spec.note)
     options = dict(spec.options)

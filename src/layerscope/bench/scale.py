@@ -21,7 +21,7 @@ def scale_run(model: str, n: int, out: Path, *, engine: str = "ort", variant: st
               dtype: str = "float16", batch_tokens: int | None = None, threads: int | None = None) -> dict[str, Any]:
     from layerscope.bench.machine import PeakMemory, current_rss, describe_machine
     from layerscope.data.synthetic import iter_synthetic
-    from layerscope.runtime.pipeline import extract
+    from layerscope.extraction.pipeline import extract
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ class Row:
 def _engine_row(job: dict[str, Any]) -> Row:
     from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
-    from layerscope.runtime.batching import iter_pooled
+    from layerscope.extraction.batching import iter_pooled
 
     handle = ModelHandle.resolve(job["export_dir"])
     options = dict(job.get("options") or {})
@@ -70,12 +70,12 @@ def _engine_row(job: dict[str, Any]) -> Row:
         return out
 
     def split(texts: list[str], best_s: float) -> dict[str, float]:
-        from layerscope.runtime.batching import plan_batches
-        from layerscope.runtime.store import LayerStore
+        from layerscope.extraction.batching import plan_batches
+        from layerscope.store.store import LayerStore
 
         parts = dict.fromkeys(("tokenize_s", "engine_s", "pool_copy_s", "write_s"), 0.0)
         with tempfile.TemporaryDirectory(prefix="layerscope-bench-") as tmp:
-            from layerscope.runtime.store_spec import StoreSpec
+            from layerscope.store.store_spec import StoreSpec
 
             store = LayerStore.create(Path(tmp) / "store", n=len(texts), spec=StoreSpec.bare(layers, [pooling]),
                                       hidden_size=hidden, manifest=handle.manifest)

@@ -30,7 +30,7 @@ def extract_images_cmd(
     """Extract every layer's pooled vectors of an image corpus (ids and files kept in the store)."""
     from rich.markup import escape
 
-    from layerscope.runtime.image_extract import extract_images
+    from layerscope.extraction.image_extract import extract_images
 
     report = extract_images(model, source, out, engine=engine, layers=layers, poolings=split_list(pooling),
                             batch_size=batch_size, workers=workers, column=image_column, id_column=id_column,

@@ -34,7 +34,7 @@ def index_build(
     from layerscope.index.store_index import build_store_index
 
     if pooling is None and out is None:  # the default folder is named after the pooling
-        from layerscope.runtime.store import LayerStore
+        from layerscope.store.store import LayerStore
 
         pooling = LayerStore.open(store).poolings[0]
     out = out or Path(store) / f"index-{kind}-{pooling}-{layer.replace('-', 'm')}"

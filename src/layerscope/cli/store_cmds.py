@@ -78,7 +78,7 @@ def extract(
                          "run without it")
     if ray is not None and shard is not None:
         raise InputError("--shard and --ray are two ways to run one store: choose one")
-    from layerscope.runtime.request import ExtractionRequest
+    from layerscope.extraction.request import ExtractionRequest
 
     req = ExtractionRequest.of(
         model, source, out, engine=engine, layers=layers, poolings=split_list(pooling), store_dtype=store_dtype,
@@ -87,8 +87,8 @@ def extract(
         engine_options=engine_options(threads=threads, variant=variant, min_cosine=min_cosine),
         prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code, tokens=tokens)
     if shard is not None:
-        from layerscope.runtime.range_run import parse_shard
-        from layerscope.runtime.shard_extract import extract_shard
+        from layerscope.extraction.range_run import parse_shard
+        from layerscope.extraction.shard_extract import extract_shard
 
         _, index, count = parse_shard(shard)
         rep = extract_shard(req, index, count)
@@ -98,11 +98,11 @@ def extract(
                         f"held by another process; {done}", soft_wrap=True)
         return
     if ray is not None:
-        from layerscope.runtime.ray_extract import extract_ray_request
+        from layerscope.extraction.ray_extract import extract_ray_request
 
         report = extract_ray_request(req, address=ray, workers=2 if ray_workers is None else ray_workers)
     else:
-        from layerscope.runtime.pipeline import extract_request
+        from layerscope.extraction.pipeline import extract_request
 
         report = extract_request(req)
     from layerscope.cli.common import STATE
@@ -112,7 +112,7 @@ def extract(
 
 def _shard_admin(what: str, out: Path) -> None:
     """``--shard status`` and ``--shard finish``."""
-    from layerscope.runtime.shard_extract import shard_finish, shard_status
+    from layerscope.extraction.shard_extract import shard_finish, shard_status
 
     if what == "finish":
         rec = shard_finish(out)
@@ -158,7 +158,7 @@ def export_store(
     """Write a store as one Parquet or safetensors file (ids, texts, one vector column per layer x pooling)."""
     from rich.markup import escape
 
-    from layerscope.runtime.store_export import export_store as run_export
+    from layerscope.store.store_export import export_store as run_export
 
     path = run_export(store, fmt, out, force=force, tokens=tokens)
     console().print(f"[bold green]wrote[/bold green] {escape(str(path))}")

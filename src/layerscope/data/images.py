@@ -2,7 +2,7 @@
 
 ``read_images(source)`` returns the corpus as ``ImageRecord``s (id, file, and what to decode: a path or the
 encoded bytes), every path checked before any model runs.  Nothing is decoded here but each file's header:
-the pixels are made by the model's image processor on worker processes (runtime/image_extract.py).
+the pixels are made by the model's image processor on worker processes (extraction/image_extract.py).
 
 * a folder: every image file under it (``.png``, ``.jpg``, ...), sorted by relative path, which is its id;
 * a list file (``.txt``/``.lst``): one image path per line, relative to the list file's folder; the id is the

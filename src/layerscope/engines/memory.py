@@ -1,6 +1,6 @@
 """What one long text costs an engine in memory, checked against what the machine has before a run starts.
 
-A text longer than the batch's token budget runs in a batch of its own (runtime/batching.py), so a run's
+A text longer than the batch's token budget runs in a batch of its own (extraction/batching.py), so a run's
 peak is set by its longest text. For that text of ``T`` tokens (batch of one, fp32) an engine holds at
 least:
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from layerscope.errors import InputError, StoreError
 from layerscope.index.vector_index import VectorIndex, measure_recall, normalize
-from layerscope.runtime.store_layout import STORE_JSON, TEXTS, StoreLayout, array_rel
+from layerscope.store.store_layout import STORE_JSON, TEXTS, StoreLayout, array_rel
 
 
 def _iso_now() -> str:
@@ -35,7 +35,7 @@ def build_store_index(store_path: str | Path, out: str | Path, *, layer: str | i
 
 def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, nprobe, hnsw_m, ef_search, seed,
            device, recall_queries, force) -> dict[str, Any]:
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     from layerscope.ownership import claim, record, remove
 
@@ -90,7 +90,7 @@ def store_identity(store, pooling: str, layer: str) -> dict[str, Any]:
 
 def check_store(index_path: str | Path, meta: dict[str, Any]):
     """The index's store, opened, once it is the store the index was built from; one line otherwise."""
-    from layerscope.runtime.store import LayerStore
+    from layerscope.store.store import LayerStore
 
     store_path = Path(str(meta.get("store")))
     rebuild = (f"rebuild the index with layerscope index build --store {store_path} --out {index_path} "
@@ -132,7 +132,7 @@ def search_index(index_path: str | Path, queries: list[str], *, k: int = 10, mod
                  engine: str = "auto", device: str = "auto") -> tuple[dict[str, Any], list[list[SearchHit]]]:
     """Embed ``queries`` with the index's own model, layer and pooling, and return the top-k texts."""
     from layerscope.model.handle import ModelHandle
-    from layerscope.runtime.pipeline import embed
+    from layerscope.extraction.pipeline import embed
 
     if not queries or any(not q.strip() for q in queries):
         raise InputError("give a non-empty query text")

@@ -1,6 +1,6 @@
 """A pool of tokenizer processes that keeps an engine fed when one tokenizer thread cannot, switched on by measurement.
 
-On a CPU engine tokenizing is a few percent of the time and the one background thread (runtime/batching.py)
+On a CPU engine tokenizing is a few percent of the time and the one background thread (extraction/batching.py)
 stays ahead; on a GPU the engine can outrun it. ``measure`` times tokenizing alone (the extraction's own
 length-sorted batches, no engine) at 1, 2 and 4 processes; ``record`` keeps those figures with the engine's
 tokens/s for this CPU and model (its weights' sha256) in ``<cache root>/tokenizer-pool.json`` (``benchmarks/tokens/pool.py``

@@ -1,1 +1,0 @@
-"""Runtime: corpus readers, batching, the extraction pipeline, pooling and the LayerStore."""

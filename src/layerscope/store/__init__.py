@@ -1,0 +1,1 @@
+"""The LayerStore: its layout, typed spec, checks, lock, disk space, dtypes, ranges, token sections and exporters."""

@@ -1,0 +1,398 @@
+"""LayerStore: per (pooling, layer) arrays ``[n_texts, hidden]`` on disk, with ids, texts and provenance.
+
+Layout of a store directory::
+
+    store.json             what is in it: layers, poolings, dtype, n, model manifest, run settings
+    texts.jsonl            {"id": ..., "text": ...} per row, in corpus order
+    arrays/<pooling>/<layer>.npy   float32 or float16 [n, hidden] (memory-mapped)
+    done.npy               uint8 [n]: 1 once a row's vectors are on disk
+
+Rows are written where they belong (by corpus index), arrays are flushed before
+their rows are marked done, and ``store.json`` is replaced atomically, so a
+killed run resumes with no row lost, duplicated or shifted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from layerscope.atomic import write_json_atomic
+from layerscope.errors import LayerscopeError, StoreError
+from layerscope.store import store_dtype as sd
+from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
+from layerscope.store.store_check import checksums, layout_problems, structure_sha256
+from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
+from layerscope.store.store_spec import FORMAT_VERSION, READS, StoreSpec
+
+from layerscope.store.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
+
+
+def _release_pages(arr: np.ndarray) -> None:
+    """madvise(DONTNEED) a flushed, shared, file-backed memmap (a no-op where unsupported)."""
+    import mmap
+
+    mm = getattr(arr, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is None or advice is None or not hasattr(mm, "madvise"):
+        return
+    try:
+        mm.madvise(advice)
+    except (OSError, ValueError):
+        pass
+
+
+class LayerStore:
+    """Open with ``LayerStore.open(path)``; index with ``store["mean", 6]``, ``store["cls", "raw"]``, ``store["mean", -1]``."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], mode: str = "r"):
+        self.path = Path(path)
+        self.meta = meta
+        self.mode = mode
+        self._arrays: dict[tuple[str, str], np.ndarray] = {}
+        self._done: np.ndarray | None = None
+
+    # -- opening -----------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, *, allow_incomplete: bool = False) -> "LayerStore":
+        path = Path(path)
+        meta_path = path / STORE_JSON
+        if not meta_path.exists():
+            raise StoreError(f"{path} is not a layer store (no {STORE_JSON}); make one with layerscope extract")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{meta_path} is damaged ({exc}); re-run layerscope extract") from None
+        if not isinstance(meta, dict) or meta.get("format_version") not in READS:
+            version = meta.get("format_version") if isinstance(meta, dict) else None
+            raise StoreError(f"{path} has store format {version}, this layerscope reads "
+                             f"{', '.join(map(str, READS))}; re-run layerscope extract")
+        problems = layout_problems(path, meta)
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise StoreError(f"{path} is damaged: {problems[0]}{more}; extract again into another --out, or delete "
+                             f"this folder yourself first (--force replaces only files layerscope wrote, unchanged; "
+                             f"layerscope verify {path} lists every problem)")
+        store = cls(path, meta, "r")
+        if not meta.get("complete") and not allow_incomplete:
+            done = int(store.done_mask().sum())
+            raise StoreError(f"{path} is incomplete ({done:,} of {meta['n']:,} rows); finish it with "
+                             "layerscope extract ... --resume")
+        return store
+
+    @classmethod
+    def create(cls, path: str | Path, *, n: int, spec: StoreSpec, hidden_size: int,
+               manifest: Manifest | dict) -> "LayerStore":
+        """Reserve the arrays of ``spec`` for ``n`` rows and write ``store.json`` (its settings: ``spec``, once)."""
+        path = Path(path)
+        layers, poolings, dtype = list(spec.layers), list(spec.poolings), spec.dtype
+        path.mkdir(parents=True, exist_ok=True)
+        where = StoreLayout(path)
+        staging = where.staging
+        from layerscope.ownership import note
+
+        note(path, files=array_rels(poolings, layers, staging.name) + array_rels(poolings, layers)
+             + [f"{staging.name}/{DONE}", DONE, STORE_JSON])  # named before they are written
+        if staging.exists():
+            shutil.rmtree(staging)
+        disk = sd.disk_dtype(dtype)
+        needed = n * hidden_size * disk.itemsize * len(layers) * len(poolings) + n
+        check_free(path, needed)
+        try:
+            for pooling in poolings:
+                for layer in layers:
+                    where.staged_array(pooling, layer).parent.mkdir(parents=True, exist_ok=True)
+                    allocate_npy(where.staged_array(pooling, layer), disk, (n, hidden_size))
+            allocate_npy(staging / DONE, np.dtype(np.uint8), (n,))
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if exc.errno in FULL:
+                raise no_space(path, needed, exc) from None
+            raise
+        os.replace(staging / DONE, path / DONE)
+        if where.arrays.exists():
+            shutil.rmtree(where.arrays)
+        os.replace(staging, where.arrays)
+        meta = {
+            "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
+            "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
+            "settings": spec.to_json(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "store_id": secrets.token_hex(16),  # this store, not another made later at the same path
+        }
+        meta["structure_sha256"] = structure_sha256(meta)
+        if (path / TEXTS).is_file():
+            meta["texts_bytes"] = (path / TEXTS).stat().st_size
+        write_json_atomic(path / STORE_JSON, meta)
+        store = cls(path, meta, "r+")
+        store._spec = spec
+        return store
+
+    # -- facts ---------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return int(self.meta["n"])
+
+    @property
+    def layers(self) -> list[str]:
+        return list(self.meta["layers"])
+
+    @property
+    def poolings(self) -> list[str]:
+        return list(self.meta["poolings"])
+
+    @property
+    def manifest(self) -> Manifest:
+        """The model's manifest as the store recorded it, typed once (a copy made before format versions opens)."""
+        if getattr(self, "_manifest", None) is None:
+            self._manifest = as_manifest(self.meta["manifest"], where=f"{self.path / STORE_JSON}'s model manifest")
+        return self._manifest
+
+    @property
+    def spec(self) -> StoreSpec:
+        """What the store holds and how it was asked for (``store.json``'s settings), typed once."""
+        if getattr(self, "_spec", None) is None:
+            self._spec = StoreSpec.load(self.meta.get("settings"), format_version=self.meta.get("format_version"),
+                                        where=str(self.path / STORE_JSON))
+        return self._spec
+
+    @property
+    def settings(self) -> dict:
+        """``store.json``'s settings as written (the JSON of ``spec``), for readers outside the store."""
+        return self.spec.to_json()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.meta["hidden_size"])
+
+    @property
+    def store_id(self) -> str | None:
+        """The identity the store was made with (every claim and done mark names it); None in older stores."""
+        got = self.meta.get("store_id")
+        return got if isinstance(got, str) else None
+
+    @property
+    def empty_texts(self) -> int:
+        return int(self.meta.get("empty_texts") or 0)
+
+    @property
+    def nul_texts(self) -> int:
+        return int(self.meta.get("nul_texts") or 0)
+
+    @property
+    def range_rows(self) -> int | None:
+        """Rows per range of the store's range plan (None: made before stores recorded one)."""
+        plan = self.meta.get("ranges")
+        return int(plan["rows"]) if isinstance(plan, dict) and plan.get("rows") else None
+
+    @property
+    def half_error(self) -> dict[str, dict[str, float]]:
+        """Per ``pooling/layer``: the largest error and lowest cosine a half-size dtype cost so far."""
+        got = self.meta.get("half_error")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def nul_dropped_by_tokenizer(self) -> bool | None:
+        """Whether the tokenizer ignores the corpus's NUL bytes (None: the corpus has none)."""
+        got = self.meta.get("nul_dropped_by_tokenizer")
+        return None if got is None else bool(got)
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """The engine that wrote the store, as its ``EngineInfo.to_dict()`` recorded it ({} when none yet)."""
+        got = self.meta.get("engine")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def internal_sha256(self) -> dict[str, str]:
+        """The sha256 of each internal file a writer relies on (ray-offsets.npy, lengths.npy)."""
+        got = self.meta.get("internal_sha256")
+        return dict(got) if isinstance(got, dict) else {}
+
+    @property
+    def structure_sha256(self) -> str | None:
+        """The hash of store.json's structural fields recorded when the store was made (store_check)."""
+        got = self.meta.get("structure_sha256")
+        return got if isinstance(got, str) else None
+
+    def file_sha256(self, rel: str) -> str | None:
+        """The sha256 recorded for file ``rel`` when the store was finished (None: not recorded)."""
+        sums = self.meta.get("checksums")
+        rec = sums.get(rel) if isinstance(sums, dict) else None
+        return rec.get("sha256") if isinstance(rec, dict) else None
+
+    @property
+    def token_layers(self) -> list[str]:
+        """The layers whose token vectors the store holds (``extract --tokens``; [] without them)."""
+        from layerscope.store.token_store import TokenSection
+
+        sec = TokenSection.of(self.meta)
+        return list(sec.layers) if sec is not None else []
+
+    @property
+    def range_writers(self) -> bool:
+        """Whether the store is written range by range (``--shard``, Ray) rather than by one process."""
+        return bool(self.meta.get("range_writers"))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.meta.get("complete"))
+
+    def resolve_layer(self, layer: int | str) -> str:
+        """Canonical layer name for ``6``, ``-1``, ``"raw"`` or ``"3"``, checked against what is stored."""
+        num_layers = self.manifest.num_layers
+        name = str(layer)
+        if name != "raw":
+            try:
+                i = int(name)
+            except ValueError:
+                raise StoreError(f"layer {layer!r} is not a layer name; use 'raw' or an index") from None
+            if i < 0:
+                i += num_layers + 1
+            name = str(i)
+        if name not in self.layers:
+            raise StoreError(f"layer {layer} is not in {self.path} (it holds layers {', '.join(self.layers)})")
+        return name
+
+    @property
+    def dtype(self) -> str:
+        """How the vectors are stored on disk (float32, float16 or bfloat16); readers always get float32."""
+        return str(self.meta["dtype"])
+
+    def __getitem__(self, key: tuple[str, int | str]) -> np.ndarray:
+        """The float32 vectors ``[n, hidden]`` of one (pooling, layer): memory-mapped for a float32 store,
+        decoded into memory for a half-size one."""
+        raw = self.raw(key)
+        return raw if self.dtype == "float32" else sd.decode(raw, self.dtype)
+
+    def raw(self, key: tuple[str, int | str]) -> np.ndarray:
+        """The on-disk array of one (pooling, layer), memory-mapped (bfloat16: uint16 upper halves)."""
+        pooling, layer = key
+        if pooling not in self.poolings:
+            raise StoreError(self._missing_pooling(pooling))
+        name = self.resolve_layer(layer)
+        k = (pooling, name)
+        if k not in self._arrays:
+            mode = "r+" if self.mode == "r+" else "r"
+            self._arrays[k] = np.load(StoreLayout(self.path).array(pooling, name), mmap_mode=mode)
+        return self._arrays[k]
+
+    def _missing_pooling(self, pooling: str) -> str:
+        from layerscope.model.stconfig import pooling_words
+
+        try:
+            manifest = self.manifest
+        except (KeyError, LayerscopeError):  # a store whose manifest cannot be read still names what it holds
+            manifest = None
+        held = "; ".join(pooling_words(p, manifest) for p in self.poolings)
+        return (f"pooling '{pooling}' is not in {self.path} (it holds {held}); ask for one of those, or extract "
+                f"again with --pooling {','.join([*self.poolings, str(pooling)])} to store {pooling} too")
+
+    def tokens(self, layer: int | str):
+        """Token-level vectors of ``layer`` (stores made with ``extract --tokens``), memory-mapped: a
+        ``TokenLayer`` (store/token_store.py) with ``offsets``, ``ids``, ``special``, ``spans`` and
+        float32 reads per text (``text(i)``), per token id (``of_id``) or per slice (``rows``)."""
+        from layerscope.store.token_store import open_token_layer
+
+        return open_token_layer(self.path, self.meta, self.resolve_layer(layer))
+
+    def done_mask(self) -> np.ndarray:
+        if self._done is None:
+            self._done = np.load(self.path / DONE, mmap_mode="r+" if self.mode == "r+" else "r")
+        return self._done
+
+    def iter_records(self) -> Iterator[dict]:
+        with open(self.path / TEXTS, encoding="utf-8") as fh:
+            for line in fh:
+                yield json.loads(line)
+
+    def texts(self) -> list[str]:
+        return [r["text"] for r in self.iter_records()]
+
+    def ids(self) -> list[str]:
+        return [r["id"] for r in self.iter_records()]
+
+    # -- writing -------------------------------------------------------------
+    def write(self, index: np.ndarray, pooled: dict[str, np.ndarray], layers: list[str]) -> None:
+        """Write rows ``index`` from engine output ``{pooling: [len(layers), batch, hidden]}``."""
+        half = self.dtype != "float32"
+        errors = self.meta.setdefault("half_error", {}) if half else None
+        for pooling, arr in pooled.items():
+            for li, layer in enumerate(layers):
+                self.raw((pooling, layer))[index] = sd.encode(arr[li], self.dtype)
+                if half:
+                    err, cos = sd.error_stats(arr[li], self.dtype)
+                    old = errors.get(f"{pooling}/{layer}", {"max_abs_error": 0.0, "min_cosine": 1.0})
+                    errors[f"{pooling}/{layer}"] = {"max_abs_error": max(old["max_abs_error"], err),
+                                                    "min_cosine": min(old["min_cosine"], cos)}
+
+    def commit(self, index: np.ndarray) -> None:
+        """Flush the arrays, then mark rows done (in that order).
+
+        A memmap's flush is ``msync(MS_SYNC)``: it returns once the rows are on the disk, not only in the
+        page cache, so an OS crash can lose rows that are not marked done, never mark rows whose vectors
+        were lost. ``done`` is changed only after that (a shared mapping reaches the file as soon as it is
+        written to). Once flushed, the written pages are released from this process's mapping
+        (they stay in the file and the page cache), so the resident memory of a long
+        extraction stays flat instead of growing with the store.
+        """
+        for arr in self._arrays.values():
+            arr.flush()
+            _release_pages(arr)
+        if "half_error" in self.meta:  # what the rows about to be marked done lost, kept for a resumed run
+            write_json_atomic(self.path / STORE_JSON, self.meta)
+        done = self.done_mask()
+        done[index] = 1
+        done.flush()
+
+    def finish(self, extra: dict[str, Any]) -> None:
+        self.meta.update(extra)
+        self.meta["complete"] = True
+        self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.close()
+        self.meta["checksums"] = checksums(self.path, self.meta)
+        write_json_atomic(self.path / STORE_JSON, self.meta)
+
+    def update_meta(self, extra: dict[str, Any]) -> None:
+        self.meta.update(extra)
+        write_json_atomic(self.path / STORE_JSON, self.meta)
+
+    def close(self) -> None:
+        for arr in self._arrays.values():
+            if isinstance(arr, np.memmap) and self.mode == "r+":
+                arr.flush()
+        self._arrays.clear()
+        self._done = None
+
+    @staticmethod
+    def verify(path: str | Path) -> tuple[int, list[str]]:
+        """Re-hash every file of the store at ``path``: (files checked, one line per problem)."""
+        path = Path(path)
+        try:
+            meta = json.loads((path / STORE_JSON).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            return 0, [f"{STORE_JSON} cannot be read ({exc})"]
+        from layerscope.store.store_check import verify
+
+        return verify(path, meta)
+
+    def __repr__(self) -> str:
+        state = "complete" if self.complete else "incomplete"
+        return (f"LayerStore({str(self.path)!r}, n={self.n}, layers={self.layers}, "
+                f"poolings={self.poolings}, {state})")
+
+
+def recorded_store_id(path: str | Path) -> str | None:
+    """The identity store.json at ``path`` names now, read afresh (None: no store there, or one without)."""
+    try:
+        meta = json.loads(StoreLayout(path).store_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    got = meta.get("store_id") if isinstance(meta, dict) else None
+    return got if isinstance(got, str) else None
