@@ -176,7 +176,7 @@ class OrtEngine(Engine):
 
 
 @register(EngineSpec(
-    "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu",
+    "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu", attention=True,
     auto=(AutoRank(45, "gqa", "gqa"), AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
     variant_files=True,
     options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),),

@@ -155,7 +155,7 @@ def ov_variant_key(precision: str) -> str:
 
 @register(EngineSpec(
     "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
-    device="cpu", auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
+    device="cpu", attention=True, auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
     options=(EngineOption("variant", str, None, "the OpenVINO precision: fp32, bf16 or int8"),
              EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
              EngineOption("requests", int, None, "batches in flight: 1 (one stream) or 2 (throughput mode, a stream "

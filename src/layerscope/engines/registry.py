@@ -90,6 +90,7 @@ class EngineSpec:
     variant_files: bool = False  # loads a variant's own .onnx file for --variant (auto keeps rank order then)
     fallback: bool = False  # auto's last resort when no ranked candidate starts
     gradients: bool = False  # can run the analyses that need gradients (auto: by picking such an engine)
+    attention: bool = False  # runs the attention graph (model.attn.onnx, or eager attention in PyTorch)
     options: tuple[EngineOption, ...] = ()  # what it takes besides COMMON_OPTIONS; anything else is refused
     picks_engine: bool = False  # starts another engine and hands it the options (auto): takes any engine's options
     bench: tuple[BenchRow, ...] = ()

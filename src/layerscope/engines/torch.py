@@ -39,7 +39,7 @@ TORCH_OPTIONS = (EngineOption("device", str, None, "cpu, cuda or cuda:N (default
 
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
-    device="any", fallback=True, gradients=True,
+    device="any", fallback=True, gradients=True, attention=True,
     options=TORCH_OPTIONS,
     bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):

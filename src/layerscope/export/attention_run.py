@@ -16,7 +16,13 @@ import numpy as np
 from layerscope.errors import InputError
 from layerscope.export import attention as att
 
-ATTENTION_ENGINES = ("ort", "ov", "torch")
+
+
+def attention_engines() -> tuple[str, ...]:
+    """The engines whose registry entry says they run the attention graph."""
+    from layerscope.engines.registry import engine_names, engine_spec
+
+    return tuple(name for name in engine_names() if engine_spec(name).attention)
 
 
 @dataclass(frozen=True)
@@ -28,10 +34,10 @@ class AttentionBatch:
 
 
 def check_attention_engine(engine: str) -> str:
-    if engine not in ATTENTION_ENGINES:
+    if engine not in attention_engines():
         from layerscope.errors import unknown_name
 
-        raise unknown_name("engine for attention", engine, ATTENTION_ENGINES)
+        raise unknown_name("engine for attention", engine, attention_engines())
     return engine
 
 

@@ -157,15 +157,14 @@ def compare_vision(tower, onnx_path: Path, processor, image: dict[str, Any], mod
     return {"images": len(pixels), "batches": 2, "image_size": [image["height"], image["width"]], "outputs": stats}
 
 
-def export_vision(spec: str, output: Path, info: dict[str, Any], *, pooled: list[str] | None, opset: int,
-                  atol: float, rtol: float, trust_remote_code: bool, revision: str | None, force: bool,
-                  progress=None) -> Manifest:
+def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[str] | None, opset: int,
+                  atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None) -> Manifest:
     """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``."""
     from layerscope.atomic import staged_dir
     from layerscope.export.manifest_write import _manifest, fp32_worst, opset_of_file
     from layerscope.model.families import FAMILIES
     from layerscope.model.manifest_check import file_records
-    from layerscope.model.source import load_config, resolve_source
+    from layerscope.model.source import load_config
     from layerscope.model.vision import load_image_processor, load_vision_tower
     from layerscope.ownership import claim
     from layerscope.vocab.image_pooling import check_image_poolings, image_poolings
@@ -176,7 +175,7 @@ def export_vision(spec: str, output: Path, info: dict[str, Any], *, pooled: list
     image = info["image"]
     modes = check_image_poolings(pooled if pooled is not None else image_poolings(image["prefix_tokens"]),
                                  image["prefix_tokens"], family.name)
-    source = resolve_source(spec, revision)
+    spec = source.spec
     processor = load_image_processor(source.path_or_id, trust_remote_code=trust_remote_code) if source.is_local \
         else load_image_processor(spec, trust_remote_code=trust_remote_code)
     model = Manifest.from_dict(info, where=f"the description of {spec}")

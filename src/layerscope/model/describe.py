@@ -60,8 +60,7 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
     if family.modality == "image":  # a vision tower: no tokenizer (model/vision.py)
         from layerscope.model.vision import describe_vision
 
-        return describe_vision(source.spec, trust_remote_code=trust_remote_code, revision=source.revision,
-                               with_hash=with_hash)
+        return describe_vision(source, trust_remote_code=trust_remote_code, with_hash=with_hash)
     check_config(config, family)
     num_layers, hidden, positions = model_dims(config, family)
     from layerscope.model.source import load_tokenizer

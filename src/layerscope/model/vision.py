@@ -168,17 +168,16 @@ def check_image_size(pixels: np.ndarray, expected: tuple[int, int], where: str) 
                          f"model was exported at {expected[0]}x{expected[1]}; fix its preprocessor_config.json size")
 
 
-def describe_vision(spec: str, *, tower: str | None = None, trust_remote_code: bool = False,
-                    revision: str | None = None, with_hash: bool = True) -> dict[str, Any] | None:
-    """The manifest's model half of a vision tower (``tower="vision"``: a two-tower checkpoint's), or None
-    when ``spec`` is read as text."""
+def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool = False,
+                    with_hash: bool = True) -> dict[str, Any] | None:
+    """The manifest's model half of the vision tower of the resolved model ``source`` (``tower="vision"``: a
+    two-tower checkpoint's), or None when it is read as text."""
     from pathlib import Path
 
     import layerscope
     from layerscope.model.families import family_for, image_tokens, model_dims, prefix_tokens
-    from layerscope.model.source import check_family, load_config, resolve_source, weights_hash
+    from layerscope.model.source import check_family, load_config, weights_hash
 
-    source = resolve_source(spec, revision)
     config = load_config(source, trust_remote_code=trust_remote_code)
     try:
         family = family_for(config.model_type, tower)
