@@ -6,9 +6,10 @@
         (each file's name, size, sha256 and its pieces in order). plan.json goes into every load.
     python benchmarks/gpu/pieces.py receive LOAD_DIR --into DIR
         (on the far machine) copies one load's pieces into DIR, which outlives the call.
-    python benchmarks/gpu/pieces.py join DIR --out WHEELS
-        joins every file of the plan from its pieces in DIR, checks size and sha256, and says in
-        one line which load to send again when a piece is missing or damaged.
+    python benchmarks/gpu/pieces.py join DIR --out WHEELS [--only GLOB] [--skip GLOB]
+        joins every file of the plan (or those whose names match --only and not --skip) from its
+        pieces in DIR, checks size and sha256, and says in one line which load to send again when a
+        piece is missing or damaged. Files that arrive first can be used while the rest travel.
 
 Standard library only: it runs on the far machine before anything is installed there.
 """
@@ -16,6 +17,7 @@ Standard library only: it runs on the far machine before anything is installed t
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import shutil
@@ -78,11 +80,13 @@ def receive(load_dir: Path, into: Path) -> int:
     return n
 
 
-def join(pieces: Path, out: Path) -> list[Path]:
+def join(pieces: Path, out: Path, only: str | None = None, skip: str | None = None) -> list[Path]:
     plan = json.loads((pieces / PLAN).read_text())
     out.mkdir(parents=True, exist_ok=True)
     made = []
     for entry in plan["files"]:
+        if (only and not fnmatch.fnmatch(entry["name"], only)) or (skip and fnmatch.fnmatch(entry["name"], skip)):
+            continue
         target = out / entry["name"]
         with open(target, "wb") as fh:
             for p in entry["pieces"]:
@@ -113,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     j = sub.add_parser("join")
     j.add_argument("pieces", type=Path)
     j.add_argument("--out", type=Path, required=True)
+    j.add_argument("--only", help="join only the files whose names match this glob")
+    j.add_argument("--skip", help="leave out the files whose names match this glob")
     a = ap.parse_args(argv)
     if a.cmd == "split":
         plan = split(a.files, a.out, piece_bytes=int(a.piece_mib * MIB), load_bytes=int(a.load_mib * MIB))
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     elif a.cmd == "receive":
         print(f"{receive(a.load_dir, a.into)} pieces from {a.load_dir} in {a.into}")
     else:
-        made = join(a.pieces, a.out)
+        made = join(a.pieces, a.out, a.only, a.skip)
         print(f"{len(made)} files joined and checked in {a.out}")
 
 
