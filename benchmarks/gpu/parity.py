@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", help="where the torch engines run (cpu: to try this script)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    from layerscope.bench.engine_rows import bench_engines
     from layerscope.engines.base import create_engine
     from layerscope.engines.torch import half_parity
     from layerscope.export.validate import VALIDATION_TEXTS, validation_batches
@@ -35,9 +36,13 @@ def main(argv=None) -> int:
     want = [ref.run_tokens(b, layers) for b in batches]
     ref.close()
     record = {"export": str(a.export_dir), "reference": f"torch fp32 eager on {a.device}", "engines": {}}
+    rows = bench_engines()  # bench row names: an engine and a variant (cuda-fp16 is cuda on model.fp16.onnx)
     for name in a.engines.split(","):
+        engine, variant = (rows[name].engine, rows[name].variant) if name in rows else (name, None)
+        options = {"device": a.device} if engine.startswith("torch") else {}
         try:
-            eng = create_engine(name, handle, device=a.device) if name.startswith("torch") else create_engine(name, handle)
+            eng = create_engine(engine, handle, variant=variant, **options) if variant else \
+                create_engine(engine, handle, **options)
         except Exception as exc:  # noqa: BLE001 - reported, the other engines still run
             record["engines"][name] = {"error": str(exc).splitlines()[0]}
             print(f"{name}: {str(exc).splitlines()[0]}")
