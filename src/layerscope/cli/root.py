@@ -15,8 +15,8 @@ def _flags_show_no_type() -> None:
     none for flags (every other option keeps its ``<int>``, ``<path>``, ...)."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
-    if getattr(shown, "layerscope_flags", False):
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "layerscope_flags", False):  # other typer versions: nothing to mend
         return
 
     def display_type_rich(self, ctx):
