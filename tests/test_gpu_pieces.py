@@ -68,3 +68,41 @@ def test_missing_and_damaged_pieces_name_the_load(pieces, tmp_path):
 def test_a_piece_larger_than_a_load_is_refused(pieces, tmp_path):
     with pytest.raises(SystemExit, match="must fit in a load"):
         pieces.split(_files(tmp_path), tmp_path / "loads", piece_bytes=2000, load_bytes=1500)
+
+
+def test_files_that_arrived_are_joined_while_the_rest_travel(pieces, tmp_path):
+    files = _files(tmp_path)
+    plan = pieces.split(files, tmp_path / "loads", piece_bytes=1000, load_bytes=1500)
+    last = max(p["load"] for p in plan["files"][0]["pieces"])  # a.whl spans loads 1..last
+    for load in sorted((tmp_path / "loads").glob("load-*"))[:last]:
+        pieces.receive(load, tmp_path / "far")
+    made = pieces.join(tmp_path / "far", tmp_path / "wheels", only="a.*")
+    assert [m.name for m in made] == ["a.whl"] and made[0].read_bytes() == files[0].read_bytes()
+    waiting = [f["name"] for f in plan["files"] if max(p["load"] for p in f["pieces"]) > last]
+    assert waiting, "the test needs a file still travelling"
+    with pytest.raises(SystemExit, match="send load-"):
+        pieces.join(tmp_path / "far", tmp_path / "wheels", skip="a.*")
+
+
+def test_parity_table_names_every_layer_and_engine(tmp_path):
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("gpu_parity", SCRIPT.with_name("parity.py"))
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    record = {"export": "x", "reference": "torch fp32", "engines": {
+        "cuda": {"layers": {"raw": {"min_cos": 1.0, "max_abs": 0.0}, "1": {"min_cos": 0.99999, "max_abs": 0.002}}},
+        "trt": {"error": "no TensorRT"}}}
+    lines = mod.table([record]).splitlines()
+    assert "| layer | cuda |" in lines and "| 1 | 0.9999900 / 0.002 |" in lines and "- trt: no TensorRT" in lines
+
+
+def test_the_cli_starts_with_a_typer_that_has_no_flag_type_hook(monkeypatch):
+    """The GPU machine's typer has no ``display_type_rich``; layerscope's CLI must still start there."""
+    from typer.core import TyperOption
+
+    import layerscope.cli.root as root
+
+    monkeypatch.delattr(TyperOption, "display_type_rich")
+    root._flags_show_no_type()
+    assert not hasattr(TyperOption, "display_type_rich")

@@ -1,6 +1,7 @@
 """Per-layer parity of the GPU engines against PyTorch fp32 on the same GPU, for one export.
 
     python benchmarks/gpu/parity.py EXPORT_DIR [--engines cuda,torch-fp16,torch-bf16] [--out FILE.json]
+    python benchmarks/gpu/parity.py --table FILE.json...    the per-layer table of saved records, in Markdown
 
 Every token-level state (raw embeddings and every hidden state) of the export's own validation texts, in
 its own padded batches, compared over real tokens only: max |diff| and min cosine per layer.
@@ -16,13 +17,34 @@ from pathlib import Path
 import numpy as np
 
 
+def table(records: list[dict]) -> str:
+    """One Markdown table per record: a row per layer, min cosine and max |diff| per engine."""
+    out = []
+    for rec in records:
+        engines = list(rec["engines"])
+        ok = [e for e in engines if "layers" in rec["engines"][e]]
+        out += [f"**{rec['export']}** (reference: {rec['reference']}; min cosine over real tokens / max |diff|)", "",
+                "| layer | " + " | ".join(ok) + " |", "|---|" + "---:|" * len(ok)]
+        for layer in rec["engines"][ok[0]]["layers"]:
+            cells = [rec["engines"][e]["layers"][layer] for e in ok]
+            out.append(f"| {layer} | " + " | ".join(f"{c['min_cos']:.7f} / {c['max_abs']:.2g}" for c in cells) + " |")
+        out += [f"- {e}: {rec['engines'][e]['error']}" for e in engines if e not in ok] + [""]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("export_dir")
+    ap.add_argument("export_dir", nargs="?")
+    ap.add_argument("--table", nargs="+", metavar="FILE.json", help="print the per-layer table of saved records")
     ap.add_argument("--engines", default="cuda,torch-fp16,torch-bf16")
     ap.add_argument("--device", default="cuda", help="where the torch engines run (cpu: to try this script)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table([json.loads(Path(f).read_text()) for f in a.table]))
+        return 0
+    if not a.export_dir:
+        ap.error("an export dir, or --table FILE.json...")
     from layerscope.bench.engine_rows import bench_engines
     from layerscope.engines.base import create_engine
     from layerscope.engines.torch import half_parity

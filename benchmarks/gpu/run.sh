@@ -25,7 +25,6 @@ rm -rf "$out" && mkdir -p "$out"
 pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/$stage.tgz" -C "$W/out" "$stage"; }
 case "$stage" in receive|exports) ;; *) trap pack EXIT ;; esac
 export PYTHONPATH="$W/site:$PWD/src" PYTHONUNBUFFERED=1 LAYERSCOPE_HOME="$W/home" PYTHONDONTWRITEBYTECODE=1
-export TOKENIZERS_PARALLELISM=false
 py=python3
 # the GPU stages' host threads on CPUs 0-7, the background exports on 8-15 (where there are 16)
 if [ "$(nproc)" -ge 16 ]; then fg="taskset -c 0-7"; bg="taskset -c 8-15"; else fg=""; bg=""; fi
@@ -38,7 +37,7 @@ wait_export() {  # wait (at most $2 s) for the background export of shape $1
   local t=0; while [ ! -f "$W/exports/$1.done" ] && [ $t -lt "$2" ]; do sleep 2; t=$((t + 2)); done
   [ -f "$W/exports/$1.done" ] || { echo "export of $1 not done after $2 s" | tee -a "$out/missing.txt"; return 1; }
 }
-SHAPES="${LAYERSCOPE_GPU_SHAPES:-minilm-l6 bert-base gpt2-medium qwen2.5-0.5b}"
+SHAPES="${LAYERSCOPE_GPU_SHAPES:-minilm-l6 qwen2.5-0.5b bert-base gpt2-medium}"
 case "$stage" in
   receive)
     $py benchmarks/gpu/pieces.py receive ".gpu/loads/load-${2:?which load}" --into "$W/pieces" ;;
