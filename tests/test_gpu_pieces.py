@@ -99,10 +99,13 @@ def test_parity_table_names_every_layer_and_engine(tmp_path):
 
 def test_the_cli_starts_with_a_typer_that_has_no_flag_type_hook(monkeypatch):
     """The GPU machine's typer has no ``display_type_rich``; layerscope's CLI must still start there."""
-    from typer.core import TyperOption
+    import typer.core
 
     import layerscope.cli.root as root
 
-    monkeypatch.delattr(TyperOption, "display_type_rich")
+    class BareOption:  # a typer.core.TyperOption without the hook
+        pass
+
+    monkeypatch.setattr(typer.core, "TyperOption", BareOption)
     root._flags_show_no_type()
-    assert not hasattr(TyperOption, "display_type_rich")
+    assert not hasattr(BareOption, "display_type_rich")
