@@ -5,9 +5,10 @@ Marked ``gpu``: each test skips, with the reason ONNX Runtime gave, where its pr
 (:func:`hf_reference.check_engine`: same texts, same tokenization check, every token-level layer within
 a max-abs bound and nearest its own reference layer, pooled mean), only the bounds differ.
 
-Meant to catch, where a GPU is present (not demonstrated by a mutation: issue 16's session had no
-GPU): IO binding that hands back another output than asked for (engines/ort.py ``CudaEngine._run``),
-a TensorRT optimization profile that cuts sequences, fp16 overflow in the GPU kernels.
+Meant to catch, where a GPU is present: IO binding that hands back another output than asked for
+(engines/ort.py ``CudaEngine._run``), a TensorRT optimization profile that cuts sequences, fp16 overflow
+in the GPU kernels. They passed on an H200 (benchmarks/results/gpu-2026-11-26-h200/); each records its
+worst max-abs as a junit property (``--junitxml``), the figure the bounds below are to be tightened from.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from tiny_models import FAMILIES
 pytestmark = pytest.mark.gpu
 
 # fp32 on the GPU: ONNX Runtime's CUDA EP (and TensorRT) may run fp32 MatMuls in TF32 (10-bit mantissa)
-# on Ampere and later; hidden states of the tiny models are O(1). Not yet measured on a GPU (issue 16
-# was closed on a CPU-only machine): tighten to ~10x the agreement a GPU run shows.
+# on Ampere and later; hidden states of the tiny models are O(1). At real shapes on an H200 the CUDA EP
+# was within 9.5e-4 to 4.5e-3 of torch fp32 on the same GPU (states up to ~10); tighten to ~10x the
+# tiny models' recorded worst once a run has recorded it.
 GPU_FP32_MAX_ABS = 5e-3
 GPU_FP16_MAX_ABS = 1e-2  # the CPU fp16 variant's bound (tests/test_variants.py)
 
@@ -58,17 +60,18 @@ def exported(tiny_model, tmp_path_factory):
 
 @pytest.mark.parametrize("engine_name", ["cuda", "trt"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gpu_engine_matches_plain_hugging_face(providers, exported, tiny_model, engine_name, family):
+def test_gpu_engine_matches_plain_hugging_face(providers, exported, tiny_model, engine_name, family, record_property):
     from layerscope.engines.base import create_engine
     from layerscope.model.handle import ModelHandle
 
     need(providers, engine_name)
     engine = create_engine(engine_name, ModelHandle.resolve(exported(family)))
     assert engine.info.device == "cuda"
-    check_engine(engine, hf_reference(tiny_model(family), family), GPU_FP32_MAX_ABS, f"{engine_name} {family}")
+    worst = check_engine(engine, hf_reference(tiny_model(family), family), GPU_FP32_MAX_ABS, f"{engine_name} {family}")
+    record_property("worst_max_abs", max(worst.values()))  # in --junitxml: the agreement the bound is set from
 
 
-def test_fp16_variant_on_cuda_matches_plain_hugging_face(providers, exported, tiny_model):
+def test_fp16_variant_on_cuda_matches_plain_hugging_face(providers, exported, tiny_model, record_property):
     from layerscope.engines.base import create_engine
     from layerscope.export.variants import make_variant
 
@@ -77,7 +80,8 @@ def test_fp16_variant_on_cuda_matches_plain_hugging_face(providers, exported, ti
     make_variant(export_dir, "fp16")
     engine = create_engine("cuda", str(export_dir), variant="fp16")
     assert engine.info.precision == "fp16"
-    check_engine(engine, hf_reference(tiny_model("bert"), "bert"), GPU_FP16_MAX_ABS, "cuda fp16")
+    worst = check_engine(engine, hf_reference(tiny_model("bert"), "bert"), GPU_FP16_MAX_ABS, "cuda fp16")
+    record_property("worst_max_abs", max(worst.values()))
 
 
 @pytest.mark.parametrize("engine_name,bar", [("torch-fp16", 0.9999), ("torch-bf16", 0.999)])

@@ -95,7 +95,7 @@ PY
     $py -m layerscope engines 2>&1 | tee "$out/engines.txt" ;;
   tests)
     describe
-    timeout 200 $fg $py -m pytest -m gpu -q -p no:cacheprovider -rs ${TESTS_K:+-k "$TESTS_K"} tests 2>&1 | tee "$out/pytest-gpu.txt" ;;
+    timeout 200 $fg $py -m pytest -m gpu -q -p no:cacheprovider -rs --junitxml "$out/pytest-gpu.xml" ${TESTS_K:+-k "$TESTS_K"} tests 2>&1 | tee "$out/pytest-gpu.txt" ;;
   parity)
     describe
     for shape in $SHAPES; do
