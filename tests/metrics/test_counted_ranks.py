@@ -51,6 +51,40 @@ def test_counted_ranks_equal_a_full_argsort_both_ways(blocks):
     assert np.count_nonzero(fwd.above > 0) > 10  # and not every partner is first
 
 
+def _exact_scores(q: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Inner products rounded once from their exact value (float32 products are exact in float64; fsum adds
+    them without error), so equal vectors score exactly equal whatever the order of the terms."""
+    import math
+
+    return np.array([[math.fsum(a * b) for b in base.astype(np.float64)] for a in q.astype(np.float64)])
+
+
+def test_counted_ranks_equal_a_full_argsort_on_random_unit_vectors():
+    """Random unit vectors with planted duplicates: in float32 a duplicate's score and its partner's may
+    differ in the last bits (the partner's is a row sum, the others' a matrix product), which the screen and
+    the float64 recount must absorb."""
+    rng = np.random.default_rng(5)
+    s = rng.standard_normal((120, 48)).astype(np.float32)
+    t = (s + rng.standard_normal((120, 48)).astype(np.float32)).astype(np.float32)
+    s /= np.linalg.norm(s, axis=1, keepdims=True)
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    for dup in range(0, 120, 6):  # 20 blocks of three equal targets, 20 pairs of equal sources
+        t[dup + 1] = t[dup + 2] = t[dup]
+        s[dup + 4] = s[dup + 3]
+    fwd, back = neighbors_torch.paired_tied_ranks(s, t, device="cpu", query_block=16, db_block=40)
+    for got, (q, base) in ((fwd, (s, t)), (back, (t, s))):
+        scores = _exact_scores(q, base)
+        want_above, want_tied = [], []
+        for i, row in enumerate(scores):
+            desc = row[np.argsort(-row, kind="stable")]
+            first = int(np.searchsorted(-desc, -row[i], side="left"))
+            want_above.append(first)
+            want_tied.append(int(np.searchsorted(-desc, -row[i], side="right")) - first)
+        np.testing.assert_array_equal(got.above, want_above)
+        np.testing.assert_array_equal(got.tied, want_tied)
+    assert np.count_nonzero(fwd.tied == 3) == 60 and np.count_nonzero(back.tied == 2) == 40
+
+
 def test_near_pairs_listed_in_small_slabs_count_the_same(monkeypatch):
     s, t = _grid_pairs(seed=1)
     want = neighbors_torch.paired_tied_ranks(s, t, device="cpu")
