@@ -209,11 +209,14 @@ def _count(s, target, q, x, own64, above, tied) -> None:
     the rows scoring above / tying with each query's partner, whose float32 score is ``target``."""
     from layerscope.metrics.ties import SCREEN
 
+    import torch
+
     hi = s > (target + SCREEN)[:, None]
     lo = s >= (target - SCREEN)[:, None]
-    n_hi = hi.sum(dim=1)
+    # summed as bytes into int32: half the time of summing bools into int64 on the CPU
+    n_hi = hi.view(torch.uint8).sum(dim=1, dtype=torch.int32)
     above += n_hi
-    n_near = lo.sum(dim=1) - n_hi
+    n_near = lo.view(torch.uint8).sum(dim=1, dtype=torch.int32) - n_hi
     if bool((n_near > 0).any()):
         _near_float64(lo & ~hi, n_near.cpu().numpy(), q, x, own64, above, tied)
 
