@@ -59,10 +59,15 @@ def _exact_scores(q: np.ndarray, base: np.ndarray) -> np.ndarray:
     return np.array([[math.fsum(a * b) for b in base.astype(np.float64)] for a in q.astype(np.float64)])
 
 
-def test_counted_ranks_equal_a_full_argsort_on_random_unit_vectors():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_counted_ranks_equal_a_full_argsort_on_random_unit_vectors(device):
     """Random unit vectors with planted duplicates: in float32 a duplicate's score and its partner's may
     differ in the last bits (the partner's is a row sum, the others' a matrix product), which the screen and
     the float64 recount must absorb."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
     rng = np.random.default_rng(5)
     s = rng.standard_normal((120, 48)).astype(np.float32)
     t = (s + rng.standard_normal((120, 48)).astype(np.float32)).astype(np.float32)
@@ -71,7 +76,7 @@ def test_counted_ranks_equal_a_full_argsort_on_random_unit_vectors():
     for dup in range(0, 120, 6):  # 20 blocks of three equal targets, 20 pairs of equal sources
         t[dup + 1] = t[dup + 2] = t[dup]
         s[dup + 4] = s[dup + 3]
-    fwd, back = neighbors_torch.paired_tied_ranks(s, t, device="cpu", query_block=16, db_block=40)
+    fwd, back = neighbors_torch.paired_tied_ranks(s, t, device=device, query_block=16, db_block=40)
     for got, (q, base) in ((fwd, (s, t)), (back, (t, s))):
         scores = _exact_scores(q, base)
         want_above, want_tied = [], []

@@ -207,9 +207,9 @@ class _float32_products:
 def _count(s, target, q, x, own64, above, tied) -> None:
     """Add to ``above``/``tied`` (per row of ``s`` [b, m], the scores of queries ``q`` against rows ``x``)
     the rows scoring above / tying with each query's partner, whose float32 score is ``target``."""
-    from layerscope.metrics.ties import SCREEN
-
     import torch
+
+    from layerscope.metrics.ties import SCREEN
 
     hi = s > (target + SCREEN)[:, None]
     lo = s >= (target - SCREEN)[:, None]
