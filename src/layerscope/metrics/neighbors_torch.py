@@ -58,7 +58,9 @@ def topk_inner(q: np.ndarray, x: np.ndarray, k: int, *, device: str = "cuda", ex
     """Top-``k`` inner products of each row of ``q`` against the rows of ``x``: (scores float32, ids int64).
 
     ``exclude_self``: ``q`` is ``x`` itself and row i never lists i. ``x`` may be a memory-mapped array
-    of any float type; it goes to a GPU once where it fits (:func:`_resident`), else one block at a time.
+    of any float type; it goes to a GPU once per call where it fits (:func:`resident`), else one block at a
+    time; or a float32 tensor already on ``device`` (:func:`resident`'s, kept by a caller that searches
+    again).
     """
     import torch
 
@@ -68,7 +70,7 @@ def topk_inner(q: np.ndarray, x: np.ndarray, k: int, *, device: str = "cuda", ex
     out_s = np.empty((nq, k), dtype=np.float32)
     out_i = np.empty((nq, k), dtype=np.int64)
     with torch.inference_mode(), _float32_products(torch):
-        whole = _resident(x, dev, torch)
+        whole = x if torch.is_tensor(x) else resident(x, dev)
         for q0 in range(0, nq, query_block):
             qb = torch.from_numpy(np.ascontiguousarray(q[q0:q0 + query_block], dtype=np.float32)).to(dev)
             best_s = best_i = None
@@ -92,9 +94,12 @@ def topk_inner(q: np.ndarray, x: np.ndarray, k: int, *, device: str = "cuda", ex
     return out_s, out_i
 
 
-def _resident(x: np.ndarray, dev, torch):
-    """``x`` as one tensor on ``dev`` where that is free (CPU, float32 rows: shared, not copied) or fits a
-    quarter of the GPU's free memory (copied once instead of once per query block); else None."""
+def resident(x: np.ndarray, device):
+    """``x`` as one float32 tensor on ``device`` where that is free (CPU, float32 rows: shared, not copied)
+    or fits a quarter of the GPU's free memory (copied once instead of once per query block); else None."""
+    import torch
+
+    dev = torch.device(device)
     if dev.type == "cpu":
         ok = isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
         return torch.from_numpy(x) if ok else None
