@@ -147,6 +147,7 @@ def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     job_file = out / "job.json"
     job_file.write_text(json.dumps(job), encoding="utf-8")
+    # one tokenizer thread; a row whose engine turns out to run on a GPU turns the pool on (bench/gpu_peak.py)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     try:
         proc = subprocess.run([sys.executable, "-m", "layerscope.bench.worker", str(job_file)],
