@@ -90,15 +90,31 @@ def test_counted_ranks_equal_a_full_argsort_on_random_unit_vectors(device):
     assert np.count_nonzero(fwd.tied == 3) == 60 and np.count_nonzero(back.tied == 2) == 40
 
 
-def test_near_pairs_listed_in_small_slabs_count_the_same(monkeypatch):
+@pytest.mark.parametrize("dense_share", [0, 16, 10**9])  # near ties pair by pair / by the share / all whole
+def test_near_pairs_in_small_slabs_or_whole_rows_count_as_a_full_argsort(dense_share, monkeypatch):
     s, t = _grid_pairs(seed=1)
-    want = neighbors_torch.paired_tied_ranks(s, t, device="cpu")
-    monkeypatch.setattr(neighbors_torch, "NEAR_BUDGET", 3)
+    monkeypatch.setattr(neighbors_torch, "DENSE_SHARE", dense_share)
+    monkeypatch.setattr(neighbors_torch, "NEAR_BUDGET", 3 if dense_share == 0 else 40)
     monkeypatch.setattr(neighbors_torch, "GATHER_ELEMENTS", 5 * s.shape[1])
     got = neighbors_torch.paired_tied_ranks(s, t, device="cpu", query_block=20, db_block=30)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g.above, w.above)
-        np.testing.assert_array_equal(g.tied, w.tied)
+    for g, (q, base) in zip(got, ((s, t), (t, s))):
+        above, tied = _ranks_by_argsort(q, base)
+        np.testing.assert_array_equal(g.above, above)
+        np.testing.assert_array_equal(g.tied, tied)
+
+
+def test_every_vector_the_same_ties_every_candidate():
+    """A layer where every text's vector is one vector (the raw embedding of a shared last token): every
+    partner ties with all n rows, rank (1 + n) / 2 (each row scored again whole, not pair by pair)."""
+    v = np.random.default_rng(2).standard_normal(16).astype(np.float32)
+    s = np.tile(v / np.linalg.norm(v), (300, 1))
+    t = s.copy()
+    t[::2] = -t[::2]  # the even targets point the other way: for an odd query they are all below
+    fwd, back = neighbors_torch.paired_tied_ranks(s, t, device="cpu", query_block=64, db_block=100)
+    odd, even = np.arange(1, 300, 2), np.arange(0, 300, 2)
+    assert (fwd.above[odd] == 0).all() and (fwd.tied[odd] == 150).all()
+    assert (fwd.above[even] == 150).all() and (fwd.tied[even] == 150).all()
+    assert (back.above == 0).all() and (back.tied == 300).all()  # every source is the same vector
 
 
 def test_a_float32_tie_that_float64_breaks_is_no_tie_either_way():

@@ -143,6 +143,7 @@ def cosine_tied_ranks(sn: np.ndarray, tn: np.ndarray, *, device: str = "cuda", q
 CPU_QUERY_BLOCK, CPU_DB_BLOCK = 1024, 8192  # 8M scores (32 MiB) per block on the CPU
 NEAR_BUDGET = 1 << 22  # near-tie pairs listed at once (their indices: 64 MiB)
 GATHER_ELEMENTS = 1 << 23  # float64 elements gathered at once when near ties are scored again (64 MiB a side)
+DENSE_SHARE = 16  # a row with more than 1/16 of its pairs near a tie is scored again as a whole float64 product
 
 
 def paired_tied_ranks(sn: np.ndarray, tn: np.ndarray, *, device: str = "cuda", both: bool = True,
@@ -228,17 +229,31 @@ def _count(s, target, q, x, own64, above, tied) -> None:
 
 def _near_float64(near, n_near: np.ndarray, q, x, own64, above, tied) -> None:
     """Score the ``near`` pairs again in float64 (products of float32 values are exact there) and count them
-    above (past ``TIE_TOL``) or tied (within it); in slabs of rows so that at most ``NEAR_BUDGET`` pairs
-    are listed and ``GATHER_ELEMENTS`` gathered at once."""
+    above (past ``TIE_TOL``) or tied (within it). A row with more than 1/``DENSE_SHARE`` of its pairs near
+    (many equal vectors: a layer where every text ends in the same token) is scored whole, as a float64
+    product; the others pair by pair, in slabs of rows so that at most ``NEAR_BUDGET`` pairs are listed and
+    ``GATHER_ELEMENTS`` gathered at once."""
     import torch
 
     from layerscope.metrics.ties import TIE_TOL
 
-    b = near.shape[0]
+    b, m = near.shape
+    dense = np.flatnonzero(n_near * DENSE_SHARE > m)
+    if dense.size:
+        idx = torch.from_numpy(dense).to(near.device)
+        x64, rows = x.double(), max(1, NEAR_BUDGET // max(1, m))  # at most NEAR_BUDGET float64 scores at once
+        for c0 in range(0, idx.numel(), rows):
+            r = idx[c0:c0 + rows]
+            diff = q[r].double() @ x64.T - own64[r][:, None]
+            nr = near[r]
+            above.index_add_(0, r, ((diff > TIE_TOL) & nr).sum(dim=1))
+            tied.index_add_(0, r, ((diff.abs() <= TIE_TOL) & nr).sum(dim=1))
+        near[idx] = False
+        n_near = np.where(n_near * DENSE_SHARE > m, 0, n_near)
     ends = np.cumsum(n_near)
     step = max(1, GATHER_ELEMENTS // max(1, q.shape[1]))
     r0 = 0
-    while r0 < b:
+    while r0 < b and ends[-1] > (int(ends[r0 - 1]) if r0 else 0):
         done = int(ends[r0 - 1]) if r0 else 0
         r1 = max(r0 + 1, int(np.searchsorted(ends, done + NEAR_BUDGET, side="right")))
         ri_all, ci_all = near[r0:r1].nonzero(as_tuple=True)
