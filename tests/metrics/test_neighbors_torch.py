@@ -77,3 +77,34 @@ def test_auto_stays_off_torch_without_a_gpu(monkeypatch):
     assert neighbors._torch_device("auto") == "cuda"
     with pytest.raises(ValueError, match="backend must be"):
         neighbors._torch_device("gpu")
+
+
+def test_topk_takes_vectors_already_on_the_device():
+    import torch
+
+    rng = np.random.default_rng(4)
+    x = l2_normalize(rng.standard_normal((300, 12)).astype(np.float32))
+    want = neighbors_torch.topk_inner(x[:40], x, 6, device="cpu", db_block=70)
+    on = neighbors_torch.resident(x, "cpu")
+    assert torch.is_tensor(on) and on.data_ptr() == x.ctypes.data  # shared on the CPU, not copied
+    got = neighbors_torch.topk_inner(x[:40], on, 6, device="cpu", db_block=70)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    assert neighbors_torch.resident(x.astype(np.float16), "cpu") is None  # would be a copy: blocks instead
+
+
+def test_a_torch_cuda_index_moves_its_vectors_once(monkeypatch):
+    pytest.importorskip("faiss")
+    from layerscope.index import vector_index
+    from layerscope.index.backend import Backend
+
+    x = l2_normalize(np.random.default_rng(5).standard_normal((50, 8)).astype(np.float32))
+    monkeypatch.setattr(vector_index, "select_backend", lambda kind, prefer="auto": Backend("torch-cuda", 1))
+    moved, bases = [], []
+    monkeypatch.setattr(neighbors_torch, "resident", lambda v, device: moved.append(device) or ("on", device))
+    monkeypatch.setattr(neighbors_torch, "topk_inner",
+                        lambda q, base, k, device: bases.append(base) or (np.zeros((len(q), k), np.float32),
+                                                                           np.zeros((len(q), k), np.int64)))
+    vi = vector_index.VectorIndex.build(x, "flat", normalized=True)
+    vi.search(x, 3, normalized=True, block=7)  # 8 query blocks
+    assert moved == ["cuda"] and len(bases) == 8 and all(b == ("on", "cuda") for b in bases)

@@ -8,8 +8,10 @@ where installed).  Each round starts one fresh process per row
 that no row always runs right after the same neighbour.  Each process does
 ``passes`` warm passes; a row reports its best and median pass over all rounds,
 whether the rounds' bests agree within 10%, its accuracy class (min cosine to
-fp32 over the layers it produced), the fraction of this CPU's fp32 peak it
-reached, and the split of one sequential pass into tokenize / engine /
+fp32 over the layers it produced), the fraction of a compute peak it reached
+(this CPU's fp32 peak, or for a row on a GPU that GPU's peak for the row's precision:
+bench/gpu_peak.py), its peak GPU memory, how it tokenized (one thread on the CPU rows, whose cores run the
+engine; the tokenizers thread pool on GPU rows), and the split of one sequential pass into tokenize / engine /
 pool-copy / write.
 """
 
@@ -145,6 +147,7 @@ def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     job_file = out / "job.json"
     job_file.write_text(json.dumps(job), encoding="utf-8")
+    # one tokenizer thread; a row whose engine turns out to run on a GPU turns the pool on (bench/gpu_peak.py)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     try:
         proc = subprocess.run([sys.executable, "-m", "layerscope.bench.worker", str(job_file)],
@@ -273,6 +276,8 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
         rounds_agree=bool(max(round_best) <= min(round_best) * (1 + ROUND_AGREEMENT)),
         texts_per_cpu_s=n / min(c for r in ok for c in r["pass_cpu_s"]),
         setup_s=first.get("setup_s"), peak_rss_mib=max(r["peak_rss_mib"] for r in ok),
+        device=first.get("device", "cpu"), tokenization=first.get("tokenization"), gpu_peak=first.get("gpu_peak"),
+        gpu_memory=_gpu_memory(ok),
         load_avg_1m=[r.get("load_avg_1m") for r in ok], split=fastest.get("split"),
         _vectors=first.get("_vectors"), _sts=first.get("_sts"))
 
@@ -299,9 +304,35 @@ def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], st
         r["sts_spearman"] = {layer: sts_spearman(sts_vec[i], *sts) for i, layer in enumerate(produced)}
         if ref is not None and ref.get("sts_spearman"):
             r["sts_spearman_delta"] = {k: v - ref["sts_spearman"][k] for k, v in r["sts_spearman"].items()}
-    if flops and peak:
+    if flops:
         r["gflops_per_s"] = flops / r["best_s"] / 1e9
-        r["peak_fraction"] = r["gflops_per_s"] / peak["gflops"]
+    r.update(peak_against(r, peak))
+    if flops and r["peak_gflops"]:
+        r["peak_fraction"] = r["gflops_per_s"] / r["peak_gflops"]
+
+
+def peak_against(r: dict[str, Any], cpu_peak: dict[str, Any] | None) -> dict[str, Any]:
+    """The peak a row's speed is a fraction of: its GPU's for the row's precision where it ran on a GPU
+    (bench/gpu_peak.py, worked out in the row's process), else this CPU's fp32 peak."""
+    from layerscope.bench.gpu_peak import on_gpu
+
+    if on_gpu(r.get("device")):
+        g = r.get("gpu_peak") or {}
+        tflops = g.get("tflops")
+        return {"peak_gflops": tflops * 1000 if tflops else None,
+                "peak_label": f"GPU {g.get('precision', '?')}" if tflops else "GPU: unknown",
+                "peak_text": g.get("text") or "GPU peak not worked out"}
+    return {"peak_gflops": cpu_peak["gflops"] if cpu_peak else None, "peak_label": "CPU fp32",
+            "peak_text": cpu_peak["text"] if cpu_peak else "unknown (no /proc/cpuinfo)"}
+
+
+def _gpu_memory(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The highest peak GPU memory over a row's rounds, with how it was measured (None: a CPU row)."""
+    seen = [r["gpu_memory"] for r in runs if r.get("gpu_memory")]
+    if not seen:
+        return None
+    measured = [m for m in seen if m.get("peak_mib") is not None]
+    return max(measured, key=lambda m: m["peak_mib"]) if measured else seen[0]
 
 
 def _ratios(results: list[dict[str, Any]]) -> None:

@@ -16,6 +16,20 @@ def _split(split: dict[str, Any] | None) -> str:
     return " / ".join(_f(split.get(k), ".2f") for k in keys)
 
 
+def _tokenizer(how: str | None) -> str:
+    if not how:
+        return "-"
+    return "parallel" if how.startswith("parallel") else "1 thread"
+
+
+def _gpu_mib(mem: dict[str, Any] | None) -> str:
+    if not mem:
+        return "-"
+    if mem.get("peak_mib") is None:
+        return "not measured"
+    return f"{mem['peak_mib']:,.0f} ({'torch' if mem['source'].startswith('torch') else 'NVML'})"
+
+
 def final_only(row: dict[str, Any], all_layers: list[str]) -> bool:
     """A row that produced the final layer only (sentence-transformers peers), not every layer."""
     layers = row.get("layers") or []
@@ -40,9 +54,9 @@ def isolated_table(bench: dict[str, Any]) -> str:
         f"Load average (1 min) at each process start: {', '.join(f'{v:.1f}' for v in loads) or '-'}.",
         "",
         "| row | layers | texts/s best | texts/s median | rounds agree (bests) | x best peer as accurate | "
-        "x hf-eager | accuracy class (min cos, layer) | % of peak | split s: tokenize / engine / pool-copy / write "
-        "| STS final | STS worst drop (layer) | peak RSS MiB |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|---|---:|---:|---:|",
+        "x hf-eager | accuracy class (min cos, layer) | % of peak (peak) | split s: tokenize / engine / pool-copy / "
+        "write | tokenizer | STS final | STS worst drop (layer) | peak RSS MiB | peak GPU MiB |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in bench["results"]:
         if not r.get("available"):
@@ -64,10 +78,17 @@ def isolated_table(bench: dict[str, Any]) -> str:
             f"{_f(r.get('x_best_peer_as_accurate'), '.2f')}{f' ({peer})' if peer else ''} | "
             f"{_f(r.get('x_hf_eager'), '.2f')} | {r.get('accuracy_class', '-')} "
             f"({_f(r.get('min_cos'), '.6f')}{f', {worst_layer}' if worst_layer else ''}) | "
-            f"{_f(r.get('peak_fraction') and 100 * r['peak_fraction'], '.1f')} | {_split(r.get('split'))} | "
-            f"{_f(sts.get(final), '.2f')} | "
+            f"{_f(r.get('peak_fraction') and 100 * r['peak_fraction'], '.1f')} ({r.get('peak_label', '-')}) | "
+            f"{_split(r.get('split'))} | {_tokenizer(r.get('tokenization'))} | {_f(sts.get(final), '.2f')} | "
             + (f"{drop[1]:+.2f} ({drop[0]})" if drop else "-")
-            + f" | {r['peak_rss_mib']:,.0f} |")
+            + f" | {r['peak_rss_mib']:,.0f} | {_gpu_mib(r.get('gpu_memory'))} |")
+    gpu_peaks = {r["peak_text"] for r in bench["results"] if r.get("available") and r.get("peak_label", "CPU fp32")
+                 != "CPU fp32" and r.get("peak_text")}
+    if gpu_peaks:
+        lines += ["", "GPU rows are a fraction of their GPU's peak for their precision, not of the CPU's:", ""]
+        lines += [f"- {t}" for t in sorted(gpu_peaks)]
+        sources = {m["source"] for r in bench["results"] if (m := r.get("gpu_memory"))}
+        lines += ["", "Peak GPU MiB: " + "; ".join(sorted(sources)) + "."]
     missing = [r for r in bench["results"] if not r.get("available")]
     if missing:
         lines += ["", "Not run here:", ""]

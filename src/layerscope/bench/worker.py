@@ -106,7 +106,8 @@ def _engine_row(job: dict[str, Any]) -> Row:
             parts["write_s"] += time.perf_counter() - t
         return parts
 
-    info = {"provider": eng.info.provider, "precision": eng.info.precision, "notes": list(eng.info.notes)}
+    info = {"provider": eng.info.provider, "precision": eng.info.precision, "notes": list(eng.info.notes),
+            "device": eng.info.device, "allocator": "torch" if eng.info.provider.startswith("torch") else "nvml"}
     return Row(encode, layers, info, split)
 
 
@@ -153,7 +154,8 @@ def _hf_row(job: dict[str, Any]) -> Row:
     def split(texts: list[str], best_s: float) -> dict[str, float]:
         return dict(parts)  # measured inside the last timed pass: no extra pass over the corpus
 
-    info = {"provider": f"torch-cpu ({torch.get_num_threads()} threads)", "precision": "fp32", "notes": []}
+    info = {"provider": f"torch-cpu ({torch.get_num_threads()} threads)", "precision": "fp32", "notes": [],
+            "device": "cpu"}
     return Row(encode, layers, info, split)
 
 
@@ -191,14 +193,23 @@ def _st_row(job: dict[str, Any]) -> Row:
                 "write_s": None}
 
     info = {"provider": f"sentence-transformers {backend} on {device}" + (f" ({file_name})" if file_name else ""),
-            "precision": job.get("precision", "fp32"), "notes": []}
+            "precision": job.get("precision", "fp32"), "notes": [], "device": device,
+            "allocator": "torch" if backend == "torch" else "nvml"}
     return Row(encode, [job["layers"][-1]], info, split)
 
 
 RUNNERS = {"engine": _engine_row, "hf-eager": _hf_row, "st": _st_row}
 
 
+def _device_index(device: str) -> int:
+    """The CUDA device number of ``cuda`` / ``cuda:N``."""
+    return int(device.split(":")[1]) if ":" in device else 0
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    from contextlib import nullcontext
+
+    from layerscope.bench.gpu_peak import GpuMemory, gpu_peak, on_gpu, set_tokenization
     from layerscope.bench.machine import PeakMemory
     from layerscope.errors import LayerscopeError
 
@@ -209,21 +220,29 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         row = RUNNERS[job["kind"]](job)
+        result["tokenization"] = set_tokenization(row.info.get("device"))
         row.encode(texts[: min(64, len(texts))])  # warm-up
     except (LayerscopeError, ImportError) as exc:
         result.update(available=False, reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         return result
     result["setup_s"] = time.perf_counter() - t0
-    result.update(row.info)
+    info = dict(row.info)
+    allocator = info.pop("allocator", None)
+    result.update(info)
     result["layers"] = row.layers
+    gpu = on_gpu(info.get("device"))
+    if gpu:
+        result["gpu_peak"] = gpu_peak(info.get("precision"), _device_index(info["device"])).to_dict()
     seconds, cpu = [], []
     vectors = None
-    with PeakMemory() as mem:
+    with PeakMemory() as mem, (GpuMemory(allocator or "nvml") if gpu else nullcontext()) as gmem:
         for _ in range(int(job["passes"])):
             c0, w0 = time.process_time(), time.perf_counter()
             vectors = row.encode(texts)
             seconds.append(time.perf_counter() - w0)
             cpu.append(time.process_time() - c0)
+    if gpu:
+        result["gpu_memory"] = gmem.result()
     result.update(pass_seconds=seconds, pass_cpu_s=cpu, texts=len(texts), peak_rss_mib=mem.peak_rss / 2**20,
                   load_avg_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     np.save(out_dir / "vectors.npy", np.ascontiguousarray(vectors[:, : int(job["n_acc"])], dtype=np.float32))

@@ -33,21 +33,23 @@ def _try(fn, *args, **kwargs):
 
 def alignment_figures(src: np.ndarray, tgt: np.ndarray, *, n_perm: int = 0, seed: int = 0, knn_k: int = 10,
                       pca_ks=PCA_KS, ann_threshold: int = 50_000, index_kind: str = "auto", device: str = "auto",
-                      index_params: dict | None = None, timings: dict | None = None) -> dict[str, Any]:
+                      index_params: dict | None = None, timings: dict | None = None,
+                      cpu_timings: dict | None = None) -> dict[str, Any]:
     """Every alignment figure for one (layer, pooling): ``src[i]`` and ``tgt[i]`` are a pair.
 
     ``z`` and the z within the first k principal components are exact: the permutation distribution's mean
     and std in closed form (:func:`scrambled_z_exact`). ``n_perm > 0`` adds ``z_monte_carlo``, the same z
     from ``n_perm`` random permutations with its Monte Carlo standard error (``z_se``), as a check.
     """
-    tick = time.perf_counter()
+    tick, cpu_tick = time.perf_counter(), time.process_time()
     timings = timings if timings is not None else {}
+    cpu_timings = cpu_timings if cpu_timings is not None else {}
 
-    def lap(name: str) -> None:
-        nonlocal tick
-        now = time.perf_counter()
-        timings[name] = round(now - tick, 3)
-        tick = now
+    def lap(name: str) -> None:  # wall seconds, and this process's CPU seconds (every thread's)
+        nonlocal tick, cpu_tick
+        now, cpu_now = time.perf_counter(), time.process_time()
+        timings[name], cpu_timings[name] = round(now - tick, 3), round(cpu_now - cpu_tick, 3)
+        tick, cpu_tick = now, cpu_now
 
     S = normalize(src)
     T = normalize(tgt)

@@ -7,9 +7,14 @@
 * :func:`self_knn` -- each row's k nearest other rows, for mutual k-NN
   (:func:`layerscope.metrics.neighbors.mutual_knn`).
 
-Ranks are found in the top ``mrr_cutoff`` results (default 1000, capped at n):
-when n <= cutoff they are exact and MRR is the full MRR; above it a partner
-ranked below the cutoff counts 0 towards MRR (it would count < 1/cutoff).
+Exact (``flat``) ranks are counted, not searched: one plus the rows scoring
+strictly above the partner, inside the blocked product, both directions from
+one product (:func:`layerscope.metrics.neighbors_torch.paired_tied_ranks`,
+on a GPU where PyTorch sees one, else on the CPU). Approximate indexes rank
+within their top ``mrr_cutoff`` results. Either way MRR stops at ``mrr_cutoff``
+(default 1000, capped at n): when n <= cutoff it is the full MRR; above it a
+partner with ``cutoff`` or more rows above it counts 0 towards MRR (it would
+count < 1/cutoff) and misses at every k.
 A partner that shares its cosine with other rows counts as its expectation
 over a random order of the tied rows (:class:`layerscope.metrics.ties.TiedRanks`),
 the same figure on every engine.
@@ -114,6 +119,9 @@ def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "a
     kind = choose_kind(n, kind, ann_threshold, device)
     cutoff = int(min(n, mrr_cutoff))
     out: dict[str, Any] = {"index": kind, "n": int(n), "mrr_cutoff": cutoff, "mrr_exact": cutoff >= n}
+    where = counting_device(device) if kind == "flat" else None
+    if where is not None:
+        return _counted(src, tgt, ks, cutoff, where, out)
     for name, (q, base) in (("src2tgt", (src, tgt)), ("tgt2src", (tgt, src))):
         t0 = time.perf_counter()
         vi = VectorIndex.build(base, kind, normalized=True, seed=seed, device=device, **(index_params or {}))
@@ -133,6 +141,41 @@ def retrieval(src: np.ndarray, tgt: np.ndarray, *, ks=(1, 5, 10), kind: str = "a
             figs["params"] = vi.params
         out[name] = figs
         out["backend"] = vi.backend.describe()
+    return out
+
+
+def counting_device(device: str = "auto") -> str | None:
+    """Where exact retrieval counts ranks (:func:`layerscope.metrics.neighbors_torch.paired_tied_ranks`):
+    ``"cuda"`` where the flat backend is a GPU and PyTorch sees it, ``"cpu"`` where it is the CPU; None where
+    a FAISS GPU index exists but PyTorch sees no GPU (the FAISS search then runs as it is)."""
+    from layerscope.index.backend import select_backend
+    from layerscope.metrics.neighbors_torch import cuda_device
+
+    if select_backend("flat", device).name == "faiss-cpu":
+        return "cpu"
+    return cuda_device()
+
+
+def _counted(src: np.ndarray, tgt: np.ndarray, ks, cutoff: int, where: str, out: dict[str, Any]) -> dict[str, Any]:
+    """Exact retrieval both ways from one blocked product per block, ranks counted, no top-k: a partner
+    with ``cutoff`` or more rows strictly above it is beyond the cutoff (``above = inf``), as a top-``cutoff``
+    search that does not list it counts it; its tie is kept, as the float64 recount there keeps it."""
+    from layerscope.metrics.neighbors_torch import paired_tied_ranks
+
+    t0 = time.perf_counter()
+    both = paired_tied_ranks(src, tgt, device=where)
+    seconds = round(time.perf_counter() - t0, 3)
+    for name, ranks in zip(("src2tgt", "tgt2src"), both):
+        ranks = TiedRanks(np.where(ranks.above >= cutoff, np.inf, ranks.above), ranks.tied)
+        figs: dict[str, Any] = retrieval_metrics(ranks, ks)
+        figs["ties"] = int(np.count_nonzero(ranks.tied > 1))
+        figs["ranks"] = ranks
+        figs["seconds_build"] = 0.0
+        figs["seconds_search"] = None  # one product serves both directions: see seconds_search_both
+        out[name] = figs
+    out["seconds_search_both"] = seconds
+    out["backend"] = (f"exact rank counting (no top-k) in blocked float32 products with PyTorch on {where}, "
+                      "both directions from one product")
     return out
 
 

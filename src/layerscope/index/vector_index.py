@@ -75,6 +75,7 @@ class VectorIndex:
     meta: dict[str, Any] = field(default_factory=dict)
     _vectors: np.ndarray | None = None  # only for the torch-cuda exact path
     _gpu_index: Any = None
+    _on_device: Any = None  # the torch-cuda path's vectors on the GPU, copied at the first search where they fit
 
     # -- building --------------------------------------------------------
     @classmethod
@@ -162,9 +163,12 @@ class VectorIndex:
             dist, idx = self.index.search(binary_quantize(qb, bitorder="little"), k)
             return (1.0 - dist.astype(np.float32) / self.dim), idx.astype(np.int64)
         if self.backend.name == "torch-cuda" and self._vectors is not None:
-            from layerscope.metrics.neighbors_torch import topk_inner
+            from layerscope.metrics.neighbors_torch import resident, topk_inner
 
-            return topk_inner(qb, self._vectors, k, device="cuda")
+            if self._on_device is None:  # once, not once per query block
+                self._on_device = resident(self._vectors, "cuda")
+            base = self._on_device if self._on_device is not None else self._vectors
+            return topk_inner(qb, base, k, device="cuda")
         index = self._gpu_index if self._gpu_index is not None else self.index
         s, i = index.search(qb, k)
         return s, i.astype(np.int64)
