@@ -7,7 +7,8 @@ least:
 - the attention scores and their softmax of one layer, ``2 * heads * T * T`` floats, where attention is
   computed whole (the exported graphs and the fp32 PyTorch reference, both eager attention); an engine
   that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
-  ``torch-bf16``) sets ``Engine.attention_scores`` False and is charged nothing for it;
+  ``torch-bf16``, and in ``torch`` with ``attention=sdpa`` or a max_seq above ``engines/torch.SLICE_FROM``)
+  sets ``Engine.attention_scores`` False and is charged nothing for it;
 - the hidden states it hands back, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers
   ``0..depth``), or one layer's, ``T * hidden``, when the graph keeps them inside (``pooled_only``);
 - one block's feed-forward activations, ``4 * T * hidden`` floats.
