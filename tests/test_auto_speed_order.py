@@ -64,7 +64,32 @@ def test_cpu_identity_depends_on_the_engine_relevant_flags():
     base = "model name\t: Some CPU\nflags\t\t: fpu avx2 fma\n"
     assert speed_order.cpu_identity(base)[0] != speed_order.cpu_identity(base.replace("fma", "fma avx512_bf16"))[0]
     assert speed_order.cpu_identity(base)[0] == speed_order.cpu_identity(base.replace("fpu", "fpu sse4_2"))[0]
-    assert speed_order.cpu_identity(base)[1] == "Some CPU (avx2, fma)"
+    assert speed_order.cpu_identity(base, cores=2)[1] == "Some CPU (avx2, fma), 2 cores"
+    assert speed_order.cpu_identity(base, cores=2)[0] != speed_order.cpu_identity(base, cores=16)[0]
+
+
+def test_a_record_taken_on_other_cores_is_not_used(tmp_path, monkeypatch):
+    """Catches: a speed recorded on 2 cores ranking the engines of a 16-core run of the same CPU model."""
+    monkeypatch.setattr(speed_order, "usable_cores", lambda: 2)
+    assert speed_order.record(_bench({"ort": 900.0, "ov": 500.0}), root=tmp_path) == 2
+    assert speed_order.measured_run(SHA, root=tmp_path)["texts_per_s"]["ort"] == 900.0
+    order, _ = speed_order.ranked(CPU_RANK, SHA, root=tmp_path)
+    assert order != list(CPU_RANK)  # on the cores it was taken on, the record reorders
+    monkeypatch.setattr(speed_order, "usable_cores", lambda: 16)
+    assert speed_order.measured_run(SHA, root=tmp_path) is None
+    order, source = speed_order.ranked(CPU_RANK, SHA, root=tmp_path)
+    assert order == list(CPU_RANK) and "declared order" in source
+
+
+def test_usable_cores_follow_the_affinity(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5})
+    monkeypatch.setattr(speed_order, "Path", lambda p: type("P", (), {"read_text": lambda self: "max 100000"})())
+    assert speed_order.usable_cores() == 3
+    # a cgroup quota of 1.5 CPUs (150000 us per 100000 us) on those 3 cores: 2 cores' worth of threads
+    monkeypatch.setattr(speed_order, "Path", lambda p: type("P", (), {"read_text": lambda self: "150000 100000"})())
+    assert speed_order.usable_cores() == 2
 
 
 def _manifest(**recorded):

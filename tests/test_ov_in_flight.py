@@ -92,6 +92,21 @@ def test_requests_follow_the_recorded_speeds(bert_export, tmp_path, monkeypatch,
     assert ranked["ov"] == max(speeds.values())
 
 
+def test_requests_follow_this_exports_record_over_a_later_one_of_another(bert_export, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from layerscope.engines import speed_order
+    from layerscope.engines.ov import in_flight
+    from layerscope.model.handle import ModelHandle
+
+    manifest = ModelHandle.resolve(bert_export).manifest
+    _record(tmp_path, {"ov": 400.0, "ov-x2": 610.0}, manifest)
+    _record(tmp_path, {"ov": 400.0, "ov-x2": 300.0}, replace(manifest, onnx_sha256="b" * 64))  # later, another
+    monkeypatch.setattr(speed_order, "_root", lambda: tmp_path)
+    assert in_flight(manifest, "fp32", None)[0] == 2  # its own export's record, not the latest one
+    assert in_flight(replace(manifest, onnx_sha256="c" * 64), "fp32", None)[0] == 1  # none: the latest
+
+
 def test_requests_outside_one_or_two_are_refused(bert_export):
     from layerscope.errors import InputError
     from layerscope.export.open import open_engine

@@ -9,7 +9,8 @@ For each length and mode, a fresh process extracts ``--texts`` texts of that man
 model's own vocabulary, so the count is exact up to the special tokens) with every layer and mean pooling
 (``tokens``: also every token's vector of the last layer, float16), and reports its peak resident set
 (``VmHWM`` as it exits), the texts/s of the extraction loop, and the floor engines/memory.py puts on one such
-text's activations beside the weights' size, so the target (peak within 1.5x of the weights plus one layer's
+text's activations beside the weights' size (with ``--engine torch``, past 1,024 tokens, attention in slices
+is charged nothing: compare its peak with ``ort``'s to see what slicing saves), so the target (peak within 1.5x of the weights plus one layer's
 activations, pooled-only) can be read off. A length the memory check refuses is recorded with its line.
 Records the CPU model and flags and the load average around each run. Take figures on a quiet machine.
 """
@@ -83,10 +84,12 @@ def main() -> None:
                                        args.engine, mode], capture_output=True, text=True)
                 res = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else \
                     {"failed": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]}
+            # an engine that computes attention in slices says so in its notes (the torch engine past 1,024 tokens)
+            sliced = any("in slices" in n for n in (res.get("engine") or {}).get("notes", []))
             floor = text_cost(length, hidden_size=m.hidden_size, heads=heads, depth=m.num_layers,
-                              pooled_only=mode == "pooled")
+                              pooled_only=mode == "pooled", attention_scores=not sliced)
             row = dict(res, length=length, mode=mode, texts=args.texts, weights_mib=round(weights / 2 ** 20, 1),
-                       activation_floor_mib=round(floor.bytes / 2 ** 20, 1),
+                       activation_floor_mib=round(floor.bytes / 2 ** 20, 1), sliced_attention=sliced,
                        one_layer_mib=round(length * m.hidden_size * 4 / 2 ** 20, 1),
                        load_before=load, load_after=os.getloadavg()[0])
             rows.append(row)

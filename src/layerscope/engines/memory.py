@@ -7,7 +7,8 @@ least:
 - the attention scores and their softmax of one layer, ``2 * heads * T * T`` floats, where attention is
   computed whole (the exported graphs and the fp32 PyTorch reference, both eager attention); an engine
   that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
-  ``torch-bf16``) sets ``Engine.attention_scores`` False and is charged nothing for it;
+  ``torch-bf16``, and in ``torch`` with ``attention=sdpa`` or a max_seq above ``engines/torch.SLICE_FROM``)
+  sets ``Engine.attention_scores`` False and is charged nothing for it;
 - the hidden states it hands back, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers
   ``0..depth``), or one layer's, ``T * hidden``, when the graph keeps them inside (``pooled_only``);
 - one block's feed-forward activations, ``4 * T * hidden`` floats.
@@ -97,28 +98,87 @@ def longest_that_fits(budget: int, **cost_args) -> int:
     return lo
 
 
-def check_longest_text(eng, longest: int, *, available: int | None = None) -> TextCost:
+@dataclass(frozen=True)
+class CostShape:
+    """What a text's activation floor depends on in one engine: the model's width and heads, the depth run,
+    whether the hidden states stay in the graph, whether attention is computed whole."""
+
+    engine: str
+    hidden_size: int
+    heads: int
+    depth: int
+    pooled_only: bool
+    attention_scores: bool
+
+    def args(self) -> dict:
+        return dict(hidden_size=self.hidden_size, heads=self.heads, depth=self.depth, pooled_only=self.pooled_only,
+                    attention_scores=self.attention_scores)
+
+    def cost(self, tokens: int) -> TextCost:
+        return text_cost(max(1, int(tokens)), **self.args())
+
+
+def shape_of(eng) -> CostShape:
+    """The cost shape of a started engine (what it pruned, keeps inside and slices, as it says)."""
+    manifest = eng.manifest
+    depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
+    return CostShape(eng.name, int(manifest.hidden_size), attention_heads(_model_dir(eng.model), manifest.hidden_size),
+                     int(depth), bool(getattr(eng, "pooled_only", False)), bool(getattr(eng, "attention_scores", True)))
+
+
+def shape_planned(handle, engine: str, *, depth: int, pooled_only: bool, max_seq: int | None,
+                  asked: dict | None = None) -> CostShape:
+    """The cost shape of ``engine`` on ``handle`` before it starts (an executor whose engines start later or
+    elsewhere): the depth and pooled-only hints taken as granted, attention charged unless a PyTorch engine
+    slices it by its own rule (engines/torch.py ``pick_attention``); ``auto`` is charged as the ONNX engines
+    it picks first. A floor, like ``text_cost``."""
+    manifest = handle.manifest
+    scores = True
+    precision = {"torch": "fp32", "torch-fp16": "fp16", "torch-bf16": "bf16"}.get(engine)
+    if precision is not None:
+        from layerscope.engines.torch import pick_attention
+
+        scores = pick_attention((asked or {}).get("attention"), precision, max_seq, lambda: True) == "eager"
+    depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
+    return CostShape(engine, int(manifest.hidden_size), attention_heads(_model_dir(handle), manifest.hidden_size),
+                     depth, bool(pooled_only), scores)
+
+
+def fits(shape: CostShape, tokens: int, *, available: int | None = None, workers: int = 1) -> bool:
+    """Whether ``workers`` engines of ``shape``, each on a text of ``tokens`` tokens, fit in ``available``
+    bytes (default: the memory available now; unknown memory fits)."""
+    free = available_bytes() if available is None else available
+    return free is None or workers * shape.cost(tokens).bytes <= free
+
+
+def check_fits(shape: CostShape, longest: int, *, available: int | None = None, workers: int = 1) -> TextCost:
     """Refuse, in one line and before any batch runs, a run whose longest text (``longest`` tokens, already
-    capped by the max length) cannot fit in the memory available; returns the text's cost floor."""
+    capped by the max length) cannot fit in the memory available, shared by ``workers`` engines each running
+    one such text at once; returns the text's cost floor."""
     from layerscope.errors import InputError
 
-    manifest = eng.manifest
-    handle = eng.model
-    model_dir = getattr(handle, "export_dir", None) if handle.is_export else _source_dir(handle)
-    depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
-    args = dict(hidden_size=manifest.hidden_size, heads=attention_heads(model_dir, manifest.hidden_size),
-                depth=depth, pooled_only=bool(getattr(eng, "pooled_only", False)),
-                attention_scores=bool(getattr(eng, "attention_scores", True)))
-    cost = text_cost(max(1, int(longest)), **args)
+    cost = shape.cost(longest)
     free = available_bytes() if available is None else available
-    if free is not None and cost.bytes > free:
-        fits = longest_that_fits(free, **args)
+    workers = max(1, int(workers))
+    if free is not None and workers * cost.bytes > free:
+        each = free // workers
+        fitting = longest_that_fits(each, **shape.args())
+        share = f" for each of {workers} workers" if workers > 1 else ""
         raise InputError(
             f"the longest text has {cost.tokens:,} tokens, and one text that long needs at least "
-            f"{_gib(cost.bytes)} of activations in engine '{eng.name}' (attention {_gib(cost.attention)}, "
-            f"hidden states {_gib(cost.states)}) while {_gib(free)} of memory is available: cut texts with "
-            f"--max-length {max(1, fits):,} or less, or free memory")
+            f"{_gib(cost.bytes)} of activations in engine '{shape.engine}' (attention {_gib(cost.attention)}, "
+            f"hidden states {_gib(cost.states)}) while {_gib(each)} of memory is available{share}: cut texts "
+            f"with --max-length {max(1, fitting):,} or less, or free memory")
     return cost
+
+
+def check_longest_text(eng, longest: int, *, available: int | None = None) -> TextCost:
+    """``check_fits`` for a started engine (the in-process extraction and ``iter_pooled``)."""
+    return check_fits(shape_of(eng), longest, available=available)
+
+
+def _model_dir(handle) -> Path | None:
+    return getattr(handle, "export_dir", None) if handle.is_export else _source_dir(handle)
 
 
 def _source_dir(handle) -> Path | None:

@@ -260,7 +260,7 @@ def in_flight(manifest, precision: str, asked: int | None) -> tuple[int, str | N
 
     one = bench_name("ov", None if precision == "fp32" else precision)
     two = one + IN_FLIGHT_SUFFIX
-    speeds = (measured_run(manifest) or {}).get("texts_per_s") or {}
+    speeds = (measured_run(manifest.onnx_sha256) or {}).get("texts_per_s") or {}
     if one not in speeds or two not in speeds:
         return 1, None
     pick = IN_FLIGHT if speeds[two] > speeds[one] else 1

@@ -1,7 +1,7 @@
 """The CPU speed order ``auto`` uses: measured by ``layerscope bench`` on this CPU where it was, else declared.
 
 Every bench run records its engine rows' texts/s in ``<cache root>/bench-speeds.json``, keyed by
-this CPU (model name and the vector flags the engines use).  ``ranked`` then orders the candidates
+this CPU (model name, the vector flags the engines use and the cores this process may use).  ``ranked`` then orders the candidates
 ``auto`` may pick: the engines a bench measured here take the places the measured ones hold in the
 declared order, fastest first; an engine never measured keeps its declared place.  The run used is
 the latest one on the same export (its ``onnx_sha256``) if there is one, else the latest on this CPU.
@@ -32,8 +32,25 @@ def _root() -> Path:
     return cache_root()
 
 
-def cpu_identity(cpuinfo: str | None = None) -> tuple[str, str]:
-    """(key, description) of this CPU: its model name and the engine-relevant flags it has."""
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, lowered by a cgroup CPU quota (a container's
+    ``cpu.max``) where one is set."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def cpu_identity(cpuinfo: str | None = None, cores: int | None = None) -> tuple[str, str]:
+    """(key, description) of this CPU: its model name, the engine-relevant flags it has and the cores this
+    process may use (a speed measured on 2 cores says nothing about 16)."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text(errors="replace") if path.exists() else ""
@@ -41,7 +58,8 @@ def cpu_identity(cpuinfo: str | None = None) -> tuple[str, str]:
     f = re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M)
     model = m.group(1).strip() if m else os.uname().machine
     flags = [x for x in FLAGS if f and x in f.group(1).split()]
-    desc = f"{model} ({', '.join(flags) or 'no AVX2'})"
+    cores = usable_cores() if cores is None else int(cores)
+    desc = f"{model} ({', '.join(flags) or 'no AVX2'}), {cores} core{'s' if cores != 1 else ''}"
     return hashlib.sha256(desc.encode()).hexdigest()[:16], desc
 
 

@@ -34,7 +34,36 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-TORCH_OPTIONS = (EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),)
+TORCH_OPTIONS = (
+    EngineOption("device", str, None, "cpu, cuda or cuda:N (default: cuda where PyTorch sees a GPU)"),
+    EngineOption("attention", str, None, "eager (each layer's whole [heads, T, T] attention, the reference), sdpa "
+                 "(PyTorch's scaled-dot-product attention, computed in slices) or auto (default: sdpa in half "
+                 "precision and where max_seq passes SLICE_FROM tokens, else eager)"),
+)
+ATTENTIONS = ("auto", "eager", "sdpa")
+# From this many tokens (the run's max_seq) the fp32 engine computes attention in slices: one layer's whole
+# attention of a 1,024-token text with 16 heads is already 128 MiB, and grows with the square of the length.
+SLICE_FROM = 1024
+
+
+def pick_attention(asked: str | None, precision: str, max_seq: int | None, sdpa_supported) -> str:
+    """The attention the engine loads the model with: ``eager`` or ``sdpa`` (``asked``: the engine option;
+    ``sdpa_supported``: a callable saying whether transformers implements SDPA for the model)."""
+    from layerscope.errors import InputError
+
+    asked = asked or "auto"
+    if asked not in ATTENTIONS:
+        raise InputError(f"engine option attention={asked!r}: use one of {', '.join(ATTENTIONS)}")
+    if asked == "eager":
+        return "eager"
+    if asked == "auto" and precision == "fp32" and not (max_seq and int(max_seq) > SLICE_FROM):
+        return "eager"
+    if sdpa_supported():
+        return "sdpa"
+    if asked == "sdpa":
+        raise InputError("engine option attention=sdpa: transformers has no scaled-dot-product attention for "
+                         "this model; use attention=eager (or leave it out)")
+    return "eager"
 
 
 @register(EngineSpec(
@@ -43,7 +72,8 @@ TORCH_OPTIONS = (EngineOption("device", str, None, "cpu, cuda or cuda:N (default
     options=TORCH_OPTIONS,
     bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
-    """PyTorch in fp32 with eager attention; subclasses run fp16/bf16 with scaled-dot-product attention.
+    """PyTorch in fp32 with eager attention (scaled-dot-product attention, computed in slices, for runs of texts
+    longer than ``SLICE_FROM`` tokens or when asked); subclasses run fp16/bf16 with scaled-dot-product attention.
 
     Off the CPU, or in half precision, poolings run on the device in fp32 (``pool_torch``) and only the
     pooled vectors are copied back; the fp32 CPU reference pools in numpy as it always has.
@@ -55,7 +85,7 @@ class TorchEngine(Engine):
     depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
 
     def __init__(self, model, *, device: str | None = None, threads: int | None = None, depth: int | None = None,
-                 **_ignored):
+                 attention: str | None = None, max_seq: int | None = None, **_ignored):
         super().__init__(model)
         import torch
 
@@ -71,12 +101,14 @@ class TorchEngine(Engine):
         self.torch = torch
         self.device = torch.device(device)
         family = self.model.family()
-        attention = "eager"
-        if self.precision != "fp32":
-            attention = "sdpa" if supports_sdpa(self.model.source(), family,
-                                                trust_remote_code=self.model.trust_remote_code) else "eager"
+        asked = attention
+        attention = pick_attention(asked, self.precision, max_seq, lambda: supports_sdpa(
+            self.model.source(), family, trust_remote_code=self.model.trust_remote_code))
         self.attention = attention
         self.attention_scores = attention == "eager"  # SDPA computes attention in slices (engines/memory.py)
+        if attention == "sdpa" and self.precision == "fp32":
+            why = "asked" if asked == "sdpa" else f"texts up to {int(max_seq or 0):,} tokens"
+            self.info.notes.append(f"attention computed in slices (PyTorch scaled-dot-product attention; {why})")
         # Loaded in fp32 first: a half-precision engine measures itself against it, then casts in place
         # (one copy of the weights in memory, never two).
         self.vision = self.manifest.modality == "image"

@@ -305,3 +305,65 @@ def check_same(ex: Extraction, made: StoreSpec, *, skip: tuple[str, ...] = (), p
         was, now = list(was), list(now)
     raise StoreError(f"{ex.out} was made with {key}={was!r}, this run asks for {now!r}; use another --out or "
                      "drop --resume (and use --force)")
+
+
+def check_ranges_fit(ex: Extraction, req, ranges, *, workers: int = 1, available: int | None = None,
+                     here: bool = True) -> None:
+    """``--shard`` and Ray, before the first range runs and before any engine starts: the memory check of an
+    in-process extraction (engines/memory.py) over the texts of ``ranges`` (``store_ranges.Range`` or the Ray
+    driver's dicts), shared by ``workers`` engines running at once. The longest text the plan allows
+    (``--max-length``, else the model's limit) is tried first; only where that does not fit are the ranges'
+    texts tokenized to find their longest. ``available``: bytes each machine has (None: this machine's memory
+    now, where ``here``; elsewhere unknown, and nothing is refused)."""
+    from layerscope.engines.memory import check_fits, fits, shape_planned
+    from layerscope.extraction.engine_plan import engine_options
+    from layerscope.model.tokenize import Encoder
+
+    if available is None and not here:
+        return
+    plan = engine_options(ex.spec, ex.manifest, req.options)
+    shape = shape_planned(ex.handle, req.engine, depth=plan.depth, pooled_only=plan.pooled_only,
+                          max_seq=plan.max_seq, asked=dict(plan.asked))
+    if fits(shape, ex.max_length, available=available, workers=workers):
+        return  # the longest text the plan allows fits: nothing to count
+    log.info("counting the tokens of %s ranges to check memory for the longest text", f"{len(ranges):,}")
+    encoder = Encoder(ex.handle.encoding_tokenizer(), list(ex.manifest.inputs), ex.max_length, ex.prompt)
+    longest = 0
+    for texts in _range_texts(ex.out, ranges):
+        longest = max(longest, max((int(n) for n in encoder.token_lengths(texts)), default=0))
+    try:
+        check_fits(shape, min(longest, ex.max_length), available=available, workers=workers)
+    except InputError as exc:  # the store is spooled but holds no vectors: a run with other settings needs it gone
+        raise InputError(f"{exc} (no vectors were written: remove {ex.out} before running again with another "
+                         "--max-length)") from None
+
+
+def _range_texts(out: Path, ranges):
+    """The texts of each range, read from the spooled ``texts.jsonl`` at the range's recorded offset."""
+    import json
+
+    from layerscope.store.store_layout import TEXTS
+
+    with open(out / TEXTS, "rb") as fh:
+        for r in ranges:
+            offset, rows = (r["offset"], r["stop"] - r["start"]) if isinstance(r, dict) else (r.offset, r.rows)
+            fh.seek(int(offset))
+            yield [json.loads(fh.readline())["text"] for _ in range(int(rows))]
+
+
+def ray_share(ray, actors: int, cpus: float, gpus: float = 0.0, *, local: bool) -> dict[str, Any]:
+    """``check_ranges_fit``'s ``workers``/``available``/``here`` for ``actors`` Ray actors of ``cpus`` CPUs each:
+    on a local cluster they share this machine's memory; on another cluster each node's ``memory`` resource is
+    shared by the actors it can hold, and the tightest node sets what each actor has (unknown: no check).
+    Actors with GPUs (``gpus``) hold their activations there: no host-memory check."""
+    if gpus:
+        return {"workers": 1, "available": None, "here": False}
+    if local:
+        return {"workers": max(1, int(actors)), "available": None, "here": True}
+    each = []
+    for node in ray.nodes():
+        res = node.get("Resources") or {}
+        fit = min(int(actors), int(float(res.get("CPU", 0)) // max(float(cpus), 1e-9)))
+        if node.get("Alive") and fit >= 1 and float(res.get("memory", 0)) > 0:
+            each.append(int(float(res["memory"]) // fit))
+    return {"workers": 1, "available": min(each) if each else None, "here": False}

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from layerscope.errors import InputError, MissingExtraError, StoreError
 from layerscope.extraction.pipeline import ExtractReport
-from layerscope.extraction.prepare import check_dtype
+from layerscope.extraction.prepare import check_dtype, check_ranges_fit, ray_share
 from layerscope.progress import progress_bar
 from layerscope.extraction import range_run
 from layerscope.store import store_ranges
@@ -169,6 +169,8 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
 
             cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
+            check_ranges_fit(ex, req, todo, **ray_share(ray, min(workers, len(todo)), cpus, gpus,
+                                                         local=address in (None, "", "local")))
             options = engine_options(ex.spec, ex.manifest, req.options)
             if not gpus and engine_spec(engine).device in ("cpu", "any"):  # each actor's share of the CPUs
                 options = options.with_asked(threads=max(1, int(cpus)))

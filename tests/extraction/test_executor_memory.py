@@ -1,0 +1,116 @@
+"""The memory check before a ``--shard`` or Ray run: the same one line as an in-process extraction when the
+longest text cannot fit, said before any engine starts; the corpus is tokenized for it only where the longest
+text the plan allows (the max length) would not fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layerscope.engines import memory
+from layerscope.errors import InputError
+from layerscope.extraction import range_run
+from layerscope.extraction.request import ExtractionRequest
+
+LONG = " ".join(["the quick brown fox jumps over the lazy dog while a cat sat on the mat"] * 3)
+TEXTS = ["a cat sat on the mat", LONG, "hi", "the dog runs", "Water boils at 100 degrees Celsius."]
+# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of every layer on ort is
+# pooled-only: attention 2*4*T*T, one layer's states T*32 and the feed-forward 4*T*32 fp32 floats
+LONGEST = 98  # the long text's tokens ([CLS] and [SEP] included; tests/extraction/test_long_texts.py)
+
+
+def floor(tokens: int) -> int:
+    return (2 * 4 * tokens * tokens + tokens * 32 + 4 * tokens * 32) * 4
+
+
+def _shard(bert_export, out, monkeypatch, available: int):
+    from layerscope.extraction.shard_extract import extract_shard
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: available)
+    started: list[int] = []
+    real = range_run.open_engine_for
+    monkeypatch.setattr(range_run, "open_engine_for", lambda *a: started.append(1) or real(*a))
+    req = ExtractionRequest.of(bert_export, TEXTS, out, engine="ort", layers="all", poolings=["mean"])
+    try:
+        return extract_shard(req, 0, 1), started
+    except InputError as exc:
+        return exc, started
+
+
+def test_a_shard_whose_longest_text_cannot_fit_is_refused_before_its_engine_starts(bert_export, tmp_path,
+                                                                                   monkeypatch):
+    got, started = _shard(bert_export, tmp_path / "s", monkeypatch, floor(LONGEST) - 1)
+    assert isinstance(got, InputError) and started == []
+    msg = str(got)
+    assert msg.startswith(f"the longest text has {LONGEST} tokens") and "--max-length 97 or less" in msg, msg
+    assert f"remove {tmp_path / 's'}" in msg and "\n" not in msg
+
+
+def test_a_shard_whose_max_length_would_not_fit_but_whose_texts_do_runs(bert_export, tmp_path, monkeypatch):
+    assert floor(128) > floor(LONGEST)  # the model's 128 positions would not fit; the corpus's longest does
+    counted: list[int] = []
+    from layerscope.model.tokenize import Encoder
+
+    real = Encoder.token_lengths
+    monkeypatch.setattr(Encoder, "token_lengths", lambda self, texts: counted.append(len(texts)) or real(self, texts))
+    got, started = _shard(bert_export, tmp_path / "s", monkeypatch, floor(LONGEST))
+    assert not isinstance(got, InputError), got
+    assert got.store_complete and started == [1] and sum(counted) >= len(TEXTS)
+
+
+def test_a_plan_that_fits_at_its_max_length_counts_no_tokens(bert_export, tmp_path, monkeypatch):
+    from layerscope.extraction.prepare import check_ranges_fit, prepare_request
+    from layerscope.model.tokenize import Encoder
+
+    req = ExtractionRequest.of(bert_export, TEXTS, tmp_path / "s", engine="ort", layers="all", poolings=["mean"])
+    ex = prepare_request(req)
+    real = Encoder.token_lengths
+    monkeypatch.setattr(Encoder, "token_lengths", lambda *a: pytest.fail("tokenized for nothing"))
+    check_ranges_fit(ex, req, [object()], available=floor(128))  # the ranges are never read
+    check_ranges_fit(ex, req, [object()], here=False)  # memory elsewhere, unknown: not refused
+    monkeypatch.setattr(Encoder, "token_lengths", real)
+    ex, store = range_run.open_or_create(req)  # spooled: the ranges' texts can be read
+    ranges = range_run.ranges_of(store)
+    # two engines at once (Ray actors on one machine) each need the longest text's floor
+    check_ranges_fit(ex, req, ranges, available=2 * floor(LONGEST), workers=2)
+    with pytest.raises(InputError, match=f"the longest text has {LONGEST} tokens.*for each of 2 workers"):
+        check_ranges_fit(ex, req, ranges, available=2 * floor(LONGEST) - 1, workers=2)
+
+
+class FakeRay:
+    def __init__(self, nodes):
+        self._nodes = nodes
+
+    def nodes(self):
+        return self._nodes
+
+
+def test_ray_share_of_memory_per_actor():
+    from layerscope.extraction.prepare import ray_share
+
+    assert ray_share(None, 3, 1.0, local=True) == {"workers": 3, "available": None, "here": True}
+    nodes = [{"Alive": True, "Resources": {"CPU": 8.0, "memory": 16e9}},  # 4 actors of 2 CPUs: 4e9 each
+             {"Alive": True, "Resources": {"CPU": 2.0, "memory": 3e9}},  # 1 actor: 3e9
+             {"Alive": False, "Resources": {"CPU": 2.0, "memory": 1e9}},  # dead: ignored
+             {"Alive": True, "Resources": {"CPU": 1.0, "memory": 1e8}}]  # holds no actor of 2 CPUs: ignored
+    assert ray_share(FakeRay(nodes), 6, 2.0, local=False) == {"workers": 1, "available": int(3e9), "here": False}
+    assert ray_share(FakeRay([]), 2, 1.0, local=False)["available"] is None
+    assert ray_share(FakeRay(nodes), 2, 1.0, 1.0, local=False) == {"workers": 1, "available": None, "here": False}
+
+
+@pytest.mark.ray
+def test_a_ray_run_whose_longest_text_cannot_fit_is_refused_before_any_actor(bert_export, tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    from layerscope.extraction import ray_extract
+
+    class NoActor:
+        def __init__(self, *a, **k):
+            raise AssertionError("an actor started")
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: floor(LONGEST) - 1)  # one range: one actor
+    monkeypatch.setattr(ray_extract, "RangeActor", NoActor)
+    with pytest.raises(InputError, match=f"the longest text has {LONGEST} tokens.*--max-length 97 or less"):
+        ray_extract.extract_ray(bert_export, TEXTS, tmp_path / "s", address="local", workers=2, engine="ort",
+                                layers="all", poolings=["mean"])
+    assert not np.load(tmp_path / "s" / "done.npy").any()
