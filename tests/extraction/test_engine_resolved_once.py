@@ -1,12 +1,12 @@
 """One extraction looks its engine up in the registry once: ``prepare`` resolves ``--engine`` into an
 ``EngineChoice`` and everything below it (the model's resolution, the engine's start, the options' checks)
-reads that choice. Counted by wrapping the registry's one name look-up, ``engine_spec``."""
+reads that choice. Counted by wrapping the registry's one name look-up, ``engine_spec``, on the command an
+ONNX engine runs (its start checked, its export found); ``--shard`` and the Ray driver are counted beside the
+engine options they open with (tests/extraction/test_ray_extract.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-import fake_engine
 
 
 @pytest.fixture
@@ -37,17 +37,3 @@ def test_one_cli_extract_looks_the_engine_up_once(bert_export, tmp_path, lookups
     assert (tmp_path / "s" / "store.json").exists()
     assert lookups == ["ort"]
 
-
-def test_one_shard_looks_the_engine_up_once(tiny_model, tmp_path, lookups):
-    from layerscope.extraction.request import ExtractionRequest
-    from layerscope.extraction.shard_extract import Shard
-
-    (tmp_path / "c.txt").write_text("".join(f"text {i} word\n" for i in range(12)), encoding="utf-8")
-    fake_engine.register_fake()
-    try:
-        report = Shard(0, 1).run(ExtractionRequest.of(str(tiny_model("bert")), str(tmp_path / "c.txt"),
-                                                      tmp_path / "s", engine="fake", layers="0,1"))
-    finally:
-        fake_engine.unregister_fake()
-    assert report.complete and report.ranges.computed == 1
-    assert lookups == ["fake"]
