@@ -9,6 +9,7 @@ engine the product does not have); ``python tests/fake_engine.py extract ...`` r
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from layerscope.engines.base import Engine
 from layerscope.engines import registry
 
+OPENED = "opened with "  # the note that records the options the engine was opened with
 SPEC = registry.EngineSpec("fake", "deterministic vectors at memory speed (tests only)", needs_export=False,
                            device="cpu")
 
@@ -27,6 +29,8 @@ class FakeEngine(Engine):
     def __init__(self, model, **options):
         super().__init__(model)
         self.info.provider = "fake"
+        # what it was opened with, recorded in the store's engine record (compared across executors)
+        self.info.notes.append(OPENED + json.dumps(options, sort_keys=True))
         hidden = int(self.manifest.hidden_size)
         self._basis = np.random.default_rng(0).standard_normal((4096, hidden)).astype(np.float32)
 

@@ -77,10 +77,6 @@ MAX_LINES = 450
 KNOWN_EXCEPTIONS: dict[str, tuple[str, str]] = {
     "circle layerscope.analyses.base -> layerscope.analyses.common": (
         "results", "common imports base.Option at module level; base imports common.resolve_poolings in a function"),
-    "circle layerscope.store.store -> layerscope.store.store_check -> layerscope.store.store_ranges -> "
-    "layerscope.store.token_store": (
-        "store", "the store modules import each other in functions (store <-> store_check, store_ranges, "
-        "token_store); the split from extraction/ left this circle inside store/"),
 }
 
 

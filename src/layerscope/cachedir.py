@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import InputError
+from layerscope.store.store_layout import STORE_JSON
 
-MARKERS = {"exports": "manifest.json", "stores": "store.json"}
+MARKERS = {"exports": "manifest.json", "stores": STORE_JSON}
 PARTIAL_GRACE_S = 24 * 3600  # an unfinished staging dir younger than this may be another process at work
 
 

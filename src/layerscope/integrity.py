@@ -9,8 +9,10 @@ from layerscope.errors import InputError
 
 def verify_path(path: Path) -> tuple[int, list[str]]:
     """(files verified, one line per problem) for a store or an export dir."""
+    from layerscope.store.store_layout import StoreLayout
+
     path = Path(path)
-    if (path / "store.json").is_file():
+    if StoreLayout(path).store_json.is_file():
         from layerscope.store.store import LayerStore
 
         return LayerStore.verify(path)

@@ -67,7 +67,7 @@ def half_stores(corpus, tmp_path_factory):
     plain = extract(model, str(path), root / "plain", store_dtype="float16", **KW).store
     req = ExtractionRequest.of(model, str(path), root / "sharded", store_dtype="float16", **KW)
     reports = [extract_shard(req, i, 2, range_rows=512) for i in range(2)]
-    assert reports[-1].finished
+    assert reports[-1].ranges.finished and reports[-1].complete
     return plain, LayerStore.open(root / "sharded")
 
 

@@ -456,3 +456,53 @@ def test_two_node_cluster_on_this_machine_equals_the_plain_run(bert_export, smal
     store = LayerStore.open(tmp_path / "s")
     assert store.meta["ray"]["address"] == f"127.0.0.1:{port}" and store.meta["ray"]["computed"] == 5
     assert_same_store(plain, store)
+
+
+@pytest.mark.ray
+def test_in_process_shard_and_ray_open_the_engine_with_the_same_options(ray_cluster, tiny_model, tmp_path,
+                                                                       monkeypatch):
+    """The three executors run one request; each store's engine record holds the options its engine (in this
+    process, a shard's, a Ray actor's) was opened with (``fake_engine`` notes them): all equal, and equal to the
+    rule worked out by hand, not the corpus's longest text. Each looks the engine's name up in the registry
+    once in this process (the Ray driver included; each actor's process looks it up once more)."""
+    import json
+
+    import fake_engine
+    from layerscope.engines import registry
+
+    lookups: list[str] = []
+    real_spec = registry.engine_spec
+    monkeypatch.setattr(registry, "engine_spec", lambda name: lookups.append(name) or real_spec(name))
+    from layerscope.extraction.pipeline import InProcess
+    from layerscope.extraction.ray_extract import RayExecutor
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import Shard
+
+    texts = [f"text number {i} " + "word " * (i % 7) for i in range(40)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    model = str(tiny_model("bert"))
+    # threads given: Ray would otherwise give each actor its share of the CPUs
+    kw = dict(engine="fake", layers="0,1", poolings=["mean"], max_batch=16, engine_options={"threads": 1})
+    executors = {"plain": InProcess(), "shard": Shard(0, 1),
+                 "ray": RayExecutor(workers=1, cpus_per_worker=1, gpus_per_worker=0)}
+    fake_engine.register_fake()
+    try:
+        opened, looked_up = {}, {}
+        for name, executor in executors.items():
+            lookups.clear()
+            report = executor.run(ExtractionRequest.of(model, str(path), tmp_path / name, **kw))
+            looked_up[name] = list(lookups)
+            assert report.complete and report.n == len(texts)
+            notes = [n for n in report.store.meta["engine"]["notes"] if n.startswith(fake_engine.OPENED)]
+            assert len(notes) == 1, (name, report.store.meta["engine"])
+            opened[name] = json.loads(notes[0][len(fake_engine.OPENED):])
+    finally:
+        fake_engine.unregister_fake()
+    limit = json.loads((tmp_path / "plain" / "store.json").read_text())["manifest"]["max_length"]
+    # by hand: layers 0,1 run to depth 1, the model's own limit bounds the sequence, the tiny BERT's graph pools
+    # nothing (no pooled-only run), the user's option is kept
+    assert opened["plain"] == {"max_batch": 16, "max_seq": limit, "depth": 1, "pooled_only": False, "threads": 1}
+    assert opened["shard"] == opened["plain"] and opened["ray"] == opened["plain"]
+    assert max(len(t.split()) for t in texts) + 2 < limit  # the corpus alone would have given a shorter profile
+    assert looked_up == {"plain": ["fake"], "shard": ["fake"], "ray": ["fake"]}

@@ -252,7 +252,7 @@ def test_half_size_shards_equal_the_plain_run_within_the_recorded_bound(setup, t
     half_plain = extract(model, str(path), tmp_path / "plain", store_dtype=dtype, **kw).store
     req = ExtractionRequest.of(model, str(path), tmp_path / "sh", store_dtype=dtype, **kw)
     reports = [extract_shard(req, i, 2, range_rows=256) for i in range(2)]
-    assert reports[-1].finished
+    assert reports[-1].ranges.finished and reports[-1].complete
     sharded = LayerStore.open(tmp_path / "sh")
     assert sharded.dtype == half_plain.dtype == dtype
     assert_same_store(half_plain, sharded, atol=0.0)

@@ -88,23 +88,25 @@ def extract(
         prompt_name=prompt_name, prompt=prompt, trust_remote_code=trust_remote_code, tokens=tokens)
     if shard is not None:
         from layerscope.extraction.range_run import parse_shard
-        from layerscope.extraction.shard_extract import extract_shard
+        from layerscope.extraction.shard_extract import Shard
 
         _, index, count = parse_shard(shard)
-        rep = extract_shard(req, index, count)
-        done = "the store is complete" if rep.store_complete else "other shards still run (--shard status)"
-        console().print(f"shard {index}/{count}: {rep.computed} of {rep.ranges} ranges written ({rep.rows:,} rows, "
-                        f"{rep.texts_per_s:,.0f} texts/s), {rep.skipped_done} done before, {rep.skipped_claimed} "
+        rep = Shard(index, count).run(req)
+        work = rep.ranges
+        done = "the store is complete" if rep.complete else "other shards still run (--shard status)"
+        console().print(f"shard {index}/{count}: {work.computed} of {work.ranges} ranges written ({rep.rows:,} rows, "
+                        f"{rep.texts_per_s:,.0f} texts/s), {work.done_before} done before, {work.held_elsewhere} "
                         f"held by another process; {done}", soft_wrap=True)
         return
     if ray is not None:
-        from layerscope.extraction.ray_extract import extract_ray_request
+        from layerscope.extraction.ray_extract import RayExecutor
 
-        report = extract_ray_request(req, address=ray, workers=2 if ray_workers is None else ray_workers)
+        executor = RayExecutor(address=ray, workers=2 if ray_workers is None else ray_workers)
     else:
-        from layerscope.extraction.pipeline import extract_request
+        from layerscope.extraction.pipeline import InProcess
 
-        report = extract_request(req)
+        executor = InProcess()
+    report = executor.run(req)
     from layerscope.cli.common import STATE
 
     print_extract_summary(console(), report, verbose=STATE["verbose"])

@@ -150,34 +150,35 @@ def pool_states(manifest, batch, states, mode: str):
     return pool(states, batch.mask, mode, input_ids=batch.input_ids, eos_token_id=manifest.eos_token_id)
 
 
-def check_engine_name(name: str) -> str:
-    """``name`` if an engine declared it (engines/registry.py), else one line naming the closest one."""
-    from layerscope.engines.registry import engine_spec
+def check_engine_name(name) -> str:
+    """``name`` if an engine declared it (engines/registry.py), else one line naming the closest one (an
+    ``EngineChoice`` was checked when it was resolved)."""
+    from layerscope.engines.registry import EngineChoice, engine_spec
 
-    return engine_spec(name).name
-
-
-def needs_export(name: str) -> bool:
-    """Whether engine ``name`` runs an ONNX export (a plain model must be exported first)."""
-    from layerscope.engines.registry import engine_spec
-
-    return engine_spec(name).needs_export
+    return name.name if isinstance(name, EngineChoice) else engine_spec(name).name
 
 
-def create_engine(name: str, model: str | Any, **options) -> Engine:
-    """Engine ``name`` for a resolved model: a ``ModelHandle``, or an export dir / model that is resolved
-    here.  Nothing is exported here: ``layerscope.export.open.open_engine`` exports on first use."""
-    from layerscope.engines.registry import engine_spec
+def needs_export(name) -> bool:
+    """Whether engine ``name`` (a name or an ``EngineChoice``) runs an ONNX export (a plain model must be
+    exported first)."""
+    from layerscope.engines.registry import EngineChoice, engine_spec
+
+    return name.needs_export if isinstance(name, EngineChoice) else engine_spec(name).needs_export
+
+
+def create_engine(name, model: str | Any, **options) -> Engine:
+    """Engine ``name`` (a name or an ``EngineChoice``, whose options come first) for a resolved model: a
+    ``ModelHandle``, or an export dir / model that is resolved here.  Nothing is exported here:
+    ``layerscope.export.open.open_engine`` exports on first use."""
+    from layerscope.engines.registry import resolve_engine
     from layerscope.model.handle import ModelHandle
 
-    from layerscope.engines.registry import check_engine_options
-
-    spec = engine_spec(name)
-    check_engine_options(spec.name, options)  # a mistyped option is one line, before the model is read
+    choice = resolve_engine(name, options)  # a mistyped option is one line, before the model is read
+    spec, options = choice.spec, dict(choice.options)
     handle = model if isinstance(model, ModelHandle) else ModelHandle.resolve(model)
     if spec.needs_export and not handle.is_export:
-        raise InputError(f"engine '{name}' runs an ONNX export and {handle.spec} is not one: open it with "
+        raise InputError(f"engine '{spec.name}' runs an ONNX export and {handle.spec} is not one: open it with "
                          "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
-    if name != "auto" and options.pop("min_cosine", None) is not None:
+    if spec.name != "auto" and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
     return spec.factory(handle, **options)

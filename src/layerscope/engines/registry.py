@@ -155,6 +155,48 @@ def engine_spec(name: str) -> EngineSpec:
     return known[name]
 
 
+@dataclass(frozen=True)
+class EngineChoice:
+    """An engine as a run asked for it, resolved from its name once (``resolve_engine``): its declaration and
+    the options the run passes, checked against the declared ones (name and type). Everything below the
+    place a run resolves it (the model's resolution, the export, ``open_engine``, ``create_engine``, a Ray
+    placement) reads this instead of looking the name up again."""
+
+    spec: EngineSpec
+    options: tuple[tuple[str, Any], ...] = ()  # sorted (name, value) pairs, each declared and of its type
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def needs_export(self) -> bool:
+        return self.spec.needs_export
+
+    @property
+    def device(self) -> str:
+        return self.spec.device
+
+    @property
+    def variant(self) -> str | None:
+        """The variant asked for (None: the export's own, or auto's pick)."""
+        return dict(self.options).get("variant")
+
+
+def resolve_engine(engine: "str | EngineChoice", options: dict[str, Any] | None = None) -> EngineChoice:
+    """Engine ``engine`` resolved once, with ``options`` checked (one line for an unknown name or option);
+    a choice made already is returned as it is when no options are added."""
+    if isinstance(engine, EngineChoice):
+        if not options:
+            return engine
+        spec, merged = engine.spec, {**dict(engine.options), **options}
+    else:
+        spec, merged = engine_spec(engine), dict(options or {})
+    choice = EngineChoice(spec, tuple(sorted(merged.items())))
+    check_engine_options(choice, merged)
+    return choice
+
+
 def auto_order(*, explicit_variant: bool) -> list[tuple[str, str | None, str]]:
     """``(engine, variant, parity key)`` in the order ``--engine auto`` tries them.
 
@@ -187,7 +229,10 @@ def bench_rows() -> dict[str, tuple[str, BenchRow]]:
 
 def engine_options(name: str) -> dict[str, EngineOption]:
     """Every option engine ``name`` takes, by name (an engine that picks another takes any engine's)."""
-    spec = engine_spec(name)
+    return _declared_options(engine_spec(name))
+
+
+def _declared_options(spec: EngineSpec) -> dict[str, EngineOption]:
     declared = [*COMMON_OPTIONS, *spec.options]
     if spec.picks_engine:
         declared += [o for s in engines().values() for o in s.options]
@@ -197,10 +242,12 @@ def engine_options(name: str) -> dict[str, EngineOption]:
     return out
 
 
-def check_engine_options(name: str, options: dict[str, Any]) -> None:
+def check_engine_options(name: "str | EngineChoice", options: dict[str, Any]) -> None:
     """Refuse, in one line and before anything starts, an option engine ``name`` does not take (with the
     closest one it does) or a value of the wrong type."""
-    known = engine_options(name)
+    spec = name.spec if isinstance(name, EngineChoice) else engine_spec(name)
+    name = spec.name
+    known = _declared_options(spec)
     for key, value in options.items():
         if key not in known:
             from layerscope.errors import InputError, did_you_mean

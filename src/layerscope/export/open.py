@@ -16,12 +16,13 @@ from layerscope.model.handle import ModelHandle
 
 
 def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = False,
-                  engine: str | None = None) -> ModelHandle:
+                  engine=None) -> ModelHandle:
     """The handle of ``model`` (returned as is when it is one already); nothing is exported.
 
     ``engine``: the engine that will run it; when that engine runs exports and a local plain model (an alias
     such as ``minilm``, a checkpoint folder) has its export in the cache already, that export's handle is
-    returned, found from the files alone, without importing transformers or torch."""
+    returned, found from the files alone, without importing transformers or torch. ``engine``: a name or an
+    ``EngineChoice`` (engines/registry.py)."""
     if isinstance(model, ModelHandle):
         return model
     if engine is not None:
@@ -36,19 +37,20 @@ def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = 
     return ModelHandle.resolve(model, trust_remote_code=trust_remote_code)
 
 
-def require_engine(engine: str) -> None:
-    """One clear line when engine ``engine`` cannot start on this machine, found out on a one-node graph
-    before any export, weights hash or model load (a missing CUDA/TensorRT provider, say)."""
-    from layerscope.engines.registry import engine_spec
+def require_engine(engine) -> None:
+    """One clear line when engine ``engine`` (a name or an ``EngineChoice``) cannot start on this machine,
+    found out on a one-node graph before any export, weights hash or model load (a missing CUDA/TensorRT
+    provider, say)."""
+    from layerscope.engines.registry import resolve_engine
     from layerscope.errors import EngineUnavailableError
 
-    spec = engine_spec(engine)  # an unknown name: one line with the closest one
+    spec = resolve_engine(engine).spec  # an unknown name: one line with the closest one
     probe = getattr(spec.factory, "probe", None)
     if spec.name == "auto" or not spec.needs_export or probe is None:
         return  # auto tries the others in turn; torch runs the model itself, no export to wait for
     works, detail = probe()
     if not works:
-        raise EngineUnavailableError(f"--engine {engine} cannot run on this machine: {detail}")
+        raise EngineUnavailableError(f"--engine {spec.name} cannot run on this machine: {detail}")
 
 
 def ensure_export(model: str | Path | ModelHandle, *, trust_remote_code: bool = False,
@@ -63,18 +65,19 @@ def ensure_export(model: str | Path | ModelHandle, *, trust_remote_code: bool = 
     return cached_export(handle, export_options)
 
 
-def open_engine(model: str | Path | ModelHandle, engine: str = "auto", *, trust_remote_code: bool = False,
+def open_engine(model: str | Path | ModelHandle, engine="auto", *, trust_remote_code: bool = False,
                 **options: Any):
-    """Engine ``engine`` running ``model``, exporting the model first when that engine runs exports."""
-    from layerscope.engines.base import check_engine_name, create_engine, needs_export
+    """Engine ``engine`` running ``model``, exporting the model first when that engine runs exports.
 
-    from layerscope.engines.registry import check_engine_options
+    ``engine``: a registered name, looked up here once, or an ``EngineChoice`` a run resolved already
+    (engines/registry.py ``resolve_engine``), which ``options`` are added to."""
+    from layerscope.engines.base import create_engine
+    from layerscope.engines.registry import resolve_engine
 
-    check_engine_name(engine)
-    check_engine_options(engine, options)  # a mistyped option is one line, before anything is exported
-    if needs_export(engine) and not (isinstance(model, ModelHandle) and model.is_export):
-        require_engine(engine)  # before the export (or the hash of the weights it is keyed by)
-    handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=engine)
-    if needs_export(engine) and not handle.is_export:
+    choice = resolve_engine(engine, options)  # a mistyped option is one line, before anything is exported
+    if choice.needs_export and not (isinstance(model, ModelHandle) and model.is_export):
+        require_engine(choice)  # before the export (or the hash of the weights it is keyed by)
+    handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=choice)
+    if choice.needs_export and not handle.is_export:
         handle = ensure_export(handle)
-    return create_engine(engine, handle, **options)
+    return create_engine(choice, handle)

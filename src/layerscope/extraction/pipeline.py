@@ -18,7 +18,7 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -33,37 +33,15 @@ from layerscope.extraction.batching import (DEFAULT_MAX_BATCH, Background, check
                                          iter_pooled, tokenizer_pool)
 from layerscope.extraction.prepare import (Extraction, create_store, make_store_dir, open_to_resume, prepare_request,
                                         spool_store)
+from layerscope.extraction.executor import ExtractReport
 from layerscope.extraction.request import ExtractionRequest
 from layerscope.progress import progress_bar
-from layerscope.store.store import TEXTS, LayerStore
+from layerscope.store.store import LayerStore
+from layerscope.store.store_layout import TEXTS
 
 log = logging.getLogger("layerscope")
 
 DEFAULT_WINDOW = 65536
-
-
-@dataclass
-class ExtractReport:
-    store: LayerStore
-    n: int
-    empty: int
-    truncated: int
-    tokens: int
-    seconds: float  # the whole call: engine start, reading the corpus, extraction
-    engine: dict[str, Any]
-    run_seconds: float = 0.0  # the extraction loop alone
-    resumed_rows: int = 0
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def texts_per_s(self) -> float:
-        """Throughput of the extraction loop over the rows this run computed."""
-        rows = self.n - self.resumed_rows
-        return rows / self.run_seconds if self.run_seconds > 0 else float("nan")
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.run_seconds if self.run_seconds > 0 else float("nan")
 
 
 # ---------------------------------------------------------------- the run
@@ -149,7 +127,18 @@ def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", la
                                text_field=text_field, column=column, id_field=id_field, fmt=fmt, progress=progress,
                                engine_options=engine_options, prompt_name=prompt_name, prompt=prompt,
                                trust_remote_code=trust_remote_code, tokens=tokens)
-    return extract_request(req, window=window)
+    return InProcess(window).run(req)
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """The in-process executor (extraction/executor.py): this process runs the whole request, reading the
+    corpus back ``window`` rows at a time."""
+
+    window: int = DEFAULT_WINDOW
+
+    def run(self, request: ExtractionRequest) -> ExtractReport:
+        return extract_request(request, window=self.window)
 
 
 @_one_writer
@@ -181,7 +170,8 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
         ex.spec = ex.spec.replace(batch_tokens=int(req.batch_tokens or eng.preferred_batch_tokens))
         store = state["store"] = create_store(ex, spooled, engine_info=eng.info.to_dict())
     batch_tokens = int(req.batch_tokens or eng.preferred_batch_tokens)
-    from layerscope.store.store_check import LENGTHS, load_internal
+    from layerscope.store.npy_files import load_internal
+    from layerscope.store.store_layout import LENGTHS
     from layerscope.store.token_write import start_tokens
 
     lengths = load_internal(out, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
@@ -256,7 +246,8 @@ def _start_engine(ex: Extraction, req: ExtractionRequest, *, made) -> Engine:
     from layerscope.extraction.engine_plan import engine_options
     from layerscope.model.variants import run_variant
 
-    eng = open_engine(ex.handle, req.engine, **engine_options(ex.spec, ex.manifest, req.options).as_kwargs())
+    options = engine_options(ex.spec, ex.manifest, dict(ex.choice.options))
+    eng = open_engine(ex.handle, ex.choice, **options.as_kwargs())
     if ex.variant_pending:  # auto may pick a reduced-precision variant: record it, never mix it on resume
         ex.spec = ex.spec.replace(variant=run_variant(getattr(eng, "variant", None)))
         if made is not None:
@@ -307,6 +298,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
     ``prompt_name``/``prompt`` choose the text put before each input as sentence-transformers does
     (by default the checkpoint's ``default_prompt_name``, if it has one)."""
+    from layerscope.engines.registry import resolve_engine
     from layerscope.export.open import resolve_model
     from layerscope.limits import check_engine_options, check_limits
     from layerscope.extraction.prepare import check_request
@@ -315,6 +307,8 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         raise InputError("no texts given")
     check_limits(batch_tokens=batch_tokens, max_length=max_length)
     check_engine_options(engine_options)
+    # the engine looked up once: an unknown name or option is one line before the model is read
+    choice = None if isinstance(engine, Engine) else resolve_engine(engine, engine_options)
     handle = engine.model if isinstance(engine, Engine) else resolve_model(model)
     # the same checks as extract, and before the engine starts (a 3B model's takes minutes)
     layer_list, pool_list, prompt_text = check_request(
@@ -325,7 +319,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
 
         check_room(handle.encoding_tokenizer(), max_length, prompt_text or "")
     eng = engine if isinstance(engine, Engine) else open_engine(
-        handle, engine, **{"depth": depth_of(layer_list),  # early exit: --layers decides
+        handle, choice, **{"depth": depth_of(layer_list),  # early exit: --layers decides
                            "pooled_only": pooled_only_run(handle.manifest, layer_list, pool_list),
                            **(engine_options or {})})
     manifest = eng.manifest

@@ -17,6 +17,7 @@ from typing import Any
 import layerscope
 from layerscope.data.corpus import records_of
 from layerscope.engines.base import Engine
+from layerscope.engines.registry import EngineChoice, resolve_engine
 from layerscope.errors import InputError
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.variants import run_variant
@@ -26,7 +27,8 @@ from layerscope.ownership import Claim
 from layerscope.extraction.batching import DEFAULT_MAX_BATCH
 from layerscope.vocab.pooling import check_poolings, require_pooled_output
 from layerscope.extraction.spool import corpus_sha256
-from layerscope.store.store import STORE_JSON, LayerStore
+from layerscope.store.store import LayerStore
+from layerscope.store.store_layout import StoreLayout
 from layerscope.store.store_spec import StoreSpec, TokensSpec
 
 log = logging.getLogger("layerscope")
@@ -41,6 +43,7 @@ class Extraction:
     resume: bool
     handle: Any  # the ModelHandle
     engine: Engine | None  # the engine the caller passed, else None (started once the corpus is known)
+    choice: EngineChoice | None  # --engine and its options, resolved once (None: an Engine was passed)
     manifest: Manifest
     layers: list[str]
     poolings: list[str]
@@ -95,7 +98,7 @@ def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length
     return layer_list, pool_list, resolve_prompt(manifest, prompt_name, prompt)
 
 
-def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
+def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", layers="all",
                        poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
                        max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
                        force: bool = False, engine_options: dict | None = None, prompt_name: str | None = None,
@@ -104,8 +107,10 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     """Check everything that can be checked before the corpus is read; raise one clear error otherwise.
 
     ``model`` is a name, a path or a ModelHandle (resolved with ``trust_remote_code``, off unless
-    asked); an ``Engine`` passed as ``engine`` brings its own model.  ``engine_runs_here``: the engine
-    starts on this machine, so whether it can is checked first (on Ray the workers' machines decide).
+    asked); an ``Engine`` passed as ``engine`` brings its own model; a name (or an ``EngineChoice``) is
+    resolved here, once, with ``engine_options``, and the choice is handed down (``Extraction.choice``).
+    ``engine_runs_here``: the engine starts on this machine, so whether it can is checked first (on Ray the
+    workers' machines decide).
     ``tokens_dtype``: the run also stores token vectors, in that dtype.
     """
     from layerscope.export.open import require_engine, resolve_model
@@ -115,12 +120,11 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     check_dtype(dtype)
     check_limits(batch_tokens=batch_tokens, max_batch=max_batch, max_length=max_length)
     check_engine_options(engine_options)
-    if isinstance(engine, str):  # a mistyped option is one line, before the folder is claimed
-        from layerscope.engines.registry import check_engine_options as check_declared
-
-        check_declared(engine, engine_options or {})
-    if isinstance(engine, str) and engine_runs_here:
-        require_engine(engine)  # a GPU engine missing here is one line now, not after the export
+    choice = None
+    if not isinstance(engine, Engine):  # an unknown engine or a mistyped option is one line, before the claim
+        choice = resolve_engine(engine, engine_options)
+    if choice is not None and engine_runs_here:
+        require_engine(choice)  # a GPU engine missing here is one line now, not after the export
     if poolings is not None:  # names need no model: refused before it is read or hashed
         check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
     out = Path(out)
@@ -132,7 +136,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
     else:
         eng = None
         # exported when the engine starts; a cached export is found without transformers or torch
-        handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=engine)
+        handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=choice)
     manifest = handle.manifest
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)
@@ -142,17 +146,17 @@ def prepare_extraction(model, source, out: str | Path, *, engine: str | Engine =
 
         check_room(handle.encoding_tokenizer(), max_len, prompt_text or "")
     max_batch = int(max_batch or DEFAULT_MAX_BATCH)
-    asked_variant = (engine_options or {}).get("variant") or getattr(engine, "variant", None)
-    spec = StoreSpec(model=handle.spec, model_key=handle.key,
-                     engine=engine if isinstance(engine, str) else engine.name,
+    asked_variant = choice.variant if choice is not None else getattr(engine, "variant", None)
+    spec = StoreSpec(model=handle.spec, model_key=handle.key, engine=(choice or engine).name,
                      variant=run_variant(asked_variant),  # resuming must not mix precisions
                      layers=tuple(layer_list), poolings=tuple(pool_list), prompt=prompt_text or None,
                      max_length=max_len, max_batch=max_batch, batch_tokens=batch_tokens, dtype=dtype,
                      tokens=TokensSpec(tokens_dtype) if tokens_dtype else None, input=describe_source(source),
                      corpus_sha256=None, layerscope_version=layerscope.__version__)
-    return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, manifest=manifest,
-                      layers=layer_list, poolings=pool_list, max_length=max_len, max_batch=max_batch, spec=spec,
-                      variant_pending=engine == "auto" and not asked_variant)
+    return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, choice=choice,
+                      manifest=manifest, layers=layer_list, poolings=pool_list, max_length=max_len,
+                      max_batch=max_batch, spec=spec,
+                      variant_pending=choice is not None and choice.name == "auto" and not asked_variant)
 
 
 def prepare_request(req, *, engine_runs_here: bool = True) -> Extraction:
@@ -216,7 +220,8 @@ def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None =
     ``ex.spec`` written as its settings (once), the range plan recorded (``range_rows`` overrides its
     rows per range, a multiple of ``GRANULE``)."""
     from layerscope.store import store_ranges
-    from layerscope.store.store_check import LENGTHS, internal_sha256
+    from layerscope.store.npy_files import internal_sha256
+    from layerscope.store.store_layout import LENGTHS
     from layerscope.store.store_dtype import itemsize
 
     out, n = ex.out, spooled.n
@@ -246,7 +251,7 @@ def _locked() -> type:
 def make_store_dir(ex: Extraction) -> bool:
     """Create the store directory (replacing the old store first when the claim allows), marked as a
     store; True when this call created the directory."""
-    from layerscope.ownership import MARKER, remove, write_marker
+    from layerscope.ownership import remove, write_marker
 
     if ex.claim.replace:
         remove(ex.out, "store")
@@ -255,7 +260,8 @@ def make_store_dir(ex: Extraction) -> bool:
     from layerscope.out_lock import hold_folder
 
     hold_folder(ex.out, error=StoreError, locked=_locked())  # a bind mount of it made now meets the same lock
-    if not (ex.out / MARKER).exists() and not (ex.out / STORE_JSON).exists():  # an older store: left unmarked
+    layout = StoreLayout(ex.out)
+    if not layout.marker.exists() and not layout.store_json.exists():  # an older store: left unmarked
         write_marker(ex.out, "store")
     return created
 
@@ -268,7 +274,7 @@ def open_to_resume(ex: Extraction, source, reader: dict[str, Any], *,
     ``variant_later``: the caller checks the variant once ``--engine auto`` has picked one), the corpus
     hash included (texts or ids changed). ``reader`` holds the corpus reader's options.
     """
-    if not (ex.resume and (ex.out / STORE_JSON).exists()):
+    if not (ex.resume and StoreLayout(ex.out).store_json.exists()):
         return None
     store = LayerStore.open(ex.out, allow_incomplete=True)
     made = store.spec
@@ -321,8 +327,10 @@ def check_ranges_fit(ex: Extraction, req, ranges, *, workers: int = 1, available
 
     if available is None and not here:
         return
-    plan = engine_options(ex.spec, ex.manifest, req.options)
-    shape = shape_planned(ex.handle, req.engine, depth=plan.depth, pooled_only=plan.pooled_only,
+    asked = dict(ex.choice.options) if ex.choice is not None else req.options
+    plan = engine_options(ex.spec, ex.manifest, asked)
+    name = ex.choice.name if ex.choice is not None else str(req.engine)
+    shape = shape_planned(ex.handle, name, depth=plan.depth, pooled_only=plan.pooled_only,
                           max_seq=plan.max_seq, asked=dict(plan.asked))
     if fits(shape, ex.max_length, available=available, workers=workers):
         return  # the longest text the plan allows fits: nothing to count

@@ -78,7 +78,8 @@ def open_engine_for(ex: Extraction, req: ExtractionRequest):
     from layerscope.export.open import open_engine
     from layerscope.extraction.engine_plan import engine_options
 
-    return open_engine(ex.handle, req.engine, **engine_options(ex.spec, ex.manifest, req.options).as_kwargs())
+    options = engine_options(ex.spec, ex.manifest, dict(ex.choice.options))
+    return open_engine(ex.handle, ex.choice, **options.as_kwargs())
 
 
 def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     done.flush()
     del done
     store.close()
-    from layerscope.store.store_check import load_internal
+    from layerscope.store.npy_files import load_internal
 
     lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
     max_len = spec.max_length

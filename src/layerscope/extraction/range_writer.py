@@ -31,7 +31,7 @@ import numpy as np
 from layerscope.errors import StoreError
 from layerscope.store import store_dtype as sd
 from layerscope.store import store_ranges
-from layerscope.store.store_check import _npy_header
+from layerscope.store.npy_files import npy_header
 from layerscope.store.store_layout import LENGTHS, TEXTS, array_rel, array_rels
 
 
@@ -60,7 +60,7 @@ class RangeWriter:
     def _data_offset(self, rel: str) -> int:
         if rel not in self._offsets:
             try:
-                self._offsets[rel] = _npy_header(self.store_dir / rel)[3]
+                self._offsets[rel] = npy_header(self.store_dir / rel)[3]
                 st = (self.store_dir / rel).stat()
             except (OSError, ValueError) as exc:
                 raise StoreError(f"{self.store_dir}: {rel} cannot be opened for writing ({exc}); the store was "

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from layerscope.errors import InputError, MissingExtraError, StoreError
-from layerscope.extraction.pipeline import ExtractReport
+from layerscope.extraction.executor import ExtractReport, RangeWork
 from layerscope.extraction.prepare import check_dtype, check_ranges_fit, ray_share
 from layerscope.progress import progress_bar
 from layerscope.extraction import range_run
@@ -99,8 +100,26 @@ def extract_ray(model, source, out: str | Path, *, address: str | None = "local"
     """
     req = ExtractionRequest.of(model, source, Path(out).resolve(), engine=engine,
                                store_dtype=store_dtype or dtype or "float32", **options)
-    return extract_ray_request(req, address=address, workers=workers, shard_rows=shard_rows,
-                               cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker, on_shard=on_shard)
+    return RayExecutor(address=address, workers=workers, shard_rows=shard_rows, cpus_per_worker=cpus_per_worker,
+                       gpus_per_worker=gpus_per_worker, on_shard=on_shard).run(req)
+
+
+@dataclass(frozen=True)
+class RayExecutor:
+    """The Ray executor (extraction/executor.py): a driver here, ``workers`` actors on the cluster at
+    ``address`` (``local``, ``auto``, ``HOST:6379``, ``ray://HOST:10001``)."""
+
+    address: str | None = "local"
+    workers: int = 2
+    shard_rows: int | None = None  # rows per range (a multiple of 256)
+    cpus_per_worker: float | None = None
+    gpus_per_worker: float | None = None
+    on_shard: Callable[[dict], None] | None = None  # called with each finished range's report
+
+    def run(self, request: ExtractionRequest) -> ExtractReport:
+        return extract_ray_request(request, address=self.address, workers=self.workers, shard_rows=self.shard_rows,
+                                   cpus_per_worker=self.cpus_per_worker, gpus_per_worker=self.gpus_per_worker,
+                                   on_shard=self.on_shard)
 
 
 def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local", workers: int = 2,
@@ -108,7 +127,9 @@ def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local"
                         gpus_per_worker: float | None = None, on_shard: Callable[[dict], None] | None = None
                         ) -> ExtractReport:
     """The Ray executor of an ``ExtractionRequest``."""
-    from layerscope.engines.base import check_engine_name
+    from dataclasses import replace
+
+    from layerscope.engines.registry import resolve_engine
 
     ray = require_ray()
     if workers < 1:
@@ -116,7 +137,7 @@ def extract_ray_request(req: ExtractionRequest, *, address: str | None = "local"
     if req.tokens:
         raise InputError("--tokens is not supported with --ray yet; run without --ray")
     check_dtype(req.store_dtype)
-    check_engine_name(req.engine)
+    req = replace(req, engine=resolve_engine(req.engine, req.options))  # resolved once, handed down
     t0 = time.perf_counter()
     started = connect(address)
     from layerscope.store.store_lock import store_writer
@@ -138,7 +159,7 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
     # made that does not hold the corpus, and an existing folder of anything else is refused before anything is written
     t0 = time.perf_counter()
     ex, store = range_run.open_or_create(req, range_rows=shard_rows, engine_runs_here=False)
-    out, engine = ex.out, req.engine
+    out, choice = ex.out, ex.choice
     if shard_rows and store.range_rows != int(shard_rows):
         raise InputError(f"{out} is cut into ranges of {store.range_rows} rows, not {shard_rows}; "
                          "resume it without shard_rows")
@@ -164,15 +185,14 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
         try:
             import ray
 
-            from layerscope.engines.registry import engine_spec
             from layerscope.extraction.engine_plan import engine_options
 
-            cpus, gpus = _resources(ray, workers, engine, cpus_per_worker, gpus_per_worker,
+            cpus, gpus = _resources(ray, workers, choice, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
             check_ranges_fit(ex, req, todo, **ray_share(ray, min(workers, len(todo)), cpus, gpus,
                                                          local=address in (None, "", "local")))
-            options = engine_options(ex.spec, ex.manifest, req.options)
-            if not gpus and engine_spec(engine).device in ("cpu", "any"):  # each actor's share of the CPUs
+            options = engine_options(ex.spec, ex.manifest, dict(choice.options))
+            if not gpus and choice.device in ("cpu", "any"):  # each actor's share of the CPUs
                 options = options.with_asked(threads=max(1, int(cpus)))
             ctx = ray.data.DataContext.get_current()
             ctx.enable_progress_bars = False
@@ -184,7 +204,8 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
                 # restarted and its range retried
                 num_cpus=cpus, num_gpus=gpus or None,
                 fn_constructor_kwargs={
-                    "model": _worker_model(ex.handle, engine, req.trust_remote_code), "engine": engine,
+                    # each actor's process looks the name up once
+                    "model": _worker_model(ex.handle, choice, req.trust_remote_code), "engine": choice.name,
                     "engine_options": options.as_kwargs(), "trust_remote_code": req.trust_remote_code,
                     "layers": ex.layers, "poolings": ex.poolings, "store_dtype": ex.spec.dtype,
                     "max_length": ex.max_length, "prompt": ex.spec.prompt, "batch_tokens": req.batch_tokens,
@@ -216,10 +237,12 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
     return ExtractReport(store=store, n=store.n, empty=store.empty_texts,
                          truncated=record["truncated_texts"], tokens=tokens, seconds=seconds,
                          run_seconds=run_seconds, engine=record["engine"], resumed_rows=already,
-                         warnings=record["warnings"])
+                         warnings=record["warnings"],
+                         ranges=RangeWork(len(ranges), counts["computed"], counts["done_before"],
+                                          found_done=counts["reused"], finished=True))
 
 
-def _worker_model(handle, engine: str, trust_remote_code: bool) -> str:
+def _worker_model(handle, engine, trust_remote_code: bool) -> str:
     """What each actor opens: the model's export, made here once when the engine runs exports (not by
     every actor at the same time)."""
     from layerscope.engines.base import needs_export
@@ -230,14 +253,14 @@ def _worker_model(handle, engine: str, trust_remote_code: bool) -> str:
     return str(handle.export_dir or handle.spec)
 
 
-def _resources(ray, workers: int, engine: str, cpus: float | None, gpus: float | None, *,
+def _resources(ray, workers: int, choice, cpus: float | None, gpus: float | None, *,
                local: bool = False) -> tuple[float, float]:
     """CPUs and GPUs per actor: a GPU each when the cluster has GPUs and the engine can use one;
     else an even share of the largest node's CPUs. A pool the cluster cannot hold would wait
     forever: on a local cluster that is an error, elsewhere (an autoscaler may add nodes) a warning."""
-    from layerscope.engines.registry import engine_spec, gpu_engines, names_text
+    from layerscope.engines.registry import gpu_engines, names_text
 
-    device = engine_spec(engine).device
+    engine, device = choice.name, choice.device
     total = ray.cluster_resources()
     if gpus is None:
         gpus = 1.0 if total.get("GPU", 0) >= 1 and device in ("any", "gpu") else 0.0

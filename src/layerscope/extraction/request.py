@@ -30,7 +30,7 @@ class ExtractionRequest:
     model: Any  # a name, a path or a ModelHandle
     source: Any  # a corpus path, "-", a HF dataset spec or an in-memory sequence of texts
     out: Path
-    engine: Any = "auto"  # a registered engine name or an Engine instance
+    engine: Any = "auto"  # a registered engine name, an EngineChoice (resolved already) or an Engine instance
     layers: Any = "all"
     poolings: Any = ("mean",)  # None: the model's own
     store_dtype: str = "float32"

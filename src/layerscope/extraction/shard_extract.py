@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from layerscope.errors import InputError
 from layerscope.extraction import range_run
+from layerscope.extraction.executor import ExtractReport, RangeWork
 from layerscope.store import store_ranges
 from layerscope.extraction.request import ExtractionRequest
 
@@ -40,25 +41,18 @@ def _env_number(name: str, default: float, *, multiple: int = 0) -> float:
 
 
 @dataclass(frozen=True)
-class ShardReport:
+class Shard:
+    """The ``--shard i/N`` executor (extraction/executor.py): shard ``index`` of ``count`` processes."""
+
     index: int
     count: int
-    ranges: int  # of this shard
-    computed: int  # ranges this process wrote
-    skipped_done: int  # already done (an earlier run of this shard)
-    skipped_claimed: int  # a live worker holds them
-    rows: int
-    tokens: int
-    seconds: float
-    finished: bool  # this process finished the store
-    store_complete: bool
+    range_rows: int | None = None  # rows per range of a store this shard makes (a multiple of GRANULE)
 
-    @property
-    def texts_per_s(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else float("nan")
+    def run(self, request: ExtractionRequest) -> ExtractReport:
+        return extract_shard(request, self.index, self.count, range_rows=self.range_rows)
 
 
-def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None) -> ShardReport:
+def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows: int | None = None) -> ExtractReport:
     """Write shard ``index`` of ``count`` of ``req`` into its store; finish the store when it is the last."""
     from layerscope.extraction.range_writer import RangeWriter
 
@@ -79,13 +73,15 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     with range_run.waiting_writer(req.out, lock_wait):
         ex, store = range_run.open_or_create(req, range_rows=range_rows)
     if store.complete:
-        return ShardReport(index, count, 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, False, True)
+        return _report(store, RangeWork(0, 0, 0, shard=(index, count)), {}, 0, 0, 0, time.perf_counter() - t0, 0.0)
     mine = store_ranges.shard_ranges(range_run.ranges_of(store), index, count)
     done_rows = store.done_mask()
     sid = range_run.store_id(store)
     todo = [r for r in mine
             if not store_ranges.is_done(store.path, r.k, sid) and not bool(done_rows[r.start:r.stop].all())]
     computed = claimed = rows = tokens = 0
+    engine: dict = {}
+    t_run = time.perf_counter()
     if todo:
         from layerscope.extraction.prepare import check_ranges_fit
 
@@ -94,6 +90,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
         writer = RangeWriter(store.path, eng, layers=ex.layers, poolings=ex.poolings,
                              store_dtype=ex.spec.dtype, max_length=ex.max_length, prompt=ex.spec.prompt,
                              batch_tokens=req.batch_tokens, max_batch=ex.max_batch, store_id=sid)
+        engine = eng.info.to_dict()
         for r in todo:
             writer.check_store(r)
             claim = store_ranges.try_claim(store.path, r.k, sid)
@@ -107,28 +104,46 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
             computed += 1
             rows += r.rows
             tokens += report["tokens"]
-    finished = _finish_if_last(store)
-    return ShardReport(index, count, len(mine), computed, len(mine) - len(todo), claimed, rows, tokens,
-                       time.perf_counter() - t0, finished, finished or store.complete)
+    run_seconds = time.perf_counter() - t_run
+    record = _finish_if_last(store)
+    work = RangeWork(len(mine), computed, len(mine) - len(todo), held_elsewhere=claimed, shard=(index, count),
+                     finished=record is not None)
+    before = sum(r.rows for r in mine) - sum(r.rows for r in todo)
+    return _report(store, work, engine, rows, before, tokens, time.perf_counter() - t0, run_seconds, record)
 
 
-def _finish_if_last(store) -> bool:
-    """Finish the store when every range is done and no other process holds its lock (else leave it)."""
+def _report(store, work: RangeWork, engine: dict, rows: int, before: int, tokens: int, seconds: float,
+            run_seconds: float, record: dict | None = None) -> ExtractReport:
+    """What one shard did (``before``: rows of its ranges done before it ran); what only the finished store
+    knows (truncation, warnings) when this shard finished it."""
+    from layerscope.store.store import LayerStore
+
+    if record is not None:
+        store = LayerStore.open(store.path)
+    return ExtractReport(store=store, n=store.n, empty=store.empty_texts,
+                         truncated=None if record is None else int(record["truncated_texts"]), tokens=tokens,
+                         seconds=seconds, engine=engine, run_seconds=run_seconds, resumed_rows=before,
+                         warnings=[] if record is None else list(record["warnings"]), complete=store.complete,
+                         rows=rows, ranges=work)
+
+
+def _finish_if_last(store) -> dict | None:
+    """Finish the store when every range is done and no other process holds its lock (else leave it); what
+    ``finish`` recorded, or None when this process did not finish it."""
     from layerscope.store.store import LayerStore
     from layerscope.store.store_lock import StoreLockedError, store_writer
 
     if not range_run.range_status(store).complete:
-        return False
+        return None
     try:
         with store_writer(store.path):
             fresh = LayerStore.open(store.path, allow_incomplete=True)
             if fresh.complete:
-                return False
+                return None
             fresh.mode = "r+"
-            range_run.finish(fresh)
-            return True
+            return range_run.finish(fresh)
     except StoreLockedError:  # another shard is finishing it
-        return False
+        return None
 
 
 def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:

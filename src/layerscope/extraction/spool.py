@@ -16,7 +16,7 @@ import numpy as np
 
 from layerscope.errors import InputError
 from layerscope.model.tokenize import Encoder
-from layerscope.store.store_layout import LENGTHS, TEXTS
+from layerscope.store.store_layout import LENGTHS, TEXTS, TEXTS_STAGING
 
 LENGTH_CHUNK = 4096  # texts tokenized at a time for their lengths
 
@@ -44,7 +44,7 @@ def spool_corpus(records: Iterable, out: Path, *, encoder: Encoder | None = None
     """
     from layerscope.ownership import note
 
-    tmp = out / (TEXTS + ".partial")
+    tmp = out / TEXTS_STAGING
     note(out, files=[tmp.name, TEXTS] + ([LENGTHS] if encoder is not None else []))  # before writing
     h = hashlib.sha256()
     offsets: list[int] = []
@@ -79,7 +79,7 @@ def spool_corpus(records: Iterable, out: Path, *, encoder: Encoder | None = None
         tmp.unlink()
         raise InputError("the corpus has no texts: nothing to extract")
     if encoder is not None:
-        np.save(out / "lengths.npy", np.concatenate(lengths).astype(np.int32))
+        np.save(out / LENGTHS, np.concatenate(lengths).astype(np.int32))
     os.replace(tmp, out / TEXTS)
     return {"n": n, "empty": empty, "nul": nul, "sha256": h.hexdigest(),
             "offsets": np.asarray(offsets, dtype=np.int64)}

@@ -28,25 +28,12 @@ from layerscope.atomic import write_json_atomic
 from layerscope.errors import LayerscopeError, StoreError
 from layerscope.store import store_dtype as sd
 from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
+from layerscope.store.npy_files import release_pages
 from layerscope.store.store_check import checksums, layout_problems, structure_sha256
 from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
 from layerscope.store.store_spec import FORMAT_VERSION, READS, StoreSpec
 
 from layerscope.store.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
-
-
-def _release_pages(arr: np.ndarray) -> None:
-    """madvise(DONTNEED) a flushed, shared, file-backed memmap (a no-op where unsupported)."""
-    import mmap
-
-    mm = getattr(arr, "_mmap", None)
-    advice = getattr(mmap, "MADV_DONTNEED", None)
-    if mm is None or advice is None or not hasattr(mm, "madvise"):
-        return
-    try:
-        mm.madvise(advice)
-    except (OSError, ValueError):
-        pass
 
 
 class LayerStore:
@@ -344,7 +331,7 @@ class LayerStore:
         """
         for arr in self._arrays.values():
             arr.flush()
-            _release_pages(arr)
+            release_pages(arr)
         if "half_error" in self.meta:  # what the rows about to be marked done lost, kept for a resumed run
             write_json_atomic(self.path / STORE_JSON, self.meta)
         done = self.done_mask()

@@ -27,7 +27,9 @@ import numpy as np
 
 from layerscope.hashing import file_sha256
 
+from layerscope.store.npy_files import check_npy
 from layerscope.store.store_layout import DONE, LENGTHS, TEXTS, array_rels
+
 STRUCTURE_KEYS = ("format_version", "n", "layers", "poolings", "hidden_size", "dtype", "manifest")
 
 
@@ -44,60 +46,6 @@ def structure_sha256(meta: dict[str, Any]) -> str:
 
 def array_files(meta: dict[str, Any]) -> list[str]:
     return array_rels(meta["poolings"], meta["layers"])
-
-
-def _npy_header(path: Path) -> tuple[tuple, np.dtype, bool, int]:
-    """(shape, dtype, fortran_order, data offset) of a .npy file, from its header alone."""
-    with open(path, "rb") as fh:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"unsupported .npy version {version}")
-        return shape, dtype, fortran, fh.tell()
-
-
-def _check_npy(root: Path, rel: str, shape: tuple, dtype: np.dtype) -> str | None:
-    path = root / rel
-    if not path.is_file():
-        return f"{rel} is missing"
-    try:
-        got_shape, got_dtype, fortran, offset = _npy_header(path)
-    except (ValueError, OSError, SyntaxError) as exc:
-        return f"{rel} is not a valid .npy file ({exc})"
-    if tuple(got_shape) != shape or got_dtype != dtype or fortran:
-        return f"{rel} holds {got_dtype} {list(got_shape)}, the store says {dtype} {list(shape)}"
-    want = offset + int(np.prod(shape)) * dtype.itemsize
-    size = path.stat().st_size
-    if size != want:
-        return f"{rel} is {size:,} bytes, a {dtype} {list(shape)} array is {want:,} (truncated or padded)"
-    return None
-
-
-def internal_sha256(root: Path, rels: list[str]) -> dict[str, str]:
-    """``{file: sha256}`` of files a writer relies on later (recorded in store.json as ``internal_sha256``)."""
-    return {rel: file_sha256(Path(root) / rel) for rel in rels if (Path(root) / rel).is_file()}
-
-
-def load_internal(root: Path, rel: str, meta: dict[str, Any], dtype: np.dtype, shape: tuple) -> np.ndarray:
-    """An internal array of the store (``ray-offsets.npy``, ``lengths.npy``) that a writer relies on, checked
-    before use: its header, its size, and its sha256 where store.json recorded one. One line when damaged."""
-    from layerscope.errors import StoreError
-
-    root = Path(root)
-    problem = _check_npy(root, rel, tuple(shape), np.dtype(dtype))
-    recorded = (meta.get("internal_sha256") or {}) if isinstance(meta.get("internal_sha256"), dict) else {}
-    if problem is None and rel in recorded and file_sha256(root / rel) != recorded[rel]:
-        problem = f"{rel} does not match the sha256 recorded when the store was made (damaged or edited)"
-    if problem is None:
-        try:
-            return np.load(root / rel, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            problem = f"{rel} cannot be read ({str(exc)[:120]})"
-    raise StoreError(f"{root} is damaged: {problem}; it is internal to the store and cannot be trusted, so "
-                     "nothing was written. Extract again into another --out, or delete this folder yourself first")
 
 
 def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
@@ -127,15 +75,15 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
         problems.append(f"store.json says hidden_size {hidden}, its model manifest "
                         f"{meta['manifest'].get('hidden_size')}")
     for rel in array_files(meta):
-        problem = _check_npy(root, rel, (n, hidden), dtype)
+        problem = check_npy(root, rel, (n, hidden), dtype)
         if problem:
             problems.append(problem)
-    problem = _check_npy(root, DONE, (n,), np.dtype(np.uint8))
+    problem = check_npy(root, DONE, (n,), np.dtype(np.uint8))
     if problem:
         problems.append(problem)
     from layerscope.store.token_store import token_layout_problems
 
-    problems += token_layout_problems(root, meta, _check_npy)
+    problems += token_layout_problems(root, meta, check_npy)
     texts = root / TEXTS
     if not texts.is_file():
         problems.append(f"{TEXTS} is missing")

@@ -9,9 +9,14 @@ and the exporters) asks this module for a path; none spells a file name of its o
     lengths.npy                      int32 [n]: each text's token count
     ray-offsets.npy                  byte offset of every GRANULE-th row of texts.jsonl (for range writers)
     arrays/<pooling>/<layer>.npy     [n, hidden] pooled vectors (arrays.partial/ while being reserved)
-    tokens/...                       token-level arrays (``extract --tokens``; store/token_store.py)
+    texts.jsonl.partial              texts.jsonl while it is being spooled
+    tokens/<layer>.npy               token-level arrays (``extract --tokens``; store/token_store.py): every
+    tokens/ids.npy, special.npy,     token's vector per layer, its id, special-token mask, character span,
+      spans.npy, offsets.npy,        each text's first token, the strings of the ids seen
+      strings.json                   (tokens.partial/ while being reserved)
     ranges/<k>.claim, <k>.done       per-range claims and done marks of range writers
-    .layerscope                      the ownership record (``ownership.py``: which files layerscope wrote)
+    .layerscope.json                 the ownership record (``owned_record.MARKER``, the name every folder
+                                     layerscope writes shares: which files layerscope wrote)
 
 The checksums of a finished store are recorded in ``store.json`` (``checksums``), keyed by these relative names.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from layerscope.owned_record import MARKER
 
 STORE_JSON = "store.json"
 TEXTS = "texts.jsonl"
@@ -30,6 +37,23 @@ ARRAYS = "arrays"
 STAGING = "arrays.partial"
 RANGES = "ranges"
 TOKENS = "tokens"
+PARTIAL = ".partial"  # the suffix of a file or folder while it is being written
+TEXTS_STAGING = TEXTS + PARTIAL
+TOKEN_STAGING = TOKENS + PARTIAL
+# the token arrays beside each layer's (token_rel names them inside tokens/ or its staging folder)
+TOKEN_IDS, TOKEN_SPECIAL, TOKEN_SPANS, TOKEN_OFFSETS = "ids.npy", "special.npy", "spans.npy", "offsets.npy"
+TOKEN_STRINGS = "strings.json"
+RANGE_KINDS = ("claim", "done")
+
+
+def token_layer_name(layer: str) -> str:
+    """The file of one layer's token vectors inside ``tokens/``."""
+    return f"{layer}.npy"
+
+
+def token_rel(name: str, folder: str = TOKENS) -> str:
+    """The relative name of a token file (``TOKEN_IDS``, ``token_layer_name(layer)``, ...) in ``folder``."""
+    return f"{folder}/{name}"
 
 
 def array_rel(pooling: str, layer: str, folder: str = ARRAYS) -> str:
@@ -43,7 +67,14 @@ def array_rels(poolings, layers, folder: str = ARRAYS) -> list[str]:
 
 def range_mark_name(k: int, kind: str) -> str:
     """``<k>.claim`` or ``<k>.done`` of range ``k`` (zero-padded so the names sort by range)."""
+    if kind not in RANGE_KINDS:
+        raise ValueError(f"a range mark is one of {RANGE_KINDS}, not {kind!r}")
     return f"{int(k):06d}.{kind}"
+
+
+def range_mark_glob(kind: str) -> str:
+    """The pattern of every ``kind`` mark in ``ranges/``."""
+    return range_mark_name(0, kind).replace("000000", "*")
 
 
 @dataclass(frozen=True)
@@ -74,6 +105,22 @@ class StoreLayout:
     @property
     def offsets(self) -> Path:
         return self.root / OFFSETS
+
+    @property
+    def texts_staging(self) -> Path:
+        return self.root / TEXTS_STAGING
+
+    @property
+    def marker(self) -> Path:
+        return self.root / MARKER
+
+    @property
+    def tokens(self) -> Path:
+        return self.root / TOKENS
+
+    @property
+    def token_staging(self) -> Path:
+        return self.root / TOKEN_STAGING
 
     @property
     def arrays(self) -> Path:

@@ -70,31 +70,28 @@ def store_writer(store_dir: str | Path) -> Iterator[None]:
                 # each file was written still names them all
 
 
-_RANGE_MARK = re.compile(r"\d+\.(claim|done)")
-
-
 def _range_marks(store_dir: Path) -> list[str]:
     """The claims and done marks range writers left under ``ranges/`` (named by their layout)."""
-    from layerscope.store.store_layout import RANGES
+    from layerscope.store.store_layout import RANGE_KINDS, RANGES
 
+    mark = re.compile(r"\d+\.(" + "|".join(map(re.escape, RANGE_KINDS)) + ")")
     folder = store_dir / RANGES
     if not folder.is_dir() or folder.is_symlink():
         return []
-    return [f"{RANGES}/{p.name}" for p in folder.iterdir() if _RANGE_MARK.fullmatch(p.name)]
+    return [f"{RANGES}/{p.name}" for p in folder.iterdir() if mark.fullmatch(p.name)]
 
 
 def _record(store_dir: Path, before: list[str], ok: bool) -> None:
     import json
 
-    from layerscope.ownership import MARKER, record
+    from layerscope.ownership import record
+    from layerscope.store.store_layout import StoreLayout
 
-    if not (store_dir / MARKER).is_file():
+    if not StoreLayout(store_dir).marker.is_file():
         return  # nothing was made, or the failed run removed what it made
     known = None
     if ok:
         try:
-            from layerscope.store.store_layout import StoreLayout
-
             sums = json.loads(StoreLayout(store_dir).store_json.read_text(encoding="utf-8")).get("checksums") or {}
             known = {rel: rec["sha256"] for rel, rec in sums.items() if isinstance(rec, dict) and rec.get("sha256")}
         except (OSError, ValueError, AttributeError):

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.store.store_layout import OFFSETS, StoreLayout
+from layerscope.store.store_layout import OFFSETS, StoreLayout, range_mark_glob
 
 GRANULE = 256  # rows between recorded byte offsets of texts.jsonl; range sizes are multiples of it
 MAX_RANGE_ROWS = 8192
@@ -101,7 +101,7 @@ def shard_ranges(ranges: list[Range], index: int, count: int) -> list[Range]:
 def scan_offsets(out: Path) -> np.ndarray:
     """Offsets of a texts.jsonl spooled without them or without their recorded sha256 (a store begun by an
     older layerscope): derived again from texts.jsonl and saved beside it."""
-    from layerscope.store.store import TEXTS
+    from layerscope.store.store_layout import TEXTS
 
     offsets, pos = [], 0
     with open(out / TEXTS, "rb") as fh:
@@ -117,7 +117,7 @@ def scan_offsets(out: Path) -> np.ndarray:
 def load_offsets(out: Path, meta: dict[str, Any], n: int) -> np.ndarray:
     """The byte offsets every range reads its texts from: checked against the sha256 recorded when the store
     was made (one line when damaged), or derived again from texts.jsonl when none was recorded."""
-    from layerscope.store.store_check import load_internal
+    from layerscope.store.npy_files import load_internal
 
     recorded = meta.get("internal_sha256")
     if not (isinstance(recorded, dict) and OFFSETS in recorded):
@@ -320,7 +320,7 @@ def foreign_marks(store_dir: Path, store_id: str | None) -> list[int]:
     if not store_id or not _dir(store_dir).is_dir():
         return []
     found = []
-    for path in sorted(_dir(store_dir).glob("*.done")):
+    for path in sorted(_dir(store_dir).glob(range_mark_glob("done"))):
         mark = mark_store(_read_json(path))
         if mark is not None and mark != store_id and path.stem.isdigit():
             found.append(int(path.stem))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layerscope.errors import StoreError
+from layerscope.store.store_layout import STORE_JSON
 
 FORMAT_VERSION = 2  # the store.json layout this version writes
 READS = (1, 2)  # the store.json layouts this version opens
@@ -91,7 +92,7 @@ class StoreSpec:
                 "corpus_sha256": self.corpus_sha256, "layerscope_version": self.layerscope_version}
 
     @classmethod
-    def load(cls, settings: Any, *, format_version: int, where: str = "store.json") -> "StoreSpec":
+    def load(cls, settings: Any, *, format_version: int, where: str = STORE_JSON) -> "StoreSpec":
         """The spec recorded in a ``store.json`` of ``format_version``; one line when it cannot be read."""
         if format_version not in READS:
             raise StoreError(f"{where} has store format {format_version!r}, this layerscope reads "

@@ -34,14 +34,12 @@ import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.store import store_dtype
-from layerscope.store.store_layout import TOKENS
+from layerscope.store.store_layout import (TOKEN_IDS, TOKEN_OFFSETS, TOKEN_SPANS, TOKEN_SPECIAL, TOKEN_STAGING,
+                                           TOKEN_STRINGS, TOKENS, token_layer_name, token_rel)
 from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
 
-OFFSETS = f"{TOKENS}/offsets.npy"
-IDS = f"{TOKENS}/ids.npy"
-SPECIAL = f"{TOKENS}/special.npy"
-SPANS = f"{TOKENS}/spans.npy"
-STRINGS = f"{TOKENS}/strings.json"
+OFFSETS, IDS, SPECIAL, SPANS, STRINGS = (token_rel(n) for n in (TOKEN_OFFSETS, TOKEN_IDS, TOKEN_SPECIAL, TOKEN_SPANS,
+                                                                   TOKEN_STRINGS))
 SECTION = "token_arrays"  # store.json's section (its "tokens" is the run's token count)
 
 
@@ -71,7 +69,7 @@ class TokenSection:
 
 
 def layer_file(layer: str) -> str:
-    return f"{TOKENS}/{layer}.npy"
+    return token_rel(token_layer_name(layer))
 
 
 def token_counts(lengths: np.ndarray, max_length: int) -> np.ndarray:
@@ -105,22 +103,22 @@ def create_token_arrays(root: Path, lengths: np.ndarray, max_length: int, layers
     total = int(offsets[-1])
     needed = bytes_needed(total, len(counts), layers, hidden, dtype)
     check_free(root, needed)
-    staging = root / (TOKENS + ".partial")
+    staging = root / TOKEN_STAGING
     from layerscope.ownership import note
 
-    names = [f"{layer}.npy" for layer in layers] + ["ids.npy", "special.npy", "spans.npy", "offsets.npy"]
-    note(root, files=[f"{d}/{n}" for d in (staging.name, TOKENS) for n in names] + [STRINGS])  # before writing
+    names = [token_layer_name(layer) for layer in layers] + [TOKEN_IDS, TOKEN_SPECIAL, TOKEN_SPANS, TOKEN_OFFSETS]
+    note(root, files=[token_rel(n, d) for d in (TOKEN_STAGING, TOKENS) for n in names] + [STRINGS])  # before writing
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
     try:
         for layer in layers:
-            allocate_npy(staging / f"{layer}.npy", store_dtype.disk_dtype(dtype), (total, hidden))
-        allocate_npy(staging / "ids.npy", np.dtype(np.int32), (total,))
-        allocate_npy(staging / "special.npy", np.dtype(np.uint8), (total,))
-        allocate_npy(staging / "spans.npy", np.dtype(np.int32), (total, 2))
-        np.save(staging / "offsets.npy", offsets)
-        with open(staging / "offsets.npy", "rb+") as fh:
+            allocate_npy(staging / token_layer_name(layer), store_dtype.disk_dtype(dtype), (total, hidden))
+        allocate_npy(staging / TOKEN_IDS, np.dtype(np.int32), (total,))
+        allocate_npy(staging / TOKEN_SPECIAL, np.dtype(np.uint8), (total,))
+        allocate_npy(staging / TOKEN_SPANS, np.dtype(np.int32), (total, 2))
+        np.save(staging / TOKEN_OFFSETS, offsets)
+        with open(staging / TOKEN_OFFSETS, "rb+") as fh:
             os.fsync(fh.fileno())
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -210,11 +208,11 @@ class TokenWriter:
 
     def flush(self) -> None:
         """Everything written so far is on disk (call before the rows are marked done)."""
-        from layerscope.store.store import _release_pages
+        from layerscope.store.npy_files import release_pages
 
         for arr in self._arrays.values():
             arr.flush()
-            _release_pages(arr)
+            release_pages(arr)
 
     def close(self) -> None:
         self.flush()
