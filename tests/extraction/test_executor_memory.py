@@ -55,7 +55,7 @@ def test_a_shard_whose_max_length_would_not_fit_but_whose_texts_do_runs(bert_exp
     monkeypatch.setattr(Encoder, "token_lengths", lambda self, texts: counted.append(len(texts)) or real(self, texts))
     got, started = _shard(bert_export, tmp_path / "s", monkeypatch, floor(LONGEST))
     assert not isinstance(got, InputError), got
-    assert got.store_complete and started == [1] and sum(counted) >= len(TEXTS)
+    assert got.complete and started == [1] and sum(counted) >= len(TEXTS)
 
 
 def test_a_plan_that_fits_at_its_max_length_counts_no_tokens(bert_export, tmp_path, monkeypatch):
