@@ -295,6 +295,9 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
         raise ModelNotFoundError(f"the weights of {source.spec} do not match its config.json: {problem}; "
                                  "fix config.json or give the checkpoint its config was saved with")
     model.eval()
+    from layerscope.model.anatomy import keep_layer_width
+
+    keep_layer_width(model, family)  # OPT's projected last layer: every hidden state at the hidden size
     return (model, info) if output_loading_info else model
 
 
