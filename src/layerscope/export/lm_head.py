@@ -176,7 +176,7 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
     from safetensors.torch import load_file
 
     from layerscope.hashing import file_sha256
-    from layerscope.model.families import FAMILIES
+    from layerscope.model.families import family_of
     from layerscope.model.manifest_check import member
     from layerscope.model.source import _loader_class
 
@@ -185,7 +185,7 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
         raise ManifestError(f"{path} is missing or does not match its sha256 in the manifest (changed after "
                             "export); export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
     tensors = load_file(str(path))
-    family = FAMILIES[manifest.family]
+    family = family_of(manifest)
     num_layers = manifest.num_layers
     if entry["kind"] == TIED:
         weight = tensors[entry["embedding"]]

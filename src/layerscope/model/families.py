@@ -300,6 +300,47 @@ def family_for(model_type: str, tower: str | None = None) -> Family:
     return derive_family(model_type)
 
 
+def code_family(model_type: str, kind: str) -> Family:
+    """The family of a model type only the model's own code defines (``auto_map``, read with
+    --trust-remote-code): its base class through ``AutoModel``, every layer through ``output_hidden_states``,
+    the word embeddings through ``get_input_embeddings()``, the plain torch.onnx export (Optimum has no config
+    for it), and the tied word embeddings for the lens (the head of the model's own code is not read)."""
+    if kind not in ("encoder", "decoder"):
+        raise InputError(f"model type '{model_type}': unknown kind '{kind}' (encoder or decoder)")
+    decoder = kind == "decoder"
+    family = Family(model_type, (model_type,), kind, "last" if decoder else "mean", export_path="torch",
+                    final_norm_in_last_hidden_state=True if decoder else None)
+    _FROM_CODE[model_type] = family  # so FAMILIES[name] finds it for the rest of this process
+    return family
+
+
+_FROM_CODE: dict[str, Family] = {}
+
+
+def code_kind(model_type: str, auto_map) -> str:
+    """Whether the model's own code (``auto_map``) makes an encoder or a decoder, or one line where it
+    registers no base model class (``AutoModel``) layerscope could read every layer of."""
+    classes = auto_map if isinstance(auto_map, dict) else {}
+    if "AutoModel" not in classes:
+        named = ", ".join(sorted(classes)) or "none"
+        raise InputError(f"model type '{model_type}' exists only in the model's own code, which registers no "
+                         f"AutoModel class (auto_map names {named}), so layerscope cannot load its base model")
+    return "decoder" if "AutoModelForCausalLM" in classes and "AutoModelForMaskedLM" not in classes else "encoder"
+
+
+def is_code_family(family: Family) -> bool:
+    """Whether ``family`` was derived from a model's own code (``code_family``)."""
+    return _FROM_CODE.get(family.name) == family
+
+
+def family_of(manifest) -> Family:
+    """The family a manifest (or a model's description) records: by name, or derived again from its kind for
+    a model type only the model's own code defines."""
+    if getattr(manifest, "family_from_code", False):
+        return code_family(manifest.family, manifest.kind)
+    return FAMILIES[manifest.family]
+
+
 class _Families(Mapping):
     """The table's rows by name; any other name is read as a model type and derived (``derive_family``)."""
 
@@ -309,6 +350,8 @@ class _Families(Mapping):
         try:
             return derive_family(name)
         except InputError:
+            if name in _FROM_CODE:
+                return _FROM_CODE[name]
             raise KeyError(name) from None
 
     def __iter__(self) -> Iterator[str]:
