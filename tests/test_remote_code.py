@@ -250,3 +250,25 @@ def test_own_code_that_returns_no_hidden_states_is_one_line(tiny_model, tmp_path
     assert exc.value.code != 0 and len(err) == 1, err
     assert "NoStatesModel returned no hidden states for output_hidden_states=True" in err[0], err
     assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("classes,kind", [
+    ({"AutoModel": "m.Base", "AutoModelForCausalLM": "m.Causal"}, "decoder"),
+    ({"AutoModel": "m.Base", "AutoModelForMaskedLM": "m.Masked", "AutoModelForCausalLM": "m.Causal"}, "encoder"),
+    ({"AutoModel": "m.Base", "AutoModelForSequenceClassification": "m.Cls"}, "encoder"),
+    ({"AutoModelForCausalLM": "m.Causal"}, None),
+])
+def test_the_kind_of_a_models_own_code_is_read_from_its_auto_map(classes, kind):
+    """Catches: a decoder of the model's own code pooled and decoded as an encoder (its tokens read with 'mean'
+    and no causal head), and code without a base model class let through to a loader that cannot read it."""
+    from layerscope.errors import InputError
+    from layerscope.model.families import code_family, code_kind
+
+    if kind is None:
+        with pytest.raises(InputError, match="registers no AutoModel class"):
+            code_kind("mine", classes)
+        return
+    assert code_kind("mine", classes) == kind
+    family = code_family("mine", kind)
+    assert (family.kind, family.default_pooling, family.export_path) == \
+        (kind, "last" if kind == "decoder" else "mean", "torch")
