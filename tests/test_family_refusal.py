@@ -27,7 +27,6 @@ def _config_only(tmp_path, model_type: str, **overrides):
     ("layerscope-no-such-arch", {}, "has no model class for it"),
     ("resnet", {}, "neither as a masked-LM encoder nor as a causal-LM decoder"),
     ("bart", {}, "is an encoder-decoder model"),
-    ("opt", {"hidden_size": 32, "word_embed_proj_dim": 16}, "word_embed_proj_dim=16"),
 ])
 def test_unservable_model_type_is_refused_from_its_config(model_type, overrides, says, tmp_path, capsys):
     """Catches: a type refused only once its weights or tokenizer are read (these folders have none, so

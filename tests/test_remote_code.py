@@ -134,25 +134,30 @@ class ScaledBertModel(BertModel):
 '''
 
 
-def _own_code_model(tiny_model, tmp_path, model_type: str) -> Path:
-    """The tiny BERT with modeling code in its folder (auto_map in config.json, no hub), of ``model_type``."""
+def _own_code_model(tiny_model, tmp_path, model_type: str, code: str = SCALED_BERT,
+                    cls: str = "ScaledBertModel") -> Path:
+    """The tiny BERT with modeling code ``code`` (defining ``cls``) in its folder (auto_map in config.json, no
+    hub), of ``model_type``; a type transformers does not know gets its own config class too."""
     model = Path(shutil.copytree(tiny_model("bert"), tmp_path / f"own-code-{model_type}"))
-    (model / "modeling_scaled.py").write_text(SCALED_BERT)
     cfg = json.loads((model / "config.json").read_text())
-    cfg.update(model_type=model_type, architectures=["ScaledBertModel"],
-               auto_map={"AutoModel": "modeling_scaled.ScaledBertModel"})
+    cfg.update(model_type=model_type, architectures=[cls], auto_map={"AutoModel": f"modeling_scaled.{cls}"})
     if model_type != "bert":
         (model / "configuration_scaled.py").write_text(
             f"from transformers import BertConfig\n\n\nclass ScaledConfig(BertConfig):\n    model_type = {model_type!r}\n")
         cfg["auto_map"]["AutoConfig"] = "configuration_scaled.ScaledConfig"
+        code += f"\n\nfrom .configuration_scaled import ScaledConfig  # noqa: E402\n\n{cls}.config_class = ScaledConfig\n"
+    (model / "modeling_scaled.py").write_text(code)
     (model / "config.json").write_text(json.dumps(cfg))
     return model
 
 
-def test_a_known_type_with_its_own_modeling_code_exports_what_that_code_computes(tiny_model, tmp_path):
-    """A 'bert' checkpoint whose own modeling code doubles the embeddings: with the flag the export's every
+@pytest.mark.parametrize("model_type", ["bert", "scaledbert"])
+def test_a_models_own_modeling_code_is_exported_as_that_code_computes(model_type, tiny_model, tmp_path):
+    """A checkpoint whose own modeling code doubles the embeddings, of a type transformers knows ('bert', as
+    jina-bert) or one only its code defines ('scaledbert', as nomic-bert): with the flag the export's every
     layer equals that code's forward (Hugging Face with trust_remote_code), not the built-in BERT's. Catches:
-    the flag not reaching the loader that traces (the built-in class exported, layer 0 half the size)."""
+    the flag not reaching the loader that traces (the built-in class exported, layer 0 half the size), a
+    type of the model's own code refused although its layers can be read."""
     import numpy as np
     import torch
     from transformers import AutoModel, AutoTokenizer, BertModel
@@ -160,9 +165,10 @@ def test_a_known_type_with_its_own_modeling_code_exports_what_that_code_computes
     from layerscope.engines.ort import make_session
     from layerscope.export.exporter import export_model
 
-    model = _own_code_model(tiny_model, tmp_path, "bert")
+    model = _own_code_model(tiny_model, tmp_path, model_type)
     out = tmp_path / "exp"
-    export_model(resolve_source(str(model)), out, pooled=["mean"], trust_remote_code=True)
+    manifest = export_model(resolve_source(str(model)), out, pooled=["mean"], trust_remote_code=True)
+    assert (manifest.family, manifest.family_from_code) == (model_type, model_type != "bert")
     tok = AutoTokenizer.from_pretrained(str(model))
     enc = tok(["a cat sat on the mat", "hi"], padding=True, return_tensors="np")
     session = make_session(out / "model.onnx", "CPUExecutionProvider")
@@ -181,17 +187,88 @@ def test_a_known_type_with_its_own_modeling_code_exports_what_that_code_computes
     assert not np.allclose(got["hidden_states.0"][mask], plain[0].numpy()[mask], atol=1e-3)
 
 
-@pytest.mark.parametrize("flag", [[], ["--trust-remote-code"]])
-def test_a_type_only_the_models_own_code_defines_is_one_line_before_the_weights(flag, tiny_model, tmp_path,
-                                                                                 capsys):
-    """Catches: 'a newer transformers may know it' for a type that is the model's own, and weights read first
-    (the weights file here is garbage: reading it would be another error)."""
+def test_a_type_only_the_models_own_code_defines_is_one_line_without_the_flag(tiny_model, tmp_path, capsys):
+    """Catches: 'a newer transformers may know it' for a type that is the model's own, a line that does not
+    say which flag runs it, and weights read first (the weights file here is garbage: reading it would be
+    another error)."""
     model = _own_code_model(tiny_model, tmp_path, "scaledbert")
     (model / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(SystemExit) as exc:
-        main(["export", str(model), "--out", str(tmp_path / "exp"), *flag])
+        main(["export", str(model), "--out", str(tmp_path / "exp")])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1, err
     assert "model type 'scaledbert' exists only in the model's own code (AutoModel = " \
-           "modeling_scaled.ScaledBertModel)" in err[0]
+           "modeling_scaled.ScaledBertModel), which runs only with --trust-remote-code" in err[0]
     assert not (tmp_path / "exp").exists()
+
+
+def test_an_export_of_the_models_own_type_is_read_again_from_its_manifest(tiny_model, tmp_path, monkeypatch):
+    """In a process that never read the checkpoint's config (its family derived again from the manifest's
+    kind), the export of a type only the model's own code defines runs on ONNX Runtime and on the torch
+    engine (the model's own code, with the flag), which agree on every layer.  Catches: a family known only
+    to the process that exported (a KeyError for 'scaledbert' in a later run), torch reading the built-in
+    BERT or refusing the type."""
+    import numpy as np
+
+    from layerscope.engines.base import create_engine
+    from layerscope.model import families
+    from layerscope.model.handle import ModelHandle
+
+    model = _own_code_model(tiny_model, tmp_path, "scaledbert")
+    main(["export", str(model), "--out", str(tmp_path / "exp"), "--trust-remote-code"])
+    monkeypatch.setattr(families, "_FROM_CODE", {})  # as a new process: nothing derived from the config yet
+    handle = ModelHandle.resolve(tmp_path / "exp", trust_remote_code=True)
+    family = handle.family()
+    assert (family.name, family.kind, family.export_path) == ("scaledbert", "encoder", "torch")
+    ort = create_engine("ort", handle)
+    batch = ort.encoder()(["a cat sat on the mat", "hi"])
+    layers = list(handle.manifest.layers)
+    valid = batch.mask.astype(bool)
+    for layer, a, b in zip(layers, create_engine("torch", handle).run_tokens(batch, layers),
+                           ort.run_tokens(batch, layers)):
+        np.testing.assert_allclose(a[valid], b[valid], atol=1e-5, err_msg=f"layer {layer}")
+
+
+NO_STATES_BERT = '''from transformers import BertModel
+
+
+class NoStatesModel(BertModel):
+    """The model's own code: BERT that never hands back its hidden states."""
+
+    def forward(self, *args, output_hidden_states=None, **kwargs):
+        return super().forward(*args, **kwargs)
+'''
+
+
+def test_own_code_that_returns_no_hidden_states_is_one_line(tiny_model, tmp_path, capsys):
+    """Catches: a traceback (or an export of the last layer only) for a model whose own code ignores
+    output_hidden_states."""
+    model = _own_code_model(tiny_model, tmp_path, "nostates", NO_STATES_BERT, "NoStatesModel")
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(model), "--out", str(tmp_path / "exp"), "--trust-remote-code"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code != 0 and len(err) == 1, err
+    assert "NoStatesModel returned no hidden states for output_hidden_states=True" in err[0], err
+    assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.parametrize("classes,kind", [
+    ({"AutoModel": "m.Base", "AutoModelForCausalLM": "m.Causal"}, "decoder"),
+    ({"AutoModel": "m.Base", "AutoModelForMaskedLM": "m.Masked", "AutoModelForCausalLM": "m.Causal"}, "encoder"),
+    ({"AutoModel": "m.Base", "AutoModelForSequenceClassification": "m.Cls"}, "encoder"),
+    ({"AutoModelForCausalLM": "m.Causal"}, None),
+])
+def test_the_kind_of_a_models_own_code_is_read_from_its_auto_map(classes, kind):
+    """Catches: a decoder of the model's own code pooled and decoded as an encoder (its tokens read with 'mean'
+    and no causal head), and code without a base model class let through to a loader that cannot read it."""
+    from layerscope.errors import InputError
+    from layerscope.model.families import code_family, code_kind
+
+    if kind is None:
+        with pytest.raises(InputError, match="registers no AutoModel class"):
+            code_kind("mine", classes)
+        return
+    assert code_kind("mine", classes) == kind
+    family = code_family("mine", kind)
+    assert (family.kind, family.default_pooling, family.export_path) == \
+        (kind, "last" if kind == "decoder" else "mean", "torch")

@@ -13,7 +13,7 @@ tokens, so embeddings stay small):
 Architecture facts the tests must meet are set on purpose: sliding windows of 4 tokens (Mistral,
 Gemma-2/3, ModernBERT's local attention) so validation texts run past them; Gemma's soft-capping;
 mixture-of-experts with 48 experts, 2 per token (more than a short trace routes to); parallel attention blocks (GPT-J, Phi, Falcon, GPT-NeoX);
-OPT with a projection between its word embeddings and the hidden size.
+OPT of equal widths here (its projection to a narrower word_embed_proj_dim: tests/export/test_opt_projection.py).
 """
 
 from __future__ import annotations

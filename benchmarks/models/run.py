@@ -6,9 +6,14 @@
 Each step runs in its own process under ``/usr/bin/time -v`` (peak RSS of that process alone):
 ``build.py`` -> ``inspect export`` -> ``inspect extract`` once per engine, on the first ``--texts``
 sentences of the STS Benchmark test set (``$LAYERSCOPE_STS_DIR`` or ../shared/data/stsbenchmark).
-Figures go to ``benchmarks/models/results/<shape>-<dtype>.json`` (a step run again replaces its own
-entry and keeps the others, so an export measured under load can be re-measured alone); ``--table``
-prints the README table from every result file. Not part of the test-suite (a 3B shape needs ~12 GiB and hours on 2 cores).
+Figures go to ``benchmarks/models/results/<shape>-<dtype>.json`` (``--results DIR`` elsewhere; a step run
+again replaces its own entry and keeps the others, so an export measured under load can be re-measured
+alone); ``--table`` prints the README table from every result file, ``--zoo-table`` the table of the
+derived architectures' shapes (build.py ``ZOO_SHAPES``: export time, peak RSS, each layer's parity and its
+worst, the files written, tokens/s per engine where extracted). Not part of the test-suite (a 3B shape needs
+~12 GiB and hours on 2 cores).
+
+    python benchmarks/models/run.py --zoo [--steps build,export]    # every ZOO_SHAPES shape but mistral-7b
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+from build import ZOO_SHAPES  # noqa: E402
+
+ZOO_RUN = tuple(s for s in ZOO_SHAPES if s != "mistral-7b")  # --zoo: the 7B shape (~30 GB) is run on its own
 
 
 def _timed(cmd: list[str], log: Path) -> dict:
@@ -77,6 +86,7 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
     if "export" in steps and result["export"]["rc"] == 0:
         m = json.loads((export_dir / "manifest.json").read_text())
         outs = m["parity"]["outputs"]
+        result["export"].update(_layers_and_files(m))
         result["export"].update({
             "export_seconds": m["export_seconds"], "onnx_gib": round(m["onnx_bytes"] / 2**30, 2),
             "external_data": m["external_data"], "params_layers": m["num_layers"],
@@ -115,9 +125,50 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
                 if (store / "lengths.npy").exists():  # tokens per text, as the extraction counted them
                     r["tokens"] = int(np.load(store / "lengths.npy").sum())
             result[f"extract_{engine}"] = r
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _layers_and_files(m: dict) -> dict:
+    """Each layer's parity (raw, 0..L: max |ONNX - torch|, its tolerance, min cosine), the worst layer by its
+    share of its tolerance, and every file the export wrote (name: bytes) from its manifest."""
+    outs = m["parity"]["outputs"]
+    names = sorted((n for n in outs if n == "raw_embeddings" or n.startswith("hidden_states.")),
+                   key=lambda n: -1 if n == "raw_embeddings" else int(n.rpartition(".")[2]))
+    layers = {n: {"max_abs": outs[n]["max_abs"], "tolerance": outs[n].get("tolerance"), "min_cos": outs[n]["min_cos"]}
+              for n in names}
+    worst = max(layers, key=lambda n: layers[n]["max_abs"] / (layers[n]["tolerance"] or 1e-4))
+    files = {name: f["bytes"] for name, f in sorted(m.get("files", {}).items())}
+    return {"parity_layers": layers, "worst_layer": worst, "files": files,
+            "files_bytes": sum(files.values()), "family": m["family"]}
+
+
+def zoo_table(results: Path) -> str:
+    """The ZOO_SHAPES table: one row per shape with a result file, then each shape's per-layer parity."""
+    head = ["| shape | family | export s (manifest) | export peak RSS GiB | worst layer: max abs (tolerance) | "
+            "min cos, all outputs | files written | extract tokens/s ort / ov / torch |",
+            "|---|---|---|---|---|---|---|---|"]
+    detail = []
+    for shape in ZOO_SHAPES:
+        path = results / f"{shape}-fp32.json"
+        if not path.exists():
+            continue
+        r = json.loads(path.read_text())
+        e = r.get("export", {})
+        if e.get("rc") or "parity_layers" not in e:
+            head.append(f"| {shape} | | failed or not run: {e.get('tail', '')[:80]} | {e.get('peak_rss_gib')} | | | | |")
+            continue
+        w = e["parity_layers"][e["worst_layer"]]
+        files = f"{len(e['files'])} files, {e['files_bytes'] / 2**20:.1f} MiB ({', '.join(e['files'])})"
+        tps = " / ".join(str((r.get(f"extract_{k}") or {}).get("tokens_per_s", "-")) for k in ("ort", "ov", "torch"))
+        head.append(f"| {shape} | {e['family']} | {e['seconds']} ({e['export_seconds']}) | {e['peak_rss_gib']} | "
+                    f"{e['worst_layer']}: {w['max_abs']:.2g} ({w['tolerance']:.2g}) | {e['parity_min_cos']:.7f} | "
+                    f"{files} | {tps} |")
+        per = ", ".join(f"{n.replace('hidden_states.', '').replace('raw_embeddings', 'raw')}: {v['max_abs']:.1g}"
+                        for n, v in e["parity_layers"].items())
+        detail.append(f"- {shape}: {per}")
+    return "\n".join(head + ["", "Max |ONNX - torch| per layer:", ""] + detail)
 
 
 def table() -> str:
@@ -144,6 +195,7 @@ def table() -> str:
 
 
 def main() -> None:
+    global RESULTS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shape", nargs="?")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"])
@@ -154,15 +206,26 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/layerscope-shapes"))
     ap.add_argument("--steps", default=",".join(STEPS), help="which of build,export,variants,extract to run")
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--zoo", action="store_true", help="run every ZOO_SHAPES shape but mistral-7b, one at a time")
+    ap.add_argument("--zoo-table", action="store_true", help="print the ZOO_SHAPES table from the result files")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the result files go (default: results/)")
     args = ap.parse_args()
+    RESULTS = args.results
     if args.table:
         print(table())
+        return
+    if args.zoo_table:
+        print(zoo_table(RESULTS))
         return
     steps = tuple(args.steps.split(","))
     if unknown := set(steps) - set(STEPS):
         ap.error(f"unknown step(s) {sorted(unknown)}: choose from {','.join(STEPS)}")
-    print(json.dumps(run(args.shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype,
-                         steps, tuple(v for v in args.variants.split(",") if v)), indent=1))
+    shapes = ZOO_RUN if args.zoo else (args.shape,)
+    if not all(shapes):
+        ap.error("name a shape, or --zoo, --table or --zoo-table")
+    for shape in shapes:
+        print(json.dumps(run(shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype,
+                             steps, tuple(v for v in args.variants.split(",") if v)), indent=1))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def export(
         from layerscope.export.cpu_precision import record_cpu_precisions
 
         verbose = STATE["verbose"]
-        for line in record_cpu_precisions(out, progress=progress_printer(c) if verbose else None):
+        for line in record_cpu_precisions(out, progress=progress_printer(c) if verbose else None,
+                                          trust_remote_code=trust_remote_code):
             if verbose:
                 c.print(line, markup=False, highlight=False)
     if attentions:

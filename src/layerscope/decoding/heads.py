@@ -161,8 +161,9 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
             p = head_parts(net, family, num_layers)
             head = _decoding_module(p["kind"], p["head"], p["norm"], p["word_embeddings"], num_layers,
                                     p["deberta_new"], p["norm_on_last"]).to(device)
-            return DecodingModel(base.eval(), head, HeadInfo(p["kind"], describe(p["kind"], family, num_layers),
-                                                              p["norm"] is not None), family, num_layers)
+            said = describe(p["kind"], family, num_layers, parts=p)
+            return DecodingModel(base.eval(), head, HeadInfo(p["kind"], said, p["norm"] is not None), family,
+                                 num_layers)
         del net
         reason = (f"the checkpoint has no LM-head weights ({len(missing)} missing, e.g. {missing[0]}); "
                   "transformers would have initialized them at random")

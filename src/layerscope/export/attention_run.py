@@ -113,10 +113,10 @@ class AttentionRunner:
         return _num_heads(self.export_dir, self.manifest) or None
 
     def _torch_module(self):
-        from layerscope.model.families import FAMILIES
+        from layerscope.model.families import family_of
         from layerscope.model.source import load_torch_model
 
-        family = FAMILIES[self.manifest.family]
+        family = family_of(self.manifest)
         net = load_torch_model(self.manifest.source.model_source(), family, attn_implementation="eager")
         return att.attention_module(net, self.input_names, self.special_ids, decoder=family.kind == "decoder")
 

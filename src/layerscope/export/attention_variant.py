@@ -32,7 +32,7 @@ def make_attention_variant(export_dir: str | Path, *, force: bool = False, opset
 
 def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict[str, Any]:
     from layerscope.export.variant_files import discard_variant as _discard, record_variant as _record, variant_names
-    from layerscope.model.families import FAMILIES
+    from layerscope.model.families import family_of
     from layerscope.model.manifest import verify_export
     from layerscope.model.source import load_torch_model
 
@@ -43,7 +43,7 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
     if existing and not force and (export_dir / existing.file).exists() \
             and file_sha256(export_dir / existing.file) == existing.sha256:
         return existing.to_dict()
-    family = FAMILIES[manifest.family]
+    family = family_of(manifest)
     dst = export_dir / att.FILE
     wrote.add(*variant_names(dst), MANIFEST)
     t0 = time.perf_counter()

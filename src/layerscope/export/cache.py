@@ -189,7 +189,7 @@ def cached_export(handle, options: dict[str, Any] | None = None):
                      cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
-        for line in record_cpu_precisions(target):  # for --engine auto, which says what it picks
+        for line in record_cpu_precisions(target, trust_remote_code=handle.trust_remote_code):  # for --engine auto
             log.debug("%s", line)
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 

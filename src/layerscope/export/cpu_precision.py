@@ -23,17 +23,18 @@ def bf16_cpu() -> str | None:
     return None if "BF16" in caps else f"this CPU has no bf16 compute (OpenVINO reports {', '.join(caps)})"
 
 
-def record_cpu_precisions(export_dir: str | Path, *, progress=None) -> list[str]:
-    """Record ``ov-bf16`` for the export where this CPU has it; one line per precision saying what happened."""
-    from layerscope.errors import EngineUnavailableError, ExportError
+def record_cpu_precisions(export_dir: str | Path, *, progress=None, trust_remote_code: bool = False) -> list[str]:
+    """Record ``ov-bf16`` for the export where this CPU has it; one line per precision saying what happened
+    (``trust_remote_code``: the export ran the model's own code, and so may its parity check)."""
+    from layerscope.errors import EngineUnavailableError, ExportError, ModelNotFoundError
     from layerscope.export.ov_variant import make_ov_variant
 
     why = bf16_cpu()
     if why:
         return [f"ov-bf16 not recorded: {why}"]
     try:
-        entry = make_ov_variant(export_dir, "ov-bf16", progress=progress)
-    except (ExportError, EngineUnavailableError) as exc:
+        entry = make_ov_variant(export_dir, "ov-bf16", progress=progress, trust_remote_code=trust_remote_code)
+    except (ExportError, EngineUnavailableError, ModelNotFoundError) as exc:
         return [f"ov-bf16 not recorded: {exc}"]
     from layerscope.model.manifest_type import Variant
 

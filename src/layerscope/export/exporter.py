@@ -100,17 +100,18 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     t0 = time.perf_counter()
     info = describe_source(source, trust_remote_code=trust_remote_code)  # the manifest's model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
-    from layerscope.model.families import FAMILIES
+    from layerscope.model.families import family_of
     from layerscope.model.source import load_torch_model
 
-    family = FAMILIES[model.family]
+    family = family_of(model)
     requested = pooled if pooled is not None else default_pooled(family.name)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     require_pooled_output(pooled_modes, family.pooled_output, family.name)
     from layerscope.atomic import staged_dir
 
     with staged_dir(output, kind="export") as work:
-        trace = dict(source=source.to_dict(), family=family.name, num_layers=model.num_layers, dtype=dtype,
+        trace = dict(source=source.to_dict(), family=family.name, kind=family.kind,
+                     family_from_code=model.family_from_code, num_layers=model.num_layers, dtype=dtype,
                      opset=opset, trust_remote_code=trust_remote_code, threshold=stream_threshold())
         weights = checkpoint_weight_bytes(source, dtype)
         if TRACE_IN_CHILD_BYTES is not None and weights is not None and weights >= TRACE_IN_CHILD_BYTES:
@@ -200,10 +201,10 @@ def stream_threshold() -> int:
 
 def trace_step(trace: dict[str, Any], work: Path) -> None:
     """Load the torch model, export it into ``work`` and free it; ``trace`` holds export_model's arguments."""
-    from layerscope.model.families import FAMILIES
+    from layerscope.model.families import FAMILIES, code_family
     from layerscope.model.source import ModelSource, load_config, load_torch_model
 
-    family = FAMILIES[trace["family"]]
+    family = code_family(trace["family"], trace["kind"]) if trace.get("family_from_code") else FAMILIES[trace["family"]]
     source = ModelSource(**trace["source"])  # resolved by export_model; the child loads exactly that
     config = load_config(source, trust_remote_code=trace["trust_remote_code"])
     model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"])

@@ -28,10 +28,14 @@ MLM = "mlm-head"
 CAUSAL = "causal-lm-head"
 TIED = "tied-word-embeddings"
 
-def describe(kind: str, family, num_layers: int, reason: str = "") -> str:
+def describe(kind: str, family, num_layers: int, reason: str = "", parts: dict[str, Any] | None = None) -> str:
+    """One sentence on how tokens are decoded; ``parts`` (``head_parts``) names the norm and head modules."""
     if kind == CAUSAL:
-        return (f"the model's own causal-LM head ({family.lm_head_loader}): final norm on layers "
-                f"0..{num_layers - 1} (layer {num_layers} already has it), then the unembedding")
+        paths = tuple(parts["paths"]) if parts else ()
+        norm = (f"final norm on layers 0..{num_layers - 1} (layer {num_layers} already has it)"
+                if parts is None or parts["norm"] is not None else "no final norm (every layer is read as it is)")
+        head = f"{', '.join(paths[:-1])}, then the unembedding" if len(paths) > 1 else "the unembedding"
+        return f"the model's own causal-LM head ({family.lm_head_loader}): {norm}, then {head}"
     if kind == MLM:
         return (f"the model's own masked-LM head ({family.lm_head_loader}, with its trained transform), "
                 "applied to every layer's hidden states as they are")
@@ -128,7 +132,7 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
             if parts is not None:
                 prefixes = parts["prefixes"] + [_module_name(net, parts["word_embeddings"])]
                 kind, loader = parts["kind"], family.lm_head_loader
-                desc = describe(kind, family, num_layers)
+                desc = describe(kind, family, num_layers, parts=parts)
                 norm_on_last, norm_below = parts["norm_on_last"], parts["norm_below_last"]
                 head_modules = parts["paths"]
             else:
@@ -172,7 +176,7 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
     from safetensors.torch import load_file
 
     from layerscope.hashing import file_sha256
-    from layerscope.model.families import FAMILIES
+    from layerscope.model.families import family_of
     from layerscope.model.manifest_check import member
     from layerscope.model.source import _loader_class
 
@@ -181,7 +185,7 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
         raise ManifestError(f"{path} is missing or does not match its sha256 in the manifest (changed after "
                             "export); export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
     tensors = load_file(str(path))
-    family = FAMILIES[manifest.family]
+    family = family_of(manifest)
     num_layers = manifest.num_layers
     if entry["kind"] == TIED:
         weight = tensors[entry["embedding"]]

@@ -27,17 +27,21 @@ OV_TOLERANCES: dict[str, dict[str, float | None]] = {
 
 
 def make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
-                    tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
-    """Make and record an OpenVINO variant; what it writes joins the export's record of layerscope's files."""
+                    tolerance: dict[str, float | None] | None = None, progress=None,
+                    trust_remote_code: bool = False) -> dict[str, Any]:
+    """Make and record an OpenVINO variant; what it writes joins the export's record of layerscope's files.
+    ``trust_remote_code``: the torch reference of its parity runs the model's own code (as the export did)."""
     from layerscope.ownership import writing
 
     with writing(export_dir, "export") as wrote:
         wrote.add("manifest.json")  # the only file it writes (the int8 file it reads is made before)
-        return _make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
+        return _make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress,
+                                trust_remote_code=trust_remote_code)
 
 
 def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
-                     tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
+                     tolerance: dict[str, float | None] | None = None, progress=None,
+                     trust_remote_code: bool = False) -> dict[str, Any]:
     from layerscope.engines.ov import OvSession, check_precision
     from layerscope.model.manifest import verify_export
     from layerscope.export.variant_files import record_variant, variant_parity, worst_output
@@ -65,7 +69,7 @@ def _make_ov_variant(export_dir: str | Path, kind: str, *, force: bool = False,
     session = OvSession(path, precision)
     build_s = time.perf_counter() - t0
     say("checking every output against PyTorch fp32")
-    parity = variant_parity(export_dir, manifest, path, session=session)
+    parity = variant_parity(export_dir, manifest, path, session=session, trust_remote_code=trust_remote_code)
     tol = dict(OV_TOLERANCES[kind], **(tolerance or {}))
     worst = worst_output(parity["outputs"], tol)
     if worst:

@@ -114,7 +114,13 @@ def torch_export(model, path: Path, *, input_names: list[str], num_layers: int, 
 
         def forward(self, *args):
             out = self.net(**dict(zip(names, args)), output_hidden_states=True, return_dict=True, **extra)
-            return tuple(out.hidden_states)
+            states = getattr(out, "hidden_states", None) if not isinstance(out, tuple) else None
+            if not isinstance(states, (tuple, list)) or len(states) != num_layers + 1:
+                got = len(states) if isinstance(states, (tuple, list)) else "no"
+                raise ExportError(f"{type(self.net).__name__} returned {got} hidden states for output_hidden_states="
+                                  f"True where its config has {num_layers} layers (expected {num_layers + 1}: the "
+                                  "embeddings and every layer's output); layerscope cannot read its layers")
+            return tuple(states)
 
     outputs = hidden_outputs(num_layers)
     axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names + outputs}
@@ -125,6 +131,8 @@ def torch_export(model, path: Path, *, input_names: list[str], num_layers: int, 
             torch.onnx.export(wrapper, _dummy(names, vocab_size), str(path), input_names=names,
                               output_names=outputs, dynamic_axes=axes, opset_version=opset,
                               do_constant_folding=not streamed, export_params=not streamed, dynamo=False)
+    except ExportError:
+        raise
     except Exception as exc:  # torch.onnx raises many untyped errors
         raise ExportError(f"torch.onnx could not export this model: {str(exc).splitlines()[0][:300]}") from exc
     if streamed:

@@ -64,14 +64,16 @@ class quiet:
         return False
 
 
-def variant_parity(export_dir: Path, manifest: Manifest, onnx_path: Path, *, session=None) -> dict[str, Any]:
-    """The export's own parity check (same texts, same batches) run on a variant file."""
+def variant_parity(export_dir: Path, manifest: Manifest, onnx_path: Path, *, session=None,
+                   trust_remote_code: bool = False) -> dict[str, Any]:
+    """The export's own parity check (same texts, same batches) run on a variant file (``trust_remote_code``:
+    its torch reference is the model's own code, which is never run unasked)."""
     from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
-    from layerscope.model.families import FAMILIES
+    from layerscope.model.families import family_of
     from layerscope.model.source import load_torch_model
 
-    family = FAMILIES[manifest.family]
-    net = load_torch_model(manifest.source.model_source(), family)
+    family = family_of(manifest)
+    net = load_torch_model(manifest.source.model_source(), family, trust_remote_code=trust_remote_code)
     return compare_outputs(net, family, onnx_path, manifest, VALIDATION_TEXTS, list(manifest.pooled_modes),
                            list(manifest.pooled_layers), session=session)
 

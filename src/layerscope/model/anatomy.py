@@ -40,13 +40,51 @@ def head_paths(net, family, *, deberta_new: bool = False) -> tuple[str, ...]:
     if not name:
         return ()
     if family.kind == "decoder":
-        return (name,)
+        projection = hidden_projection(net, family)
+        return (module_name(net, projection), name) if projection is not None else (name,)
     prefix = net.base_model_prefix
     paths = tuple(n for n, m in net.named_children()
                   if n != prefix and not isinstance(m, torch.nn.modules.loss._Loss))
     if name.split(".")[0] not in paths:
         return ()
     return paths
+
+
+def hidden_projection(net, family):
+    """The module of a loaded model (base or with head) that projects the last layer to another width
+    (the family's ``hidden_projection``), or None where this checkpoint has none (OPT of equal widths)."""
+    if not family.hidden_projection:
+        return None
+    base = getattr(net, "base_model", net)
+    try:
+        return base.get_submodule(family.hidden_projection)
+    except AttributeError:  # the path holds None: no projection in this checkpoint
+        return None
+
+
+def keep_layer_width(net, family) -> bool:
+    """Make the last of ``net``'s hidden states the input of its ``hidden_projection`` (in place, by hooks
+    that also run while tracing), so every layer has the hidden size; the model's other outputs stay as
+    they are (the head still reads the projected state). False where there is no projection."""
+    projection = hidden_projection(net, family)
+    if projection is None:
+        return False
+    owner = net.get_submodule(module_name(net, projection).rpartition(".")[0])  # the stack that calls it
+    seen: list = []
+
+    def remember(module, args):
+        seen[:] = [args[0]]
+
+    def swap(module, args, output):
+        states = getattr(output, "hidden_states", None)
+        if states is not None and seen:
+            output["hidden_states"] = (*states[:-1], seen[0])
+        seen.clear()
+        return output
+
+    projection.register_forward_pre_hook(remember)
+    owner.register_forward_hook(swap)
+    return True
 
 
 def final_norm_path(net, family) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import layerscope
 from layerscope.errors import InputError
-from layerscope.model.families import check_config, family_for, model_dims
+from layerscope.model.families import check_config, is_code_family, layer_facts, model_dims
 from layerscope.model.source import ModelSource, check_family, load_config, resolve_source, weights_hash
 from layerscope.vocab.layers import layer_names
 
@@ -55,8 +55,8 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
 def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True) -> dict[str, Any]:
     """What the resolved model ``source`` is, before any export (the manifest's model half)."""
     config = load_config(source, trust_remote_code=trust_remote_code)
-    check_family(config.model_type, getattr(config, "auto_map", None))  # a type of the model's own code: one line
-    family = family_for(config.model_type)
+    # a type only the model's own code defines: its derived family with --trust-remote-code, one line without
+    family = check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code)
     if family.modality == "image":  # a vision tower: no tokenizer (model/vision.py)
         from layerscope.model.vision import describe_vision
 
@@ -81,6 +81,7 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
         "layerscope_version": layerscope.__version__,
         "source": src,
         "family": family.name,
+        "family_from_code": is_code_family(family),
         "kind": family.kind,
         "num_layers": num_layers,
         "hidden_size": hidden,
@@ -88,12 +89,10 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
         "max_length_from": max_from,
         "inputs": family.input_names(text_cfg),
         "layers": layer_names(num_layers),
-        "final_norm_in_last_layer": family.final_norm_in_last_hidden_state
-        if family.kind == "decoder" or family.final_norm_in_last_hidden_state is not None else None,
+        **layer_facts(config, family, num_layers),  # final_norm_in_last_layer, embedding_note, last_layer_note
         "default_pooling": family.default_pooling,
         "eos_token_id": getattr(text_cfg, "eos_token_id", None),
         "pooled_output": family.pooled_output,
-        "embedding_note": family.embedding_note or None,
         "embedding_size": _embedding_size(text_cfg, hidden),
         "vocab_size": int(getattr(text_cfg, "vocab_size")),
         "sentence_transformers": _st_config(source),
@@ -101,8 +100,9 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
 
 
 def _embedding_size(config, hidden: int) -> int:
-    """The width of the word-embedding rows (ALBERT and ELECTRA keep them narrower than the hidden states)."""
-    value = getattr(config, "embedding_size", None)
+    """The width of the word-embedding rows (ALBERT and ELECTRA keep them narrower than the hidden states, OPT
+    where its word_embed_proj_dim differs)."""
+    value = getattr(config, "embedding_size", None) or getattr(config, "word_embed_proj_dim", None)
     return int(value) if isinstance(value, int) and value > 0 else hidden
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from layerscope.errors import InputError
 
@@ -65,6 +65,10 @@ class Family:
     # a vision tower's way into the joint image-text space: ``projection`` (CLIP: the ``visual_projection``
     # of the pooled CLS, where the checkpoint has one), ``pooler`` (SigLIP: its attention-pooling head's output)
     joint_embedding: JointEmbedding | None = None
+    # a module of the base model that maps the last layer to another width after the final norm (OPT's
+    # ``decoder.project_out`` to word_embed_proj_dim, where the checkpoint has one): layer L is its input, at
+    # hidden_size like every layer, and the LM head reads it through that module (model/anatomy.py)
+    hidden_projection: str | None = None
 
     def input_names(self, config) -> list[str]:
         """The model inputs the export takes, for this checkpoint's (text) config."""
@@ -131,6 +135,9 @@ EXCEPTIONS: dict[str, Family] = {
         Family("mpnet", ("mpnet",), "encoder", positions_after_pad=True),
         # ALiBi: positions live in the attention bias, the graph takes no position ids
         Family("bloom", ("bloom",), "decoder", "last", inputs=BASE_INPUTS),
+        # word embeddings at word_embed_proj_dim where it differs from hidden_size: project_in after them,
+        # project_out after the last layer
+        Family("opt", ("opt",), "decoder", "last", hidden_projection="decoder.project_out"),
         # Optimum registers no ONNX config for these mixture-of-experts decoders
         Family("mixtral", ("mixtral",), "decoder", "last", export_path="torch", raw_is_layer0=True),
         Family("qwen2_moe", ("qwen2_moe",), "decoder", "last", export_path="torch", raw_is_layer0=True),
@@ -212,10 +219,41 @@ def check_config(config, family: Family) -> None:
     if not isinstance(getattr(cfg, "vocab_size", None), int):
         raise InputError(f"model type '{config.model_type}' has no vocab_size in its config: it is not a text model "
                          "(layerscope reads text models' hidden states)")
-    proj = getattr(cfg, "word_embed_proj_dim", None)
-    if config.model_type == "opt" and proj not in (None, getattr(cfg, "hidden_size", proj)):
-        raise InputError(f"this OPT checkpoint projects its last hidden state to word_embed_proj_dim={proj} (not "
-                         f"hidden_size={cfg.hidden_size}), so its layers differ in width; not supported yet")
+
+
+def projected_widths(config, family: Family) -> tuple[int, int] | None:
+    """(word-embedding width, hidden size) of a checkpoint whose words are projected in and out (OPT with
+    word_embed_proj_dim != hidden_size), else None."""
+    cfg = family.text_model_config(config)
+    proj, hidden = getattr(cfg, "word_embed_proj_dim", None), getattr(cfg, "hidden_size", None)
+    if not family.hidden_projection or not isinstance(proj, int) or proj == hidden:
+        return None
+    return proj, hidden
+
+
+def layer_facts(config, family: Family, num_layers: int) -> dict[str, Any]:
+    """What ``raw`` and the last layer are, where a reader must know (the manifest's ``embedding_note``,
+    ``last_layer_note`` and ``final_norm_in_last_layer``): Gemma's scaling; OPT's projection in and out of
+    the hidden size, and OPT's blocks that end with their own norm (``do_layer_norm_before`` false)."""
+    cfg = family.text_model_config(config)
+    final_norm = family.final_norm_in_last_hidden_state if family.kind == "decoder" or \
+        family.final_norm_in_last_hidden_state is not None else None
+    post_norm = family.hidden_projection is not None and getattr(cfg, "do_layer_norm_before", True) is False
+    normed = ("(each block ends with its own norm: do_layer_norm_before is false, so there is no final norm)"
+              if post_norm else "after the final norm")
+    facts = {"embedding_note": family.embedding_note or None, "final_norm_in_last_layer": final_norm and not post_norm,
+             "last_layer_note": f"layer {num_layers} is the last block's output {normed}" if post_norm else None}
+    widths = projected_widths(config, family)
+    if widths is not None:
+        proj, hidden = widths
+        facts["embedding_note"] = (f"'raw' is the rows of the word-embedding matrix, word_embed_proj_dim={proj} "
+                                   f"wide, before project_in; layer 0 is project_in of them ({hidden} wide) plus "
+                                   "the position embeddings")
+        facts["last_layer_note"] = (f"layer {num_layers} is the last block's output {normed}, before project_out: "
+                                    f"hidden_size={hidden} wide like every layer (Hugging Face's last hidden state "
+                                    f"is project_out of it, {proj} wide); the lens applies project_out, then the "
+                                    "LM head")
+    return facts
 
 
 def family_notes(family: Family) -> str:
@@ -229,6 +267,8 @@ def family_notes(family: Family) -> str:
         notes.append("positions numbered after the pad id")
     if family.inputs is not None and family.kind == "decoder" and "position_ids" not in family.inputs:
         notes.append("no position input (ALiBi)")
+    if family.hidden_projection:
+        notes.append("where word_embed_proj_dim != hidden_size (OPT-350m): raw at that width, layer L before project_out")
     if family.export_dtype_notes:
         notes.append(family.export_dtype_notes)
     return "; ".join(notes)
@@ -260,6 +300,47 @@ def family_for(model_type: str, tower: str | None = None) -> Family:
     return derive_family(model_type)
 
 
+def code_family(model_type: str, kind: str) -> Family:
+    """The family of a model type only the model's own code defines (``auto_map``, read with
+    --trust-remote-code): its base class through ``AutoModel``, every layer through ``output_hidden_states``,
+    the word embeddings through ``get_input_embeddings()``, the plain torch.onnx export (Optimum has no config
+    for it), and the tied word embeddings for the lens (the head of the model's own code is not read)."""
+    if kind not in ("encoder", "decoder"):
+        raise InputError(f"model type '{model_type}': unknown kind '{kind}' (encoder or decoder)")
+    decoder = kind == "decoder"
+    family = Family(model_type, (model_type,), kind, "last" if decoder else "mean", export_path="torch",
+                    final_norm_in_last_hidden_state=True if decoder else None)
+    _FROM_CODE[model_type] = family  # so FAMILIES[name] finds it for the rest of this process
+    return family
+
+
+_FROM_CODE: dict[str, Family] = {}
+
+
+def code_kind(model_type: str, auto_map) -> str:
+    """Whether the model's own code (``auto_map``) makes an encoder or a decoder, or one line where it
+    registers no base model class (``AutoModel``) layerscope could read every layer of."""
+    classes = auto_map if isinstance(auto_map, dict) else {}
+    if "AutoModel" not in classes:
+        named = ", ".join(sorted(classes)) or "none"
+        raise InputError(f"model type '{model_type}' exists only in the model's own code, which registers no "
+                         f"AutoModel class (auto_map names {named}), so layerscope cannot load its base model")
+    return "decoder" if "AutoModelForCausalLM" in classes and "AutoModelForMaskedLM" not in classes else "encoder"
+
+
+def is_code_family(family: Family) -> bool:
+    """Whether ``family`` was derived from a model's own code (``code_family``)."""
+    return _FROM_CODE.get(family.name) == family
+
+
+def family_of(manifest) -> Family:
+    """The family a manifest (or a model's description) records: by name, or derived again from its kind for
+    a model type only the model's own code defines."""
+    if getattr(manifest, "family_from_code", False):
+        return code_family(manifest.family, manifest.kind)
+    return FAMILIES[manifest.family]
+
+
 class _Families(Mapping):
     """The table's rows by name; any other name is read as a model type and derived (``derive_family``)."""
 
@@ -269,6 +350,8 @@ class _Families(Mapping):
         try:
             return derive_family(name)
         except InputError:
+            if name in _FROM_CODE:
+                return _FROM_CODE[name]
             raise KeyError(name) from None
 
     def __iter__(self) -> Iterator[str]:

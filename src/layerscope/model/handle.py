@@ -64,9 +64,9 @@ class ModelHandle:
         return self.manifest.source.model_source()
 
     def family(self):
-        from layerscope.model.families import FAMILIES
+        from layerscope.model.families import family_of
 
-        return FAMILIES[self.manifest.family]
+        return family_of(self.manifest)
 
     def tokenizer(self):
         if self._tokenizer is None:

@@ -214,6 +214,9 @@ class Manifest:
     eos_token_id: int | None = None
     vocab_size: int | None = None
     final_norm_in_last_layer: bool | None = None
+    # a model type only the model's own code defines (read with --trust-remote-code): its family is derived
+    # again from ``family`` and ``kind`` (model/families.py ``code_family``)
+    family_from_code: bool = False
     sentence_transformers: Mapping[str, Any] | None = None
     layerscope_version: str | None = None
     # an export's half (absent for a plain model)
@@ -264,6 +267,7 @@ class Manifest:
                 default_pooling=str(raw.get("default_pooling") or "mean"), pooled_output=raw.get("pooled_output"),
                 eos_token_id=_opt_int(raw.get("eos_token_id")), vocab_size=_opt_int(raw.get("vocab_size")),
                 final_norm_in_last_layer=raw.get("final_norm_in_last_layer"),
+                family_from_code=raw.get("family_from_code") is True,
                 sentence_transformers=raw.get("sentence_transformers"),
                 layerscope_version=raw.get("layerscope_version"),
                 onnx_file=raw.get("onnx_file", ONNX_FILE), onnx_sha256=raw.get("onnx_sha256"),

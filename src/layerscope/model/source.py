@@ -142,11 +142,11 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
         )
     except (OSError, ValueError) as exc:
         if source.is_local:
-            _check_family(_declared(source))  # a model type transformers does not know: say that
+            _check_family(_declared(source), trust_remote_code)  # a type transformers does not know: say so
             raise ModelNotFoundError(f"cannot read the config of {source.spec}: {exc}") from exc
         raise _hub_error(source, exc) from exc
     except Exception as exc:  # transformers refusing a config it reads (xlnet: "no sequence length limit")
-        _check_family(_declared(source))
+        _check_family(_declared(source), trust_remote_code)
         raise ModelNotFoundError(f"transformers cannot read the config of {source.spec} "
                                  f"({type(exc).__name__}: {exc})") from exc
     if not trust_remote_code:
@@ -167,27 +167,29 @@ def _declared(source: ModelSource) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _check_family(declared: dict) -> None:
+def _check_family(declared: dict, trust_remote_code: bool = False) -> None:
     """One line for a model type no family covers (model/families.py)."""
     if isinstance(declared.get("model_type"), str):
-        check_family(declared["model_type"], declared.get("auto_map"))
+        check_family(declared["model_type"], declared.get("auto_map"), trust_remote_code)
 
 
-def check_family(model_type: str, auto_map) -> None:
-    """``family_for(model_type)``, or one line for a type that only the model's own code (``auto_map``) defines."""
+def check_family(model_type: str, auto_map, trust_remote_code: bool = False):
+    """The family of ``model_type`` (``family_for``); for a type only the model's own code (``auto_map``)
+    defines, the family derived from that code with --trust-remote-code (``code_family``), one line without."""
     from layerscope.errors import InputError
-    from layerscope.model.families import family_for
+    from layerscope.model.families import code_family, code_kind, family_for
 
     try:
-        family_for(model_type)
+        return family_for(model_type)
     except InputError:
         if not auto_map or not isinstance(auto_map, dict):
             raise
+        if trust_remote_code:
+            return code_family(model_type, code_kind(model_type, auto_map))
         code = ", ".join(f"{k} = {v}" for k, v in sorted(auto_map.items()) if k.startswith("AutoModel"))
         raise InputError(f"model type '{model_type}' exists only in the model's own code ({code or 'auto_map'}), "
-                         "which layerscope does not export, with or without --trust-remote-code: it runs a model's "
-                         "own code only for types transformers knows (jina-bert's 'bert', say); `layerscope "
-                         "families` lists them") from None
+                         "which runs only with --trust-remote-code: pass it if you trust that code (none of it "
+                         "ran)") from None
 
 
 _WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader
@@ -295,6 +297,9 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
         raise ModelNotFoundError(f"the weights of {source.spec} do not match its config.json: {problem}; "
                                  "fix config.json or give the checkpoint its config was saved with")
     model.eval()
+    from layerscope.model.anatomy import keep_layer_width
+
+    keep_layer_width(model, family)  # OPT's projected last layer: every hidden state at the hidden size
     return (model, info) if output_loading_info else model
 
 

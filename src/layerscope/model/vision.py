@@ -182,7 +182,9 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
     try:
         family = family_for(config.model_type, tower)
     except InputError:
-        check_family(config.model_type, getattr(config, "auto_map", None))  # a type of the model's own code
+        # a type of the model's own code: one line without --trust-remote-code, a text model with it
+        if check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code) and tower != "vision":
+            return None
         raise
     if family.modality != "image":
         return None
