@@ -185,11 +185,12 @@ def cached_export(handle, options: dict[str, Any] | None = None):
             import shutil
 
             shutil.rmtree(target)
-        export_model(handle.source(), target, trust_remote_code=handle.trust_remote_code, force=True,
-                     cache_entry=ident, lock=False, **options)
+        made = export_model(handle.source(), target, trust_remote_code=handle.trust_remote_code, force=True,
+                            cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
-        for line in record_cpu_precisions(target):  # for --engine auto, which says what it picks
+        # for --engine auto, which says what it picks (its variants' parity runs texts: not for a vision tower)
+        for line in (record_cpu_precisions(target) if made.modality != "image" else []):
             log.debug("%s", line)
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 

@@ -158,7 +158,8 @@ def compare_vision(tower, onnx_path: Path, processor, image: dict[str, Any], mod
 
 
 def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[str] | None, opset: int,
-                  atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None) -> Manifest:
+                  atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None,
+                  cache_entry: dict[str, Any] | None = None) -> Manifest:
     """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``."""
     from layerscope.atomic import staged_dir
     from layerscope.export.manifest_write import _manifest, fp32_worst, opset_of_file
@@ -200,6 +201,8 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
                              time.perf_counter() - t0, work)
         manifest.update(export_path="torch", pooled_output=JOINT_OUTPUT if joint else None,
                         joint_output=JOINT_OUTPUT if joint else None, tokenizer=None)
+        if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
+            manifest.update(export_cache=cache_entry)
         if not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
             raise ExportError(
                 f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
