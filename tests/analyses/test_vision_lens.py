@@ -60,6 +60,13 @@ def test_zero_shot_by_layer_equals_transformers(tmp_path):
     standard = [classes[int(c)] for c in last.logits_per_image.argmax(-1)]
     assert fig["predictions"]["2"] == standard
     assert len(set(standard)) > 1  # the predictions tell the images apart: a reordering would show
+    # report.html: every shown image small, inline, captioned with its label and the best and last layers' picks
+    assert [im["label"] for im in fig["images"]] == labels[:len(fig["images"])] and len(fig["images"]) == N
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert page.count("<img src='data:image/png;base64,") == N and "zero-shot accuracy by layer" in page
+    best = fig["summary"]["best_layer"]
+    first = f"label: {labels[0]}<br>layer {best}: {fig['predictions'][best][0]}<br>layer 2: {fig['predictions']['2'][0]}"
+    assert first in page
 
 
 def test_vision_lens_refuses_a_template_without_a_slot(tmp_path):

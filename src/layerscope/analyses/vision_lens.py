@@ -75,6 +75,17 @@ def zero_shot_by_layer(cls_states: np.ndarray, norm, projection, prompts: np.nda
     return np.argmax(joint @ text.T, axis=-1)
 
 
+def _shown_images(payloads, labels: list[str], predictions: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The first ``THUMBNAILS`` images, small (base64 PNG, for report.html), with their label and the class
+    each layer picks."""
+    from layerscope.analyses.crossmodal import THUMBNAILS
+    from layerscope.data.images import thumbnail_png
+
+    return [{"id": i, "label": labels[i], "thumbnail": thumbnail_png(payloads[i]),
+             "predicted": {layer: picked[i] for layer, picked in predictions.items()}}
+            for i in range(min(THUMBNAILS, len(payloads)))]
+
+
 @register
 class VisionLens(Analysis):
     metadata = AnalysisMetadata(
@@ -120,10 +131,11 @@ class VisionLens(Analysis):
             rows.append({"layer": layer, "accuracy": hits / len(truth), "accuracy_ci_low": low,
                          "accuracy_ci_high": high, "accuracy_ci_method": "wilson"})
         best = max(rows, key=lambda r: r["accuracy"])
-        summary = {"best_accuracy": best["accuracy"], "best_layer": best["layer"], "n_images": len(truth),
-                   "classes": classes, "chance": 1 / len(classes)}
+        summary = {"best_accuracy": best["accuracy"], "best_layer": best["layer"], "last_layer": layers[-1],
+                   "n_images": len(truth), "classes": classes, "chance": 1 / len(classes)}
         predictions = {layer: [classes[int(c)] for c in pred] for layer, pred in zip(layers, predicted)}
-        return ModelOutput({"summary": summary, "tables": {"layers": rows}, "predictions": predictions})
+        return ModelOutput({"summary": summary, "tables": {"layers": rows}, "predictions": predictions,
+                            "images": _shown_images(payloads, labels, predictions)})
 
     def report(self, results) -> str:
         lines = []

@@ -147,3 +147,19 @@ def images_sha256(records: list[ImageRecord]) -> str:
                     one.update(block)
         total.update(f"{len(r.id)}:{r.id}\0{r.file or ''}\0{one.hexdigest()}\n".encode())
     return total.hexdigest()
+
+
+THUMBNAIL_PIXELS = 48
+
+
+def thumbnail_png(payload: str | bytes, size: int = THUMBNAIL_PIXELS) -> str:
+    """A downscaled copy (at most ``size`` pixels a side, RGB) of the image ``payload`` names, as base64 PNG:
+    what a report shows beside an image's figures (report/image_html.py checks and re-encodes it)."""
+    import base64
+    import io
+
+    im = decode(payload).convert("RGB")
+    im.thumbnail((size, size))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG", optimize=True)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
