@@ -407,9 +407,15 @@ def crossmodal_views(results: dict[str, Any]) -> list[Section]:
 
 
 def vision_lens_views(results) -> list[Section]:
-    from layerscope.report.image_html import vision_lens_views as sections
+    from layerscope.report import image_html
 
-    return sections(results, Section, curves, table_series)
+    return image_html.vision_lens_views(results, Section, curves, table_series)
+
+
+def cls_attention_views(results) -> list[Section]:
+    from layerscope.report import image_html
+
+    return image_html.cls_attention_views(results, Section, curves, table_series)
 
 
 def explain_views(results) -> list[Section]:
@@ -423,7 +429,7 @@ VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
     "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
     "explain": explain_views,
-    "vision_lens": vision_lens_views,
+    "vision_lens": vision_lens_views, "cls_attention": cls_attention_views,
 }
 
 

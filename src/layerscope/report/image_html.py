@@ -103,3 +103,22 @@ def vision_lens_views(results: dict[str, Any], section, curves, table_series) ->
                          f"pick</h3>{strip}")
     sections.append(section("figures", "Zero-shot accuracy and images", charts, html="".join(parts), css=CSS))
     return sections
+
+
+def cls_attention_views(results: dict[str, Any], section, curves, table_series) -> list:
+    """report.html of cls_attention: the share of CLS attention on the patches by layer, then each shown image
+    with the last layer's CLS attention drawn over it in red."""
+    charts = curves(results, table_series(results, "layers", "share_on_patches"),
+                    title="CLS attention on the patches, by layer", ylabel="share of CLS attention on patches",
+                    caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
+                            "tokens; the rest stays on CLS and register tokens.")
+    parts = []
+    for model, fig in (results.get("per_model") or {}).items():
+        if not isinstance(fig, dict):
+            continue
+        strip = thumbnail_strip(fig.get("maps") or [],
+                                lambda item: [f"label: {item.get('label', '')}", f"layer {item.get('layer', '')}"])
+        if strip:
+            parts.append(f"<h3>{html.escape(str(model))}: where the CLS token looks (red: more attention, from "
+                         f"none at each map's minimum to the most at its maximum)</h3>{strip}")
+    return [section("figures", "CLS attention", charts, html="".join(parts), css=CSS)]
