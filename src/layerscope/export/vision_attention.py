@@ -49,7 +49,7 @@ def vision_attention_net(manifest):
 def trace_vision_attention(net, path: Path, manifest, opset: int) -> None:
     import torch
 
-    from layerscope.export.vision_export import fixed_size_positions
+    from layerscope.export.vision_inputs import fixed_size_positions
 
     image = manifest.image
     wrapper = att.attention_module(net, [INPUT], [], decoder=False)
@@ -73,7 +73,7 @@ def vision_attention_parity(net, onnx_path: Path, manifest, export_dir: Path) ->
     import torch
 
     from layerscope.engines.ort import make_session
-    from layerscope.export.vision_export import validation_images
+    from layerscope.export.vision_inputs import validation_images
     from layerscope.model.vision import load_image_processor, pixel_values
 
     image = manifest.image
