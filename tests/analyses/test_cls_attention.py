@@ -39,7 +39,7 @@ def test_vision_attention_graph_records_its_parity(dinov2):
     assert all(s["max_abs"] <= s["tolerance"] for s in outputs.values()) and entry["details"]["heads"] == 4
 
 
-@pytest.mark.parametrize("engine", ["ort", "torch"])
+@pytest.mark.parametrize("engine", ["ort", pytest.param("torch", marks=pytest.mark.slow)])
 def test_cls_maps_equal_transformers_attention(dinov2, tmp_path, engine):
     """Catches: a map from another query than CLS, register tokens counted as patches, the grid laid out
     column-first, heads summed instead of averaged, a map drawn over another image than its own."""

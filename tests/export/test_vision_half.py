@@ -23,7 +23,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))).min())
 
 
-@pytest.mark.parametrize("kind,tower", [("dinov2", None), ("clip", "vision")])
+@pytest.mark.parametrize("kind,tower", [("dinov2", None), pytest.param("clip", "vision", marks=pytest.mark.slow)])
 def test_fp16_vision_export_keeps_every_layer_and_records_its_parity(kind, tower, tmp_path):
     """Catches: an 'fp16' export that is fp32 inside (nothing gained), one whose outputs drift from the fp32
     model past the depth budget, parity not recorded in the manifest, an fp16 graph that wants fp16 pixels."""

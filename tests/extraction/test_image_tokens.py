@@ -182,3 +182,21 @@ def test_a_vision_checkpoint_is_exported_once_into_the_cache(setup, tmp_path, mo
     extract_images(export, folder, tmp_path / "c", workers=0)
     a, by_export = LayerStore.open(tmp_path / "b"), LayerStore.open(tmp_path / "c")
     np.testing.assert_array_equal(a["mean", "2"], by_export["mean", "2"])
+
+
+def test_extract_images_command_passes_tokens_and_resume(setup, tmp_path, capsys):
+    """Catches: --tokens or --resume accepted by the command but not handed to the extraction."""
+    from cli_helpers import run_cli
+
+    from layerscope.store.store import LayerStore
+
+    _, _, export, folder, _ = setup
+    args = ["extract-images", export, folder, "--out", tmp_path / "s", "--workers", "0", "--layers", "last"]
+    code, text = run_cli([*args, "--tokens", "--store-dtype", "float16"], capsys)
+    assert code == 0, text
+    store = LayerStore.open(tmp_path / "s")
+    assert store.token_layers == ["2"] and store.tokens(-1).section.dtype == "float16"
+    code, text = run_cli([*args, "--tokens", "--store-dtype", "float16", "--resume"], capsys)
+    assert code == 0 and "(0 run now)" in text, text
+    code, text = run_cli([*args, "--resume"], capsys)
+    assert code == 2 and "was made with tokens=" in text and "Traceback" not in text
