@@ -94,6 +94,16 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
     assert (root / "run" / "crossmodal_heatmap.png").exists()
     page = (root / "run" / "report.html").read_text(encoding="utf-8")
     assert "mutual k-NN: clipv vs clip" in page and "Best pair: image layer" in page
+    # the pairs shown small: each thumbnail is its image (32x32 grey, kept at its size), inline, its caption escaped
+    import base64
+    import io
+    import re
+
+    shown = re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert len(shown) == N
+    first = np.asarray(Image.open(io.BytesIO(base64.b64decode(shown[0]))))
+    np.testing.assert_array_equal(first, np.asarray(Image.open(root / rows[0]["image"]).convert("RGB")))
+    assert f"<figcaption>{rows[3]['caption']}</figcaption>" in page
     for model in res["per_model"].values():  # the pair's headline, shown for each model
         assert model["summary"]["best_value"] == combined["best"]["value"]
 

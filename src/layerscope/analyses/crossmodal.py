@@ -24,6 +24,7 @@ from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelO
 from layerscope.errors import InputError
 
 SELECT = ("mutual_knn", "cka", "a_to_b", "b_to_a")
+THUMBNAILS = 24  # images shown small in report.html
 
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -149,7 +150,7 @@ class CrossModalAnalysis(Analysis):
         return {"image_model": names[images[0]], "text_model": names[1 - images[0]],
                 "image_layers": a["layers"], "text_layers": b["layers"], "n": res.n, "k": res.k,
                 "acc_k": res.acc_k, "permutations": res.permutations, "bootstrap": res.bootstrap,
-                "pairs": [{"id": i, "image": Path(f).name if isinstance(f, str) else None} for i, f, _ in data],
+                "pairs": _shown_pairs(data),
                 "figures": figures,
                 "best": {"figure": best.figure, "image_layer": a["layers"][best.layer_a],
                          "text_layer": b["layers"][best.layer_b], "value": best.value,
@@ -184,6 +185,16 @@ class CrossModalAnalysis(Analysis):
         text = self.report(results).splitlines()
         for line in text[:3]:
             console.print(escape(line.lstrip("# ")))
+
+
+def _shown_pairs(data) -> list[dict[str, Any]]:
+    """Each pair's id, image file name and caption; the first ``THUMBNAILS`` with a small copy of the image
+    (base64 PNG, for report.html)."""
+    from layerscope.data.images import thumbnail_png
+
+    return [{"id": i, "image": Path(f).name if isinstance(f, str) else None, "caption": caption,
+             **({"thumbnail": thumbnail_png(f)} if n < THUMBNAILS else {})}
+            for n, (i, f, caption) in enumerate(data)]
 
 
 def _image_vectors(run: ModelRun, files: list[str], layers: list[str], pooling: str, batch_size: int) -> np.ndarray:

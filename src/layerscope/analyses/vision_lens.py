@@ -1,10 +1,11 @@
-"""vision_lens: zero-shot classification from every layer of a CLIP image tower (the vision logit lens).
+"""vision_lens: zero-shot classification from every layer of a CLIP or SigLIP image tower (the vision logit lens).
 
-Each layer's CLS vector (from the vision export, any engine) goes through the tower's own final norm
-(``post_layernorm``) and its projection into the joint space (``visual_projection``), and is scored by cosine
-against the text tower's embeddings of one prompt per class ("a photo of the digit three"); the accuracy of
-the best-scoring class per layer, with its Wilson 95% interval.  The head and the text tower are read from
-the checkpoint the export was made from (a two-tower CLIP).  Without ``--data``: the first ``--n`` of
+Each layer's states (from the vision export, any engine) go the way the last layer's go into the joint
+space: CLIP's CLS through the tower's final norm (``post_layernorm``) and projection (``visual_projection``);
+SigLIP's tokens (it has no CLS) through its final norm and attention-pooling head.  Each image is scored by
+cosine against the text tower's embeddings of one prompt per class ("a photo of the digit three"); the
+accuracy of the best-scoring class per layer, with its Wilson 95% interval.  The head and the text tower are
+read from the checkpoint the export was made from (a two-tower CLIP or SigLIP).  Without ``--data``: the first ``--n`` of
 scikit-learn's digits with the prompt template ``--template``; with it, JSONL ``{"image": path, "label": name}``.
 """
 
@@ -45,42 +46,104 @@ def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
     return payloads, labels
 
 
-def clip_head_and_prompts(source, classes: list[str], template: str):
-    """(final norm, projection, prompt embeddings ``[classes, dim]``) from a two-tower CLIP checkpoint."""
+LENS_FAMILIES = {"clip-vision": "clip", "siglip-vision": "siglip"}
+
+
+class JointHead:
+    """The way of a two-tower checkpoint's image tower into the joint space, applied to any layer's states:
+    CLIP's final norm then projection of the CLS token; SigLIP's final norm then attention-pooling head
+    over every token (SigLIP has no CLS).  ``reads``: ``cls`` (one vector per image) or ``tokens``."""
+
+    def __init__(self, model, kind: str):
+        self.kind = kind
+        self.norm = model.vision_model.post_layernorm
+        self.head = model.visual_projection if kind == "clip" else model.vision_model.head
+        self.reads = "cls" if kind == "clip" else "tokens"
+
+    def __call__(self, states: np.ndarray) -> np.ndarray:
+        """``[..., hidden]`` CLS states (CLIP) or ``[..., tokens, hidden]`` token states (SigLIP) into
+        ``[..., dim]`` joint embeddings."""
+        import torch
+
+        x = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))
+        with torch.no_grad():
+            if self.kind == "clip":
+                return self.head(self.norm(x)).numpy()
+            lead = x.shape[:-2]
+            out = self.head(self.norm(x.reshape(-1, *x.shape[-2:])))
+            return out.reshape(*lead, out.shape[-1]).numpy()
+
+
+def head_and_prompts(source, classes: list[str], template: str) -> tuple[JointHead, np.ndarray]:
+    """(the image tower's ``JointHead``, prompt embeddings ``[classes, dim]`` from its text tower) of a
+    two-tower CLIP or SigLIP checkpoint.  SigLIP's prompts are padded to its text length, as it was trained."""
     import torch
     import transformers
 
     from layerscope.model.source import load_tokenizer
 
     config = transformers.AutoConfig.from_pretrained(source.path_or_id)
-    if config.model_type != "clip":
-        raise InputError(f"the vision lens reads a two-tower CLIP checkpoint (text prompts need its text tower); "
-                         f"{source.spec} is {config.model_type}")
-    model = transformers.CLIPModel.from_pretrained(source.path_or_id, use_safetensors=True).eval()
+    if config.model_type not in ("clip", "siglip"):
+        raise InputError(f"the vision lens reads a two-tower CLIP or SigLIP checkpoint (text prompts need its text "
+                         f"tower); {source.spec} is {config.model_type}")
+    loader = transformers.CLIPModel if config.model_type == "clip" else transformers.SiglipModel
+    model = loader.from_pretrained(source.path_or_id, use_safetensors=True).eval()
     tok = load_tokenizer(source)
-    enc = tok([template.format(c) for c in classes], padding=True, return_tensors="pt")
+    prompts = [template.format(c) for c in classes]
+    if config.model_type == "siglip":
+        enc = tok(prompts, padding="max_length", truncation=True,
+                  max_length=config.text_config.max_position_embeddings, return_tensors="pt")
+        enc = {"input_ids": enc["input_ids"]}  # SigLIP's text tower reads no mask: it pools the last position
+    else:
+        enc = tok(prompts, padding=True, return_tensors="pt")
     with torch.no_grad():
         text = model.get_text_features(**enc)
-    return model.vision_model.post_layernorm, model.visual_projection, text.numpy()
+    return JointHead(model, config.model_type), text.numpy()
 
 
-def zero_shot_by_layer(cls_states: np.ndarray, norm, projection, prompts: np.ndarray) -> np.ndarray:
-    """Predicted class per layer and image: ``[layers, images]`` from CLS states ``[layers, images, hidden]``."""
-    import torch
-
-    with torch.no_grad():
-        joint = projection(norm(torch.from_numpy(np.ascontiguousarray(cls_states, dtype=np.float32)))).numpy()
+def zero_shot_by_layer(joint: np.ndarray, prompts: np.ndarray) -> np.ndarray:
+    """Predicted class per layer and image, ``[layers, images]``, from joint embeddings ``[layers, images, dim]``:
+    the prompt of highest cosine (SigLIP's sigmoid of a scaled, shifted cosine orders the classes alike)."""
     joint = joint / np.linalg.norm(joint, axis=-1, keepdims=True)
     text = prompts / np.linalg.norm(prompts, axis=-1, keepdims=True)
     return np.argmax(joint @ text.T, axis=-1)
+
+
+def joint_by_layer(run: ModelRun, payloads: list, layers: list[str], head: JointHead,
+                   batch_size: int) -> np.ndarray:
+    """``[layers, images, dim]``: every layer's states of the images through ``head``, batch by batch (token
+    states are never held for the whole set)."""
+    from layerscope.analyses.crossmodal import _image_vectors
+    from layerscope.data.images import decode
+
+    if head.reads == "cls":
+        return head(_image_vectors(run, payloads, layers, "cls", batch_size))
+    encoder = run.engine.image_encoder()
+    parts = []
+    for start in range(0, len(payloads), batch_size):
+        idx = np.arange(start, min(start + batch_size, len(payloads)))
+        states = run.engine.run_tokens(encoder([decode(payloads[i]) for i in idx], idx), layers)
+        parts.append(head(np.stack(states)))
+    return np.concatenate(parts, axis=1)
+
+
+def _shown_images(payloads, labels: list[str], predictions: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The first ``THUMBNAILS`` images, small (base64 PNG, for report.html), with their label and the class
+    each layer picks."""
+    from layerscope.analyses.crossmodal import THUMBNAILS
+    from layerscope.data.images import thumbnail_png
+
+    return [{"id": i, "label": labels[i], "thumbnail": thumbnail_png(payloads[i]),
+             "predicted": {layer: picked[i] for layer, picked in predictions.items()}}
+            for i in range(min(THUMBNAILS, len(payloads)))]
 
 
 @register
 class VisionLens(Analysis):
     metadata = AnalysisMetadata(
         name="vision_lens",
-        description="zero-shot accuracy of every layer of a CLIP image tower: CLS -> final norm -> projection "
-                    "against text prompts",
+        description="zero-shot accuracy of every layer of a CLIP or SigLIP image tower: the layer through the "
+                    "final norm and the projection (CLIP's CLS) or pooling head (SigLIP) against text prompts",
         inputs=("engine",),
         main_score="best_accuracy",
         default_poolings=("cls",),
@@ -92,6 +155,10 @@ class VisionLens(Analysis):
         ),
     )
 
+    def default_poolings(self, handle) -> list[str]:
+        image = handle.manifest.image
+        return ["mean"] if image is not None and not image.prefix_tokens else ["cls"]  # SigLIP has no CLS
+
     def prepare(self, ctx: Context) -> Any:
         o = self.options(ctx)
         if "{}" not in o.template:
@@ -99,19 +166,17 @@ class VisionLens(Analysis):
         return labelled_images(ctx.data, o.n)
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
-        from layerscope.analyses.crossmodal import _image_vectors
         from layerscope.metrics.proportion import wilson_interval
 
         manifest = run.handle.manifest
-        if manifest.modality != "image" or manifest.family != "clip-vision":
-            raise InputError(f"{run.spec}: the vision lens reads a CLIP image tower export (--tower vision)")
+        if manifest.modality != "image" or manifest.family not in LENS_FAMILIES:
+            raise InputError(f"{run.spec}: the vision lens reads a CLIP or SigLIP image tower export (--tower vision)")
         payloads, labels = data
         classes = sorted(set(labels))
         layers = [x for x in (run.layers or []) if x != "raw"]
-        states = _image_vectors(run, payloads, layers, "cls", self.options(ctx).batch_size)
-        norm, projection, prompts = clip_head_and_prompts(manifest.source.model_source(), classes,
-                                                          self.options(ctx).template)
-        predicted = zero_shot_by_layer(states, norm, projection, prompts)
+        head, prompts = head_and_prompts(manifest.source.model_source(), classes, self.options(ctx).template)
+        predicted = zero_shot_by_layer(joint_by_layer(run, payloads, layers, head, self.options(ctx).batch_size),
+                                       prompts)
         truth = np.array([classes.index(lab) for lab in labels])
         rows = []
         for layer, pred in zip(layers, predicted):
@@ -120,10 +185,11 @@ class VisionLens(Analysis):
             rows.append({"layer": layer, "accuracy": hits / len(truth), "accuracy_ci_low": low,
                          "accuracy_ci_high": high, "accuracy_ci_method": "wilson"})
         best = max(rows, key=lambda r: r["accuracy"])
-        summary = {"best_accuracy": best["accuracy"], "best_layer": best["layer"], "n_images": len(truth),
-                   "classes": classes, "chance": 1 / len(classes)}
+        summary = {"best_accuracy": best["accuracy"], "best_layer": best["layer"], "last_layer": layers[-1],
+                   "n_images": len(truth), "classes": classes, "chance": 1 / len(classes)}
         predictions = {layer: [classes[int(c)] for c in pred] for layer, pred in zip(layers, predicted)}
-        return ModelOutput({"summary": summary, "tables": {"layers": rows}, "predictions": predictions})
+        return ModelOutput({"summary": summary, "tables": {"layers": rows}, "predictions": predictions,
+                            "images": _shown_images(payloads, labels, predictions)})
 
     def report(self, results) -> str:
         lines = []

@@ -129,3 +129,37 @@ def read_images(source: Any, *, column: str = "image", id_column: str | None = N
         raise InputError(f"{source}: no such folder or file")
     raise InputError(f"{source}: give a folder of images, a list file ({', '.join(LIST_SUFFIXES)}) of image paths, "
                      "or a dataset saved with save_to_disk")
+
+
+def images_sha256(records: list[ImageRecord]) -> str:
+    """One hash of the corpus: every image's id, file and encoded bytes, in order (a resumed store is
+    continued only from the same images)."""
+    import hashlib
+
+    total = hashlib.sha256()
+    for r in records:
+        one = hashlib.sha256()
+        if isinstance(r.payload, bytes):
+            one.update(r.payload)
+        else:
+            with open(r.payload, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    one.update(block)
+        total.update(f"{len(r.id)}:{r.id}\0{r.file or ''}\0{one.hexdigest()}\n".encode())
+    return total.hexdigest()
+
+
+THUMBNAIL_PIXELS = 48
+
+
+def thumbnail_png(payload: str | bytes, size: int = THUMBNAIL_PIXELS) -> str:
+    """A downscaled copy (at most ``size`` pixels a side, RGB) of the image ``payload`` names, as base64 PNG:
+    what a report shows beside an image's figures (report/image_html.py checks and re-encodes it)."""
+    import base64
+    import io
+
+    im = decode(payload).convert("RGB")
+    im.thumbnail((size, size))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG", optimize=True)
+    return base64.b64encode(buf.getvalue()).decode("ascii")

@@ -121,14 +121,12 @@ class Engine(ABC):
         import numpy as np
 
         from layerscope.model.stconfig import st_recipe
-        from layerscope.vocab.pooling import ST, pool, with_st
+        from layerscope.vocab.pooling import ST, with_st
 
         states = self.run_tokens(batch, layers)
-        eos = self.manifest.eos_token_id
 
-        def compute(modes: list[str]) -> dict[str, np.ndarray]:
-            return {m: np.stack([pool(s, batch.mask, m, input_ids=batch.input_ids, eos_token_id=eos)
-                                 for s in states]) for m in modes}
+        def compute(modes: list[str]) -> dict[str, np.ndarray]:  # an image batch pools over its patches
+            return {m: np.stack([pool_states(self.manifest, batch, s, m) for s in states]) for m in modes}
 
         recipe = st_recipe(self.manifest) if ST in poolings else None
         return with_st(poolings, compute, recipe), states

@@ -117,11 +117,17 @@ class AttentionRunner:
         from layerscope.model.source import load_torch_model
 
         family = family_of(self.manifest)
-        net = load_torch_model(self.manifest.source.model_source(), family, attn_implementation="eager")
+        if self.manifest.modality == "image":
+            from layerscope.export.vision_attention import vision_attention_net
+
+            net = vision_attention_net(self.manifest)
+        else:
+            net = load_torch_model(self.manifest.source.model_source(), family, attn_implementation="eager")
         return att.attention_module(net, self.input_names, self.special_ids, decoder=family.kind == "decoder")
 
     def run(self, feed: Mapping[str, np.ndarray], *, patterns: bool = False) -> AttentionBatch:
-        feed = {n: np.ascontiguousarray(feed[n], dtype=np.int64) for n in self.input_names}
+        feed = {n: np.ascontiguousarray(feed[n], dtype=np.float32 if n == "pixel_values" else np.int64)
+                for n in self.input_names}
         layers = self.num_layers
         names = [att.summary_output(s) for s in att.SUMMARIES]
         if patterns:

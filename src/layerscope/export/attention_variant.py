@@ -48,13 +48,23 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
     wrote.add(*variant_names(dst), MANIFEST)
     t0 = time.perf_counter()
     try:
-        tok = _tokenizer(export_dir)
-        special = att.special_token_ids(tok)
-        net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager")
-        say("tracing every layer's attention probabilities (eager attention)")
-        _trace_into(export_dir, dst, net, manifest, special, decoder=family.kind == "decoder", opset=opset)
-        say("checking every layer and head against transformers' output_attentions (right and left padding)")
-        parity = attention_parity(net, dst, manifest, tok, special)
+        if manifest.modality == "image":  # a vision tower: pixels in, no padding, no special tokens
+            from layerscope.export import vision_attention as va
+
+            special = []
+            net = va.vision_attention_net(manifest)
+            say("tracing every layer's attention probabilities over the image's tokens (eager attention)")
+            va.trace_vision_attention(net, dst, manifest, opset)
+            say("checking every layer and head against transformers' output_attentions")
+            parity = va.vision_attention_parity(net, dst, manifest, export_dir)
+        else:
+            tok = _tokenizer(export_dir)
+            special = att.special_token_ids(tok)
+            net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager")
+            say("tracing every layer's attention probabilities (eager attention)")
+            _trace_into(export_dir, dst, net, manifest, special, decoder=family.kind == "decoder", opset=opset)
+            say("checking every layer and head against transformers' output_attentions (right and left padding)")
+            parity = attention_parity(net, dst, manifest, tok, special)
         worst = [f"{name} max |diff| {s['max_abs']:.3g} > {s['tolerance']:.3g}"
                  for name, s in parity["outputs"].items() if not s["max_abs"] <= s["tolerance"]]
         if worst:

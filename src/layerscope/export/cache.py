@@ -185,11 +185,14 @@ def cached_export(handle, options: dict[str, Any] | None = None):
             import shutil
 
             shutil.rmtree(target)
-        export_model(handle.source(), target, trust_remote_code=handle.trust_remote_code, force=True,
-                     cache_entry=ident, lock=False, **options)
+        made = export_model(handle.source(), target, trust_remote_code=handle.trust_remote_code, force=True,
+                            cache_entry=ident, lock=False, **options)
         from layerscope.export.cpu_precision import record_cpu_precisions
 
-        for line in record_cpu_precisions(target, trust_remote_code=handle.trust_remote_code):  # for --engine auto
+        # for --engine auto, which says what it picks (its variants' parity runs texts: not for a vision tower)
+        precisions = [] if made.modality == "image" else record_cpu_precisions(
+            target, trust_remote_code=handle.trust_remote_code)
+        for line in precisions:
             log.debug("%s", line)
     return ModelHandle.resolve(target, trust_remote_code=handle.trust_remote_code)
 

@@ -89,12 +89,11 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
 
     vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code)
     if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
-        if dtype != "fp32" or cache_entry is not None:
-            raise ExportError("vision towers are exported in fp32 into a folder (--out) for now")
         from layerscope.export.vision_export import export_vision
 
         return export_vision(source, output, vision, pooled=pooled, opset=opset, atol=atol, rtol=rtol,
-                             trust_remote_code=trust_remote_code, force=force, progress=progress)
+                             trust_remote_code=trust_remote_code, force=force, progress=progress,
+                             cache_entry=cache_entry, dtype=dtype)
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,47 +21,20 @@ import numpy as np
 from layerscope.errors import ExportError
 from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
+from layerscope.export.vision_inputs import fixed_size_positions, validation_images
 from layerscope.vocab.outputs import hidden_output, hidden_outputs, pooled_output
 
 JOINT_OUTPUT = "image_embeds"
 
 
-def validation_images(height: int, width: int) -> list:
-    """Four deterministic RGB images (gradient, checkerboard, noise, flat grey) at twice the model's size,
-    so the processor resizes them as it would a photo."""
-    from PIL import Image
-
-    h, w = 2 * height, 2 * width
-    yy, xx = np.mgrid[0:h, 0:w]
-    gradient = np.stack([xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), (xx + yy) * 127 // max(h + w - 2, 1)], -1)
-    checker = ((yy // 4 + xx // 4) % 2 * 255)[..., None].repeat(3, -1)
-    noise = np.random.default_rng(0).integers(0, 256, (h, w, 3))
-    grey = np.full((h, w, 3), 128)
-    return [Image.fromarray(a.astype(np.uint8), "RGB") for a in (gradient, checker, noise, grey)]
-
-
-@contextmanager
-def fixed_size_positions(tower):
-    """DINOv2 resizes its position embeddings to the image on every call, and always while traced (a bicubic
-    resize ONNX cannot express); at the checkpoint's own size that resize gives the embeddings back as they
-    are, which is what the eager model adds.  While inside, the traced graph adds them as they are (the
-    parity check holds the graph to the eager model)."""
-    import torch
-
-    patched = [m for m in tower.modules() if hasattr(m, "interpolate_pos_encoding")
-               and isinstance(getattr(m, "position_embeddings", None), torch.nn.Parameter)]
-    for m in patched:
-        m.interpolate_pos_encoding = lambda embeddings, height, width, m=m: m.position_embeddings
-    try:
-        yield
-    finally:
-        for m in patched:
-            del m.interpolate_pos_encoding
-
-
 def _trace(tower, path: Path, *, num_layers: int, joint: bool, height: int, width: int, channels: int,
-           opset: int) -> None:
+           opset: int, half: bool = False) -> None:
+    """Trace ``tower``; ``half``: a copy of it in fp16, the graph still reading float32 pixels (cast inside)."""
+    import copy
+
     import torch
+
+    net = copy.deepcopy(tower).half() if half else tower
 
     class Outputs(torch.nn.Module):
         def __init__(self, net):
@@ -70,16 +42,16 @@ def _trace(tower, path: Path, *, num_layers: int, joint: bool, height: int, widt
             self.net = net
 
         def forward(self, pixel_values):
-            hidden, embeds = self.net(pixel_values)
+            hidden, embeds = self.net(pixel_values.half() if half else pixel_values)
             return (*hidden, embeds) if joint else tuple(hidden)
 
     names = hidden_outputs(num_layers) + ([JOINT_OUTPUT] if joint else [])
     axes = {"pixel_values": {0: "batch_size"}, **{n: {0: "batch_size"} for n in names}}
     dummy = torch.randn(2, channels, height, width, generator=torch.Generator().manual_seed(0))
     try:
-        with warnings.catch_warnings(), torch.no_grad(), fixed_size_positions(tower):
+        with warnings.catch_warnings(), torch.no_grad(), fixed_size_positions(net):
             warnings.simplefilter("ignore")
-            torch.onnx.export(Outputs(tower).eval(), (dummy,), str(path), input_names=["pixel_values"],
+            torch.onnx.export(Outputs(net).eval(), (dummy,), str(path), input_names=["pixel_values"],
                               output_names=names, dynamic_axes=axes, opset_version=opset,
                               do_constant_folding=True, dynamo=False)
     except Exception as exc:  # torch.onnx raises many untyped errors
@@ -87,7 +59,7 @@ def _trace(tower, path: Path, *, num_layers: int, joint: bool, height: int, widt
 
 
 def _add_pooling(path: Path, num_layers: int, hidden: int, tokens: int, prefix: int,
-                 modes: list[str]) -> dict[str, Any]:
+                 modes: list[str], half: bool = False) -> dict[str, Any]:
     import onnx
     from onnx import helper
 
@@ -98,6 +70,13 @@ def _add_pooling(path: Path, num_layers: int, hidden: int, tokens: int, prefix: 
 
     model = onnx.load(str(path))
     graph = model.graph
+    kept_fp32 = 0
+    if half:  # norms, softmax and reductions computed in fp32; every output float32, as an fp32 export's
+        from layerscope.export.half import cast_outputs_fp32, keep_sensitive_ops_fp32
+        from layerscope.export.variants import FP16_BLOCK_LIST
+
+        kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
+        cast_outputs_fp32(model, [o.name for o in graph.output])
     layers = hidden_outputs(num_layers)
     for out in graph.output:  # the tracer names the fixed token and hidden dims after nodes: say what they are
         if out.name in layers:
@@ -120,7 +99,7 @@ def _add_pooling(path: Path, num_layers: int, hidden: int, tokens: int, prefix: 
     external.check_graph(path)
     outputs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim] for o in graph.output}
     return {"outputs": outputs, "pooled_layers": [str(i) for i in range(num_layers + 1)],
-            "external_data": False, "inputs": [i.name for i in graph.input]}
+            "external_data": False, "inputs": [i.name for i in graph.input], "fp16_nodes_kept_fp32": kept_fp32}
 
 
 def compare_vision(tower, onnx_path: Path, processor, image: dict[str, Any], modes: list[str]) -> dict[str, Any]:
@@ -157,9 +136,27 @@ def compare_vision(tower, onnx_path: Path, processor, image: dict[str, Any], mod
     return {"images": len(pixels), "batches": 2, "image_size": [image["height"], image["width"]], "outputs": stats}
 
 
+def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num_layers: int,
+                onnx_info: dict[str, Any]) -> None:
+    """An fp16 export's parity: each output's cosine against the fp32 tower, at least its depth's budget
+    (export/half.py); the absolute differences are recorded, not limits."""
+    from layerscope.export.half import fp16_failures, fp16_tolerance
+
+    tolerance = fp16_tolerance(list(parity["outputs"]), num_layers)
+    manifest.update(precision="fp16", fp16_nodes_kept_fp32=onnx_info["fp16_nodes_kept_fp32"])
+    manifest["parity"].update(tolerance_abs=None, tolerance_fp16=tolerance)
+    bad = fp16_failures(parity["outputs"], tolerance)
+    if bad:
+        raise ExportError(f"fp16 export of {spec} drifts from PyTorch fp32: {bad[0]}; nothing was written. "
+                          "Export it in fp32")
+
+
 def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[str] | None, opset: int,
-                  atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None) -> Manifest:
-    """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``."""
+                  atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None,
+                  cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> Manifest:
+    """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``;
+    ``dtype="fp16"`` traces an fp16 copy of the tower and holds every output to a depth-scaled cosine
+    against the fp32 tower (export/half.py), the figures recorded in the manifest's parity."""
     from layerscope.atomic import staged_dir
     from layerscope.export.manifest_write import _manifest, fp32_worst, opset_of_file
     from layerscope.model.families import FAMILIES
@@ -169,6 +166,9 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
     from layerscope.ownership import claim
     from layerscope.vocab.image_pooling import check_image_poolings, image_poolings
 
+    if dtype not in ("fp32", "fp16"):
+        raise ExportError(f"vision towers are exported in fp32 or fp16, not {dtype}")
+    half = dtype == "fp16"
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     family = FAMILIES[info["family"]]
@@ -187,10 +187,10 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
         joint = tower.joint is not None
         say("exporting with torch.onnx: every hidden state" + (", the joint embedding" if joint else ""))
         _trace(tower, work / ONNX_FILE, num_layers=model.num_layers, joint=joint, height=image["height"],
-               width=image["width"], channels=image["channels"], opset=opset)
+               width=image["width"], channels=image["channels"], opset=opset, half=half)
         say("adding in-graph pooling over the patches")
         onnx_info = _add_pooling(work / ONNX_FILE, model.num_layers, model.hidden_size, image["tokens"],
-                                 image["prefix_tokens"], modes)
+                                 image["prefix_tokens"], modes, half=half)
         processor.save_pretrained(str(work))
         load_config(source, trust_remote_code=trust_remote_code).save_pretrained(str(work))
         say("checking every output against PyTorch (fp32)")
@@ -198,9 +198,13 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
         worst_name, worst = fp32_worst(parity, atol, rtol)
         manifest = _manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
                              time.perf_counter() - t0, work)
+        if half:  # held to cosines by depth, not to fp32's absolute tolerance
+            _check_half(spec, manifest, parity, model.num_layers, onnx_info)
         manifest.update(export_path="torch", pooled_output=JOINT_OUTPUT if joint else None,
                         joint_output=JOINT_OUTPUT if joint else None, tokenizer=None)
-        if not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
+        if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
+            manifest.update(export_cache=cache_entry)
+        if not half and not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
             raise ExportError(
                 f"export of {spec} does not match PyTorch: worst output {worst_name} differs by "
                 f"{worst['max_abs']:.3g} (tolerance {worst['tolerance']:.3g}; min cosine {worst['min_cos']:.6f}); "

@@ -401,7 +401,21 @@ def crossmodal_views(results: dict[str, Any]) -> list[Section]:
                                    xlabel="text layer", ylabel="image layer", zlabel=title,
                                    caption=f"{c['n']} image-caption pairs; empty cells are undefined (a layer "
                                            f"whose rows are not distinct).{note}"))
-    return [Section("figures", "Heat maps", charts)]
+    from layerscope.report.image_html import CSS, crossmodal_thumbnails
+
+    return [Section("figures", "Heat maps", charts, html=crossmodal_thumbnails(c), css=CSS)]
+
+
+def vision_lens_views(results) -> list[Section]:
+    from layerscope.report import image_html
+
+    return image_html.vision_lens_views(results, Section, curves, table_series)
+
+
+def cls_attention_views(results) -> list[Section]:
+    from layerscope.report import image_html
+
+    return image_html.cls_attention_views(results, Section, curves, table_series)
 
 
 def explain_views(results) -> list[Section]:
@@ -415,6 +429,7 @@ VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
     "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
     "explain": explain_views,
+    "vision_lens": vision_lens_views, "cls_attention": cls_attention_views,
 }
 
 

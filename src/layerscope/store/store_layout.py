@@ -43,6 +43,7 @@ TOKEN_STAGING = TOKENS + PARTIAL
 # the token arrays beside each layer's (token_rel names them inside tokens/ or its staging folder)
 TOKEN_IDS, TOKEN_SPECIAL, TOKEN_SPANS, TOKEN_OFFSETS = "ids.npy", "special.npy", "spans.npy", "offsets.npy"
 TOKEN_STRINGS = "strings.json"
+TOKEN_GRID = "grid.npy"  # image token stores: each patch's (row, col), (-1, -1) for CLS and registers
 RANGE_KINDS = ("claim", "done")
 
 

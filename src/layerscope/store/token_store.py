@@ -11,6 +11,8 @@ Inside the store directory (``extract ... --tokens``)::
     tokens/spans.npy       int32 [total_tokens, 2]: character span [start, end) in the text (0, 0 for special
                            tokens and tokens of a prompt)
     tokens/strings.json    {"<id>": "<token string>"} for every id in ids.npy (written when the store completes)
+    tokens/grid.npy        int32 [total_tokens, 2], image stores only: each patch token's (row, col) in the
+                           patch grid, (-1, -1) for CLS and register tokens (extraction/image_tokens.py)
 
 Every text's token count is known before the run (``lengths.npy``, capped at ``max_length``), so every array
 is reserved at its final size up front and each batch writes its texts' tokens into their own ranges;
@@ -34,12 +36,12 @@ import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.store import store_dtype
-from layerscope.store.store_layout import (TOKEN_IDS, TOKEN_OFFSETS, TOKEN_SPANS, TOKEN_SPECIAL, TOKEN_STAGING,
-                                           TOKEN_STRINGS, TOKENS, token_layer_name, token_rel)
+from layerscope.store.store_layout import (TOKEN_GRID, TOKEN_IDS, TOKEN_OFFSETS, TOKEN_SPANS, TOKEN_SPECIAL,
+                                           TOKEN_STAGING, TOKEN_STRINGS, TOKENS, token_layer_name, token_rel)
 from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
 
-OFFSETS, IDS, SPECIAL, SPANS, STRINGS = (token_rel(n) for n in (TOKEN_OFFSETS, TOKEN_IDS, TOKEN_SPECIAL, TOKEN_SPANS,
-                                                                   TOKEN_STRINGS))
+OFFSETS, IDS, SPECIAL, SPANS, STRINGS, GRID = (token_rel(n) for n in (TOKEN_OFFSETS, TOKEN_IDS, TOKEN_SPECIAL,
+                                                                         TOKEN_SPANS, TOKEN_STRINGS, TOKEN_GRID))
 SECTION = "token_arrays"  # store.json's section (its "tokens" is the run's token count)
 
 
@@ -66,6 +68,11 @@ class TokenSection:
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"store.json's token_arrays section is damaged ({exc}); re-run layerscope extract "
                              "--force") from None
+
+
+def has_grid(meta: dict[str, Any]) -> bool:
+    """Whether the store's tokens are an image's (they carry ``grid.npy``)."""
+    return (meta.get("manifest") or {}).get("modality") == "image"
 
 
 def layer_file(layer: str) -> str:
@@ -139,6 +146,7 @@ def token_files(meta: dict[str, Any]) -> list[str]:
     if sec is None:
         return []
     files = [layer_file(layer) for layer in sec.layers] + [OFFSETS, IDS, SPECIAL, SPANS]
+    files += [GRID] if has_grid(meta) else []
     return files + ([STRINGS] if meta.get("complete") else [])
 
 
@@ -156,6 +164,7 @@ def token_layout_problems(root: Path, meta: dict[str, Any], check_npy) -> list[s
     wanted = [(layer_file(layer), (total, hidden), store_dtype.disk_dtype(sec.dtype)) for layer in sec.layers]
     wanted += [(OFFSETS, (n + 1,), np.dtype(np.int64)), (IDS, (total,), np.dtype(np.int32)),
                (SPECIAL, (total,), np.dtype(np.uint8)), (SPANS, (total, 2), np.dtype(np.int32))]
+    wanted += [(GRID, (total, 2), np.dtype(np.int32))] if has_grid(meta) else []
     for rel, shape, dtype in wanted:
         problem = check_npy(root, rel, shape, dtype)
         if problem:
@@ -282,6 +291,14 @@ class TokenLayer:
         self.ids = np.load(self.root / IDS, mmap_mode="r")
         self.special = np.load(self.root / SPECIAL, mmap_mode="r")
         self.spans = np.load(self.root / SPANS, mmap_mode="r")
+
+    def grid(self) -> np.ndarray:
+        """int32 [total_tokens, 2] of an image store: each patch token's (row, col) in the patch grid,
+        (-1, -1) for CLS and register tokens (``special`` marks them; ``ids`` says which)."""
+        path = self.root / GRID
+        if not path.is_file():
+            raise StoreError(f"{self.root} holds text tokens: they have spans, not grid positions")
+        return np.load(path, mmap_mode="r")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

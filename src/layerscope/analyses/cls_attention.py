@@ -1,0 +1,132 @@
+"""cls_attention: where a vision tower's CLS token looks in the image, layer by layer (DINO-style maps).
+
+For each image, the attention of the CLS token (query 0) over the patch tokens, averaged over the heads of
+a layer, laid out on the patch grid and drawn over the image in report.html.  The probabilities come from
+the export's attention graph (``model.attn.onnx``: export/vision_attention.py, checked against transformers'
+eager attention when made), run on ONNX Runtime, OpenVINO or PyTorch.  Per layer, the table gives the share
+of CLS attention that reaches the patches (the rest stays on CLS and register tokens) with a 95% bootstrap
+interval over the images, and the entropy of its spread over the patches.  Without ``--data``: the first
+``--n`` of scikit-learn's digits; with it, JSONL ``{"image": path, "label": name}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
+from layerscope.errors import InputError
+
+SHOWN = 24  # images drawn with their map in report.html
+
+
+def cls_maps(patterns: np.ndarray, prefix: int) -> np.ndarray:
+    """``[images, layers, patches]``: the CLS row of ``patterns`` ``[images, layers, heads, tokens, tokens]``
+    over the patch keys, averaged over the heads."""
+    return np.asarray(patterns, dtype=np.float64)[:, :, :, 0, prefix:].mean(axis=2)
+
+
+def overlay_png(payload, grid: np.ndarray, size: int = 64) -> str:
+    """The image (``payload``) at ``size`` pixels a side with ``grid`` (its rows x cols of attention) drawn over
+    it in red, from none at the map's own minimum to the most at its maximum; base64 PNG."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from layerscope.data.images import decode
+
+    base = np.asarray(decode(payload).convert("RGB").resize((size, size)), dtype=np.float64)
+    low, top = float(grid.min()), float(grid.max())
+    heat = (grid - low) / (top - low) if top > low else np.zeros_like(grid)
+    heat = np.asarray(Image.fromarray((heat * 255).astype(np.uint8), "L").resize((size, size), Image.NEAREST),
+                      dtype=np.float64)[..., None] / 255.0
+    red = np.array([255.0, 0.0, 0.0])
+    mixed = base * (1 - 0.6 * heat) + red * 0.6 * heat
+    buf = io.BytesIO()
+    Image.fromarray(mixed.clip(0, 255).astype(np.uint8), "RGB").save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _attention_runner(run: ModelRun):
+    from layerscope.export.attention_run import AttentionRunner, attention_engines, require_attention_variant
+
+    require_attention_variant(run.handle)
+    engine = run.engine.name if run.engine.name in attention_engines() else "ort"
+    return AttentionRunner(run.handle.export_dir, engine)
+
+
+@register
+class ClsAttention(Analysis):
+    metadata = AnalysisMetadata(
+        name="cls_attention",
+        description="where a vision tower's CLS token looks, layer by layer: its attention over the patch grid "
+                    "(mean over heads), drawn over each image; share on the patches with bootstrap intervals",
+        inputs=("engine",),
+        main_score="last_share_on_patches",
+        default_poolings=("cls",),
+        default_data="scikit-learn's digits (built in, --n of them)",
+        options=(
+            Option("n", int, 24, "digits to look at when --data is not given"),
+            Option("batch_size", int, 8, "images per batch"),
+            Option("bootstrap", int, 1000, "bootstrap resamples of the images for the intervals"),
+        ),
+    )
+
+    def prepare(self, ctx: Context) -> Any:
+        from layerscope.analyses.vision_lens import labelled_images
+
+        return labelled_images(ctx.data, self.options(ctx).n)
+
+    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
+        from layerscope.data.images import decode
+
+        manifest = run.handle.manifest
+        image = manifest.image
+        if manifest.modality != "image" or image.prefix_tokens - image.register_tokens < 1:
+            raise InputError(f"{run.spec}: cls_attention reads a vision tower with a CLS token (ViT, DINOv2, CLIP's)")
+        o = self.options(ctx)
+        payloads, labels = data
+        runner = _attention_runner(run)
+        encoder = run.engine.image_encoder()
+        parts = []
+        for start in range(0, len(payloads), o.batch_size):
+            idx = np.arange(start, min(start + o.batch_size, len(payloads)))
+            pixels = encoder([decode(payloads[i]) for i in idx], idx).inputs["pixel_values"]
+            parts.append(cls_maps(runner.run({"pixel_values": pixels}, patterns=True).patterns, image.prefix_tokens))
+        maps = np.concatenate(parts)  # [images, layers, patches]
+        rows, cols = image.height // image.patch_size, image.width // image.patch_size
+        share = maps.sum(-1)  # [images, layers]
+        spread = maps / np.where(share > 0, share, 1.0)[..., None]
+        entropy = -(spread * np.log(np.where(spread > 0, spread, 1.0))).sum(-1)
+        rng = np.random.default_rng(ctx.seed)
+        draws = rng.integers(0, len(maps), (o.bootstrap, len(maps))) if o.bootstrap else None
+        table = []
+        for li in range(maps.shape[1]):
+            row = {"layer": str(li + 1), "share_on_patches": float(share[:, li].mean()),
+                   "entropy_over_patches": float(entropy[:, li].mean())}
+            if draws is not None:
+                means = share[draws, li].mean(axis=1)
+                row.update(share_on_patches_ci_low=float(np.percentile(means, 2.5)),
+                           share_on_patches_ci_high=float(np.percentile(means, 97.5)))
+            table.append(row)
+        last = maps.shape[1]
+        shown = [{"id": i, "label": labels[i], "layer": str(last),
+                  "map": np.round(maps[i, -1].reshape(rows, cols), 6).tolist(),
+                  "thumbnail": overlay_png(payloads[i], maps[i, -1].reshape(rows, cols))}
+                 for i in range(min(SHOWN, len(payloads)))]
+        summary = {"last_share_on_patches": table[-1]["share_on_patches"], "layers": last, "grid": [rows, cols],
+                   "n_images": len(payloads), "engine": runner.engine}
+        return ModelOutput({"summary": summary, "tables": {"layers": table}, "maps": shown})
+
+    def report(self, results) -> str:
+        lines = []
+        for model, fig in results.get("per_model", {}).items():
+            s = fig["summary"]
+            lines += [f"## CLS attention: {model}, {s['n_images']} images, {s['grid'][0]}x{s['grid'][1]} patches", "",
+                      "| layer | CLS attention on patches | 95% interval | entropy over patches |", "|---|---|---|---|"]
+            lines += [f"| {r['layer']} | {r['share_on_patches']:.3f} | {r.get('share_on_patches_ci_low', float('nan')):.3f}"
+                      f" to {r.get('share_on_patches_ci_high', float('nan')):.3f} | {r['entropy_over_patches']:.3f} |"
+                      for r in fig["tables"]["layers"]]
+        return "\n".join(lines)
