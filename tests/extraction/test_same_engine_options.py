@@ -11,16 +11,9 @@ import json
 import numpy as np
 import pytest
 
-import fake_engine
 
+pytestmark = pytest.mark.usefixtures("fake")  # the test-only engine (tests/extraction/conftest.py)
 TEXTS = [f"text number {i} " + "word " * (i % 7) for i in range(40)]
-
-
-@pytest.fixture(autouse=True)
-def fake():
-    fake_engine.register_fake()
-    yield
-    fake_engine.unregister_fake()
 
 
 @pytest.fixture

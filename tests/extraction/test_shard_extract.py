@@ -23,6 +23,7 @@ from layerscope.store.store import LayerStore
 
 TESTS = Path(__file__).resolve().parents[1]
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
+pytestmark = pytest.mark.usefixtures("fake")  # the test-only engine (tests/extraction/conftest.py)
 N = 1100  # five ranges of 256 rows (the last one 76)
 
 
@@ -37,14 +38,6 @@ def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
             assert np.abs(x.astype(np.float64) - y).max() <= atol, (p, layer)
     assert bool(np.asarray(b.done_mask()).all())
     assert LayerStore.verify(b.path)[1] == []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fake():
-    """The test-only engine, registered for this module alone."""
-    fake_engine.register_fake()
-    yield
-    fake_engine.unregister_fake()
 
 
 @pytest.fixture(scope="module")
