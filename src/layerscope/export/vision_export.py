@@ -161,7 +161,7 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
                   atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None) -> Manifest:
     """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``."""
     from layerscope.atomic import staged_dir
-    from layerscope.export.manifest_write import _manifest, fp32_worst, opset_of_file
+    from layerscope.export.manifest_write import build_manifest, fp32_worst, opset_of_file
     from layerscope.model.families import FAMILIES
     from layerscope.model.manifest_check import file_records
     from layerscope.model.source import load_config
@@ -196,8 +196,8 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
         say("checking every output against PyTorch (fp32)")
         parity = compare_vision(tower, work / ONNX_FILE, processor, image, modes)
         worst_name, worst = fp32_worst(parity, atol, rtol)
-        manifest = _manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
-                             time.perf_counter() - t0, work)
+        manifest = build_manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
+                                  time.perf_counter() - t0, work)
         manifest.update(export_path="torch", pooled_output=JOINT_OUTPUT if joint else None,
                         joint_output=JOINT_OUTPUT if joint else None, tokenizer=None)
         if not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN
