@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
 
 import pytest
+from mounts import mount_or_skip, unmount_all
 
 
 @pytest.fixture
 def tmpfs(tmp_path):
-    """Factory: ``tmpfs("2m") -> Path`` of a size-limited tmpfs mounted under ``tmp_path``, unmounted (lazily,
-    so a file still open there does not keep it) after the test. Mounting needs root and mount rights; the
-    test is skipped elsewhere, saying why."""
+    """Factory: ``tmpfs("2m") -> Path`` of a size-limited tmpfs mounted under ``tmp_path``, unmounted after the
+    test (lazily, so a file still open there does not keep it); skipped where mounting is not permitted."""
     mounted = []
 
     def mount(size: str):
-        if os.geteuid() != 0:
-            pytest.skip("mounting a size-limited tmpfs needs root")
-        mnt = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
-        mnt.mkdir()
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
-        if made.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
-        mounted.append(mnt)
-        return mnt
+        where = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
+        mounted.append(mount_or_skip(["-t", "tmpfs", "-o", f"size={size}", "tmpfs"], where, "a size-limited tmpfs"))
+        return where
 
     yield mount
-    for mnt in mounted:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    unmount_all(mounted)
