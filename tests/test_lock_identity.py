@@ -14,6 +14,7 @@ import pytest
 
 import layerscope
 from cli_helpers import run_cli
+from mounts import mount_or_skip, unmount_all
 from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
 
@@ -45,19 +46,12 @@ def bind(tmp_path):
     mounts = []
 
     def make(folder: Path) -> Path:
-        if os.geteuid() != 0:
-            pytest.skip("a bind mount needs root")
         where = tmp_path / f"elsewhere{len(mounts)}" / "mounted"
-        where.mkdir(parents=True)
-        done = subprocess.run(["mount", "--bind", str(folder), str(where)], capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"mount --bind is not permitted here: {done.stderr.strip()}")
-        mounts.append(where)
+        mounts.append(mount_or_skip(["--bind", str(folder)], where, "a bind mount"))
         return where
 
     yield make
-    for where in mounts:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+    unmount_all(mounts)
 
 
 def one_error(code: int, text: str, needle: str) -> None:

@@ -25,16 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-
-def texts_of(args) -> list[str]:
-    if args.sts:
-        from layerscope.data.pairs import read_sts
-
-        s1, s2, _ = read_sts(args.sts)
-        return list(s1) + list(s2)
-    from layerscope.data.synthetic import synthetic_texts
-
-    return synthetic_texts(args.synthetic or 2000, seed=0)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_common import add_text_options, texts_of, timed_passes  # noqa: E402
 
 
 def child(args) -> dict:
@@ -51,12 +43,8 @@ def child(args) -> dict:
     layers = (["raw"] if top < 0 else []) + [str(i) for i in range(top + 1)]
     for _ in iter_pooled(eng, texts[:64], layers, ["mean"], background=False):
         pass
-    walls, cpus = [], []
-    for _ in range(args.passes):
-        w, c = time.perf_counter(), time.process_time()
-        tokens = sum(batch.n_tokens for batch, _, _ in iter_pooled(eng, texts, layers, ["mean"]))
-        walls.append(time.perf_counter() - w)
-        cpus.append(time.process_time() - c)
+    walls, cpus, tokens = timed_passes(
+        args.passes, lambda: sum(batch.n_tokens for batch, _, _ in iter_pooled(eng, texts, layers, ["mean"])))
     n = len(texts)
     return {"engine": args.engine, "depth": args.depth, "layers": len(layers), "texts": n, "tokens": tokens,
             "start_s": round(start_s, 3), "notes": eng.info.notes, "provider": eng.info.provider,
@@ -68,12 +56,9 @@ def child(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("export")
-    ap.add_argument("--sts", help="STS Benchmark csv: its sentences are the texts")
-    ap.add_argument("--synthetic", type=int, help="N seeded synthetic texts instead")
+    add_text_options(ap, synthetic=2000)
     ap.add_argument("--engines", default="torch,ort,ov")
     ap.add_argument("--depths", default="raw,0,1,3,all", help="comma list of deepest layers: raw, N or all")
-    ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine", help=argparse.SUPPRESS)

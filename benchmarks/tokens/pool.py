@@ -18,29 +18,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
+import sys
 from pathlib import Path
 
-
-def texts_of(args) -> list[str]:
-    if args.sts:
-        from layerscope.data.pairs import read_sts
-
-        s1, s2, _ = read_sts(args.sts)
-        return list(s1) + list(s2)
-    from layerscope.data.synthetic import synthetic_texts
-
-    return synthetic_texts(args.synthetic or 5000, seed=0)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_common import add_text_options, texts_of, timed_passes  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("export")
-    ap.add_argument("--sts", help="STS Benchmark csv: its sentences are the texts")
-    ap.add_argument("--synthetic", type=int, help="N seeded synthetic texts instead")
+    add_text_options(ap, synthetic=5000)
     ap.add_argument("--engine", default="ort")
     ap.add_argument("--counts", default="1,2,4", help="tokenizer processes to time")
-    ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--record", action="store_true", help="record the figures for this CPU (switches the pool on "
                                                           "where one tokenizer is measured slower than the engine)")
     ap.add_argument("--out", type=Path)
@@ -64,12 +53,7 @@ def main() -> None:
     layers, tokens = eng.layer_names, sum(b.n_tokens for b in batches)
     for b in batches[:4]:  # warm-up
         eng.run(b, layers, ["mean"])
-    walls = []
-    for _ in range(args.passes):
-        t = time.perf_counter()
-        for _b, _pooled in eng.run_stream(batches, layers, ["mean"]):
-            pass
-        walls.append(time.perf_counter() - t)
+    walls, _, _ = timed_passes(args.passes, lambda: sum(1 for _ in eng.run_stream(batches, layers, ["mean"])))
     engine_rate = tokens / min(walls)
     key, cpu = cpu_identity()
     result = {"export": args.export, "engine": args.engine, "engine_notes": eng.info.notes, "texts": len(texts),

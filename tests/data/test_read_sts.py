@@ -41,7 +41,7 @@ def test_read_sts_refuses_rows_the_bench_once_took(tmp_path, score, a, message):
 def test_read_sts_is_only_the_original_layout(tmp_path):
     p = tmp_path / "pairs.csv"
     p.write_text("sentence1,sentence2,score\na,b,1\nc,d,2\ne,f,3\n", encoding="utf-8")
-    with pytest.raises(InputError, match="line 1 has 1 tab-separated columns"):
+    with pytest.raises(InputError, match=r"pairs.csv:1: 1 tab-separated columns"):
         read_sts(p)
     with pytest.raises(InputError, match="no such file"):
         read_sts(tmp_path / "missing.csv")

@@ -156,9 +156,12 @@ def test_top_pairs_and_matched_controls():
 
 @pytest.mark.slow
 def test_minilm_matrix_sums_within_one_percent_at_default_steps(sts_dir):
+    """The default steps are enough on a real model, from the embeddings and from a middle layer. One STS pair:
+    the cost is steps x tokens forward-mode passes per pair and layer; the identity the sum approximates and
+    its convergence with the steps are held on every tiny family above."""
     from layerscope.data.text_pairs import read_text_pairs
 
-    pairs = read_text_pairs(sts_dir / "sts-test.csv")[:3]
+    pairs = read_text_pairs(sts_dir / "sts-test.csv")[:1]
     handle = ModelHandle.resolve("minilm")
     tok = handle.tokenizer()
     net = load_torch_model(handle.source(), handle.family()).eval()

@@ -18,20 +18,13 @@ import time
 import numpy as np
 import pytest
 
-import fake_engine
 from layerscope.store import store_ranges
 from layerscope.store.store import LayerStore
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 N = 1100  # ranges of 512 rows: [0, 512), [512, 1024), [1024, 1100)
+pytestmark = pytest.mark.usefixtures("fake")  # the test-only engine (tests/extraction/conftest.py)
 KW = dict(engine="fake", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc", prompt="query: ")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fake():
-    fake_engine.register_fake()
-    yield
-    fake_engine.unregister_fake()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from store_checks import assert_same_store
 
 from layerscope.errors import InputError, MissingExtraError
 from layerscope.store.store import LayerStore
@@ -22,18 +23,6 @@ def corpus(n: int, seed: int = 0) -> list[str]:
     texts = [" ".join(rng.choice(WORDS, size=int(rng.integers(0, 40)))) for _ in range(n)]
     texts[3] = "   "  # whitespace-only and empty rows stay rows
     return texts
-
-
-def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
-    assert a.complete and b.complete
-    assert a.ids() == b.ids() and a.texts() == b.texts()
-    assert a.layers == b.layers and a.poolings == b.poolings and a.n == b.n
-    for p in a.poolings:
-        for layer in a.layers:
-            x, y = np.asarray(a[p, layer]), np.asarray(b[p, layer])
-            assert x.shape == y.shape and x.dtype == y.dtype
-            assert np.abs(x.astype(np.float64) - y).max() <= atol, (p, layer)
-    assert bool(np.asarray(b.done_mask()).all())
 
 
 def test_missing_ray_is_one_line(monkeypatch):

@@ -18,33 +18,15 @@ import numpy as np
 import pytest
 
 import fake_engine
+from store_checks import assert_same_store
+
 from layerscope.store import store_ranges
 from layerscope.store.store import LayerStore
 
 TESTS = Path(__file__).resolve().parents[1]
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
+pytestmark = pytest.mark.usefixtures("fake")  # the test-only engine (tests/extraction/conftest.py)
 N = 1100  # five ranges of 256 rows (the last one 76)
-
-
-def assert_same_store(a: LayerStore, b: LayerStore, atol: float = 1e-6) -> None:
-    assert a.complete and b.complete
-    assert a.ids() == b.ids() and a.texts() == b.texts()
-    assert a.layers == b.layers and a.poolings == b.poolings and a.n == b.n
-    for p in a.poolings:
-        for layer in a.layers:
-            x, y = np.asarray(a[p, layer]), np.asarray(b[p, layer])
-            assert x.shape == y.shape and x.dtype == y.dtype == np.float32
-            assert np.abs(x.astype(np.float64) - y).max() <= atol, (p, layer)
-    assert bool(np.asarray(b.done_mask()).all())
-    assert LayerStore.verify(b.path)[1] == []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fake():
-    """The test-only engine, registered for this module alone."""
-    fake_engine.register_fake()
-    yield
-    fake_engine.unregister_fake()
 
 
 @pytest.fixture(scope="module")

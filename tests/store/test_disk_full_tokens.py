@@ -7,31 +7,12 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-
-import pytest
 
 import layerscope
 from layerscope.store.store import LayerStore
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
-
-
-@pytest.fixture
-def disk(tmp_path):
-    """A 160 MiB tmpfs (needs root and mount rights; skipped elsewhere, saying why), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
-    mnt.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(mnt)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _fill(path: Path) -> None:
@@ -54,7 +35,8 @@ def _fill(path: Path) -> None:
         os.close(fd)
 
 
-def test_disk_filling_up_during_extract_tokens(bert_export, disk, tmp_path):
+def test_disk_filling_up_during_extract_tokens(bert_export, tmpfs, tmp_path):
+    disk = tmpfs("160m")
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"text {i} " + "word " * 20 + "\n" for i in range(3000)), encoding="utf-8")
     store = disk / "s"

@@ -12,7 +12,6 @@ import resource
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -24,22 +23,6 @@ from layerscope.store.store import LayerStore
 from layerscope.store.store_spec import StoreSpec
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs (needs root and mount rights; skipped elsewhere), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mnt = tmp_path / f"disk-{uuid.uuid4().hex[:8]}"
-    mnt.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def _extract(export, corpus, out, preexec=None):
@@ -56,7 +39,8 @@ def _one_line(proc):
     return lines[0]
 
 
-def test_a_too_small_disk_is_one_error_before_any_work(bert_export, small_disk, tmp_path):
+def test_a_too_small_disk_is_one_error_before_any_work(bert_export, tmpfs, tmp_path):
+    small_disk = tmpfs("2m")
     n = 5000
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"short text {i}\n" for i in range(n)), encoding="utf-8")
@@ -70,7 +54,8 @@ def test_a_too_small_disk_is_one_error_before_any_work(bert_export, small_disk, 
     assert not list((small_disk / "s").glob("arrays*")), "no half-made arrays are left behind"
 
 
-def test_a_disk_filling_up_while_writing_is_one_line(bert_export, small_disk, tmp_path):
+def test_a_disk_filling_up_while_writing_is_one_line(bert_export, tmpfs, tmp_path):
+    small_disk = tmpfs("2m")
     corpus = tmp_path / "c.txt"
     corpus.write_text("".join(f"text {i} " + "word " * 200 + "\n" for i in range(3000)), encoding="utf-8")
     proc = _extract(bert_export, corpus, small_disk / "s")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,23 +166,27 @@ def _pick(columns: list[str], given: str | None, names: tuple[str, ...], what: s
                      f"{option} (columns: {', '.join(columns)})")
 
 
-def _read_sts(path: Path) -> tuple[list, list, list, list, list]:
-    s1, s2, scores, ids, genres = [], [], [], [], []
+def tab_rows(path: Path) -> Iterator[tuple[str, list[str]]]:
+    """``(where, columns)`` for each non-blank line of a tab-separated file without quoting or header, in file
+    order: ``where`` is ``path:line`` for messages, the columns are the line split at every tab."""
     with open(path, "r", encoding="utf-8-sig", newline="") as fh:
         for lineno, line in enumerate(fh, 1):
             line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            cols = line.split("\t")
-            where = f"{path}:{lineno}"
-            if len(cols) < 7:
-                raise InputError(f"{where}: line {lineno} has {len(cols)} tab-separated columns; the STS format "
-                                 "has 7 (genre, file, year, id, score, sentence1, sentence2) or 9")
-            scores.append(_score(cols[4], where))
-            s1.append(_sentence(cols[5], "sentence1 (column 6)", where))
-            s2.append(_sentence(cols[6], "sentence2 (column 7)", where))
-            ids.append(f"{cols[1]}-{cols[2]}-{cols[3]}")
-            genres.append(cols[0])
+            if line.strip():
+                yield f"{path}:{lineno}", line.split("\t")
+
+
+def _read_sts(path: Path) -> tuple[list, list, list, list, list]:
+    s1, s2, scores, ids, genres = [], [], [], [], []
+    for where, cols in tab_rows(path):
+        if len(cols) < 7:
+            raise InputError(f"{where}: {len(cols)} tab-separated columns; the STS format "
+                             "has 7 (genre, file, year, id, score, sentence1, sentence2) or 9")
+        scores.append(_score(cols[4], where))
+        s1.append(_sentence(cols[5], "sentence1 (column 6)", where))
+        s2.append(_sentence(cols[6], "sentence2 (column 7)", where))
+        ids.append(f"{cols[1]}-{cols[2]}-{cols[3]}")
+        genres.append(cols[0])
     return s1, s2, scores, ids, genres
 
 

@@ -23,7 +23,7 @@ def check_text(text, where: str) -> str:
 
 def read_text_pairs(source: str | os.PathLike) -> list[tuple[str, str]]:
     """The pairs of a file, in file order."""
-    from layerscope.data.pairs import _S1_NAMES, _S2_NAMES, _detect, _pick, read_pairs
+    from layerscope.data.pairs import _S1_NAMES, _S2_NAMES, _detect, _pick, read_pairs, tab_rows
 
     path = Path(source).expanduser()
     if not path.exists():
@@ -48,18 +48,12 @@ def read_text_pairs(source: str | os.PathLike) -> list[tuple[str, str]]:
             pairs = list(zip(got.s1, got.s2))
         else:
             pairs = []
-            with open(path, "r", encoding="utf-8-sig", newline="") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    line = line.rstrip("\r\n")
-                    if not line.strip():
-                        continue
-                    cols = line.split("\t")
-                    where = f"{path}:{lineno}"
-                    if len(cols) != 2:
-                        raise InputError(f"{where}: {len(cols)} tab-separated fields; a pairs line is "
-                                         "'text A<TAB>text B' (or use JSONL with sentence1/sentence2)")
-                    pairs.append((check_text(cols[0], f"{where}: the first text"),
-                                  check_text(cols[1], f"{where}: the second text")))
+            for where, cols in tab_rows(path):
+                if len(cols) != 2:
+                    raise InputError(f"{where}: {len(cols)} tab-separated fields; a pairs line is "
+                                     "'text A<TAB>text B' (or use JSONL with sentence1/sentence2)")
+                pairs.append((check_text(cols[0], f"{where}: the first text"),
+                              check_text(cols[1], f"{where}: the second text")))
     except UnicodeDecodeError as exc:
         raise InputError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not pairs:

@@ -20,7 +20,7 @@ import numpy as np
 
 from layerscope.errors import ExportError
 from layerscope.export import external, lean
-from layerscope.export.manifest_write import FP32_RTOL, _manifest, _save_tokenizer, fp32_worst, opset_of_file
+from layerscope.export.manifest_write import FP32_RTOL, build_manifest, fp32_worst, opset_of_file, save_tokenizer
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names
 from layerscope.export.onnx_config import make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
@@ -125,7 +125,7 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
             trace_step(trace, work)
         say("adding raw embeddings and in-graph pooling")
         onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
-        tokenizer_info = _save_tokenizer(source, work, trust_remote_code, model.max_length)
+        tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
         say("keeping the decoding head (lm_head.safetensors) for the lens")
         from layerscope.export.lm_head import save_head
 
@@ -135,8 +135,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
                                  family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
-        manifest = _manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
-                             time.perf_counter() - t0, work)
+        manifest = build_manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
+                                  time.perf_counter() - t0, work)
         manifest.update(tokenizer=tokenizer_info, export_path=_export_path(family, source, trust_remote_code),
                         lm_head=head_entry,  # a lens made later reads its head here, not from the checkpoint
                         export_peak_rss_bytes=_peak_rss())

@@ -19,7 +19,7 @@ from layerscope.model.manifest_type import Manifest
 FP32_RTOL = 1e-5  # fp32 outputs: |onnx - torch| <= atol + FP32_RTOL x the output's largest |value| (recorded)
 
 
-def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
+def save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int) -> dict[str, Any]:
     """Save the tokenizer; say whether the ``tokenizers``-only path reproduces it exactly."""
     from layerscope.model.source import load_tokenizer
     from layerscope.model.fast_tokenizer import FastTokenizer, matches_hf, special_ids
@@ -38,7 +38,10 @@ def _save_tokenizer(source, work: Path, trust_remote_code: bool, max_length: int
     return {"fast": fast_ok, "special_ids": ids}
 
 
-def _manifest(model: Manifest, onnx_info, pooled_modes, parity, opset, atol, seconds, work: Path) -> dict[str, Any]:
+def build_manifest(model: Manifest, onnx_info, pooled_modes, parity, opset, atol, seconds,
+                   work: Path) -> dict[str, Any]:
+    """The manifest of the export in ``work`` (not yet written): the model's facts, the ONNX file's outputs,
+    hashes and sizes, the parity verdict and the versions that made it."""
     import onnxruntime
 
     import torch

@@ -158,7 +158,7 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
     ``dtype="fp16"`` traces an fp16 copy of the tower and holds every output to a depth-scaled cosine
     against the fp32 tower (export/half.py), the figures recorded in the manifest's parity."""
     from layerscope.atomic import staged_dir
-    from layerscope.export.manifest_write import _manifest, fp32_worst, opset_of_file
+    from layerscope.export.manifest_write import build_manifest, fp32_worst, opset_of_file
     from layerscope.model.families import FAMILIES
     from layerscope.model.manifest_check import file_records
     from layerscope.model.source import load_config
@@ -196,8 +196,8 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
         say("checking every output against PyTorch (fp32)")
         parity = compare_vision(tower, work / ONNX_FILE, processor, image, modes)
         worst_name, worst = fp32_worst(parity, atol, rtol)
-        manifest = _manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
-                             time.perf_counter() - t0, work)
+        manifest = build_manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
+                                  time.perf_counter() - t0, work)
         if half:  # held to cosines by depth, not to fp32's absolute tolerance
             _check_half(spec, manifest, parity, model.num_layers, onnx_info)
         manifest.update(export_path="torch", pooled_output=JOINT_OUTPUT if joint else None,

@@ -166,10 +166,10 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
         spooled = spool_store(ex, req.source, reader, encoder, lengths_now=True)
     if eng is None:
         eng = _start_engine(ex, req, made=None if store is None else store.spec)
-    if store is None:
-        ex.spec = ex.spec.replace(batch_tokens=int(req.batch_tokens or eng.preferred_batch_tokens))
-        store = state["store"] = create_store(ex, spooled, engine_info=eng.info.to_dict())
     batch_tokens = int(req.batch_tokens or eng.preferred_batch_tokens)
+    if store is None:
+        ex.spec = ex.spec.replace(batch_tokens=batch_tokens)
+        store = state["store"] = create_store(ex, spooled, engine_info=eng.info.to_dict())
     from layerscope.store.npy_files import load_internal
     from layerscope.store.store_layout import LENGTHS
     from layerscope.store.token_write import start_tokens
