@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Option
+from layerscope.analyses.metadata import Option
 from layerscope.errors import InputError
 
 # Cosines whose spread (max - min) is below this are treated as constant: float32 vectors that are
