@@ -31,6 +31,8 @@ def fill(template: str, values: dict[str, Any], escape) -> str:
             continue
         if isinstance(value, (list, tuple)):
             value = ", ".join(str(v) for v in value)
+        elif value is None:
+            value = "undefined"
         try:
             shown = format(value, spec or "") if isinstance(value, (int, float)) and not isinstance(value, bool) \
                 else str(value)
@@ -69,7 +71,7 @@ def _charts(results, curve):
             for line in curve.lines:
                 parts = [model] if several and not curve.per_model else []
                 parts += [line.label] if len(curve.lines) > 1 or not (parts or key) else []
-                label = " ".join([*parts, *key])
+                label = curve.joiner.join([*parts, *key])
                 has_ci = any(f"{line.column}_ci_low" in r for r in rows)
                 lines[label] = ([str(r.get("layer")) for r in rows], [r.get(line.column) for r in rows],
                                 [r.get(f"{line.column}_ci_low") for r in rows] if has_ci else None,
@@ -98,7 +100,9 @@ def plots(decl, results, out_dir: Path) -> list[str]:
             title = curve.title + (f" ({model})" if model and results.several else "")
             files.append(layer_lines(Path(out_dir) / f"{curve.file}{suffix}.png", series, title=title,
                                      ylabel=curve.ylabel, hline=_chance(results, curve), bands=bands or None))
-    return files
+    from layerscope.report import declared_grids
+
+    return files + declared_grids.plots(decl, results, Path(out_dir), fill)
 
 
 # -- report.md --------------------------------------------------------------------------------------------------
@@ -106,7 +110,11 @@ def plots(decl, results, out_dir: Path) -> list[str]:
 def markdown(decl, results) -> str:
     from layerscope.report.writer import md_data, md_table
 
-    parts = []
+    from layerscope.report import declared_grids
+
+    parts = [fill(decl.preface, {"about": _about(decl, results)}, md_data) + "\n"] if decl.preface else []
+    grids = declared_grids.markdown(decl, results, fill, md_data)
+    parts += [grids] if grids else []
     for model, fig in results.per_model.items():
         mine = [fill(decl.sentence, fig.summary, md_data) + "\n"] if decl.sentence else []
         for table in decl.tables:
@@ -122,6 +130,10 @@ def markdown(decl, results) -> str:
         if mine:
             parts += [f"## {md_data(model)}\n", *mine]
     return "\n".join(parts)
+
+
+def _about(decl, results) -> str:
+    return decl.about(results) if decl.about is not None else ""
 
 
 def _item(listing, item: dict[str, Any], escape) -> str:
@@ -158,7 +170,10 @@ def sections(decl, results) -> list:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
             charts.append(layer_curves(series, title=title, ylabel=curve.ylabel, caption=caption, relative=rel,
                                        hline=_chance(results, curve)))
-    text = []
+    from layerscope.report import declared_grids
+
+    charts += declared_grids.charts(decl, results, fill)
+    text = [f"<p>{fill(decl.preface, {'about': _about(decl, results)}, html.escape)}</p>"] if decl.preface else []
     for model, fig in results.per_model.items():
         if decl.sentence:
             name = f"<b>{html.escape(model)}</b>: " if results.several else ""
@@ -170,7 +185,8 @@ def sections(decl, results) -> list:
                 text.append(f"<h3>{html.escape(listing.title)}{' (' + html.escape(model) + ')' if results.several else ''}"
                             f"</h3><ul>{''.join('<li>' + r['item'] + '</li>' for r in rows)}</ul>")
     words = [Section("words", "In words", html="".join(text))] if text else []
-    return [*words, Section("figures", "Layer curves", charts)]
+    title = "Layer curves" if decl.curves or not decl.heatmaps else "Heat maps"
+    return [*words, Section("figures", title, charts)]
 
 
 # -- console ---------------------------------------------------------------------------------------------------
@@ -195,3 +211,6 @@ def console_summary(decl, results, console) -> None:
             for r in rows:
                 t.add_row(*(esc(fmt(r.get(c), table.digits)) for c in columns))
             console.print(t)
+    from layerscope.report import declared_grids
+
+    declared_grids.console_summary(decl, results, console, fill)

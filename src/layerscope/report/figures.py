@@ -1,7 +1,8 @@
 """What an analysis shows, declared once: its curves, tables, prose and listings.
 
 An analysis sets ``AnalysisMetadata.figures`` to a ``Figures`` declaration; ``report/declared.py``
-renders that one declaration to PNG (and SVG), report.md, report.html and the console summary, and
+renders that one declaration to PNG (and SVG), report.md, report.html and the console summary (heat maps and
+grouped bars by ``report/declared_grids.py``), and
 ``analyses/results.py`` checks the declared summary fields and table columns when a results.json
 is read back. An analysis that declares nothing keeps its own ``plots``/``report``/``console_summary``.
 
@@ -12,6 +13,7 @@ Templates (``Figures.sentence``, ``Listing.item``) are ``str.format`` strings ov
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Curve:
     per_model: bool = True
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
     group: tuple[str, ...] = ()  # columns whose values split the rows into lines (e.g. task and pooling)
+    joiner: str = " "  # between the parts of a line's name (model, line, group values)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,48 @@ class Listing:
 
 
 @dataclass(frozen=True)
+class HeatMap:
+    """A matrix as coloured cells: each model's ``value`` (rows of numbers, None for an undefined cell, kept
+    beside the tables), its rows labelled by the list ``rows`` and its columns by ``cols`` (default: ``rows``);
+    with ``block``, one matrix of the run's combined figures, read from that dict of them.
+
+    ``title`` and ``caption`` are templates over the model's summary (or the block's fields) with ``model`` and
+    ``about`` (``Figures.about``); ``scale``: the colour scale's least range, widened to hold every value of every
+    heat map of the run that declares one, so equal colours are equal values across them; ``markdown``: the
+    matrix is also a table in report.md and on the console. Several models: one PNG each, ``FILE_<i>.png``."""
+
+    value: str
+    file: str
+    title: str
+    zlabel: str
+    rows: str = "layers"
+    cols: str | None = None
+    xlabel: str = "layer"
+    ylabel: str = "layer"
+    caption: str = ""
+    block: str | None = None
+    scale: tuple[float, float] | None = None
+    markdown: bool = False
+
+
+@dataclass(frozen=True)
+class Bars:
+    """Grouped bars from each model's rows (a table, or a list of rows kept beside the tables at the dotted
+    path ``rows``, e.g. ``probe.rows``): one group per value of the ``group`` column, in each group one bar per
+    model (where several), per value of the ``split`` column and per ``Line`` (its ``_ci_low``/``_ci_high``
+    columns, where present, drawn as whiskers). Rows whose bars are all empty are left out."""
+
+    rows: str
+    group: str
+    values: tuple[Line, ...]
+    file: str
+    title: str
+    ylabel: str
+    caption: str = ""
+    split: str | None = None
+
+
+@dataclass(frozen=True)
 class Figures:
     """An analysis's figures as reports show them (see the module's docstring)."""
 
@@ -88,3 +133,7 @@ class Figures:
     curves: tuple[Curve, ...] = ()
     tables: tuple[Table, ...] = ()
     listings: tuple[Listing, ...] = ()
+    heatmaps: tuple[HeatMap, ...] = ()
+    bars: tuple[Bars, ...] = ()
+    about: Callable[[Any], str] | None = None  # typed results -> the line titles carry as {about} (data, vectors)
+    preface: str = ""  # report.md's and report.html's words before the models', a template over {about}

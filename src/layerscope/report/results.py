@@ -384,6 +384,20 @@ def _check_declared(results: Results, figures) -> None:
                 for column in table.number_columns(row):
                     _number(row.get(column), f"per_model.{model}.tables.{table.name}[{i}].{column}")
                 _need(row.get(table.key, ""), (str, int), f"per_model.{model}.tables.{table.name}[{i}].{table.key}")
+        for grid in getattr(figures, "heatmaps", ()):
+            if grid.block is None and fig.value(grid.value) is not None:
+                _grid(fig.value(grid.value), f"per_model.{model}.{grid.value}")
+    for grid in getattr(figures, "heatmaps", ()):
+        block = results.combined.value(grid.block) if grid.block is not None else None
+        if isinstance(block, dict) and block.get(grid.value) is not None:
+            _grid(block.get(grid.value), f"combined.{grid.block}.{grid.value}")
+
+
+def _grid(value: Any, where: str) -> None:
+    """A declared heat map's matrix: rows of numbers (or nothing, for an undefined cell)."""
+    for i, row in enumerate(_need(value, list, where)):
+        for j, cell in enumerate(_need(row, list, f"{where}[{i}]")):
+            _number(cell, f"{where}[{i}][{j}]")
 
 
 def _number(value: Any, where: str) -> None:
