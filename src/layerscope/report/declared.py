@@ -15,6 +15,19 @@ from pathlib import Path
 from typing import Any
 
 _LAYER = re.compile(r"raw|\d+")
+_NAME = re.compile(r"[A-Za-z_][\w@]*(\.[\w@]+)*")  # a field, or a dotted path into nested ones: chance.acc@1
+
+
+def lookup(values: dict[str, Any], name: str, default: Any = "undefined") -> Any:
+    """``values[name]``, a dotted ``name`` walking nested dicts; ``default`` where a part is missing."""
+    if not _NAME.fullmatch(name):
+        return default
+    value: Any = values
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return default
+        value = value[part]
+    return value
 
 
 def fill(template: str, values: dict[str, Any], escape) -> str:
@@ -25,7 +38,7 @@ def fill(template: str, values: dict[str, Any], escape) -> str:
         out.append(text)
         if name is None:
             continue
-        value = values.get(name, "undefined") if name.isidentifier() else "undefined"
+        value = lookup(values, name)
         if isinstance(value, _Raw):
             out.append(value)
             continue
@@ -51,8 +64,8 @@ def _rows(results, model: str, curve) -> list[dict[str, Any]]:
 
 def _chance(results, curve):
     if curve.chance is None:
-        return None
-    levels = {fig.summary.get(curve.chance) for fig in results.per_model.values()}
+        return curve.level
+    levels = {lookup(fig.summary, curve.chance, None) for fig in results.per_model.values()}
     level = levels.pop() if len(levels) == 1 else None
     return level if isinstance(level, (int, float)) and not isinstance(level, bool) else None
 
@@ -92,8 +105,10 @@ def plots(decl, results, out_dir: Path) -> list[str]:
 
     files = []
     for curve in decl.curves:
+        if not curve.png:
+            continue
         for suffix, model, lines in _charts(results, curve):
-            if not lines:
+            if not lines or all(v is None for _, values, *_rest in lines.values() for v in values):
                 continue
             series = {label: (layers, values) for label, (layers, values, *_rest) in lines.items()}
             bands = {label: (lo, hi) for label, (_, _, lo, hi, _) in lines.items() if lo is not None}
@@ -112,7 +127,7 @@ def markdown(decl, results) -> str:
 
     from layerscope.report import declared_grids
 
-    parts = [fill(decl.preface, {"about": _about(decl, results)}, md_data) + "\n"] if decl.preface else []
+    parts = [fill(decl.preface, _preface_values(decl, results), md_data) + "\n"] if decl.preface else []
     grids = declared_grids.markdown(decl, results, fill, md_data)
     parts += [grids] if grids else []
     for model, fig in results.per_model.items():
@@ -134,6 +149,11 @@ def markdown(decl, results) -> str:
 
 def _about(decl, results) -> str:
     return decl.about(results) if decl.about is not None else ""
+
+
+def _preface_values(decl, results) -> dict[str, Any]:
+    """What the preface template reads: the run's combined figures (``data.origin``, ...) and ``about``."""
+    return {**results.combined.extra, "about": _about(decl, results)}
 
 
 def _item(listing, item: dict[str, Any], escape) -> str:
@@ -173,7 +193,7 @@ def sections(decl, results) -> list:
     from layerscope.report import declared_grids
 
     charts += declared_grids.charts(decl, results, fill)
-    text = [f"<p>{fill(decl.preface, {'about': _about(decl, results)}, html.escape)}</p>"] if decl.preface else []
+    text = [f"<p>{fill(decl.preface, _preface_values(decl, results), html.escape)}</p>"] if decl.preface else []
     for model, fig in results.per_model.items():
         if decl.sentence:
             name = f"<b>{html.escape(model)}</b>: " if results.several else ""
@@ -186,7 +206,22 @@ def sections(decl, results) -> list:
                             f"</h3><ul>{''.join('<li>' + r['item'] + '</li>' for r in rows)}</ul>")
     words = [Section("words", "In words", html="".join(text))] if text else []
     title = "Layer curves" if decl.curves or not decl.heatmaps else "Heat maps"
-    return [*words, Section("figures", title, charts)]
+    return [*words, Section("figures", title, charts), *page_sections(decl, results)]
+
+
+def page_sections(decl, results) -> list:
+    """The page's own sections an analysis names in ``Figures.page`` (a browser, token highlights), after its
+    charts; a section with nothing to show (older results) is left out."""
+    out = []
+    for name in decl.page:
+        if name == "neighbours":
+            from layerscope.report.html_neighbours import neighbour_section as make
+        else:
+            raise ValueError(f"no report.html section named {name!r}")
+        section = make(results)
+        if section is not None:
+            out.append(section)
+    return out
 
 
 # -- console ---------------------------------------------------------------------------------------------------
@@ -205,7 +240,7 @@ def console_summary(decl, results, console) -> None:
             if not rows:
                 continue
             t = Table(title=f"{esc(results.analysis)} - {esc(model)}")
-            columns = table.shown(rows)
+            columns = list(table.console) if table.console is not None else table.shown(rows)
             for c in columns:
                 t.add_column(esc(c), justify="right")
             for r in rows:

@@ -36,7 +36,9 @@ class Curve:
     title: str
     ylabel: str
     caption: str = ""
-    chance: str | None = None  # a summary field drawn as a dashed line (the chance level)
+    chance: str | None = None  # a summary field (or dotted path: chance.acc@1) drawn as a dashed line (chance)
+    level: float | None = None  # a fixed dashed line where ``chance`` names none (z = 0, say)
+    png: bool = True  # False: drawn on report.html only
     per_model: bool = True
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
     group: tuple[str, ...] = ()  # columns whose values split the rows into lines (e.g. task and pooling)
@@ -47,7 +49,7 @@ class Curve:
 class Table:
     """A table of each model's figures: ``columns`` shown in report.md and the console (the CSV and
     report.html hold every column); columns whose name starts with one of ``prefixes`` follow them, as the
-    rows hold them; ``numbers``: the columns that hold a number or nothing (checked on load; default:
+    rows hold them (where some row holds a value); ``numbers``: the columns that hold a number or nothing (checked on load; default:
     every shown column but ``key``)."""
 
     name: str
@@ -56,10 +58,11 @@ class Table:
     prefixes: tuple[str, ...] = ()
     digits: int = 3
     numbers: tuple[str, ...] | None = None
+    console: tuple[str, ...] | None = None  # the columns the console shows (default: the shown ones)
 
     def shown(self, rows) -> list[str]:
-        extra = [c for row in rows[:1] for c in row if c not in self.columns and c.startswith(self.prefixes)] \
-            if self.prefixes else []
+        extra = [c for row in rows[:1] for c in row if c not in self.columns and c.startswith(self.prefixes)
+                 and any(r.get(c) is not None for r in rows)] if self.prefixes else []
         return [*self.columns, *extra]
 
     def number_columns(self, row) -> list[str]:
@@ -136,4 +139,5 @@ class Figures:
     heatmaps: tuple[HeatMap, ...] = ()
     bars: tuple[Bars, ...] = ()
     about: Callable[[Any], str] | None = None  # typed results -> the line titles carry as {about} (data, vectors)
-    preface: str = ""  # report.md's and report.html's words before the models', a template over {about}
+    preface: str = ""  # report.md's and report.html's words before the models': the combined figures and {about}
+    page: tuple[str, ...] = ()  # report.html's own sections after the charts, by name ("neighbours": alignment's)

@@ -187,37 +187,6 @@ def pooling_views(results) -> list[Section]:
     return [Section("figures", "Charts", charts)]
 
 
-def alignment_views(results) -> list[Section]:
-    from layerscope.report.html_neighbours import neighbour_section
-
-    origin = ((results.get("combined") or {}).get("data") or {}).get("origin") or data_name(results)
-    cap = f"Pairs: {origin}."
-    chances = [(f.get("summary") or {}).get("chance") or {} for f in per_model(results).values()]
-    chance = chances[0] if chances and all(c == chances[0] for c in chances) else {}
-    intervals = next((str(s) for s in ((f.get("summary") or {}).get("intervals") for f in per_model(results).values())
-                      if s), "")
-    charts = []
-    for value, title, ylabel, hline in (
-            ("z", "matched vs scrambled pairs: z-score by layer", "z = (matched − scrambled mean) / std", 0.0),
-            ("effect", "matched minus scrambled mean cosine (the size-free effect) by layer", "cosine", 0.0),
-            ("acc@1_src2tgt", "retrieval source → target: accuracy@1 by layer", "accuracy@1", chance.get("acc@1")),
-            ("acc@1_tgt2src", "retrieval target → source: accuracy@1 by layer", "accuracy@1", chance.get("acc@1")),
-            ("mrr_src2tgt", "retrieval source → target: MRR by layer", "MRR", chance.get("mrr")),
-            ("mutual_knn", "mutual k-NN overlap of the two sides by layer", "share of shared neighbours", None),
-            ("pc0_abs_d", "language split on PC0: |Cohen's d| by layer", "|d| on PC0", None)):
-        notes = [" z above ~3 means the pairs line up beyond chance." if value == "z" else "",
-                 f" Dashed line: chance ({hline:.3g})." if hline is not None else "",
-                 f" Band: {intervals}." if intervals and value in ("z", "effect", "acc@1_src2tgt", "acc@1_tgt2src",
-                                                                   "mrr_src2tgt") else ""]
-        charts += curves(results, table_series(results, "alignment_layers", value), title=title, ylabel=ylabel,
-                         hline=hline, caption=cap + "".join(notes))
-    sections = [Section("figures", "Layer curves", charts)]
-    nb = neighbour_section(results)
-    if nb is not None:
-        sections.append(nb)
-    return sections
-
-
 def similarity_views(results) -> list[Section]:
     from layerscope.report.similarity_figs import colour_scale, subtitle
 
@@ -412,7 +381,7 @@ def explain_views(results) -> list[Section]:
 
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
-    "alignment": alignment_views, "similarity": similarity_views, "lens": lens_views,
+"similarity": similarity_views, "lens": lens_views,
     "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
     "explain": explain_views,
 }
