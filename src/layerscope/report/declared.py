@@ -112,9 +112,9 @@ def plots(decl, results, out_dir: Path) -> list[str]:
                 continue
             series = {label: (layers, values) for label, (layers, values, *_rest) in lines.items()}
             bands = {label: (lo, hi) for label, (_, _, lo, hi, _) in lines.items() if lo is not None}
-            title = curve.title + (f" ({model})" if model and results.several else "")
+            title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
             files.append(layer_lines(Path(out_dir) / f"{curve.file}{suffix}.png", series, title=title,
-                                     ylabel=curve.ylabel, hline=_chance(results, curve), bands=bands or None))
+                                     ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve), bands=bands or None))
     from layerscope.report import declared_grids
 
     return files + declared_grids.plots(decl, results, Path(out_dir), fill)
@@ -133,11 +133,11 @@ def markdown(decl, results) -> str:
     for model, fig in results.per_model.items():
         mine = [fill(decl.sentence, fig.summary, md_data) + "\n"] if decl.sentence else []
         for table in decl.tables:
-            rows = [md_data(r) for r in fig.table(table.name)]
+            rows = [md_data(_p_shown(table, r)) for r in fig.rows(table.name)]
             if rows:
                 mine.append(md_table(rows, table.shown(rows), digits=table.digits))
         for listing in decl.listings:
-            items = [x for x in fig.value(listing.value) or [] if isinstance(x, dict)]
+            items = _items(listing, fig)
             if items:
                 mine.append(f"{md_data(listing.title)}:\n")
                 mine += [f"- {_item(listing, x, md_data)}" for x in items[:listing.limit]]
@@ -147,13 +147,30 @@ def markdown(decl, results) -> str:
     return "\n".join(parts)
 
 
+def _p_shown(table, row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its p-value columns written as p-values are read (report/numbers.py ``p_value``)."""
+    from layerscope.report.numbers import p_value
+
+    return {**row, **{c: p_value(row[c]) for c in table.p_values if c in row}}
+
+
 def _about(decl, results) -> str:
     return decl.about(results) if decl.about is not None else ""
+
+
+def _text(decl, results, template: str) -> str:
+    """A chart's title or axis label: ``{about}`` filled in, as text (the chart escapes it for its medium)."""
+    return fill(template, {"about": _about(decl, results)}, str) if "{" in template else template
 
 
 def _preface_values(decl, results) -> dict[str, Any]:
     """What the preface template reads: the run's combined figures (``data.origin``, ...) and ``about``."""
     return {**results.combined.extra, "about": _about(decl, results)}
+
+
+def _items(listing, fig) -> list[dict[str, Any]]:
+    """A listing's items: the rows its ``value`` names, those whose ``where`` field holds something."""
+    return [x for x in fig.rows(listing.value) if listing.where is None or x.get(listing.where)]
 
 
 def _item(listing, item: dict[str, Any], escape) -> str:
@@ -184,11 +201,11 @@ def sections(decl, results) -> list:
                       for label, (layers, values, lo, hi, owner) in lines.items()]
             if not series or all(all(v is None for v in s.values) for s in series):
                 continue
-            title = curve.title + (f" ({model})" if model and results.several else "")
+            title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
             caption = curve.caption + (" Dashed line: chance." if _chance(results, curve) is not None else "")
             if rel:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
-            charts.append(layer_curves(series, title=title, ylabel=curve.ylabel, caption=caption, relative=rel,
+            charts.append(layer_curves(series, title=title, ylabel=_text(decl, results, curve.ylabel), caption=caption, relative=rel,
                                        hline=_chance(results, curve)))
     from layerscope.report import declared_grids
 
@@ -199,7 +216,7 @@ def sections(decl, results) -> list:
             name = f"<b>{html.escape(model)}</b>: " if results.several else ""
             text.append(f"<p>{name}{fill(decl.sentence, fig.summary, html.escape)}</p>")
         for listing in decl.listings:
-            items = [x for x in fig.value(listing.value) or [] if isinstance(x, dict)][:listing.html_limit]
+            items = _items(listing, fig)[:listing.html_limit]
             if items:
                 rows = [{"item": _Raw(_item(listing, x, html.escape))} for x in items]
                 text.append(f"<h3>{html.escape(listing.title)}{' (' + html.escape(model) + ')' if results.several else ''}"
@@ -235,8 +252,8 @@ def console_summary(decl, results, console) -> None:
     for model, fig in results.per_model.items():
         if decl.sentence:
             console.print(f"{esc(model)}: {fill(decl.sentence, fig.summary, esc)}", soft_wrap=True)
-        for table in decl.tables[:1]:
-            rows = list(fig.table(table.name))
+        for table in [t for i, t in enumerate(decl.tables) if i == 0 or t.console is not None]:
+            rows = list(fig.rows(table.name))
             if not rows:
                 continue
             t = Table(title=f"{esc(results.analysis)} - {esc(model)}")
@@ -244,6 +261,7 @@ def console_summary(decl, results, console) -> None:
             for c in columns:
                 t.add_column(esc(c), justify="right")
             for r in rows:
+                r = _p_shown(table, r)
                 t.add_row(*(esc(fmt(r.get(c), table.digits)) for c in columns))
             console.print(t)
     from layerscope.report import declared_grids

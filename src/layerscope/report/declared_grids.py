@@ -20,18 +20,6 @@ def _about(decl, results) -> str:
     return decl.about(results) if decl.about is not None else ""
 
 
-def rows_at(fig, path: str) -> list[dict[str, Any]]:
-    """The rows a ``Bars`` declaration names: a table of ``fig``, or a list of rows at a dotted path of its
-    other figures (``probe.rows``); what is not a list of rows there is none."""
-    if path in fig.tables:
-        return list(fig.table(path))
-    head, *rest = path.split(".")
-    value = fig.value(head)
-    for part in rest:
-        value = value.get(part) if isinstance(value, dict) else None
-    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
-
-
 # -- heat maps -----------------------------------------------------------------------------------------------
 
 class Grid:
@@ -104,7 +92,7 @@ def bar_groups(spec, results) -> tuple[dict[str, dict[str, Any]], dict[str, dict
     groups: dict[str, dict[str, Any]] = {}
     errors: dict[str, dict[str, tuple[Any, Any]]] = {}
     for model, fig in results.per_model.items():
-        for r in rows_at(fig, spec.rows):
+        for r in fig.rows(spec.rows):
             for line in spec.values:
                 value = _number(r.get(line.column))
                 if value is None:

@@ -47,7 +47,7 @@ class Curve:
 
 @dataclass(frozen=True)
 class Table:
-    """A table of each model's figures: ``columns`` shown in report.md and the console (the CSV and
+    """A table of each model's figures (``name``: a table, or a dotted path to a list of rows beside them): ``columns`` shown in report.md and the console (the CSV and
     report.html hold every column); columns whose name starts with one of ``prefixes`` follow them, as the
     rows hold them (where some row holds a value); ``numbers``: the columns that hold a number or nothing (checked on load; default:
     every shown column but ``key``)."""
@@ -59,6 +59,7 @@ class Table:
     digits: int = 3
     numbers: tuple[str, ...] | None = None
     console: tuple[str, ...] | None = None  # the columns the console shows (default: the shown ones)
+    p_values: tuple[str, ...] = ()  # columns of p-values: shown as 1.2e-05 (below the smallest double: < 1e-300)
 
     def shown(self, rows) -> list[str]:
         extra = [c for row in rows[:1] for c in row if c not in self.columns and c.startswith(self.prefixes)
@@ -73,7 +74,8 @@ class Table:
 
 @dataclass(frozen=True)
 class Listing:
-    """A list kept beside the tables (``Figures.extra[value]``): one line per item, at most ``limit``;
+    """A list kept beside the tables (``Figures.extra[value]``; a table, a dotted path or one dict of them: see
+    ``ModelFigures.rows``): one line per item, at most ``limit``;
     ``item`` formats the item, ``each`` its sub-items (under ``sub``), joined with "; " into ``{sub}``."""
 
     value: str
@@ -83,6 +85,7 @@ class Listing:
     each: str = ""
     limit: int = 5
     html_limit: int = 50
+    where: str | None = None  # only the items whose field ``where`` holds something
 
 
 @dataclass(frozen=True)

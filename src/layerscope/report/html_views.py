@@ -87,32 +87,6 @@ def _model_suffix(results) -> str:
 
 # -- one function per analysis ------------------------------------------------------------------------
 
-def sts_views(results) -> list[Section]:
-    on = data_name(results)
-    n_boot = ((results.get("settings") or {}).get("options") or {}).get("n_boot")
-    pairs = {m: (f.get("summary") or {}).get("pairs") for m, f in per_model(results).items()}
-    n_pairs = ", ".join(dict.fromkeys(f"{p:,}" for p in pairs.values() if isinstance(p, int))) or "the"
-    charts = []
-    for value, name in (("spearman", "Spearman"), ("pearson", "Pearson")):
-        charts += curves(results, table_series(results, "layers", value),
-                         title=f"STS: {name} correlation of cosine vs human score, by layer{_model_suffix(results)}",
-                         ylabel=f"{name} r ({on})",
-                         caption=f"{name} correlation between the cosine of each pair's two sentence vectors and "
-                                 f"the human similarity score, over {n_pairs} pairs of {on}. Band: 95% pair "
-                                 f"bootstrap interval ({n_boot or '?'} resamples).")
-    groups, errors = {}, {}
-    for model, fig in per_model(results).items():
-        for r in (fig.get("probe") or {}).get("rows", []):
-            key = model if multi(results) else "Spearman"
-            groups.setdefault(r["name"], {})[key] = r.get("spearman")
-            errors.setdefault(r["name"], {})[key] = (r.get("spearman_ci_low"), r.get("spearman_ci_high"))
-    if groups:
-        charts.append(bars(groups, title=f"STS: learned probes vs single layers{_model_suffix(results)}",
-                           ylabel=f"Spearman r ({on})", errors=errors,
-                           caption=f"Spearman correlation on {on} of each probe and of the best single layers."))
-    return [Section("figures", "Layer curves", charts)]
-
-
 def compositionality_views(results) -> list[Section]:
     charts = []
     for value, label, hline in (("mean_diff", "mean cos(paraphrase) − cos(same-words negative)", 0.0),
@@ -380,7 +354,7 @@ def explain_views(results) -> list[Section]:
 
 
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
-    "sts": sts_views, "compositionality": compositionality_views, "pooling": pooling_views,
+"compositionality": compositionality_views, "pooling": pooling_views,
 "similarity": similarity_views, "lens": lens_views,
     "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
     "explain": explain_views,

@@ -116,6 +116,19 @@ class ModelFigures:
         """The rows of table ``name`` (none where the run wrote no such table)."""
         return self.tables.get(name, ())
 
+    def rows(self, path: str) -> tuple[dict[str, Any], ...]:
+        """The rows a declaration names: table ``path``, else what the dotted ``path`` names among the other
+        figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither."""
+        if path in self.tables:
+            return self.tables[path]
+        head, *rest = path.split(".")
+        value = self.extra.get(head)
+        for part in rest:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, dict):
+            return (value,)
+        return tuple(r for r in value if isinstance(r, dict)) if isinstance(value, list) else ()
+
     def value(self, name: str, default: Any = None) -> Any:
         """A figure the analysis keeps beside its summary and tables (``layers``, ``neighbours``, ...)."""
         return self.extra.get(name, default)
@@ -380,7 +393,7 @@ def _check_declared(results: Results, figures) -> None:
         for name in figures.summary_numbers:
             _number(fig.summary.get(name), f"per_model.{model}.summary.{name}")
         for table in figures.tables:
-            for i, row in enumerate(fig.table(table.name)):
+            for i, row in enumerate(fig.rows(table.name)):
                 for column in table.number_columns(row):
                     _number(row.get(column), f"per_model.{model}.tables.{table.name}[{i}].{column}")
                 _need(row.get(table.key, ""), (str, int), f"per_model.{model}.tables.{table.name}[{i}].{table.key}")
