@@ -128,8 +128,9 @@ def markdown(decl, results) -> str:
     from layerscope.report import declared_grids
 
     parts = [fill(decl.preface, _preface_values(decl, results), md_data) + "\n"] if decl.preface else []
-    grids = declared_grids.markdown(decl, results, fill, md_data)
-    parts += [grids] if grids else []
+    grids = declared_grids.grids(decl, results, fill)
+    note = declared_grids.scale_note(grids)
+    parts += [note] if note else []
     for model, fig in results.per_model.items():
         mine = [fill(decl.sentence, fig.summary, md_data) + "\n"] if decl.sentence else []
         for table in decl.tables:
@@ -142,8 +143,10 @@ def markdown(decl, results) -> str:
                 mine.append(f"{md_data(listing.title)}:\n")
                 mine += [f"- {_item(listing, x, md_data)}" for x in items[:listing.limit]]
                 mine.append("")
+        mine += [t for g in grids if g.model == model and (t := declared_grids.grid_markdown(g, md_data))]
         if mine:
             parts += [f"## {md_data(model)}\n", *mine]
+    parts += [t for g in grids if g.model is None and (t := declared_grids.grid_markdown(g, md_data))]
     return "\n".join(parts)
 
 

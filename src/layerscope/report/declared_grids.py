@@ -25,8 +25,9 @@ def _about(decl, results) -> str:
 class Grid:
     """One heat map to draw: the matrix, its labels, its filled title and caption and its PNG name."""
 
-    def __init__(self, spec, file: str, title: str, caption: str, matrix, rows, cols, xlabel: str, ylabel: str):
-        self.spec, self.file, self.title, self.caption = spec, file, title, caption
+    def __init__(self, spec, file: str, title: str, caption: str, matrix, rows, cols, xlabel: str, ylabel: str,
+                 model: str | None = None):
+        self.spec, self.file, self.title, self.caption, self.model = spec, file, title, caption, model
         self.matrix = [[_number(v) for v in row] for row in matrix]
         self.rows, self.cols = [str(r) for r in rows], [str(c) for c in cols]
         self.xlabel, self.ylabel = xlabel, ylabel
@@ -68,7 +69,7 @@ def grids(decl, results, fill) -> list[Grid]:
                 continue
             values = {**fig.summary, "model": model, "about": about}
             out.append(Grid(spec, spec.file + (f"_{i}" if results.several else ""), fill(spec.title, values, _plain),
-                            fill(spec.caption, values, _plain), *got, spec.xlabel, spec.ylabel))
+                            fill(spec.caption, values, _plain), *got, spec.xlabel, spec.ylabel, model))
     return out
 
 
@@ -132,22 +133,22 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
     return files
 
 
-def markdown(decl, results, fill, md_data) -> str:
-    """The heat maps declared ``markdown=True`` as tables (two decimals), under the colour scale's note."""
-    made = grids(decl, results, fill)
+def scale_note(made: list[Grid]) -> str:
+    """report.md's line on the one colour scale ("" where no heat map declares one)."""
     shared = scale(made)
-    parts = []
-    if shared is not None:
-        parts.append(f"Every heat map uses one colour scale, {shared[0]:.3g} to {shared[1]:.3g}, so equal colours "
-                     "are equal values across figures.\n")
-    for g in made:
-        if g.spec.markdown:
-            head = [md_data(g.ylabel), *(md_data(c) for c in g.cols)]
-            lines = [f"{md_data(g.title)}:\n", "| " + " | ".join(head) + " |", "|---|" + "---|" * len(g.cols)]
-            lines += [f"| {md_data(r)} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row) + " |"
-                      for r, row in zip(g.rows, g.matrix)]
-            parts.append("\n".join(lines) + "\n")
-    return "\n".join(parts)
+    return "" if shared is None else (f"Every heat map uses one colour scale, {shared[0]:.3g} to {shared[1]:.3g}, "
+                                      "so equal colours are equal values across figures.\n")
+
+
+def grid_markdown(g: Grid, md_data) -> str:
+    """A heat map declared ``markdown=True`` as a report.md table (two decimals); "" for the others."""
+    if not g.spec.markdown:
+        return ""
+    head = [md_data(g.ylabel), *(md_data(c) for c in g.cols)]
+    lines = [f"{md_data(g.title)}:\n", "| " + " | ".join(head) + " |", "|---|" + "---|" * len(g.cols)]
+    lines += [f"| {md_data(r)} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row) + " |"
+              for r, row in zip(g.rows, g.matrix)]
+    return "\n".join(lines) + "\n"
 
 
 def charts(decl, results, fill) -> list:

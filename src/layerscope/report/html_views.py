@@ -161,39 +161,6 @@ def pooling_views(results) -> list[Section]:
     return [Section("figures", "Charts", charts)]
 
 
-def similarity_views(results) -> list[Section]:
-    from layerscope.report.similarity_figs import colour_scale, subtitle
-
-    charts = []
-    origin = ((results.get("combined") or {}).get("data") or {}).get("origin") or data_name(results)
-    low, high = colour_scale(results)  # one scale for every heat map, as in the PNGs
-    about = subtitle(results)
-    for model, fig in per_model(results).items():
-        layers = [str(x) for x in fig.get("layers") or []]
-        n = (fig.get("summary") or {}).get("n")
-        for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
-                           ("mutual_knn", f"mutual {(fig.get('summary') or {}).get('knn_k')}-NN")):
-            if fig.get(key) is None:
-                continue
-            charts.append(heatmap(fig[key], layers, layers, title=f"{title} between layers: {model} ({about})",
-                                  xlabel="layer", ylabel="layer", zlabel=title, zmin=low, zmax=high,
-                                  caption=f"{title} between every two layers' vectors of {n} texts ({origin}). "
-                                          f"Colour scale {low:g} to {high:g} for every heat map here."))
-    cross = (results.get("combined") or {}).get("cross")
-    if isinstance(cross, dict):
-        for key, name in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
-                          ("mutual_knn", "mutual k-NN")):
-            if cross.get(key) is not None:
-                a, b = cross.get("model_a"), cross.get("model_b")
-                charts.append(heatmap(cross[key], [str(x) for x in cross.get("layers_a") or []],
-                                      [str(x) for x in cross.get("layers_b") or []],
-                                      title=f"{name}: {a} vs {b} ({about})",
-                                      ylabel=f"layer of {a}", xlabel=f"layer of {b}",
-                                      zlabel=name, zmin=low, zmax=high,
-                                      caption=f"Every layer of one model against every layer of the other ({origin})."))
-    return [Section("figures", "Heat maps", charts)]
-
-
 def lens_views(results) -> list[Section]:
     charts = []
     rank, agree = [], []
@@ -355,7 +322,7 @@ def explain_views(results) -> list[Section]:
 
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
 "compositionality": compositionality_views, "pooling": pooling_views,
-"similarity": similarity_views, "lens": lens_views,
+"lens": lens_views,
     "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
     "explain": explain_views,
 }

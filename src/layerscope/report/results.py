@@ -373,9 +373,37 @@ class Results:
     @property
     def data_origin(self) -> str | None:
         """Where built-in data came from, as the analysis recorded it (e.g. "generated zh-en (n=200, seed=0)")."""
-        data = self.combined.value("data")
-        origin = data.get("origin") if isinstance(data, dict) else None
-        return None if origin is None else str(origin)
+        return self.data.origin
+
+    @property
+    def data(self) -> DataInfo:
+        """What the run's data was, as the analysis recorded it in its combined figures (``data``)."""
+        return DataInfo.read(self.combined.value("data"))
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """The run's data as an analysis records it (``combined.data``): where it came from, a short label, how many
+    items, and the vectors compared (``pooling``, or token vectors)."""
+
+    origin: str | None = None
+    label: str | None = None
+    n: int | None = None
+    pooling: str | None = None
+    tokens: bool = False
+
+    @classmethod
+    def read(cls, doc: Any) -> DataInfo:
+        if not isinstance(doc, dict):
+            return cls()
+
+        def text(key: str) -> str | None:
+            return None if doc.get(key) is None else str(doc.get(key))
+
+        n = doc.get("n")
+        return cls(origin=text("origin"), label=text("label"),
+                   n=n if isinstance(n, int) and not isinstance(n, bool) else None, pooling=text("pooling"),
+                   tokens=bool(doc.get("tokens")))
 
 
 def as_results(results: Results | dict[str, Any]) -> Results:
