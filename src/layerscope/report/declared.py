@@ -10,56 +10,26 @@ from __future__ import annotations
 
 import html
 import re
-import string
 from pathlib import Path
 from typing import Any
 
+from layerscope.report.templates import Raw as _Raw, fill, lookup  # noqa: F401  (fill: what callers import)
+
 _LAYER = re.compile(r"raw|\d+")
-_NAME = re.compile(r"[A-Za-z_][\w@]*(\.[\w@]+)*")  # a field, or a dotted path into nested ones: chance.acc@1
-
-
-def lookup(values: dict[str, Any], name: str, default: Any = "undefined") -> Any:
-    """``values[name]``, a dotted ``name`` walking nested dicts; ``default`` where a part is missing."""
-    if not _NAME.fullmatch(name):
-        return default
-    value: Any = values
-    for part in name.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return default
-        value = value[part]
-    return value
-
-
-def fill(template: str, values: dict[str, Any], escape) -> str:
-    """``template`` (ours) over ``values`` (from results, each escaped by ``escape``): names only, formats
-    such as ``{x:.3f}`` or ``{n:,}`` applied to numbers; a format a value cannot take shows the value as is."""
-    out = []
-    for text, name, spec, _ in string.Formatter().parse(template):
-        out.append(text)
-        if name is None:
-            continue
-        value = lookup(values, name)
-        if isinstance(value, _Raw):
-            out.append(value)
-            continue
-        if isinstance(value, (list, tuple)):
-            value = ", ".join(str(v) for v in value)
-        elif value is None:
-            value = "undefined"
-        try:
-            shown = format(value, spec or "") if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                else str(value)
-        except (ValueError, TypeError):
-            shown = str(value)
-        out.append(escape(shown))
-    return "".join(out)
-
-
 def _rows(results, model: str, curve) -> list[dict[str, Any]]:
     rows = list(results.per_model[model].table(curve.table))
     if curve.layers_only:
-        rows = [r for r in rows if _LAYER.fullmatch(str(r.get("layer", "")))]
-    return rows
+        rows = [r for r in rows if _LAYER.fullmatch(str(r.get(curve.x, "")))]
+    return [r for r in rows if curve.where is None or curve.where(r)]
+
+
+def _ci(line, row, end: str):
+    return row.get(line.ci[0 if end == "low" else 1]) if line.ci else row.get(f"{line.column}_ci_{end}")
+
+
+def slug(model: str) -> str:
+    """A model's name as a file name part (``{slug}`` in a declared file name)."""
+    return "".join(ch if ch.isalnum() else "_" for ch in model)[-40:]
 
 
 def _chance(results, curve):
@@ -71,30 +41,38 @@ def _chance(results, curve):
 
 
 def _charts(results, curve):
-    """(file suffix, model or None, {label: (layers, values, low, high, model)}) per chart of a curve: a line
-    per declared ``Line``, per model where models share a chart, and per value of the ``group`` columns."""
+    """(file, model or None, {label: (layers, values, low, high, model)}, {label: level}) per chart of a curve: a
+    line per declared ``Line``, per model where models share a chart, and per value of the ``group`` columns; a
+    row without an x value is a flat reference (``refs``: the column naming it), not a point."""
     several = results.several
     out = []
     for model in results.per_model:
-        lines = {}
+        lines, refs = {}, {}
         groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
         for r in _rows(results, model, curve):
+            if r.get(curve.x) is None and curve.refs is not None:
+                refs[f"{r.get(curve.refs)} (no layer)"] = r.get(curve.lines[0].column)
+                continue
             groups.setdefault(tuple(str(r.get(g)) for g in curve.group), []).append(r)
         for key, rows in groups.items():
             for line in curve.lines:
                 parts = [model] if several and not curve.per_model else []
                 parts += [line.label] if len(curve.lines) > 1 or not (parts or key) else []
                 label = curve.joiner.join([*parts, *key])
-                has_ci = any(f"{line.column}_ci_low" in r for r in rows)
-                lines[label] = ([str(r.get("layer")) for r in rows], [r.get(line.column) for r in rows],
-                                [r.get(f"{line.column}_ci_low") for r in rows] if has_ci else None,
-                                [r.get(f"{line.column}_ci_high") for r in rows] if has_ci else None, model)
-        if curve.per_model:
-            out.append(("_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", model) if several else "", model, lines))
+                has_ci = any(_ci(line, r, "low") is not None for r in rows)
+                lines[label] = ([str(r.get(curve.x)) for r in rows], [r.get(line.column) for r in rows],
+                                [_ci(line, r, "low") for r in rows] if has_ci else None,
+                                [_ci(line, r, "high") for r in rows] if has_ci else None, model)
+        if "{slug}" in curve.file:
+            out.append((curve.file.replace("{slug}", slug(model)), model, lines, refs))
+        elif curve.per_model:
+            suffix = "_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", model) if several else ""
+            out.append((curve.file + suffix, model, lines, refs))
         else:
             if not out:
-                out.append(("", None, {}))
+                out.append((curve.file, None, {}, {}))
             out[0][2].update(lines)
+            out[0][3].update(refs)
     return out
 
 
@@ -107,14 +85,21 @@ def plots(decl, results, out_dir: Path) -> list[str]:
     for curve in decl.curves:
         if not curve.png:
             continue
-        for suffix, model, lines in _charts(results, curve):
+        for file, model, lines, refs in _charts(results, curve):
             if not lines or all(v is None for _, values, *_rest in lines.values() for v in values):
                 continue
             series = {label: (layers, values) for label, (layers, values, *_rest) in lines.items()}
             bands = {label: (lo, hi) for label, (_, _, lo, hi, _) in lines.items() if lo is not None}
             title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
-            files.append(layer_lines(Path(out_dir) / f"{curve.file}{suffix}.png", series, title=title,
-                                     ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve), bands=bands or None))
+            files.append(layer_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
+                                     ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve),
+                                     bands=bands or None, refs=refs or None, from_zero=curve.from_zero))
+    for name in decl.files:
+        if name != "saliency.html":
+            raise ValueError(f"no page named {name!r}")
+        from layerscope.report.saliency_html import write_saliency_html
+
+        write_saliency_html(Path(out_dir) / name, results)
     from layerscope.report import declared_grids
 
     return files + declared_grids.plots(decl, results, Path(out_dir), fill)
@@ -185,10 +170,6 @@ def _item(listing, item: dict[str, Any], escape) -> str:
     return fill(listing.item, values, escape)
 
 
-class _Raw(str):
-    """Text already escaped for its medium (put into a template as it is)."""
-
-
 # -- report.html --------------------------------------------------------------------------------------------------
 
 def sections(decl, results) -> list:
@@ -196,20 +177,24 @@ def sections(decl, results) -> list:
     from layerscope.report.html_figures import Series, layer_curves
     from layerscope.report.html_figures import Section
 
-    rel = relative_depths(results) is not None
+    depths = relative_depths(results) is not None
     charts = []
     for curve in decl.curves:
-        for _, model, lines in _charts(results, curve):
+        rel = depths and curve.x == "layer"
+        for _, model, lines, refs in _charts(results, curve):
             series = [Series(label, layers, values, lo, hi, results.num_layers(owner))
                       for label, (layers, values, lo, hi, owner) in lines.items()]
             if not series or all(all(v is None for v in s.values) for s in series):
                 continue
+            axis = list(dict.fromkeys(x for s in series for x in s.layers))
+            series += [Series(label, axis, [level] * len(axis), dash="dash") for label, level in refs.items()]
             title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
             caption = curve.caption + (" Dashed line: chance." if _chance(results, curve) is not None else "")
             if rel:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
-            charts.append(layer_curves(series, title=title, ylabel=_text(decl, results, curve.ylabel), caption=caption, relative=rel,
-                                       hline=_chance(results, curve)))
+            charts.append(layer_curves(series, title=title, ylabel=_text(decl, results, curve.ylabel), caption=caption,
+                                       relative=rel, hline=_chance(results, curve), xlabel=curve.xlabel,
+                                       from_zero=curve.from_zero))
     from layerscope.report import declared_grids
 
     charts += declared_grids.charts(decl, results, fill)
@@ -236,6 +221,8 @@ def page_sections(decl, results) -> list:
     for name in decl.page:
         if name == "neighbours":
             from layerscope.report.html_neighbours import neighbour_section as make
+        elif name == "tokens":
+            from layerscope.report.saliency_html import token_section as make
         else:
             raise ValueError(f"no report.html section named {name!r}")
         section = make(results)

@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from layerscope.report.templates import fill
+
 
 def _plain(text: str) -> str:
     return text
@@ -102,9 +104,10 @@ def bar_groups(spec, results) -> tuple[dict[str, dict[str, Any]], dict[str, dict
                 parts += [str(r.get(spec.split))] if spec.split else []
                 parts += [line.label] if len(spec.values) > 1 or not parts else []
                 bar = " ".join(parts)
-                group = str(r.get(spec.group))
+                group = fill(spec.group, r, str) if "{" in spec.group else str(r.get(spec.group))
                 groups.setdefault(group, {})[bar] = value
-                low, high = r.get(f"{line.column}_ci_low"), r.get(f"{line.column}_ci_high")
+                low, high = (r.get(line.ci[0]), r.get(line.ci[1])) if line.ci else \
+                    (r.get(f"{line.column}_ci_low"), r.get(f"{line.column}_ci_high"))
                 if _number(low) is not None and _number(high) is not None:
                     errors.setdefault(group, {})[bar] = (low, high)
     return groups, errors

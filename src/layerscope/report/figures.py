@@ -23,12 +23,14 @@ class Line:
 
     column: str
     label: str
+    ci: tuple[str, str] | None = None  # the interval's columns where not ``column_ci_low``/``column_ci_high``
 
 
 @dataclass(frozen=True)
 class Curve:
     """Lines over the layers of one table (each row one layer, in ``Table.key``): one chart per model, or
-    every model's lines in one chart (``per_model=False``, one line per model)."""
+    every model's lines in one chart (``per_model=False``, one line per model). ``file``: the PNG's name, with
+    ``_<model>`` added per model where several; a ``{slug}`` in it names the model always."""
 
     table: str
     lines: tuple[Line, ...]
@@ -43,6 +45,11 @@ class Curve:
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
     group: tuple[str, ...] = ()  # columns whose values split the rows into lines (e.g. task and pooling)
     joiner: str = " "  # between the parts of a line's name (model, line, group values)
+    x: str = "layer"  # the rows' column along the x axis (layers, or e.g. k); only "layer" overlays by depth
+    xlabel: str = "layer"
+    where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
+    refs: str | None = None  # rows without an x value: a flat dashed reference each, named by this column
+    from_zero: bool = False  # the y axis starts at 0
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,8 @@ class HeatMap:
 @dataclass(frozen=True)
 class Bars:
     """Grouped bars from each model's rows (a table, or a list of rows kept beside the tables at the dotted
-    path ``rows``, e.g. ``probe.rows``): one group per value of the ``group`` column, in each group one bar per
+    path ``rows``, e.g. ``probe.rows``): one group per value of the ``group`` column (or per row, where
+    ``group`` is a template over the row: ``{method_a} - {method_b}``), in each group one bar per
     model (where several), per value of the ``split`` column and per ``Line`` (its ``_ci_low``/``_ci_high``
     columns, where present, drawn as whiskers). Rows whose bars are all empty are left out."""
 
@@ -144,3 +152,4 @@ class Figures:
     about: Callable[[Any], str] | None = None  # typed results -> the line titles carry as {about} (data, vectors)
     preface: str = ""  # report.md's and report.html's words before the models': the combined figures and {about}
     page: tuple[str, ...] = ()  # report.html's own sections after the charts, by name ("neighbours": alignment's)
+    files: tuple[str, ...] = ()  # pages of its own beside the report, by name ("saliency.html": token highlights)

@@ -203,57 +203,6 @@ def lens_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts)]
 
 
-def saliency_views(results) -> list[Section]:
-    from layerscope.report.saliency_html import TOKEN_CSS, saliency_fragment
-
-    charts = []
-    for model, fig in per_model(results).items():
-        rows = {r.get("method"): r for r in (fig.get("tables") or {}).get("saliency_methods", [])}
-        layers = [str(x) for x in fig.get("layers") or []]
-        series = []
-        for family, label in (("decoded", "decoded saliency"), ("gxa", "grad × input, not decoded")):
-            got = [rows.get(f"{family}@{x}") or {} for x in layers]
-            if family == "decoded" or any(got):
-                series.append(Series(label, layers, [r.get("hide_aopc") for r in got],
-                                     [r.get("hide_aopc_ci_low") for r in got], [r.get("hide_aopc_ci_high") for r in got],
-                                     num_layers=num_layers(results, model)))
-        for method, r in rows.items():  # no layer: a flat dashed reference over the layers
-            if method and "@" not in str(method):
-                series.append(Series(f"{method} (no layer)", layers, [r.get("hide_aopc")] * len(layers), dash="dash"))
-        intervals = (fig.get("summary") or {}).get("intervals")
-        charts.append(layer_curves(series, title=f"Hiding game AOPC by layer ({model})", ylabel="mean drop of y over k",
-                                   from_zero=True,
-                                   caption="Mean drop of the objective y when the k most salient tokens are hidden, "
-                                           "averaged over k = 1..K; higher = the method found the tokens y rests on. "
-                                           "Dashed: methods that do not depend on the layer."
-                                           + (f" Band: {intervals}." if intervals else "")))
-        tests = [t for t in (fig.get("tables") or {}).get("saliency_tests") or [] if t.get("difference") is not None]
-        if tests:
-            groups = {f"{t['method_a']} − {t['method_b']}": {"hide AOPC difference": t["difference"]} for t in tests}
-            errors = {f"{t['method_a']} − {t['method_b']}": {"hide AOPC difference": (t.get("ci_low"), t.get("ci_high"))}
-                      for t in tests}
-            ps = "; ".join(f"{t['method_a']} − {t['method_b']}: p = {t['p_value']:.2g}" for t in tests
-                           if t.get("p_value") is not None)
-            charts.append(bars(groups, errors=errors, ylabel="difference of hiding AOPC",
-                               title=f"Paired tests between methods: hiding AOPC differences ({model})",
-                               caption="Paired percentile bootstrap on the same texts (two-sided p: " + ps + "). "
-                                       "The best decoded layer was picked on these texts, so its p-values are "
-                                       "optimistic."))
-        curves_ = fig.get("curves") or {}
-        k = (fig.get("summary") or {}).get("k_max") or 0
-        for key, game in (("hide_drop", "hiding"), ("reveal_value", "revealing")):
-            best = {m: (list(range(1, k + 1)), c.get(key) or []) for m, c in curves_.items()
-                    if "@" not in m or m.endswith("@" + (layers[-1] if layers else ""))}
-            if best:
-                charts.append(xy_lines(best, title=f"{game} game over k, last layer vs baselines ({model})",
-                                       xlabel="k (tokens)", ylabel="mean drop of y" if key == "hide_drop" else
-                                       "mean y with only the top-k kept",
-                                       caption=f"The {game} game: tokens ranked by each method."))
-    tokens = Section("tokens", "Token highlights", html=saliency_fragment(results), css=TOKEN_CSS,
-                     intro="Each text's tokens coloured by saliency, one row per method (hover a token for its score).")
-    return [Section("figures", "Layer curves", charts), tokens]
-
-
 def attention_views(results) -> list[Section]:
     from layerscope.report import attention_html as view
 
@@ -323,7 +272,7 @@ def explain_views(results) -> list[Section]:
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
 "compositionality": compositionality_views, "pooling": pooling_views,
 "lens": lens_views,
-    "saliency": saliency_views, "crossmodal": crossmodal_views, "attention": attention_views,
+    "crossmodal": crossmodal_views, "attention": attention_views,
     "explain": explain_views,
 }
 
