@@ -60,7 +60,8 @@ def _charts(results, curve):
                 parts += [line.label] if len(curve.lines) > 1 or not (parts or key) else []
                 label = curve.joiner.join([*parts, *key])
                 has_ci = any(_ci(line, r, "low") is not None for r in rows)
-                lines[label] = ([str(r.get(curve.x)) for r in rows], [r.get(line.column) for r in rows],
+                xs = [r.get(curve.x) if curve.logx else str(r.get(curve.x)) for r in rows]
+                lines[label] = (xs, [r.get(line.column) for r in rows],
                                 [_ci(line, r, "low") for r in rows] if has_ci else None,
                                 [_ci(line, r, "high") for r in rows] if has_ci else None, model)
         if "{slug}" in curve.file:
@@ -79,7 +80,7 @@ def _charts(results, curve):
 # -- PNG ------------------------------------------------------------------------------------------------------
 
 def plots(decl, results, out_dir: Path) -> list[str]:
-    from layerscope.report.plots import layer_lines
+    from layerscope.report.plots import layer_lines, xy_lines
 
     files = []
     for curve in decl.curves:
@@ -91,6 +92,11 @@ def plots(decl, results, out_dir: Path) -> list[str]:
             series = {label: (layers, values) for label, (layers, values, *_rest) in lines.items()}
             bands = {label: (lo, hi) for label, (_, _, lo, hi, _) in lines.items() if lo is not None}
             title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
+            if curve.logx:
+                files.append(xy_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
+                                      ylabel=_text(decl, results, curve.ylabel), logx=True,
+                                      hline=_chance(results, curve)))
+                continue
             files.append(layer_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
                                      ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve),
                                      bands=bands or None, refs=refs or None, from_zero=curve.from_zero))
@@ -174,7 +180,7 @@ def _item(listing, item: dict[str, Any], escape) -> str:
 
 def sections(decl, results) -> list:
     from layerscope.report.depth import relative_depths
-    from layerscope.report.html_figures import Series, layer_curves
+    from layerscope.report.html_figures import Series, layer_curves, xy_lines
     from layerscope.report.html_figures import Section
 
     depths = relative_depths(results) is not None
@@ -186,9 +192,14 @@ def sections(decl, results) -> list:
                       for label, (layers, values, lo, hi, owner) in lines.items()]
             if not series or all(all(v is None for v in s.values) for s in series):
                 continue
+            title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
+            if curve.logx:
+                charts.append(xy_lines({s.label: (s.layers, s.values) for s in series}, title=title,
+                                       caption=curve.caption, xlabel=curve.xlabel, logx=True,
+                                       ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve)))
+                continue
             axis = list(dict.fromkeys(x for s in series for x in s.layers))
             series += [Series(label, axis, [level] * len(axis), dash="dash") for label, level in refs.items()]
-            title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
             caption = curve.caption + (" Dashed line: chance." if _chance(results, curve) is not None else "")
             if rel:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."

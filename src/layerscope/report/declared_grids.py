@@ -96,6 +96,8 @@ def bar_groups(spec, results) -> tuple[dict[str, dict[str, Any]], dict[str, dict
     errors: dict[str, dict[str, tuple[Any, Any]]] = {}
     for model, fig in results.per_model.items():
         for r in fig.rows(spec.rows):
+            if spec.where is not None and not spec.where(r):
+                continue
             for line in spec.values:
                 value = _number(r.get(line.column))
                 if value is None:

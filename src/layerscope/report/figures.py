@@ -50,6 +50,7 @@ class Curve:
     where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
     refs: str | None = None  # rows without an x value: a flat dashed reference each, named by this column
     from_zero: bool = False  # the y axis starts at 0
+    logx: bool = False  # x is a number (dimensions kept, say), on a log axis
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class Bars:
     ylabel: str
     caption: str = ""
     split: str | None = None
+    where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
 
 
 @dataclass(frozen=True)

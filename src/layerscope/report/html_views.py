@@ -118,49 +118,6 @@ def compositionality_views(results) -> list[Section]:
     return [Section("figures", "Layer curves", charts)]
 
 
-def pooling_views(results) -> list[Section]:
-    on = data_name(results)
-    charts = []
-    for metric, label in (("spearman", f"STS Spearman r ({on})"), ("mrr", f"retrieval MRR ({on})")):
-        groups, errors = {}, {}
-        for model, fig in per_model(results).items():
-            for r in (fig.get("tables") or {}).get("variants", []):
-                groups.setdefault(str(r.get("variant")), {})[model] = r.get(metric)
-                if r.get(f"{metric}_ci_low") is not None:
-                    errors.setdefault(str(r.get("variant")), {})[model] = (r[f"{metric}_ci_low"],
-                                                                            r.get(f"{metric}_ci_high"))
-        if groups:
-            charts.append(bars(groups, title=f"{label} by vector choice (float32)", ylabel=label,
-                               errors=errors or None, caption="Each bar is one pooling@layer choice; "
-                               "retrieval queries are both sides of every pair, the relevant document the partner."))
-    for metric, label in (("retention_spearman", "share of float32 STS Spearman kept"),
-                          ("retention_mrr", "share of float32 retrieval MRR kept")):
-        series: dict[str, tuple[list, list]] = {}
-        for model, fig in per_model(results).items():
-            for r in (fig.get("tables") or {}).get("truncation", []):
-                xs, ys = series.setdefault(f"{model} {r.get('variant')}" if multi(results) else str(r.get("variant")),
-                                           ([], []))
-                xs.append(r.get("dims"))
-                ys.append(r.get(metric))
-        if series:
-            charts.append(xy_lines(series, title=f"Truncation to the first k dimensions: {label}",
-                                   xlabel="dimensions kept", ylabel=label, logx=True, hline=1.0,
-                                   caption=f"Vectors cut to their first k dimensions, scored on {on}; 1 = the "
-                                           "full float32 vector's score."))
-    groups = {}
-    for model, fig in per_model(results).items():
-        for r in (fig.get("tables") or {}).get("quantization", []):
-            if r.get("method") != "float32":
-                key = f"{model} {r.get('variant')}" if multi(results) else str(r.get("variant"))
-                groups.setdefault(key, {})[f"{r.get('method')} Spearman"] = r.get("retention_spearman")
-                groups[key][f"{r.get('method')} MRR"] = r.get("retention_mrr")
-    if groups:
-        charts.append(bars(groups, title="Quantized embeddings: share of float32 quality kept", ylabel="retention",
-                           caption=f"binary (1 bit per dimension) and int8 embeddings scored on {on}, as a share "
-                                   "of the float32 score."))
-    return [Section("figures", "Charts", charts)]
-
-
 def lens_views(results) -> list[Section]:
     charts = []
     rank, agree = [], []
@@ -270,10 +227,8 @@ def explain_views(results) -> list[Section]:
 
 
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
-"compositionality": compositionality_views, "pooling": pooling_views,
-"lens": lens_views,
-    "crossmodal": crossmodal_views, "attention": attention_views,
-    "explain": explain_views,
+    "compositionality": compositionality_views, "lens": lens_views, "crossmodal": crossmodal_views,
+    "attention": attention_views, "explain": explain_views,
 }
 
 
