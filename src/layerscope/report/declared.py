@@ -40,7 +40,7 @@ def _chance(results, curve):
     return level if isinstance(level, (int, float)) and not isinstance(level, bool) else None
 
 
-def _charts(results, curve):
+def _charts(results, curve, joiner: str = " "):
     """(file, model or None, {label: (layers, values, low, high, model)}, {label: level}) per chart of a curve: a
     line per declared ``Line``, per model where models share a chart, and per value of the ``group`` columns; a
     row without an x value is a flat reference (``refs``: the column naming it), not a point."""
@@ -58,7 +58,7 @@ def _charts(results, curve):
             for line in curve.lines:
                 parts = [model] if several and not curve.per_model else []
                 parts += [line.label] if len(curve.lines) > 1 or not (parts or key) else []
-                label = curve.joiner.join([*parts, *key])
+                label = joiner.join([*parts, *key])
                 has_ci = any(_ci(line, r, "low") is not None for r in rows)
                 xs = [r.get(curve.x) if curve.logx else str(r.get(curve.x)) for r in rows]
                 lines[label] = (xs, [r.get(line.column) for r in rows],
@@ -125,7 +125,7 @@ def markdown(decl, results) -> str:
     for model, fig in results.per_model.items():
         mine = [fill(decl.sentence, fig.summary, md_data) + "\n"] if decl.sentence else []
         for table in decl.tables:
-            rows = [md_data(_p_shown(table, r)) for r in fig.rows(table.name)]
+            rows = [md_data(_p_shown(table, r)) for r in _table_rows(table, results, model)]
             if rows:
                 mine.append(md_table(rows, table.shown(rows), digits=table.digits))
         for listing in decl.listings:
@@ -139,6 +139,17 @@ def markdown(decl, results) -> str:
             parts += [f"## {md_data(model)}\n", *mine]
     parts += [t for g in grids if g.model is None and (t := declared_grids.grid_markdown(g, md_data))]
     return "\n".join(parts)
+
+
+def final_rows(rows, results, model: str) -> list[dict[str, Any]]:
+    """The rows of ``model``'s final layer (its number of layers, as its manifest records it)."""
+    final = str(results.num_layers(model))
+    return [r for r in rows if str(r.get("layer")) == final]
+
+
+def _table_rows(table, results, model: str) -> list[dict[str, Any]]:
+    rows = list(results.per_model[model].rows(table.name))
+    return final_rows(rows, results, model) if table.final_layer else rows
 
 
 def _p_shown(table, row: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +175,8 @@ def _preface_values(decl, results) -> dict[str, Any]:
 
 def _items(listing, fig) -> list[dict[str, Any]]:
     """A listing's items: the rows its ``value`` names, those whose ``where`` field holds something."""
-    return [x for x in fig.rows(listing.value) if listing.where is None or x.get(listing.where)]
+    w = listing.where
+    return [x for x in fig.rows(listing.value) if w is None or (w(x) if callable(w) else x.get(w))]
 
 
 def _item(listing, item: dict[str, Any], escape) -> str:
@@ -187,7 +199,7 @@ def sections(decl, results) -> list:
     charts = []
     for curve in decl.curves:
         rel = depths and curve.x == "layer"
-        for _, model, lines, refs in _charts(results, curve):
+        for _, model, lines, refs in _charts(results, curve, curve.joiner):
             series = [Series(label, layers, values, lo, hi, results.num_layers(owner))
                       for label, (layers, values, lo, hi, owner) in lines.items()]
             if not series or all(all(v is None for v in s.values) for s in series):
@@ -254,7 +266,7 @@ def console_summary(decl, results, console) -> None:
         if decl.sentence:
             console.print(f"{esc(model)}: {fill(decl.sentence, fig.summary, esc)}", soft_wrap=True)
         for table in [t for i, t in enumerate(decl.tables) if i == 0 or t.console is not None]:
-            rows = list(fig.rows(table.name))
+            rows = _table_rows(table, results, model)
             if not rows:
                 continue
             t = Table(title=f"{esc(results.analysis)} - {esc(model)}")

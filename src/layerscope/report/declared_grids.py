@@ -95,8 +95,9 @@ def bar_groups(spec, results) -> tuple[dict[str, dict[str, Any]], dict[str, dict
     groups: dict[str, dict[str, Any]] = {}
     errors: dict[str, dict[str, tuple[Any, Any]]] = {}
     for model, fig in results.per_model.items():
+        final = str(results.num_layers(model))
         for r in fig.rows(spec.rows):
-            if spec.where is not None and not spec.where(r):
+            if (spec.where is not None and not spec.where(r)) or (spec.final_layer and str(r.get("layer")) != final):
                 continue
             for line in spec.values:
                 value = _number(r.get(line.column))

@@ -44,7 +44,7 @@ class Curve:
     per_model: bool = True
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
     group: tuple[str, ...] = ()  # columns whose values split the rows into lines (e.g. task and pooling)
-    joiner: str = " "  # between the parts of a line's name (model, line, group values)
+    joiner: str = " "  # between the parts of a line's name on report.html (model, line, group values; PNG: " ")
     x: str = "layer"  # the rows' column along the x axis (layers, or e.g. k); only "layer" overlays by depth
     xlabel: str = "layer"
     where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
@@ -67,6 +67,7 @@ class Table:
     digits: int = 3
     numbers: tuple[str, ...] | None = None
     console: tuple[str, ...] | None = None  # the columns the console shows (default: the shown ones)
+    final_layer: bool = False  # report.md and the console show each model's final layer's rows only
     p_values: tuple[str, ...] = ()  # columns of p-values: shown as 1.2e-05 (below the smallest double: < 1e-300)
 
     def shown(self, rows) -> list[str]:
@@ -93,7 +94,7 @@ class Listing:
     each: str = ""
     limit: int = 5
     html_limit: int = 50
-    where: str | None = None  # only the items whose field ``where`` holds something
+    where: str | Callable[[dict[str, Any]], bool] | None = None  # only items whose field holds something (or it says yes)
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class Bars:
     caption: str = ""
     split: str | None = None
     where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
+    final_layer: bool = False  # keep only each model's final layer's rows (its "layer" column)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 from layerscope.report.html_figures import Chart, Section, Series, bars, heatmap, layer_curves, num, xy_lines
 
-OWN = "own"  # compositionality's row for the model's own pooled output (not a layer)
 
 
 def data_file(results: dict[str, Any]) -> str | None:
@@ -86,37 +85,6 @@ def _model_suffix(results) -> str:
 
 
 # -- one function per analysis ------------------------------------------------------------------------
-
-def compositionality_views(results) -> list[Section]:
-    charts = []
-    for value, label, hline in (("mean_diff", "mean cos(paraphrase) − cos(same-words negative)", 0.0),
-                                ("win_rate", "win rate (paraphrase closer than negative)", 0.5)):
-        # a layer where every item is a tie (one vector for every text) tells nothing: left out, not drawn at 0
-        told = table_series(results, "layers", value, where=lambda r: r.get("pooling") != OWN
-                            and r.get("ties") != r.get("n_items"))
-        charts += curves(results, told, title=f"Compositionality: {label}, by layer{_model_suffix(results)}",
-                         ylabel=label, hline=hline,
-                         caption=f"Per item of {data_name(results)}: cosine of the sentence to its "
-                                 "paraphrases minus its cosine to the same words in another order. "
-                                 f"Dashed line: {hline} (no preference). Band: 95% item bootstrap interval. "
-                                 "Layers where every item is a tie are left out (they tell nothing).")
-    groups: dict[str, dict[str, Any]] = {}
-    errors: dict[str, dict[str, Any]] = {}
-    for model, fig in per_model(results).items():
-        final = str(num_layers(results, model))
-        for r in (fig.get("tables") or {}).get("groups", []):
-            if str(r.get("layer")) == final and r.get("group") == "category":
-                key = f"{model} {r.get('pooling')}" if multi(results) else str(r.get("pooling"))
-                groups.setdefault(str(r.get("value")), {})[key] = r.get("win_rate")
-                errors.setdefault(str(r.get("value")), {})[key] = (r.get("win_rate_ci_low"), r.get("win_rate_ci_high"))
-    if groups:
-        charts.append(bars(groups, title=f"Compositionality: win rate by category at the final layer"
-                                         f"{_model_suffix(results)}", ylabel="win rate",
-                           errors=errors if any(lo is not None for e in errors.values() for lo, _ in e.values())
-                           else None,
-                           caption="Share of items whose paraphrases are closer than their same-words negative."))
-    return [Section("figures", "Layer curves", charts)]
-
 
 def lens_views(results) -> list[Section]:
     charts = []
@@ -227,7 +195,7 @@ def explain_views(results) -> list[Section]:
 
 
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
-    "compositionality": compositionality_views, "lens": lens_views, "crossmodal": crossmodal_views,
+    "lens": lens_views, "crossmodal": crossmodal_views,
     "attention": attention_views, "explain": explain_views,
 }
 
