@@ -138,6 +138,10 @@ def markdown(decl, results) -> str:
         if mine:
             parts += [f"## {md_data(model)}\n", *mine]
     parts += [t for g in grids if g.model is None and (t := declared_grids.grid_markdown(g, md_data))]
+    if "lens tokens" in decl.page:
+        from layerscope.report.lens_html import token_markdown
+
+        parts.append(token_markdown(results, md_data))
     return "\n".join(parts)
 
 
@@ -246,6 +250,8 @@ def page_sections(decl, results) -> list:
             from layerscope.report.html_neighbours import neighbour_section as make
         elif name == "tokens":
             from layerscope.report.saliency_html import token_section as make
+        elif name == "lens tokens":
+            from layerscope.report.lens_html import token_section as make
         else:
             raise ValueError(f"no report.html section named {name!r}")
         section = make(results)

@@ -86,48 +86,6 @@ def _model_suffix(results) -> str:
 
 # -- one function per analysis ------------------------------------------------------------------------
 
-def lens_views(results) -> list[Section]:
-    charts = []
-    rank, agree = [], []
-    for model, fig in per_model(results).items():
-        rows = (fig.get("tables") or {}).get("lens_by_layer", [])
-        layers = [str(r.get("layer")) for r in rows]
-        pre = f"{model}: " if multi(results) else ""
-        target = (fig.get("summary") or {}).get("target")
-        rank.append(Series(f"{pre}mean log10 rank", layers, [r.get("mean_log10_rank") for r in rows],
-                           num_layers=num_layers(results, model)))
-        for key, label in (("top1_agrees_with_last", "top-1 = last layer's top-1"),
-                           ("top1_is_target", f"top-1 = target ({target})")):
-            agree.append(Series(f"{pre}{label}", layers, [r.get(key) for r in rows],
-                                [r.get(f"{key}_ci_low") for r in rows], [r.get(f"{key}_ci_high") for r in rows],
-                                num_layers=num_layers(results, model)))
-    charts += curves(results, rank, title="Logit lens: rank of the target token by layer",
-                     ylabel="mean log10 rank (0 = top)", caption="Each layer decoded through the model's LM head; "
-                     "rank of the target token among the vocabulary, averaged over positions.")
-    charts += curves(results, agree, title="Logit lens: top-1 agreement by layer", ylabel="fraction of positions",
-                     caption="Share of positions whose top-1 decoded token equals the last layer's, or the target. "
-                             "Band: 95% bootstrap interval over the texts (a text's positions resample together).")
-    for model, fig in per_model(results).items():
-        for t in (fig.get("texts") or [])[:4]:
-            tokens, by_layer = t.get("tokens") or [], t.get("layers") or {}
-            names = [str(x) for x in fig.get("layers") or by_layer]
-            z, text = [], []
-            for name in names:
-                ranks = (by_layer.get(name) or {}).get("rank") or []
-                tops = (by_layer.get(name) or {}).get("top") or []
-                z.append([None if num(r) is None else math.log10(max(1.0, r)) for r in ranks])
-                text.append([str(top[0][0]) if top and top[0] else "" for top in tops])
-            cols = [f"{i}:{tok}" for i, tok in enumerate(tokens)]
-            if z and cols:
-                charts.append(heatmap(z, names, cols, text=text, reverse=True, zlabel="log10 rank (0 = top)",
-                                      xlabel="position:input token", ylabel="layer",
-                                      title=f"Logit lens, top-1 token per layer: “{t.get('text', '')[:80]}”"
-                                            + (f" ({model})" if multi(results) else ""),
-                                      caption="Cell text: the layer's top-1 decoded token at that position; colour: "
-                                              "log10 rank of the target token there (bright = ranked first)."))
-    return [Section("figures", "Layer curves", charts)]
-
-
 def attention_views(results) -> list[Section]:
     from layerscope.report import attention_html as view
 
@@ -195,7 +153,7 @@ def explain_views(results) -> list[Section]:
 
 
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
-    "lens": lens_views, "crossmodal": crossmodal_views,
+    "crossmodal": crossmodal_views,
     "attention": attention_views, "explain": explain_views,
 }
 
