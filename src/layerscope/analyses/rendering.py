@@ -2,8 +2,8 @@
 
 An analysis that declares its figures (``AnalysisMetadata.figures``) is drawn from that one declaration
 (report/declared.py) for the PNGs, report.md, report.html and the console; its own ``plots``, ``report``
-and ``console_summary`` (given the results document) add to it, and are all an analysis without a
-declaration has. ``layerscope report`` re-renders a folder without touching a model.
+and ``console_summary``, given the typed results, add to it (mteb writes MTEB's own files there). An analysis
+without a declaration has only those three, given the results document (its strings escaped for report.md). ``layerscope report`` re-renders a folder without touching a model.
 """
 
 from __future__ import annotations
@@ -71,13 +71,14 @@ def render(out: Path, results: Results, analysis=None) -> Rendered:
     results = as_results(results)
     analysis = analysis or get_analysis(results.analysis)()
     figures = analysis.metadata.figures
+    own = results if figures is not None else results.document  # what the analysis's own hooks are handed
     tables = write_tables(out, results)
     with depth_axis(relative_depths(results)):  # the axis report.html draws for the same results
         plots = declared.plots(figures, results, out) if figures is not None else []
-        plots += analysis.plots(results.document, out)
+        plots += analysis.plots(own, out)
     page = write_html_report(out, results, figures)
     body = declared.markdown(figures, results) if figures is not None else ""
-    body = "\n".join(x for x in (body, analysis.report(md_data(results.document))) if x)  # data escaped for Markdown
+    body = "\n".join(x for x in (body, analysis.report(own if figures is not None else md_data(own))) if x)
     write_report(out, results, body, tables, plots, page=page)
     return Rendered(tuple(plots), tuple(tables), "report.md", page)
 
@@ -90,7 +91,7 @@ def print_summary(analysis, results: Results, console) -> None:
         from layerscope.report.declared import console_summary
 
         console_summary(figures, results, console)
-    analysis.console_summary(results.document, console)
+    analysis.console_summary(results if figures is not None else results.document, console)
 
 
 def rerender(result_dir: Path) -> Rendered:

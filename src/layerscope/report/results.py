@@ -129,6 +129,13 @@ class ModelFigures:
             return (value,)
         return tuple(r for r in value if isinstance(r, dict)) if isinstance(value, list) else ()
 
+    @property
+    def mteb_files(self) -> dict[str, Any]:
+        """MTEB's own result files kept with the figures, by their path under ``mteb/`` (checked on load to stay
+        inside the result folder)."""
+        files = self.extra.get("mteb_files")
+        return dict(files) if isinstance(files, dict) else {}
+
     def value(self, name: str, default: Any = None) -> Any:
         """A figure the analysis keeps beside its summary and tables (``layers``, ``neighbours``, ...)."""
         return self.extra.get(name, default)
