@@ -240,6 +240,7 @@ class MtebAnalysis(Analysis):
     def plots(self, results, out_dir: Path) -> list[str]:
         """MTEB's own result files, re-written from typed results (everything else it shows is declared in
         ``figures``); the typed loader refused any path that would leave the result folder, and this checks again."""
+        made = super().plots(results, out_dir)
         root = (out_dir / "mteb").resolve()
         for figures in results.per_model.values():
             for rel, content in figures.mteb_files.items():
@@ -248,7 +249,7 @@ class MtebAnalysis(Analysis):
                     continue  # a path that would leave the result directory is not written
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        return []
+        return made
 
 
 def _scoring(name: str) -> str:

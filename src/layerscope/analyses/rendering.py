@@ -62,7 +62,6 @@ class Rendered:
 def render(out: Path, results: Results, analysis=None) -> Rendered:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
     from layerscope.analyses.registry import get_analysis
-    from layerscope.report import declared
     from layerscope.report.depth import relative_depths
     from layerscope.report.html_page import write_html_report
     from layerscope.report.plots import depth_axis
@@ -74,11 +73,9 @@ def render(out: Path, results: Results, analysis=None) -> Rendered:
     own = results if figures is not None else results.document  # what the analysis's own hooks are handed
     tables = write_tables(out, results)
     with depth_axis(relative_depths(results)):  # the axis report.html draws for the same results
-        plots = declared.plots(figures, results, out) if figures is not None else []
-        plots += analysis.plots(own, out)
+        plots = analysis.plots(own, out)  # a declaration is drawn by Analysis.plots, report, console_summary
     page = write_html_report(out, results, figures)
-    body = declared.markdown(figures, results) if figures is not None else ""
-    body = "\n".join(x for x in (body, analysis.report(own if figures is not None else md_data(own))) if x)
+    body = analysis.report(own if figures is not None else md_data(own))  # strings escaped for Markdown
     write_report(out, results, body, tables, plots, page=page)
     return Rendered(tuple(plots), tuple(tables), "report.md", page)
 
@@ -86,12 +83,7 @@ def render(out: Path, results: Results, analysis=None) -> Rendered:
 def print_summary(analysis, results: Results, console) -> None:
     """The run's summary on the console: its declared figures, then the analysis's own lines."""
     results = as_results(results)
-    figures = analysis.metadata.figures
-    if figures is not None:
-        from layerscope.report.declared import console_summary
-
-        console_summary(figures, results, console)
-    analysis.console_summary(results if figures is not None else results.document, console)
+    analysis.console_summary(results if analysis.metadata.figures is not None else results.document, console)
 
 
 def rerender(result_dir: Path) -> Rendered:

@@ -57,7 +57,7 @@ FIGURES = Figures(
                              "spearman_p", "mean_similarity"), digits=4, p_values=("spearman_p",),
                   numbers=("spearman", "spearman_ci_low", "spearman_ci_high", "pearson", "spearman_p",
                            "mean_similarity"),
-                  console=("pooling", "layer", "spearman", "spearman_ci_low", "spearman_ci_high")),
+                  console=("layer", "pooling", "spearman", "spearman_ci_low", "spearman_ci_high")),
             Table("probe.rows", ("name", "spearman", "pearson", "spearman_ci_low", "spearman_ci_high", "epochs"),
                   key="name", digits=4, numbers=("spearman", "pearson", "spearman_ci_low", "spearman_ci_high"),
                   console=("name", "spearman", "pearson"))),

@@ -15,13 +15,14 @@ Paths a results file names (mteb's result files) must stay inside the result fol
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from layerscope.errors import InputError
+from layerscope.report.results_fields import Bad as _Bad, check_declared as _check_declared, need as _need
+from layerscope.report.results_fields import as_dict as _dict, tables as _tables, safe_relative
 
 # results.json's format: 1 added "format", "spec" and "spec_hash" (a result without them is older).
 RESULTS_FORMAT = 1
@@ -34,45 +35,6 @@ class GarbledResults(InputError):
     def __init__(self, message: str, reason: str):
         super().__init__(message)
         self.reason = reason
-
-
-class _Bad(Exception):
-    """A field of the document that is not what layerscope writes (turned into one InputError line)."""
-
-
-def _need(value: Any, kind, where: str, *, optional: bool = False):
-    if value is None and optional:
-        return value
-    if isinstance(kind, tuple) and bool not in kind and isinstance(value, bool):
-        raise _Bad(f"{where} is {type(value).__name__}, not {' or '.join(k.__name__ for k in kind)}")
-    if not isinstance(value, kind):
-        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise _Bad(f"{where} is {type(value).__name__}, not {name}")
-    return value
-
-
-def _dict(value: Any, where: str) -> dict[str, Any]:
-    """A JSON object (absent: empty); its keys are strings as JSON makes them."""
-    return {} if value is None else dict(_need(value, dict, where))
-
-
-def _rows(value: Any, where: str) -> tuple[dict[str, Any], ...]:
-    rows = _need(value, list, where)
-    for i, row in enumerate(rows):
-        _need(row, dict, f"{where}[{i}]")
-    return tuple(rows)
-
-
-def _tables(value: Any, where: str) -> dict[str, tuple[dict[str, Any], ...]]:
-    return {str(name): _rows(rows, f"{where}.{name}") for name, rows in _dict(value, where).items()}
-
-
-def safe_relative(path: str, where: str) -> str:
-    """A path named by a results file, checked to stay below the folder it is written into."""
-    p = PurePosixPath(_need(path, str, where))
-    if not path or p.is_absolute() or ".." in p.parts or "\\" in path or any(part.startswith("~") for part in p.parts):
-        raise _Bad(f"{where} names the path {path!r}, which is not a plain path inside the result folder")
-    return path
 
 
 # ---------------------------------------------------------------- the sections
@@ -420,37 +382,3 @@ def as_results(results: Results | dict[str, Any]) -> Results:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _check_declared(results: Results, figures) -> None:
-    """The declared summary fields and table columns (``figures``, report/figures.py) hold numbers (or nothing)."""
-    for model, fig in results.per_model.items():
-        for name in figures.summary_numbers:
-            _number(fig.summary.get(name), f"per_model.{model}.summary.{name}")
-        for table in figures.tables:
-            for i, row in enumerate(fig.rows(table.name)):
-                for column in table.number_columns(row):
-                    _number(row.get(column), f"per_model.{model}.tables.{table.name}[{i}].{column}")
-                _need(row.get(table.key, ""), (str, int), f"per_model.{model}.tables.{table.name}[{i}].{table.key}")
-        for grid in getattr(figures, "heatmaps", ()):
-            if grid.block is None and fig.value(grid.value) is not None:
-                _grid(fig.value(grid.value), f"per_model.{model}.{grid.value}")
-    for grid in getattr(figures, "heatmaps", ()):
-        block = results.combined.value(grid.block) if grid.block is not None else None
-        if isinstance(block, dict) and block.get(grid.value) is not None:
-            _grid(block.get(grid.value), f"combined.{grid.block}.{grid.value}")
-
-
-def _grid(value: Any, where: str) -> None:
-    """A declared heat map's matrix: rows of numbers (or nothing, for an undefined cell)."""
-    for i, row in enumerate(_need(value, list, where)):
-        for j, cell in enumerate(_need(row, list, f"{where}[{i}]")):
-            _number(cell, f"{where}[{i}][{j}]")
-
-
-def _number(value: Any, where: str) -> None:
-    if value is None:
-        return
-    _need(value, (int, float), where)
-    if not math.isfinite(value):
-        raise _Bad(f"{where} is {value}, not a finite number")
