@@ -9,29 +9,9 @@ score for every table that has one per layer.
 
 from __future__ import annotations
 
-import math
-from pathlib import PurePath
 from typing import Any, Callable
 
-from layerscope.report.html_figures import Chart, Section, Series, bars, heatmap, layer_curves, num, xy_lines
-
-
-
-def data_file(results: dict[str, Any]) -> str | None:
-    data = (results.get("settings") or {}).get("data")
-    return None if data is None else str(data)
-
-
-def data_origin(results: dict[str, Any]) -> str | None:
-    """Where built-in data came from, as the analysis recorded it (e.g. "generated zh-en (n=200, seed=0)")."""
-    origin = ((results.get("combined") or {}).get("data") or {}).get("origin")
-    return None if origin is None else str(origin)
-
-
-def data_name(results: dict[str, Any]) -> str:
-    """The data file's name for axis labels and captions ("sts-test.csv"), or "built-in data"."""
-    data = data_file(results)
-    return PurePath(data).name if data else "built-in data"
+from layerscope.report.html_figures import Chart, Section, Series, heatmap, layer_curves, num
 
 
 def per_model(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -78,13 +58,6 @@ def curves(results, series: list[Series], *, title: str, ylabel: str, caption: s
         caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
     return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline)]
 
-
-def _model_suffix(results) -> str:
-    names = list(per_model(results))
-    return f" ({names[0]})" if len(names) == 1 else ""
-
-
-# -- one function per analysis ------------------------------------------------------------------------
 
 def attention_views(results) -> list[Section]:
     from layerscope.report import attention_html as view

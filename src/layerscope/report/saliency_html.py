@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
 
 PAGE_CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
