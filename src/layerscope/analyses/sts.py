@@ -34,7 +34,7 @@ def data_on(results) -> str:
 def _by_layer(column: str, name: str) -> Curve:
     return Curve("layers", (Line(column, name),), file=f"sts_{column}_by_layer", per_model=False, group=("pooling",),
                  joiner=" / ", title=f"STS: {name} correlation of cosine vs human score, by layer",
-                 ylabel=f"{name} r{{about}}",
+                 ylabel=f"{name}{{about}}",
                  caption=f"{name} correlation between the cosine of each pair's two sentence vectors and the human "
                          "similarity score. Band: 95% pair bootstrap interval.")
 
@@ -50,7 +50,7 @@ FIGURES = Figures(
              "(Pearson {best.pearson:.4f}).",
     summary_numbers=("pairs", "best_spearman"),
     curves=(_by_layer("spearman", "Spearman"), _by_layer("pearson", "Pearson")),
-    bars=(Bars("probe.rows", "name", (Line("spearman", "Spearman"),), file="sts_probe",
+    bars=(Bars("probe.rows", "name", (Line("spearman", "Spearman"),), file="sts_probe", by_model=True,
                title="STS Spearman{about}: learned probes vs single layers", ylabel="Spearman{about}",
                caption="Spearman correlation of each probe and of the best single layers on the test split."),),
     tables=(Table("layers", ("pooling", "layer", "spearman", "spearman_ci_low", "spearman_ci_high", "pearson",

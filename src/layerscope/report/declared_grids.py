@@ -103,11 +103,13 @@ def bar_groups(spec, results) -> tuple[dict[str, dict[str, Any]], dict[str, dict
                 value = _number(r.get(line.column))
                 if value is None:
                     continue
-                parts = [model] if results.several else []
+                named = fill(spec.group, r, str) if "{" in spec.group else str(r.get(spec.group))
+                parts = [model] if results.several and not spec.by_model else []
+                parts += [named] if spec.by_model else []
                 parts += [str(r.get(spec.split))] if spec.split else []
                 parts += [line.label] if len(spec.values) > 1 or not parts else []
                 bar = " ".join(parts)
-                group = fill(spec.group, r, str) if "{" in spec.group else str(r.get(spec.group))
+                group = model if spec.by_model else named
                 groups.setdefault(group, {})[bar] = value
                 low, high = (r.get(line.ci[0]), r.get(line.ci[1])) if line.ci else \
                     (r.get(f"{line.column}_ci_low"), r.get(f"{line.column}_ci_high"))

@@ -140,6 +140,7 @@ class Bars:
     split: str | None = None
     where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
     final_layer: bool = False  # keep only each model's final layer's rows (its "layer" column)
+    by_model: bool = False  # one group per model instead, its bars named by the ``group`` column
 
 
 @dataclass(frozen=True)
