@@ -63,7 +63,7 @@ FIGURES = Figures(
     preface="Data: {data.n} pairs from {data.origin}; {data.duplicates} duplicate pairs (kept). {data.notes}",
     sentence="Last layer ({pooling} pooling, layer {layer}): z = {z:.3g}, acc@1 {acc@1_src2tgt:.3g} (source -> "
              "target), {acc@1_tgt2src:.3g} (target -> source); best z {best_z:.3g} at layer {best_z_layer}. Chance: "
-             "z = 0, acc@1 = 1/n = {chance.acc@1:.3g}, MRR = {chance.mrr:.3g}. z: {z_method}. Brackets: {intervals}. "
+             "z = 0, acc@1 = 1/n = {chance.acc@1:.3g}, MRR = {chance.mrr:.3g}. z: {z_method}. "
              "Nearest neighbours: {faiss}.",
     summary_numbers=("z", "acc@1_src2tgt", "acc@1_tgt2src", "best_z", "n_pairs"),
     curves=(
