@@ -75,7 +75,7 @@ FIGURES = Figures(
                title="Win rate by category at the final layer", ylabel="win rate",
                caption="Share of items whose paraphrases are closer than their same-words negative."),),
     tables=(Table("layers", _LAYER_COLUMNS, digits=4, p_values=("sign_p",), numbers=_LAYER_COLUMNS[2:],
-                  console=("layer", "pooling", "win_rate", "mean_diff")),
+                  pivot="pooling", cell="{win_rate:.3f} ({mean_diff:+.4f})", cell_label="win rate (diff)"),
             Table("groups", _GROUP_COLUMNS, digits=4, p_values=("sign_p",), numbers=_GROUP_COLUMNS[4:],
                   final_layer=True)),
     listings=(Listing("layers", "Layers that say nothing", item="undefined at layer {layer}, {pooling}: " + TIED +

@@ -262,6 +262,25 @@ def page_sections(decl, results) -> list:
 
 # -- console ---------------------------------------------------------------------------------------------------
 
+def _pivot(table, rows, title: str):
+    """The console's table of ``rows`` with a row per key (layer) and a column per value of ``table.pivot``
+    (pooling), each cell ``table.cell`` over its row ("-" where that key has no such row)."""
+    from rich.table import Table
+
+    from layerscope.report.console import esc
+
+    keys = list(dict.fromkeys(str(r.get(table.key)) for r in rows))
+    across = list(dict.fromkeys(str(r.get(table.pivot)) for r in rows))
+    cells = {(str(r.get(table.key)), str(r.get(table.pivot))): r for r in rows}
+    t = Table(title=title)
+    t.add_column(esc(table.key), justify="right")
+    for v in across:
+        t.add_column(f"{esc(v)} {esc(table.cell_label)}", justify="right")
+    for k in keys:
+        t.add_row(esc(k), *(fill(table.cell, cells[k, v], esc) if (k, v) in cells else "-" for v in across))
+    return t
+
+
 def console_summary(decl, results, console) -> None:
     from rich.table import Table
 
@@ -274,6 +293,9 @@ def console_summary(decl, results, console) -> None:
         for table in [t for i, t in enumerate(decl.tables) if i == 0 or t.console is not None]:
             rows = _table_rows(table, results, model)
             if not rows:
+                continue
+            if table.pivot is not None:
+                console.print(_pivot(table, rows, f"{esc(results.analysis)} - {esc(model)}"))
                 continue
             t = Table(title=f"{esc(results.analysis)} - {esc(model)}")
             columns = list(table.console) if table.console is not None else table.shown(rows)

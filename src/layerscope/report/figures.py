@@ -68,6 +68,9 @@ class Table:
     numbers: tuple[str, ...] | None = None
     console: tuple[str, ...] | None = None  # the columns the console shows (default: the shown ones)
     final_layer: bool = False  # report.md and the console show each model's final layer's rows only
+    pivot: str | None = None  # the console: a row per key, a column per value of this column ("pooling")
+    cell: str = ""  # ... each cell this template over its row, e.g. "{win_rate:.3f} ({mean_diff:+.4f})"
+    cell_label: str = ""  # ... each column headed "<value> <cell_label>"
     p_values: tuple[str, ...] = ()  # columns of p-values: shown as 1.2e-05 (below the smallest double: < 1e-300)
 
     def shown(self, rows) -> list[str]:

@@ -52,7 +52,9 @@ def safe_relative(path: str, where: str) -> str:
 def check_declared(results, figures) -> None:
     """The declared summary fields and table columns (``figures``, report/figures.py) hold numbers (or nothing)."""
     for model, fig in results.per_model.items():
-        for name in figures.summary_numbers:
+        for name in figures.summary_numbers:  # a declared figure is there, a number or nothing
+            if name not in fig.summary:
+                raise Bad(f"per_model.{model}.summary lacks {name}")
             _number(fig.summary.get(name), f"per_model.{model}.summary.{name}")
         for table in figures.tables:
             for i, row in enumerate(fig.rows(table.name)):

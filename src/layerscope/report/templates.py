@@ -43,6 +43,8 @@ def fill(template: str, values: dict[str, Any], escape) -> str:
                 else str(value)
         except (ValueError, TypeError):
             shown = str(value)
+        if shown.startswith("-") and not shown.strip("+-0.%"):  # a figure that rounds to zero: no minus
+            shown = shown[1:]
         out.append(escape(shown))
     return "".join(out)
 
