@@ -52,6 +52,11 @@ _SHOWN = ("pooling", "layer", "matched", "scrambled_mean", "z", "z_ci_low", "z_c
           "mrr_src2tgt", "ties_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10", "index")
 
 
+def _one_in(n) -> float | None:
+    """acc@1's chance level: 1/n for n pairs (None where the summary gives no count)."""
+    return 1 / n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def _curve(column: str, file: str, title: str, ylabel: str, caption: str, **kw) -> Curve:
     """One figure by layer, a line per model and pooling, in one chart."""
     return Curve(LAYERS_TABLE, (Line(column, column),), file=file, title=title, ylabel=ylabel, caption=caption,
@@ -61,8 +66,10 @@ def _curve(column: str, file: str, title: str, ylabel: str, caption: str, **kw) 
 # What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
 FIGURES = Figures(
     preface="Data: {data.n} pairs from {data.origin}; {data.duplicates} duplicate pairs (kept). {data.notes}",
-    sentence="Last layer ({pooling} pooling, layer {layer}): z = {z:.3g}, acc@1 {acc@1_src2tgt:.3g} (source -> "
-             "target), {acc@1_tgt2src:.3g} (target -> source); best z {best_z:.3g} at layer {best_z_layer}. Chance: "
+    sentence="Last layer ({pooling} pooling, layer {layer}): z = {z:.3g} [{headline.0.ci_low:.3g}, "
+             "{headline.0.ci_high:.3g}] (effect {headline.1.value:.3g} [{headline.1.ci_low:.3g}, "
+             "{headline.1.ci_high:.3g}] in cosine units), acc@1 {acc@1_src2tgt:.3g} [{headline.3.ci_low:.3g}, "
+             "{headline.3.ci_high:.3g}] (source -> target), {acc@1_tgt2src:.3g} (target -> source); best z {best_z:.3g} at layer {best_z_layer}. Chance: "
              "z = 0, acc@1 = 1/n = {chance.acc@1:.3g}, MRR = {chance.mrr:.3g}. z: {z_method}. "
              "Nearest neighbours: {faiss}.",
     summary_numbers=("z", "acc@1_src2tgt", "acc@1_tgt2src", "best_z", "n_pairs"),
@@ -72,9 +79,9 @@ FIGURES = Figures(
         _curve("effect", "effect_by_layer", "matched minus scrambled mean cosine (the size-free effect) by layer",
                "effect (cosine)", "", level=0.0),
         _curve("acc@1_src2tgt", "acc1_by_layer", "retrieval source -> target: accuracy@1 by layer", "accuracy@1", "",
-               chance="chance.acc@1"),
+               chance=lambda summary: _one_in(summary.get("n_pairs"))),
         _curve("acc@1_tgt2src", "acc1_tgt2src_by_layer", "retrieval target -> source: accuracy@1 by layer",
-               "accuracy@1", "", chance="chance.acc@1", png=False),
+               "accuracy@1", "", chance=lambda summary: _one_in(summary.get("n_pairs")), png=False),
         _curve("mrr_src2tgt", "mrr_by_layer", "retrieval source -> target: MRR by layer", "MRR", "",
                chance="chance.mrr", png=False),
         _curve("mutual_knn", "mutual_knn_by_layer", "mutual k-NN overlap of the two sides by layer",

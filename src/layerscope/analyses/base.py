@@ -178,26 +178,26 @@ class Analysis(ABC):
             return []
         from layerscope.report.declared import plots
 
-        return plots(self.metadata.figures, _typed(results), Path(out_dir))
+        return plots(self.metadata.figures, _typed(results, self.metadata.name), Path(out_dir))
 
     def report(self, results) -> str:
         if self.metadata.figures is None:
             return ""
         from layerscope.report.declared import markdown
 
-        return markdown(self.metadata.figures, _typed(results))
+        return markdown(self.metadata.figures, _typed(results, self.metadata.name))
 
     def console_summary(self, results, console) -> None:
         if self.metadata.figures is not None:
             from layerscope.report.declared import console_summary
 
-            console_summary(self.metadata.figures, _typed(results), console)
+            console_summary(self.metadata.figures, _typed(results, self.metadata.name), console)
 
 
-def _typed(results):
+def _typed(results, name: str):
     from layerscope.report.results import as_results
 
-    return as_results(results)
+    return as_results(results, name)
 
 
 # ---------------------------------------------------------------- running

@@ -64,8 +64,9 @@ _GROUP_COLUMNS = ("pooling", "layer", "group", "value", "n_items", "win_rate", "
 FIGURES = Figures(
     sentence="{items} items. Per item, diff = mean cos(positive, paraphrase) - cos(positive, negative); a win is "
              "diff > 0 (chance: win rate 0.5, diff 0). The sign test is two-sided, ties dropped. Best: layer "
-             "{best.layer} with {best.pooling} pooling, win rate {best.win_rate:.3g}, mean diff {best.mean_diff:.3g} "
-             "(sign test p = {best.sign_p:.2g}). The model's own pooled output ({own_pooled_output}) is the row "
+             "{best.layer} with {best.pooling} pooling, win rate {best.win_rate:.3g} [{best.win_rate_ci_low:.3g}, "
+             "{best.win_rate_ci_high:.3g}], mean diff {best.mean_diff:.3g} [{best.mean_diff_ci_low:.3g}, "
+             "{best.mean_diff_ci_high:.3g}] (sign test p = {best.sign_p:.2g}). The model's own pooled output ({own_pooled_output}) is the row "
              f"pooling={OWN}, layer={OWN_LAYER}.",
     summary_numbers=("items", "best_win_rate"),
     curves=(_by_layer("mean_diff", "mean cos(paraphrase) - cos(same-words negative)", 0.0),

@@ -1,10 +1,10 @@
 """A result folder's files from its typed results alone: results.json, CSV tables, plots, report.md, report.html.
 
-An analysis that declares its figures (``AnalysisMetadata.figures``) is drawn from that one declaration
-(report/declared.py) for the PNGs, report.md, report.html and the console; its own ``plots``, ``report``
-and ``console_summary``, given the typed results, add to it (mteb writes MTEB's own files there). An analysis
-without a declaration has only those three, given the results document (its strings escaped for report.md). ``layerscope report`` re-renders a folder without touching a model.
-"""
+An analysis that declares its figures (``AnalysisMetadata.figures``) is drawn from that one declaration by
+``Analysis.plots``, ``report`` and ``console_summary`` (report/declared.py), handed the typed results; an
+analysis that overrides one adds to it (mteb writes MTEB's own files). An analysis without a declaration
+overrides the three over the results document (its strings escaped for report.md). ``layerscope report``
+re-renders a folder without touching a model."""
 
 from __future__ import annotations
 

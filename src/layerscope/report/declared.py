@@ -35,7 +35,8 @@ def slug(model: str) -> str:
 def _chance(results, curve):
     if curve.chance is None:
         return curve.level
-    levels = {lookup(fig.summary, curve.chance, None) for fig in results.per_model.values()}
+    levels = {curve.chance(fig.summary) if callable(curve.chance) else lookup(fig.summary, curve.chance, None)
+              for fig in results.per_model.values()}
     level = levels.pop() if len(levels) == 1 else None
     return level if isinstance(level, (int, float)) and not isinstance(level, bool) else None
 
@@ -99,6 +100,7 @@ def plots(decl, results, out_dir: Path) -> list[str]:
                 continue
             files.append(layer_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
                                      ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve),
+                                     hline_label="chance" if _chance(results, curve) is not None else None,
                                      bands=bands or None, refs=refs or None, from_zero=curve.from_zero))
     for name in decl.files:
         if name != "saliency.html":

@@ -38,7 +38,8 @@ class Curve:
     title: str
     ylabel: str
     caption: str = ""
-    chance: str | None = None  # a summary field (or dotted path: chance.acc@1) drawn as a dashed line (chance)
+    chance: str | Callable[[dict[str, Any]], Any] | None = None  # a summary field (or dotted path: chance.acc@1,
+    # or a function of the summary) drawn as a dashed line (chance)
     level: float | None = None  # a fixed dashed line where ``chance`` names none (z = 0, say)
     png: bool = True  # False: drawn on report.html only
     per_model: bool = True

@@ -375,9 +375,14 @@ class DataInfo:
                    tokens=bool(doc.get("tokens")))
 
 
-def as_results(results: Results | dict[str, Any]) -> Results:
-    """``results`` typed: a ``Results`` as it is, a results document (a library caller's dict) read and checked."""
-    return results if isinstance(results, Results) else Results.from_document(results, "the results given")
+def as_results(results: Results | dict[str, Any], analysis: str | None = None) -> Results:
+    """``results`` typed: a ``Results`` as it is, a results document (a library caller's dict) read and checked;
+    ``analysis`` names the analysis of a document that does not name it."""
+    if isinstance(results, Results):
+        return results
+    if analysis is not None and isinstance(results, dict) and "analysis" not in results:
+        results = {**results, "analysis": analysis}
+    return Results.from_document(results, "the results given")
 
 
 def _no_constant(name: str):

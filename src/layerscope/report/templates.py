@@ -16,9 +16,12 @@ def lookup(values: dict[str, Any], name: str, default: Any = "undefined") -> Any
         return default
     value: Any = values
     for part in name.split("."):
-        if not isinstance(value, dict) or part not in value:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]  # headline.0: an item of a list
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
             return default
-        value = value[part]
     return value
 
 
