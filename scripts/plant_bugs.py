@@ -156,6 +156,14 @@ BUGS = (
         '        if deberta is not None and hasattr(deberta, "build_rpos"):',
         "        if False:",
         ("tests/export/test_deberta_openvino.py",)),
+    Bug("heatmap-scale-not-widened", S + "report/declared_grids.py",
+        "    return (min([*(g.spec.scale[0] for g in scaled), *values]), max([*(g.spec.scale[1] for g in scaled), *values]))",
+        "    return (min(g.spec.scale[0] for g in scaled), max(g.spec.scale[1] for g in scaled))",
+        ("tests/report/test_declared_grids.py",)),
+    Bug("bars-one-group-per-model", S + "report/declared_grids.py",
+        "                group = fill(spec.group, r, str) if \"{\" in spec.group else str(r.get(spec.group))",
+        "                group = model",
+        ("tests/report/test_declared_grids.py",)),
 )
 
 

@@ -71,13 +71,9 @@ PENDING: dict[tuple[str, str], tuple[str, str]] = {
 # Longest a module may be (lines, as ``wc -l`` counts them).
 MAX_LINES = 450
 
-# Known exceptions inside other engineers' areas of issue 34 (store/, extraction/, analyses/), each -> (owner, why).  The
-# module-level rules have none; these are circles closed only through an import inside a function, and modules
-# over MAX_LINES.  The coordinator empties this after the merges; a test fails as soon as an entry is not needed.
-KNOWN_EXCEPTIONS: dict[str, tuple[str, str]] = {
-    "circle layerscope.analyses.base -> layerscope.analyses.common": (
-        "results", "common imports base.Option at module level; base imports common.resolve_poolings in a function"),
-}
+# Known exceptions, each -> (owner, why): circles closed only through an import inside a function, and modules
+# over MAX_LINES. None is left; a test fails as soon as an entry is not needed.
+KNOWN_EXCEPTIONS: dict[str, tuple[str, str]] = {}
 
 
 def _module_name(path: Path) -> str:

@@ -317,7 +317,9 @@ def test_report_html_summary_is_a_table_of_headline_figures_with_intervals():
     pytest.importorskip("plotly")
     from layerscope.report.html_page import build_page
 
-    page = build_page(_comp_results())
+    from layerscope.analyses.compositionality import Compositionality
+
+    page = build_page(_comp_results(), Compositionality.metadata.figures)  # its charts: its declaration
     summary = page[page.index("id='summary'"):page.index("id='figures'")]
     assert "<th class=''>value</th>" in summary or ">value</th>" in summary
     assert "[0.600, 0.800]" in summary and "best win rate" in summary

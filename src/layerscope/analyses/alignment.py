@@ -23,7 +23,6 @@ Per layer and pooling, over unit-normalised vectors of the paired texts:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.index.alignment import PCA_KS, alignment_figures, category_figures
+from layerscope.report.figures import Curve, Figures, Line, Table
 
 GENERATORS = ("zh-en",)
 # Where aligned pairs come from: shared by every analysis that reads source/target pairs
@@ -44,6 +44,57 @@ ALIGNED_DATA_OPTIONS = (
     Option("category_column", str, "category", "column/field of the category in --data (optional)"),
 )
 INDEX_KINDS = ("auto", "flat", "ivf", "hnsw")  # retrieval: auto picks exact or IVF by size
+
+
+LAYERS_TABLE = "alignment_layers"
+_SHOWN = ("pooling", "layer", "matched", "scrambled_mean", "z", "z_ci_low", "z_ci_high", "effect", "effect_ci_low",
+          "effect_ci_high", "acc@1_src2tgt", "acc@1_src2tgt_ci_low", "acc@1_src2tgt_ci_high", "acc@1_tgt2src",
+          "mrr_src2tgt", "ties_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10", "index")
+
+
+def _one_in(n) -> float | None:
+    """acc@1's chance level: 1/n for n pairs (None where the summary gives no count)."""
+    return 1 / n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def _curve(column: str, file: str, title: str, ylabel: str, caption: str, **kw) -> Curve:
+    """One figure by layer, a line per model and pooling, in one chart."""
+    return Curve(LAYERS_TABLE, (Line(column, column),), file=file, title=title, ylabel=ylabel, caption=caption,
+                 per_model=False, group=("pooling",), joiner=" / ", **kw)
+
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    preface="Data: {data.n} pairs from {data.origin}; {data.duplicates} duplicate pairs (kept). {data.notes}",
+    sentence="Last layer ({pooling} pooling, layer {layer}): z = {z:.3g} [{headline.0.ci_low:.3g}, "
+             "{headline.0.ci_high:.3g}] (effect {headline.1.value:.3g} [{headline.1.ci_low:.3g}, "
+             "{headline.1.ci_high:.3g}] in cosine units), acc@1 {acc@1_src2tgt:.3g} [{headline.3.ci_low:.3g}, "
+             "{headline.3.ci_high:.3g}] (source -> target), {acc@1_tgt2src:.3g} (target -> source); best z {best_z:.3g} at layer {best_z_layer}. Chance: "
+             "z = 0, acc@1 = 1/n = {chance.acc@1:.3g}, MRR = {chance.mrr:.3g}. z: {z_method}. "
+             "Nearest neighbours: {faiss}.",
+    summary_numbers=("z", "acc@1_src2tgt", "acc@1_tgt2src", "best_z", "n_pairs"),
+    curves=(
+        _curve("z", "z_by_layer", "matched vs scrambled pairs: z-score by layer", "z (matched - scrambled) / std",
+               "z above ~3 means the pairs line up beyond chance.", level=0.0),
+        _curve("effect", "effect_by_layer", "matched minus scrambled mean cosine (the size-free effect) by layer",
+               "effect (cosine)", "", level=0.0),
+        _curve("acc@1_src2tgt", "acc1_by_layer", "retrieval source -> target: accuracy@1 by layer", "accuracy@1", "",
+               chance=lambda summary: _one_in(summary.get("n_pairs"))),
+        _curve("acc@1_tgt2src", "acc1_tgt2src_by_layer", "retrieval target -> source: accuracy@1 by layer",
+               "accuracy@1", "", chance=lambda summary: _one_in(summary.get("n_pairs")), png=False),
+        _curve("mrr_src2tgt", "mrr_by_layer", "retrieval source -> target: MRR by layer", "MRR", "",
+               chance="chance.mrr", png=False),
+        _curve("mutual_knn", "mutual_knn_by_layer", "mutual k-NN overlap of the two sides by layer",
+               "share of shared neighbours", "", png=False),
+        _curve("pc0_abs_d", "pc0_separation_by_layer", "language split on PC0: |Cohen's d| by layer", "|d| on PC0",
+               ""),
+    ),
+    tables=(Table(LAYERS_TABLE, _SHOWN, prefixes=("z_monte_carlo",),
+                  numbers=tuple(c for c in _SHOWN if c not in ("pooling", "layer", "index")),
+                  console=("layer", "pooling", "matched", "scrambled_mean", "z", "acc@1_src2tgt", "acc@1_tgt2src",
+                           "mrr_src2tgt", "mutual_knn", "pc0_abs_d")),),
+    page=("neighbours",),
+)
 
 
 def nearest_targets(src: np.ndarray, tgt: np.ndarray, queries: np.ndarray, k: int, *,
@@ -173,6 +224,7 @@ class Alignment(Analysis):
             Option("device", str, "auto", "where FAISS runs: auto, cpu or gpu", choices=("auto", "cpu", "gpu")),
             Option("examples", int, 50, "source texts whose nearest targets per layer are kept for report.html"),
         ),
+        figures=FIGURES,
     )
 
     def default_poolings(self, handle) -> list[str]:
@@ -326,110 +378,3 @@ class Alignment(Analysis):
                     for i, c, s, t, a in zip(data.ids, data.categories, data.sources, data.targets, data.answers)]
             return merge_combined({"data": info, "tables": {"pairs": rows}}, several)
         return merge_combined({"data": info}, several)
-
-    # -- rendering ---------------------------------------------------------
-    @staticmethod
-    def _series(results, key: str):
-        """``(series, bands)`` of one figure per model and pooling (bands where the rows hold an interval)."""
-        series, bands = {}, {}
-        multi = len(results["per_model"]) > 1
-        for model, fig in results["per_model"].items():
-            rows = fig["tables"]["alignment_layers"]
-            for pooling in fig["poolings"]:
-                rs = [r for r in rows if r["pooling"] == pooling]
-                label = f"{model} / {pooling}" if multi else pooling
-                series[label] = ([r["layer"] for r in rs], [r.get(key) for r in rs])
-                if any(r.get(f"{key}_ci_low") is not None for r in rs):
-                    bands[label] = ([r.get(f"{key}_ci_low") for r in rs], [r.get(f"{key}_ci_high") for r in rs])
-        return series, bands
-
-    def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.report.plots import layer_lines
-
-        out_dir = Path(out_dir)
-        ns = {fig["summary"].get("n_pairs") for fig in results["per_model"].values()}
-        n = ns.pop() if len(ns) == 1 else None
-        models = list(results["per_model"])
-        who = f" ({models[0].split('/')[-1]})" if len(models) == 1 else ""
-        z, z_bands = self._series(results, "z")
-        acc, acc_bands = self._series(results, "acc@1_src2tgt")
-        effect, effect_bands = self._series(results, "effect")
-        files = [
-            layer_lines(out_dir / "z_by_layer.png", z, bands=z_bands, hline=0.0, hline_label="chance (z = 0)",
-                        title=f"matched vs scrambled pairs: z-score by layer{who}", ylabel="z (matched - scrambled) / std"),
-            layer_lines(out_dir / "acc1_by_layer.png", acc, bands=acc_bands, from_zero=True,
-                        hline=1 / n if n else None, hline_label=f"chance (1/n = 1/{n})" if n else None,
-                        title=f"retrieval source -> target: accuracy@1 by layer{who}", ylabel="accuracy@1"),
-            layer_lines(out_dir / "pc0_separation_by_layer.png", self._series(results, "pc0_abs_d")[0],
-                        title=f"language split on PC0: |Cohen's d| by layer{who}", ylabel="|d| on PC0"),
-        ]
-        if any(v is not None for _, values in effect.values() for v in values):
-            files.append(layer_lines(out_dir / "effect_by_layer.png", effect, bands=effect_bands, hline=0.0,
-                                     hline_label="chance (no effect)", ylabel="effect (cosine)",
-                                     title=f"matched minus scrambled mean cosine by layer{who}"))
-        return files
-
-    def report(self, results) -> str:
-        from layerscope.report.writer import ci, md_table, sig
-
-        data = results.get("combined", {}).get("data", {})
-        parts = [f"## Data\n\n{data.get('n')} pairs from {data.get('origin')}; "
-                 f"{data.get('duplicates', 0)} duplicate pairs (kept)."]
-        parts += [f"- {note}" for note in data.get("notes", [])]
-        cols = ["pooling", "layer", "matched", "scrambled_mean", "z", "z_ci_low", "z_ci_high", "effect",
-                "effect_ci_low", "effect_ci_high", "acc@1_src2tgt", "acc@1_src2tgt_ci_low", "acc@1_src2tgt_ci_high",
-                "acc@1_tgt2src", "mrr_src2tgt", "ties_src2tgt", "mutual_knn", "pc0_abs_d", "z_pc2", "z_pc10",
-                "index"]
-        rows_mc = [r for fig in results["per_model"].values() for r in fig["tables"]["alignment_layers"]]
-        if any(r.get("z_monte_carlo") is not None for r in rows_mc):
-            cols[7:7] = ["z_monte_carlo", "z_monte_carlo_se"]
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            by = {(r["pooling"], r["layer"]): r for r in fig["tables"]["alignment_layers"]}
-            last = by.get((s["pooling"], s["layer"]), {})
-            best = by.get((s["pooling"], s.get("best_z_layer")), {})
-
-            def val(row, key, fallback):
-                return sig(row.get(key, fallback)) + ci(row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high"))
-
-            chance = s.get("chance") or {}
-            parts.append(f"## {model}\n\nLast layer ({s['pooling']} pooling): z = {val(last, 'z', s['z'])} "
-                         f"(effect {val(last, 'effect', None)} in cosine units), "
-                         f"acc@1 {val(last, 'acc@1_src2tgt', s['acc@1_src2tgt'])} (source -> target), "
-                         f"{val(last, 'acc@1_tgt2src', s['acc@1_tgt2src'])} (target -> source), MRR "
-                         f"{val(last, 'mrr_src2tgt', None)} (source -> target); best z "
-                         f"{val(best, 'z', s['best_z'])} at layer {s['best_z_layer']}. "
-                         + (f"Chance: z = 0, acc@1 = 1/n = {sig(chance['acc@1'])}, MRR = {sig(chance['mrr'])}. "
-                            if chance else "")
-                         + (f"z: {s['z_method']}. " if s.get("z_method") else "")
-                         + (f"Brackets: {s['intervals']}. " if s.get("intervals") else "")
-                         + f"Nearest neighbours: {s.get('faiss')}.\n")
-            parts.append(md_table(fig["tables"]["alignment_layers"], cols, digits=3))
-        return "\n".join(parts)
-
-    def console_summary(self, results, console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-
-        for model, fig in results["per_model"].items():
-            t = Table(title=f"alignment - {esc(model)} ({results['combined'].get('data', {}).get('n')} pairs)")
-            for c in ("pooling", "layer", "matched", "scrambled", "z", "acc@1 s>t", "acc@1 t>s", "MRR s>t",
-                      "mutual kNN", "|d| PC0"):
-                t.add_column(c, justify="right" if c not in ("pooling",) else "left")
-            for r in fig["tables"]["alignment_layers"]:
-                t.add_row(r["pooling"], r["layer"], _f(r["matched"]), _f(r["scrambled_mean"]), _f(r["z"], 1),
-                          _f(r["acc@1_src2tgt"]), _f(r["acc@1_tgt2src"]), _f(r["mrr_src2tgt"]),
-                          _f(r["mutual_knn"]), _f(r["pc0_abs_d"], 2))
-            console.print(t)
-            s = fig["summary"]
-            for p, h in (s.get("by_pooling") or {s["pooling"]: s}).items():
-                console.print(f"{esc(model)}: {p} pooling{' (headline)' if p == s['pooling'] else ''}, last layer "
-                              f"z = {_f(h['z'], 1)}, best z {_f(h['best_z'], 1)} at layer {h['best_z_layer']}")
-            console.print(f"nearest neighbours: {esc(s.get('faiss'))}")
-
-
-def _f(v, digits: int = 3) -> str:
-    from layerscope.report.writer import num
-
-    return "-" if v is None else num(v, digits)

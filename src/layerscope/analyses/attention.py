@@ -133,9 +133,9 @@ class AttentionAnalysis(Analysis):
         o = self.options(ctx)
         handle = run.handle
         export_dir = attention_export(handle, ctx.say)
-        spec = ctx.spec if ctx.spec is not None else ctx
+        spec = ctx.spec  # the run's spec: what it resolved (compute runs inside run_analysis only)
         encoder = run.engine.encoder(spec.max_length)
-        runner = AttentionRunner(export_dir, ENGINES[ctx.engine])
+        runner = AttentionRunner(export_dir, ENGINES[spec.engine])
         texts = data["texts"]
         lengths = np.minimum(encoder.token_lengths(texts), encoder.max_length)
         shown = list(range(min(int(o.patterns), len(texts))))

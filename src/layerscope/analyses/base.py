@@ -170,14 +170,34 @@ class Analysis(ABC):
         return {}
 
     # -- rendering from saved results only ---------------------------------
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        return []
+    # With declared figures (``metadata.figures``) these draw the declaration from typed results (a results
+    # document is read and checked first); an analysis overriding one calls ``super()`` and adds to it. Without
+    # a declaration they draw nothing, and an analysis of the older kind overrides them over the document.
+    def plots(self, results, out_dir: Path) -> list[str]:
+        if self.metadata.figures is None:
+            return []
+        from layerscope.report.declared import plots
 
-    def report(self, results: dict[str, Any]) -> str:
-        return ""
+        return plots(self.metadata.figures, _typed(results, self.metadata.name), Path(out_dir))
 
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        pass
+    def report(self, results) -> str:
+        if self.metadata.figures is None:
+            return ""
+        from layerscope.report.declared import markdown
+
+        return markdown(self.metadata.figures, _typed(results, self.metadata.name))
+
+    def console_summary(self, results, console) -> None:
+        if self.metadata.figures is not None:
+            from layerscope.report.declared import console_summary
+
+            console_summary(self.metadata.figures, _typed(results, self.metadata.name), console)
+
+
+def _typed(results, name: str):
+    from layerscope.report.results import as_results
+
+    return as_results(results, name)
 
 
 # ---------------------------------------------------------------- running

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.base import Option
+from layerscope.analyses.metadata import Option
 from layerscope.errors import InputError
 
 # Cosines whose spread (max - min) is below this are treated as constant: float32 vectors that are
@@ -100,59 +100,3 @@ def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int
 def best_row(rows: list[dict], key: str) -> dict | None:
     defined = [r for r in rows if r.get(key) is not None]
     return max(defined, key=lambda r: r[key]) if defined else None
-
-
-def model_layer_series(results: dict, table: str, value: str, *, split: str = "pooling",
-                       where: dict | None = None) -> dict[str, tuple[list[str], list]]:
-    """{"model pooling": (layer names, values)} from per-model table rows, for layer_lines."""
-    series: dict[str, tuple[list[str], list]] = {}
-    multi = len(results.get("per_model", {})) > 1
-    for model, figures in results.get("per_model", {}).items():
-        for row in figures.get("tables", {}).get(table, []):
-            if where and any(row.get(k) != v for k, v in where.items()):
-                continue
-            label = f"{model} {row[split]}" if multi else str(row[split])
-            layers, values = series.setdefault(label, ([], []))
-            layers.append(str(row["layer"]))
-            values.append(row.get(value))
-    return series
-
-
-def data_label(results: dict) -> str:
-    """`` (on FILE)`` for axis labels: the data file the saved results were computed from, as they record it."""
-    data = (results.get("settings") or {}).get("data")
-    if not data:
-        for figures in (results.get("per_model") or {}).values():
-            data = ((figures.get("summary") or {}).get("data") or {}).get("source")
-            if data:
-                break
-    if not data:
-        return ""
-    return f" (on {str(data).replace(chr(92), '/').rstrip('/').split('/')[-1]})"
-
-
-def series_with_bands(results: dict, table: str, value: str, *, split: str = "pooling", where=None,
-                      says_nothing=None) -> tuple[dict[str, tuple[list[str], list]], dict[str, tuple[list, list]]]:
-    """``(series, bands)`` for layer_lines: the rows' ``value`` and its ``value_ci_low/high`` per layer.
-
-    ``where(row)`` keeps a row; ``says_nothing(row)`` marks a row whose figure tells nothing (every item a
-    tie, say): it stays a gap, not a point.
-    """
-    series: dict[str, tuple[list[str], list]] = {}
-    bands: dict[str, tuple[list, list]] = {}
-    multi = len(results.get("per_model", {})) > 1
-    for model, figures in results.get("per_model", {}).items():
-        for row in figures.get("tables", {}).get(table, []):
-            if where is not None and not where(row):
-                continue
-            label = f"{model} {row[split]}" if multi else str(row[split])
-            layers, values = series.setdefault(label, ([], []))
-            low, high = bands.setdefault(label, ([], []))
-            blank = says_nothing is not None and says_nothing(row)
-            layers.append(str(row["layer"]))
-            values.append(None if blank else row.get(value))
-            low.append(None if blank else row.get(f"{value}_ci_low"))
-            high.append(None if blank else row.get(f"{value}_ci_high"))
-    if not any(v is not None for low, high in bands.values() for v in low):
-        bands = {}
-    return series, bands

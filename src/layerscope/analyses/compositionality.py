@@ -12,13 +12,13 @@ complexity.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, register
-from layerscope.analyses.common import layers_for, poolings_for, series_with_bands
+from layerscope.analyses.common import layers_for, poolings_for
+from layerscope.report.figures import Bars, Curve, Figures, Line, Listing, Table
 
 OWN = "own"  # pooling label of the model's own pooled output
 OWN_LAYER = "pooled"
@@ -47,6 +47,43 @@ TIED = ("every item is a tie (the positive, its paraphrases and its negative get
         "constant CLS vector)")
 
 
+def _by_layer(column: str, name: str, level: float) -> Curve:
+    # a layer where every item is a tie (one vector for every text) tells nothing: left out, not drawn at 0
+    return Curve("layers", (Line(column, name),), file=f"compositionality_{column}_by_layer", per_model=False,
+                 group=("pooling",), joiner=" / ", level=level, title=f"Compositionality: {name}, by layer",
+                 ylabel=name, where=lambda row: row.get("pooling") != OWN and not all_ties(row),
+                 caption="Per item: cosine of the sentence to its paraphrases minus its cosine to the same words in "
+                         "another order. Layers where every item is a tie are left out (they tell nothing).")
+
+
+_LAYER_COLUMNS = ("pooling", "layer", "win_rate", "win_rate_ci_low", "win_rate_ci_high", "wins", "losses", "ties",
+                  "mean_diff", "mean_diff_ci_low", "mean_diff_ci_high", "mean_paraphrase", "mean_negative", "sign_p")
+_GROUP_COLUMNS = ("pooling", "layer", "group", "value", "n_items", "win_rate", "mean_diff", "sign_p")
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    sentence="{items} items. Per item, diff = mean cos(positive, paraphrase) - cos(positive, negative); a win is "
+             "diff > 0 (chance: win rate 0.5, diff 0). The sign test is two-sided, ties dropped. Best: layer "
+             "{best.layer} with {best.pooling} pooling, win rate {best.win_rate:.3g} [{best.win_rate_ci_low:.3g}, "
+             "{best.win_rate_ci_high:.3g}], mean diff {best.mean_diff:.3g} [{best.mean_diff_ci_low:.3g}, "
+             "{best.mean_diff_ci_high:.3g}] (sign test p = {best.sign_p:.2g}). The model's own pooled output ({own_pooled_output}) is the row "
+             f"pooling={OWN}, layer={OWN_LAYER}.",
+    summary_numbers=("items", "best_win_rate"),
+    curves=(_by_layer("mean_diff", "mean cos(paraphrase) - cos(same-words negative)", 0.0),
+            _by_layer("win_rate", "win rate (paraphrases closer than negative)", 0.5)),
+    bars=(Bars("groups", "value", (Line("win_rate", "win rate"),), split="pooling", final_layer=True,
+               where=lambda row: row.get("group") == "category", file="compositionality_categories_final_layer",
+               title="Win rate by category at the final layer", ylabel="win rate",
+               caption="Share of items whose paraphrases are closer than their same-words negative."),),
+    tables=(Table("layers", _LAYER_COLUMNS, digits=4, p_values=("sign_p",), numbers=_LAYER_COLUMNS[2:],
+                  pivot="pooling", cell="{win_rate:.3f} ({mean_diff:+.4f})", cell_label="win rate (diff)"),
+            Table("groups", _GROUP_COLUMNS, digits=4, p_values=("sign_p",), numbers=_GROUP_COLUMNS[4:],
+                  final_layer=True)),
+    listings=(Listing("layers", "Layers that say nothing", item="undefined at layer {layer}, {pooling}: " + TIED +
+                      ", so the layer says nothing here", where=all_ties, limit=1000, html_limit=1000),),
+)
+
+
 def _undefined_if_tied(summ: dict) -> dict:
     """Win rate, mean diff and sign test are undefined where every item ties (as a correlation of constant
     cosines is in sts): None, with the reason, instead of a 0 that reads as a measured figure."""
@@ -71,10 +108,6 @@ def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.n
     return _undefined_if_tied(summ), neg, para_mean, diffs
 
 
-def _p(v) -> str:
-    return "undefined" if v is None else f"{v:.2g}"
-
-
 @register
 class Compositionality(Analysis):
     metadata = AnalysisMetadata(
@@ -84,6 +117,7 @@ class Compositionality(Analysis):
         main_score="best_win_rate",
         default_poolings=("mean", "cls"),
         default_data="layerscope/data/compositionality.jsonl (shipped)",
+        figures=FIGURES,
     )
 
     def prepare(self, ctx: Context):
@@ -176,82 +210,3 @@ class Compositionality(Analysis):
         from layerscope.analyses.compare import compare_models
 
         return compare_models(per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
-
-    # ------------------------------------------------------------ rendering (saved results only)
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.report.plots import bars, layer_lines
-
-        made = []
-        names = list(results.get("per_model", {}))
-        suffix = f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""
-        for value, label, hline in (("mean_diff", "mean cos(paraphrase) - cos(negative)", 0.0),
-                                    ("win_rate", "win rate (paraphrases closer than negative)", 0.5)):
-            # a layer where every item is a tie tells nothing (see report.md): a gap, not a point at 0
-            series, bands = series_with_bands(results, "layers", value, where=lambda r: r["pooling"] != OWN,
-                                              says_nothing=all_ties)
-            if series:
-                made.append(layer_lines(out_dir / f"compositionality_{value}_by_layer.png", series,
-                                        title=f"Compositionality: {label}{suffix}", ylabel=label, hline=hline,
-                                        bands=bands, hline_label="no preference"))
-        groups: dict[str, dict[str, float | None]] = {}
-        errors: dict[str, dict[str, tuple]] = {}
-        for model, fig in results.get("per_model", {}).items():
-            final = str(results["models"][model]["manifest"]["num_layers"])
-            for r in fig["tables"].get("groups", []):
-                if r["layer"] == final and r["group"] == "category":
-                    key = f"{model} {r['pooling']}" if len(names) > 1 else r["pooling"]
-                    groups.setdefault(key, {})[r["value"]] = r["win_rate"]
-                    if r.get("win_rate_ci_low") is not None:
-                        errors.setdefault(key, {})[r["value"]] = (r["win_rate_ci_low"], r["win_rate_ci_high"])
-        if groups:
-            made.append(bars(out_dir / "compositionality_categories_final_layer.png", groups, errors=errors or None,
-                             title=f"Win rate by category at the final layer{suffix}", ylabel="win rate"))
-        return made
-
-    def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import ci, md_table, sig
-
-        lines = []
-        for model, fig in results.get("per_model", {}).items():
-            s = fig["summary"]
-            b = s["best"]
-            lines += [f"## {model}", "",
-                      f"{s['items']} items. Per item, diff = mean cos(positive, paraphrase) - cos(positive, "
-                      "negative); a win is diff > 0 (chance: win rate 0.5, diff 0). The sign test is two-sided, "
-                      "ties dropped." + (f" Brackets: {s['intervals']}." if s.get("intervals") else ""), "",
-                      f"**Best:** layer {b['layer']} with {b['pooling']} pooling, win rate {sig(b['win_rate'])}"
-                      f"{ci(b.get('win_rate_ci_low'), b.get('win_rate_ci_high'))}, mean diff {sig(b['mean_diff'])}"
-                      f"{ci(b.get('mean_diff_ci_low'), b.get('mean_diff_ci_high'))} "
-                      f"(sign test p = {_p(b['sign_p'])}).", ""]
-            if s.get("own_pooled_output"):
-                lines += [f"The model's own pooled output (`{s['own_pooled_output']}`) is the row "
-                          f"pooling={OWN}, layer={OWN_LAYER}.", ""]
-            rows = [{"pooling": r["pooling"], "layer": r["layer"], "win rate": r["win_rate"],
-                     "win rate 95% CI": ci(r.get("win_rate_ci_low"), r.get("win_rate_ci_high")).strip() or "-",
-                     "wins/losses/ties": f"{r['wins']}/{r['losses']}/{r['ties']}", "mean diff": r["mean_diff"],
-                     "mean diff 95% CI": ci(r.get("mean_diff_ci_low"), r.get("mean_diff_ci_high")).strip() or "-",
-                     "cos paraphrase": r["mean_paraphrase"], "cos negative": r["mean_negative"],
-                     "sign p": _p(r["sign_p"])} for r in fig["tables"]["layers"]]
-            lines.append(md_table(rows))
-            tied = [r for r in fig["tables"]["layers"] if r["ties"] == r["n_items"]]
-            for r in tied:
-                lines.append(f"- undefined at layer {r['layer']}, {r['pooling']}: {TIED}, so the layer says "
-                             "nothing here")
-            final = str(results["models"][model]["manifest"]["num_layers"])
-            grows = [{"pooling": r["pooling"], "group": r["group"], "value": r["value"], "items": r["n_items"],
-                      "win rate": r["win_rate"], "mean diff": r["mean_diff"], "sign p": _p(r["sign_p"])}
-                     for r in fig["tables"]["groups"] if r["layer"] in (final, OWN_LAYER)]
-            lines += ["", f"### By category and complexity at the final layer ({final})", "", md_table(grows)]
-        return "\n".join(lines)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from layerscope.report.console import layer_by_pooling_table
-        from layerscope.report.writer import num
-
-        for model, fig in results.get("per_model", {}).items():
-            table = layer_by_pooling_table(
-                f"{model}: win rate / mean diff per layer ({fig['summary']['items']} items)",
-                fig["tables"]["layers"], "win rate (diff)",
-                lambda r: "undefined" if r["win_rate"] is None else f"{num(r['win_rate'], 3)} "
-                f"({num(r['mean_diff'], 4, sign=True)})")
-            console.print(table)

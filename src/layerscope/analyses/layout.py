@@ -210,7 +210,7 @@ def check_summary(out: Path, results, analysis) -> None:
     quiet = Console(file=io.StringIO(), width=120)
     try:
         print_summary(analysis, results, quiet)
-        print_comparison(results.document, quiet)
+        print_comparison(results, quiet)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise InputError(f"{out}/results.json lacks or garbles a field its summary needs ({type(exc).__name__}: "
                          f"{str(exc)[:120]}); it was edited since it was written: run again with --recompute "

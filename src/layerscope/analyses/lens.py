@@ -13,13 +13,34 @@ leave the graph.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.figures import Curve, Figures, Line, Listing, Table
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    sentence="Target: the {target}. Computed by {computed_by}. {n_texts} texts, {n_positions} positions "
+             "(special-token targets left out).",
+    summary_numbers=("n_texts", "n_positions", "top1_agrees_with_last_mid_layer"),
+    curves=(Curve("lens_by_layer", (Line("mean_log10_rank", "mean log10 rank"),), file="lens_rank", per_model=False,
+                  title="logit lens: rank of the target token by layer", ylabel="mean log10 rank (0 = top)",
+                  caption="Each layer decoded through the model's LM head; rank of the target token among the "
+                          "vocabulary, averaged over positions."),
+            Curve("lens_by_layer", (Line("top1_agrees_with_last", "top-1 = last layer's top-1"),
+                                    Line("top1_is_target", "top-1 = target")), file="lens_agreement",
+                  per_model=False, from_zero=True, title="logit lens: top-1 agreement by layer",
+                  ylabel="fraction of positions",
+                  caption="Share of positions whose top-1 decoded token equals the last layer's, or the target.")),
+    tables=(Table("lens_by_layer", ("layer", "mean_rank", "median_rank", "mean_log10_rank", "top1_is_target",
+                                    "top1_agrees_with_last"), digits=3,
+                  console=("layer", "mean_rank", "median_rank", "top1_is_target", "top1_agrees_with_last")),),
+    listings=(Listing("head", "Decoding head", item="{kind}: {description}", limit=1),),
+    page=("lens tokens",),
+)
 
 
 def lens_layers(ctx, run) -> list[str]:
@@ -77,6 +98,7 @@ class Lens(Analysis):
             Option("show", int, 20, "texts whose per-position tokens are kept in results.json"),
             Option("batch", int, 32, "texts per batch"),
         ),
+        figures=FIGURES,
     )
 
     def prepare(self, ctx: Context) -> Any:
@@ -204,64 +226,6 @@ class Lens(Analysis):
 
         return go, meta["head"], (f"{engine.info.name} ({engine.info.provider}) for the hidden states, "
                                   f"{lens_file(k)} (ONNX Runtime CPU) for the head")
-
-    # ------------------------------------------------------------------ rendering
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.report.plots import layer_lines
-
-        rank, agree, bands = {}, {}, {}
-        names = list(results["per_model"])
-        for model, fig in results["per_model"].items():
-            rows = fig["tables"]["lens_by_layer"]
-            layers = [r["layer"] for r in rows]
-            pre = f"{model}: " if len(names) > 1 else ""  # one model: its name is in the title, not every entry
-            rank[f"{pre}mean log10 rank"] = (layers, [r["mean_log10_rank"] for r in rows])
-            for key, label in (("top1_agrees_with_last", "top-1 = last layer's top-1"),
-                               ("top1_is_target", f"top-1 = {fig['summary']['target']}")):
-                agree[pre + label] = (layers, [r[key] for r in rows])
-                if any(r.get(f"{key}_ci_low") is not None for r in rows):
-                    bands[pre + label] = ([r.get(f"{key}_ci_low") for r in rows],
-                                          [r.get(f"{key}_ci_high") for r in rows])
-        suffix = f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""
-        return [
-            layer_lines(Path(out_dir) / "lens_rank.png", rank, title=f"logit lens: rank of the target token{suffix}",
-                        ylabel="mean log10 rank (0 = top)"),
-            layer_lines(Path(out_dir) / "lens_agreement.png", agree, title=f"logit lens: top-1 agreement{suffix}",
-                        ylabel="fraction of positions", bands=bands, from_zero=True),
-        ]
-
-    def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import md_table
-
-        lines = []
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            lines += [f"## {model}", "",
-                      f"**Decoding head: {fig['head']['kind']}.** {fig['head']['description']}.", "",
-                      f"Target: the {s['target']}. Computed by {s['computed_by']}. {s['n_texts']} texts, "
-                      f"{s['n_positions']} positions (special-token targets left out).", "",
-                      md_table(fig["tables"]["lens_by_layer"]), ""]
-            for t in fig["texts"][:3]:
-                lines += [f"Top-1 token per layer for: _{t['text']}_", ""]
-                rows = [{"layer": layer, **{f"{i}:{tokn}": t["layers"][layer]["top"][i][0][0]
-                                           for i, tokn in enumerate(t["tokens"])}} for layer in fig["layers"]]
-                lines += [md_table(rows), ""]
-        return "\n".join(lines)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-
-        for model, fig in results["per_model"].items():
-            console.print(f"[bold]{esc(model)}[/bold]: head = {esc(fig['head']['kind'])} ({esc(fig['summary']['computed_by'])})")
-            table = Table(title=f"logit lens by layer (target: {esc(fig['summary']['target'])})")
-            for col in ("layer", "mean rank", "median rank", "top-1 = target", "top-1 = last layer"):
-                table.add_column(col, justify="right")
-            for r in fig["tables"]["lens_by_layer"]:
-                table.add_row(r["layer"], f"{r['mean_rank']:.1f}", f"{r['median_rank']:.0f}",
-                              f"{r['top1_is_target']:.3f}", f"{r['top1_agrees_with_last']:.3f}")
-            console.print(table)
 
 
 def _text_detail(text: str, b, j: int, keep_row: np.ndarray, names: list[str], tok, decoder: bool) -> dict:

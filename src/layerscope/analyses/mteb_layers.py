@@ -27,7 +27,7 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import layers_for, poolings_for
 from layerscope.errors import InputError, MissingExtraError
-from layerscope.report.figures import Curve, Figures, Line
+from layerscope.report.figures import Curve, Figures, Line, Table
 from layerscope.progress import track
 
 LOCAL_STS = {"STSBenchmark": "test"}  # MTEB task -> STS Benchmark split we hold locally
@@ -109,11 +109,17 @@ class MtebAnalysis(Analysis):
         default_data="STSBenchmark: ../shared/data/stsbenchmark/sts-test.csv (local)",
         options=(Option("tasks", str, "STSBenchmark", "comma list of MTEB task names"),
                  Option("batch", int, 64, "texts per encode call MTEB hands over"),),
-        figures=Figures(summary_numbers=("best_main_score", "texts_run"), curves=(
-            Curve("layers", (Line("main_score", "MTEB main score"),), file="mteb_layers",
-                  title="MTEB main score by layer", ylabel="MTEB main score", per_model=False, group=("task", "pooling"),
-                  caption="Every layer × pooling scored as an embedding model by the mteb library; MTEB's own "
-                          "result files are under mteb/results/."),)),
+        figures=Figures(
+            preface="MTEB-format results per layer and pooling are under mteb/results/.",
+            sentence="best {best.task} main score {best.main_score:.4f} at layer {best.layer} ({best.pooling}); "
+                     "{texts_run} texts run once for all layers",
+            summary_numbers=("best_main_score", "texts_run"), curves=(
+                Curve("layers", (Line("main_score", "MTEB main score"),), file="mteb_layers",
+                      title="MTEB main score by layer", ylabel="MTEB main score", per_model=False,
+                      group=("task", "pooling"),
+                      caption="Every layer × pooling scored as an embedding model by the mteb library; MTEB's own "
+                              "result files are under mteb/results/."),),
+            tables=(Table("layers", ("task", "pooling", "layer", "main_score"), digits=4, numbers=("main_score",)),)),
     )
 
     def prepare(self, ctx: Context) -> dict[str, Any]:
@@ -231,42 +237,19 @@ class MtebAnalysis(Analysis):
                               group_label="task_pooling", seed=ctx.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        """MTEB's own result files, re-written from results.json (its curve is declared in ``figures``); the
-        typed loader refused any path that would leave the result folder, and this checks again."""
+    def plots(self, results, out_dir: Path) -> list[str]:
+        """MTEB's own result files, re-written from typed results (everything else it shows is declared in
+        ``figures``); the typed loader refused any path that would leave the result folder, and this checks again."""
+        made = super().plots(results, out_dir)
         root = (out_dir / "mteb").resolve()
-        for figures in results.get("per_model", {}).values():
-            for rel, content in figures.get("mteb_files", {}).items():
+        for figures in results.per_model.values():
+            for rel, content in figures.mteb_files.items():
                 target = (root / rel).resolve()
                 if root not in target.parents:
                     continue  # a path that would leave the result directory is not written
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        return []
-
-    def report(self, results: dict[str, Any]) -> str:
-        lines = ["MTEB-format results per layer and pooling are under `mteb/results/`."]
-        for model, figures in results.get("per_model", {}).items():
-            b = figures["summary"].get("best")
-            if b:
-                lines.append(f"- {model}: best {b['task']} main score {b['main_score']:.4f} at layer {b['layer']} "
-                             f"({b['pooling']}); {figures['summary']['texts_run']} texts run once for all layers")
-        return "\n".join(lines)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-        from layerscope.report.writer import num
-
-        for model, figures in results.get("per_model", {}).items():
-            t = Table(title=f"{esc(model)}: MTEB main score per layer")
-            for col in ("task", "pooling", "layer", "main score"):
-                t.add_column(col)
-            for r in figures["tables"]["layers"]:
-                score = r["main_score"]
-                t.add_row(esc(r["task"]), r["pooling"], r["layer"], num(score, 4))
-            console.print(t)
+        return made
 
 
 def _scoring(name: str) -> str:

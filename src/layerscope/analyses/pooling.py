@@ -15,14 +15,60 @@ calibrated on the set's own sentences), and truncation to the first k dimensions
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.analyses.common import PAIR_COLUMN_OPTIONS, poolings_for, similarity_correlations
+from layerscope.analyses.sts import data_on
 from layerscope.errors import InputError
+from layerscope.report.figures import Bars, Curve, Figures, Line, Table
+
+
+def _choice_bars(metric: str, name: str) -> Bars:
+    return Bars("variants", "variant", (Line(metric, name),), file=f"pooling_{metric}",
+                title=f"{name}{{about}} by vector choice (float32)", ylabel=f"{name}{{about}}",
+                caption="Each bar is one pooling@layer choice; retrieval queries are both sides of every pair, the "
+                        "relevant document the partner.")
+
+
+def _kept(metric: str, name: str) -> Curve:
+    return Curve("truncation", (Line(metric, name),), file=f"pooling_truncation_{metric}", x="dims", logx=True,
+                 xlabel="dimensions kept", group=("variant",), per_model=False, level=1.0,
+                 title=f"Truncation to the first k dimensions: {name}", ylabel=name,
+                 caption="Vectors cut to their first k dimensions; 1 = the full float32 vector's score.")
+
+
+_VARIANTS = ("variant", "spearman", "spearman_ci_low", "spearman_ci_high", "pearson", "acc@1", "acc@10", "mrr")
+_QUANTIZED = ("variant", "method", "bytes_per_vector", "spearman", "retention_spearman", "mrr", "retention_mrr")
+_TRUNCATED = ("variant", "dims", "spearman", "retention_spearman", "mrr", "retention_mrr")
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    preface="Quantized embeddings: binary is sign bits, Hamming similarity, retrieval through a FAISS binary flat "
+            "index; int8 is per-dimension min/max scalar quantization calibrated on a held-out half of the texts.",
+    sentence="STS: {pairs} pairs, cosine vs human score (Spearman). Retrieval: {retrieval.queries} queries (both "
+             "sides of every pair) against the distinct sentences of the other side ({retrieval.documents} "
+             "documents); the relevant document is the pair partner; exact ties count as their expectation over a "
+             "random order of the tied documents. Best for STS: {best_variant} (Spearman {best_spearman:.4f}). Best "
+             "for retrieval: {best_retrieval_variant} (MRR {best_mrr:.4f}). Notes: {notes}.",
+    summary_numbers=("pairs", "best_spearman", "best_mrr"),
+    curves=(_kept("retention_spearman", "share of float32 STS Spearman kept"),
+            _kept("retention_mrr", "share of float32 retrieval MRR kept")),
+    bars=(_choice_bars("spearman", "STS Spearman"), _choice_bars("mrr", "retrieval MRR"),
+          Bars("quantization", "variant", (Line("retention_spearman", "Spearman"), Line("retention_mrr", "MRR")),
+               split="method", where=lambda row: row.get("method") != "float32",
+               file="pooling_quantization_retention", title="Quantized embeddings: share of float32 quality kept",
+               ylabel="retention", caption="binary (1 bit per dimension) and int8 embeddings, as a share of the "
+                                           "float32 score.")),
+    tables=(Table("variants", _VARIANTS, key="variant", digits=4, numbers=_VARIANTS[1:],
+                  console=("variant", "spearman", "mrr", "acc@1")),
+            Table("quantization", _QUANTIZED, key="variant", digits=4, numbers=_QUANTIZED[2:],
+                  console=("variant", "method", "retention_spearman", "retention_mrr")),
+            Table("truncation", _TRUNCATED, key="variant", digits=4, numbers=_TRUNCATED[1:])),
+    about=data_on,
+)
 
 KS = (1, 10)
 
@@ -113,6 +159,7 @@ class Pooling(Analysis):
             Option("relevant_score", float, RELEVANT_SCORE, "retrieval counts a pair as a match to find only when "
                    "its human score is at least this (STS scores run 0-5)"),
         ),
+        figures=FIGURES,
     )
 
     def prepare(self, ctx: Context):
@@ -223,108 +270,6 @@ class Pooling(Analysis):
 
         return compare_models(per_model, score="spearman", score_label="STS Spearman (float32)",
                               n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
-
-    # ------------------------------------------------------------ rendering (saved results only)
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.analyses.common import data_label
-        from layerscope.report.plots import bars, xy_lines
-
-        made = []
-        multi = len(results.get("per_model", {})) > 1
-        on = data_label(results)
-        for metric, label in (("spearman", f"STS Spearman{on}"), ("mrr", f"retrieval MRR{on}")):
-            groups, errors = {}, {}
-            for model, fig in results.get("per_model", {}).items():
-                for r in fig["tables"]["variants"]:
-                    key = r["variant"] if not multi else f"{model}\n{r['variant']}"
-                    groups.setdefault(key, {})[model] = r[metric]
-                    if r.get(f"{metric}_ci_low") is not None:
-                        errors.setdefault(key, {})[model] = (r[f"{metric}_ci_low"], r[f"{metric}_ci_high"])
-            made.append(bars(out_dir / f"pooling_{metric}.png", groups, title=f"{label} by vector choice (float32)",
-                             ylabel=label, errors=errors or None))
-        for metric, label in (("retention_spearman", "share of float32 STS Spearman kept"),
-                              ("retention_mrr", "share of float32 retrieval MRR kept")):
-            series = {}
-            for model, fig in results.get("per_model", {}).items():
-                for r in fig["tables"]["truncation"]:
-                    xs, ys = series.setdefault(f"{model} {r['variant']}" if multi else r["variant"], ([], []))
-                    xs.append(r["dims"])
-                    ys.append(r[metric])
-            if series:
-                made.append(xy_lines(out_dir / f"pooling_truncation_{metric}.png", series,
-                                     title=f"Truncation to the first k dimensions: {label}", xlabel="dimensions kept",
-                                     ylabel=label, logx=True, hline=1.0))
-        groups = {}
-        for model, fig in results.get("per_model", {}).items():
-            for r in fig["tables"]["quantization"]:
-                if r["method"] != "float32":
-                    key = r["variant"] if not multi else f"{model}\n{r['variant']}"
-                    groups.setdefault(key, {})[f"{r['method']} Spearman"] = r["retention_spearman"]
-                    groups[key][f"{r['method']} MRR"] = r["retention_mrr"]
-        if groups:
-            made.append(bars(out_dir / "pooling_quantization_retention.png", groups,
-                             title="Quantized embeddings: share of float32 quality kept", ylabel="retention"))
-        return made
-
-    def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import fmt, md_table
-
-        lines = []
-        for model, fig in results.get("per_model", {}).items():
-            s = fig["summary"]
-            lines += [f"## {model}", "",
-                      f"STS: {s['pairs']} pairs, cosine vs human score (Spearman). Retrieval: "
-                      f"{s['retrieval']['queries']} queries (both sides of every pair) against the distinct "
-                      f"sentences of the other side ({' and '.join(map(str, s['retrieval']['documents']))} "
-                      "documents); the relevant document is the pair partner; exact ties count as their "
-                      "expectation over a random order of the tied documents.", "",
-                      f"**Best for STS:** {s['best_variant']} (Spearman {fmt(s['best_spearman'])}). "
-                      f"**Best for retrieval:** {s['best_retrieval_variant']} (MRR {fmt(s['best_mrr'])}).", ""]
-            for n in s.get("notes", []):
-                lines.append(f"- {n}")
-            lines += ["", "### Vector choices (float32)", "",
-                      md_table([{"variant": r["variant"], "Spearman": r["spearman"],
-                                 "95% CI": (f"[{r['spearman_ci_low']:.4f}, {r['spearman_ci_high']:.4f}]"
-                                            if r.get("spearman_ci_low") is not None else ""),
-                                 "Pearson": r["pearson"], "acc@1": r["acc@1"], "acc@10": r["acc@10"], "MRR": r["mrr"]}
-                                for r in fig["tables"]["variants"]]),
-                      "### Quantized embeddings (share of float32 kept)", "",
-                      "Binary: sign bits, Hamming similarity, retrieval through a FAISS binary flat index. int8: "
-                      "per-dimension min/max scalar quantization calibrated on this set's sentences.", "",
-                      md_table([{"variant": r["variant"], "method": r["method"], "bytes/vector": r["bytes_per_vector"],
-                                 "Spearman": r["spearman"], "kept (Spearman)": r["retention_spearman"],
-                                 "MRR": r["mrr"], "kept (MRR)": r["retention_mrr"]}
-                                for r in fig["tables"]["quantization"]], digits=4),
-                      "### Truncation to the first k dimensions", "",
-                      md_table([{"variant": r["variant"], "dims": r["dims"], "Spearman": r["spearman"],
-                                 "kept (Spearman)": r["retention_spearman"], "MRR": r["mrr"],
-                                 "kept (MRR)": r["retention_mrr"]} for r in fig["tables"]["truncation"]])]
-        return "\n".join(lines)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-
-        for model, fig in results.get("per_model", {}).items():
-            q = {(r["variant"], r["method"]): r for r in fig["tables"]["quantization"]}
-            table = Table(title=f"{esc(model)}: vector choices (STS Spearman / retrieval MRR; share kept when quantized)")
-            for c in ("variant", "Spearman", "MRR", "acc@1", "binary kept", "int8 kept"):
-                table.add_column(c, justify="left" if c == "variant" else "right")
-            for r in fig["tables"]["variants"]:
-                b, i = q[r["variant"], "binary"], q[r["variant"], "int8"]
-                table.add_row(r["variant"], _f(r["spearman"]), _f(r["mrr"]), _f(r["acc@1"]),
-                              f"{_f(b['retention_spearman'], 3)} / {_f(b['retention_mrr'], 3)}",
-                              f"{_f(i['retention_spearman'], 3)} / {_f(i['retention_mrr'], 3)}")
-            console.print(table)
-            for n in fig["summary"].get("notes", []):
-                console.print(f"[dim]{esc(n)}[/dim]")
-
-
-def _f(v, digits: int = 4) -> str:
-    from layerscope.report.writer import num
-
-    return num(v, digits)
 
 
 def _choice(layers: str, num_layers: int) -> str:

@@ -1,10 +1,10 @@
 """A result folder's files from its typed results alone: results.json, CSV tables, plots, report.md, report.html.
 
-An analysis that declares its figures (``AnalysisMetadata.figures``) is drawn from that one declaration
-(report/declared.py) for the PNGs, report.md, report.html and the console; its own ``plots``, ``report``
-and ``console_summary`` (given the results document) add to it, and are all an analysis without a
-declaration has. ``layerscope report`` re-renders a folder without touching a model.
-"""
+An analysis that declares its figures (``AnalysisMetadata.figures``) is drawn from that one declaration by
+``Analysis.plots``, ``report`` and ``console_summary`` (report/declared.py), handed the typed results; an
+analysis that overrides one adds to it (mteb writes MTEB's own files). An analysis without a declaration
+overrides the three over the results document (its strings escaped for report.md). ``layerscope report``
+re-renders a folder without touching a model."""
 
 from __future__ import annotations
 
@@ -62,7 +62,6 @@ class Rendered:
 def render(out: Path, results: Results, analysis=None) -> Rendered:
     """(Re)write CSV tables, plots, report.md and report.html from results alone."""
     from layerscope.analyses.registry import get_analysis
-    from layerscope.report import declared
     from layerscope.report.depth import relative_depths
     from layerscope.report.html_page import write_html_report
     from layerscope.report.plots import depth_axis
@@ -71,13 +70,12 @@ def render(out: Path, results: Results, analysis=None) -> Rendered:
     results = as_results(results)
     analysis = analysis or get_analysis(results.analysis)()
     figures = analysis.metadata.figures
+    own = results if figures is not None else results.document  # what the analysis's own hooks are handed
     tables = write_tables(out, results)
     with depth_axis(relative_depths(results)):  # the axis report.html draws for the same results
-        plots = declared.plots(figures, results, out) if figures is not None else []
-        plots += analysis.plots(results.document, out)
+        plots = analysis.plots(own, out)  # a declaration is drawn by Analysis.plots, report, console_summary
     page = write_html_report(out, results, figures)
-    body = declared.markdown(figures, results) if figures is not None else ""
-    body = "\n".join(x for x in (body, analysis.report(md_data(results.document))) if x)  # data escaped for Markdown
+    body = analysis.report(own if figures is not None else md_data(own))  # strings escaped for Markdown
     write_report(out, results, body, tables, plots, page=page)
     return Rendered(tuple(plots), tuple(tables), "report.md", page)
 
@@ -85,12 +83,7 @@ def render(out: Path, results: Results, analysis=None) -> Rendered:
 def print_summary(analysis, results: Results, console) -> None:
     """The run's summary on the console: its declared figures, then the analysis's own lines."""
     results = as_results(results)
-    figures = analysis.metadata.figures
-    if figures is not None:
-        from layerscope.report.declared import console_summary
-
-        console_summary(figures, results, console)
-    analysis.console_summary(results.document, console)
+    analysis.console_summary(results if analysis.metadata.figures is not None else results.document, console)
 
 
 def rerender(result_dir: Path) -> Rendered:

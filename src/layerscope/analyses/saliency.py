@@ -14,7 +14,6 @@ recover), k = 1..K.  Needs gradients, so it runs on the torch engine only.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,8 +21,68 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.progress import track
+from layerscope.report.figures import Bars, Curve, Figures, Line, Listing, Table
 
 BASELINES = ("grad-x-input", "integrated-gradients", "random")
+
+
+def _family(name: str):
+    """Rows of one method family (its layers) and the baselines, which do not depend on the layer."""
+    return lambda row: str(row.get("method")).startswith(name + "@") or row.get("method") in BASELINES
+
+
+def _game(game: str, family: str, column: str, ylabel: str) -> Curve:
+    return Curve("saliency_curves", (Line(column, game),), file=f"{game}_{family}_{{slug}}", x="k",
+                 xlabel="k (tokens)", group=("method",), where=_family(family), ylabel=ylabel,
+                 title=f"{game} game, {family} by layer vs baselines",
+                 caption=f"The {game} game: tokens ranked by each method, k = 1..K.")
+
+
+_METHOD_NUMBERS = ("hide_aopc", "hide_aopc_ci_low", "hide_aopc_ci_high", "reveal_aopc", "reveal_aopc_ci_low",
+                   "reveal_aopc_ci_high")
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    preface="Token highlights per method: saliency.html, beside this report, and on report.html.",
+    sentence="Objective: {objective_text}. Hidden tokens are replaced by {replacement_token}; special tokens are "
+             "never hidden. {n_explained} texts explained; mean y full {mean_full:.4f}, with every token hidden "
+             "{mean_all_masked:.4f}. Integrated gradients: {ig_steps} steps, mean |sum of attributions - (y - "
+             "y_baseline)| = {ig_completeness_gap_mean:.4g}. Best decoded layer {best_decoded_layer}: hiding AOPC "
+             "{best_decoded_hide_aopc:.4f} (random {random_hide_aopc:.4f}).",
+    summary_numbers=("best_decoded_hide_aopc", "random_hide_aopc", "grad_x_input_hide_aopc",
+                     "integrated_gradients_hide_aopc", "k_max", "n_explained", "ig_completeness_gap_mean"),
+    curves=(
+        Curve("saliency_methods", (Line("hide_aopc", "hide AOPC"),), file="aopc_by_layer_{slug}", group=("kind",),
+              where=lambda row: row.get("kind") in ("decoded", "gxa") or row.get("layer") is None, refs="method",
+              title="hiding game AOPC by layer", ylabel="mean drop of y over k = 1..K", from_zero=True,
+              caption="Mean drop of the objective y when the k most salient tokens are hidden, averaged over "
+                      "k = 1..K; higher = the method found the tokens y rests on. Dashed: methods that do not "
+                      "depend on the layer."),
+        _game("hiding", "decoded", "hide_drop", "mean drop of y (higher = better)"),
+        _game("revealing", "decoded", "reveal_value", "mean y with only top-k kept (higher = better)"),
+        _game("hiding", "gxa", "hide_drop", "mean drop of y (higher = better)"),
+        _game("revealing", "gxa", "reveal_value", "mean y with only top-k kept (higher = better)"),
+    ),
+    bars=(Bars("saliency_tests", "{method_a} − {method_b}", (Line("difference", "hide AOPC difference",
+                                                                   ci=("ci_low", "ci_high")),),
+               file="saliency_tests", title="Paired tests between methods: hiding AOPC differences",
+               ylabel="difference of hiding AOPC",
+               caption="Paired percentile bootstrap on the same texts. The best decoded layer was picked on these "
+                       "texts, so its p-values are optimistic."),),
+    tables=(Table("saliency_methods", ("method", *_METHOD_NUMBERS), key="method", digits=4,
+                  prefixes=("hide_drop_k", "reveal_k", "hide_acc_k", "reveal_acc_k"),
+                  numbers=_METHOD_NUMBERS,
+                  console=("method", "hide_aopc", "hide_drop_k1", "hide_drop_k3", "hide_drop_k5", "reveal_k1",
+                           "reveal_k3", "reveal_k5")),
+            Table("saliency_tests", ("method_a", "method_b", "difference", "ci_low", "ci_high", "p_value"),
+                  key="method_a", digits=4, p_values=("p_value",),
+                  numbers=("difference", "ci_low", "ci_high", "p_value"))),
+    listings=(Listing("head", "Decoding head", item="{kind}: {description}", limit=1),
+              Listing("probe", "Probe", item="{train_texts} training texts, train accuracy {train_accuracy:.3f}, "
+                                             "held-out accuracy {eval_accuracy:.3f}", limit=1)),
+    page=("tokens",),
+    files=("saliency.html",),
+)
 
 
 def method_tests(per_text: dict[str, dict[str, list[float]]], best: str, seed: int) -> list[dict[str, Any]]:
@@ -93,6 +152,7 @@ class Saliency(Analysis):
             Option("max_texts", int, 0, "explain at most this many texts (0 = all)"),
             Option("show", int, 40, "texts kept with their token scores for the HTML page"),
         ),
+        figures=FIGURES,
     )
 
     def default_poolings(self, handle) -> list[str]:
@@ -309,103 +369,3 @@ class Saliency(Analysis):
         return {"summary": summary, "head": model.info.to_dict(), "layers": names, "methods": all_methods,
                 "curves": curves, "texts": shown, **extra,
                 "tables": {"saliency_methods": summary_rows, "saliency_tests": tests, "saliency_curves": curve_rows}}
-
-    # ------------------------------------------------------------------ rendering
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.report.plots import layer_lines
-        from layerscope.report.saliency_html import write_saliency_html
-
-        out_dir = Path(out_dir)
-        files = []
-        for model, fig in results["per_model"].items():
-            curves = fig["curves"]
-            k = fig["summary"]["k_max"]
-            ks = [str(i) for i in range(1, k + 1)]
-            slug = "".join(ch if ch.isalnum() else "_" for ch in model)[-40:]
-            for family in ("decoded", "gxa"):
-                if not any(m.startswith(family + "@") for m in fig["methods"]):
-                    continue
-                for game, key, ylabel in (("hiding", "hide_drop", "mean drop of y (higher = better)"),
-                                          ("revealing", "reveal_value", "mean y with only top-k kept "
-                                                                        "(higher = better)")):
-                    series = {m: (ks, curves[m][key]) for m in fig["methods"]
-                              if m.startswith(family + "@") or m in BASELINES}
-                    name = f"{game}_{family}_{slug}.png"
-                    files.append(layer_lines(out_dir / name, series, xlabel="k (tokens)", ylabel=ylabel,
-                                             title=f"{game} game, {family} by layer vs baselines ({model})"))
-            rows = fig["tables"]["saliency_methods"]
-            layers = fig["layers"]
-            by = {r["method"]: r for r in rows}
-            series, bands = {}, {}
-            for family, label in (("decoded", "decoded (hide AOPC)"), ("gxa", "gxa, not decoded (hide AOPC)")):
-                if f"{family}@{layers[0]}" not in by:
-                    continue
-                got = [by[f"{family}@{x}"] for x in layers]
-                series[label] = (layers, [r["hide_aopc"] for r in got])
-                if any(r.get("hide_aopc_ci_low") is not None for r in got):
-                    bands[label] = ([r.get("hide_aopc_ci_low") for r in got], [r.get("hide_aopc_ci_high") for r in got])
-            # the baselines do not depend on the layer: one horizontal reference each, not a line per layer
-            refs = {f"{b} (no layer)": by[b]["hide_aopc"] for b in BASELINES}
-            files.append(layer_lines(out_dir / f"aopc_by_layer_{slug}.png", series, ylabel="mean drop over k=1..K",
-                                     title=f"hiding game AOPC by layer ({model})", bands=bands, refs=refs,
-                                     from_zero=True))
-        write_saliency_html(out_dir / "saliency.html", results)
-        return files
-
-    def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import ci, md_table, sig
-
-        lines = ["Token highlights per method: [saliency.html](saliency.html)", ""]
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            lines += [f"## {model}", "", f"Objective: {s['objective_text']}.", "",
-                      f"**Decoding head: {fig['head']['kind']}.** {fig['head']['description']}.", "",
-                      f"Hidden tokens are replaced by {s['replacement_token']}; special tokens are never hidden. "
-                      f"{s['n_explained']} texts explained; mean y full {s['mean_full']:.4f}, with every token "
-                      f"hidden {s['mean_all_masked']:.4f}. Integrated gradients: {s['ig_steps']} steps, mean "
-                      f"|sum of attributions - (y - y_baseline)| = {s['ig_completeness_gap_mean']:.4g}.", ""]
-            if "probe" in fig:
-                p = fig["probe"]
-                lines += [f"Probe: {p['train_texts']} training texts, train accuracy {p['train_accuracy']:.3f}, "
-                          f"held-out accuracy {p['eval_accuracy']:.3f}.", ""]
-            cols = ["method", "hide_aopc", "reveal_aopc"] + [c for c in ("hide_drop_k1", "hide_drop_k3",
-                                                                          "hide_drop_k5", "reveal_k1", "reveal_k3",
-                                                                          "reveal_k5", "hide_acc_k3", "reveal_acc_k3")
-                                                             if c in fig["tables"]["saliency_methods"][0]]
-            lines += [md_table(fig["tables"]["saliency_methods"], cols), ""]
-            table = [{"method": r["method"], "hide AOPC": sig(r["hide_aopc"]),
-                      "hide 95% CI": ci(r.get("hide_aopc_ci_low"), r.get("hide_aopc_ci_high")).strip() or "-",
-                      "reveal AOPC": sig(r["reveal_aopc"]),
-                      "reveal 95% CI": ci(r.get("reveal_aopc_ci_low"), r.get("reveal_aopc_ci_high")).strip() or "-"}
-                     for r in fig["tables"]["saliency_methods"]]
-            lines += ["AOPC with " + (s.get("intervals") or "95% bootstrap intervals") + ":", "", md_table(table), ""]
-            tests = fig["tables"].get("saliency_tests") or []
-            if tests:
-                lines += ["Paired tests of the hiding AOPC (paired percentile bootstrap on the same texts; the best "
-                          "decoded layer was picked on these texts, so its p-values are optimistic):", "",
-                          md_table([{"A": t["method_a"], "B": t["method_b"], "A - B": sig(t.get("difference")),
-                                     "95% CI": ci(t.get("ci_low"), t.get("ci_high")).strip() or "-",
-                                     "p": "-" if t.get("p_value") is None else f"{t['p_value']:.2g}"}
-                                    for t in tests]), ""]
-        return "\n".join(lines)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-        from layerscope.report.writer import num
-
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            console.print(f"[bold]{esc(model)}[/bold]: {esc(s['objective_text'])}; head = {esc(fig['head']['kind'])}")
-            table = Table(title="hiding (drop of y) and revealing (y kept) games")
-            table.add_column("method", no_wrap=True)
-            for col in ("hide AOPC", "hide k=1", "hide k=3", "hide k=5", "reveal k=1", "reveal k=3",
-                        "reveal k=5"):
-                table.add_column(col, justify="right")
-            for r in fig["tables"]["saliency_methods"]:
-                table.add_row(r["method"], num(r["hide_aopc"], 4),
-                              *[num(r[c], 4) if c in r else "-" for c in ("hide_drop_k1", "hide_drop_k3",
-                                                                           "hide_drop_k5", "reveal_k1",
-                                                                           "reveal_k3", "reveal_k5")])
-            console.print(table)

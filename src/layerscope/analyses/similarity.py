@@ -22,6 +22,8 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.figures import Figures, HeatMap
+from layerscope.report.similarity_figs import subtitle
 from layerscope.progress import track
 
 ROW_BLOCK = 16384
@@ -135,6 +137,32 @@ def _label(manifest, fallback: str) -> str:
     return manifest.source.alias or manifest.source.spec or fallback
 
 
+def _maps(value: str, name: str, markdown: bool = False) -> tuple[HeatMap, HeatMap]:
+    """One figure between the layers of each model, and between the layers of two models (the cross block)."""
+    return (HeatMap(value, value, title=f"{name} between layers: {{model}} ({{about}})", zlabel=name,
+                    caption=f"{name} between every two layers' vectors of {{n}} texts.", scale=(0.0, 1.0),
+                    markdown=markdown),
+            HeatMap(value, f"cross_{value}", title=f"{name}: {{model_a}} vs {{model_b}} ({{about}})",
+                    zlabel=name, block="cross", rows="layers_a", cols="layers_b", ylabel="layer of {model_a}",
+                    xlabel="layer of {model_b}", caption="Every layer of one model against every layer of the other.",
+                    scale=(0.0, 1.0), markdown=markdown))
+
+
+_LINEAR, _UNBIASED, _KNN = _maps("linear_cka", "linear CKA", True), _maps("unbiased_cka", "unbiased CKA"), \
+    _maps("mutual_knn", "mutual k-NN")
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration (one colour
+# scale for every heat map of the run, so equal colours are equal values across them).
+FIGURES = Figures(
+    preface="Texts: {data.origin}; {about}.",
+    sentence="Linear CKA between layers. Mean CKA between adjacent layers {mean_adjacent_cka:.3g}; first vs last "
+             "{first_last_cka:.3g} ({n} texts; mutual {knn_k}-NN).",
+    summary_numbers=("mean_adjacent_cka", "first_last_cka", "n", "knn_k"),
+    heatmaps=(_LINEAR[0], _UNBIASED[0], _KNN[0], _LINEAR[1], _UNBIASED[1], _KNN[1]),
+    about=subtitle,
+)
+
+
 @register
 class Similarity(Analysis):
     metadata = AnalysisMetadata(
@@ -158,6 +186,7 @@ class Similarity(Analysis):
                    "extract --tokens) instead of pooled ones"),
             Option("max_tokens", int, 4000, "with --tokens: a seeded sample of at most this many tokens"),
         ),
+        figures=FIGURES,
     )
 
     def prepare(self, ctx: Context):
@@ -288,82 +317,6 @@ class Similarity(Analysis):
                                         "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn},
                 "tables": {"similarity_cross": rows}}
 
-    # -- rendering ---------------------------------------------------------
-    def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.report.plots import heatmap
-        from layerscope.report.similarity_figs import colour_scale, subtitle
-
-        out_dir = Path(out_dir)
-        files = []
-        low, high = colour_scale(results)  # one scale for every heat map of the run
-        about = subtitle(results)
-        for i, (model, fig) in enumerate(results["per_model"].items()):
-            tag = "" if len(results["per_model"]) == 1 else f"_{i}"
-            for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
-                               ("mutual_knn", f"mutual {fig['summary'].get('knn_k')}-NN")):
-                m = fig.get(key)
-                if m is None:
-                    continue
-                files.append(heatmap(out_dir / f"{key}{tag}.png", _nan(m), fig["layers"], fig["layers"],
-                                     title=f"{title} between layers: {model}\n{about}", xlabel="layer",
-                                     ylabel="layer", vmin=low, vmax=high))
-        cross = results.get("combined", {}).get("cross")
-        if cross:
-            for key, title in (("linear_cka", "linear CKA"), ("unbiased_cka", "unbiased CKA"),
-                               ("mutual_knn", "mutual k-NN")):
-                if cross.get(key) is None:
-                    continue
-                files.append(heatmap(out_dir / f"cross_{key}.png", _nan(cross[key]), cross["layers_a"],
-                                     cross["layers_b"],
-                                     title=f"{title}: {cross['model_a']} vs {cross['model_b']}\n{about}",
-                                     ylabel=f"layer of {cross['model_a']}", xlabel=f"layer of {cross['model_b']}",
-                                     vmin=low, vmax=high))
-        return files
-
-    def report(self, results) -> str:
-        from layerscope.report.similarity_figs import colour_scale, subtitle, vectors_label
-        from layerscope.report.writer import sig
-
-        low, high = colour_scale(results)
-        parts = [f"Texts: {results.get('combined', {}).get('data', {}).get('origin')}; {vectors_label(results)}. "
-                 f"Every heat map uses one colour scale, {sig(low)} to {sig(high)}, so equal colours are equal "
-                 "values across figures."]
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            parts.append(f"\n## {model}\n\nLinear CKA between layers on {subtitle(results)}. Mean CKA between "
-                         f"adjacent layers {sig(s['mean_adjacent_cka'])}; first vs last {sig(s['first_last_cka'])} "
-                         f"({s['n']} texts).\n")
-            parts.append(_grid_md(fig["linear_cka"], fig["layers"], fig["layers"]))
-        return "\n".join(parts)
-
-    def console_summary(self, results, console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc
-        from layerscope.report.writer import num
-
-        def show(title, m, ra, ca):
-            t = Table(title=esc(title))
-            t.add_column("layer")
-            for c in ca:
-                t.add_column(c, justify="right")
-            for i, r in enumerate(ra):
-                t.add_row(r, *("-" if v is None else num(v, 2) for v in m[i]))
-            console.print(t)
-
-        from layerscope.report.similarity_figs import subtitle
-
-        about = subtitle(results)
-        for model, fig in results["per_model"].items():
-            show(f"linear CKA between layers - {model} ({about})", fig["linear_cka"], fig["layers"], fig["layers"])
-            s = fig["summary"]
-            console.print(f"{esc(model)}: mean adjacent-layer CKA {s['mean_adjacent_cka']:.3f}"
-                          if s["mean_adjacent_cka"] is not None else f"{esc(model)}: CKA undefined")
-        cross = results.get("combined", {}).get("cross")
-        if cross:
-            show(f"linear CKA {cross['model_a']} (rows) vs {cross['model_b']} (columns) ({about})", cross["linear_cka"],
-                 cross["layers_a"], cross["layers_b"])
-
 
 def token_sample(special: np.ndarray, max_tokens: int, seed: int) -> np.ndarray:
     """Positions of the non-special tokens on the token axis; a seeded sample of ``max_tokens`` of them
@@ -387,14 +340,3 @@ def _token_getter(ctx: Context, o, take, special):
         return cache[layer]
 
     return get, len(rows)
-
-
-def _nan(m):
-    return np.array([[np.nan if v is None else v for v in row] for row in m], dtype=float)
-
-
-def _grid_md(m, rows, cols) -> str:
-    lines = ["| layer | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for i, r in enumerate(rows):
-        lines.append(f"| {r} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in m[i]) + " |")
-    return "\n".join(lines) + "\n"

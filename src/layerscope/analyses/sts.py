@@ -15,11 +15,57 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
-from layerscope.analyses.common import (PAIR_COLUMN_OPTIONS, best_row, data_label, layers_for, model_layer_series,
-                                        poolings_for, similarity_correlations)
+from layerscope.analyses.common import PAIR_COLUMN_OPTIONS, best_row, layers_for, poolings_for, similarity_correlations
 from layerscope.analyses.probe import KINDS as PROBE_KINDS
 from layerscope.analyses.probe import LOSSES as PROBE_LOSSES
 from layerscope.errors import InputError
+from layerscope.report.figures import Bars, Curve, Figures, Line, Listing, Table
+
+
+def data_on(results) -> str:
+    """`` (on FILE)`` for titles and axis labels: the data file of typed ``results``, as the run recorded it."""
+    from pathlib import PurePath
+
+    data = results.settings.data or next((s for s in (fig.summary.get("data") for fig in results.per_model.values())
+                                          if isinstance(s, dict) and s.get("source")), {}).get("source")
+    return f" (on {PurePath(str(data).replace(chr(92), '/')).name})" if data else ""
+
+
+def _by_layer(column: str, name: str) -> Curve:
+    return Curve("layers", (Line(column, name),), file=f"sts_{column}_by_layer", per_model=False, group=("pooling",),
+                 joiner=" / ", title=f"STS: {name} correlation of cosine vs human score, by layer",
+                 ylabel=f"{name}{{about}}",
+                 caption=f"{name} correlation between the cosine of each pair's two sentence vectors and the human "
+                         "similarity score. Band: 95% pair bootstrap interval.")
+
+
+_PROBE_NOTE = ("Trained on {train_pairs} pairs (dev: {dev_pairs}), scored on {test_pairs} test pairs; {pooling} "
+               "pooling, layers {layers}. The 'best layer on {layer_chosen_on}' baseline picks its layer without "
+               "seeing the test scores; 'best layer on test' is the optimistic oracle.")
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
+FIGURES = Figures(
+    sentence="{pairs:,} pairs. Cosine similarity of the two sentence vectors vs the human score; 95% intervals from "
+             "a pair bootstrap. Best layer: {best.layer} with {best.pooling} pooling, Spearman {best.spearman:.4f} "
+             "(Pearson {best.pearson:.4f}).",
+    summary_numbers=("pairs", "best_spearman"),
+    curves=(_by_layer("spearman", "Spearman"), _by_layer("pearson", "Pearson")),
+    bars=(Bars("probe.rows", "name", (Line("spearman", "Spearman"),), file="sts_probe", by_model=True,
+               title="STS Spearman{about}: learned probes vs single layers", ylabel="Spearman{about}",
+               caption="Spearman correlation of each probe and of the best single layers on the test split."),),
+    tables=(Table("layers", ("pooling", "layer", "spearman", "spearman_ci_low", "spearman_ci_high", "pearson",
+                             "spearman_p", "mean_similarity"), digits=4, p_values=("spearman_p",),
+                  numbers=("spearman", "spearman_ci_low", "spearman_ci_high", "pearson", "spearman_p",
+                           "mean_similarity"),
+                  console=("layer", "pooling", "spearman", "spearman_ci_low", "spearman_ci_high")),
+            Table("probe.rows", ("name", "spearman", "pearson", "spearman_ci_low", "spearman_ci_high", "epochs"),
+                  key="name", digits=4, numbers=("spearman", "pearson", "spearman_ci_low", "spearman_ci_high"),
+                  console=("name", "spearman", "pearson"))),
+    listings=(Listing("layers", "Undefined correlations", item="undefined at layer {layer}, {pooling}: {undefined}",
+                      where="undefined", limit=1000, html_limit=1000),
+              Listing("probe", "Learned probes", item=_PROBE_NOTE, limit=1)),
+    about=data_on,
+)
 
 
 def _sibling(data: str, split: str, given: str | None, flag: str, required: bool) -> str | None:
@@ -77,6 +123,7 @@ class STS(Analysis):
             Option("probe_epochs", int, None, "most probe training epochs (default 200 cosine-mlp, 30 siamese; "
                    "early stopping on dev)"),
         ),
+        figures=FIGURES,
     )
 
     # ------------------------------------------------------------ data
@@ -230,116 +277,6 @@ class STS(Analysis):
                 "train_pairs": len(data["train"]), "dev_pairs": len(data["dev"]) if data.get("dev") else 0,
                 "test_pairs": len(data["test"]), "layer_chosen_on": chooser_name}
 
-    # ------------------------------------------------------------ rendering (saved results only)
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.report.plots import bars, layer_lines
-
-        names = list(results.get("per_model", {}))
-        on = data_label(results)
-        made = []
-        for value in ("spearman", "pearson"):
-            series = model_layer_series(results, "layers", value)
-            if series:
-                lows = model_layer_series(results, "layers", f"{value}_ci_low")
-                highs = model_layer_series(results, "layers", f"{value}_ci_high")
-                bands = {k: (lows[k][1], highs[k][1]) for k in series
-                         if k in lows and any(v is not None for v in lows[k][1])}
-                made.append(layer_lines(out_dir / f"sts_{value}_by_layer.png", series,
-                                        title=f"STS: {value.capitalize()} of cosine vs human score by layer"
-                                              + (f" ({names[0].split('/')[-1]})" if len(names) == 1 else ""),
-                                        ylabel=f"{value.capitalize()}{on}", bands=bands))
-        groups, errors = {}, {}
-        for model, fig in results.get("per_model", {}).items():
-            if fig.get("probe"):
-                groups[model] = {r["name"]: r.get("spearman") for r in fig["probe"]["rows"]}
-                errors[model] = {r["name"]: (r.get("spearman_ci_low"), r.get("spearman_ci_high"))
-                                 for r in fig["probe"]["rows"]}
-        if groups:
-            made.append(bars(out_dir / "sts_probe.png", groups, title=f"STS Spearman{on}: probes vs single layers",
-                             ylabel=f"Spearman{on}", errors=errors))
-        return made
-
-    def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.writer import fmt, md_table
-
-        lines = []
-        data = results.get("settings", {}).get("data")
-        for model, fig in results.get("per_model", {}).items():
-            s = fig["summary"]
-            lines += [f"## {model}", "", f"{s['pairs']} pairs from `{data}`. Cosine similarity of the two "
-                      "sentence vectors vs the human score; 95% intervals from a pair bootstrap.", ""]
-            if s.get("best"):
-                b = s["best"]
-                lines.append(f"**Best layer:** {b['layer']} with {b['pooling']} pooling, Spearman "
-                             f"{fmt(b['spearman'])} (Pearson {fmt(b['pearson'])}).")
-            for p, bp in s["by_pooling"].items():
-                lines.append(f"- {p}: best layer {bp['best_layer']} ({fmt(bp['best_spearman'])}); final layer "
-                             f"{bp['final_layer']} Spearman {fmt(bp['final_spearman'])}")
-            lines.append("")
-            rows = []
-            for r in fig["tables"]["layers"]:
-                ci = (f"[{r['spearman_ci_low']:.4f}, {r['spearman_ci_high']:.4f}]"
-                      if r.get("spearman_ci_low") is not None else "")
-                rows.append({"pooling": r["pooling"], "layer": r["layer"], "Spearman": r["spearman"],
-                             "95% CI": ci, "Pearson": r["pearson"], "p (Spearman)": _p(r.get("spearman_p")),
-                             "mean cos": r["mean_similarity"]})
-            lines.append(md_table(rows))
-            undefined = [r for r in fig["tables"]["layers"] if r.get("undefined")]
-            for r in undefined:
-                lines.append(f"- undefined at layer {r['layer']}, {r['pooling']}: {r['undefined']}")
-            if undefined:
-                lines.append("")
-            pr = fig.get("probe")
-            if pr:
-                lines += ["### Learned probes", "",
-                          f"Trained on {pr['train_pairs']} pairs, "
-                          + (f"early-stopped on {pr['dev_pairs']} dev pairs, " if pr["dev_pairs"] else
-                             "fixed epochs (no dev split), ")
-                          + f"scored on {pr['test_pairs']} test pairs; {pr['pooling']} pooling, layers "
-                          f"{', '.join(pr['layers'])}. The 'best layer on {pr['layer_chosen_on']}' baseline "
-                          "picks its layer without seeing the test scores; 'best layer on test' is the "
-                          "optimistic oracle.", ""]
-                lines.append(md_table([{"model": r["name"], "Spearman": r["spearman"], "Pearson": r["pearson"],
-                                        "Spearman 95% CI": (f"[{r['spearman_ci_low']:.4f}, {r['spearman_ci_high']:.4f}]"
-                                                            if r.get("spearman_ci_low") is not None else ""),
-                                        "epochs": r.get("epochs") if r.get("epochs") is not None else "-"}
-                                       for r in pr["rows"]]))
-                for name, rec in pr["training"].items():
-                    c = rec["config"]
-                    extra = f", best dev Pearson {rec['best_dev_pearson']:.4f}" if "best_dev_pearson" in rec else ""
-                    lines.append(f"- {name}: loss {c['loss']}, {rec['epochs_run']} epochs run, kept epoch "
-                                 f"{rec['best_epoch']}{extra}, seed {c['seed']}")
-                lines.append("")
-        return "\n".join(lines)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from rich.table import Table
-
-        from layerscope.report.console import esc, layer_by_pooling_table
-
-        def spearman_cell(r):
-            if r["spearman"] is None:
-                return "undefined"
-            ci = (f" [{r['spearman_ci_low']:.3f}, {r['spearman_ci_high']:.3f}]"
-                  if r.get("spearman_ci_low") is not None else "")
-            return f"{r['spearman']:.4f}{ci}"
-
-        for model, fig in results.get("per_model", {}).items():
-            table = layer_by_pooling_table(
-                f"{model}: Spearman of cosine vs score per layer ({fig['summary']['pairs']} pairs)",
-                fig["tables"]["layers"], "Spearman [95% CI]", spearman_cell)
-            console.print(table)
-            b = fig["summary"].get("best")
-            if b:
-                console.print(f"best: layer {b['layer']} ({b['pooling']}) Spearman {b['spearman']:.4f}")
-            if fig.get("probe"):
-                pt = Table(title=f"{esc(model)}: probes vs single layers (test)")
-                for c in ("model", "Spearman", "Pearson"):
-                    pt.add_column(c, justify="right" if c != "model" else "left")
-                for r in fig["probe"]["rows"]:
-                    pt.add_row(esc(r["name"]), _f(r["spearman"]), _f(r["pearson"]))
-                console.print(pt)
-
 
 def _every_pooling(probes: list[dict[str, Any]]) -> dict[str, Any]:
     """One probe record over every pooling asked for: each row and training record names its pooling (in the
@@ -352,17 +289,3 @@ def _every_pooling(probes: list[dict[str, Any]]) -> dict[str, Any]:
         rows += [{**r, "pooling": p, "name": label(r["name"])} for r in probe["rows"]]
         training.update({label(name): rec for name, rec in probe["training"].items()})
     return {**probes[0], "poolings": [p["pooling"] for p in probes], "rows": rows, "training": training}
-
-
-def _f(v) -> str:
-    from layerscope.report.writer import num
-
-    return num(v, 4)
-
-
-def _p(v) -> str:
-    if v is None:
-        return "undefined"
-    if v == 0.0:
-        return "< 1e-300"  # below the smallest double: the correlation is far beyond chance
-    return f"{v:.1e}" if v < 1e-3 else f"{v:.4f}"

@@ -179,7 +179,7 @@ def run_from_cli(name: str, *, model, label, engine, layers, pooling, data, data
     from layerscope.report.compare import print_comparison
 
     print_summary(cls(), outcome.saved, c)
-    print_comparison(outcome.results, c)
+    print_comparison(outcome.saved, c)
     from rich.markup import escape
 
     if outcome.reused:

@@ -136,25 +136,6 @@ def print_extract_summary(console, report, verbose: bool = False) -> None:
                   f"LayerStore.open('{store.path}')['{store.poolings[0]}', -1]", markup=False)
 
 
-def layer_by_pooling_table(title: str, rows: list[dict], column: str, cell) -> "object":
-    """A Rich table with a row per layer and a column per pooling; ``cell(row)`` formats one figure.
-
-    ``rows`` are the analysis's per-(layer, pooling) rows with ``layer`` and ``pooling`` keys; a
-    missing combination shows as ``-``.
-    """
-    from rich.table import Table
-
-    pools = list(dict.fromkeys(r["pooling"] for r in rows))
-    by_key = {(r["layer"], r["pooling"]): r for r in rows}
-    table = Table(title=esc(title))
-    table.add_column("layer")
-    for p in pools:
-        table.add_column(f"{p} {column}", justify="right")
-    for layer in dict.fromkeys(r["layer"] for r in rows):
-        table.add_row(esc(layer), *("-" if (layer, p) not in by_key else cell(by_key[layer, p]) for p in pools))
-    return table
-
-
 def print_variant(console, kind: str, entry: dict) -> None:
     """One variant's file, fusions and per-output parity against PyTorch fp32."""
     from rich.table import Table

@@ -109,11 +109,11 @@ def _valid(nb: Any) -> bool:
             and isinstance(nb.get("k"), int))
 
 
-def neighbour_section(results: dict[str, Any]):
-    """The browser's section, or None when no model's results hold neighbours (older results files)."""
-    data = {m: {**f["neighbours"], "layers": [str(x) for x in f.get("layers") or []],
-                "pooling": (f.get("summary") or {}).get("pooling")}
-            for m, f in (results.get("per_model") or {}).items() if isinstance(f, dict) and _valid(f.get("neighbours"))}
+def neighbour_section(results):
+    """The browser's section of typed ``results``, or None when no model's results hold neighbours (older files)."""
+    data = {m: {**f.value("neighbours"), "layers": [str(x) for x in f.value("layers") or []],
+                "pooling": f.summary.get("pooling")}
+            for m, f in results.per_model.items() if _valid(f.value("neighbours"))}
     if not data:
         return None
     first = next(iter(data.values()))

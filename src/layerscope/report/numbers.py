@@ -22,6 +22,16 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
+def p_value(value) -> str:
+    """A p-value for a table: four decimals, in scientific notation below 0.001, "< 1e-300" where it
+    underflowed to 0 (far beyond chance), "undefined" for None."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "undefined" if value is None else str(value)
+    if value == 0.0:
+        return "< 1e-300"
+    return f"{value:.1e}" if value < 1e-3 else f"{value:.4f}"
+
+
 def sig(value, digits: int = 3) -> str:
     """A figure with ``digits`` significant digits for prose (27.481466671788475 -> 27.5, 0.012345 -> 0.0123);
     whole numbers of more digits are rounded to an integer, never put in scientific notation."""

@@ -15,13 +15,14 @@ Paths a results file names (mteb's result files) must stay inside the result fol
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from layerscope.errors import InputError
+from layerscope.report.results_fields import Bad as _Bad, check_declared as _check_declared, need as _need
+from layerscope.report.results_fields import as_dict as _dict, tables as _tables, safe_relative
 
 # results.json's format: 1 added "format", "spec" and "spec_hash" (a result without them is older).
 RESULTS_FORMAT = 1
@@ -34,45 +35,6 @@ class GarbledResults(InputError):
     def __init__(self, message: str, reason: str):
         super().__init__(message)
         self.reason = reason
-
-
-class _Bad(Exception):
-    """A field of the document that is not what layerscope writes (turned into one InputError line)."""
-
-
-def _need(value: Any, kind, where: str, *, optional: bool = False):
-    if value is None and optional:
-        return value
-    if isinstance(kind, tuple) and bool not in kind and isinstance(value, bool):
-        raise _Bad(f"{where} is {type(value).__name__}, not {' or '.join(k.__name__ for k in kind)}")
-    if not isinstance(value, kind):
-        name = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise _Bad(f"{where} is {type(value).__name__}, not {name}")
-    return value
-
-
-def _dict(value: Any, where: str) -> dict[str, Any]:
-    """A JSON object (absent: empty); its keys are strings as JSON makes them."""
-    return {} if value is None else dict(_need(value, dict, where))
-
-
-def _rows(value: Any, where: str) -> tuple[dict[str, Any], ...]:
-    rows = _need(value, list, where)
-    for i, row in enumerate(rows):
-        _need(row, dict, f"{where}[{i}]")
-    return tuple(rows)
-
-
-def _tables(value: Any, where: str) -> dict[str, tuple[dict[str, Any], ...]]:
-    return {str(name): _rows(rows, f"{where}.{name}") for name, rows in _dict(value, where).items()}
-
-
-def safe_relative(path: str, where: str) -> str:
-    """A path named by a results file, checked to stay below the folder it is written into."""
-    p = PurePosixPath(_need(path, str, where))
-    if not path or p.is_absolute() or ".." in p.parts or "\\" in path or any(part.startswith("~") for part in p.parts):
-        raise _Bad(f"{where} names the path {path!r}, which is not a plain path inside the result folder")
-    return path
 
 
 # ---------------------------------------------------------------- the sections
@@ -115,6 +77,26 @@ class ModelFigures:
     def table(self, name: str) -> tuple[dict[str, Any], ...]:
         """The rows of table ``name`` (none where the run wrote no such table)."""
         return self.tables.get(name, ())
+
+    def rows(self, path: str) -> tuple[dict[str, Any], ...]:
+        """The rows a declaration names: table ``path``, else what the dotted ``path`` names among the other
+        figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither."""
+        if path in self.tables:
+            return self.tables[path]
+        head, *rest = path.split(".")
+        value = self.extra.get(head)
+        for part in rest:
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, dict):
+            return (value,)
+        return tuple(r for r in value if isinstance(r, dict)) if isinstance(value, list) else ()
+
+    @property
+    def mteb_files(self) -> dict[str, Any]:
+        """MTEB's own result files kept with the figures, by their path under ``mteb/`` (checked on load to stay
+        inside the result folder)."""
+        files = self.extra.get("mteb_files")
+        return dict(files) if isinstance(files, dict) else {}
 
     def value(self, name: str, default: Any = None) -> Any:
         """A figure the analysis keeps beside its summary and tables (``layers``, ``neighbours``, ...)."""
@@ -360,35 +342,48 @@ class Results:
     @property
     def data_origin(self) -> str | None:
         """Where built-in data came from, as the analysis recorded it (e.g. "generated zh-en (n=200, seed=0)")."""
-        data = self.combined.value("data")
-        origin = data.get("origin") if isinstance(data, dict) else None
-        return None if origin is None else str(origin)
+        return self.data.origin
+
+    @property
+    def data(self) -> DataInfo:
+        """What the run's data was, as the analysis recorded it in its combined figures (``data``)."""
+        return DataInfo.read(self.combined.value("data"))
 
 
-def as_results(results: Results | dict[str, Any]) -> Results:
-    """``results`` typed: a ``Results`` as it is, a results document (a library caller's dict) read and checked."""
-    return results if isinstance(results, Results) else Results.from_document(results, "the results given")
+@dataclass(frozen=True)
+class DataInfo:
+    """The run's data as an analysis records it (``combined.data``): where it came from, a short label, how many
+    items, and the vectors compared (``pooling``, or token vectors)."""
+
+    origin: str | None = None
+    label: str | None = None
+    n: int | None = None
+    pooling: str | None = None
+    tokens: bool = False
+
+    @classmethod
+    def read(cls, doc: Any) -> DataInfo:
+        if not isinstance(doc, dict):
+            return cls()
+
+        def text(key: str) -> str | None:
+            return None if doc.get(key) is None else str(doc.get(key))
+
+        n = doc.get("n")
+        return cls(origin=text("origin"), label=text("label"),
+                   n=n if isinstance(n, int) and not isinstance(n, bool) else None, pooling=text("pooling"),
+                   tokens=bool(doc.get("tokens")))
+
+
+def as_results(results: Results | dict[str, Any], analysis: str | None = None) -> Results:
+    """``results`` typed: a ``Results`` as it is, a results document (a library caller's dict) read and checked;
+    ``analysis`` names the analysis of a document that does not name it."""
+    if isinstance(results, Results):
+        return results
+    if analysis is not None and isinstance(results, dict) and "analysis" not in results:
+        results = {**results, "analysis": analysis}
+    return Results.from_document(results, "the results given")
 
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
-
-
-def _check_declared(results: Results, figures) -> None:
-    """The declared summary fields and table columns (``figures``, report/figures.py) hold numbers (or nothing)."""
-    for model, fig in results.per_model.items():
-        for name in figures.summary_numbers:
-            _number(fig.summary.get(name), f"per_model.{model}.summary.{name}")
-        for table in figures.tables:
-            for i, row in enumerate(fig.table(table.name)):
-                for column in table.number_columns(row):
-                    _number(row.get(column), f"per_model.{model}.tables.{table.name}[{i}].{column}")
-                _need(row.get(table.key, ""), (str, int), f"per_model.{model}.tables.{table.name}[{i}].{table.key}")
-
-
-def _number(value: Any, where: str) -> None:
-    if value is None:
-        return
-    _need(value, (int, float), where)
-    if not math.isfinite(value):
-        raise _Bad(f"{where} is {value}, not a finite number")

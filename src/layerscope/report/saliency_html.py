@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
 
 PAGE_CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 24px; color: #222; }
@@ -46,25 +45,28 @@ def _row(tokens: list[str], scores: list[float], special: list[bool]) -> str:
     return "".join(cells)
 
 
-def saliency_fragment(results: dict[str, Any]) -> str:
-    """The highlighted texts of every model as an HTML fragment (a ``<div class='sal'>``), values escaped."""
+def saliency_fragment(results) -> str:
+    """The highlighted texts of every model of typed ``results`` as an HTML fragment (a ``<div class='sal'>``),
+    values escaped."""
+    from layerscope.report.templates import fill
+
     parts = ["<div class='sal'>"]
-    for model, fig in results.get("per_model", {}).items():
-        s = fig["summary"]
+    for model, fig in results.per_model.items():
+        head = (fig.rows("head") or ({},))[0]
         parts.append(f"<h3>{html.escape(model)}</h3>")
-        parts.append(f"<div class='meta'>objective: {html.escape(s['objective_text'])}<br>"
-                     f"decoding head: {html.escape(fig['head']['kind'])}: {html.escape(fig['head']['description'])}"
-                     f"<br>tokens hidden with {html.escape(s['replacement_token'])}; colour scaled per text and "
-                     "method (hover a token for its score)</div>")
+        parts.append("<div class='meta'>" + fill(
+            "objective: {objective_text}<br>decoding head: {head.kind}: {head.description}<br>tokens hidden with "
+            "{replacement_token}; colour scaled per text and method (hover a token for its score)</div>",
+            {**fig.summary, "head": head}, html.escape))
         parts.append("<div class='legend'><span style='background:rgba(230,120,20,0.9)'>supports y</span>"
                      "<span style='background:rgba(40,110,220,0.9)'>works against y (signed methods)</span>"
                      "<span class='sp' style='border:1px solid #ccc'>special token, never hidden</span></div>")
-        for i, t in enumerate(fig["texts"]):
+        for i, t in enumerate(fig.rows("texts")):
             label = f" | label {html.escape(str(t['label']))}" if t.get("label") is not None else ""
             head = (f"#{i + 1}: {html.escape(t['text'])} <span class='meta'>(y = {t['y']:.4f}{label}"
                     f"{' | explains ' + html.escape(t['target']) if t.get('target') else ''})</span>")
             parts.append(f"<details{' open' if i < 8 else ''}><summary>{head}</summary><table>")
-            for method in fig["methods"]:
+            for method in fig.value("methods") or []:
                 if method not in t["scores"]:
                     continue
                 parts.append(f"<tr><td class='m'>{html.escape(method)}</td><td>"
@@ -74,7 +76,17 @@ def saliency_fragment(results: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def write_saliency_html(path: Path, results: dict[str, Any]) -> str:
+def token_section(results):
+    """report.html's section of token highlights (None where no model kept texts)."""
+    from layerscope.report.html_figures import Section
+
+    if not any(fig.rows("texts") for fig in results.per_model.values()):
+        return None
+    return Section("tokens", "Token highlights", html=saliency_fragment(results), css=TOKEN_CSS,
+                   intro="Each text's tokens coloured by saliency, one row per method (hover a token for its score).")
+
+
+def write_saliency_html(path: Path, results) -> str:
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>layerscope saliency</title>",
              f"<style>{PAGE_CSS}{TOKEN_CSS}</style></head><body>", "<h1>layerscope: token saliency</h1>",
              saliency_fragment(results), "</body></html>"]

@@ -174,7 +174,7 @@ def write_report(out: Path, results, body: str, tables: list[str], plots: list[s
         lines += [body.rstrip(), ""]
     from layerscope.report.compare import comparison_markdown
 
-    several = comparison_markdown(md_data(results.document))  # side-by-side and model-vs-model ("" for one model)
+    several = comparison_markdown(results, md_data)  # side-by-side and model-vs-model ("" for one model)
     if several:
         lines += [several.rstrip(), ""]
     if plots:
