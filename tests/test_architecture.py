@@ -61,9 +61,8 @@ FLOORS: dict[str, int] = {
 # Units that may import only the units named (beyond the standard library and third-party packages).
 ONLY: dict[str, set[str]] = {"vocab": {"errors"}}
 
-# Imports other engineers of issue 10 are removing right now, one (importing module, imported module) each
-# (so that nothing else slips through on the same pair of packages) -> (owner, why).  The coordinator
-# empties this after the merges.
+# Imports being removed while work is merged, one (importing module, imported module) each (so that nothing
+# else slips through on the same pair of packages) -> (owner, why); empty once merged.
 PENDING: dict[tuple[str, str], tuple[str, str]] = {
 }
 
