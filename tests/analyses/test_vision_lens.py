@@ -67,6 +67,8 @@ def test_zero_shot_by_layer_equals_transformers(tmp_path):
     best = fig["summary"]["best_layer"]
     first = f"label: {labels[0]}<br>layer {best}: {fig['predictions'][best][0]}<br>layer 2: {fig['predictions']['2'][0]}"
     assert first in page
+    # its band is a Wilson interval (a proportion), and the chart names it so, not as a bootstrap interval
+    assert "95% Wilson interval" in page and "bootstrap" not in page.lower()
 
 
 def test_vision_lens_refuses_a_template_without_a_slot(tmp_path):

@@ -141,8 +141,8 @@ def _gap_points(layers: Sequence[str]) -> list[int]:
 
 def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: str, xlabel: str = "layer",
                  hline: float | None = None, relative: bool = False, digits: int = 4,
-                 from_zero: bool = False) -> Chart:
-    """Lines over layers, each with its interval band and hover values.
+                 from_zero: bool = False, band: str = CI_NAME) -> Chart:
+    """Lines over layers, each with its interval band (named ``band``) and hover values.
 
     ``relative`` puts every series at layer / num_layers (0 = embedding output, 1 = last block), so models
     of different depth overlay; layers without a block number (``raw``) are left out there.
@@ -180,14 +180,14 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
                 x=[xs[k] for k in keep] + [xs[k] for k in reversed(keep)],
                 y=[hi[k] for k in keep] + [lo[k] for k in reversed(keep)],
                 mode="lines", fill="toself", fillcolor=_rgba(colour, 0.18), line={"width": 0}, hoverinfo="skip",
-                name=f"{esc(s.label)}: {CI_NAME}", legendgroup=f"g{i}", showlegend=False))
+                name=f"{esc(s.label)}: {band}", legendgroup=f"g{i}", showlegend=False))
         depth = [f"{x:.2f}" if relative else "" for x in xs]
         custom = [[n, d, "" if a is None else f"{a:.{digits}f}", "" if b is None else f"{b:.{digits}f}"]
                   for n, d, a, b in zip(names, depth, lo, hi)]
         hover = (f"<b>{esc(s.label)}</b><br>layer %{{customdata[0]}}"
                  + (f" of {s.num_layers} (depth %{{customdata[1]}})" if relative else "")
                  + f"<br>{esc(ylabel)}: %{{y:.{digits}f}}"
-                 + (f"<br>{CI_NAME}: [%{{customdata[2]}}, %{{customdata[3]}}]" if has_band else "")
+                 + (f"<br>{band}: [%{{customdata[2]}}, %{{customdata[3]}}]" if has_band else "")
                  + "<extra></extra>")
         traces.append(go.Scatter(x=xs, y=ys, mode="markers" if sparse else "lines" if s.dash else "lines+markers",
                                  name=esc(s.label), legendgroup=f"g{i}", error_y=error,
@@ -195,9 +195,9 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
                                  marker={"size": 7}, customdata=custom,
                                  hovertemplate=hover, connectgaps=False))
     if any(t.fill == "toself" for t in traces):
-        notes.append(f"Shaded bands: {CI_NAME}s (hover a point for its interval).")
+        notes.append(f"Shaded bands: {band}s (hover a point for its interval).")
     if any(t.error_y is not None and t.error_y.array is not None for t in traces):
-        notes.append(f"Whiskers: {CI_NAME}s.")
+        notes.append(f"Whiskers: {band}s.")
     if any(t.mode == "markers" for t in traces):
         notes.append("Layers measured sparsely are drawn as points, not joined across the layers in between.")
     if dropped and relative:

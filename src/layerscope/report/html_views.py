@@ -48,7 +48,8 @@ def table_series(results: dict[str, Any], table: str, value: str, *, group: str 
     return out
 
 
-def curves(results, series: list[Series], *, title: str, ylabel: str, caption: str, hline=None) -> list[Chart]:
+def curves(results, series: list[Series], *, title: str, ylabel: str, caption: str, hline=None,
+           band: str | None = None) -> list[Chart]:
     if not series or all(all(num(v) is None for v in s.values) for s in series):
         return []
     from layerscope.report.depth import relative_depths
@@ -56,7 +57,8 @@ def curves(results, series: list[Series], *, title: str, ylabel: str, caption: s
     rel = relative_depths(results) is not None  # the axis the PNGs use (report/depth.py)
     if rel:
         caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
-    return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline)]
+    named = {"band": band} if band else {}
+    return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline, **named)]
 
 
 def attention_views(results) -> list[Section]:

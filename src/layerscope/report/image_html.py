@@ -84,7 +84,8 @@ def vision_lens_views(results: dict[str, Any], section, curves, table_series) ->
     charts = curves(results, table_series(results, "layers", "accuracy", group="pooling"),
                     title="Vision lens: zero-shot accuracy by layer", ylabel="zero-shot accuracy",
                     caption="Each layer's CLS through the tower's final norm and projection, scored against the "
-                            "text prompts of every class; band: Wilson 95% interval; chance = 1 / classes.")
+                            "text prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
+                    band="95% Wilson interval")
     parts = []
     for model, fig in (results.get("per_model") or {}).items():
         if not isinstance(fig, dict):
