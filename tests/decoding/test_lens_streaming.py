@@ -114,3 +114,66 @@ def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, t
         assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
         peaks[batch] = int(line.split()[1]) * 1024
     assert peaks[32] - peaks[2] < 150 * 2**20, peaks
+
+
+class _Recorder:
+    """A progress count that keeps every advance."""
+
+    made: list["_Recorder"] = []
+
+    def __init__(self, label, total, **_):
+        self.label, self.total, self.advances = label, total, []
+        _Recorder.made.append(self)
+
+    def advance(self, n: int = 1) -> None:
+        self.advances.append(int(n))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_runs_of_positions_are_bounded_by_the_head_work(engine, tiny_model, tmp_path, monkeypatch):
+    """The count advances once per run of the head; a run's multiply-adds (positions x layers x vocabulary x
+    hidden) stay within ``HEAD_MACS``, so a run is seconds long at real size even where the logits of a few
+    hundred positions fit the memory budget. With the budget set to 3 positions' work: runs of 3 (the last of
+    a batch fewer), every position counted once. Catches: runs sized by memory alone (one run per batch here),
+    and the head's export not passing its stage lines to the user."""
+    from layerscope.model.handle import ModelHandle
+
+    model = tiny_model("gpt2")
+    m = ModelHandle.resolve(model).manifest
+    per_position = (m.num_layers + 1) * m.vocab_size * m.hidden_size
+    monkeypatch.setattr("layerscope.decoding.lens_onnx.HEAD_MACS", 3 * per_position)
+    monkeypatch.setattr("layerscope.progress.steps", _Recorder)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    _Recorder.made = []
+    texts = [f"text number {i} about a cat that sat on the mat" for i in range(5)]
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(t + "\n" for t in texts))
+    console = Console(file=io.StringIO(), width=200)
+    ctx = Context(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                  options={"top_k": 3, "show": 0, "batch": 2}, console=console)
+    run_analysis("lens", ctx)
+    if engine == "ort":  # the head's export says its stages to the user, not only to a caller that asks
+        assert "lens head 4/4: checking the graph against torch" in console.file.getvalue()
+    bar = next(b for b in _Recorder.made if b.label.startswith("lens: tokens decoded"))
+    lengths = [len(ids) for ids in ModelHandle.resolve(model).tokenizer()(texts)["input_ids"]]
+    batches = [sum(lengths[i:i + 2]) for i in range(0, len(texts), 2)]
+    expected = [min(3, n - a) for n in batches for a in range(0, n, 3)]
+    assert bar.advances == expected and sum(expected) == bar.total == sum(lengths)
+
+
+def test_lens_head_export_says_each_stage(tiny_model, tmp_path):
+    """Exporting the lens head (minutes on a real-size model) says a line as each stage starts, in order:
+    loading, tracing, writing, the check against torch. Catches: a stage run with nothing said before it."""
+    from layerscope.decoding.lens_onnx import PARITY_TEXTS, export_lens
+    from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
+
+    out = tmp_path / "exp"
+    export_model(resolve_source(str(tiny_model("gpt2"))), out, pooled=["mean"])
+    said: list[str] = []
+    export_lens(out, 3, say=said.append)
+    assert [line.split(":")[0] for line in said] == [f"lens head {i}/4" for i in range(1, 5)]
+    assert said[1].endswith("top-3)") and said[3].endswith(f"on {len(PARITY_TEXTS)} texts")

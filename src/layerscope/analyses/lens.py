@@ -162,7 +162,8 @@ class Lens(Analysis):
             model = load_decoding_model(run.handle)
             enc = run.engine.encoder()
             all_layers = list(range(run.num_layers + 1))
-            step = positions_per_run(int(run.handle.manifest.vocab_size))  # the ONNX head's logits budget
+            step = positions_per_run(int(run.handle.manifest.vocab_size), layers=len(all_layers),
+                                     hidden=int(run.handle.manifest.hidden_size))  # the ONNX head's budgets
 
             def go(texts, bar):
                 batch = enc(texts)
@@ -184,7 +185,7 @@ class Lens(Analysis):
         meta = read_sidecar(handle, k)
         if meta is None:
             ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
-            meta = export_lens(handle.export_dir, k)
+            meta = export_lens(handle.export_dir, k, say=ctx.say)
         # the engine runs the export for every layer's hidden states; the head graph alone decodes them
         engine = run.engine
         session = make_session(handle.export_dir / lens_file(k), "CPUExecutionProvider")
