@@ -177,3 +177,44 @@ def test_lens_head_export_says_each_stage(tiny_model, tmp_path):
     export_lens(out, 3, say=said.append)
     assert [line.split(":")[0] for line in said] == [f"lens head {i}/4" for i in range(1, 5)]
     assert said[1].endswith("top-3)") and said[3].endswith(f"on {len(PARITY_TEXTS)} texts")
+
+
+def test_forward_runs_bound_texts_and_padded_tokens():
+    """Runs of consecutive texts, each at most ``batch`` texts and at most ``tokens`` padded tokens (texts x the
+    longest), a text longer than the budget alone; worked out by hand."""
+    from layerscope.decoding.lens import forward_runs
+
+    assert forward_runs([3, 3, 3, 3, 3], 2, 100) == [(0, 2), (2, 4), (4, 5)]  # the batch bounds
+    # 3,5 -> 2 x 5 = 10; adding 2 -> 3 x 5 = 15 > 12; 2,10 -> 20 > 12; 10 alone; 10,1 -> 20 > 12
+    assert forward_runs([3, 5, 2, 10, 1], 10, 12) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert forward_runs([20, 1, 1], 10, 12) == [(0, 1), (1, 3)]  # over the budget alone, then 2 x 1
+    assert forward_runs([], 4, 10) == []
+
+
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_forward_is_bounded_by_its_work(engine, tiny_model, tmp_path, monkeypatch):
+    """A forward of the model holds at most ``FORWARD_MACS`` of work (padded tokens x 12 hidden^2 x layers), however
+    large ``--batch``: with five texts of L tokens, ``--batch 32`` and the budget set to 2 L + 1 tokens' work, the
+    positions counted come per forward of two texts (the head decodes a forward's positions in one run here).
+    Catches: a forward of the whole batch, minutes long at real size with nothing said."""
+    from layerscope.decoding.lens import forward_macs_per_token
+    from layerscope.model.handle import ModelHandle
+
+    model = tiny_model("gpt2")
+    m = ModelHandle.resolve(model).manifest
+    texts = [f"text {c} about a cat that sat on the mat" for c in "abcde"]
+    lengths = {len(ids) for ids in ModelHandle.resolve(model).tokenizer()(texts)["input_ids"]}
+    assert len(lengths) == 1, lengths
+    n = lengths.pop()
+    monkeypatch.setattr("layerscope.decoding.lens.FORWARD_MACS",
+                        (2 * n + 1) * forward_macs_per_token(m.hidden_size, m.num_layers))
+    monkeypatch.setattr("layerscope.progress.steps", _Recorder)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    _Recorder.made = []
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(t + "\n" for t in texts))
+    ctx = Context(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                  options={"top_k": 3, "show": 0, "batch": 32}, console=Console(file=io.StringIO(), width=200))
+    run_analysis("lens", ctx)
+    bar = next(b for b in _Recorder.made if b.label.startswith("lens: tokens decoded"))
+    assert bar.advances == [2 * n, 2 * n, n]
