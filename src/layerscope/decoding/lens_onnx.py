@@ -12,8 +12,8 @@ position's target id (``lens.target``) and whether it has one (``lens.valid``); 
 The graph holds the head only, and its weights are not copied: each initializer equal to a tensor of the
 export's ``lm_head.safetensors`` is external data pointing at that tensor's bytes (an export without a
 stored head writes the head's weights once, to ``lens-k{k}.onnx_data``). ``onnx_lens`` runs it over the real
-tokens of a batch a run of positions at a time, so the logits held at once (positions x vocabulary) stay
-under ``HEAD_BYTES`` however long the batch; padding is never decoded. A sidecar ``lens-k{k}.json``
+tokens of a batch a run of positions at a time, so the logits held at once (positions x layers x vocabulary)
+stay under ``HEAD_BYTES`` however long the batch; padding is never decoded. A sidecar ``lens-k{k}.json``
 records the head, ``k``, the file's sha256 and the parity against torch measured at export time.
 """
 
@@ -34,7 +34,10 @@ from layerscope.vocab.outputs import hidden_outputs
 OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
 TARGET, VALID = "lens.target", "lens.valid"
 LENS_FORMAT = 2  # the head-alone graph over runs of positions; a sidecar of another format is made again
-HEAD_BYTES = 256 * 2**20  # logits (positions x vocabulary, float32, with the softmax beside them) held at once
+HEAD_BYTES = 256 * 2**20  # the head's logits held at once: positions x layers x vocabulary x LOGIT_BYTES
+# bytes held per logit during a run: ONNX Runtime keeps every layer's float32 logits and a tensor as large beside
+# them until the run ends (measured: ~8 bytes x positions x layers x vocabulary of peak RSS per run)
+LOGIT_BYTES = 8
 # multiply-adds per run of the head (positions x layers x vocabulary x hidden): the progress count advances once
 # per run, so a run stays seconds long at real size (GPT-2-medium: ~50 positions, not a few hundred)
 HEAD_MACS = 2**36
@@ -206,13 +209,13 @@ def read_sidecar(handle, k: int) -> dict[str, Any] | None:
 
 
 def positions_per_run(vocab: int, budget: int | None = None, *, layers: int = 1, hidden: int = 0) -> int:
-    """Positions decoded per run of the head graph: their logits, softmax and comparisons within the bytes
-    ``budget`` (default ``HEAD_BYTES``), and, given ``layers`` and ``hidden``, their head multiply-adds
-    (positions x layers x vocabulary x hidden) within ``HEAD_MACS``."""
-    vocab = max(int(vocab), 1)
-    n = int(HEAD_BYTES if budget is None else budget) // (4 * 4 * vocab)
+    """Positions decoded per run of the head graph over ``layers`` layers: every layer's logits of the run within
+    the bytes ``budget`` (default ``HEAD_BYTES``, ``LOGIT_BYTES`` a logit), and, given ``hidden``, their head
+    multiply-adds (positions x layers x vocabulary x hidden) within ``HEAD_MACS``."""
+    vocab, layers = max(int(vocab), 1), max(int(layers), 1)
+    n = int(HEAD_BYTES if budget is None else budget) // (LOGIT_BYTES * layers * vocab)
     if hidden > 0:
-        n = min(n, HEAD_MACS // (max(int(layers), 1) * vocab * int(hidden)))
+        n = min(n, HEAD_MACS // (layers * vocab * int(hidden)))
     return max(1, n)
 
 
