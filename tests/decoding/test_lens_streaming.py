@@ -114,3 +114,122 @@ def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, t
         assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
         peaks[batch] = int(line.split()[1]) * 1024
     assert peaks[32] - peaks[2] < 150 * 2**20, peaks
+
+
+class _Recorder:
+    """A progress count that keeps every advance."""
+
+    made: list["_Recorder"] = []
+
+    def __init__(self, label, total, **_):
+        self.label, self.total, self.advances = label, total, []
+        _Recorder.made.append(self)
+
+    def advance(self, n: int = 1) -> None:
+        self.advances.append(int(n))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_runs_of_positions_are_bounded_by_the_head_work(engine, tiny_model, tmp_path, monkeypatch):
+    """The count advances once per run of the head; a run's multiply-adds (positions x layers x vocabulary x
+    hidden) stay within ``HEAD_MACS``, so a run is seconds long at real size even where the logits of a few
+    hundred positions fit the memory budget. With the budget set to 3 positions' work: runs of 3 (the last of
+    a batch fewer), every position counted once. Catches: runs sized by memory alone (one run per batch here),
+    and the head's export not passing its stage lines to the user."""
+    from layerscope.model.handle import ModelHandle
+
+    model = tiny_model("gpt2")
+    m = ModelHandle.resolve(model).manifest
+    per_position = (m.num_layers + 1) * m.vocab_size * m.hidden_size
+    monkeypatch.setattr("layerscope.decoding.lens_onnx.HEAD_MACS", 3 * per_position)
+    monkeypatch.setattr("layerscope.progress.steps", _Recorder)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    _Recorder.made = []
+    texts = [f"text number {i} about a cat that sat on the mat" for i in range(5)]
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(t + "\n" for t in texts))
+    console = Console(file=io.StringIO(), width=200)
+    ctx = Context(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                  options={"top_k": 3, "show": 0, "batch": 2}, console=console)
+    run_analysis("lens", ctx)
+    if engine == "ort":  # the head's export says its stages to the user, not only to a caller that asks
+        assert "lens head 4/4: checking the graph against torch" in console.file.getvalue()
+    bar = next(b for b in _Recorder.made if b.label.startswith("lens: tokens decoded"))
+    lengths = [len(ids) for ids in ModelHandle.resolve(model).tokenizer()(texts)["input_ids"]]
+    batches = [sum(lengths[i:i + 2]) for i in range(0, len(texts), 2)]
+    expected = [min(3, n - a) for n in batches for a in range(0, n, 3)]
+    assert bar.advances == expected and sum(expected) == bar.total == sum(lengths)
+
+
+def test_lens_head_export_says_each_stage(tiny_model, tmp_path):
+    """Exporting the lens head (minutes on a real-size model) says a line as each stage starts, in order:
+    loading, tracing, writing, the check against torch. Catches: a stage run with nothing said before it."""
+    from layerscope.decoding.lens_onnx import PARITY_TEXTS, export_lens
+    from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
+
+    out = tmp_path / "exp"
+    export_model(resolve_source(str(tiny_model("gpt2"))), out, pooled=["mean"])
+    said: list[str] = []
+    export_lens(out, 3, say=said.append)
+    assert [line.split(":")[0] for line in said] == [f"lens head {i}/4" for i in range(1, 5)]
+    assert said[1].endswith("top-3)") and said[3].endswith(f"on {len(PARITY_TEXTS)} texts")
+
+
+def test_forward_runs_bound_texts_and_padded_tokens():
+    """Runs of consecutive texts, each at most ``batch`` texts and at most ``tokens`` padded tokens (texts x the
+    longest), a text longer than the budget alone; worked out by hand."""
+    from layerscope.decoding.lens import forward_runs
+
+    assert forward_runs([3, 3, 3, 3, 3], 2, 100) == [(0, 2), (2, 4), (4, 5)]  # the batch bounds
+    # 3,5 -> 2 x 5 = 10; adding 2 -> 3 x 5 = 15 > 12; 2,10 -> 20 > 12; 10 alone; 10,1 -> 20 > 12
+    assert forward_runs([3, 5, 2, 10, 1], 10, 12) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert forward_runs([20, 1, 1], 10, 12) == [(0, 1), (1, 3)]  # over the budget alone, then 2 x 1
+    assert forward_runs([], 4, 10) == []
+
+
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_forward_is_bounded_by_its_work(engine, tiny_model, tmp_path, monkeypatch):
+    """A forward of the model holds at most ``FORWARD_MACS`` of work (padded tokens x 12 hidden^2 x layers), however
+    large ``--batch``: with five texts of L tokens, ``--batch 32`` and the budget set to 2 L + 1 tokens' work, the
+    positions counted come per forward of two texts (the head decodes a forward's positions in one run here).
+    Catches: a forward of the whole batch, minutes long at real size with nothing said."""
+    from layerscope.decoding.lens import forward_macs_per_token
+    from layerscope.model.handle import ModelHandle
+
+    model = tiny_model("gpt2")
+    m = ModelHandle.resolve(model).manifest
+    texts = [f"text {c} about a cat that sat on the mat" for c in "abcde"]
+    lengths = {len(ids) for ids in ModelHandle.resolve(model).tokenizer()(texts)["input_ids"]}
+    assert len(lengths) == 1, lengths
+    n = lengths.pop()
+    monkeypatch.setattr("layerscope.decoding.lens.FORWARD_MACS",
+                        (2 * n + 1) * forward_macs_per_token(m.hidden_size, m.num_layers))
+    monkeypatch.setattr("layerscope.progress.steps", _Recorder)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    _Recorder.made = []
+    data = tmp_path / "texts.txt"
+    data.write_text("".join(t + "\n" for t in texts))
+    ctx = Context(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                  options={"top_k": 3, "show": 0, "batch": 32}, console=Console(file=io.StringIO(), width=200))
+    run_analysis("lens", ctx)
+    bar = next(b for b in _Recorder.made if b.label.startswith("lens: tokens decoded"))
+    assert bar.advances == [2 * n, 2 * n, n]
+
+
+def test_head_run_counts_every_layers_logits(monkeypatch):
+    """A run of the head holds the logits of every layer it decodes (ONNX Runtime keeps them all until the run
+    ends), so the positions per run shrink with the layers: 1 MiB at 8 bytes a logit over a 1,000-row vocabulary
+    is 131 positions for one layer, 5 for 25 layers; the work bound (3 positions' multiply-adds) caps it lower;
+    never below one position. Catches: a budget over positions x vocabulary alone (131 for every layer count)."""
+    from layerscope.decoding import lens_onnx
+
+    assert lens_onnx.LOGIT_BYTES == 8
+    assert lens_onnx.positions_per_run(1000, 2**20) == 131  # 1,048,576 // 8,000
+    assert lens_onnx.positions_per_run(1000, 2**20, layers=25) == 5  # 1,048,576 // 200,000
+    monkeypatch.setattr(lens_onnx, "HEAD_MACS", 3 * 25 * 1000 * 64)
+    assert lens_onnx.positions_per_run(1000, 2**40, layers=25, hidden=64) == 3
+    assert lens_onnx.positions_per_run(50_257, 1, layers=25) == 1

@@ -96,7 +96,8 @@ class Lens(Analysis):
         options=(
             Option("top_k", int, 5, "decoded tokens kept per layer and position"),
             Option("show", int, 20, "texts whose per-position tokens are kept in results.json"),
-            Option("batch", int, 32, "texts per batch"),
+            Option("batch", int, 32, "texts per batch (at most; fewer where their tokens would make a long "
+                                     "forward)"),
         ),
         figures=FIGURES,
     )
@@ -113,7 +114,8 @@ class Lens(Analysis):
         return read_texts(ctx.data or LENS_TEXTS)
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
-        from layerscope.decoding.lens import LensAccumulator, LensBatch
+        from layerscope.decoding.lens import (FORWARD_MACS, LensAccumulator, LensBatch, forward_macs_per_token,
+                                              forward_runs)
         from layerscope.progress import steps
 
         texts: list[str] = data
@@ -135,10 +137,11 @@ class Lens(Analysis):
         shown: list[dict[str, Any]] = []
         truncated = 0
         enc = run.engine.encoder()  # positions to decode, from the tokenizer alone: the count a long batch advances
-        bar = steps("lens: tokens decoded at every layer",
-                    int(np.minimum(np.maximum(enc.token_lengths(texts), 1), enc.max_length).sum()))
-        for start in range(0, len(texts), bs):
-            chunk = texts[start:start + bs]
+        lengths = np.minimum(np.maximum(enc.token_lengths(texts), 1), enc.max_length)
+        bar = steps("lens: tokens decoded at every layer", int(lengths.sum()))
+        per_token = forward_macs_per_token(handle.manifest.hidden_size, handle.manifest.num_layers)
+        for start, stop in forward_runs(lengths, bs, FORWARD_MACS // per_token):  # a forward stays seconds long
+            chunk = texts[start:stop]
             full: LensBatch = runner(chunk, bar)
             truncated += int(full.truncated)
             b = LensBatch(full.rank[idx], full.topk_ids[idx], full.topk_probs[idx], full.input_ids, full.mask)
@@ -184,7 +187,8 @@ class Lens(Analysis):
             model = load_decoding_model(run.handle)
             enc = run.engine.encoder()
             all_layers = list(range(run.num_layers + 1))
-            step = positions_per_run(int(run.handle.manifest.vocab_size))  # the ONNX head's logits budget
+            step = positions_per_run(int(run.handle.manifest.vocab_size), layers=len(all_layers),
+                                     hidden=int(run.handle.manifest.hidden_size))  # the ONNX head's budgets
 
             def go(texts, bar):
                 batch = enc(texts)
@@ -206,7 +210,7 @@ class Lens(Analysis):
         meta = read_sidecar(handle, k)
         if meta is None:
             ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
-            meta = export_lens(handle.export_dir, k)
+            meta = export_lens(handle.export_dir, k, say=ctx.say)
         # the engine runs the export for every layer's hidden states; the head graph alone decodes them
         engine = run.engine
         session = make_session(handle.export_dir / lens_file(k), "CPUExecutionProvider")

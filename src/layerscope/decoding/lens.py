@@ -196,3 +196,27 @@ class LensAccumulator:
                 "top1_agrees_with_last": float(self.agree[li] / self.n) if self.n else None,
             })
         return rows
+
+
+FORWARD_MACS = 2**36  # multiply-adds of one model forward of the lens (padded tokens x ~12 hidden^2 x layers)
+
+
+def forward_macs_per_token(hidden: int, layers: int) -> int:
+    """A transformer block's multiply-adds per token, ~12 hidden^2 (attention 4 h^2, an MLP 4h wide 8 h^2), times
+    the layers: the budget's measure of a forward, not an exact count."""
+    return max(1, 12 * int(hidden) ** 2 * max(int(layers), 1))
+
+
+def forward_runs(lengths, batch: int, tokens: int) -> list[tuple[int, int]]:
+    """Consecutive ``(start, stop)`` runs of texts for one forward each: at most ``batch`` texts, and their padded
+    tokens (texts x the longest length) at most ``tokens`` (a text longer than that alone), so a forward, and the
+    silence before the positions it yields are counted, stays seconds long at real size."""
+    runs, start, longest = [], 0, 0
+    for i, n in enumerate(int(x) for x in lengths):
+        if i > start and (i - start >= batch or (i - start + 1) * max(longest, n) > tokens):
+            runs.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    if len(lengths):
+        runs.append((start, len(lengths)))
+    return runs

@@ -12,8 +12,8 @@ position's target id (``lens.target``) and whether it has one (``lens.valid``); 
 The graph holds the head only, and its weights are not copied: each initializer equal to a tensor of the
 export's ``lm_head.safetensors`` is external data pointing at that tensor's bytes (an export without a
 stored head writes the head's weights once, to ``lens-k{k}.onnx_data``). ``onnx_lens`` runs it over the real
-tokens of a batch a run of positions at a time, so the logits held at once (positions x vocabulary) stay
-under ``HEAD_BYTES`` however long the batch; padding is never decoded. A sidecar ``lens-k{k}.json``
+tokens of a batch a run of positions at a time, so the logits held at once (positions x layers x vocabulary)
+stay under ``HEAD_BYTES`` however long the batch; padding is never decoded. A sidecar ``lens-k{k}.json``
 records the head, ``k``, the file's sha256 and the parity against torch measured at export time.
 """
 
@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,7 +34,13 @@ from layerscope.vocab.outputs import hidden_outputs
 OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
 TARGET, VALID = "lens.target", "lens.valid"
 LENS_FORMAT = 2  # the head-alone graph over runs of positions; a sidecar of another format is made again
-HEAD_BYTES = 256 * 2**20  # logits (positions x vocabulary, float32, with the softmax beside them) held at once
+HEAD_BYTES = 256 * 2**20  # the head's logits held at once: positions x layers x vocabulary x LOGIT_BYTES
+# bytes held per logit during a run: ONNX Runtime keeps every layer's float32 logits and a tensor as large beside
+# them until the run ends (measured: ~8 bytes x positions x layers x vocabulary of peak RSS per run)
+LOGIT_BYTES = 8
+# multiply-adds per run of the head (positions x layers x vocabulary x hidden): the progress count advances once
+# per run, so a run stays seconds long at real size (GPT-2-medium: ~50 positions, not a few hundred)
+HEAD_MACS = 2**36
 # Logits this close (relative to the target's, at least this absolute) are ties: ONNX Runtime and
 # torch sum in different orders, so near-equal logits may swap places without either being wrong.
 RANK_TIE_REL_TOL = 1e-5
@@ -127,16 +133,19 @@ def _share_stored_head(proto, export_dir: Path, manifest) -> int:
     return shared
 
 
-def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True) -> dict[str, Any]:
+def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True,
+                say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write ``lens-k{k}.onnx`` (+ sidecar json) next to ``model.onnx``; returns the sidecar dict. The files
-    join the export's record of layerscope's files (``--force`` may replace them)."""
+    join the export's record of layerscope's files (``--force`` may replace them). ``say``: told a line as each
+    stage starts (loading the head, tracing it, sharing its weights, the check against torch), each of which
+    may take minutes on a real-size model."""
     from layerscope.ownership import writing
 
     with writing(export_dir, "export") as wrote:
-        return _export_lens(export_dir, k, wrote, check=check)
+        return _export_lens(export_dir, k, wrote, check=check, say=say or (lambda _line: None))
 
 
-def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool = True) -> dict[str, Any]:
+def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Callable[[str], None]) -> dict[str, Any]:
     import onnx
 
     from layerscope.decoding.heads import load_decoding_model
@@ -152,13 +161,16 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool = True) -
     vocab = int(handle.manifest.vocab_size)
     if k > vocab:
         raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")
+    say(f"lens head 1/4: loading the decoding head of {handle.export_dir.name} in PyTorch")
     model = load_decoding_model(handle)
     opset = opset_of(onnx.load(str(handle.onnx_path), load_external_data=False))
     out_dir = Path(handle.export_dir)
     with tempfile.TemporaryDirectory() as tmp:
         head_path = Path(tmp) / "head.onnx"
+        say(f"lens head 2/4: tracing the head graph ({model.num_layers + 1} layers, vocabulary {vocab:,}, top-{k})")
         _trace_head(model, k, handle.manifest.hidden_size, opset, head_path)
         head = onnx.load(str(head_path))
+    say("lens head 3/4: pointing the graph at the stored head's weights and writing it")
     shared = _share_stored_head(head, out_dir, handle.manifest)
     target = out_dir / lens_file(k)
     lens_data = external.data_file(target.name)
@@ -174,6 +186,7 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool = True) -
                "model_onnx_sha256": handle.manifest.onnx_sha256,
                "shared_bytes": shared, "shared_with": handle.manifest.lm_head.get("file") if shared else None}
     if check:
+        say(f"lens head 4/4: checking the graph against torch on {len(PARITY_TEXTS)} texts")
         sidecar["parity"] = lens_parity(handle, model, target, k)
         if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
             target.unlink()
@@ -195,9 +208,15 @@ def read_sidecar(handle, k: int) -> dict[str, Any] | None:
     return meta
 
 
-def positions_per_run(vocab: int, budget: int | None = None) -> int:
-    """Positions decoded per run of the head graph: their logits, softmax and comparisons within the budget."""
-    return max(1, int(HEAD_BYTES if budget is None else budget) // (4 * 4 * max(int(vocab), 1)))
+def positions_per_run(vocab: int, budget: int | None = None, *, layers: int = 1, hidden: int = 0) -> int:
+    """Positions decoded per run of the head graph over ``layers`` layers: every layer's logits of the run within
+    the bytes ``budget`` (default ``HEAD_BYTES``, ``LOGIT_BYTES`` a logit), and, given ``hidden``, their head
+    multiply-adds (positions x layers x vocabulary x hidden) within ``HEAD_MACS``."""
+    vocab, layers = max(int(vocab), 1), max(int(layers), 1)
+    n = int(HEAD_BYTES if budget is None else budget) // (LOGIT_BYTES * layers * vocab)
+    if hidden > 0:
+        n = min(n, HEAD_MACS // (layers * vocab * int(hidden)))
+    return max(1, n)
 
 
 def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np.ndarray, decoder: bool, k: int,
@@ -218,7 +237,7 @@ def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np
     rank = np.zeros((n_layers, b, s), np.int64)
     top_ids = np.zeros((n_layers, b, s, k), np.int64)
     top_p = np.zeros((n_layers, b, s, k), np.float64)
-    step = positions_per_run(vocab)
+    step = positions_per_run(vocab, layers=n_layers, hidden=int(np.shape(hidden[0])[-1]) if n_layers else 0)
     names = hidden_outputs(n_layers - 1)
     for a in range(0, len(rows), step):
         r, c = rows[a:a + step], cols[a:a + step]
