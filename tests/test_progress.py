@@ -209,3 +209,35 @@ def test_index_build_counts_its_blocks(finished, monkeypatch):
     index = fi.VectorIndex.build(x, "hnsw", device="cpu")
     assert index.n == 100 and index.index.ntotal == 100  # every vector added, in blocks of 40
     assert ("index build (hnsw): vectors added", 3, 3) in finished
+
+
+def test_still_says_a_line_while_one_long_call_runs_and_stops_after_it():
+    """Catches: a single long call (tracing a graph, a check against torch) that leaves the user without a line
+    for minutes, and a heartbeat that goes on after the call returned."""
+    import threading
+
+    from layerscope.progress import still
+
+    said: list[str] = []
+    three = threading.Event()
+
+    def say(line: str) -> None:
+        said.append(line)
+        if len(said) >= 3:
+            three.set()
+
+    with still(say, "tracing the head graph", every=0.01):
+        assert three.wait(10), "no line came while the call ran"
+    after = len(said)
+    three.clear()
+    assert not three.wait(0.1) and len(said) == after  # nothing once the call is over
+    assert all(line.startswith("still tracing the head graph (0:00:0") and line.endswith(" elapsed)") for line in said)
+
+
+def test_still_says_nothing_for_a_short_call():
+    from layerscope.progress import still
+
+    said: list[str] = []
+    with still(said.append, "loading", every=60):
+        pass
+    assert said == []

@@ -35,6 +35,33 @@ def mode() -> str | None:
     return "bar" if tty else "lines"
 
 
+class still:
+    """``with still(say, "tracing the head graph"):`` around one long call that reports nothing itself: a line
+    ``still tracing the head graph (0:01:00 elapsed)`` every ``every`` seconds (``LINE_EVERY_S``) from a
+    background thread until the call returns, so a step of minutes is never silent; nothing for a short one."""
+
+    def __init__(self, say: Callable[[str], None], doing: str, *, every: float | None = None):
+        import threading
+
+        self.say, self.doing = say, doing
+        self.every = LINE_EVERY_S if every is None else every
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="layerscope-still", daemon=True)
+
+    def _beat(self) -> None:
+        t0 = time.perf_counter()
+        while not self._done.wait(self.every):
+            self.say(f"still {self.doing} ({clock(time.perf_counter() - t0)} elapsed)")
+
+    def __enter__(self) -> "still":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def clock(seconds: float) -> str:
     """``3723.4 -> '1:02:03'``."""
     s = int(round(seconds))

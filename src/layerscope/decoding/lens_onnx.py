@@ -152,6 +152,7 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
     from layerscope.export.graph import opset_of
     from layerscope.hashing import file_sha256
     from layerscope.model.handle import ModelHandle
+    from layerscope.progress import still
 
     if k < 1:
         raise InputError(f"--lens-k must be at least 1, not {k}")
@@ -162,13 +163,15 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
     if k > vocab:
         raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")
     say(f"lens head 1/4: loading the decoding head of {handle.export_dir.name} in PyTorch")
-    model = load_decoding_model(handle)
+    with still(say, "loading the decoding head"):
+        model = load_decoding_model(handle)
     opset = opset_of(onnx.load(str(handle.onnx_path), load_external_data=False))
     out_dir = Path(handle.export_dir)
     with tempfile.TemporaryDirectory() as tmp:
         head_path = Path(tmp) / "head.onnx"
         say(f"lens head 2/4: tracing the head graph ({model.num_layers + 1} layers, vocabulary {vocab:,}, top-{k})")
-        _trace_head(model, k, handle.manifest.hidden_size, opset, head_path)
+        with still(say, "tracing the lens head graph"):
+            _trace_head(model, k, handle.manifest.hidden_size, opset, head_path)
         head = onnx.load(str(head_path))
     say("lens head 3/4: pointing the graph at the stored head's weights and writing it")
     shared = _share_stored_head(head, out_dir, handle.manifest)
@@ -187,7 +190,8 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
                "shared_bytes": shared, "shared_with": handle.manifest.lm_head.get("file") if shared else None}
     if check:
         say(f"lens head 4/4: checking the graph against torch on {len(PARITY_TEXTS)} texts")
-        sidecar["parity"] = lens_parity(handle, model, target, k)
+        with still(say, "checking the lens head against torch"):
+            sidecar["parity"] = lens_parity(handle, model, target, k)
         if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
             target.unlink()
             (out_dir / external.data_file(target.name)).unlink(missing_ok=True)
