@@ -272,3 +272,45 @@ def test_the_kind_of_a_models_own_code_is_read_from_its_auto_map(classes, kind):
     family = code_family("mine", kind)
     assert (family.kind, family.default_pooling, family.export_path) == \
         (kind, "last" if kind == "decoder" else "mean", "torch")
+
+
+def test_variants_of_an_export_of_the_models_own_type_take_the_users_flag(tiny_model, tmp_path, capsys):
+    """int8 and fp16 of an export of a type only the model's own code defines, checked against that code (its
+    parity recorded per output); without --trust-remote-code one line that names the flag, nothing written.
+    Catches: the flag not reaching the variant's torch reference (a ModelNotFoundError for the type), and a
+    manifest alone turning the model's own code on."""
+    from layerscope.model.manifest import read_manifest
+
+    model = _own_code_model(tiny_model, tmp_path, "scaledbert")
+    out = tmp_path / "exp"
+    main(["export", str(model), "--out", str(out), "--trust-remote-code", "--no-cpu-precisions"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", str(out), "--variant", "int8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "'scaledbert'" in err[0] and "--trust-remote-code" in err[0], err
+    assert not (out / "model.int8.onnx").exists() and read_manifest(out).variant("int8") is None
+    main(["optimize", str(out), "--variant", "int8,fp16", "--trust-remote-code"])
+    manifest = read_manifest(out)
+    for kind in ("int8", "fp16"):
+        entry = manifest.variant(kind)
+        assert entry is not None and (out / entry.file).exists(), kind
+        outputs = entry.parity.outputs
+        assert {f"hidden_states.{i}" for i in range(3)} <= set(outputs), (kind, sorted(outputs))
+        assert min(o.min_cos for o in outputs.values()) >= entry.tolerance["min_cos"], kind
+    # the fp16 file follows the model's own code (Hugging Face with trust_remote_code), not the built-in BERT
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from layerscope.engines.ort import make_session
+
+    enc = AutoTokenizer.from_pretrained(str(model))(["a cat sat on the mat"], return_tensors="np")
+    session = make_session(out / manifest.variant("fp16").file, "CPUExecutionProvider")
+    feed = {i.name: enc[i.name].astype(np.int64) for i in session.get_inputs()}
+    got = session.run(["hidden_states.0"], feed)[0][0]
+    own = AutoModel.from_pretrained(str(model), trust_remote_code=True).eval()
+    with torch.no_grad():
+        want = own(**{k: torch.from_numpy(v) for k, v in feed.items()}, output_hidden_states=True).hidden_states[0]
+    np.testing.assert_allclose(got, want[0].numpy(), rtol=0, atol=2e-2)  # fp16 rounding of values near 2

@@ -61,14 +61,14 @@ def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n
                 return run, None, None, None
             t = time.perf_counter()
             try:
-                make_variant(handle.export_dir, spec.variant)
+                make_variant(handle.export_dir, spec.variant, trust_remote_code=handle.trust_remote_code)
             except LayerscopeError as exc:
                 run.fail(f"variant could not be made: {exc}")
                 return run, None, None, None
             setup_parts["variant_build_s"] = round(time.perf_counter() - t, 3)
             from layerscope.model.handle import ModelHandle
 
-            handle = ModelHandle.resolve(handle.export_dir)
+            handle = ModelHandle.resolve(handle.export_dir, trust_remote_code=handle.trust_remote_code)
         options["variant"] = spec.variant
     if cfg.threads and spec.engine != "torch":
         options["threads"] = cfg.threads

@@ -90,7 +90,8 @@ def accuracy_class(min_cos: float | None) -> str:
 def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]]:
     from layerscope.bench.peers import PEERS, missing
 
-    common = {"export_dir": str(handle.export_dir), "layers": layers, "pooling": cfg.pooling,
+    common = {"export_dir": str(handle.export_dir), "trust_remote_code": handle.trust_remote_code,
+              "layers": layers, "pooling": cfg.pooling,
               "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch, "max_length": cfg.max_length,
               "threads": cfg.threads, "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
               "passes": cfg.passes}

@@ -43,7 +43,8 @@ def _engine_row(job: dict[str, Any]) -> Row:
     from layerscope.model.handle import ModelHandle
     from layerscope.extraction.batching import iter_pooled
 
-    handle = ModelHandle.resolve(job["export_dir"])
+    trust = job.get("trust_remote_code") is True  # the user's flag, as the parent resolved the model
+    handle = ModelHandle.resolve(job["export_dir"], trust_remote_code=trust)
     options = dict(job.get("options") or {})
     variant = job.get("variant")
     needs = "int8" if job["engine"] == "ov" and variant == "int8" else (variant if job["engine"] != "ov" else None)
@@ -52,8 +53,8 @@ def _engine_row(job: dict[str, Any]) -> Row:
         from layerscope.model.variants import check_kind
 
         check_kind(needs)
-        make_variant(handle.export_dir, needs)
-        handle = ModelHandle.resolve(job["export_dir"])
+        make_variant(handle.export_dir, needs, trust_remote_code=trust)
+        handle = ModelHandle.resolve(job["export_dir"], trust_remote_code=trust)
     if variant:
         options["variant"] = variant
     if job.get("threads"):

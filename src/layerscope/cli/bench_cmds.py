@@ -20,6 +20,9 @@ def optimize(
                                                        "ov-fp32, ov-bf16, ov-int8 (OpenVINO precisions); attn (attention "
                                                        "probabilities and summaries per layer and head)."),
     force: bool = typer.Option(False, "--force", help="Re-make a variant that already exists."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow the model's own code to run as the torch reference of the "
+                                                "variants' check (needed for an export of such a model)."),
 ):
     """Make optimized / reduced-precision variants of an export, each checked against PyTorch fp32."""
     from layerscope.export.variants import make_variant
@@ -29,7 +32,8 @@ def optimize(
     kinds = [check_kind(k) for k in split_list(variant) or []]
     c = console()
     for kind in kinds:
-        print_variant(c, kind, make_variant(export_dir, kind, force=force, progress=progress_printer(c)))
+        print_variant(c, kind, make_variant(export_dir, kind, force=force, progress=progress_printer(c),
+                                            trust_remote_code=trust_remote_code))
 
 
 @app.command()

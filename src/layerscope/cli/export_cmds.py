@@ -74,7 +74,8 @@ def export(
         from layerscope.export.variants import make_variant
         from layerscope.report.console import print_variant
 
-        print_variant(c, "attn", make_variant(out, "attn", force=force, progress=progress_printer(c)))
+        print_variant(c, "attn", make_variant(out, "attn", force=force, progress=progress_printer(c),
+                                              trust_remote_code=trust_remote_code))
     if lens_k is not None:
         from layerscope.decoding.lens_onnx import export_lens
 

@@ -68,7 +68,7 @@ def attention_export(handle, say=None) -> Path:
     entry = ensure_export(handle).export_dir
     with FileLock(str(entry.parent / f".{entry.name}.lock")):
         (say or (lambda msg: None))(f"adding the attention graph to the cached export {entry}")
-        make_variant(entry, att.KIND, progress=say)
+        make_variant(entry, att.KIND, progress=say, trust_remote_code=handle.trust_remote_code)
     return entry
 
 

@@ -22,15 +22,16 @@ from layerscope.model.manifest import MANIFEST, read_manifest
 
 
 def make_attention_variant(export_dir: str | Path, *, force: bool = False, opset: int = 18,
-                           progress=None) -> dict[str, Any]:
+                           progress=None, trust_remote_code: bool = False) -> dict[str, Any]:
     """Write, check and record ``model.attn.onnx`` beside the export; return its manifest entry."""
     from layerscope.ownership import writing
 
     with writing(export_dir, "export") as wrote:
-        return _make(Path(export_dir), wrote, force=force, opset=opset, progress=progress)
+        return _make(Path(export_dir), wrote, force=force, opset=opset, progress=progress,
+                     trust_remote_code=trust_remote_code)
 
 
-def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict[str, Any]:
+def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_remote_code: bool) -> dict[str, Any]:
     from layerscope.export.variant_files import discard_variant as _discard, record_variant as _record, variant_names
     from layerscope.model.families import family_of
     from layerscope.model.manifest import verify_export
@@ -60,7 +61,8 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress) -> dict
         else:
             tok = _tokenizer(export_dir)
             special = att.special_token_ids(tok)
-            net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager")
+            net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager",
+                                   trust_remote_code=trust_remote_code)
             say("tracing every layer's attention probabilities (eager attention)")
             _trace_into(export_dir, dst, net, manifest, special, decoder=family.kind == "decoder", opset=opset)
             say("checking every layer and head against transformers' output_attentions (right and left padding)")

@@ -196,21 +196,39 @@ def convert_fp16(src: Path, dst: Path, *, external: bool = False) -> dict[str, A
 # ---------------------------------------------------------------- make + check + record
 
 def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
-                 tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
+                 tolerance: dict[str, float | None] | None = None, progress=None,
+                 trust_remote_code: bool = False) -> dict[str, Any]:
     """Write ``model.<kind>.onnx`` next to ``model.onnx``, check it against torch, record it; return its entry.
-    The files it writes join the export's record of layerscope's files (``--force`` may replace them)."""
+    The files it writes join the export's record of layerscope's files (``--force`` may replace them).
+    ``trust_remote_code`` is the user's flag: the torch reference of an export of the model's own code runs
+    that code, never because the manifest says so."""
     from layerscope.ownership import writing
 
+    require_flag_for_code(export_dir, kind, trust_remote_code)
     if check_kind(kind) == "attn":  # its own graph and outputs (export/attention_variant.py)
         from layerscope.export.attention_variant import make_attention_variant
 
-        return make_attention_variant(export_dir, force=force, progress=progress)
+        return make_attention_variant(export_dir, force=force, progress=progress, trust_remote_code=trust_remote_code)
     with writing(export_dir, "export") as wrote:
-        return _make_variant(export_dir, kind, wrote, force=force, tolerance=tolerance, progress=progress)
+        return _make_variant(export_dir, kind, wrote, force=force, tolerance=tolerance, progress=progress,
+                             trust_remote_code=trust_remote_code)
+
+
+def require_flag_for_code(export_dir: str | Path, kind: str, trust_remote_code: bool) -> None:
+    """One line, before any work, where the export's model type exists only in the model's own code (its
+    torch reference runs that code) and the user did not pass --trust-remote-code."""
+    if trust_remote_code:
+        return
+    manifest = read_manifest(Path(export_dir))
+    if manifest.family_from_code:
+        raise InputError(f"{export_dir} is an export of model type '{manifest.family}', which exists only in the "
+                         f"model's own code; its variant '{kind}' is checked against that code, which runs only "
+                         "with --trust-remote-code")
 
 
 def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = False,
-                  tolerance: dict[str, float | None] | None = None, progress=None) -> dict[str, Any]:
+                  tolerance: dict[str, float | None] | None = None, progress=None,
+                  trust_remote_code: bool = False) -> dict[str, Any]:
     from layerscope.model.manifest import verify_export
 
     check_kind(kind)
@@ -219,8 +237,9 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
 
         if kind == "ov-int8":
             (progress or (lambda msg: None))("ov-int8 reads the int8 variant: making or checking it first")
-            make_variant(export_dir, "int8", progress=progress)
-        return make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress)
+            make_variant(export_dir, "int8", progress=progress, trust_remote_code=trust_remote_code)
+        return make_ov_variant(export_dir, kind, force=force, tolerance=tolerance, progress=progress,
+                               trust_remote_code=trust_remote_code)
     say = progress or (lambda msg: None)
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
@@ -269,7 +288,7 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
     try:
         _check_outputs(src, dst)
         say("checking every output against PyTorch fp32")
-        parity = variant_parity(export_dir, manifest, dst)
+        parity = variant_parity(export_dir, manifest, dst, trust_remote_code=trust_remote_code)
         tol = dict(TOLERANCES[kind], **(tolerance or {}))
         worst = worst_output(parity["outputs"], tol)
         if worst:
