@@ -112,5 +112,5 @@ def test_sts_reader_errors(tmp_path):
         read_sts(str(tmp_path / "missing.csv"))
     bad = tmp_path / "bad.csv"
     bad.write_text("only\tthree\tcolumns\n")
-    with pytest.raises(InputError, match="line 1"):
+    with pytest.raises(InputError, match=r"bad\.csv:1: 3 tab-separated columns"):
         read_sts(str(bad))

@@ -33,6 +33,8 @@ SKIPPED = {
     "layerscope run token_alignment --model qwen2.5-0.5b --generate zh-en --n 200": HUB,
     "layerscope run lens --model Qwen/Qwen2.5-0.5B": HUB,
     "layerscope run crossmodal --model clip-vision/ --model openai/clip-vit-base-patch32 --n 500": HUB,
+    "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens": HUB + " (a vision tower)",
+    "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens --resume": HUB + " (a vision tower)",
     "layerscope run sts --model minilm --model bert-base-uncased": HUB,
     "layerscope run word_context --model bert-base-uncased --data texts.txt --words bank,spring --last-k 4": HUB,
     "layerscope run sts --model minilm --data ../shared/data/stsbenchmark/sts-test.csv --probe":
