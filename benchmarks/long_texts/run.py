@@ -43,14 +43,19 @@ print(json.dumps(res))
 
 
 def text_of(tokenizer, tokens: int) -> str:
-    """A text of about ``tokens`` tokens: single-token words of the tokenizer's vocabulary, repeated."""
-    vocab = tokenizer.get_vocab()
-    words = [w for w in vocab if w.isalpha() and len(w) > 2 and len(tokenizer.tokenize(" " + w)) == 1][:200]
-    out, n = [], 0
-    while n < tokens - 4:
-        out.append(words[n % len(words)])
-        n += 1
-    return " ".join(out)
+    """A text of about ``tokens`` tokens: words of the tokenizer's vocabulary that are one token each after a
+    space, repeated. Words come from decoding single ids, so byte-level vocabularies (``Ġword``) serve as well
+    as WordPiece ones."""
+    words = []
+    for i in range(min(len(tokenizer), 20000)):
+        word = tokenizer.decode([i]).strip()
+        if word.isalpha() and word.isascii() and len(word) > 2 and len(tokenizer.tokenize(" " + word)) == 1:
+            words.append(word)
+            if len(words) == 200:
+                break
+    if not words:
+        raise SystemExit("no single-token words found in this tokenizer's vocabulary")
+    return " ".join(words[n % len(words)] for n in range(max(tokens - 4, 1)))
 
 
 def main() -> None:
