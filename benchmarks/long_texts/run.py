@@ -58,6 +58,13 @@ def text_of(tokenizer, tokens: int) -> str:
     return " ".join(words[n % len(words)] for n in range(max(tokens - 4, 1)))
 
 
+def weights_bytes(export: Path) -> int:
+    """The exported graph's size: ``model.onnx`` and its external data (``model.onnx_data``, ``*.data``), the
+    weights an engine loads; side files such as the lens head are not loaded by an extraction."""
+    return sum(f.stat().st_size for f in export.iterdir()
+               if f.name.startswith("model.onnx") or f.suffix in (".onnx", ".data"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("export")
@@ -75,7 +82,7 @@ def main() -> None:
     handle = ModelHandle.resolve(args.export)
     m = handle.manifest
     tok = handle.tokenizer()
-    weights = sum(f.stat().st_size for f in Path(args.export).iterdir() if f.suffix in (".onnx", ".data", ".bin"))
+    weights = weights_bytes(Path(args.export))
     heads = attention_heads(Path(args.export), m.hidden_size)
     rows = []
     for length in (int(x) for x in args.lengths.split(",")):
