@@ -11,6 +11,7 @@ layer and attention flow from the pooled token (metrics/attention.py); report.ht
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,42 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 
+from layerscope.export.attention import SUMMARIES, SUMMARY_HELP
+from layerscope.report.attention_html import VIEWER, ViewerText
+from layerscope.report.figures import Curve, Figures, HeatMap, Line, Table
+
 ENGINES = {"auto": "ort", "ort": "ort", "ov": "ov", "torch": "torch"}  # auto: ONNX Runtime, where parity was held
 BATCH_TEXTS = 16
 PATTERN_BYTES = 256 << 20  # a batch's attention probabilities held by the graph at once (float32)
 DIGITS = 4  # decimals kept of each probability shown in the viewer
 FLOW_MAX_TOKENS = 64  # attention flow (one max-flow per input token) only for texts up to this length
+
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration; the viewer is
+# a page section over the typed texts (report/attention_html.py).
+FIGURES = Figures(
+    sentence="{texts} texts, {layers} layers x {heads} heads, engine {engine}; causal (decoder) attention: {causal}. "
+             "Intervals: {intervals}.",
+    summary_numbers=("first_share_last_layer", "texts", "layers", "heads"),
+    curves=tuple(Curve("attention_layers", (Line(name, name),), file=f"attention_{name}_by_layer", png=False,
+                       per_model=False, title=f"{name} by layer, heads averaged", ylabel=name,
+                       caption=f"Per text, the {name} summary averaged over the layer's heads; band: 95% interval "
+                               "over texts.") for name in SUMMARIES),
+    heatmaps=tuple(HeatMap(f"grids.{name}", f"attention_{name}", title=f"{SUMMARY_HELP[name]} ({{model}})",
+                           zlabel=name, rows=1, cols=0, xlabel="head", ylabel="layer",
+                           caption="Mean over texts of each head's per-text summary.") for name in SUMMARIES),
+    tables=(Table("attention_layers", ("layer", *SUMMARIES), digits=3),),
+    page=("attention viewer",),
+    records=(VIEWER,),
+)
+
+
+@dataclass(frozen=True)
+class Texts:
+    """What ``prepare`` hands each model: the texts and the file they came from."""
+
+    texts: tuple[str, ...]
+    path: str
 
 
 def pattern_bytes(lengths, layers: int, heads: int) -> int:
@@ -87,6 +119,7 @@ class AttentionAnalysis(Analysis):
                     "previous token) with 95% intervals over texts; rollout, flow and a per-text viewer",
         inputs=("texts", "engine"),
         main_score="first_share_last_layer",
+        figures=FIGURES,
         default_data="lens_texts.jsonl (built in, 20 plain sentences)",
         options=(
             Option("max_texts", int, 0, "summarise at most this many texts (0 = all)"),
@@ -100,7 +133,7 @@ class AttentionAnalysis(Analysis):
     def default_poolings(self, handle) -> list[str]:
         return [handle.manifest.default_pooling]
 
-    def prepare(self, ctx: Context) -> Any:
+    def prepare(self, ctx: Context) -> Texts:
         from layerscope.data.examples import LENS_TEXTS, read_texts
 
         o = self.options(ctx)
@@ -123,10 +156,9 @@ class AttentionAnalysis(Analysis):
             texts = texts[:o.max_texts]
         if not texts:
             raise InputError(f"{path} holds no texts")
-        return {"texts": texts, "path": str(path)}
+        return Texts(tuple(texts), str(path))
 
-    def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
-        from layerscope.export.attention import SUMMARIES
+    def compute(self, ctx: Context, run: ModelRun, data: Texts) -> ModelOutput:
         from layerscope.export.attention_run import AttentionRunner, attention_export
         from layerscope.progress import steps
 
@@ -136,7 +168,7 @@ class AttentionAnalysis(Analysis):
         spec = ctx.spec  # the run's spec: what it resolved (compute runs inside run_analysis only)
         encoder = run.engine.encoder(spec.max_length)
         runner = AttentionRunner(export_dir, ENGINES[spec.engine])
-        texts = data["texts"]
+        texts = list(data.texts)
         lengths = np.minimum(encoder.token_lengths(texts), encoder.max_length)
         shown = list(range(min(int(o.patterns), len(texts))))
         layers = run.num_layers
@@ -204,49 +236,12 @@ class AttentionAnalysis(Analysis):
         tokens = token_texts(encoder.tokenizer, text, batch.input_ids[0], batch.special[0], batch.spans[0])
         decoder = run.handle.manifest.kind == "decoder"
         query = len(tokens) - 1 if decoder else 0  # the token a decoder's last pooling or an encoder's CLS reads
-        entry = {"index": index, "text": text, "tokens": [str(t) for t in tokens],
-                 "special": [bool(s) for s in batch.special[0]], "causal": decoder,
-                 "patterns": np.round(pats, DIGITS).tolist(), "rollout": np.round(rollout(pats), DIGITS).tolist(),
-                 "flow_query": query, "flow": None}
-        if with_flow and len(tokens) <= FLOW_MAX_TOKENS:
-            entry["flow"] = np.round(flow(pats, query), DIGITS).tolist()
-        return entry
-
-    def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.export.attention import SUMMARIES, SUMMARY_HELP
-        from layerscope.report.plots import heatmap
-
-        files = []
-        many = len(results["per_model"]) > 1
-        for model, fig in results["per_model"].items():
-            for name in SUMMARIES:
-                grid = np.array([[np.nan if v is None else v for v in row] for row in fig["grids"][name]], float)
-                stem = f"attention_{name}" + (f"_{_file_part(model)}" if many else "")
-                files.append(heatmap(Path(out_dir) / f"{stem}.png", grid,
-                                     [str(i + 1) for i in range(grid.shape[0])], [str(h) for h in range(grid.shape[1])],
-                                     title=f"{SUMMARY_HELP[name]} ({model})", xlabel="head", ylabel="layer"))
-        return files
-
-    def report(self, results) -> str:
-        from layerscope.export.attention import SUMMARIES
-        from layerscope.report.writer import md_table
-
-        parts = []
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            parts.append(f"## {model}\n\n{s['texts']} texts, {s['layers']} layers x {s['heads']} heads "
-                         f"({'causal' if s['causal'] else 'bidirectional'} attention, engine {s['engine']}); "
-                         f"intervals: {s['intervals']}.\n")
-            parts.append(md_table(fig["tables"]["attention_layers"], ["layer", *SUMMARIES], digits=3))
-        return "\n".join(parts)
-
-    def console_summary(self, results, console) -> None:
-        from layerscope.report.console import esc
-
-        for model, fig in results["per_model"].items():
-            rows = ", ".join(f"{r['layer']}: {r['first']:.2f}" for r in fig["tables"]["attention_layers"]
-                             if r.get("first") is not None)
-            console.print(f"{esc(model)}: share of attention on the first token by layer {rows}")
+        shown = with_flow and len(tokens) <= FLOW_MAX_TOKENS
+        return ViewerText(index=index, text=text, tokens=tuple(str(t) for t in tokens),
+                          special=tuple(bool(s) for s in batch.special[0]), causal=decoder,
+                          patterns=np.round(pats, DIGITS).tolist(), rollout=np.round(rollout(pats), DIGITS).tolist(),
+                          flow_query=query,
+                          flow=np.round(flow(pats, query), DIGITS).tolist() if shown else None).to_json()
 
 
 def token_texts(tokenizer, text: str, ids, special, spans) -> list[str]:
@@ -262,8 +257,3 @@ def token_texts(tokenizer, text: str, ids, special, spans) -> list[str]:
             out.append(text[int(start):int(end)])
     return out
 
-
-def _file_part(label: str) -> str:
-    import re
-
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", label)[:60] or "model"

@@ -10,6 +10,7 @@ The method: ``layerscope.decoding.pair_attribution``. Needs gradients: the torch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import numpy as np
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.progress import track
+from layerscope.report.explain_figs import PAIRS, ExplainPair
+from layerscope.report.figures import Bars, Curve, Figures, Line, Table
 
 
 def _steps_list(text: str, flag: str) -> list[int]:
@@ -28,6 +31,16 @@ def _steps_list(text: str, flag: str) -> list[int]:
     if not values or values[0] < 1:
         raise InputError(f"{flag} needs numbers of steps of at least 1, not {text!r}")
     return values
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """What ``prepare`` hands each model: the pairs, where they came from (a file, or --pair) and the step counts
+    of the completeness curve."""
+
+    pairs: tuple[tuple[str, str], ...]
+    source: str
+    curve: tuple[int, ...]
 
 
 def _load_net(run: ModelRun):
@@ -43,6 +56,41 @@ def _load_net(run: ModelRun):
                             trust_remote_code=getattr(handle, "trust_remote_code", False)).eval()
 
 
+_SENTENCE = (
+    "{n_pairs} pair(s) from {data}; {similarity} of {pooling}-pooled embeddings, attributed at {at} by integrated "
+    "Jacobians, {steps} steps; baseline: {baseline_text}. Each matrix sums to s(a, b) - [s(r_a, b) + s(a, r_b) - "
+    "s(r_a, r_b)] (r: the baseline input); relative completeness error: mean {completeness_relative_error_mean:.3%}, "
+    "largest {completeness_relative_error_max:.3%}. Hiding game: the tokens of the top-k pairs deleted, one side at a "
+    "time (the controls delete as many tokens per side); AOPC = mean drop over k = 1..{k_max}; {intervals}.")
+_HIDING = ("layer", "method", "hide_aopc", "hide_aopc_ci_low", "hide_aopc_ci_high")
+_TESTS = ("difference", "ci_low", "ci_high", "p_value")
+_PAIRS = ("similarity", "reference_similarity", "target", "matrix_sum", "completeness_error", "relative_error")
+
+# What the reports show: PNG, report.md, report.html and the console all draw this one declaration; each pair
+# shown is a typed record, drawn by report/explain_figs.py (its heat map and token attributions).
+FIGURES = Figures(
+    sentence=_SENTENCE,
+    summary_numbers=("pairs_hide_aopc", "random_hide_aopc", "one_sided_hide_aopc", "n_pairs", "steps", "k_max",
+                     "completeness_relative_error_mean", "completeness_relative_error_max"),
+    curves=(Curve("explain_completeness", (Line("relative_error", "relative error"),), file="completeness_{slug}",
+                  x="steps", xlabel="steps", logx=True, group=("pair", "layer"), label="pair {pair} at {layer}",
+                  most=12, title="completeness error over steps", ylabel="|matrix sum - target| / |target|",
+                  caption="|matrix sum - (similarity - reference terms)| / |similarity - reference terms|, by the "
+                          "number of integration steps (the first 12 pairs and points)."),),
+    bars=(Bars("explain_hiding", "at {layer}", (Line("hide_aopc", "AOPC"),), split="method", file="hiding",
+               title="hiding game: drop when the top pairs' tokens are deleted", ylabel="mean drop of similarity",
+               caption="Mean drop of the similarity when the tokens of the top 1..K token pairs are deleted, one "
+                       "side at a time (pairs), vs as many tokens per side by one-sided sums or at random; whiskers: "
+                       "95% intervals over pairs."),),
+    tables=(Table("explain_hiding", _HIDING, numbers=_HIDING[2:], digits=4),
+            Table("explain_tests", ("layer", "method_a", "method_b", *_TESTS), numbers=_TESTS, p_values=("p_value",),
+                  digits=4),
+            Table("explain_pairs", ("pair", "layer", *_PAIRS), key="pair", numbers=_PAIRS, digits=4)),
+    page=("explain pairs",),
+    records=(PAIRS,),
+)
+
+
 @register
 class Explain(Analysis):
     metadata = AnalysisMetadata(
@@ -53,6 +101,7 @@ class Explain(Analysis):
         main_score="pairs_hide_aopc",
         default_data="none: give a file of pairs, or --pair A B",
         needs_gradients=True,
+        figures=FIGURES,
         options=(
             Option("pair", tuple[str, str], None, "one pair to explain: --pair \"text A\" \"text B\" (instead of "
                    "--data, a file of pairs: STS Benchmark, JSONL with sentence1/sentence2, or 'A<TAB>B' lines)"),
@@ -76,7 +125,7 @@ class Explain(Analysis):
         return [handle.manifest.default_pooling]
 
     # ------------------------------------------------------------------ data
-    def prepare(self, ctx: Context) -> Any:
+    def prepare(self, ctx: Context) -> Pairs:
         from layerscope.data.text_pairs import check_text, read_text_pairs
         from layerscope.vocab.pooling import MASK_POOLINGS
 
@@ -102,10 +151,10 @@ class Explain(Analysis):
         if int(o.max_pairs) and len(pairs) > int(o.max_pairs):
             ctx.say(f"explaining the first {o.max_pairs} of {len(pairs)} pairs (--max-pairs)")
             pairs = pairs[:int(o.max_pairs)]
-        return {"pairs": pairs, "source": source, "curve": curve}
+        return Pairs(tuple(pairs), source, tuple(curve))
 
     # ------------------------------------------------------------------ compute
-    def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
+    def compute(self, ctx: Context, run: ModelRun, data: Pairs) -> dict[str, Any]:
         import torch
 
         from layerscope.analyses.common import poolings_for
@@ -132,7 +181,7 @@ class Explain(Analysis):
         special = set(int(i) for i in tok.all_special_ids)
         base_id = baseline_token(tok, o.baseline)
         max_len = ctx.max_length or handle.manifest.max_length
-        pairs = data["pairs"]
+        pairs = data.pairs
         encoded = []
         for n, (ta, tb) in enumerate(pairs, 1):
             a, b = model_inputs(handle, tok, [ta], max_len), model_inputs(handle, tok, [tb], max_len)
@@ -165,20 +214,21 @@ class Explain(Analysis):
                                   "reference_similarity": res.reference_similarity, "target": res.target,
                                   "matrix_sum": res.total, "completeness_error": res.error,
                                   "relative_error": res.relative_error})
-                for row in completeness_curve(enc, a, b, layer, data["curve"]):
+                for row in completeness_curve(enc, a, b, layer, list(data.curve)):
                     curve_rows.append({"pair": n + 1, "layer": layer, **row})
                 for method, got in play_pair(sim, a, b, res.matrix, ca, cb, k_here, int(o.random_draws),
                                              rng).items():
                     drops[layer].setdefault(method, []).append(got + [got[-1]] * (k_max - k_here))
                 if len(shown) < int(o.show) * len(at):
-                    shown.append({"pair": n + 1, "layer": layer, "text_a": pairs[n][0], "text_b": pairs[n][1],
-                                  "tokens_a": tok.convert_ids_to_tokens(ids_a.tolist()),
-                                  "tokens_b": tok.convert_ids_to_tokens(ids_b.tolist()),
-                                  "special_a": [int(t) in special for t in ids_a.tolist()],
-                                  "special_b": [int(t) in special for t in ids_b.tolist()],
-                                  "matrix": np.round(res.matrix, 6).tolist(),
-                                  "rows": np.round(res.rows, 6).tolist(), "cols": np.round(res.cols, 6).tolist(),
-                                  "similarity": res.similarity, "target": res.target, "matrix_sum": res.total})
+                    shown.append(ExplainPair(
+                        pair=n + 1, layer=layer, text_a=pairs[n][0], text_b=pairs[n][1],
+                        tokens_a=tuple(tok.convert_ids_to_tokens(ids_a.tolist())),
+                        tokens_b=tuple(tok.convert_ids_to_tokens(ids_b.tolist())),
+                        special_a=tuple(int(t) in special for t in ids_a.tolist()),
+                        special_b=tuple(int(t) in special for t in ids_b.tolist()),
+                        matrix=tuple(map(tuple, np.round(res.matrix, 6).tolist())),
+                        rows=tuple(np.round(res.rows, 6).tolist()), cols=tuple(np.round(res.cols, 6).tolist()),
+                        similarity=res.similarity, target=res.target, matrix_sum=res.total).to_json())
         hiding, tests = _hiding_tables(drops, k_max, ctx.seed)
         rel = [r["relative_error"] for r in pair_rows if r["relative_error"] is not None]
         from layerscope.analyses.intervals import headline, method as interval_method
@@ -194,45 +244,24 @@ class Explain(Analysis):
             "baseline": o.baseline, "baseline_text": BASELINES[o.baseline], "k_max": k_max,
             "completeness_relative_error_mean": float(np.mean(rel)) if rel else None,
             "completeness_relative_error_max": float(np.max(rel)) if rel else None,
-            "data": data["source"],
+            "data": data.source,
         }
         return {"summary": summary, "pairs": shown,
                 "tables": {"explain_pairs": pair_rows, "explain_completeness": curve_rows,
                            "explain_hiding": hiding, "explain_tests": tests}}
 
-    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+    def combine(self, ctx: Context, per_model, data: Pairs) -> dict[str, Any]:
         """Where the pairs came from when no file was given (the page header names it)."""
-        return {"data": {"origin": "one pair given with --pair", "n": len(data["pairs"])}} \
-            if data["source"] == "--pair" else {}
+        return {"data": {"origin": "one pair given with --pair", "n": len(data.pairs)}} \
+            if data.source == "--pair" else {}
 
     # ------------------------------------------------------------------ rendering
-    def plots(self, results: dict[str, Any], out_dir: Path) -> list[str]:
-        from layerscope.report.explain_figs import explain_plots
+    def plots(self, results, out_dir: Path) -> list[str]:
+        """The declared figures, and a heat map per pair shown (a matrix of its own token labels each)."""
+        from layerscope.report.explain_figs import pair_plots
+        from layerscope.report.results import as_results
 
-        return explain_plots(results, Path(out_dir))
-
-    def report(self, results: dict[str, Any]) -> str:
-        from layerscope.report.explain_figs import explain_markdown
-
-        return explain_markdown(results)
-
-    def console_summary(self, results: dict[str, Any], console) -> None:
-        from layerscope.report.console import esc
-
-        for model, fig in results["per_model"].items():
-            s = fig["summary"]
-            console.print(f"[bold]{esc(model)}[/bold]: {s['n_pairs']} pair(s), {esc(s['similarity'])} of "
-                          f"{esc(s['pooling'])}-pooled embeddings, baseline {esc(s['baseline'])}, {s['steps']} steps; "
-                          f"completeness error (relative) mean {_pct(s['completeness_relative_error_mean'])}, "
-                          f"max {_pct(s['completeness_relative_error_max'])}")
-            for r in fig["tables"]["explain_hiding"]:
-                console.print(f"  hiding at {esc(str(r['layer']))}, {esc(r['method'])}: AOPC {r['hide_aopc']:.4f}"
-                              + (f" [{r['hide_aopc_ci_low']:.4f}, {r['hide_aopc_ci_high']:.4f}]"
-                                 if r.get("hide_aopc_ci_low") is not None else ""))
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.3g}%"
+        return super().plots(results, out_dir) + pair_plots(as_results(results, self.metadata.name), Path(out_dir))
 
 
 def _hiding_tables(drops: dict[str, dict[str, list[list[float]]]], k_max: int, seed: int):

@@ -4,12 +4,17 @@ and see the token-to-token pattern as a grid, query tokens down, key tokens acro
 The viewer's data (tokens, patterns) travels in the page's JSON block, which ``html_page.script_json``
 escapes; the script writes every token with ``textContent`` and builds cells with ``createElement``, so no
 text from the data becomes markup. A decoder's masked cells (keys after the query) are drawn as masked
-(hatched, no value), not as zero attention.
+(hatched, no value), not as zero attention. Each text is a typed ``ViewerText``, checked field by field when
+results.json is read.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+from layerscope.report.figures import Records
+from layerscope.report.results_fields import Bad, as_dict, need
 
 CSS = """
 .attn-view .nb-controls label { margin-right: 4px; }
@@ -127,8 +132,83 @@ SCRIPT = """
 """
 
 
-def viewer_data(results: dict[str, Any]) -> dict[str, Any]:
-    """The viewer's share of the page's JSON block: each model's texts with their patterns."""
-    return {"attention_viewer": {model: list(fig.get("viewer") or [])
-                                 for model, fig in (results.get("per_model") or {}).items()
-                                 if isinstance(fig, dict) and fig.get("viewer")}}
+@dataclass(frozen=True)
+class ViewerText:
+    """One text the viewer shows (``run attention``'s ``viewer``): its tokens, which are special, every layer x
+    head pattern [layers][heads][tokens][tokens], the rollout after each layer [layers][tokens][tokens] and the
+    attention flow from token ``flow_query`` (None: not computed). ``read`` checks every field and shape."""
+
+    index: int
+    text: str
+    tokens: tuple[str, ...]
+    special: tuple[bool, ...]
+    causal: bool
+    patterns: list
+    rollout: list
+    flow_query: int
+    flow: list | None = None
+
+    @classmethod
+    def read(cls, doc: Any, where: str) -> ViewerText:
+        doc = as_dict(doc, where)
+        tokens = tuple(need(t, str, f"{where}.tokens[{i}]")
+                       for i, t in enumerate(need(doc.get("tokens"), list, f"{where}.tokens")))
+        special = tuple(need(s, bool, f"{where}.special[{i}]")
+                        for i, s in enumerate(need(doc.get("special"), list, f"{where}.special")))
+        n = len(tokens)
+        if len(special) != n:
+            raise Bad(f"{where}.special has {len(special)} entries for {n} tokens")
+        patterns = _array(doc.get("patterns"), 4, f"{where}.patterns")
+        if patterns.shape[2:] != (n, n):
+            raise Bad(f"{where}.patterns is {_shape(patterns)}, not layers x heads x {n} x {n}")
+        rollout = _array(doc.get("rollout"), 3, f"{where}.rollout")
+        if rollout.shape != (patterns.shape[0], n, n):
+            raise Bad(f"{where}.rollout is {_shape(rollout)}, not {patterns.shape[0]} x {n} x {n}")
+        query = need(doc.get("flow_query"), int, f"{where}.flow_query")
+        if isinstance(query, bool) or not 0 <= query < max(n, 1):
+            raise Bad(f"{where}.flow_query is {query!r}, not a token position below {n}")
+        flow = None if doc.get("flow") is None else _array(doc.get("flow"), 1, f"{where}.flow")
+        if flow is not None and flow.shape != (n,):
+            raise Bad(f"{where}.flow has {flow.size} values for {n} tokens")
+        return cls(index=need(doc.get("index"), int, f"{where}.index"), text=need(doc.get("text"), str, f"{where}.text"),
+                   tokens=tokens, special=special, causal=need(doc.get("causal"), bool, f"{where}.causal"),
+                   patterns=patterns.tolist(), rollout=rollout.tolist(), flow_query=query,
+                   flow=None if flow is None else flow.tolist())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "text": self.text, "tokens": list(self.tokens), "special": list(self.special),
+                "causal": self.causal, "patterns": self.patterns, "rollout": self.rollout,
+                "flow_query": self.flow_query, "flow": self.flow}
+
+
+def _shape(values) -> str:
+    return " x ".join(str(n) for n in values.shape)
+
+
+def _array(value: Any, ndim: int, where: str):
+    """``value`` as a float array of ``ndim`` dimensions, every entry a finite number (handed on as floats)."""
+    import numpy as np
+
+    ok = isinstance(value, list)
+    try:
+        got = np.asarray(value, dtype=np.float64) if ok else None
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or got.ndim != ndim or not np.isfinite(got).all():
+        raise Bad(f"{where} is not a {ndim}-dimensional grid of finite numbers")
+    return got
+
+
+VIEWER = Records("viewer", ViewerText.read)  # what run attention declares (analyses/attention.py)
+
+
+def viewer_section(results):
+    """report.html's attention viewer over typed ``results`` (None where no model kept texts in full)."""
+    from layerscope.report.html_figures import Section
+
+    texts = {model: [t.to_json() for t in fig.records(VIEWER)] for model, fig in results.per_model.items()}
+    texts = {model: shown for model, shown in texts.items() if shown}
+    if not texts:
+        return None
+    return Section("viewer", "Attention viewer", html=HTML, css=CSS, script=SCRIPT, data={"attention_viewer": texts},
+                   intro="One text at a time: pick a layer (or the rollout) and a head (or their mean).")

@@ -59,12 +59,14 @@ def _charts(results, curve, joiner: str = " "):
             for line in curve.lines:
                 parts = [model] if several and not curve.per_model else []
                 parts += [line.label] if len(curve.lines) > 1 or not (parts or key) else []
-                label = joiner.join([*parts, *key])
+                label = joiner.join([*parts, fill(curve.label, rows[0], str)] if curve.label else [*parts, *key])
                 has_ci = any(_ci(line, r, "low") is not None for r in rows)
                 xs = [r.get(curve.x) if curve.logx else str(r.get(curve.x)) for r in rows]
                 lines[label] = (xs, [r.get(line.column) for r in rows],
                                 [_ci(line, r, "low") for r in rows] if has_ci else None,
                                 [_ci(line, r, "high") for r in rows] if has_ci else None, model)
+        if curve.most is not None:
+            lines = dict(list(lines.items())[:curve.most])
         if "{slug}" in curve.file:
             out.append((curve.file.replace("{slug}", slug(model)), model, lines, refs))
         elif curve.per_model:
@@ -254,6 +256,10 @@ def page_sections(decl, results) -> list:
             from layerscope.report.saliency_html import token_section as make
         elif name == "lens tokens":
             from layerscope.report.lens_html import token_section as make
+        elif name == "attention viewer":
+            from layerscope.report.attention_html import viewer_section as make
+        elif name == "explain pairs":
+            from layerscope.report.explain_figs import pair_section as make
         else:
             raise ValueError(f"no report.html section named {name!r}")
         section = make(results)

@@ -50,6 +50,18 @@ def _matrix(value: Any, rows: Any, cols: Any):
     return value, rows, cols
 
 
+def _labels(spec, matrix: Any, named) -> tuple[Any, Any]:
+    """A heat map's row and column labels: the lists ``named(rows)``/``named(cols)`` names, or counted from the
+    number the declaration gives (layers from 1, heads from 0) over the matrix as read."""
+    first = matrix[0] if isinstance(matrix, list) and matrix and isinstance(matrix[0], list) else []
+
+    def one(key: Any, size: int) -> Any:
+        return [str(key + i) for i in range(size)] if isinstance(key, int) else named(key)
+
+    cols = spec.rows if spec.cols is None else spec.cols
+    return one(spec.rows, len(matrix) if isinstance(matrix, list) else 0), one(cols, len(first))
+
+
 def grids(decl, results, fill) -> list[Grid]:
     """Every declared heat map of ``results``: one per model (``FILE_<i>`` where several), or one per block."""
     about = _about(decl, results)
@@ -59,14 +71,14 @@ def grids(decl, results, fill) -> list[Grid]:
             block = results.combined.value(spec.block)
             if not isinstance(block, dict):
                 continue
-            got = _matrix(block.get(spec.value), block.get(spec.rows), block.get(spec.cols or spec.rows))
+            got = _matrix(block.get(spec.value), *_labels(spec, block.get(spec.value), block.get))
             values = {**{k: v for k, v in block.items() if isinstance(v, (str, int, float))}, "about": about}
             if got is not None:
                 out.append(Grid(spec, spec.file, fill(spec.title, values, _plain), fill(spec.caption, values, _plain),
                                 *got, fill(spec.xlabel, values, _plain), fill(spec.ylabel, values, _plain)))
             continue
         for i, (model, fig) in enumerate(results.per_model.items()):
-            got = _matrix(fig.value(spec.value), fig.value(spec.rows), fig.value(spec.cols or spec.rows))
+            got = _matrix(fig.at(spec.value), *_labels(spec, fig.at(spec.value), fig.value))
             if got is None:
                 continue
             values = {**fig.summary, "model": model, "about": about}

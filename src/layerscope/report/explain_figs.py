@@ -1,89 +1,123 @@
-"""``run explain``'s figures, from results.json alone: heat maps per pair (PNG and report.html), the
-completeness error over steps, the hiding game; report.md. Token text is data: escaped on every page."""
+"""``run explain``'s pairs shown in full, typed (``ExplainPair``, checked field by field when results.json is
+read), and what the declaration (analyses/explain.py) cannot say: each pair's token x token heat map (PNG and
+report.html) and its one-sided token attributions. Token text is data: escaped on every page."""
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from layerscope.report.figures import Records
+from layerscope.report.results_fields import Bad, as_dict, need
 
-def _labels(tokens: list[str]) -> list[str]:
+
+def _number(value: Any, where: str) -> float:
+    """A finite number."""
+    import math
+
+    need(value, (int, float), where)
+    if not math.isfinite(value):
+        raise Bad(f"{where} is {value}, not a finite number")
+    return float(value)
+
+
+def _numbers(value: Any, where: str) -> tuple[float, ...]:
+    """A list of finite numbers."""
+    return tuple(_number(v, f"{where}[{i}]") for i, v in enumerate(need(value, list, where)))
+
+
+def _side(doc: dict[str, Any], side: str, where: str) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    tokens = need(doc.get(f"tokens_{side}"), list, f"{where}.tokens_{side}")
+    special = need(doc.get(f"special_{side}"), list, f"{where}.special_{side}")
+    if len(special) != len(tokens):
+        raise Bad(f"{where}.special_{side} has {len(special)} entries for {len(tokens)} tokens")
+    return (tuple(need(t, str, f"{where}.tokens_{side}[{i}]") for i, t in enumerate(tokens)),
+            tuple(need(s, bool, f"{where}.special_{side}[{i}]") for i, s in enumerate(special)))
+
+
+@dataclass(frozen=True)
+class ExplainPair:
+    """One pair of texts shown in full at one attribution point: the tokens of each text (which are special),
+    the token x token attribution ``matrix`` (rows: text a's tokens, columns: text b's), its row and column
+    sums, the similarity, the target the cells sum to and their sum."""
+
+    pair: int
+    layer: str
+    text_a: str
+    text_b: str
+    tokens_a: tuple[str, ...]
+    tokens_b: tuple[str, ...]
+    special_a: tuple[bool, ...]
+    special_b: tuple[bool, ...]
+    matrix: tuple[tuple[float, ...], ...]
+    rows: tuple[float, ...]
+    cols: tuple[float, ...]
+    similarity: float
+    target: float
+    matrix_sum: float
+
+    @classmethod
+    def read(cls, doc: Any, where: str) -> ExplainPair:
+        doc = as_dict(doc, where)
+        tokens_a, special_a = _side(doc, "a", where)
+        tokens_b, special_b = _side(doc, "b", where)
+        matrix = tuple(_numbers(r, f"{where}.matrix[{i}]")
+                       for i, r in enumerate(need(doc.get("matrix"), list, f"{where}.matrix")))
+        if len(matrix) != len(tokens_a) or any(len(r) != len(tokens_b) for r in matrix):
+            raise Bad(f"{where}.matrix is not {len(tokens_a)} x {len(tokens_b)} (text a's tokens x text b's)")
+        rows, cols = _numbers(doc.get("rows"), f"{where}.rows"), _numbers(doc.get("cols"), f"{where}.cols")
+        if len(rows) != len(tokens_a) or len(cols) != len(tokens_b):
+            raise Bad(f"{where}.rows and .cols do not hold one value per token of text a and text b")
+        figures = {k: _number(doc.get(k), f"{where}.{k}") for k in ("similarity", "target", "matrix_sum")}
+        pair = need(doc.get("pair"), int, f"{where}.pair")
+        return cls(pair=pair, layer=str(need(doc.get("layer"), (str, int), f"{where}.layer")),
+                   text_a=need(doc.get("text_a"), str, f"{where}.text_a"),
+                   text_b=need(doc.get("text_b"), str, f"{where}.text_b"), tokens_a=tokens_a, tokens_b=tokens_b,
+                   special_a=special_a, special_b=special_b, matrix=matrix, rows=rows, cols=cols, **figures)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pair": self.pair, "layer": self.layer, "text_a": self.text_a, "text_b": self.text_b,
+                "tokens_a": list(self.tokens_a), "tokens_b": list(self.tokens_b),
+                "special_a": list(self.special_a), "special_b": list(self.special_b),
+                "matrix": [list(r) for r in self.matrix], "rows": list(self.rows), "cols": list(self.cols),
+                "similarity": self.similarity, "target": self.target, "matrix_sum": self.matrix_sum}
+
+    @property
+    def scale(self) -> float:
+        """The colour scale's half range: the largest |cell| (1 where every cell is 0)."""
+        return max((abs(v) for row in self.matrix for v in row), default=0.0) or 1.0
+
+
+PAIRS = Records("pairs", ExplainPair.read)  # what run explain declares (analyses/explain.py)
+
+
+def _labels(tokens) -> list[str]:
     """Unique axis labels (a repeated token keeps its own row): position and token."""
     return [f"{i}:{t}" for i, t in enumerate(tokens)]
-
-
-def _scale(matrix: list[list[float]]) -> float:
-    return max((abs(v) for row in matrix for v in row), default=0.0) or 1.0
 
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in text)[-40:]
 
 
-def explain_plots(results: dict[str, Any], out_dir: Path) -> list[str]:
-    from layerscope.report.plots import bars, heatmap, xy_lines
+def pair_plots(results, out_dir: Path) -> list[str]:
+    """A PNG heat map per pair shown, from typed ``results``."""
+    from layerscope.report.plots import heatmap
 
     files = []
-    for model, fig in results["per_model"].items():
-        slug = _slug(model)
-        for p in fig.get("pairs") or []:
-            scale = _scale(p["matrix"])
-            files.append(heatmap(out_dir / f"pair{p['pair']}_at_{_slug(str(p['layer']))}_{slug}.png", p["matrix"],
-                                 _labels(p["tokens_a"]), _labels(p["tokens_b"]), vmin=-scale, vmax=scale,
-                                 title=f"pair {p['pair']} at {p['layer']}, sum {p['matrix_sum']:.3f} ({model})",
-                                 xlabel="text b tokens", ylabel="text a tokens", cmap="RdBu_r", rotate=True))
-        curves: dict[str, tuple[list, list]] = {}
-        for r in fig["tables"]["explain_completeness"]:
-            key = f"pair {r['pair']} at {r['layer']}"
-            xs, ys = curves.setdefault(key, ([], []))
-            xs.append(r["steps"])
-            ys.append(r["relative_error"])
-        if curves:
-            files.append(xy_lines(out_dir / f"completeness_{slug}.png", dict(list(curves.items())[:12]), logx=True,
-                                  title=f"completeness error over steps ({model})", xlabel="steps",
-                                  ylabel="|matrix sum - target| / |target|"))
-        groups, errors = {}, {}
-        for r in fig["tables"]["explain_hiding"]:
-            groups.setdefault(f"at {r['layer']}", {})[r["method"]] = r["hide_aopc"]
-            errors.setdefault(f"at {r['layer']}", {})[r["method"]] = (r.get("hide_aopc_ci_low"),
-                                                                     r.get("hide_aopc_ci_high"))
-        files.append(bars(out_dir / f"hiding_{slug}.png", groups, errors=errors, ylabel="mean drop of similarity",
-                          title=f"hiding game: drop when the top pairs' tokens are deleted ({model})"))
+    for model, fig in results.per_model.items():
+        for p in fig.records(PAIRS):
+            files.append(heatmap(Path(out_dir) / f"pair{p.pair}_at_{_slug(p.layer)}_{_slug(model)}.png",
+                                 [list(r) for r in p.matrix], _labels(p.tokens_a), _labels(p.tokens_b),
+                                 vmin=-p.scale, vmax=p.scale, title=f"pair {p.pair} at {p.layer}, sum "
+                                 f"{p.matrix_sum:.3f} ({model})", xlabel="text b tokens", ylabel="text a tokens",
+                                 cmap="RdBu_r", rotate=True))
     return files
 
 
-def explain_markdown(results: dict[str, Any]) -> str:
-    from layerscope.report.writer import ci, md_table, sig
-
-    lines = []
-    for model, fig in results["per_model"].items():
-        s = fig["summary"]
-        rel = s.get("completeness_relative_error_max")
-        lines += [f"## {model}", "",
-                  f"{s['n_pairs']} pair(s) from {s['data']}; {s['similarity']} of {s['pooling']}-pooled embeddings, "
-                  f"attributed at {', '.join(map(str, s['at']))} by integrated Jacobians, {s['steps']} steps; "
-                  f"baseline: {s['baseline_text']}. Each matrix sums to s(a, b) - [s(r_a, b) + s(a, r_b) - "
-                  f"s(r_a, r_b)] (r: the baseline input); largest relative completeness error "
-                  f"{'-' if rel is None else f'{100 * rel:.3g}%'}.", "",
-                  md_table(fig["tables"]["explain_pairs"]), "",
-                  "Hiding game (tokens of the top-k pairs deleted, one side at a time; the controls delete as many "
-                  "tokens per side), "
-                  f"AOPC = mean drop over k = 1..{s['k_max']}, {s.get('intervals', '95% bootstrap intervals')}:", "",
-                  md_table([{"at": r["layer"], "method": r["method"], "AOPC": sig(r["hide_aopc"]),
-                             "95% CI": ci(r.get("hide_aopc_ci_low"), r.get("hide_aopc_ci_high")).strip() or "-"}
-                            for r in fig["tables"]["explain_hiding"]]), ""]
-        tests = [t for t in fig["tables"]["explain_tests"] if t.get("difference") is not None]
-        if tests:
-            lines += ["Paired tests (paired percentile bootstrap over pairs):", "",
-                      md_table([{"at": t["layer"], "A - B": f"{t['method_a']} - {t['method_b']}",
-                                 "difference": sig(t["difference"]),
-                                 "95% CI": ci(t.get("ci_low"), t.get("ci_high")).strip() or "-",
-                                 "p": "-" if t.get("p_value") is None else f"{t['p_value']:.2g}"} for t in tests]), ""]
-    return "\n".join(lines)
-
-
-def _tokens_row(tokens: list[str], scores: list[float], special: list[bool]) -> str:
+def _tokens_row(tokens, scores, special) -> str:
     scale = max((abs(v) for v, sp in zip(scores, special) if not sp), default=0.0) or 1.0
     cells = []
     for t, v, sp in zip(tokens, scores, special):
@@ -101,45 +135,25 @@ EXPLAIN_CSS = """
 """
 
 
-def explain_views(results: dict[str, Any], Section) -> list:
-    """report.html's sections (``Section``: html_views' section type, handed in so that neither module imports
-    the other)."""
-    from layerscope.report.html_figures import bars, heatmap, xy_lines
+def pair_section(results):
+    """report.html's section of the pairs shown: a heat map each and their one-sided token attributions (None
+    where no model kept a pair)."""
+    from layerscope.report.html_figures import Section, heatmap
 
     charts, rows_html = [], []
-    for model, fig in results["per_model"].items():
-        groups, errors = {}, {}
-        for r in fig["tables"]["explain_hiding"]:
-            groups.setdefault(f"at {r['layer']}", {})[r["method"]] = r["hide_aopc"]
-            errors.setdefault(f"at {r['layer']}", {})[r["method"]] = (r.get("hide_aopc_ci_low"),
-                                                                     r.get("hide_aopc_ci_high"))
-        charts.append(bars(groups, errors=errors, ylabel="mean drop of similarity",
-                           title=f"Hiding game on pairs ({model})",
-                           caption="Mean drop of the similarity when the tokens of the top 1..K token pairs are "
-                                   "deleted, one side at a time (pairs), vs as many tokens per side by one-sided "
-                                   "sums or at random; "
-                                   "whiskers: 95% intervals over pairs."))
-        curves: dict[str, tuple[list, list]] = {}
-        for r in fig["tables"]["explain_completeness"]:
-            xs, ys = curves.setdefault(f"pair {r['pair']} at {r['layer']}", ([], []))
-            xs.append(r["steps"])
-            ys.append(r["relative_error"])
-        if curves:
-            charts.append(xy_lines(dict(list(curves.items())[:12]), logx=True, xlabel="steps",
-                                   ylabel="relative completeness error", title=f"Completeness error over steps ({model})",
-                                   caption="|matrix sum - (similarity - reference terms)| / |similarity - reference "
-                                           "terms|, by the number of integration steps."))
-        for p in fig.get("pairs") or []:
-            scale = _scale(p["matrix"])
-            charts.append(heatmap(p["matrix"], _labels(p["tokens_a"]), _labels(p["tokens_b"]), zmin=-scale, zmax=scale,
-                                  title=f"Pair {p['pair']} at {p['layer']}: which token pairs make the similarity "
-                                        f"({model})", xlabel="text b", ylabel="text a", zlabel="attribution",
-                                  caption=f"Similarity {p['similarity']:.4f}; the cells sum to {p['matrix_sum']:.4f} "
-                                          f"(target {p['target']:.4f}: the similarity minus the reference terms)."))
-            rows_html.append(f"<p><b>pair {p['pair']} at {html.escape(str(p['layer']))}</b></p><p>a: "
-                             + _tokens_row(p["tokens_a"], p["rows"], p["special_a"]) + "</p><p>b: "
-                             + _tokens_row(p["tokens_b"], p["cols"], p["special_b"]) + "</p>")
-    tokens = Section("tokens", "One-sided token attributions", html='<div class="xpl">' + "".join(rows_html) + "</div>",
-                     css=EXPLAIN_CSS, intro="Each token coloured by its row (text a) or column (text b) sum of the "
-                                            "matrix: orange adds to the similarity, blue takes from it.")
-    return [Section("figures", "Token-pair attributions", charts), tokens]
+    for model, fig in results.per_model.items():
+        for p in fig.records(PAIRS):
+            charts.append(heatmap([list(r) for r in p.matrix], _labels(p.tokens_a), _labels(p.tokens_b),
+                                  zmin=-p.scale, zmax=p.scale, xlabel="text b", ylabel="text a", zlabel="attribution",
+                                  title=f"Pair {p.pair} at {p.layer}: which token pairs make the similarity ({model})",
+                                  caption=f"Similarity {p.similarity:.4f}; the cells sum to {p.matrix_sum:.4f} "
+                                          f"(target {p.target:.4f}: the similarity minus the reference terms)."))
+            rows_html.append(f"<p><b>pair {p.pair} at {html.escape(p.layer)}</b></p><p>a: "
+                             + _tokens_row(p.tokens_a, p.rows, p.special_a) + "</p><p>b: "
+                             + _tokens_row(p.tokens_b, p.cols, p.special_b) + "</p>")
+    if not charts:
+        return None
+    return Section("pairs", "Token-pair attributions", charts, html="<h3>One-sided token attributions</h3>"
+                   "<p class='note'>Each token coloured by its row (text a) or column (text b) sum of the matrix: "
+                   "orange adds to the similarity, blue takes from it.</p><div class='xpl'>" + "".join(rows_html)
+                   + "</div>", css=EXPLAIN_CSS)

@@ -52,6 +52,8 @@ class Curve:
     refs: str | None = None  # rows without an x value: a flat dashed reference each, named by this column
     from_zero: bool = False  # the y axis starts at 0
     logx: bool = False  # x is a number (dimensions kept, say), on a log axis
+    label: str = ""  # a template over a group's first row naming its line ("pair {pair} at {layer}")
+    most: int | None = None  # at most this many lines of each model (the first ones)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class HeatMap:
     beside the tables), its rows labelled by the list ``rows`` and its columns by ``cols`` (default: ``rows``);
     with ``block``, one matrix of the run's combined figures, read from that dict of them.
 
+    ``rows`` or ``cols`` a number: the rows (columns) are counted from it instead (layers from 1, heads from 0);
+    ``value`` may be a dotted path (``grids.entropy``).
+
     ``title`` and ``caption`` are templates over the model's summary (or the block's fields) with ``model`` and
     ``about`` (``Figures.about``); ``scale``: the colour scale's least range, widened to hold every value of every
     heat map of the run that declares one, so equal colours are equal values across them; ``markdown``: the
@@ -116,8 +121,8 @@ class HeatMap:
     file: str
     title: str
     zlabel: str
-    rows: str = "layers"
-    cols: str | None = None
+    rows: str | int = "layers"
+    cols: str | int | None = None
     xlabel: str = "layer"
     ylabel: str = "layer"
     caption: str = ""
@@ -148,6 +153,17 @@ class Bars:
 
 
 @dataclass(frozen=True)
+class Records:
+    """A list each model keeps beside its tables (``value``: the viewer's texts, the pairs shown), each item a
+    typed record: ``read(item, where)`` (a frozen type's reader) returns it or raises ``results_fields.Bad``
+    naming the bad field. Checked when results.json is read; page sections get the records typed
+    (``ModelFigures.records``)."""
+
+    value: str
+    read: Callable[[Any, str], Any]
+
+
+@dataclass(frozen=True)
 class Figures:
     """An analysis's figures as reports show them (see the module's docstring)."""
 
@@ -162,3 +178,4 @@ class Figures:
     preface: str = ""  # report.md's and report.html's words before the models': the combined figures and {about}
     page: tuple[str, ...] = ()  # report.html's own sections after the charts, by name ("neighbours": alignment's)
     files: tuple[str, ...] = ()  # pages of its own beside the report, by name ("saliency.html": token highlights)
+    records: tuple[Records, ...] = ()  # lists of typed records kept beside the tables (checked on load)

@@ -1,10 +1,12 @@
-"""What report.html shows for each analysis: which figures of results.json become which charts.
+"""What report.html shows for the analyses written before declarations: which figures of results.json become
+which charts.
 
 An analysis that declares its figures (``AnalysisMetadata.figures``) gets its charts from that declaration
-(report/declared.py); the functions below draw the analyses written before declarations, from the results
-document. Every function here reads results.json's figures and draws them; none computes a figure. An analysis
-with neither still gets a page (summary, tables, settings, models) plus a curve of its main
-score for every table that has one per layer.
+(report/declared.py); the functions below draw the image analyses not yet declared (crossmodal, vision_lens,
+cls_attention) from the results document. Every function here reads results.json's figures and draws them;
+none computes a figure. An analysis with neither still gets a page (summary, tables, settings, models) plus a
+curve of its main score for every table that has one per layer, drawn from typed results by a declaration made
+for it (``generic_views``).
 """
 
 from __future__ import annotations
@@ -61,40 +63,6 @@ def curves(results, series: list[Series], *, title: str, ylabel: str, caption: s
     return [layer_curves(series, title=title, ylabel=ylabel, caption=caption, relative=rel, hline=hline, **named)]
 
 
-def attention_views(results) -> list[Section]:
-    from layerscope.report import attention_html as view
-
-    charts = []
-    names = ("entropy", "first", "special", "distance", "previous")
-    for name in names:
-        charts += curves(results, table_series(results, "attention_layers", name, suffix=name if multi(results) else ""),
-                         title=f"{name} by layer, heads averaged", ylabel=name,
-                         caption=f"Per text, the {name} summary averaged over the layer's heads; band: 95% interval "
-                                 "over texts.")
-    for model, fig in per_model(results).items():
-        for name, grid in (fig.get("grids") or {}).items():
-            charts.append(heatmap(grid, [str(i + 1) for i in range(len(grid))],
-                                  [str(h) for h in range(len(grid[0]) if grid else 0)], xlabel="head", ylabel="layer",
-                                  zlabel=name, title=f"{name} per layer × head ({model})",
-                                  caption="Mean over texts of each head's per-text summary."))
-    viewer = Section("viewer", "Attention viewer", html=view.HTML, css=view.CSS, script=view.SCRIPT,
-                     data=view.viewer_data(results),
-                     intro="One text at a time: pick a layer (or the rollout) and a head (or their mean).")
-    return [viewer, Section("figures", "Layer curves and head maps", charts)]
-
-
-def generic_views(results) -> list[Section]:
-    main = results.get("main_score")
-    charts = []
-    for model, fig in per_model(results).items():
-        for name, rows in (fig.get("tables") or {}).items():
-            if rows and isinstance(rows[0], dict) and "layer" in rows[0] and main in rows[0]:
-                charts += curves(results, table_series(results, name, main), title=f"{main} by layer ({name})",
-                                 ylabel=str(main), caption=f"From the table {name}.")
-        break
-    return [Section("figures", "Layer curves", charts)] if charts else []
-
-
 def crossmodal_views(results: dict[str, Any]) -> list[Section]:
     """report.html: one heat map per figure over (image layer, text layer), the best pair in the caption."""
     from layerscope.report.crossmodal_plot import TITLES
@@ -135,15 +103,8 @@ def cls_attention_views(results) -> list[Section]:
     return image_html.cls_attention_views(results, Section, curves, table_series)
 
 
-def explain_views(results) -> list[Section]:
-    from layerscope.report.explain_figs import explain_views as sections
-
-    return sections(results, Section)
-
-
 VIEWS: dict[str, Callable[[dict[str, Any]], list[Section]]] = {
     "crossmodal": crossmodal_views,
-    "attention": attention_views, "explain": explain_views,
     "vision_lens": vision_lens_views, "cls_attention": cls_attention_views,
 }
 
@@ -155,4 +116,23 @@ def views(results, figures=None) -> list[Section]:
         from layerscope.report.declared import sections
 
         return sections(figures, results)
-    return VIEWS.get(results.analysis, generic_views)(results.document)
+    view = VIEWS.get(results.analysis)
+    return generic_views(results) if view is None else view(results.document)
+
+
+def generic_views(results) -> list[Section]:
+    """An analysis with neither a declaration nor a view of its own (a newer or a library user's analysis): a
+    curve of its main score for every table of the first model that has one per layer, drawn from typed
+    ``results`` as a declaration would draw it."""
+    from layerscope.report.declared import sections
+    from layerscope.report.figures import Curve, Figures, Line
+
+    main = results.main_score
+    first = next(iter(results.per_model.values()), None)
+    if not main or first is None:
+        return []
+    curves = tuple(Curve(name, (Line(main, main),), file=name, png=False, per_model=False,
+                         group=("pooling",) if "pooling" in rows[0] else (), title=f"{main} by layer ({name})",
+                         ylabel=main, caption=f"From the table {name}.")
+                   for name, rows in first.tables.items() if rows and "layer" in rows[0] and main in rows[0])
+    return [s for s in sections(Figures(curves=curves), results) if s.charts] if curves else []

@@ -83,10 +83,7 @@ class ModelFigures:
         figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither."""
         if path in self.tables:
             return self.tables[path]
-        head, *rest = path.split(".")
-        value = self.extra.get(head)
-        for part in rest:
-            value = value.get(part) if isinstance(value, dict) else None
+        value = self.at(path)
         if isinstance(value, dict):
             return (value,)
         return tuple(r for r in value if isinstance(r, dict)) if isinstance(value, list) else ()
@@ -101,6 +98,27 @@ class ModelFigures:
     def value(self, name: str, default: Any = None) -> Any:
         """A figure the analysis keeps beside its summary and tables (``layers``, ``neighbours``, ...)."""
         return self.extra.get(name, default)
+
+    def at(self, path: str) -> Any:
+        """What the dotted ``path`` names among the figures kept beside the tables (``grids.entropy``; None
+        where a part is missing)."""
+        head, *rest = path.split(".")
+        value = self.extra.get(head)
+        for part in rest:
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    def records(self, spec) -> tuple[Any, ...]:
+        """The typed records of a ``Records`` declaration (report/figures.py): each item of the list ``spec.value``
+        read by ``spec.read`` (none where the run kept no such list)."""
+        items = self.value(spec.value)
+        if not isinstance(items, list):
+            return ()
+        try:
+            return tuple(spec.read(item, f"{spec.value}[{i}]") for i, item in enumerate(items))
+        except _Bad as exc:  # a document handed in unchecked (a library caller's): one line all the same
+            raise GarbledResults(f"results: {exc}; it was edited or written by another version: re-run layerscope "
+                                 "run", str(exc)) from None
 
     @classmethod
     def read(cls, doc: Any, where: str) -> ModelFigures:

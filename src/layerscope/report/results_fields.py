@@ -1,6 +1,6 @@
 """The checks results.json's reader (report/results.py) makes field by field: each bad field is a ``Bad``
 naming it, which the reader turns into one line; and the declared figures' checks (numbers where an analysis
-declares numbers, matrices of numbers for its heat maps)."""
+declares numbers, matrices of numbers for its heat maps, its typed records)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,13 @@ def check_declared(results, figures) -> None:
                     _number(row.get(column), f"per_model.{model}.tables.{table.name}[{i}].{column}")
                 need(row.get(table.key, ""), (str, int), f"per_model.{model}.tables.{table.name}[{i}].{table.key}")
         for grid in getattr(figures, "heatmaps", ()):
-            if grid.block is None and fig.value(grid.value) is not None:
-                _grid(fig.value(grid.value), f"per_model.{model}.{grid.value}")
+            if grid.block is None and fig.at(grid.value) is not None:
+                _grid(fig.at(grid.value), f"per_model.{model}.{grid.value}")
+        for spec in getattr(figures, "records", ()):  # each item read by its typed reader, which names a bad field
+            items = fig.value(spec.value)
+            if items is not None:
+                for i, item in enumerate(need(items, list, f"per_model.{model}.{spec.value}")):
+                    spec.read(item, f"per_model.{model}.{spec.value}[{i}]")
     for grid in getattr(figures, "heatmaps", ()):
         block = results.combined.value(grid.block) if grid.block is not None else None
         if isinstance(block, dict) and block.get(grid.value) is not None:
