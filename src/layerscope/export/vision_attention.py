@@ -87,8 +87,7 @@ def _keep_fp32(path: Path) -> int:
     import onnx
 
     from layerscope.export import external
-    from layerscope.export.half import cast_outputs_fp32, keep_sensitive_ops_fp32
-    from layerscope.export.variants import FP16_BLOCK_LIST
+    from layerscope.export.half import FP16_BLOCK_LIST, cast_outputs_fp32, keep_sensitive_ops_fp32
 
     model = onnx.load(str(path))
     kept = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)

@@ -74,8 +74,7 @@ def _add_pooling(path: Path, num_layers: int, hidden: int, tokens: int, prefix: 
     graph = model.graph
     kept_fp32 = 0
     if half:  # norms, softmax and reductions computed in fp32; every output float32, as an fp32 export's
-        from layerscope.export.half import cast_outputs_fp32, keep_sensitive_ops_fp32
-        from layerscope.export.variants import FP16_BLOCK_LIST
+        from layerscope.export.half import FP16_BLOCK_LIST, cast_outputs_fp32, keep_sensitive_ops_fp32
 
         kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
         cast_outputs_fp32(model, [o.name for o in graph.output])
