@@ -32,7 +32,9 @@ SKIPPED = {
     "bash scripts/test.sh": "runs the whole test suite",
     "layerscope run token_alignment --model qwen2.5-0.5b --generate zh-en --n 200": HUB,
     "layerscope run lens --model Qwen/Qwen2.5-0.5B": HUB,
-    "layerscope run crossmodal --model clip-vision/ --model openai/clip-vit-base-patch32 --n 500": HUB,
+    # tests/test_readme_image_example.py runs these two on a tiny random CLIP in its place
+    "layerscope export openai/clip-vit-base-patch32 --tower vision --out clip-vision/": HUB,
+    "layerscope run vision_lens --model clip-vision/ --n 500": HUB,
     "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens": HUB + " (a vision tower)",
     "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens --resume": HUB + " (a vision tower)",
     "layerscope run sts --model minilm --model bert-base-uncased": HUB,

@@ -57,8 +57,10 @@ def build_tiny_vision(kind: str, out_dir: Path, image_size: int = 16, patch_size
     return out_dir
 
 
-def hf_vision_reference(kind: str, ckpt: Path, pixel_values):
-    """Plain transformers: (hidden states as numpy, joint image embedding or None) for ``pixel_values``."""
+def hf_vision_reference(kind: str, ckpt: Path, pixel_values, interpolate: bool = False):
+    """Plain transformers: (hidden states as numpy, joint image embedding or None) for ``pixel_values``;
+    ``interpolate``: pixels of another size than the checkpoint's, read with transformers' own
+    ``interpolate_pos_encoding=True`` (DINOv2 takes no flag: it always resizes)."""
     import transformers as t
 
     cls = {"vit": t.ViTModel, "dinov2": t.Dinov2WithRegistersModel, "clip": t.CLIPModel,
@@ -66,16 +68,17 @@ def hf_vision_reference(kind: str, ckpt: Path, pixel_values):
            "siglip-vision": t.SiglipVisionModel}[kind]
     model = cls.from_pretrained(ckpt, attn_implementation="eager").eval()
     pv = torch.from_numpy(pixel_values)
+    flag = {"interpolate_pos_encoding": True} if interpolate and kind != "dinov2" else {}
     with torch.no_grad():
         if kind == "clip":
-            hidden = model.vision_model(pixel_values=pv, output_hidden_states=True).hidden_states
-            embeds = model.get_image_features(pixel_values=pv)
+            hidden = model.vision_model(pixel_values=pv, output_hidden_states=True, **flag).hidden_states
+            embeds = model.get_image_features(pixel_values=pv, **flag)
         elif kind == "siglip":  # SiglipModel does not return its vision tower's hidden states
             vision = t.SiglipVisionModel.from_pretrained(ckpt, attn_implementation="eager").eval()
-            hidden = vision(pixel_values=pv, output_hidden_states=True).hidden_states
-            embeds = model.get_image_features(pixel_values=pv)
+            hidden = vision(pixel_values=pv, output_hidden_states=True, **flag).hidden_states
+            embeds = model.get_image_features(pixel_values=pv, **flag)
         else:
-            out = model(pixel_values=pv, output_hidden_states=True)
+            out = model(pixel_values=pv, output_hidden_states=True, **flag)
             hidden = out.hidden_states
             embeds = getattr(out, "image_embeds", None)
             if kind == "siglip-vision":

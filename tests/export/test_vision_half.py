@@ -68,3 +68,48 @@ def test_fp16_vision_export_keeps_every_layer_and_records_its_parity(kind, tower
         assert g.dtype == np.float32
         assert _cos(h, g) >= fp16_min_cos(f"hidden_states.{i}", len(hidden) - 1), i
         assert not np.allclose(g, f, atol=1e-6)  # it is not the fp32 graph
+
+
+def test_fp16_vision_export_gets_an_fp16_attention_graph_held_to_fp32(tmp_path):
+    """Catches: an fp16 export's attention graph traced in fp32 (twice the weights, and not what the export
+    computes), one whose probabilities drift from the fp32 eager model past its recorded tolerance, one that
+    wants fp16 pixels, and parity not recorded against fp32."""
+    import onnx
+    import torch
+    import transformers as t
+    from PIL import Image
+
+    from layerscope.export.attention_run import AttentionRunner
+    from layerscope.export.attention_variant import make_attention_variant
+    from layerscope.export.exporter import export_model
+    from layerscope.export.vision_attention import ATOL_FP16
+    from layerscope.model.source import resolve_source
+
+    ckpt = build_tiny_vision("dinov2", tmp_path / "ckpt")
+    export_model(resolve_source(str(ckpt)), tmp_path / "fp16", dtype="fp16")
+    entry = make_attention_variant(tmp_path / "fp16")
+    assert entry["precision"] == "fp16" and entry["details"]["fp16_nodes_kept_fp32"] > 0
+    assert entry["tolerance"]["max_abs"] == ATOL_FP16 and entry["tolerance"]["reference"] == "torch fp32"
+    outputs = entry["parity"]["outputs"]
+    assert {"attentions.1", "attentions.2", "attention.entropy"} <= set(outputs)
+    assert all(s["max_abs"] <= s["tolerance"] for s in outputs.values())
+    assert max(s["max_abs"] for s in outputs.values()) > 1e-6  # computed in fp16, not the fp32 graph
+
+    graph = onnx.load(str(tmp_path / "fp16" / "model.attn.onnx"))
+    count = {k: sum(int(np.prod(x.dims)) for x in graph.graph.initializer if x.data_type == k)
+             for k in (onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)}
+    assert count[onnx.TensorProto.FLOAT16] > 20 * count[onnx.TensorProto.FLOAT]
+    assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert all(o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for o in graph.graph.output)
+
+    rng = np.random.default_rng(7)
+    images = [Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8), "RGB") for _ in range(3)]
+    pixels = t.AutoImageProcessor.from_pretrained(ckpt)(images=images, return_tensors="np")["pixel_values"]
+    model = t.Dinov2WithRegistersModel.from_pretrained(ckpt, attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = model(pixel_values=torch.from_numpy(pixels), output_attentions=True).attentions
+    got = AttentionRunner(tmp_path / "fp16", "ort").run({"pixel_values": pixels.astype(np.float32)},
+                                                       patterns=True).patterns
+    for layer, a in enumerate(want):
+        np.testing.assert_allclose(got[:, layer], a.numpy(), atol=ATOL_FP16, err_msg=f"layer {layer + 1}")
+        np.testing.assert_allclose(got[:, layer].sum(-1), 1.0, atol=ATOL_FP16)  # each query's row a distribution

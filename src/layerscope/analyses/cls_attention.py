@@ -117,16 +117,17 @@ class ClsAttention(Analysis):
                   "thumbnail": overlay_png(payloads[i], maps[i, -1].reshape(rows, cols))}
                  for i in range(min(SHOWN, len(payloads)))]
         summary = {"last_share_on_patches": table[-1]["share_on_patches"], "layers": last, "grid": [rows, cols],
-                   "n_images": len(payloads), "engine": runner.engine}
+                   "n_images": len(payloads), "engine": runner.engine,
+                   "attention_precision": "fp32" if runner.engine == "torch" else manifest.variant("attn").precision}
         return ModelOutput({"summary": summary, "tables": {"layers": table}, "maps": shown})
 
     def report(self, results) -> str:
+        from layerscope.report.vision_results import ClsAttentionFigures, per_model
+
         lines = []
-        for model, fig in results.get("per_model", {}).items():
-            s = fig["summary"]
-            lines += [f"## CLS attention: {model}, {s['n_images']} images, {s['grid'][0]}x{s['grid'][1]} patches", "",
+        for model, fig in per_model(results, ClsAttentionFigures).items():
+            lines += [f"## CLS attention: {model}, {fig.n_images} images, {fig.grid[0]}x{fig.grid[1]} patches", "",
                       "| layer | CLS attention on patches | 95% interval | entropy over patches |", "|---|---|---|---|"]
-            lines += [f"| {r['layer']} | {r['share_on_patches']:.3f} | {r.get('share_on_patches_ci_low', float('nan')):.3f}"
-                      f" to {r.get('share_on_patches_ci_high', float('nan')):.3f} | {r['entropy_over_patches']:.3f} |"
-                      for r in fig["tables"]["layers"]]
+            lines += [f"| {r.layer} | {r.value:.3f} | {r.ci_low:.3f} to {r.ci_high:.3f} | {entropy:.3f} |"
+                      for r, entropy in zip(fig.layers, fig.entropy)]
         return "\n".join(lines)

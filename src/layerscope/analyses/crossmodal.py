@@ -114,6 +114,11 @@ class CrossModalAnalysis(Analysis):
         pairs = read_pairs(ctx.data, o.image_column, o.caption_column) if ctx.data else digit_pairs(o.n)
         if o.k > len(pairs) - 2:
             raise InputError(f"--k {o.k} needs more than {o.k + 1} pairs; --data has {len(pairs)}")
+        distinct = len({caption for _, _, caption in pairs})
+        if distinct <= o.k:  # equal captions are equal text vectors: no k nearest neighbours to tell apart
+            where = "--data" if ctx.data else "the built-in digits (one caption per class)"
+            raise InputError(f"{where}: {len(pairs)} pairs hold {distinct} distinct captions; mutual k-NN needs more "
+                             f"than --k {o.k}: give --data with a caption of its own per image")
         return pairs
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
@@ -138,8 +143,12 @@ class CrossModalAnalysis(Analysis):
         if len(images) != 1:
             raise InputError("crossmodal needs one vision export and one text model among the two --model")
         a, b = kept[images[0]], kept[1 - images[0]]
-        res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
-                         bootstrap=o.bootstrap, select=o.select, seed=ctx.seed)
+        try:
+            res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
+                             bootstrap=o.bootstrap, select=o.select, seed=ctx.seed)
+        except ValueError as exc:  # a figure undefined on every layer pair: the vectors of a side coincide
+            raise InputError(f"crossmodal: {exc}; the images or the captions give too few distinct vectors: "
+                             f"lower --k or choose another --select than {o.select}") from None
         figures = {f: {"value": fig.value, "null_mean": fig.null_mean, "p": fig.p, "ci_low": fig.ci_low,
                        "ci_high": fig.ci_high} for f, fig in res.figures.items()}
         best = res.best
@@ -159,24 +168,24 @@ class CrossModalAnalysis(Analysis):
                          "interval": "percentile bootstrap of the maximum over every layer pair"}}
 
     def plots(self, results, out_dir: Path) -> list[str]:
+        from layerscope.report.crossmodal_results import CrossmodalResult
         from layerscope.report.crossmodal_plot import heatmap
 
-        combined = results.get("combined") or {}
-        if "figures" not in combined:
-            return []
-        return heatmap(combined, Path(out_dir))
+        combined = CrossmodalResult.read(results.get("combined"))
+        return [] if combined is None else heatmap(combined, Path(out_dir))
 
     def report(self, results) -> str:
-        c = results.get("combined") or {}
-        best = c.get("best")
-        if not best:
+        from layerscope.report.crossmodal_results import CrossmodalResult
+
+        c = CrossmodalResult.read(results.get("combined"))
+        if c is None or c.best is None:
             return ""
-        fig = best["figure"]
-        lines = [f"## crossmodal: {c['image_model']} (images) and {c['text_model']} (captions), {c['n']} pairs", "",
-                 f"Best layer pair by {fig}: image layer {best['image_layer']}, text layer {best['text_layer']}: "
-                 f"{best['value']:.4f} (95% interval of the maximum over all layer pairs {best['ci_low']:.4f} to "
-                 f"{best['ci_high']:.4f}; best again in {best['chosen_share']:.0%} of resamples; shuffled-pairing "
-                 f"p = {best['p']:.3g})", ""]
+        best = c.best
+        lines = [f"## crossmodal: {c.image_model} (images) and {c.text_model} (captions), {c.n} pairs", "",
+                 f"Best layer pair by {best.figure}: image layer {best.image_layer}, text layer {best.text_layer}: "
+                 f"{best.value:.4f} (95% interval of the maximum over all layer pairs {best.ci_low:.4f} to "
+                 f"{best.ci_high:.4f}; best again in {best.chosen_share:.0%} of resamples; shuffled-pairing "
+                 f"p = {best.p:.3g})", ""]
         return "\n".join(lines)
 
     def console_summary(self, results, console) -> None:

@@ -35,9 +35,12 @@ def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
     for number, line in enumerate(data.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        row = json.loads(line)
-        file = data.parent / str(row.get("image", ""))
-        if not isinstance(row, dict) or not file.is_file() or not isinstance(row.get("label"), str):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise InputError(f"{path} line {number} is not JSON") from None
+        file = data.parent / str(row.get("image", "")) if isinstance(row, dict) else None
+        if file is None or not file.is_file() or not isinstance(row.get("label"), str):
             raise InputError(f"{path} line {number} needs an existing \"image\" file and a string \"label\"")
         payloads.append(str(file))
         labels.append(row["label"])
@@ -192,11 +195,11 @@ class VisionLens(Analysis):
                             "images": _shown_images(payloads, labels, predictions)})
 
     def report(self, results) -> str:
+        from layerscope.report.vision_results import VisionLensFigures, per_model
+
         lines = []
-        for model, fig in results.get("per_model", {}).items():
-            s = fig["summary"]
-            lines += [f"## vision lens: {model}, {s['n_images']} images, {len(s['classes'])} classes "
-                      f"(chance {s['chance']:.2f})", "", "| layer | zero-shot accuracy | 95% interval |", "|---|---|---|"]
-            lines += [f"| {r['layer']} | {r['accuracy']:.3f} | {r['accuracy_ci_low']:.3f} to {r['accuracy_ci_high']:.3f} |"
-                      for r in fig["tables"]["layers"]]
+        for model, fig in per_model(results, VisionLensFigures).items():
+            lines += [f"## vision lens: {model}, {fig.n_images} images, {len(fig.classes)} classes "
+                      f"(chance {fig.chance:.2f})", "", "| layer | zero-shot accuracy | 95% interval |", "|---|---|---|"]
+            lines += [f"| {r.layer} | {r.value:.3f} | {r.ci_low:.3f} to {r.ci_high:.3f} |" for r in fig.layers]
         return "\n".join(lines)

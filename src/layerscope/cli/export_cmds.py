@@ -38,18 +38,23 @@ def export(
                                              "so --engine auto can pick it (-v says what was found)."),
     tower: Optional[str] = typer.Option(None, "--tower", help="A two-tower checkpoint's tower: 'vision' exports "
                                         "CLIP's or SigLIP's image tower (vision models need none)."),
+    image_size: Optional[str] = typer.Option(None, "--image-size", help="A vision tower's input size when not its "
+                                             "checkpoint's: 448 or 448x336 (height x width), position "
+                                             "embeddings resized, parity checked at that size."),
 ):
     """Export a model to ONNX with every hidden state as an output, checked against PyTorch."""
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
+    from layerscope.model.vision import parse_image_size
 
+    size = parse_image_size(image_size)
     name = model.rstrip("/").split("/")[-1]
     out = out or Path("exports") / name
     modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
     c = console()
     manifest = export_model(resolve_source(model, revision), out, pooled=modes, opset=opset, atol=atol, rtol=rtol,
                             trust_remote_code=trust_remote_code, force=force, dtype=dtype,
-                            progress=progress_printer(c), tower=tower)
+                            progress=progress_printer(c), tower=tower, image_size=size)
     from rich.markup import escape
 
     from layerscope.report.console import print_export_summary

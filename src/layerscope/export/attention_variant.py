@@ -5,6 +5,8 @@ every layer's probabilities and every summary with PyTorch on right- and left-pa
 validation texts: each pattern against transformers' own ``output_attentions`` over the real query rows
 (padding rows hold whatever a model puts there and are never read), each summary against the same function
 run on transformers' patterns.  Outside :data:`~layerscope.export.attention.ATOL` nothing is written.
+A vision tower's graph is export/vision_attention.py's, in the export's precision (an fp16 export: fp16, held
+to the fp32 eager model within ``vision_attention.ATOL_FP16``).
 """
 
 from __future__ import annotations
@@ -53,12 +55,15 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_r
             from layerscope.export import vision_attention as va
 
             special = []
+            half = manifest.precision == "fp16"  # the graph in the export's precision
+            precision, tolerance = ("fp16", va.ATOL_FP16) if half else ("fp32", att.ATOL)
             net = va.vision_attention_net(manifest)
-            say("tracing every layer's attention probabilities over the image's tokens (eager attention)")
-            va.trace_vision_attention(net, dst, manifest, opset)
-            say("checking every layer and head against transformers' output_attentions")
-            parity = va.vision_attention_parity(net, dst, manifest, export_dir)
+            say(f"tracing every layer's attention probabilities over the image's tokens (eager attention, {precision})")
+            kept_fp32 = va.trace_vision_attention(net, dst, manifest, opset, half=half)
+            say("checking every layer and head against transformers' output_attentions (fp32)")
+            parity = va.vision_attention_parity(net, dst, manifest, export_dir, half=half)
         else:
+            precision, tolerance, kept_fp32 = "fp32", att.ATOL, None
             tok = _tokenizer(export_dir)
             special = att.special_token_ids(tok)
             net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager",
@@ -79,11 +84,13 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_r
     data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in ext.data_files(dst)}
     entry = {"file": dst.name, "sha256": file_sha256(dst),
              "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()), "external_data": data or None,
-             "precision": "fp32", "build_seconds": round(time.perf_counter() - t0, 2),
+             "precision": precision, "build_seconds": round(time.perf_counter() - t0, 2),
              "details": {"outputs": att.output_names(manifest.num_layers), "summaries": list(att.SUMMARIES),
                          "special_ids": special, "attention": "eager",
-                         "heads": parity.pop("heads")},
-             "tolerance": {"max_abs": att.ATOL, "relative_to_scale_above_1": True}, "parity": parity}
+                         "heads": parity.pop("heads"),
+                         **({} if kept_fp32 is None else {"fp16_nodes_kept_fp32": kept_fp32})},
+             "tolerance": {"max_abs": tolerance, "relative_to_scale_above_1": True, "reference": "torch fp32"},
+             "parity": parity}
     _record(export_dir, att.KIND, entry)
     return entry
 

@@ -69,13 +69,14 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
                  opset: int = DEFAULT_OPSET, atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32",
-                 tower: str | None = None) -> Manifest:
+                 tower: str | None = None, image_size: tuple[int, int] | None = None) -> Manifest:
     """Export the resolved model ``source`` (``model.source.resolve_source``; its revision included) into
     ``output``; returns the manifest. Raises ExportError on a parity failure.
 
     ``dtype="fp16"`` traces the model loaded in fp16 (see ``export/half.py``) and holds every output
     to a depth-scaled cosine against torch fp32 instead of ``atol``.  ``tower="vision"`` exports the vision
     tower of a two-tower checkpoint (CLIP, SigLIP); a vision model's own type needs no tower.
+    ``image_size`` (height, width): a vision tower read at that size instead of its checkpoint's.
     """
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
@@ -87,7 +88,12 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     output = Path(output)
     from layerscope.model.vision import describe_vision
 
-    vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code)
+    vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code, image_size=image_size)
+    if vision is None and image_size is not None:
+        from layerscope.errors import InputError
+
+        raise InputError(f"{spec} reads text: --image-size is for a vision tower (with --tower vision for CLIP "
+                         "or SigLIP)")
     if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
         from layerscope.export.vision_export import export_vision
 

@@ -7,7 +7,7 @@ Why from torch fp16 and not by converting the fp32 export: the converter (the ``
 exporter's copy (2): ~4 bytes per parameter, about 2x the weights on disk.
 
 Numerically sensitive ops are then put back in fp32 exactly as the fp16 variant keeps them
-(``variants.FP16_BLOCK_LIST``: LayerNorm, Softmax, reductions, Pow/Sqrt/Erf): each such node that
+(``FP16_BLOCK_LIST``: LayerNorm, Softmax, reductions, Pow/Sqrt/Erf): each such node that
 sees fp16 gets Casts to fp32 around it.  The graph's inputs are integer ids; every hidden-state
 output is cast to fp32, so the raw-embedding output, the in-graph pooling and every engine see
 float32 tensors, as with an fp32 export.
@@ -22,6 +22,12 @@ from layerscope.errors import InputError
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_index
 
 DTYPES = ("fp32", "fp16", "bf16")
+
+# fp16: ops kept in fp32 (numerically sensitive: DeBERTa and T5 overflow otherwise); the fp16 variant and
+# every fp16 export (text, vision, a vision tower's attention graph) keep the same ones
+FP16_BLOCK_LIST = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+                   "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "Softmax", "ReduceMean",
+                   "Pow", "Sqrt", "Erf"]
 
 # Allowed (1 - cosine) against torch fp32 grows with depth: rounding errors of fp16 compound
 # through the residual stream, about 1e-3 per 12 layers on the deep decoders we measured.

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ExportError, InputError
+from layerscope.export.half import FP16_BLOCK_LIST
 from layerscope.export.variant_files import (discard_variant, quiet, record_variant, save_variant, variant_data_files,
                                                variant_names, variant_parity, worst_output)
 from layerscope.hashing import file_sha256
@@ -60,10 +61,6 @@ TOLERANCES: dict[str, dict[str, float | None]] = {
 
 INT8_KEEP_DOWN_PROJ = False
 
-# fp16: ops kept in fp32 (numerically sensitive: DeBERTa and T5 overflow otherwise)
-FP16_BLOCK_LIST = ["LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
-                   "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "Softmax", "ReduceMean",
-                   "Pow", "Sqrt", "Erf"]
 
 
 def _num_heads(export_dir: Path, manifest: Manifest) -> int:

@@ -1,11 +1,12 @@
 """Exporting a vision tower (ViT, DINOv2, CLIP's and SigLIP's, alone or from a two-tower checkpoint).
 
-The tower (model/vision.py) is traced with plain ``torch.onnx.export`` at the checkpoint's image size with
-a dynamic batch: every hidden state is an output (``hidden_states.0`` .. ``hidden_states.L``, as for text
-models), the joint image-text embedding too (``image_embeds``: CLIP's projection, SigLIP's head), and the
-in-graph ``pooled.cls`` / ``pooled.mean`` stack every layer and pool it over the patches (CLS and register
-tokens left out of ``mean``; vocab/image_pooling.py).  Every output is then held to PyTorch on a few
-synthetic images put through the checkpoint's own image processor, which is saved into the export.
+The tower (model/vision.py) is traced with plain ``torch.onnx.export`` at one image size (the checkpoint's,
+or ``--image-size``: position embeddings resized as transformers resizes them) with a dynamic batch: every
+hidden state is an output (``hidden_states.0`` .. ``hidden_states.L``, as for text models), the joint
+image-text embedding too (``image_embeds``: CLIP's projection, SigLIP's head), and the in-graph
+``pooled.cls`` / ``pooled.mean`` stack every layer and pool it over the patches (CLS and register tokens
+left out of ``mean``; vocab/image_pooling.py).  Every output is then held to PyTorch on a few
+synthetic images put through the checkpoint's own image processor (set to that size), saved into the export.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.errors import ExportError
+from layerscope.errors import ExportError, InputError
 from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
-from layerscope.export.vision_inputs import fixed_size_positions, validation_images
+from layerscope.export.vision_inputs import eager_positions, fixed_size_positions, validation_images
 from layerscope.vocab.outputs import hidden_output, hidden_outputs, pooled_output
 
 JOINT_OUTPUT = "image_embeds"
@@ -48,8 +49,9 @@ def _trace(tower, path: Path, *, num_layers: int, joint: bool, height: int, widt
     names = hidden_outputs(num_layers) + ([JOINT_OUTPUT] if joint else [])
     axes = {"pixel_values": {0: "batch_size"}, **{n: {0: "batch_size"} for n in names}}
     dummy = torch.randn(2, channels, height, width, generator=torch.Generator().manual_seed(0))
+    positions = eager_positions(tower, dummy)  # by the fp32 tower, at the traced size
     try:
-        with warnings.catch_warnings(), torch.no_grad(), fixed_size_positions(net):
+        with warnings.catch_warnings(), torch.no_grad(), fixed_size_positions(net, positions):
             warnings.simplefilter("ignore")
             torch.onnx.export(Outputs(net).eval(), (dummy,), str(path), input_names=["pixel_values"],
                               output_names=names, dynamic_axes=axes, opset_version=opset,
@@ -72,8 +74,7 @@ def _add_pooling(path: Path, num_layers: int, hidden: int, tokens: int, prefix: 
     graph = model.graph
     kept_fp32 = 0
     if half:  # norms, softmax and reductions computed in fp32; every output float32, as an fp32 export's
-        from layerscope.export.half import cast_outputs_fp32, keep_sensitive_ops_fp32
-        from layerscope.export.variants import FP16_BLOCK_LIST
+        from layerscope.export.half import FP16_BLOCK_LIST, cast_outputs_fp32, keep_sensitive_ops_fp32
 
         kept_fp32 = keep_sensitive_ops_fp32(model, FP16_BLOCK_LIST)
         cast_outputs_fp32(model, [o.name for o in graph.output])
@@ -162,7 +163,8 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
     from layerscope.model.families import FAMILIES
     from layerscope.model.manifest_check import file_records
     from layerscope.model.source import load_config
-    from layerscope.model.vision import load_image_processor, load_vision_tower
+    from layerscope.model.vision import (check_image_size, load_image_processor, load_vision_tower, pixel_values,
+                                         processor_at_size, serves_other_sizes)
     from layerscope.ownership import claim
     from layerscope.vocab.image_pooling import check_image_poolings, image_poolings
 
@@ -178,12 +180,22 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
     spec = source.spec
     processor = load_image_processor(source.path_or_id, trust_remote_code=trust_remote_code) if source.is_local \
         else load_image_processor(spec, trust_remote_code=trust_remote_code)
+    resized = tuple(image["checkpoint_size"]) != (image["height"], image["width"])
+    if resized:  # the export's processor gives the export's size (checked on one image before any tracing)
+        processor = processor_at_size(processor, image["height"], image["width"], spec)
+        check_image_size(pixel_values(processor, validation_images(image["height"], image["width"])[:1]),
+                         (image["height"], image["width"]), f"{spec} at --image-size")
     model = Manifest.from_dict(info, where=f"the description of {spec}")
     claim(output, "export", force=force, inputs=[spec])
     with staged_dir(output, kind="export") as work:
+        at = f", position embeddings resized from {image['checkpoint_size'][0]}x{image['checkpoint_size'][1]}" \
+            if resized else ""
         say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers, "
-            f"{image['height']}x{image['width']} pixels)")
+            f"{image['height']}x{image['width']} pixels{at})")
         tower = load_vision_tower(source, family, trust_remote_code=trust_remote_code)
+        if resized and not serves_other_sizes(tower):
+            raise InputError(f"{spec}: its {family.name} tower cannot resize its position embeddings to "
+                             f"{image['height']}x{image['width']} pixels; leave out --image-size")
         joint = tower.joint is not None
         say("exporting with torch.onnx: every hidden state" + (", the joint embedding" if joint else ""))
         _trace(tower, work / ONNX_FILE, num_layers=model.num_layers, joint=joint, height=image["height"],

@@ -5,6 +5,10 @@ hidden state, and turning images into the ``pixel_values`` it reads with the che
 returns ``(hidden_states, image_embeds)``, the second being the joint image-text embedding (CLIP's
 ``visual_projection`` of its pooled CLS, SigLIP's attention-pooling head) or None where the checkpoint has
 none.  The exporter traces it, the torch engine runs it, and the export's parity check compares the two.
+
+Images of another size than the checkpoint's (``export --image-size``): the tower is run with its position
+embeddings resized to the patch grid (transformers' own ``interpolate_pos_encoding``, which DINOv2 always
+applies), and the export's image processor is set to give that size (``processor_at_size``).
 torch and transformers are imported inside the functions (the model floor imports light).
 """
 
@@ -40,7 +44,8 @@ def _tower_class():
                 self.joint = "projection"
 
         def forward(self, pixel_values):
-            out = self.tower(pixel_values=pixel_values, output_hidden_states=True)
+            out = self.tower(pixel_values=pixel_values, output_hidden_states=True,
+                             **resize_positions(self.tower, pixel_values))
             embeds = None
             if self.joint == "projection":
                 embeds = self.projection(out.pooler_output)
@@ -49,6 +54,24 @@ def _tower_class():
             return tuple(out.hidden_states), embeds
 
     return VisionTower
+
+
+def resize_positions(tower, pixel_values) -> dict[str, bool]:
+    """``interpolate_pos_encoding=True`` where ``tower`` takes the flag and ``pixel_values`` are not the
+    checkpoint's own size (ViT, CLIP and SigLIP refuse other sizes without it; DINOv2 always resizes)."""
+    import inspect
+
+    if "interpolate_pos_encoding" not in inspect.signature(tower.forward).parameters:
+        return {}
+    size = tower.config.image_size
+    native = (size, size) if isinstance(size, int) else tuple(size)
+    return {"interpolate_pos_encoding": True} if tuple(pixel_values.shape[-2:]) != tuple(native) else {}
+
+
+def serves_other_sizes(tower) -> bool:
+    """Whether ``tower`` resizes its position embeddings to another image size (transformers'
+    ``interpolate_pos_encoding`` on its embeddings module)."""
+    return any(callable(getattr(type(m), "interpolate_pos_encoding", None)) for m in tower.modules())
 
 
 def _has_head(tower) -> bool:
@@ -161,6 +184,53 @@ def pixel_values(processor, images) -> np.ndarray:
     return np.ascontiguousarray(out, dtype=np.float32)
 
 
+def parse_image_size(text: str | None) -> tuple[int, int] | None:
+    """``--image-size``: ``448`` (square) or ``448x336`` (height x width), or one line."""
+    if text is None:
+        return None
+    parts = str(text).lower().replace(" ", "").split("x")
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(f"--image-size '{text}': give pixels as 448 (square) or 448x336 (height x width)")
+    height, width = int(parts[0]), int(parts[-1])
+    return height, width
+
+
+def _grid(size: tuple[int, int], patch, where: str) -> tuple[int, int]:
+    """The patch grid of an image of ``size``, or one line when the patches do not tile it."""
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    if size[0] % ph or size[1] % pw:
+        raise InputError(f"{where}: --image-size {size[0]}x{size[1]} is not a whole number of {ph}x{pw} patches; "
+                         f"give multiples of {ph}" + (f" (height) and {pw} (width)" if ph != pw else ""))
+    return size[0] // ph, size[1] // pw
+
+
+def processor_at_size(processor, height: int, width: int, where: str):
+    """A copy of ``processor`` that gives ``height`` x ``width`` pixels: a center-cropping processor crops to
+    that size after a resize scaled by as much as the crop; a plain resizing one resizes to it.  One line
+    where its settings are neither (the pixels it gives would not be one size)."""
+    import math
+
+    d = processor.to_dict()
+    size, crop = dict(d.get("size") or {}), d.get("crop_size")
+    if d.get("do_center_crop") and crop and {"height", "width"} <= set(crop):
+        scale = max(height / crop["height"], width / crop["width"])
+        if "shortest_edge" in size:
+            size = {"shortest_edge": math.ceil(size["shortest_edge"] * scale - 1e-9)}
+        elif {"height", "width"} <= set(size):
+            size = {"height": math.ceil(size["height"] * scale - 1e-9), "width": math.ceil(size["width"] * scale - 1e-9)}
+        else:
+            size = None
+        if size is not None:
+            d.update(size=size, crop_size={"height": height, "width": width})
+            return type(processor).from_dict(d)
+    elif d.get("do_resize", True) and {"height", "width"} <= set(size):
+        d["size"] = {"height": height, "width": width}
+        return type(processor).from_dict(d)
+    raise InputError(f"{where}: its image processor ({type(processor).__name__}, size {d.get('size')}, crop "
+                     f"{d.get('crop_size') if d.get('do_center_crop') else 'none'}) cannot be set to give "
+                     f"{height}x{width} pixels; export it at its own size (leave out --image-size)")
+
+
 def check_image_size(pixels: np.ndarray, expected: tuple[int, int], where: str) -> None:
     """One line when the processor's output is not the size the export was traced at."""
     if tuple(pixels.shape[-2:]) != tuple(expected):
@@ -169,9 +239,10 @@ def check_image_size(pixels: np.ndarray, expected: tuple[int, int], where: str) 
 
 
 def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool = False,
-                    with_hash: bool = True) -> dict[str, Any] | None:
+                    with_hash: bool = True, image_size: tuple[int, int] | None = None) -> dict[str, Any] | None:
     """The manifest's model half of the vision tower of the resolved model ``source`` (``tower="vision"``: a
-    two-tower checkpoint's), or None when it is read as text."""
+    two-tower checkpoint's), or None when it is read as text.  ``image_size`` (height, width): the size the
+    export reads instead of the checkpoint's (one line when its patches do not tile it)."""
     from pathlib import Path
 
     import layerscope
@@ -191,7 +262,12 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
     vision = family.tower_config(config)
     num_layers, hidden, tokens = model_dims(config, family)
     size = vision.image_size
-    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    native = (size, size) if isinstance(size, int) else tuple(size)
+    height, width = native if image_size is None else image_size
+    prefix = prefix_tokens(vision, family)
+    if image_size is not None:
+        rows, cols = _grid((height, width), vision.patch_size, source.spec)
+        tokens = rows * cols + prefix
     src = source.to_dict()
     src["weights_sha256"] = weights_hash(source) if with_hash else None
     if with_hash and source.is_local:
@@ -199,7 +275,6 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
 
         src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type
-    prefix = prefix_tokens(vision, family)
     return {
         "format_version": None, "layerscope_version": layerscope.__version__, "source": src,
         "family": family.name, "kind": family.kind, "modality": "image", "tower": tower,
@@ -211,6 +286,6 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
         "image": {"height": int(height), "width": int(width), "patch_size": vision.patch_size,
                   "channels": int(getattr(vision, "num_channels", 3)), "prefix_tokens": prefix,
                   "register_tokens": int(getattr(vision, "num_register_tokens", 0) or 0),
-                  "tokens": tokens},
+                  "tokens": tokens, "checkpoint_size": [int(native[0]), int(native[1])]},
         "sentence_transformers": None,
     }

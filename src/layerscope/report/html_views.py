@@ -65,30 +65,32 @@ def curves(results, series: list[Series], *, title: str, ylabel: str, caption: s
 
 def crossmodal_views(results: dict[str, Any]) -> list[Section]:
     """report.html: one heat map per figure over (image layer, text layer), the best pair in the caption."""
+    from layerscope.report.crossmodal_results import CrossmodalResult
     from layerscope.report.crossmodal_plot import TITLES
 
-    c = results.get("combined") or {}
-    if "figures" not in c:
+    c = CrossmodalResult.read(results.get("combined"))
+    if c is None:
         return []
-    best = c.get("best") or {}
-    rows, cols = [str(x) for x in c["image_layers"]], [str(x) for x in c["text_layers"]]
+    best = c.best
     charts = []
     for name, title in TITLES.items():
-        fig = c["figures"].get(name)
+        fig = c.figures.get(name)
         if fig is None:
             continue
         note = ""
-        if best.get("figure") == name:
-            note = (f" Best pair: image layer {best['image_layer']}, text layer {best['text_layer']}, "
-                    f"{best['value']:.4f} (95% interval of the maximum over every pair {best['ci_low']:.4f} to "
-                    f"{best['ci_high']:.4f}; best again in {best['chosen_share']:.0%} of resamples).")
-        charts.append(heatmap(fig["value"], rows, cols, title=f"{title}: {c['image_model']} vs {c['text_model']}",
-                                   xlabel="text layer", ylabel="image layer", zlabel=title,
-                                   caption=f"{c['n']} image-caption pairs; empty cells are undefined (a layer "
-                                           f"whose rows are not distinct).{note}"))
+        if best is not None and best.figure == name:
+            note = (f" Best pair: image layer {best.image_layer}, text layer {best.text_layer}, "
+                    f"{best.value:.4f} (95% interval of the maximum over every pair {best.ci_low:.4f} to "
+                    f"{best.ci_high:.4f}; best again in {best.chosen_share:.0%} of resamples).")
+        values = [[None if v != v else float(v) for v in row] for row in fig.value]  # NaN: an empty cell
+        charts.append(heatmap(values, list(c.image_layers), list(c.text_layers),
+                              title=f"{title}: {c.image_model} vs {c.text_model}",
+                              xlabel="text layer", ylabel="image layer", zlabel=title,
+                              caption=f"{c.n} image-caption pairs; empty cells are undefined (a layer "
+                                      f"whose rows are not distinct).{note}"))
     from layerscope.report.image_html import CSS, crossmodal_thumbnails
 
-    return [Section("figures", "Heat maps", charts, html=crossmodal_thumbnails(c), css=CSS)]
+    return [Section("figures", "Heat maps", charts, html=crossmodal_thumbnails(results.get("combined")), css=CSS)]
 
 
 def vision_lens_views(results) -> list[Section]:

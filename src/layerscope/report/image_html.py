@@ -86,19 +86,20 @@ def vision_lens_views(results: dict[str, Any], section, curves, table_series) ->
                     caption="Each layer's CLS through the tower's final norm and projection, scored against the "
                             "text prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
                     band="95% Wilson interval")
+    from layerscope.report.vision_results import VisionLensFigures, per_model
+
     parts = []
-    for model, fig in (results.get("per_model") or {}).items():
-        if not isinstance(fig, dict):
-            continue
-        summary = fig.get("summary") or {}
-        best, last = str(summary.get("best_layer", "")), str(summary.get("last_layer", ""))
+    for model, fig in per_model(results, VisionLensFigures).items():
+        best, last = fig.best_layer, fig.last_layer
 
         def lines(item, best=best, last=last):
             picked = item.get("predicted") or {}
+            if not isinstance(picked, dict):
+                picked = {}
             return [f"label: {item.get('label', '')}", f"layer {best}: {picked.get(best, '')}",
                     f"layer {last}: {picked.get(last, '')}"]
 
-        strip = thumbnail_strip(fig.get("images") or [], lines)
+        strip = thumbnail_strip(list(fig.images), lines)
         if strip:
             parts.append(f"<h3>{html.escape(str(model))}: images and what the best and the last layer "
                          f"pick</h3>{strip}")
@@ -113,11 +114,11 @@ def cls_attention_views(results: dict[str, Any], section, curves, table_series) 
                     title="CLS attention on the patches, by layer", ylabel="share of CLS attention on patches",
                     caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
                             "tokens; the rest stays on CLS and register tokens.")
+    from layerscope.report.vision_results import ClsAttentionFigures, per_model
+
     parts = []
-    for model, fig in (results.get("per_model") or {}).items():
-        if not isinstance(fig, dict):
-            continue
-        strip = thumbnail_strip(fig.get("maps") or [],
+    for model, fig in per_model(results, ClsAttentionFigures).items():
+        strip = thumbnail_strip(list(fig.maps),
                                 lambda item: [f"label: {item.get('label', '')}", f"layer {item.get('layer', '')}"])
         if strip:
             parts.append(f"<h3>{html.escape(str(model))}: where the CLS token looks (red: more attention, from "
