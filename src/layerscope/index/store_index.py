@@ -66,7 +66,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
         "layer": layer_name,
         "pooling": pooling,
         "store": str(Path(store_path).resolve()),
-        "store_created": store.meta.get("created"),
+        "store_created": store.record.created,
         "store_identity": store_identity(store, pooling, layer_name),
         "max_length": store.spec.max_length,
         "seconds": {"normalize": round(t_norm, 3), "build": round(t_build, 3)},
