@@ -67,14 +67,14 @@ def test_save_load_round_trip(tmp_path, kind):
     S, _ = _pairs(n=400, d=16)
     vi = VectorIndex.build(S, kind, normalized=True, nlist=8 if kind == "ivf" else None)
     s1, i1 = vi.search(S[:5], 3, normalized=True)
-    vi.save(tmp_path / kind, {"layer": "2"})
+    vi.save(tmp_path / kind, layer="2")
     back = VectorIndex.load(tmp_path / kind)
     s2, i2 = back.search(S[:5], 3, normalized=True)
     np.testing.assert_array_equal(i1, i2)
     np.testing.assert_allclose(s1, s2)
     if kind != "binary":
         assert (i1[:, 0] == np.arange(5)).all() and np.allclose(s1[:, 0], 1.0, atol=1e-5)
-    assert back.meta["layer"] == "2" and back.meta["kind"] == kind and back.meta["n"] == 400
+    assert back.record.layer == "2" and back.record.kind == kind and back.record.n == 400
 
 
 def test_recall_at_k_and_backend_choice():
