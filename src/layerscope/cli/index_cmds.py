@@ -70,8 +70,8 @@ def search(
     rec, results = search_index(index, list(query), k=k, model=model, engine=engine, device=device)
     c = console()
     for q, hits in zip(query, results):
-        t = Table(title=f"{escape(repr(q))} - top {len(hits)} of {rec.n:,} ({rec.kind}, layer {escape(str(rec.layer))}, "
-                        f"{escape(str(rec.pooling))})")
+        t = Table(title=f"{escape(repr(q))} - top {len(hits)} of {rec.n:,} ({rec.kind}, layer "
+                        f"{escape(str(rec.layer))}, {escape(str(rec.pooling))})")
         t.add_column("#", justify="right")
         t.add_column("score", justify="right")
         t.add_column("id")

@@ -65,7 +65,8 @@ def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
     if not rows:
         raise StoreError(f"{store.path} records no range plan (made by an older layerscope); finish it with "
                          "layerscope extract ... --resume")
-    return store_ranges.plan(store.n, rows, store_ranges.load_offsets(store.path, store.record.internal_sha256, store.n))
+    offsets = store_ranges.load_offsets(store.path, store.record.internal_sha256, store.n)
+    return store_ranges.plan(store.n, rows, offsets)
 
 
 def range_status(store: LayerStore) -> store_ranges.RangeStatus:

@@ -60,6 +60,9 @@ class LayerStore:
                              f"this folder yourself first (--force replaces only files layerscope wrote, unchanged; "
                              f"layerscope verify {path} lists every problem)")
         store = cls(path, record, "r")
+        # the settings are typed (and refused in one line) before anything relies on them
+        store._spec = StoreSpec.load(record.settings, format_version=record.format_version,
+                                     where=str(path / STORE_JSON))
         if not record.complete and not allow_incomplete:
             done = int(store.done_mask().sum())
             raise StoreError(f"{path} is incomplete ({done:,} of {record.n:,} rows); finish it with "

@@ -215,6 +215,13 @@ class StoreRecord:
             extra={k: v for k, v in doc.items() if k not in known})
 
 
+def embedded_manifest(doc: Any) -> Mapping[str, Any]:
+    """The model manifest a ``store.json`` document embeds, read leniently ({} when it has none): the cache
+    listing names the model of a store it cannot open too, so that it can be cleared."""
+    manifest = doc.get("manifest") if isinstance(doc, dict) else None
+    return manifest if isinstance(manifest, dict) else {}
+
+
 class _Fields:
     """Typed reads of one JSON object, each refused in one line naming the field."""
 
