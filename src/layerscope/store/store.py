@@ -364,9 +364,15 @@ class LayerStore:
             record = StoreRecord.read(path)
         except StoreError as exc:
             return 0, [str(exc)]
+        try:
+            StoreSpec.load(record.settings, format_version=record.format_version, where=str(path / STORE_JSON))
+            unread = []
+        except StoreError as exc:
+            unread = [str(exc)]
         from layerscope.store.store_check import verify
 
-        return verify(path, record)
+        checked, problems = verify(path, record)
+        return checked, unread + problems
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"
