@@ -59,11 +59,11 @@ def test_the_shipped_bars_keep_rounding_and_refuse_more(name, rounded, refused):
     computed here on random 384-wide rows) passes; a loss of 1e-4 (float16) or 1e-3 (bfloat16), far beyond
     any rounding, is refused."""
     from layerscope.errors import StoreError
+    from layerscope.store.store_record import HalfError
 
     x = np.random.default_rng(5).standard_normal((500, 384)).astype(np.float32)
     got = _min_cosine(x, rounded(x))
     assert 1 - got < (3e-7 if name == "float16" else 1e-5)
-    sd.check_error_bar("s", name, {"mean/1": {"max_abs_error": 0.01, "min_cosine": got}})
+    sd.check_error_bar("s", name, {"mean/1": HalfError(0.01, got)})
     with pytest.raises(StoreError, match=f"{name} keeps the vectors of mean/1 only to cosine"):
-        sd.check_error_bar("s", name, {"mean/1": {"max_abs_error": 0.01, "min_cosine": refused},
-                                       "mean/2": {"max_abs_error": 0.001, "min_cosine": got}})
+        sd.check_error_bar("s", name, {"mean/1": HalfError(0.01, refused), "mean/2": HalfError(0.001, got)})

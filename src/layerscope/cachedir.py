@@ -71,11 +71,13 @@ def _describe(kind: str, path: Path, now: float) -> Entry | Skipped:
         return Entry("partial", path, "-", _size(path), age, None)
     if marker.is_symlink() or not marker.is_file():
         return Skipped(path, f"no {MARKERS[kind]}: not made by layerscope, left alone")
-    meta = _read_json(marker)
-    manifest = meta.get("manifest", {}) if kind == "stores" else meta
+    from layerscope.store.store_record import embedded_manifest
+
+    doc = _read_json(marker)
+    manifest = embedded_manifest(doc) if kind == "stores" else doc  # an export's marker is its manifest
     src = manifest.get("source") or {}
     model = src.get("alias") or src.get("path_or_id") or src.get("spec") or "?"
-    made_by = meta.get("layerscope_version") or manifest.get("layerscope_version")
+    made_by = manifest.get("layerscope_version")
     return Entry(kind, path, str(model), _size(path), (now - marker.stat().st_mtime) / 86400, made_by)
 
 

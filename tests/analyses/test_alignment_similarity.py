@@ -171,7 +171,7 @@ def test_store_similarity_index_and_search(tmp_path, tiny_model):
         run_analysis("similarity", ctx)
     # index build + search round trip, and the refusal for another model
     meta = build_store_index(sa.path, tmp_path / "idx", layer=-1, pooling="mean", kind="flat")
-    assert meta["n"] == 40 and meta["layer"] == "2"
+    assert meta.n == 40 and meta.layer == "2"
     assert json.loads((tmp_path / "idx" / "index.json").read_text())["store"] == str(sa.path.resolve())
     m, hits = search_index(tmp_path / "idx", [texts[5]], k=3, engine="torch")
     assert hits[0][0].text == texts[5] and hits[0][0].score == pytest.approx(1.0, abs=1e-4)

@@ -67,14 +67,34 @@ def test_save_load_round_trip(tmp_path, kind):
     S, _ = _pairs(n=400, d=16)
     vi = VectorIndex.build(S, kind, normalized=True, nlist=8 if kind == "ivf" else None)
     s1, i1 = vi.search(S[:5], 3, normalized=True)
-    vi.save(tmp_path / kind, {"layer": "2"})
+    vi.save(tmp_path / kind, layer="2")
     back = VectorIndex.load(tmp_path / kind)
     s2, i2 = back.search(S[:5], 3, normalized=True)
     np.testing.assert_array_equal(i1, i2)
     np.testing.assert_allclose(s1, s2)
     if kind != "binary":
         assert (i1[:, 0] == np.arange(5)).all() and np.allclose(s1[:, 0], 1.0, atol=1e-5)
-    assert back.meta["layer"] == "2" and back.meta["kind"] == kind and back.meta["n"] == 400
+    assert back.record.layer == "2" and back.record.kind == kind and back.record.n == 400
+
+
+@pytest.mark.parametrize("field, value", [("max_length", "long"), ("store_identity", [1]), ("layer", {"x": 1}),
+                                          ("seconds", {"build": "slow"})])
+def test_an_index_json_field_of_the_wrong_type_is_one_line(tmp_path, field, value):
+    """index.json is read once into a typed record: a wrong-typed field is refused on load, naming the file and
+    saying to rebuild, not met later as a TypeError inside the query's embedding."""
+    import json
+
+    from layerscope.errors import StoreError
+
+    S, _ = _pairs(n=50, d=8)
+    VectorIndex.build(S, "flat", normalized=True).save(tmp_path / "i", layer="2", max_length=128)
+    doc = json.loads((tmp_path / "i" / "index.json").read_text())
+    assert VectorIndex.load(tmp_path / "i").record.max_length == doc["max_length"] == 128
+    doc[field] = value
+    (tmp_path / "i" / "index.json").write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="rebuild the index") as exc:
+        VectorIndex.load(tmp_path / "i")
+    assert "\n" not in str(exc.value) and "index.json" in str(exc.value)
 
 
 def test_recall_at_k_and_backend_choice():

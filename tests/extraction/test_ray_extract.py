@@ -212,7 +212,7 @@ def test_driver_killed_mid_run_resumes_without_recomputing(ray_cluster, bert_exp
 
     meta = build_store_index(tmp_path / "store", tmp_path / "index", layer="-1", pooling="mean", kind="flat",
                              device="cpu")
-    assert meta["n"] == 1100
+    assert meta.n == 1100
 
 
 @pytest.mark.ray

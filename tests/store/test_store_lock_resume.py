@@ -135,7 +135,7 @@ def test_resume_of_an_incomplete_store_refuses_a_changed_input(bert_export, tmp_
     store = LayerStore.open(tmp_path / "s")
     store.mode = "r+"
     store.done_mask()[1:] = 0
-    store.update_meta({"complete": False})
+    store.update(complete=False)
     store.close()
     path.write_text("a b\nx y\ne f\n", encoding="utf-8")
     with pytest.raises(StoreError, match="another version of"):

@@ -393,7 +393,7 @@ def test_verify_finds_non_finite_token_values(tiny_model, tmp_path):
     arr.flush()
     del arr
     meta = json.loads((store.path / "store.json").read_text())
-    meta["checksums"] = checksums(store.path, meta)
+    meta["checksums"] = {rel: got.to_json() for rel, got in checksums(store.path, meta).items()}
     (store.path / "store.json").write_text(json.dumps(meta))
     _, problems = LayerStore.verify(store.path)
     assert any("tokens/2.npy holds 1 non-finite values" in p for p in problems), problems

@@ -206,7 +206,7 @@ class Similarity(Analysis):
             a = LayerStore.open(o.store)
             b = LayerStore.open(o.store_b) if o.store_b else None
             for st in (a, b):
-                if st is not None and o.tokens and "token_arrays" not in st.meta:
+                if st is not None and o.tokens and not st.token_layers:
                     raise InputError(f"{st.path} holds no token vectors; make it with layerscope extract ... --tokens")
                 if st is not None and not o.tokens and pooling not in st.poolings:
                     raise InputError(f"{st.path} holds poolings {', '.join(st.poolings)}, not '{pooling}'; "
@@ -256,7 +256,7 @@ class Similarity(Analysis):
         if data["mode"] != "stores":
             return None
         return [(str(st.path), st.manifest.source, f"{st.spec.model_key}|{st.spec.corpus_sha256}|"
-                 f"{st.meta.get('created')}") for st in (data["a"], data["b"]) if st is not None]
+                 f"{st.record.created}") for st in (data["a"], data["b"]) if st is not None]
 
     def offline(self, ctx: Context, data):
         if data["mode"] != "stores":

@@ -38,17 +38,18 @@ def index_build(
 
         pooling = LayerStore.open(store).poolings[0]
     out = out or Path(store) / f"index-{kind}-{pooling}-{layer.replace('-', 'm')}"
-    meta = build_store_index(store, out, layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
-                             hnsw_m=hnsw_m, ef_search=ef_search, seed=seed, device=device, force=force)
+    rec = build_store_index(store, out, layer=layer, pooling=pooling, kind=kind, nlist=nlist, nprobe=nprobe,
+                            hnsw_m=hnsw_m, ef_search=ef_search, seed=seed, device=device, force=force)
     c = console()
-    c.print(f"[bold green]index[/bold green] {escape(str(out))}: {meta['kind']} over {meta['n']:,} vectors of dim {meta['dim']} "
-            f"(layer {meta['layer']}, {meta['pooling']} pooling) in {meta['seconds']['build']:.2f} s; "
-            f"{escape(str(meta['backend_detail']))}")
-    if meta.get("params"):
-        c.print(f"parameters: {escape(str(meta['params']))}")
-    rec = meta.get("recall_vs_exact")
-    if rec:
-        c.print(f"recall@{rec['k']} against exact search on {rec['queries']:,} stored vectors: {rec['recall@k']:.4f}")
+    c.print(f"[bold green]index[/bold green] {escape(str(out))}: {rec.kind} over {rec.n:,} vectors of dim {rec.dim} "
+            f"(layer {escape(str(rec.layer))}, {escape(str(rec.pooling))} pooling) in "
+            f"{rec.seconds.build if rec.seconds else 0.0:.2f} s; {escape(str(rec.backend_detail))}")
+    if rec.params:
+        c.print(f"parameters: {escape(str(dict(rec.params)))}")
+    recall = rec.recall_vs_exact
+    if recall:
+        c.print(f"recall@{recall.k} against exact search on {recall.queries:,} stored vectors: "
+                f"{recall.recall_at_k:.4f}")
 
 
 @app.command()
@@ -66,11 +67,11 @@ def search(
 
     from layerscope.index.store_index import search_index
 
-    meta, results = search_index(index, list(query), k=k, model=model, engine=engine, device=device)
+    rec, results = search_index(index, list(query), k=k, model=model, engine=engine, device=device)
     c = console()
     for q, hits in zip(query, results):
-        t = Table(title=f"{escape(repr(q))} - top {len(hits)} of {meta['n']:,} ({meta['kind']}, layer {meta['layer']}, "
-                        f"{meta['pooling']})")
+        t = Table(title=f"{escape(repr(q))} - top {len(hits)} of {rec.n:,} ({rec.kind}, layer "
+                        f"{escape(str(rec.layer))}, {escape(str(rec.pooling))})")
         t.add_column("#", justify="right")
         t.add_column("score", justify="right")
         t.add_column("id")
@@ -78,4 +79,4 @@ def search(
         for h in hits:
             t.add_row(str(h.rank), f"{h.score:.4f}", escape(str(h.id)), escape(h.text))
         c.print(t)
-    c.print(f"[dim]{escape(str(meta['backend_used']))}[/dim]")
+    c.print(f"[dim]{escape(str(rec.backend_used))}[/dim]")

@@ -118,7 +118,7 @@ def _shard_admin(what: str, out: Path) -> None:
 
     if what == "finish":
         rec = shard_finish(out)
-        console().print(f"{out}: already complete" if rec.get("already") else f"{out}: complete; checksums written")
+        console().print(f"{out}: already complete" if rec is None else f"{out}: complete; checksums written")
         return
     st, total, complete = shard_status(out)
     if complete:

@@ -208,5 +208,5 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
         if token_run is not None:
             token_run.finish(None)
         seconds = time.perf_counter() - t0
-        store.finish({"engine": eng.info.to_dict(), "images": len(records), "seconds": round(seconds, 3)})
+        store.finish(engine=eng.info.to_dict(), extra={"images": len(records), "seconds": round(seconds, 3)})
     return ImageReport(out, len(records), len(todo), tuple(chosen), tuple(modes), seconds)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from layerscope.errors import StoreError
-from layerscope.store.token_store import (GRID, IDS, SECTION, SPECIAL, STRINGS, TokenSection, TokenWriter,
+from layerscope.store.token_store import (GRID, IDS, SPECIAL, STRINGS, TokenSection, TokenWriter,
                                             _encode_finite, create_token_arrays, describe_cost, layer_file)
 
 CLS, REGISTER, PATCH = 0, 1, 2
@@ -75,7 +75,7 @@ def start_image_tokens(store, image, layers: list[str]):
     want = store.spec.tokens
     if want is None:
         return None
-    section = TokenSection.of(store.meta)
+    section = store.record.token_arrays
     if section is None:
         if int(store.done_mask().sum()):
             raise StoreError(f"{store.path} has rows done but no token arrays; re-run with --force")
@@ -91,8 +91,5 @@ def start_image_tokens(store, image, layers: list[str]):
             arr[:] = np.tile(one, n)
             arr.flush()
         np.save(root / GRID, np.tile(grid, (n, 1)))
-        from layerscope.store.store_check import structure_sha256
-
-        meta = {**store.meta, SECTION: section.to_dict()}
-        store.update_meta({SECTION: section.to_dict(), "structure_sha256": structure_sha256(meta)})
+        store.add_token_arrays(section)
     return TokenRun(ImageTokenWriter(Path(store.path), section, image.tokens))

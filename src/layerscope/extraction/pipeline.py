@@ -174,7 +174,7 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
     from layerscope.store.store_layout import LENGTHS
     from layerscope.store.token_write import start_tokens
 
-    lengths = load_internal(out, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
+    lengths = load_internal(out, LENGTHS, store.record.internal_sha256, np.dtype(np.int32), (store.n,))
     tok = start_tokens(store, lengths, ex.layers)
     encoder.details = tok is not None
     commit = store.commit if tok is None else functools.partial(tok.commit, store)
@@ -228,10 +228,11 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
     truncated = int((lengths > max_len).sum())
     if tok is not None:
         tok.finish(encoder.tokenizer)
-    store.finish({"engine": eng.info.to_dict(), "truncated_texts": truncated, "warnings": warnings,
-                  "seconds": round(seconds, 3), "tokens": int(np.minimum(lengths, max_len).sum()),
-                  # this call's extraction loop alone (no engine start), and what it extracted
-                  "run_seconds": round(run_seconds, 3), "run_rows": store.n - already, "run_tokens": int(tokens_done)})
+    store.finish(engine=eng.info.to_dict(), truncated_texts=truncated, warnings=tuple(warnings),
+                 tokens=int(np.minimum(lengths, max_len).sum()),
+                 # this call's timing, its extraction loop alone (no engine start), and what it extracted
+                 extra={"seconds": round(seconds, 3), "run_seconds": round(run_seconds, 3),
+                        "run_rows": store.n - already, "run_tokens": int(tokens_done)})
     return ExtractReport(store=store, n=store.n, empty=store.empty_texts, truncated=truncated,
                          tokens=tokens_done, seconds=seconds, run_seconds=run_seconds, engine=eng.info.to_dict(),
                          resumed_rows=already, warnings=warnings)

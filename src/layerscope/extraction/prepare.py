@@ -223,6 +223,7 @@ def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None =
     from layerscope.store.npy_files import internal_sha256
     from layerscope.store.store_layout import LENGTHS
     from layerscope.store.store_dtype import itemsize
+    from layerscope.store.store_record import RangePlan
 
     out, n = ex.out, spooled.n
     hidden = int(ex.manifest.hidden_size)
@@ -233,12 +234,11 @@ def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None =
     store = LayerStore.create(out, n=n, spec=ex.spec, hidden_size=hidden, manifest=ex.manifest)
     # range writers fill lengths.npy later
     relied_on = [store_ranges.OFFSETS] + ([LENGTHS] if spooled.lengths_now else [])
-    store.update_meta({"empty_texts": spooled.empty, "nul_texts": spooled.nul, "id_field": spooled.id_field,
-                       "internal_sha256": internal_sha256(out, relied_on),
-                       "nul_dropped_by_tokenizer": spooled.nul_dropped,
-                       "ranges": {"rows": rows, "count": -(-n // rows)},
-                       "range_writers": not spooled.lengths_now,  # lengths.npy is filled range by range
-                       **({"engine": engine_info} if engine_info else {})})
+    store.update(empty_texts=spooled.empty, nul_texts=spooled.nul, id_field=spooled.id_field,
+                 internal_sha256=internal_sha256(out, relied_on), nul_dropped_by_tokenizer=spooled.nul_dropped,
+                 ranges=RangePlan(rows, -(-n // rows)),
+                 range_writers=not spooled.lengths_now,  # lengths.npy is filled range by range
+                 engine=dict(engine_info or {}))
     return store
 
 

@@ -21,6 +21,7 @@ from layerscope.extraction.prepare import (Extraction, create_store, make_store_
 from layerscope.extraction.request import ExtractionRequest
 from layerscope.store.store_layout import LENGTHS, StoreLayout
 from layerscope.store.store import LayerStore
+from layerscope.store.store_record import HalfError, RangePlan, StoreRecord
 
 
 def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
@@ -45,12 +46,12 @@ def open_or_create(req: ExtractionRequest, *, range_rows: int | None = None,
         row_bytes = store.hidden_size * itemsize(store.dtype) * len(store.layers) * len(store.poolings)
         rows = int(range_rows or store_ranges.range_rows(store.n, row_bytes))
         relied_on = {k: v for k, v in store.internal_sha256.items() if k != LENGTHS}
-        store.update_meta({"ranges": {"rows": rows, "count": -(-store.n // rows)},
-                           "internal_sha256": relied_on})  # range writers write their rows' lengths again
+        store.update(ranges=RangePlan(rows, -(-store.n // rows)),
+                     internal_sha256=relied_on)  # range writers write their rows' lengths again
     if not store.complete and not store.store_id:  # made before stores had an identity
         import secrets
 
-        store.update_meta({"store_id": secrets.token_hex(16)})
+        store.update(store_id=secrets.token_hex(16))
     return ex, store
 
 
@@ -64,7 +65,8 @@ def ranges_of(store: LayerStore) -> list[store_ranges.Range]:
     if not rows:
         raise StoreError(f"{store.path} records no range plan (made by an older layerscope); finish it with "
                          "layerscope extract ... --resume")
-    return store_ranges.plan(store.n, rows, store_ranges.load_offsets(store.path, store.meta, store.n))
+    offsets = store_ranges.load_offsets(store.path, store.record.internal_sha256, store.n)
+    return store_ranges.plan(store.n, rows, offsets)
 
 
 def range_status(store: LayerStore) -> store_ranges.RangeStatus:
@@ -82,10 +84,11 @@ def open_engine_for(ex: Extraction, req: ExtractionRequest):
     return open_engine(ex.handle, ex.choice, **options.as_kwargs())
 
 
-def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> StoreRecord:
     """Check every range is done, mark every row done and write the checksums: no data is moved.
 
-    The caller holds the store lock. Returns what was recorded (tokens, engine, half-size error).
+    The caller holds the store lock. Returns the store's record as finished (tokens, engine, half-size error;
+    ``extra``: what the executor records for people).
     """
     from layerscope.extraction.pipeline import extraction_warnings
 
@@ -112,10 +115,9 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     spec = store.spec
     batch_tokens = next((r["batch_tokens"] for r in reports if r.get("batch_tokens")), None)
     half = store.half_error
-    for r in reports:
+    for r in reports:  # each range's done mark: (error, cosine) per pooling/layer
         for key, (err, cos) in (r.get("half_error") or {}).items():
-            old = half.get(key, {"max_abs_error": 0.0, "min_cosine": 1.0})
-            half[key] = {"max_abs_error": max(old["max_abs_error"], err), "min_cosine": min(old["min_cosine"], cos)}
+            half[key] = half.get(key, HalfError()).worst(err, cos)
     if store.dtype != "float32":
         from layerscope.store.store_dtype import check_error_bar
 
@@ -127,19 +129,16 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> dict[st
     store.close()
     from layerscope.store.npy_files import load_internal
 
-    lengths = load_internal(store.path, LENGTHS, store.meta, np.dtype(np.int32), (store.n,))
+    lengths = load_internal(store.path, LENGTHS, store.record.internal_sha256, np.dtype(np.int32), (store.n,))
     max_len = spec.max_length
     # what the ranges ran with, recorded beside the settings (the spec is as the store was made)
     ran = {"variant": next(iter(variants)) if variants else spec.variant,
            "batch_tokens": int(batch_tokens) if batch_tokens else spec.batch_tokens}
-    record = {"engine": engine, "ran": ran, "truncated_texts": int((lengths > max_len).sum()),
-              "warnings": extraction_warnings(store, lengths, max_len),
-              "tokens": int(np.minimum(lengths, max_len).sum()), **(extra or {})}
-    if half:
-        record["half_error"] = half
-    store.finish(record)
+    store.finish(engine=engine, ran=ran, truncated_texts=int((lengths > max_len).sum()),
+                 warnings=tuple(extraction_warnings(store, lengths, max_len)),
+                 tokens=int(np.minimum(lengths, max_len).sum()), half_error=half, extra=extra or {})
     shutil.rmtree(StoreLayout(store.path).ranges, ignore_errors=True)
-    return record
+    return store.record
 
 
 def parse_shard(spec: str) -> tuple[str, int, int]:

@@ -235,9 +235,9 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
         "ray": {"shard_rows": ranges[0].rows if ranges else 0, "shards": len(ranges), "workers": workers, **counts,
                 "address": address or "local", "seconds": timing}})
     return ExtractReport(store=store, n=store.n, empty=store.empty_texts,
-                         truncated=record["truncated_texts"], tokens=tokens, seconds=seconds,
-                         run_seconds=run_seconds, engine=record["engine"], resumed_rows=already,
-                         warnings=record["warnings"],
+                         truncated=record.truncated_texts, tokens=tokens, seconds=seconds,
+                         run_seconds=run_seconds, engine=dict(record.engine), resumed_rows=already,
+                         warnings=list(record.warnings or ()),
                          ranges=RangeWork(len(ranges), counts["computed"], counts["done_before"],
                                           found_done=counts["reused"], finished=True))
 

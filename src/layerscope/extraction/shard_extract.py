@@ -20,6 +20,7 @@ from layerscope.errors import InputError
 from layerscope.extraction import range_run
 from layerscope.extraction.executor import ExtractReport, RangeWork
 from layerscope.store import store_ranges
+from layerscope.store.store_record import StoreRecord
 from layerscope.extraction.request import ExtractionRequest
 
 LOCK_WAIT_S = 3600.0  # how long a shard waits for the first one to spool the corpus (LAYERSCOPE_SHARD_LOCK_WAIT)
@@ -113,7 +114,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
 
 
 def _report(store, work: RangeWork, engine: dict, rows: int, before: int, tokens: int, seconds: float,
-            run_seconds: float, record: dict | None = None) -> ExtractReport:
+            run_seconds: float, record: StoreRecord | None = None) -> ExtractReport:
     """What one shard did (``before``: rows of its ranges done before it ran); what only the finished store
     knows (truncation, warnings) when this shard finished it."""
     from layerscope.store.store import LayerStore
@@ -121,13 +122,13 @@ def _report(store, work: RangeWork, engine: dict, rows: int, before: int, tokens
     if record is not None:
         store = LayerStore.open(store.path)
     return ExtractReport(store=store, n=store.n, empty=store.empty_texts,
-                         truncated=None if record is None else int(record["truncated_texts"]), tokens=tokens,
+                         truncated=None if record is None else record.truncated_texts, tokens=tokens,
                          seconds=seconds, engine=engine, run_seconds=run_seconds, resumed_rows=before,
-                         warnings=[] if record is None else list(record["warnings"]), complete=store.complete,
+                         warnings=[] if record is None else list(record.warnings or ()), complete=store.complete,
                          rows=rows, ranges=work)
 
 
-def _finish_if_last(store) -> dict | None:
+def _finish_if_last(store) -> StoreRecord | None:
     """Finish the store when every range is done and no other process holds its lock (else leave it); what
     ``finish`` recorded, or None when this process did not finish it."""
     from layerscope.store.store import LayerStore
@@ -157,14 +158,15 @@ def shard_status(out) -> tuple[store_ranges.RangeStatus, int, bool]:
     return range_run.range_status(store), len(range_run.ranges_of(store)), False
 
 
-def shard_finish(out) -> dict:
-    """``--shard finish``: check every range and write the checksums (under the store lock)."""
+def shard_finish(out) -> StoreRecord | None:
+    """``--shard finish``: check every range and write the checksums (under the store lock); the store's
+    record as finished, or None when it was complete already."""
     from layerscope.store.store import LayerStore
     from layerscope.store.store_lock import store_writer
 
     with store_writer(out):
         store = LayerStore.open(out, allow_incomplete=True)
         if store.complete:
-            return {"already": True}
+            return None
         store.mode = "r+"
         return range_run.finish(store)

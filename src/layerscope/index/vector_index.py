@@ -27,14 +27,13 @@ import numpy as np
 from layerscope.errors import InputError, StoreError
 from layerscope.progress import track
 from layerscope.index.backend import Backend, _faiss, select_backend
+from layerscope.index.index_record import INDEX_FORMAT, KINDS, IndexRecord
 from layerscope.metrics.neighbors import recall_at_k
 from layerscope.metrics.quantization import binary_quantize
 from layerscope.metrics.vectors import l2_normalize
 
-KINDS = ("flat", "ivf", "hnsw", "binary")
 INDEX_FILE = "index.faiss"
 META_FILE = "index.json"
-INDEX_FORMAT = 1
 _QUERY_BLOCK = 4096
 
 
@@ -72,7 +71,7 @@ class VectorIndex:
     n: int
     backend: Backend
     params: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    record: IndexRecord | None = None  # index.json, once saved or loaded
     _vectors: np.ndarray | None = None  # only for the torch-cuda exact path
     _gpu_index: Any = None
     _on_device: Any = None  # the torch-cuda path's vectors on the GPU, copied at the first search where they fit
@@ -174,7 +173,9 @@ class VectorIndex:
         return s, i.astype(np.int64)
 
     # -- saving ----------------------------------------------------------
-    def save(self, out: str | Path, meta: dict[str, Any]) -> Path:
+    def save(self, out: str | Path, **source: Any) -> Path:
+        """Write the index and its ``index.json`` (``source``: ``IndexRecord``'s fields saying what it was
+        built from) into ``out``."""
         faiss = _faiss()
         from layerscope.ownership import MARKER, note, write_marker
 
@@ -192,12 +193,12 @@ class VectorIndex:
         else:
             faiss.write_index(self.index, str(tmp))
         tmp.replace(out / INDEX_FILE)
-        full = {"format": INDEX_FORMAT, "kind": self.kind, "n": self.n, "dim": self.dim, "normalized": True,
-                "params": self.params, "backend": self.backend.name, **meta}
+        record = IndexRecord(kind=self.kind, n=self.n, dim=self.dim, backend=self.backend.name,
+                             params=dict(self.params), normalized=True, format=INDEX_FORMAT, **source)
         from layerscope.atomic import write_json_atomic
 
-        write_json_atomic(out / META_FILE, full)
-        self.meta = full
+        write_json_atomic(out / META_FILE, record.to_json())
+        self.record = record
         return out
 
     @classmethod
@@ -208,16 +209,12 @@ class VectorIndex:
             raise StoreError(f"{path} is not an index directory (needs {INDEX_FILE} and {META_FILE}); "
                              "build one with layerscope index build")
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            doc = json.loads(meta_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise StoreError(f"{meta_path} is damaged ({exc}); rebuild the index") from None
-        if meta.get("format") != INDEX_FORMAT:
-            raise StoreError(f"{path} has index format {meta.get('format')}, this layerscope reads {INDEX_FORMAT}")
+        record = IndexRecord.from_json(doc, where=str(meta_path))
         faiss = _faiss()
-        kind = meta.get("kind")
-        if kind not in KINDS or not isinstance(meta.get("n"), int) or not isinstance(meta.get("dim"), int):
-            raise StoreError(f"{meta_path} is damaged (kind {kind!r}, n {meta.get('n')!r}, dim {meta.get('dim')!r}; "
-                             f"kinds: {', '.join(KINDS)}); rebuild the index")
+        kind = record.kind
         try:
             if kind == "binary":
                 index = faiss.read_index_binary(str(path / INDEX_FILE))
@@ -226,17 +223,17 @@ class VectorIndex:
         except RuntimeError:  # FAISS's own error, a C++ message: the file is not an index of this kind
             raise StoreError(f"{path / INDEX_FILE} is not a readable {kind} index (damaged, or {META_FILE} names "
                              "another kind); rebuild the index") from None
-        if kind != "binary" and index.d != meta["dim"]:
+        if kind != "binary" and index.d != record.dim:
             raise StoreError(f"{path}: {INDEX_FILE} holds vectors of dimension {index.d} but {META_FILE} says "
-                             f"{meta['dim']}; rebuild the index")
-        if index.ntotal != meta["n"]:
+                             f"{record.dim}; rebuild the index")
+        if index.ntotal != record.n:
             raise StoreError(f"{path}: {INDEX_FILE} holds {index.ntotal:,} vectors but {META_FILE} says "
-                             f"{meta['n']:,}; rebuild the index")
+                             f"{record.n:,}; rebuild the index")
         backend = select_backend(kind, device)
         vectors = None
         if backend.name == "torch-cuda":
             vectors = index.reconstruct_n(0, index.ntotal)
-        out = cls(index, kind, int(meta["dim"]), int(meta["n"]), backend, meta.get("params", {}), meta, vectors)
+        out = cls(index, kind, record.dim, record.n, backend, dict(record.params), record, vectors)
         out._to_gpu()
         return out
 

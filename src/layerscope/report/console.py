@@ -107,10 +107,9 @@ def print_extract_summary(console, report, verbose: bool = False) -> None:
                   f"{report.tokens_per_s:,.0f} tokens/s{resumed}")
     for note in eng.get("notes", []):
         console.print(f"[dim]{esc(engine_note(note, verbose))}[/dim]")
-    if "id_field" in store.meta:
-        from layerscope.data.corpus import CorpusStats
+    from layerscope.data.corpus import CorpusStats
 
-        console.print(esc(CorpusStats(id_field=store.meta["id_field"]).ids_line()))
+    console.print(esc(CorpusStats(id_field=store.record.id_field).ids_line()))
     table = Table(title="what the store holds: vector norms, and anisotropy = mean cosine of random pairs")
     table.add_column("pooling")
     table.add_column("layer")
@@ -130,7 +129,7 @@ def print_extract_summary(console, report, verbose: bool = False) -> None:
                 aniso = f"{float((unit[i] * unit[j]).sum(1).mean()):.4f}"
             else:
                 aniso = "-"
-            table.add_row(pooling, layer, f"{store.n}x{store.meta['hidden_size']}", f"{norms.mean():.3f}", aniso)
+            table.add_row(pooling, layer, f"{store.n}x{store.hidden_size}", f"{norms.mean():.3f}", aniso)
     console.print(table)
     console.print(f"open it with: from layerscope import LayerStore; "
                   f"LayerStore.open('{store.path}')['{store.poolings[0]}', -1]", markup=False)

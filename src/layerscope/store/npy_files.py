@@ -7,7 +7,7 @@ them imports another for these.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Mapping
 
 import numpy as np
 
@@ -52,12 +52,12 @@ def internal_sha256(root: Path, rels: list[str]) -> dict[str, str]:
     return {rel: file_sha256(Path(root) / rel) for rel in rels if (Path(root) / rel).is_file()}
 
 
-def load_internal(root: Path, rel: str, meta: dict[str, Any], dtype: np.dtype, shape: tuple) -> np.ndarray:
+def load_internal(root: Path, rel: str, recorded: Mapping[str, str], dtype: np.dtype, shape: tuple) -> np.ndarray:
     """An internal array of the store (``ray-offsets.npy``, ``lengths.npy``) that a writer relies on, checked
-    before use: its header, its size, and its sha256 where store.json recorded one. One line when damaged."""
+    before use: its header, its size, and its sha256 where store.json recorded one (``recorded``: the store's
+    ``internal_sha256``). One line when damaged."""
     root = Path(root)
     problem = check_npy(root, rel, tuple(shape), np.dtype(dtype))
-    recorded = (meta.get("internal_sha256") or {}) if isinstance(meta.get("internal_sha256"), dict) else {}
     if problem is None and rel in recorded and file_sha256(root / rel) != recorded[rel]:
         problem = f"{rel} does not match the sha256 recorded when the store was made (damaged or edited)"
     if problem is None:

@@ -14,6 +14,7 @@ killed run resumes with no row lost, duplicated or shifted.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import secrets
@@ -29,9 +30,10 @@ from layerscope.errors import LayerscopeError, StoreError
 from layerscope.store import store_dtype as sd
 from layerscope.model.manifest_type import Manifest, as_manifest, manifest_dict
 from layerscope.store.npy_files import release_pages
-from layerscope.store.store_check import checksums, layout_problems, structure_sha256
+from layerscope.store.store_check import checksums, layout_problems
+from layerscope.store.store_record import HalfError, StoreRecord
 from layerscope.store.store_space import FULL, allocate_npy, check_free, no_space
-from layerscope.store.store_spec import FORMAT_VERSION, READS, StoreSpec
+from layerscope.store.store_spec import FORMAT_VERSION, StoreSpec
 
 from layerscope.store.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, array_rels
 
@@ -39,9 +41,9 @@ from layerscope.store.store_layout import DONE, STORE_JSON, TEXTS, StoreLayout, 
 class LayerStore:
     """Open with ``LayerStore.open(path)``; index with ``store["mean", 6]``, ``store["cls", "raw"]``, ``store["mean", -1]``."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], mode: str = "r"):
+    def __init__(self, path: Path, record: StoreRecord, mode: str = "r"):
         self.path = Path(path)
-        self.meta = meta
+        self.record = record  # store.json, typed; replaced (never changed in place) by update and finish
         self.mode = mode
         self._arrays: dict[tuple[str, str], np.ndarray] = {}
         self._done: np.ndarray | None = None
@@ -50,27 +52,20 @@ class LayerStore:
     @classmethod
     def open(cls, path: str | Path, *, allow_incomplete: bool = False) -> "LayerStore":
         path = Path(path)
-        meta_path = path / STORE_JSON
-        if not meta_path.exists():
-            raise StoreError(f"{path} is not a layer store (no {STORE_JSON}); make one with layerscope extract")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{meta_path} is damaged ({exc}); re-run layerscope extract") from None
-        if not isinstance(meta, dict) or meta.get("format_version") not in READS:
-            version = meta.get("format_version") if isinstance(meta, dict) else None
-            raise StoreError(f"{path} has store format {version}, this layerscope reads "
-                             f"{', '.join(map(str, READS))}; re-run layerscope extract")
-        problems = layout_problems(path, meta)
+        record = StoreRecord.read(path)
+        problems = layout_problems(path, record)
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise StoreError(f"{path} is damaged: {problems[0]}{more}; extract again into another --out, or delete "
                              f"this folder yourself first (--force replaces only files layerscope wrote, unchanged; "
                              f"layerscope verify {path} lists every problem)")
-        store = cls(path, meta, "r")
-        if not meta.get("complete") and not allow_incomplete:
+        store = cls(path, record, "r")
+        # the settings are typed (and refused in one line) before anything relies on them
+        store._spec = StoreSpec.load(record.settings, format_version=record.format_version,
+                                     where=str(path / STORE_JSON))
+        if not record.complete and not allow_incomplete:
             done = int(store.done_mask().sum())
-            raise StoreError(f"{path} is incomplete ({done:,} of {meta['n']:,} rows); finish it with "
+            raise StoreError(f"{path} is incomplete ({done:,} of {record.n:,} rows); finish it with "
                              "layerscope extract ... --resume")
         return store
 
@@ -107,45 +102,48 @@ class LayerStore:
         if where.arrays.exists():
             shutil.rmtree(where.arrays)
         os.replace(staging, where.arrays)
-        meta = {
-            "format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
-            "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
-            "settings": spec.to_json(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "store_id": secrets.token_hex(16),  # this store, not another made later at the same path
-        }
-        meta["structure_sha256"] = structure_sha256(meta)
-        if (path / TEXTS).is_file():
-            meta["texts_bytes"] = (path / TEXTS).stat().st_size
-        write_json_atomic(path / STORE_JSON, meta)
-        store = cls(path, meta, "r+")
+        doc = {"format_version": FORMAT_VERSION, "n": n, "layers": layers, "poolings": poolings,
+               "hidden_size": hidden_size, "dtype": dtype, "complete": False, "manifest": manifest_dict(manifest),
+               "settings": spec.to_json(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "store_id": secrets.token_hex(16)}  # this store, not another made later at the same path
+        record = StoreRecord.from_json(doc, where=str(where.store_json))  # what is written is what is read
+        record = record.replace(structure_sha256=record.structure_hash(),
+                                texts_bytes=where.texts.stat().st_size if where.texts.is_file() else None)
+        write_json_atomic(where.store_json, record.to_json())
+        store = cls(path, record, "r+")
         store._spec = spec
         return store
 
     # -- facts ---------------------------------------------------------------
     @property
+    def meta(self) -> dict[str, Any]:
+        """``store.json`` as written (a copy), for people and tests; layerscope itself reads ``record``."""
+        return copy.deepcopy(self.record.to_json())
+
+    @property
     def n(self) -> int:
-        return int(self.meta["n"])
+        return self.record.n
 
     @property
     def layers(self) -> list[str]:
-        return list(self.meta["layers"])
+        return list(self.record.layers)
 
     @property
     def poolings(self) -> list[str]:
-        return list(self.meta["poolings"])
+        return list(self.record.poolings)
 
     @property
     def manifest(self) -> Manifest:
         """The model's manifest as the store recorded it, typed once (a copy made before format versions opens)."""
         if getattr(self, "_manifest", None) is None:
-            self._manifest = as_manifest(self.meta["manifest"], where=f"{self.path / STORE_JSON}'s model manifest")
+            self._manifest = as_manifest(self.record.manifest, where=f"{self.path / STORE_JSON}'s model manifest")
         return self._manifest
 
     @property
     def spec(self) -> StoreSpec:
         """What the store holds and how it was asked for (``store.json``'s settings), typed once."""
         if getattr(self, "_spec", None) is None:
-            self._spec = StoreSpec.load(self.meta.get("settings"), format_version=self.meta.get("format_version"),
+            self._spec = StoreSpec.load(self.record.settings, format_version=self.record.format_version,
                                         where=str(self.path / STORE_JSON))
         return self._spec
 
@@ -156,80 +154,70 @@ class LayerStore:
 
     @property
     def hidden_size(self) -> int:
-        return int(self.meta["hidden_size"])
+        return self.record.hidden_size
 
     @property
     def store_id(self) -> str | None:
         """The identity the store was made with (every claim and done mark names it); None in older stores."""
-        got = self.meta.get("store_id")
-        return got if isinstance(got, str) else None
+        return self.record.store_id
 
     @property
     def empty_texts(self) -> int:
-        return int(self.meta.get("empty_texts") or 0)
+        return self.record.empty_texts
 
     @property
     def nul_texts(self) -> int:
-        return int(self.meta.get("nul_texts") or 0)
+        return self.record.nul_texts
 
     @property
     def range_rows(self) -> int | None:
         """Rows per range of the store's range plan (None: made before stores recorded one)."""
-        plan = self.meta.get("ranges")
-        return int(plan["rows"]) if isinstance(plan, dict) and plan.get("rows") else None
+        return self.record.ranges.rows if self.record.ranges else None
 
     @property
-    def half_error(self) -> dict[str, dict[str, float]]:
+    def half_error(self) -> dict[str, HalfError]:
         """Per ``pooling/layer``: the largest error and lowest cosine a half-size dtype cost so far."""
-        got = self.meta.get("half_error")
-        return dict(got) if isinstance(got, dict) else {}
+        return dict(self.record.half_error)
 
     @property
     def nul_dropped_by_tokenizer(self) -> bool | None:
         """Whether the tokenizer ignores the corpus's NUL bytes (None: the corpus has none)."""
-        got = self.meta.get("nul_dropped_by_tokenizer")
-        return None if got is None else bool(got)
+        return self.record.nul_dropped_by_tokenizer
 
     @property
     def engine_info(self) -> dict[str, Any]:
         """The engine that wrote the store, as its ``EngineInfo.to_dict()`` recorded it ({} when none yet)."""
-        got = self.meta.get("engine")
-        return dict(got) if isinstance(got, dict) else {}
+        return dict(self.record.engine)
 
     @property
     def internal_sha256(self) -> dict[str, str]:
         """The sha256 of each internal file a writer relies on (ray-offsets.npy, lengths.npy)."""
-        got = self.meta.get("internal_sha256")
-        return dict(got) if isinstance(got, dict) else {}
+        return dict(self.record.internal_sha256)
 
     @property
     def structure_sha256(self) -> str | None:
         """The hash of store.json's structural fields recorded when the store was made (store_check)."""
-        got = self.meta.get("structure_sha256")
-        return got if isinstance(got, str) else None
+        return self.record.structure_sha256
 
     def file_sha256(self, rel: str) -> str | None:
         """The sha256 recorded for file ``rel`` when the store was finished (None: not recorded)."""
-        sums = self.meta.get("checksums")
-        rec = sums.get(rel) if isinstance(sums, dict) else None
-        return rec.get("sha256") if isinstance(rec, dict) else None
+        rec = (self.record.checksums or {}).get(rel)
+        return rec.sha256 if rec is not None else None
 
     @property
     def token_layers(self) -> list[str]:
         """The layers whose token vectors the store holds (``extract --tokens``; [] without them)."""
-        from layerscope.store.token_store import TokenSection
-
-        sec = TokenSection.of(self.meta)
+        sec = self.record.token_arrays
         return list(sec.layers) if sec is not None else []
 
     @property
     def range_writers(self) -> bool:
         """Whether the store is written range by range (``--shard``, Ray) rather than by one process."""
-        return bool(self.meta.get("range_writers"))
+        return self.record.range_writers
 
     @property
     def complete(self) -> bool:
-        return bool(self.meta.get("complete"))
+        return self.record.complete
 
     def resolve_layer(self, layer: int | str) -> str:
         """Canonical layer name for ``6``, ``-1``, ``"raw"`` or ``"3"``, checked against what is stored."""
@@ -250,7 +238,7 @@ class LayerStore:
     @property
     def dtype(self) -> str:
         """How the vectors are stored on disk (float32, float16 or bfloat16); readers always get float32."""
-        return str(self.meta["dtype"])
+        return self.record.dtype
 
     def __getitem__(self, key: tuple[str, int | str]) -> np.ndarray:
         """The float32 vectors ``[n, hidden]`` of one (pooling, layer): memory-mapped for a float32 store,
@@ -287,7 +275,7 @@ class LayerStore:
         float32 reads per text (``text(i)``), per token id (``of_id``) or per slice (``rows``)."""
         from layerscope.store.token_store import open_token_layer
 
-        return open_token_layer(self.path, self.meta, self.resolve_layer(layer))
+        return open_token_layer(self.path, self.record.token_arrays, self.resolve_layer(layer))
 
     def done_mask(self) -> np.ndarray:
         if self._done is None:
@@ -309,15 +297,15 @@ class LayerStore:
     def write(self, index: np.ndarray, pooled: dict[str, np.ndarray], layers: list[str]) -> None:
         """Write rows ``index`` from engine output ``{pooling: [len(layers), batch, hidden]}``."""
         half = self.dtype != "float32"
-        errors = self.meta.setdefault("half_error", {}) if half else None
+        errors = dict(self.record.half_error)
         for pooling, arr in pooled.items():
             for li, layer in enumerate(layers):
                 self.raw((pooling, layer))[index] = sd.encode(arr[li], self.dtype)
                 if half:
-                    err, cos = sd.error_stats(arr[li], self.dtype)
-                    old = errors.get(f"{pooling}/{layer}", {"max_abs_error": 0.0, "min_cosine": 1.0})
-                    errors[f"{pooling}/{layer}"] = {"max_abs_error": max(old["max_abs_error"], err),
-                                                    "min_cosine": min(old["min_cosine"], cos)}
+                    key = f"{pooling}/{layer}"
+                    errors[key] = errors.get(key, HalfError()).worst(*sd.error_stats(arr[li], self.dtype))
+        if half:
+            self.record = self.record.replace(half_error=errors)
 
     def commit(self, index: np.ndarray) -> None:
         """Flush the arrays, then mark rows done (in that order).
@@ -332,23 +320,34 @@ class LayerStore:
         for arr in self._arrays.values():
             arr.flush()
             release_pages(arr)
-        if "half_error" in self.meta:  # what the rows about to be marked done lost, kept for a resumed run
-            write_json_atomic(self.path / STORE_JSON, self.meta)
+        if self.record.half_error:  # what the rows about to be marked done lost, kept for a resumed run
+            self._write_record()
         done = self.done_mask()
         done[index] = 1
         done.flush()
 
-    def finish(self, extra: dict[str, Any]) -> None:
-        self.meta.update(extra)
-        self.meta["complete"] = True
-        self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    def finish(self, **facts: Any) -> None:
+        """Record what the run did (``StoreRecord`` fields; ``extra``: what it records for people), mark the
+        store complete and write every file's checksum."""
+        extra = {**self.record.extra, **facts.pop("extra", {})}
+        self.record = self.record.replace(**facts, extra=extra, complete=True,
+                                          finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         self.close()
-        self.meta["checksums"] = checksums(self.path, self.meta)
-        write_json_atomic(self.path / STORE_JSON, self.meta)
+        self.update(checksums=checksums(self.path, self.record))
 
-    def update_meta(self, extra: dict[str, Any]) -> None:
-        self.meta.update(extra)
-        write_json_atomic(self.path / STORE_JSON, self.meta)
+    def update(self, **changes: Any) -> None:
+        """Change ``StoreRecord`` fields and write ``store.json`` again (atomically)."""
+        self.record = self.record.replace(**changes)
+        self._write_record()
+
+    def add_token_arrays(self, section) -> None:
+        """Record the token arrays just reserved (``token_store.TokenSection``); they are part of the
+        structure hash, so it is taken again."""
+        self.record = self.record.with_token_arrays(section)
+        self._write_record()
+
+    def _write_record(self) -> None:
+        write_json_atomic(self.path / STORE_JSON, self.record.to_json())
 
     def close(self) -> None:
         for arr in self._arrays.values():
@@ -362,12 +361,18 @@ class LayerStore:
         """Re-hash every file of the store at ``path``: (files checked, one line per problem)."""
         path = Path(path)
         try:
-            meta = json.loads((path / STORE_JSON).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            return 0, [f"{STORE_JSON} cannot be read ({exc})"]
+            record = StoreRecord.read(path)
+        except StoreError as exc:
+            return 0, [str(exc)]
+        try:
+            StoreSpec.load(record.settings, format_version=record.format_version, where=str(path / STORE_JSON))
+            unread = []
+        except StoreError as exc:
+            unread = [str(exc)]
         from layerscope.store.store_check import verify
 
-        return verify(path, meta)
+        checked, problems = verify(path, record)
+        return checked, unread + problems
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "incomplete"
@@ -378,8 +383,6 @@ class LayerStore:
 def recorded_store_id(path: str | Path) -> str | None:
     """The identity store.json at ``path`` names now, read afresh (None: no store there, or one without)."""
     try:
-        meta = json.loads(StoreLayout(path).store_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return StoreRecord.read(path).store_id
+    except StoreError:
         return None
-    got = meta.get("store_id") if isinstance(meta, dict) else None
-    return got if isinstance(got, str) else None

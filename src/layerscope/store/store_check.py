@@ -15,13 +15,11 @@ When a run completes (``checksums``) every file gets a sha256 and a size in ``st
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -29,52 +27,41 @@ from layerscope.hashing import file_sha256
 
 from layerscope.store.npy_files import check_npy
 from layerscope.store.store_layout import DONE, LENGTHS, TEXTS, array_rels
-
-STRUCTURE_KEYS = ("format_version", "n", "layers", "poolings", "hidden_size", "dtype", "manifest")
-
-
-def structure_sha256(meta: dict[str, Any]) -> str:
-    """Hash of the fields that say what the arrays hold; recorded at creation, checked on every open."""
-    fields = {k: meta.get(k) for k in STRUCTURE_KEYS}
-    fields["corpus_sha256"] = (meta.get("settings") or {}).get("corpus_sha256")
-    if meta.get("token_arrays"):  # token-level arrays (store/token_store.py); absent from pooled-only stores
-        fields["token_arrays"] = meta["token_arrays"]
-    fields = json.loads(json.dumps(fields))  # as store.json will hold them (keys as strings, tuples as lists)
-    blob = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+from layerscope.store.store_record import FileSum, StoreRecord
 
 
-def array_files(meta: dict[str, Any]) -> list[str]:
-    return array_rels(meta["poolings"], meta["layers"])
+def structure_sha256(record: StoreRecord | Mapping[str, Any]) -> str:
+    """Hash of the fields that say what the arrays hold (``StoreRecord.structure_hash``; a document read
+    elsewhere is checked first)."""
+    return StoreRecord.of(record).structure_hash()
 
 
-def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
-    """Everything the headers and sizes say is wrong with the store at ``root`` (empty when none)."""
+def array_files(record: StoreRecord) -> list[str]:
+    return array_rels(record.poolings, record.layers)
+
+
+def layout_problems(root: Path, record: StoreRecord) -> list[str]:
+    """Everything the headers and sizes say is wrong with the store at ``root`` (empty when none); the
+    record's own fields were checked when it was read (``StoreRecord.from_json``)."""
+    from layerscope.store.store_dtype import disk_dtype
+
     root = Path(root)
-    try:
-        n, hidden = int(meta["n"]), int(meta["hidden_size"])
-        layers, poolings = list(meta["layers"]), list(meta["poolings"])
-        from layerscope.store.store_dtype import disk_dtype
-
-        dtype = disk_dtype(meta["dtype"])
-        num_layers = int(meta["manifest"]["num_layers"])
-    except (KeyError, TypeError, ValueError) as exc:
-        return [f"store.json lacks or garbles a field the store needs ({exc})"]
-    escape = outside_paths(root, meta)
+    n, hidden, layers, num_layers = record.n, record.hidden_size, record.layers, record.num_layers
+    dtype = disk_dtype(record.dtype)
+    escape = outside_paths(root, record)
     if escape:  # nothing outside the store is read, not even its size
         return [escape]
     problems: list[str] = []
-    recorded = meta.get("structure_sha256")
-    if recorded and recorded != structure_sha256(meta):
+    recorded = record.structure_sha256
+    if recorded and recorded != record.structure_hash():
         problems.append("store.json was edited after the store was made (n, layers, poolings, hidden size, "
                         "dtype or model manifest no longer match their recorded hash)")
     bad = [name for name in layers if name != "raw" and not (name.isdigit() and int(name) <= num_layers)]
     if bad:
         problems.append(f"store.json lists layers {bad} that a {num_layers}-layer model does not have")
-    if int(meta["manifest"].get("hidden_size", hidden)) != hidden:
-        problems.append(f"store.json says hidden_size {hidden}, its model manifest "
-                        f"{meta['manifest'].get('hidden_size')}")
-    for rel in array_files(meta):
+    if record.manifest_hidden_size is not None and record.manifest_hidden_size != hidden:
+        problems.append(f"store.json says hidden_size {hidden}, its model manifest {record.manifest_hidden_size}")
+    for rel in array_files(record):
         problem = check_npy(root, rel, (n, hidden), dtype)
         if problem:
             problems.append(problem)
@@ -83,37 +70,35 @@ def layout_problems(root: Path, meta: dict[str, Any]) -> list[str]:
         problems.append(problem)
     from layerscope.store.token_store import token_layout_problems
 
-    problems += token_layout_problems(root, meta, check_npy)
+    problems += token_layout_problems(root, record.token_arrays, n=n, layers=layers,
+                                      grid=record.modality == "image", check_npy=check_npy)
     texts = root / TEXTS
     if not texts.is_file():
         problems.append(f"{TEXTS} is missing")
-    elif meta.get("texts_bytes") is not None and texts.stat().st_size != int(meta["texts_bytes"]):
-        problems.append(f"{TEXTS} is {texts.stat().st_size:,} bytes, {meta['texts_bytes']:,} were written "
+    elif record.texts_bytes is not None and texts.stat().st_size != record.texts_bytes:
+        problems.append(f"{TEXTS} is {texts.stat().st_size:,} bytes, {record.texts_bytes:,} were written "
                         "(cut or edited)")
-    for rel, rec in (meta.get("checksums") or {}).items():
+    for rel, rec in (record.checksums or {}).items():
         path = root / rel
-        if path.is_file() and path.stat().st_size != int(rec.get("bytes", -1)) and not _names(problems, rel):
-            problems.append(f"{rel} is {path.stat().st_size:,} bytes, {int(rec.get('bytes', -1)):,} were "
+        if path.is_file() and path.stat().st_size != rec.bytes and not _names(problems, rel):
+            problems.append(f"{rel} is {path.stat().st_size:,} bytes, {rec.bytes:,} were "
                             "recorded when the store was completed")
     return problems
 
 
-def outside_paths(root: Path, meta: dict[str, Any]) -> str | None:
+def outside_paths(root: Path, record: StoreRecord) -> str | None:
     """A line naming the first path store.json leads outside the store (a pooling or layer that is not one
     plain name, a checksum key with ``..``, an absolute path or a symlink leading out); None when all stay in."""
     from layerscope.ownership import inside
 
-    names = [("pooling", p) for p in meta.get("poolings") or []] + [("layer", l) for l in meta.get("layers") or []]
+    names = [("pooling", p) for p in record.poolings] + [("layer", l) for l in record.layers]
     for what, name in names:
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
-            return f"store.json names {what} {str(name)[:80]!r}, which is not a plain name inside the store"
-    sums = meta.get("checksums") or {}
-    rels = array_files(meta) + [DONE, TEXTS] + (list(sums) if isinstance(sums, dict) else [])
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name):
+            return f"store.json names {what} {name[:80]!r}, which is not a plain name inside the store"
+    rels = array_files(record) + [DONE, TEXTS] + list(record.checksums or {})
     for rel in rels:
         if inside(root, rel) is None:
-            return f"store.json names {str(rel)[:80]!r}, a path outside the store"
-    if not isinstance(sums, dict) or not all(isinstance(rec, dict) for rec in sums.values()):
-        return "store.json's checksums are not a table of files"
+            return f"store.json names {rel[:80]!r}, a path outside the store"
     return None
 
 
@@ -122,20 +107,21 @@ def _names(problems: list[str], rel: str) -> bool:
 
 
 
-def checksum_files(meta: dict[str, Any], root: Path) -> list[str]:
+def checksum_files(record: StoreRecord, root: Path) -> list[str]:
     from layerscope.store.token_store import token_files
 
-    rels = array_files(meta) + [DONE, TEXTS] + token_files(meta)
+    rels = array_files(record) + [DONE, TEXTS] + token_files(record.token_arrays, grid=record.modality == "image",
+                                                              complete=record.complete)
     return rels + ([LENGTHS] if (Path(root) / LENGTHS).is_file() else [])
 
 
-def checksums(root: Path, meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"sha256", "bytes"}}`` of every file of the store (hashed on a few threads)."""
+def checksums(root: Path, record: StoreRecord | Mapping[str, Any]) -> dict[str, FileSum]:
+    """``{relative path: FileSum}`` of every file of the store (hashed on a few threads)."""
     root = Path(root)
-    rels = checksum_files(meta, root)
+    rels = checksum_files(StoreRecord.of(record), root)
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:  # hashlib drops the GIL
         digests = list(pool.map(lambda rel: file_sha256(root / rel), rels))
-    return {rel: {"sha256": d, "bytes": (root / rel).stat().st_size} for rel, d in zip(rels, digests)}
+    return {rel: FileSum(d, (root / rel).stat().st_size) for rel, d in zip(rels, digests)}
 
 
 def _count_lines(path: Path) -> int:
@@ -146,15 +132,12 @@ def _count_lines(path: Path) -> int:
     return count
 
 
-def _nonfinite_problems(root: Path, meta: dict[str, Any], problems: list[str]) -> list[str]:
+def _nonfinite_problems(root: Path, record: StoreRecord, problems: list[str]) -> list[str]:
     """A line for every vector array (pooled and token) that holds NaN or inf, read in chunks."""
-    from layerscope.store.token_store import TokenSection, layer_file, nonfinite_count
+    from layerscope.store.token_store import layer_file, nonfinite_count
 
-    try:
-        sec = TokenSection.of(meta)
-    except Exception:  # noqa: BLE001 - named by layout_problems already
-        sec = None
-    arrays = [(rel, str(meta.get("dtype"))) for rel in array_files(meta)]
+    sec = record.token_arrays
+    arrays = [(rel, record.dtype) for rel in array_files(record)]
     arrays += [(layer_file(layer), sec.dtype) for layer in sec.layers] if sec else []
     found = []
     for rel, dtype in arrays:
@@ -168,21 +151,20 @@ def _nonfinite_problems(root: Path, meta: dict[str, Any], problems: list[str]) -
     return found
 
 
-def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
+def verify(root: Path, record: StoreRecord) -> tuple[int, list[str]]:
     """Re-hash every file against the checksums in ``store.json``: (files checked, problems)."""
     from layerscope.ownership import inside
 
     root = Path(root)
-    problems = layout_problems(root, meta)
-    recorded = meta.get("checksums") or {}
-    if not meta.get("complete"):
+    problems = layout_problems(root, record)
+    recorded = record.checksums or {}
+    if not record.complete:
         problems.append("the store is incomplete (no checksums until it completes); finish it with "
                         "layerscope extract ... --resume")
     elif not recorded:
         problems.append("store.json records no checksums (made by an older layerscope); extract it again "
                         "into a new folder to get them")
-    internal = meta.get("internal_sha256") if isinstance(meta.get("internal_sha256"), dict) else {}
-    for rel, sha in internal.items():
+    for rel, sha in record.internal_sha256.items():
         if rel in recorded or inside(root, rel) is None or not (root / rel).is_file():
             continue
         if file_sha256(root / rel) != sha:
@@ -190,13 +172,12 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
                             "edited); the store's writers rely on it")
     from layerscope.store.store_ranges import foreign_marks
 
-    sid = meta.get("store_id") if isinstance(meta.get("store_id"), str) else None
-    foreign = foreign_marks(root, sid)
+    foreign = foreign_marks(root, record.store_id)
     if foreign:
         problems.append(f"ranges {foreign[:8]} were marked done by a writer of another store (deleted and made "
                         "again at this path while it ran): their rows are not this store's; run those shards again")
     checked = 0
-    if outside_paths(root, meta):
+    if outside_paths(root, record):
         return checked, problems  # layout_problems named it; nothing is read
     rels = [rel for rel in recorded if (root / rel).is_file()]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
@@ -207,13 +188,13 @@ def verify(root: Path, meta: dict[str, Any]) -> tuple[int, list[str]]:
                 problems.append(f"{rel} is missing")
             continue
         checked += 1
-        if digests[rel] != rec.get("sha256") and not _names(problems, rel):
+        if digests[rel] != rec.sha256 and not _names(problems, rel):
             problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed "
                             "after the store was completed")
-    problems += _nonfinite_problems(root, meta, problems)
+    problems += _nonfinite_problems(root, record, problems)
     texts = root / TEXTS
     if texts.is_file() and not _names(problems, TEXTS):
         lines = _count_lines(texts)
-        if lines != int(meta.get("n", -1)):
-            problems.append(f"{TEXTS} has {lines:,} lines, the store has {meta.get('n')} rows")
+        if lines != record.n:
+            problems.append(f"{TEXTS} has {lines:,} lines, the store has {record.n} rows")
     return checked, problems

@@ -94,12 +94,12 @@ MIN_COSINE = {"float16": 0.99999, "bfloat16": 0.9999}
 def check_error_bar(where, name: str, errors: dict) -> None:
     """Refuse (one line) a half-size store whose vectors lost more than ``MIN_COSINE`` allows on any layer.
 
-    ``errors``: ``{"pooling/layer": {"max_abs_error", "min_cosine"}}`` as recorded in store.json."""
+    ``errors``: ``{"pooling/layer": HalfError}`` (``store_record``: max_abs_error, min_cosine)."""
     bar = MIN_COSINE.get(name)
     if bar is None:
         return
-    bad = [(key, rec["min_cosine"]) for key, rec in errors.items()
-           if not (float(rec["min_cosine"]) >= bar and np.isfinite(float(rec["max_abs_error"])))]
+    bad = [(key, rec.min_cosine) for key, rec in errors.items()
+           if not (float(rec.min_cosine) >= bar and np.isfinite(float(rec.max_abs_error)))]
     if bad:
         from layerscope.errors import StoreError
 

@@ -47,7 +47,7 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt}: choose parquet or safetensors")
     store = LayerStore.open(store_path)
-    if tokens and "token_arrays" not in store.meta:
+    if tokens and store.record.token_arrays is None:
         raise InputError(f"{store_path} holds no token-level vectors; make it with layerscope extract ... --tokens")
     suffix = f".tokens.{fmt}" if tokens else f".{fmt}"
     out = Path(out) if out else store.path.resolve().with_suffix(suffix)  # '.' has no name of its own

@@ -82,18 +82,17 @@ def _range_marks(store_dir: Path) -> list[str]:
 
 
 def _record(store_dir: Path, before: list[str], ok: bool) -> None:
-    import json
-
+    from layerscope.errors import StoreError
     from layerscope.ownership import record
     from layerscope.store.store_layout import StoreLayout
+    from layerscope.store.store_record import StoreRecord
 
     if not StoreLayout(store_dir).marker.is_file():
         return  # nothing was made, or the failed run removed what it made
     known = None
     if ok:
         try:
-            sums = json.loads(StoreLayout(store_dir).store_json.read_text(encoding="utf-8")).get("checksums") or {}
-            known = {rel: rec["sha256"] for rel, rec in sums.items() if isinstance(rec, dict) and rec.get("sha256")}
-        except (OSError, ValueError, AttributeError):
+            known = {rel: rec.sha256 for rel, rec in (StoreRecord.read(store_dir).checksums or {}).items()}
+        except StoreError:
             known = None
     record(store_dir, "store", names=_range_marks(store_dir), exclude=before, hashes=ok, known=known)

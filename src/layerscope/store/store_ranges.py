@@ -36,7 +36,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -114,15 +114,15 @@ def scan_offsets(out: Path) -> np.ndarray:
     return arr
 
 
-def load_offsets(out: Path, meta: dict[str, Any], n: int) -> np.ndarray:
+def load_offsets(out: Path, recorded: Mapping[str, str], n: int) -> np.ndarray:
     """The byte offsets every range reads its texts from: checked against the sha256 recorded when the store
-    was made (one line when damaged), or derived again from texts.jsonl when none was recorded."""
+    was made (``recorded``: its ``internal_sha256``; one line when damaged), or derived again from texts.jsonl
+    when none was recorded."""
     from layerscope.store.npy_files import load_internal
 
-    recorded = meta.get("internal_sha256")
-    if not (isinstance(recorded, dict) and OFFSETS in recorded):
+    if OFFSETS not in recorded:
         return scan_offsets(out)
-    return load_internal(out, OFFSETS, meta, np.dtype(np.int64), (-(-int(n) // GRANULE),))
+    return load_internal(out, OFFSETS, recorded, np.dtype(np.int64), (-(-int(n) // GRANULE),))
 
 
 # ---------------------------------------------------------------- claims and done marks

@@ -42,12 +42,11 @@ from layerscope.store.store_space import FULL, allocate_npy, check_free, no_spac
 
 OFFSETS, IDS, SPECIAL, SPANS, STRINGS, GRID = (token_rel(n) for n in (TOKEN_OFFSETS, TOKEN_IDS, TOKEN_SPECIAL,
                                                                          TOKEN_SPANS, TOKEN_STRINGS, TOKEN_GRID))
-SECTION = "token_arrays"  # store.json's section (its "tokens" is the run's token count)
-
 
 @dataclass(frozen=True)
 class TokenSection:
-    """What ``store.json``'s ``tokens`` section says the token arrays hold."""
+    """What ``store.json``'s ``token_arrays`` section says the token arrays hold (read by
+    ``store_record.StoreRecord``)."""
 
     layers: list[str]
     total_tokens: int
@@ -56,24 +55,6 @@ class TokenSection:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def of(cls, meta: dict[str, Any]) -> "TokenSection | None":
-        sec = meta.get(SECTION)
-        if not sec:
-            return None
-        try:
-            return cls(layers=[str(x) for x in sec["layers"]], total_tokens=int(sec["total_tokens"]),
-                       dtype=store_dtype.check(str(sec["dtype"])), hidden_size=int(sec["hidden_size"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StoreError(f"store.json's token_arrays section is damaged ({exc}); re-run layerscope extract "
-                             "--force") from None
-
-
-def has_grid(meta: dict[str, Any]) -> bool:
-    """Whether the store's tokens are an image's (they carry ``grid.npy``)."""
-    return (meta.get("manifest") or {}).get("modality") == "image"
-
 
 def layer_file(layer: str) -> str:
     return token_rel(token_layer_name(layer))
@@ -140,31 +121,29 @@ def create_token_arrays(root: Path, lengths: np.ndarray, max_length: int, layers
 
 # ---------------------------------------------------------------- integrity (store_check)
 
-def token_files(meta: dict[str, Any]) -> list[str]:
-    """The files of the token section, for checksums (strings.json once the store completed)."""
-    sec = TokenSection.of(meta)
+def token_files(sec: TokenSection | None, *, grid: bool, complete: bool) -> list[str]:
+    """The files of the token section, for checksums (``grid``: an image store's; strings.json once the
+    store completed)."""
     if sec is None:
         return []
     files = [layer_file(layer) for layer in sec.layers] + [OFFSETS, IDS, SPECIAL, SPANS]
-    files += [GRID] if has_grid(meta) else []
-    return files + ([STRINGS] if meta.get("complete") else [])
+    files += [GRID] if grid else []
+    return files + ([STRINGS] if complete else [])
 
 
-def token_layout_problems(root: Path, meta: dict[str, Any], check_npy) -> list[str]:
-    """What the headers and sizes say is wrong with the token arrays (``check_npy``: store_check's)."""
-    try:
-        sec = TokenSection.of(meta)
-    except StoreError as exc:
-        return [str(exc)]
+def token_layout_problems(root: Path, sec: TokenSection | None, *, n: int, layers, grid: bool,
+                          check_npy) -> list[str]:
+    """What the headers and sizes say is wrong with the token arrays of a store of ``n`` rows holding
+    ``layers`` (``check_npy``: store_check's)."""
     if sec is None:
         return []
-    n, total, hidden = int(meta["n"]), sec.total_tokens, sec.hidden_size
-    bad = [layer for layer in sec.layers if layer not in meta.get("layers", [])]
+    total, hidden = sec.total_tokens, sec.hidden_size
+    bad = [layer for layer in sec.layers if layer not in layers]
     problems = [f"store.json's token_arrays section lists layers {bad} the store does not hold"] if bad else []
     wanted = [(layer_file(layer), (total, hidden), store_dtype.disk_dtype(sec.dtype)) for layer in sec.layers]
     wanted += [(OFFSETS, (n + 1,), np.dtype(np.int64)), (IDS, (total,), np.dtype(np.int32)),
                (SPECIAL, (total,), np.dtype(np.uint8)), (SPANS, (total, 2), np.dtype(np.int32))]
-    wanted += [(GRID, (total, 2), np.dtype(np.int32))] if has_grid(meta) else []
+    wanted += [(GRID, (total, 2), np.dtype(np.int32))] if grid else []
     for rel, shape, dtype in wanted:
         problem = check_npy(root, rel, shape, dtype)
         if problem:
@@ -368,8 +347,7 @@ class TokenLayer:
                              f"of them is damaged; layerscope verify {self.root} names which") from None
 
 
-def open_token_layer(root: Path, meta: dict[str, Any], layer: str) -> TokenLayer:
-    sec = TokenSection.of(meta)
+def open_token_layer(root: Path, sec: TokenSection | None, layer: str) -> TokenLayer:
     if sec is None:
         raise StoreError(f"{root} holds no token-level vectors; make it with layerscope extract ... --tokens")
     if layer not in sec.layers:

@@ -16,8 +16,7 @@ import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.store import store_dtype
-from layerscope.store.token_store import (SECTION, TokenSection, TokenWriter, create_token_arrays,
-                                            describe_cost)
+from layerscope.store.token_store import TokenWriter, create_token_arrays, describe_cost
 
 log = logging.getLogger("layerscope")
 
@@ -53,7 +52,7 @@ def start_tokens(store, lengths: np.ndarray, layers: list[str]) -> TokenRun | No
     if want is None:
         return None
     max_length = store.spec.max_length
-    section = TokenSection.of(store.meta)
+    section = store.record.token_arrays
     if section is None:  # a new store (or one killed before its token arrays were made: no row is done)
         if int(store.done_mask().sum()):
             raise StoreError(f"{store.path} has rows done but no token arrays; re-run with --force")
@@ -61,8 +60,5 @@ def start_tokens(store, lengths: np.ndarray, layers: list[str]) -> TokenRun | No
         log.info(describe_cost(int(np.minimum(np.maximum(lengths, 1), max_length).sum()), len(lengths), layers,
                                hidden, want.dtype))
         section = create_token_arrays(Path(store.path), lengths, max_length, layers, hidden, want.dtype)
-        from layerscope.store.store_check import structure_sha256
-
-        meta = {**store.meta, SECTION: section.to_dict()}
-        store.update_meta({SECTION: section.to_dict(), "structure_sha256": structure_sha256(meta)})
+        store.add_token_arrays(section)
     return TokenRun(TokenWriter(Path(store.path), section))
