@@ -125,6 +125,17 @@ class TorchEngine(Engine):
                                         attn_implementation=attention).to(self.device)
             self.word_embeddings = self.net.get_input_embeddings()
         num_layers = self.manifest.num_layers
+        # the model's blocks, where pooled-only runs hook each layer (engines/torch_pooled.py); None: every
+        # hidden state is requested and pooled after the forward
+        self.block_slot = None
+        self.top_from_last = bool(family.final_norm_in_last_hidden_state)
+        if not self.vision:
+            from layerscope.engines.truncate import block_slot
+
+            try:
+                self.block_slot = block_slot(self.net, num_layers, "to pool each layer as it is produced")
+            except EngineUnavailableError as exc:
+                self.info.notes.append(f"pooled runs keep every hidden state until pooled: {exc}")
         if depth is not None and int(depth) < num_layers and self.vision:
             self.info.notes.append("early exit off: a vision tower runs every block")
         elif depth is not None and int(depth) < num_layers:
@@ -212,6 +223,16 @@ class TorchEngine(Engine):
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         import numpy as np
 
+        blocks = getattr(*self.block_slot) if self.block_slot is not None else None
+        if blocks:  # a stack truncated to no block (depth <= 0) has one layer: the path below keeps just it
+            from layerscope.engines.torch_pooled import HookMissed, pooled_by_layer
+
+            check_depth(layers, self.depth, self.name)
+            try:
+                return pooled_by_layer(self, batch, layers, poolings, blocks)
+            except HookMissed as exc:
+                self.block_slot = None
+                self.info.notes.append(f"pooled runs keep every hidden state until pooled: {exc}")
         if (self.device.type != "cpu" or self.precision != "fp32") and not self.vision:
             return self._pool_on_device(batch, layers, poolings)
         states = self.run_tokens(batch, layers)

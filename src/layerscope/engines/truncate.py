@@ -297,6 +297,22 @@ def _typed(feed: dict, inputs: dict) -> dict:
             for name, kind in inputs.items()}
 
 
+def block_slot(net, num_layers: int, why: str) -> tuple[object, str]:
+    """(parent module, attribute name) of a Hugging Face model's blocks: its outermost ``ModuleList`` of
+    ``num_layers`` modules (read the attribute again after ``truncate_blocks``, which replaces the list)."""
+    import torch
+
+    lists = [(name, m) for name, m in net.named_modules()
+             if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
+    if not lists:
+        from layerscope.errors import EngineUnavailableError
+
+        raise EngineUnavailableError(f"found no list of {num_layers} blocks in {type(net).__name__} {why}")
+    name = min((n for n, _ in lists), key=lambda n: n.count("."))
+    parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
+    return parent, name.rpartition(".")[2]
+
+
 def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool, probe: Callable[[], object]) -> int:
     """Keep only the first ``depth`` blocks of a Hugging Face model (in place; the others' weights are freed);
     returns how many blocks it kept.
@@ -308,18 +324,12 @@ def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool, probe
     that cannot (DeBERTa-v2 reads its last block's output) keeps its first block."""
     import torch
 
-    lists = [(name, m) for name, m in net.named_modules()
-             if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
-    if not lists:
-        from layerscope.errors import EngineUnavailableError
-
-        raise EngineUnavailableError(f"found no list of {num_layers} blocks in {type(net).__name__} to stop early")
-    name, blocks = min(lists, key=lambda item: item[0].count("."))
-    parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
-    attr = name.rpartition(".")[2]
+    parent, attr = block_slot(net, num_layers, "to stop early")
+    blocks = getattr(parent, attr)
     if final_norm and depth < num_layers:
+        # not a norm of the embeddings (BLOOM's word_embeddings_layernorm): that one makes layer 0
         for child_name, child in list(parent.named_children()):
-            if type(child).__name__.endswith("Norm"):
+            if type(child).__name__.endswith("Norm") and "embed" not in child_name:
                 setattr(parent, child_name, torch.nn.Identity())
     kept = torch.nn.ModuleList(list(blocks)[:max(depth, 1)])
     setattr(parent, attr, kept)

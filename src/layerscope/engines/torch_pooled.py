@@ -1,0 +1,113 @@
+"""Pooled-only runs of the PyTorch engine: each layer is pooled as its block produces it and kept no longer.
+
+A run that asks for pooled vectors only never requests ``output_hidden_states`` (which keeps every layer's
+``[batch, tokens, hidden]`` alive until the forward returns) nor a key/value cache. Hooks on the block stack
+(the list engines/truncate.py finds, after any truncation) hand each layer to the pooling:
+
+- layer 0, the blocks' input: a forward pre-hook on the first block;
+- layer i (1 <= i < K, K blocks in the stack): a forward hook on block i-1 (its output, or ``[0]`` of it);
+- layer K: the model's own ``last_hidden_state`` where the family's last hidden state carries the final norm
+  (Hugging Face's ``hidden_states[K]`` is that tensor; a truncated stack's final norm is an identity), else
+  block K-1's output (CLIP text, BERT-like encoders: ``hidden_states[K]`` is the last block's output).
+
+So at most the layer being pooled, the block's own activations and the next layer's input are alive at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from layerscope.model.tokenize import Batch
+
+
+class HookMissed(RuntimeError):
+    """A hook did not see a layer it was placed for: the model's own code feeds its blocks differently."""
+
+
+def first_input(args: tuple, kwargs: dict):
+    """The hidden states a block is called with: its first positional argument, or ``hidden_states=``."""
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise HookMissed("the first block was called without its hidden states as the first argument")
+
+
+def block_output(out):
+    """A block's hidden states: the output itself, or ``[0]`` of a tuple (attention weights, caches follow)."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int, object], None], *,
+                  top_from_last: bool) -> None:
+    """Run ``net`` once on ``feed`` (torch tensors) without hidden states, calling ``take(layer, states)`` for
+    each layer in ``wanted`` as soon as it exists; ``blocks`` is the (possibly truncated) non-empty stack."""
+    count = len(blocks)
+    seen: set[int] = set()
+
+    def give(index: int, states) -> None:
+        seen.add(index)
+        if index in wanted:
+            take(index, states)
+
+    handles = [blocks[0].register_forward_pre_hook(lambda _m, args, kwargs: give(0, first_input(args, kwargs)),
+                                                   with_kwargs=True)]
+    last_hooked = count - 1 if top_from_last else count
+    for i in range(last_hooked):
+        handles.append(blocks[i].register_forward_hook(
+            lambda _m, _a, out, index=i + 1: give(index, block_output(out))))
+    kwargs = {"output_hidden_states": False, "return_dict": True}
+    params = inspect.signature(net.forward).parameters
+    if "use_cache" in params:  # a key/value cache would keep two activations of every block alive
+        kwargs["use_cache"] = False
+    try:
+        out = net(**feed, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if top_from_last:
+        give(count, out.last_hidden_state)
+    del out
+    missed = sorted(wanted - seen)
+    if missed:
+        raise HookMissed(f"no block handed over layer {missed[0]}")
+
+
+def pooled_by_layer(engine, batch: Batch, layers: list[str], poolings: list[str], blocks) -> dict[str, np.ndarray]:
+    """``{pooling: [layers, batch, hidden]}`` of a text batch, each layer pooled as it is produced: on the CPU
+    in fp32 with ``pool_states`` (numpy, as a run of token states pools), elsewhere with ``pool_torch`` in fp32
+    on the device (only the pooled vectors are copied back)."""
+    import numpy as np
+
+    from layerscope.engines.base import pool_states
+    from layerscope.vocab.pooling import pool_torch
+
+    torch = engine.torch
+    device = engine.device
+    on_device = device.type != "cpu" or engine.precision != "fp32"
+    feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in batch.inputs.items()}
+    mask = torch.from_numpy(np.ascontiguousarray(batch.mask)).to(device)
+    ids = torch.from_numpy(np.ascontiguousarray(batch.input_ids)).to(device)
+    eos = engine.manifest.eos_token_id
+    pooled: dict[str, dict[str, np.ndarray]] = {}
+
+    def take(name: str, states) -> None:
+        if on_device:
+            f = states.float()
+            pooled[name] = {m: pool_torch(f, mask, m, input_ids=ids, eos_token_id=eos).cpu().numpy()
+                            for m in poolings}
+        else:
+            arr = states.float().cpu().numpy()
+            pooled[name] = {m: pool_states(engine.manifest, batch, arr, m) for m in poolings}
+
+    with torch.inference_mode():
+        wanted = {int(n) for n in layers if n != "raw"}
+        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s),
+                      top_from_last=engine.top_from_last)
+        if "raw" in layers:  # the rows of the word-embedding matrix, as run_tokens gives them
+            take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
+    return {m: np.stack([pooled[n][m] for n in layers]) for m in poolings}
