@@ -51,11 +51,11 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
     import transformers as t
     from PIL import Image
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     root, ckpt = clip_pairs
-    ctx = Context(models=[str(root / "clipv"), str(ckpt)], engine="ort", data=str(root / "pairs.jsonl"),
-                  out=root / "run", options={"k": K, "permutations": 5, "bootstrap": 5})
+    ctx = RunRequest(models=[str(root / "clipv"), str(ckpt)], engine="ort", data=str(root / "pairs.jsonl"),
+                     out=root / "run", options={"k": K, "permutations": 5, "bootstrap": 5})
     _, res = run_analysis("crossmodal", ctx)
     combined = res["combined"]
     assert combined["image_layers"] == ["0", "1", "2"] and combined["text_layers"] == ["0", "1", "2"]
@@ -100,13 +100,13 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
 
 def test_crossmodal_needs_one_image_and_one_text_model(clip_pairs, tmp_path):
     """Catches: two text models compared as if one side were images, more built-in digits asked than exist."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     root, ckpt = clip_pairs
     with pytest.raises(InputError, match="one vision export and one text model"):
-        run_analysis("crossmodal", Context(models=[str(ckpt), str(ckpt)], engine="ort",
-                                           data=str(root / "pairs.jsonl"), out=tmp_path / "x",
-                                           options={"k": K, "permutations": 0, "bootstrap": 0}))
+        run_analysis("crossmodal", RunRequest(models=[str(ckpt), str(ckpt)], engine="ort",
+                                              data=str(root / "pairs.jsonl"), out=tmp_path / "x",
+                                              options={"k": K, "permutations": 0, "bootstrap": 0}))
     with pytest.raises(InputError, match="--n must be between 4 and 1797"):
-        run_analysis("crossmodal", Context(models=[str(root / "clipv"), str(ckpt)], engine="ort",
-                                           out=tmp_path / "y", options={"n": 2000}))
+        run_analysis("crossmodal", RunRequest(models=[str(root / "clipv"), str(ckpt)], engine="ort",
+                                              out=tmp_path / "y", options={"n": 2000}))

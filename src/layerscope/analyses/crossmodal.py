@@ -107,11 +107,11 @@ class CrossModalAnalysis(Analysis):
 
     def prepare(self, ctx: Context) -> Any:
         o = self.options(ctx)
-        if len(ctx.models) != 2:
+        if len(ctx.spec.given_models) != 2:
             raise InputError("crossmodal compares two models: --model VISION_EXPORT --model TEXT_MODEL")
         if o.k < 1 or o.acc_k < 1 or o.permutations < 0 or o.bootstrap < 0 or o.batch_size < 1:
             raise InputError("--k, --acc-k and --batch-size must be 1 or more, --permutations and --bootstrap 0 or more")
-        pairs = read_pairs(ctx.data, o.image_column, o.caption_column) if ctx.data else digit_pairs(o.n)
+        pairs = read_pairs(ctx.spec.data, o.image_column, o.caption_column) if ctx.spec.data else digit_pairs(o.n)
         if o.k > len(pairs) - 2:
             raise InputError(f"--k {o.k} needs more than {o.k + 1} pairs; --data has {len(pairs)}")
         return pairs
@@ -139,7 +139,7 @@ class CrossModalAnalysis(Analysis):
             raise InputError("crossmodal needs one vision export and one text model among the two --model")
         a, b = kept[images[0]], kept[1 - images[0]]
         res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
-                         bootstrap=o.bootstrap, select=o.select, seed=ctx.seed)
+                         bootstrap=o.bootstrap, select=o.select, seed=ctx.spec.seed)
         figures = {f: {"value": fig.value, "null_mean": fig.null_mean, "p": fig.p, "ci_low": fig.ci_low,
                        "ci_high": fig.ci_high} for f, fig in res.figures.items()}
         best = res.best
