@@ -43,7 +43,7 @@ def test_analyses_read_only_the_spec_and_options_of_their_context():
 def test_the_spec_prepare_reads_holds_the_default_data_file_and_its_hash(tmp_path, monkeypatch):
     """Catches: a default data file chosen inside prepare and never recorded (the run's identity would not
     see which file was read)."""
-    from layerscope.analyses.sts import Sts
+    from layerscope.analyses.base import get_analysis
 
     sts = tmp_path / "sts" / "sts-test.csv"
     sts.parent.mkdir()
@@ -56,7 +56,7 @@ def test_the_spec_prepare_reads_holds_the_default_data_file_and_its_hash(tmp_pat
     assert ctx.spec.data == str(sts)
     assert ctx.spec.data_sha256 == hashlib.sha256(sts.read_bytes()).hexdigest()
     assert (ctx.spec.models, ctx.spec.given_models) == ((), ("a", "b"))  # models not yet resolved
-    assert len(Sts().prepare(ctx)["test"]) == 3  # prepare reads the file the spec names
+    assert len(get_analysis("sts")().prepare(ctx)["test"]) == 3  # prepare reads the file the spec names
     items = Path(analyses_package.__file__).parents[1] / "data" / "compositionality.jsonl"
     assert Context.asked("compositionality", RunRequest(models=["a"])).spec.data == str(items)
     given = tmp_path / "mine.tsv"
