@@ -74,13 +74,13 @@ def test_the_gradient_engine_follows_the_registry_flag(gradly, monkeypatch):
 
 def test_an_analysis_needing_gradients_starts_the_flagged_engine(gradly, tiny_model, tmp_path):
     """Catches: the engine for gradients chosen by the literal name 'torch' (a declared engine ignored)."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"text": "text number {i} is here", "label": "{"ab"[i % 2]}"}}\n' for i in range(8)),
                     encoding="utf-8")
     model = str(tiny_model("bert"))
-    ctx = Context(models=[model], engine="gradly", out=tmp_path / "out", data=str(data), poolings=["mean"],
-                  cache=False, options={"k": 2, "ig_steps": 2, "random_draws": 1})
+    ctx = RunRequest(models=[model], engine="gradly", out=tmp_path / "out", data=str(data), poolings=["mean"],
+                     cache=False, options={"k": 2, "ig_steps": 2, "random_draws": 1})
     with pytest.raises(_Started, match="bert"):
         run_analysis("saliency", ctx)

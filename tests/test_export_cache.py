@@ -41,10 +41,10 @@ def _outputs(handle, texts):
 
 
 def _final_sts_spearman(model, tmp_path, name, engine, pairs_file):
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
-    ctx = Context(models=[str(model)], engine=engine, layers="all", out=tmp_path / name, seed=0,
-                  options={"n_boot": 20}, data=str(pairs_file), poolings=["mean"])
+    ctx = RunRequest(models=[str(model)], engine=engine, layers="all", out=tmp_path / name, seed=0,
+                     options={"n_boot": 20}, data=str(pairs_file), poolings=["mean"])
     _, res = run_analysis("sts", ctx)
     rows = next(iter(res["per_model"].values()))["tables"]["layers"]
     return {r["layer"]: r["spearman"] for r in rows if r["pooling"] == "mean"}, res

@@ -1,7 +1,7 @@
 """`layerscope run NAME`: one command per analysis, built from the options its metadata declares.
 
 No model runs here: where a run would start, ``run_analysis`` is replaced by a recorder, so these
-tests check what the CLI hands the library (the Context), its help, and its one-line errors.
+tests check what the CLI hands the library (the RunRequest), its help, and its one-line errors.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class _Stop(InputError):
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """The Context the CLI would run with (the run itself is stopped before any model loads)."""
+    """The RunRequest the CLI would run with (the run itself is stopped before any model loads)."""
     seen = {}
 
     def record(name, ctx):
@@ -84,7 +84,7 @@ def test_options_arrive_typed_with_every_default(recorded, capsys):
     assert type(ctx.options["n_boot"]) is int and ctx.options["probe_epochs"] is None
     # no --pooling: None, so each model gets the analysis's default for its family (sts: mean,cls for encoders,
     # last,mean for decoders; tests/analyses/test_decoder_defaults.py)
-    assert ctx.models == ["a", "b"] and ctx.poolings is None
+    assert ctx.models == ("a", "b") and ctx.poolings is None
     assert recorded["name"] == "sts"
     ctx = _options_of("saliency", ["--eval-fraction", "0.25"], recorded, capsys)
     assert ctx.options["eval_fraction"] == 0.25 and ctx.options["k"] == 10
@@ -92,9 +92,9 @@ def test_options_arrive_typed_with_every_default(recorded, capsys):
 
 def test_shared_options_before_the_analysis_name_still_apply(recorded, capsys):
     ctx = _options_of("sts", ["--layers", "0"], recorded, capsys)
-    assert ctx.layers == "0" and ctx.models == ["minilm"]
+    assert ctx.layers == "0" and ctx.models == ("minilm",)
     ctx = _options_of(None, ["--layers", "-1", "--model", "x", "sts", "--seed", "3"], recorded, capsys)
-    assert ctx.layers == "-1" and ctx.models == ["x"] and ctx.seed == 3
+    assert ctx.layers == "-1" and ctx.models == ("x",) and ctx.seed == 3
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -129,7 +129,7 @@ class WordCount(Analysis):
                                 options=(Option("scale", int, 1, "multiply the count by this"),))
 
     def prepare(self, ctx):
-        return Path(ctx.data).read_text(encoding="utf-8").split()
+        return Path(ctx.spec.data).read_text(encoding="utf-8").split()
 
     def stored_sources(self, ctx, data):  # made without a model
         from layerscope.model.manifest_type import SourceInfo
@@ -137,7 +137,7 @@ class WordCount(Analysis):
         return [("words", SourceInfo(spec="words", path_or_id="words", alias="words"), "words-v1")]
 
     def offline(self, ctx, data):
-        count = len(data) * ctx.options["scale"]
+        count = len(data) * ctx.opts.scale
         return {"words": {"summary": {"words": count}, "tables": {"counts": [{"words": count}]}}}, {"words": {}}
 
     def compute(self, ctx, run, data):

@@ -39,7 +39,7 @@ def test_resolved_layers_pass_through_unparsed(monkeypatch):
 def test_an_analysis_run_parses_layers_once_per_model(tiny_model, tmp_path, monkeypatch, cache):
     """run_analysis resolves --layers and hands the names on: the analysis, the vector cache and the
     extraction below it do not parse the spec again (before: three parses per model)."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     data = tmp_path / "pairs.tsv"
@@ -49,8 +49,8 @@ def test_an_analysis_run_parses_layers_once_per_model(tiny_model, tmp_path, monk
     calls = []
     real = vocab_layers._parse
     monkeypatch.setattr(vocab_layers, "_parse", lambda *a: calls.append(a[0]) or real(*a))
-    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", layers="0,-1", out=tmp_path / "sts",
-                  data=str(data), options={"n_boot": 0}, cache=cache, poolings=["mean"])
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine="torch", layers="0,-1", out=tmp_path / "sts",
+                     data=str(data), options={"n_boot": 0}, cache=cache, poolings=["mean"])
     _, res = run_analysis("sts", ctx)
     rows = next(iter(res["per_model"].values()))["tables"]["layers"]
     assert sorted({r["layer"] for r in rows}) == ["0", "2"]  # the tiny bert has 2 layers: -1 is 2

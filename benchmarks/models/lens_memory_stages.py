@@ -28,7 +28,7 @@ lo.lens_parity = stage("lens_parity", lo.lens_parity)
 lo._trace_head = stage("trace_head", lo._trace_head)
 ors.make_session = stage("make_session", ors.make_session)
 lo.onnx_lens = stage("onnx_lens(batch)", lo.onnx_lens)
-from layerscope.analyses.base import Context, run_analysis
-run_analysis("lens", Context(models=[sys.argv[2]], engine="ort", data=sys.argv[3], cache=False, out=sys.argv[4],
-                             options={"top_k": 5, "show": 0, "batch": 32}))
+from layerscope.analyses.base import RunRequest, run_analysis
+run_analysis("lens", RunRequest(models=[sys.argv[2]], engine="ort", data=sys.argv[3], cache=False, out=sys.argv[4],
+                                options={"top_k": 5, "show": 0, "batch": 32}))
 import resource; print("PEAK_MIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)

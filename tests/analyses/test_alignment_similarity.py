@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 from layerscope.errors import InputError
 
 pytest.importorskip("faiss")
@@ -17,9 +18,9 @@ N_PERM = 64
 
 def _ctx(tmp_path, model, name, **kw):
     opts = kw.pop("options", {})
-    return Context(models=[str(model)], engine="torch", layers=kw.pop("layers", "all"),
-                   poolings=kw.pop("poolings", ["mean"]), out=tmp_path / name, seed=kw.pop("seed", 3),
-                   options=opts, cache=False, **kw)
+    return RunRequest(models=[str(model)], engine="torch", layers=kw.pop("layers", "all"),
+                      poolings=kw.pop("poolings", ["mean"]), out=tmp_path / name, seed=kw.pop("seed", 3),
+                      options=opts, cache=False, **kw)
 
 
 def _direct_z(S, T):
@@ -148,8 +149,8 @@ def test_store_similarity_index_and_search(tmp_path, tiny_model):
     sa = extract(str(bert), str(corpus), tmp_path / "sa", engine="torch", layers="all", poolings=["mean"]).store
     sb = extract(str(roberta), str(corpus), tmp_path / "sb", engine="torch", layers="all", poolings=["mean"]).store
     # similarity from two stores (out of core path), cross-model matrix
-    ctx = Context(models=["minilm"], engine="torch", poolings=["mean"], out=tmp_path / "simst",
-                  options={"store": str(sa.path), "store_b": str(sb.path), "knn": 3})
+    ctx = RunRequest(models=["minilm"], engine="torch", poolings=["mean"], out=tmp_path / "simst",
+                     options={"store": str(sa.path), "store_b": str(sb.path), "knn": 3})
     _, res = run_analysis("similarity", ctx)
     cross = res["combined"]["cross"]
     assert len(cross["linear_cka"]) == len(sa.layers) and len(cross["linear_cka"][0]) == len(sb.layers)
@@ -166,9 +167,8 @@ def test_store_similarity_index_and_search(tmp_path, tiny_model):
     other = tmp_path / "c2.txt"
     other.write_text("\n".join(reversed(texts)) + "\n")
     sc = extract(str(roberta), str(other), tmp_path / "sc", engine="torch", layers="all", poolings=["mean"]).store
-    ctx.options = {"store": str(sa.path), "store_b": str(sc.path)}
     with pytest.raises(InputError, match="differ at row 0"):
-        run_analysis("similarity", ctx)
+        run_analysis("similarity", replace(ctx, options={"store": str(sa.path), "store_b": str(sc.path)}))
     # index build + search round trip, and the refusal for another model
     meta = build_store_index(sa.path, tmp_path / "idx", layer=-1, pooling="mean", kind="flat")
     assert meta.n == 40 and meta.layer == "2"

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 from layerscope.errors import InputError
 from layerscope.export import attention as att
 from layerscope.export.attention_run import AttentionRunner
@@ -54,7 +54,7 @@ def runs(exports, data, tmp_path_factory):
     def get(family):
         if family not in done:
             out = tmp_path_factory.mktemp(f"attn-result-{family}") / "r"
-            ctx = Context(models=[str(exports(family))], data=str(data), out=out, options={"patterns": 4})
+            ctx = RunRequest(models=[str(exports(family))], data=str(data), out=out, options={"patterns": 4})
             done[family] = run_analysis("attention", ctx)
         return done[family]
 
@@ -130,14 +130,14 @@ def test_one_token_text_by_hand(runs):
 def test_export_without_attention_graph_is_refused_first(exports, data, tmp_path):
     out = tmp_path / "r"
     with pytest.raises(InputError, match="--attentions"):
-        run_analysis("attention", Context(models=[str(exports("bert", attn=False))], data=str(data), out=out))
+        run_analysis("attention", RunRequest(models=[str(exports("bert", attn=False))], data=str(data), out=out))
     assert not out.exists()
 
 
 def test_engine_without_attention_graph_runner_is_refused(exports, data, tmp_path):
     with pytest.raises(InputError, match="ort, ov or torch"):
-        run_analysis("attention", Context(models=[str(exports("bert"))], engine="torch-fp16", data=str(data),
-                                          out=tmp_path / "r"))
+        run_analysis("attention", RunRequest(models=[str(exports("bert"))], engine="torch-fp16", data=str(data),
+                                             out=tmp_path / "r"))
 
 
 @pytest.mark.slow
@@ -182,10 +182,10 @@ def test_plain_model_gets_the_attention_graph_in_its_cached_export(tiny_model, d
     from layerscope.model.home import cache_root
 
     ctx = dict(models=[str(tiny_model("bert"))], data=str(data), options={"patterns": 1})
-    _, torch_run = run_analysis("attention", Context(engine="torch", out=in_tmp_home / "t", **ctx))
+    _, torch_run = run_analysis("attention", RunRequest(engine="torch", out=in_tmp_home / "t", **ctx))
     entries = [p for p in (cache_root() / "exports").iterdir() if (p / att.FILE).is_file()]
     assert len(entries) == 1
-    _, ort_run = run_analysis("attention", Context(engine="ort", out=in_tmp_home / "o", **ctx))
+    _, ort_run = run_analysis("attention", RunRequest(engine="ort", out=in_tmp_home / "o", **ctx))
     a = next(iter(torch_run["per_model"].values()))["tables"]["attention_heads"]
     b = next(iter(ort_run["per_model"].values()))["tables"]["attention_heads"]
     for ra, rb in zip(a, b):
@@ -196,8 +196,8 @@ def test_plain_model_gets_the_attention_graph_in_its_cached_export(tiny_model, d
 def test_two_models_side_by_side_on_the_same_texts(exports, data, tmp_path):
     """An encoder and a decoder in one run: the side-by-side table holds each model's per-layer first-token
     share as its own table says, and the paired difference is the difference of the two."""
-    ctx = Context(models=[str(exports("bert")), str(exports("gpt2"))], labels=["enc", "dec"], data=str(data),
-                  out=tmp_path / "r", options={"patterns": 1})
+    ctx = RunRequest(models=[str(exports("bert")), str(exports("gpt2"))], labels=["enc", "dec"], data=str(data),
+                     out=tmp_path / "r", options={"patterns": 1})
     _, results = run_analysis("attention", ctx)
     tables = results["combined"]["tables"]
     layers = {m: {r["layer"]: r["first"] for r in results["per_model"][m]["tables"]["attention_layers"]}

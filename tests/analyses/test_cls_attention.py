@@ -47,12 +47,12 @@ def test_cls_maps_equal_transformers_attention(dinov2, tmp_path, engine):
     import torch
     from PIL import Image
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.analyses.crossmodal import digit_pairs
 
     root, ckpt, _ = dinov2
-    _, res = run_analysis("cls_attention", Context(models=[str(root / "export")], engine=engine, out=tmp_path / "run",
-                                                   options={"n": N, "bootstrap": 50}))
+    _, res = run_analysis("cls_attention", RunRequest(models=[str(root / "export")], engine=engine,
+                                                      out=tmp_path / "run", options={"n": N, "bootstrap": 50}))
     (fig,) = res["per_model"].values()
     model = t.Dinov2WithRegistersModel.from_pretrained(ckpt, attn_implementation="eager").eval()
     images = [Image.open(io.BytesIO(png)).convert("RGB") for _, png, _ in digit_pairs(N)]
@@ -73,17 +73,17 @@ def test_cls_maps_equal_transformers_attention(dinov2, tmp_path, engine):
 
 def test_cls_attention_needs_a_cls_token_and_an_attention_graph(tmp_path):
     """Catches: SigLIP (no CLS) read as if token 0 were one; an export without the attention graph run anyway."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
 
     sig = build_tiny_vision("siglip-vision", tmp_path / "sig")
     export_model(resolve_source(str(sig)), tmp_path / "sigx")
     with pytest.raises(InputError, match="with a CLS token"):
-        run_analysis("cls_attention", Context(models=[str(tmp_path / "sigx")], engine="ort", out=tmp_path / "a",
-                                              options={"n": 4}))
+        run_analysis("cls_attention", RunRequest(models=[str(tmp_path / "sigx")], engine="ort", out=tmp_path / "a",
+                                                 options={"n": 4}))
     vit = build_tiny_vision("vit", tmp_path / "vit")
     export_model(resolve_source(str(vit)), tmp_path / "vitx")
     with pytest.raises(InputError, match="has no attention graph"):
-        run_analysis("cls_attention", Context(models=[str(tmp_path / "vitx")], engine="ort", out=tmp_path / "b",
-                                              options={"n": 4}))
+        run_analysis("cls_attention", RunRequest(models=[str(tmp_path / "vitx")], engine="ort", out=tmp_path / "b",
+                                                 options={"n": 4}))

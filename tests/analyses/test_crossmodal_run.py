@@ -51,11 +51,11 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
     import transformers as t
     from PIL import Image
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     root, ckpt = clip_pairs
-    ctx = Context(models=[str(root / "clipv"), str(ckpt)], engine="ort", data=str(root / "pairs.jsonl"),
-                  out=root / "run", options={"k": K, "permutations": 5, "bootstrap": 5})
+    ctx = RunRequest(models=[str(root / "clipv"), str(ckpt)], engine="ort", data=str(root / "pairs.jsonl"),
+                     out=root / "run", options={"k": K, "permutations": 5, "bootstrap": 5})
     _, res = run_analysis("crossmodal", ctx)
     combined = res["combined"]
     assert combined["image_layers"] == ["0", "1", "2"] and combined["text_layers"] == ["0", "1", "2"]
@@ -100,27 +100,27 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
 
 def test_crossmodal_needs_one_image_and_one_text_model(clip_pairs, tmp_path):
     """Catches: two text models compared as if one side were images, more built-in digits asked than exist."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     root, ckpt = clip_pairs
     with pytest.raises(InputError, match="one vision export and one text model"):
-        run_analysis("crossmodal", Context(models=[str(ckpt), str(ckpt)], engine="ort",
-                                           data=str(root / "pairs.jsonl"), out=tmp_path / "x",
-                                           options={"k": K, "permutations": 0, "bootstrap": 0}))
+        run_analysis("crossmodal", RunRequest(models=[str(ckpt), str(ckpt)], engine="ort",
+                                              data=str(root / "pairs.jsonl"), out=tmp_path / "x",
+                                              options={"k": K, "permutations": 0, "bootstrap": 0}))
     with pytest.raises(InputError, match="--n must be between 4 and 1797"):
-        run_analysis("crossmodal", Context(models=[str(root / "clipv"), str(ckpt)], engine="ort",
-                                           out=tmp_path / "y", options={"n": 2000}))
+        run_analysis("crossmodal", RunRequest(models=[str(root / "clipv"), str(ckpt)], engine="ort",
+                                              out=tmp_path / "y", options={"n": 2000}))
 
 
 def test_captions_shared_by_many_images_are_one_line_before_any_model_runs(clip_pairs, tmp_path):
     """Catches: the built-in digits (one caption per class, 10 distinct) run with --k 10, where every text row
     has more equal neighbours than k and mutual k-NN is undefined on every pair: an 'internal error' after
     every image and caption went through the models."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     root, ckpt = clip_pairs
     with pytest.raises(InputError, match=r"the built-in digits \(one caption per class\): 40 pairs hold 10 "
                                          r"distinct captions; mutual k-NN needs more than --k 10"):
-        run_analysis("crossmodal", Context(models=[str(root / "clipv"), str(ckpt)], engine="ort",
-                                           out=tmp_path / "z", options={"n": 40, "k": 10}))
+        run_analysis("crossmodal", RunRequest(models=[str(root / "clipv"), str(ckpt)], engine="ort",
+                                              out=tmp_path / "z", options={"n": 40, "k": 10}))
     assert not (tmp_path / "z").exists()

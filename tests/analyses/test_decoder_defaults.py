@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def _pairs(tmp_path, n=24):
 def _ctx(model, tmp_path, name, **kw):
     base = dict(models=[str(model)], engine="torch", layers="all", out=tmp_path / name, seed=0, cache=False)
     base.update(kw)
-    return Context(**base)
+    return RunRequest(**base)
 
 
 def _poolings(results):

@@ -79,10 +79,10 @@ def test_report_escapes_tokens_and_draws_in_chromium(tiny_model, tmp_path, capsy
 
 @pytest.mark.slow
 def test_hiding_game_separates_pairs_from_random_on_sts(sts_dir, tmp_path):
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
-    ctx = Context(models=["minilm"], engine="torch", data=str(sts_dir / "sts-test.csv"), out=tmp_path / "r",
-                  options={"max_pairs": 14, "steps": 6, "k": 3, "curve": "2", "show": 1})
+    ctx = RunRequest(models=["minilm"], engine="torch", data=str(sts_dir / "sts-test.csv"), out=tmp_path / "r",
+                     options={"max_pairs": 14, "steps": 6, "k": 3, "curve": "2", "show": 1})
     _, results = run_analysis("explain", ctx)
     fig = next(iter(results["per_model"].values()))
     test = next(t for t in fig["tables"]["explain_tests"] if t["method_b"] == "random")

@@ -55,12 +55,12 @@ def _pairs(path: Path) -> Path:
 def test_a_runs_options_are_recorded_with_every_default_filled_in(home, tiny_model):
     """A library caller naming one option: the run's identity holds every declared option at its default
     (so an option named at its default is the same run, and a later change of a default is another run)."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     data = _pairs(home / "pairs.tsv")
     ctx = dict(models=[str(tiny_model("bert"))], engine="torch", layers="-1", poolings=["mean"], data=str(data),
                cache=False)
-    first = run_analysis("sts", Context(options={"n_boot": 0}, **ctx))
+    first = run_analysis("sts", RunRequest(options={"n_boot": 0}, **ctx))
     doc = json.loads((Path(first.out) / "results.json").read_text())
     # sts's declared defaults, by hand
     expected = {"n_boot": 0, "probe": False, "train": None, "dev": None, "probe_kind": "all", "probe_loss": "mse",
@@ -68,7 +68,7 @@ def test_a_runs_options_are_recorded_with_every_default_filled_in(home, tiny_mod
     for name, value in expected.items():
         assert doc["identity"][f"options.{name}"] == value, name
         assert doc["settings"]["options"][name] == value, name
-    again = run_analysis("sts", Context(options={"n_boot": 0, "probe": False, "probe_kind": "all"}, **ctx))
+    again = run_analysis("sts", RunRequest(options={"n_boot": 0, "probe": False, "probe_kind": "all"}, **ctx))
     assert again.out == first.out and again.reused  # the defaults named: the same run, reused
 
 

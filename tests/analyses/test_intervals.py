@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 from layerscope.analyses.intervals import interval, mean_interval
 from layerscope.metrics.paired import mean_scorer, ratio_scorer, win_rate_scorer
 
@@ -122,7 +122,7 @@ def torch_one_thread():
 
 def _run(name, tiny_model, out, family="bert", **kw):
     kw.setdefault("layers", "all")
-    return run_analysis(name, Context(models=[str(tiny_model(family))], engine="torch", out=out, cache=False, **kw))
+    return run_analysis(name, RunRequest(models=[str(tiny_model(family))], engine="torch", out=out, cache=False, **kw))
 
 
 def _brackets(row, key):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 from layerscope.errors import InputError
 
 POS = ["what a lovely warm day in the sunny park today", "the people here are kind and the food is great",
@@ -40,8 +40,8 @@ def data(tmp_path):
 
 def _ctx(tiny_model, tmp_path, **kw):
     options = kw.pop("options", {})
-    return Context(models=[str(tiny_model("bert"))], engine=kw.pop("engine", "torch"), out=tmp_path / "out",
-                   poolings=["mean"], cache=False, options=options, **kw)
+    return RunRequest(models=[str(tiny_model("bert"))], engine=kw.pop("engine", "torch"), out=tmp_path / "out",
+                      poolings=["mean"], cache=False, options=options, **kw)
 
 
 @pytest.mark.smoke

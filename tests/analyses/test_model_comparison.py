@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from layerscope.analyses.base import Context, rerender, run_analysis
+from layerscope.analyses.base import RunRequest, rerender, run_analysis
 from layerscope.analyses.base import ModelOutput, PerModel
 from layerscope.analyses.compare import ScoreRow, compare_models, model_rows
 from layerscope.metrics.paired import correlation_scorer
@@ -39,7 +39,7 @@ def _ctx(models, tmp_path, name, **kw):
     base = dict(models=[str(m) for m in models], engine="torch", layers="all", out=tmp_path / name, seed=0,
                 options={"n_boot": 200}, cache=False, poolings=["mean", "cls"])
     base.update(kw)
-    return Context(**base)
+    return RunRequest(**base)
 
 
 def test_models_of_different_depth_line_up_by_relative_depth():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 WORDS = "the a cat dog man woman child plays runs sits reads on in park house guitar book food river".split()
 
@@ -53,10 +53,10 @@ def passes(monkeypatch, tmp_path) -> list[tuple[str, tuple[str, ...], tuple[str,
     return seen
 
 
-def _sts_probe(model, splits, out, **kw) -> Context:
-    return Context(models=[str(model)], engine="torch", layers="all", out=out, seed=0, poolings=["mean", "cls"],
-                   data=str(splits["test"]), **kw,
-                   options={"n_boot": 0, "probe": True, "train": str(splits["train"]), "dev": str(splits["dev"]),
+def _sts_probe(model, splits, out, **kw) -> RunRequest:
+    return RunRequest(models=[str(model)], engine="torch", layers="all", out=out, seed=0, poolings=["mean", "cls"],
+                      data=str(splits["test"]), **kw,
+                      options={"n_boot": 0, "probe": True, "train": str(splits["train"]), "dev": str(splits["dev"]),
                             "probe_kind": "cosine-mlp", "probe_epochs": 2})
 
 
@@ -74,8 +74,8 @@ def test_sts_probe_extracts_each_split_once_and_pooling_reuses_it(tiny_model, sp
         assert set(poolings) == {"mean", "cls", "last", "max", "mean-nobos"}
 
     before = len(passes)
-    _, res = run_analysis("pooling", Context(models=[str(model)], engine="torch", out=tmp_path / "pooling",
-                                             seed=0, data=str(splits["test"]), options={"n_boot": 0}))
+    _, res = run_analysis("pooling", RunRequest(models=[str(model)], engine="torch", out=tmp_path / "pooling",
+                                                seed=0, data=str(splits["test"]), options={"n_boot": 0}))
     assert len(passes) == before  # the test split's vectors come from the store sts made
     assert next(iter(res["per_model"].values()))["tables"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +41,8 @@ def test_int8_is_calibrated_on_held_out_texts_and_retrieval_counts_only_real_mat
 
     monkeypatch.setattr(quantization, "int8_quantize", spy)
     path, scores = _pairs(tmp_path)
-    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", data=str(path), out=tmp_path / "p", seed=0,
-                  options={"n_boot": 0}, cache=False)
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine="torch", data=str(path), out=tmp_path / "p", seed=0,
+                     options={"n_boot": 0}, cache=False)
     _, res = run_analysis("pooling", ctx)
     assert calls
     for x, calibration in calls:

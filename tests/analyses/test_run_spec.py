@@ -175,15 +175,15 @@ def test_locked_cache_store_keeps_max_length_and_batch_tokens(monkeypatch):
 
 
 def test_run_returns_its_outcome_and_leaves_the_context_alone(tiny_model, tmp_path):
-    """run_analysis hands back whether it reused (no flag set on the caller's context, which it never changes),
+    """run_analysis hands back whether it reused (no flag set on the caller's request, which it never changes),
     and still unpacks as (dir, results)."""
     import dataclasses
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     data = long_pairs(tmp_path / "pairs.tsv", n=8, words=5)
-    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", layers="-1", poolings=["mean"], data=str(data),
-                  out=tmp_path / "out", options={"n_boot": 0}, cache=False)
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine="torch", layers="-1", poolings=["mean"], data=str(data),
+                     out=tmp_path / "out", options={"n_boot": 0}, cache=False)
     before = dataclasses.asdict(ctx)
     first = run_analysis("sts", ctx)
     second = run_analysis("sts", ctx)

@@ -32,7 +32,7 @@ def test_a_run_says_its_cost_before_its_first_text(tiny_model, tmp_path, monkeyp
     from rich.console import Console
 
     import layerscope.decoding.saliency as saliency
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in
@@ -46,9 +46,9 @@ def test_a_run_says_its_cost_before_its_first_text(tiny_model, tmp_path, monkeyp
         raise Started(out.getvalue())
 
     monkeypatch.setattr(saliency, "text_scores", first_text)
-    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", out=tmp_path / "out", poolings=["mean"],
-                  cache=False, data=str(data), layers="1,2", console=Console(file=out, width=400),
-                  options={"objective": "similarity", "reference": "a day in the park", "k": 2, "ig_steps": 3,
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine="torch", out=tmp_path / "out", poolings=["mean"],
+                     cache=False, data=str(data), layers="1,2", console=Console(file=out, width=400),
+                     options={"objective": "similarity", "reference": "a day in the park", "k": 2, "ig_steps": 3,
                            "max_texts": 2})
     with pytest.raises(Started) as said:
         run_analysis("saliency", ctx)

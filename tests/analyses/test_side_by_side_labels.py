@@ -100,15 +100,15 @@ def test_two_models_are_named_by_label_everywhere_on_one_depth_axis(two_depths, 
 
 def test_models_of_one_depth_share_the_layer_axis_in_png_and_html(tiny_model, tmp_path, monkeypatch):
     """Two models of the same depth: the layer axis in both (report.html used relative depth for any two)."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     shown = capture(monkeypatch)
     a = tmp_path / "x" / "bert-a"
     shutil.copytree(tiny_model("bert"), a)
     out = tmp_path / "same"
-    run_analysis("compositionality", Context(models=[str(a), str(tiny_model("bert"))], engine="torch",
-                                             layers="1,2", out=out, cache=False, poolings=["mean"],
-                                             labels=["one", "two"]))
+    run_analysis("compositionality", RunRequest(models=[str(a), str(tiny_model("bert"))], engine="torch",
+                                                layers="1,2", out=out, cache=False, poolings=["mean"],
+                                                labels=["one", "two"]))
     png = shown["compositionality_win_rate_by_layer.png"]
     assert png.xlabels[0] == "layer" and png.xticks[0] == ["1", "2"]
     assert png.legends[:2] == ["one mean", "two mean"]

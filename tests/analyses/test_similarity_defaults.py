@@ -8,7 +8,7 @@ import re
 import pytest
 
 from figures import capture
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import Context, RunRequest, run_analysis
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -19,19 +19,20 @@ def _home(tmp_path, monkeypatch):
 
 
 def _ctx(models, out, **options):
-    return Context(models=[str(m) for m in models], engine="torch", layers="all", out=out, seed=0, cache=False,
-                   options={"n": 12, "knn": 3, **options})
+    return RunRequest(models=[str(m) for m in models], engine="torch", layers="all", out=out, seed=0, cache=False,
+                      options={"n": 12, "knn": 3, **options})
 
 
 def test_default_texts_are_one_language(tiny_model, tmp_path):
     from layerscope.analyses.similarity import Similarity
 
-    data = Similarity().prepare(_ctx([tiny_model("bert")], tmp_path / "x"))
+    data = Similarity().prepare(Context.asked(Similarity, _ctx([tiny_model("bert")], tmp_path / "x")))
     assert len(data["texts"]) == 12
     assert not any(CJK.search(t) for t in data["texts"]), data["texts"][:3]  # English only
-    zh = Similarity().prepare(_ctx([tiny_model("bert")], tmp_path / "y", language="zh"))
+    zh = Similarity().prepare(Context.asked(Similarity, _ctx([tiny_model("bert")], tmp_path / "y", language="zh")))
     assert all(CJK.search(t) for t in zh["texts"])
-    both = Similarity().prepare(_ctx([tiny_model("bert")], tmp_path / "z", language="both"))
+    both = Similarity().prepare(Context.asked(Similarity, _ctx([tiny_model("bert")], tmp_path / "z",
+                                                                language="both")))
     assert len(both["texts"]) == 24 and "Chinese and English" in both["origin"]
     assert "English" in data["origin"] and "Chinese" not in data["origin"]
 

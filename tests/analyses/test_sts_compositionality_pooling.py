@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, rerender, run_analysis
+from layerscope.analyses.base import RunRequest, rerender, run_analysis
 from layerscope.errors import InputError
 
 SENTENCES = [
@@ -39,11 +39,11 @@ def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
 
 
-def _ctx(model, tmp_path, name, **kw) -> Context:
+def _ctx(model, tmp_path, name, **kw) -> RunRequest:
     base = dict(models=[str(model)], engine="torch", layers="all", out=tmp_path / name, seed=0,
                 options={"n_boot": 50}, cache=False)
     base.update(kw)
-    return Context(**base)
+    return RunRequest(**base)
 
 
 def sts_pairs(n: int = 60, seed: int = 11) -> list[tuple[str, str, float]]:

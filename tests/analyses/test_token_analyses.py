@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 N = 12
 BINS = 4
@@ -105,8 +105,8 @@ def test_token_alignment_equals_an_independent_computation(tmp_path, tiny_model,
     if chunk_bytes:  # pairs read a few at a time: the figures are those of all pairs at once
         monkeypatch.setattr("layerscope.extraction.token_embed.CHUNK_BYTES", chunk_bytes)
     model = tiny_model(family)
-    ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "ta", seed=1,
-                  options={"generate": "zh-en", "n": N, "bins": BINS}, cache=False)
+    ctx = RunRequest(models=[str(model)], engine="torch", layers="all", out=tmp_path / "ta", seed=1,
+                     options={"generate": "zh-en", "n": N, "bins": BINS}, cache=False)
     out, res = run_analysis("token_alignment", ctx)
     fig = next(iter(res["per_model"].values()))
     rows = fig["tables"]["token_alignment_layers"]
@@ -141,8 +141,8 @@ def test_similarity_on_tokens_equals_cka_of_hf_token_states(tmp_path, tiny_model
     from layerscope.data.bilingual import generate_pairs
 
     model = tiny_model("bert")
-    ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "sim", seed=1,
-                  options={"n": 6, "tokens": True, "knn": 3}, cache=False)
+    ctx = RunRequest(models=[str(model)], engine="torch", layers="all", out=tmp_path / "sim", seed=1,
+                     options={"n": 6, "tokens": True, "knn": 3}, cache=False)
     _, res = run_analysis("similarity", ctx)
     fig = next(iter(res["per_model"].values()))
     assert fig["summary"]["vectors"] == "tokens"
@@ -165,8 +165,8 @@ def test_similarity_tokens_from_a_token_store(tmp_path, tiny_model):
 
     texts = ["the cat sat on the mat", "a dog runs over the river", "the quick brown fox", "lazy dogs sleep"]
     store = extract(tiny_model("bert"), texts, tmp_path / "s", engine="torch", layers="all", tokens=True).store
-    ctx = Context(models=["minilm"], engine="torch", layers="all", out=tmp_path / "sim", seed=1,
-                  options={"store": str(store.path), "tokens": True, "knn": 3}, cache=False)
+    ctx = RunRequest(models=["minilm"], engine="torch", layers="all", out=tmp_path / "sim", seed=1,
+                     options={"store": str(store.path), "tokens": True, "knn": 3}, cache=False)
     _, res = run_analysis("similarity", ctx)
     fig = next(iter(res["per_model"].values()))
     layer = store.tokens(1)
@@ -194,8 +194,8 @@ def test_word_context_equals_an_independent_computation(tmp_path, tiny_model, la
              "my cat likes the river", "a mat for the cat", "the lazy river and the lazy cat"]
     data = tmp_path / "t.txt"
     data.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    ctx = Context(models=[str(model)], engine="torch", layers="all", out=tmp_path / "wc", seed=1, data=str(data),
-                  options={"words": "cat,river,mat", "knn": 3, "last_k": last_k}, cache=False)
+    ctx = RunRequest(models=[str(model)], engine="torch", layers="all", out=tmp_path / "wc", seed=1, data=str(data),
+                     options={"words": "cat,river,mat", "knn": 3, "last_k": last_k}, cache=False)
     _, res = run_analysis("word_context", ctx)
     fig = next(iter(res["per_model"].values()))
     tok = AutoTokenizer.from_pretrained(str(model))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -61,8 +61,8 @@ def test_word_context_runs_only_the_texts_with_the_words_and_says_how_far_it_is(
     texts = others[:20] + with_words[:2] + others[20:] + with_words[2:]
     data = tmp_path / "corpus.txt"
     data.write_text("\n".join(texts) + "\n")
-    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", layers="all", out=tmp_path / "wc", seed=0,
-                  data=str(data), options={"words": "cat,river,mat", "knn": 2}, cache=False, batch_tokens=16)
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine="torch", layers="all", out=tmp_path / "wc", seed=0,
+                     data=str(data), options={"words": "cat,river,mat", "knn": 2}, cache=False, batch_tokens=16)
     _, res = run_analysis("word_context", ctx)
     assert sorted(fed) == sorted(with_words)  # the 40 texts without the words never reach the model
     said = lines("word_context: 4 texts with the words")
@@ -71,8 +71,8 @@ def test_word_context_runs_only_the_texts_with_the_words_and_says_how_far_it_is(
 
 
 def test_token_alignment_says_how_far_it_is_on_every_batch(tiny_model, tmp_path, lines, fed):
-    ctx = Context(models=[str(tiny_model("bert"))], engine="torch", layers="all", out=tmp_path / "ta", seed=0,
-                  options={"generate": "zh-en", "n": 6}, cache=False, batch_tokens=32)
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine="torch", layers="all", out=tmp_path / "ta", seed=0,
+                     options={"generate": "zh-en", "n": 6}, cache=False, batch_tokens=32)
     run_analysis("token_alignment", ctx)
     said = lines("token_alignment: texts through the model")
     assert len(fed) == 12
@@ -83,7 +83,7 @@ def test_token_alignment_says_how_far_it_is_on_every_batch(tiny_model, tmp_path,
 
 _CHILD = """
 import json, sys, tracemalloc
-from layerscope.analyses.base import Context, get_analysis, run_analysis
+from layerscope.analyses.base import RunRequest, get_analysis, run_analysis
 import layerscope.extraction.token_embed as token_embed
 token_embed.CHUNK_BYTES = int(sys.argv[3])
 spec = json.loads(sys.argv[2])
@@ -99,8 +99,8 @@ def traced(self, *args, **kwargs):  # what the analysis allocates while it compu
         tracemalloc.stop()
 
 cls.compute = traced
-run_analysis(spec["name"], Context(models=[sys.argv[1]], engine="torch", layers="all", seed=0, cache=False,
-                                   **spec["ctx"]))
+run_analysis(spec["name"], RunRequest(models=[sys.argv[1]], engine="torch", layers="all", seed=0, cache=False,
+                                      **spec["ctx"]))
 print("PEAK", max(peaks))
 """
 

@@ -24,7 +24,7 @@ def test_zero_shot_by_layer_equals_transformers(tmp_path):
     import transformers as t
     from PIL import Image
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.analyses.crossmodal import digit_pairs
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
@@ -32,8 +32,8 @@ def test_zero_shot_by_layer_equals_transformers(tmp_path):
     ckpt = build_tiny_model("clip-text", tmp_path / "clip")
     t.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(ckpt)
     export_model(resolve_source(str(ckpt)), tmp_path / "clipv", tower="vision")
-    _, res = run_analysis("vision_lens", Context(models=[str(tmp_path / "clipv")], engine="ort",
-                                                 out=tmp_path / "run", options={"n": N}))
+    _, res = run_analysis("vision_lens", RunRequest(models=[str(tmp_path / "clipv")], engine="ort",
+                                                    out=tmp_path / "run", options={"n": N}))
     (fig,) = res["per_model"].values()
     got = {r["layer"]: r["accuracy"] for r in fig["tables"]["layers"]}
     assert sorted(got) == ["0", "1", "2"]
@@ -73,11 +73,11 @@ def test_zero_shot_by_layer_equals_transformers(tmp_path):
 
 def test_vision_lens_refuses_a_template_without_a_slot(tmp_path):
     """Catches: every class given the same prompt (no {} for the label)."""
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
 
     with pytest.raises(InputError, match="--template needs"):
-        run_analysis("vision_lens", Context(models=["minilm"], engine="ort", out=tmp_path / "x",
-                                            options={"template": "a photo"}))
+        run_analysis("vision_lens", RunRequest(models=["minilm"], engine="ort", out=tmp_path / "x",
+                                               options={"template": "a photo"}))
 
 
 def _word_tokenizer(ckpt: Path, words: list[str]) -> None:
@@ -101,7 +101,7 @@ def test_siglip_zero_shot_by_layer_equals_transformers(tmp_path):
 
     from tiny_vision import build_tiny_vision
 
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.analyses.crossmodal import WORDS, digit_pairs
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
@@ -109,8 +109,8 @@ def test_siglip_zero_shot_by_layer_equals_transformers(tmp_path):
     ckpt = build_tiny_vision("siglip", tmp_path / "siglip")
     _word_tokenizer(ckpt, "a photo of the digit".split() + list(WORDS))
     export_model(resolve_source(str(ckpt)), tmp_path / "sigv", tower="vision")
-    _, res = run_analysis("vision_lens", Context(models=[str(tmp_path / "sigv")], engine="ort",
-                                                 out=tmp_path / "run", options={"n": N}))
+    _, res = run_analysis("vision_lens", RunRequest(models=[str(tmp_path / "sigv")], engine="ort",
+                                                    out=tmp_path / "run", options={"n": N}))
     (fig,) = res["per_model"].values()
     pairs = digit_pairs(N)
     labels = [caption.rsplit(" ", 1)[-1] for _, _, caption in pairs]

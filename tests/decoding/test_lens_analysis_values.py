@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 TEXTS = ["the cat sat on the mat", "water boils at sea level", "the river flows slowly through the old town"]
 
@@ -33,8 +33,8 @@ def test_lens_table_equals_a_hand_computed_logit_lens(tiny_model, tmp_path, engi
     data.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     if engine == "ov":
         pytest.importorskip("openvino")
-    ctx = Context(models=[str(model_dir)], engine=engine, out=tmp_path / "out", poolings=["mean"], cache=False,
-                  data=str(data), layers="all", options={"top_k": 3, "show": 0, "batch": 2})
+    ctx = RunRequest(models=[str(model_dir)], engine=engine, out=tmp_path / "out", poolings=["mean"], cache=False,
+                     data=str(data), layers="all", options={"top_k": 3, "show": 0, "batch": 2})
     _, results = run_analysis("lens", ctx)
     table = next(iter(results["per_model"].values()))["tables"]["lens_by_layer"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -45,8 +45,8 @@ def test_lens_says_how_far_it_is_within_every_batch(engine, tiny_model, tmp_path
     data = tmp_path / "texts.txt"
     data.write_text("".join(f"text number {i} about a cat\n" for i in range(5)))
     console = Console(file=io.StringIO(), width=200)
-    ctx = Context(models=[str(tiny_model("bert"))], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
-                  options={"top_k": 3, "show": 0, "batch": 2}, console=console)
+    ctx = RunRequest(models=[str(tiny_model("bert"))], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                     options={"top_k": 3, "show": 0, "batch": 2}, console=console)
     run_analysis("lens", ctx)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("lens: tokens decoded")]
     tok = ModelHandle.resolve(tiny_model("bert")).tokenizer()
@@ -76,10 +76,10 @@ _CHILD = """
 import resource, sys
 import layerscope.decoding.lens_onnx as lens_onnx
 lens_onnx.HEAD_BYTES = 8 * 2**20
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 export, data, batch, out, engine = sys.argv[1:6]
-run_analysis("lens", Context(models=[export], engine=engine, data=data, cache=False, out=out,
-                             options={"top_k": 5, "show": 0, "batch": int(batch)}))
+run_analysis("lens", RunRequest(models=[export], engine=engine, data=data, cache=False, out=out,
+                                options={"top_k": 5, "show": 0, "batch": int(batch)}))
 print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
@@ -152,8 +152,8 @@ def test_lens_runs_of_positions_are_bounded_by_the_head_work(engine, tiny_model,
     data = tmp_path / "texts.txt"
     data.write_text("".join(t + "\n" for t in texts))
     console = Console(file=io.StringIO(), width=200)
-    ctx = Context(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
-                  options={"top_k": 3, "show": 0, "batch": 2}, console=console)
+    ctx = RunRequest(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                     options={"top_k": 3, "show": 0, "batch": 2}, console=console)
     run_analysis("lens", ctx)
     if engine == "ort":  # the head's export says its stages to the user, not only to a caller that asks
         assert "lens head 4/4: checking the graph against torch" in console.file.getvalue()
@@ -213,8 +213,8 @@ def test_lens_forward_is_bounded_by_its_work(engine, tiny_model, tmp_path, monke
     _Recorder.made = []
     data = tmp_path / "texts.txt"
     data.write_text("".join(t + "\n" for t in texts))
-    ctx = Context(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
-                  options={"top_k": 3, "show": 0, "batch": 32}, console=Console(file=io.StringIO(), width=200))
+    ctx = RunRequest(models=[str(model)], engine=engine, data=str(data), cache=False, out=tmp_path / "out",
+                     options={"top_k": 3, "show": 0, "batch": 32}, console=Console(file=io.StringIO(), width=200))
     run_analysis("lens", ctx)
     bar = next(b for b in _Recorder.made if b.label.startswith("lens: tokens decoded"))
     assert bar.advances == [2 * n, 2 * n, n]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 TEXTS = ["what a lovely warm day in the sunny park today", "the people here are rude and the food is awful",
          "we had a wonderful time and the music was lovely", "the river flows slowly through the old stone town"]
@@ -31,9 +31,9 @@ def test_similarity_objective_figures_equal_a_hand_computation(tiny_model, tmp_p
     model_dir = tiny_model("bert")
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS), encoding="utf-8")
-    ctx = Context(models=[str(model_dir)], engine="torch", out=tmp_path / "out", poolings=["mean"], cache=False,
-                  data=str(data), layers="1,2",
-                  options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
+    ctx = RunRequest(models=[str(model_dir)], engine="torch", out=tmp_path / "out", poolings=["mean"], cache=False,
+                     data=str(data), layers="1,2",
+                     options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
                            "reference": REFERENCE, "decode": "probs"})
     _, results = run_analysis("saliency", ctx)
     summary = next(iter(results["per_model"].values()))["summary"]

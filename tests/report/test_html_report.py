@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerscope.analyses.base import Context, rerender, run_analysis
+from layerscope.analyses.base import RunRequest, rerender, run_analysis
 
 pytest.importorskip("plotly")
 
@@ -144,7 +144,7 @@ def runs(tiny_model, tmp_path_factory):
                 except ImportError:
                     continue
             plan.setdefault("layers", "all")
-            out[name] = run_analysis(name, Context(engine="torch", out=root / name, cache=False, **plan))[0]
+            out[name] = run_analysis(name, RunRequest(engine="torch", out=root / name, cache=False, **plan))[0]
     finally:
         torch.set_num_threads(threads)
         env.undo()

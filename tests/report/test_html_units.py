@@ -92,9 +92,9 @@ def test_unknown_analysis_still_gets_a_page():
 
 
 def test_alignment_examples_option_is_checked_before_any_model_loads(tmp_path):
-    from layerscope.analyses.base import Context, run_analysis
+    from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.errors import InputError
 
     with pytest.raises(InputError, match="--examples must be at least 0, got -1"):
-        run_analysis("alignment", Context(models=["no-such-model"], out=tmp_path / "a",
-                                          options={"generate": "zh-en", "examples": -1}))
+        run_analysis("alignment", RunRequest(models=["no-such-model"], out=tmp_path / "a",
+                                             options={"generate": "zh-en", "examples": -1}))

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from layerscope.analyses.base import Context, run_analysis
+from layerscope.analyses.base import RunRequest, run_analysis
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +41,7 @@ def test_constant_cls_vectors_are_undefined_in_compositionality_as_in_sts(tiny_m
 
     model = str(tiny_model("bert"))
     ctx = dict(models=[model], engine="torch", layers="raw,1", poolings=["cls"], seed=0, cache=False)
-    _, comp = run_analysis("compositionality", Context(out=tmp_path / "comp", **ctx))
+    _, comp = run_analysis("compositionality", RunRequest(out=tmp_path / "comp", **ctx))
     rows = {r["layer"]: r for r in next(iter(comp["per_model"].values()))["tables"]["layers"]}
     raw = rows["raw"]
     assert raw["ties"] == raw["n_items"]
@@ -55,7 +55,7 @@ def test_constant_cls_vectors_are_undefined_in_compositionality_as_in_sts(tiny_m
     md = (tmp_path / "comp" / "report.md").read_text()
     assert "undefined at layer raw, cls" in md
 
-    _, sts = run_analysis("sts", Context(out=tmp_path / "sts", **ctx))
+    _, sts = run_analysis("sts", RunRequest(out=tmp_path / "sts", **ctx))
     srows = {r["layer"]: r for r in next(iter(sts["per_model"].values()))["tables"]["layers"]}
     assert srows["raw"]["spearman"] is None and srows["raw"].get("undefined")
     console, buf = _console()

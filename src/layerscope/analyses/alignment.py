@@ -243,7 +243,7 @@ class Alignment(Analysis):
             raise InputError("--permutations must be 0 (no Monte Carlo check) or at least 2, got 1")
         if o.index not in INDEX_KINDS:
             raise InputError(f"--index must be auto, flat, ivf or hnsw, not {o.index!r}")
-        given = [s for s, v in (("--data", ctx.data), ("--generate", o.generate),
+        given = [s for s, v in (("--data", ctx.spec.data), ("--generate", o.generate),
                                 ("--source-file/--target-file", o.source_file or o.target_file))
                  if v]
         if len(given) > 1:
@@ -252,8 +252,8 @@ class Alignment(Analysis):
             if not (o.source_file and o.target_file):
                 raise InputError("--source-file and --target-file go together; give both")
             pairs = read_line_pairs(o.source_file, o.target_file)
-        elif ctx.data:
-            pairs = read_pairs(ctx.data, source=o.source_column, target=o.target_column,
+        elif ctx.spec.data:
+            pairs = read_pairs(ctx.spec.data, source=o.source_column, target=o.target_column,
                                category=o.category_column)
         else:
             gen = o.generate or self.metadata.default_data
@@ -262,10 +262,10 @@ class Alignment(Analysis):
             from layerscope.data.bilingual import generate_pairs
             from layerscope.data.aligned import pairs_from_records
 
-            gp = generate_pairs(o.n, ctx.seed)
+            gp = generate_pairs(o.n, ctx.spec.seed)
             pairs: PairSet = pairs_from_records(
                 [(i + 1, p.source, p.target, p.category, p.id) for i, p in enumerate(gp)],
-                f"generated {gen} (n={len(gp)}, seed={ctx.seed})", where="pair")
+                f"generated {gen} (n={len(gp)}, seed={ctx.spec.seed})", where="pair")
             pairs.answers = [p.answer for p in gp]
         for note in pairs.notes:
             ctx.say(note)
@@ -290,17 +290,17 @@ class Alignment(Analysis):
         from layerscope.progress import track
 
         layer_rows, cat_rows, backend = [], [], None
-        queries = example_queries(n, o.examples, ctx.seed)
+        queries = example_queries(n, o.examples, ctx.spec.seed)
         k_shown = min(5, n)
         shown: dict[str, dict[str, Any]] = {}
         for pooling in poolings:
             for layer in track(layers, f"alignment, {pooling} pooling: layers"):
                 v = vecs[pooling, layer]
                 src, tgt = v[:n], v[n:]
-                f = alignment_figures(src, tgt, n_perm=o.permutations, seed=ctx.seed, knn_k=o.knn,
+                f = alignment_figures(src, tgt, n_perm=o.permutations, seed=ctx.spec.seed, knn_k=o.knn,
                                       ann_threshold=o.ann_threshold, index_kind=o.index, device=o.device)
                 backend = f["retrieval"].get("backend")
-                layer_rows.append(with_intervals(layer_row(pooling, layer, f), f, src, tgt, ctx.seed))
+                layer_rows.append(with_intervals(layer_row(pooling, layer, f), f, src, tgt, ctx.spec.seed))
                 if len(queries):
                     shown.setdefault(pooling, {})[layer] = nearest_targets(src, tgt, queries, k_shown)
                 for c in cats:
@@ -309,7 +309,7 @@ class Alignment(Analysis):
                         cat_rows.append({"pooling": pooling, "layer": layer, "category": c, "n": int(len(idx)),
                                          "z": None, "undefined": "fewer than 2 pairs"})
                         continue
-                    cf = category_figures(src[idx], tgt[idx], seed=ctx.seed)
+                    cf = category_figures(src[idx], tgt[idx], seed=ctx.spec.seed)
                     cat_rows.append({"pooling": pooling, "layer": layer, "category": c, **cf})
         # the headline follows the model's own pooling (a decoder's is 'last'), when it was run
         own = run.handle.manifest.default_pooling
@@ -343,7 +343,7 @@ class Alignment(Analysis):
                          f"layer {best_acc['layer']}, {main} pooling", chance=1 / n),
                 headline("MRR source → target, last layer", last, "mrr_src2tgt",
                          f"layer {last['layer']}, {main} pooling", chance=mrr_chance(n))],
-            "intervals": method(n, "pairs", ctx.seed, shares="acc@k (a tied partner counts its expected hit)")
+            "intervals": method(n, "pairs", ctx.spec.seed, shares="acc@k (a tied partner counts its expected hit)")
                          + "; " + Z_INTERVAL,
             "z_method": Z_METHOD + (f"; a Monte Carlo z from {o.permutations} permutations, with its standard "
                                     "error, beside it as a check" if o.permutations else ""),
@@ -372,7 +372,7 @@ class Alignment(Analysis):
         info = {"origin": data.origin, "n": len(data), "duplicates": data.duplicates, "notes": data.notes,
                 "categories": sorted(set(data.categories)) if data.categories else []}
         several = compare_models(per_model, score="z_exact", score_label="z (exact permutation moments)",
-                                 seed=ctx.seed, say=ctx.say)
+                                 seed=ctx.spec.seed, say=ctx.say)
         if data.answers is not None:
             rows = [{"id": i, "category": c, "source": s, "target": t, "answer": a}
                     for i, c, s, t, a in zip(data.ids, data.categories, data.sources, data.targets, data.answers)]

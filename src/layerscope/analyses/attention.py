@@ -137,20 +137,20 @@ class AttentionAnalysis(Analysis):
         from layerscope.data.examples import LENS_TEXTS, read_texts
 
         o = self.options(ctx)
-        if ctx.engine not in ENGINES:
+        if ctx.spec.engine not in ENGINES:
             raise InputError(f"run attention reads the attention graph on ort, ov or torch (or auto: ort); not "
-                             f"--engine {ctx.engine}")
+                             f"--engine {ctx.spec.engine}")
         for name in ("max_texts", "patterns"):
             if int(getattr(o, name)) < 0:
                 raise InputError(f"--{name.replace('_', '-')} must be 0 or more, not {getattr(o, name)}")
-        for spec in ctx.models:  # an export without the attention graph: one line before any model runs
+        for spec in ctx.spec.given_models:  # an export without the attention graph: one line before any model runs
             folder = Path(spec)
             if (folder / "manifest.json").is_file():
                 from layerscope.export.attention_run import require_attention_variant
                 from layerscope.model.handle import ModelHandle
 
                 require_attention_variant(ModelHandle.resolve(folder, verify=False))
-        path = ctx.data or LENS_TEXTS
+        path = ctx.spec.data or LENS_TEXTS
         texts = read_texts(path)
         if o.max_texts:
             texts = texts[:o.max_texts]
@@ -191,7 +191,7 @@ class AttentionAnalysis(Analysis):
                     stats[name][rows] = value
                 bar.advance(len(rows))
         viewer = [self._one_text(runner, encoder, texts[i], i, run, not o.no_flow) for i in shown]
-        per_head, per_layer = head_rows(stats, seed=ctx.seed)
+        per_head, per_layer = head_rows(stats, seed=ctx.spec.seed)
         last = per_layer[-1]
         from layerscope.analyses.intervals import headline, method
 
@@ -199,7 +199,7 @@ class AttentionAnalysis(Analysis):
                       for name in SUMMARIES]
         summary = {"first_share_last_layer": last["first"], "texts": len(texts), "layers": layers, "heads": heads,
                    "causal": handle.manifest.kind == "decoder", "engine": runner.engine,
-                   "headline": heads_line, "intervals": method(len(texts), "texts", ctx.seed)}
+                   "headline": heads_line, "intervals": method(len(texts), "texts", ctx.spec.seed)}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a head no text defines stays None
             grids = {name: _grid(np.nanmean(stats[name], axis=0)) for name in SUMMARIES}
@@ -223,7 +223,7 @@ class AttentionAnalysis(Analysis):
         from layerscope.analyses.compare import compare_models
 
         return compare_models(per_model, score="first", score_label="first-token share", group_label="summary",
-                              seed=ctx.seed, say=ctx.say)
+                              seed=ctx.spec.seed, say=ctx.say)
 
     @staticmethod
     def _one_text(runner, encoder, text: str, index: int, run: ModelRun, with_flow: bool) -> dict[str, Any]:

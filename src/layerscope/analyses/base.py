@@ -13,22 +13,26 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from layerscope.analyses.metadata import INPUTS, AnalysisMetadata, Option
 from layerscope.analyses.registry import _REGISTRY, get_analysis, register, registry
+from layerscope.analyses.request import RunRequest
 from layerscope.analyses.rendering import Rendered, render, rerender, write_results
 from layerscope.errors import InputError
 from layerscope.model.manifest_type import SourceInfo
 
+if TYPE_CHECKING:
+    from layerscope.analyses.spec import RunSpec
+
 # what an analysis module imports from here (the registration path every analysis uses)
 __all__ = ["INPUTS", "Analysis", "AnalysisMetadata", "Context", "ModelOutput", "ModelRun", "Option", "PerModel",
-           "Rendered", "RunOutcome", "_REGISTRY", "get_analysis", "register", "registry", "render", "rerender",
-           "run_analysis", "write_results"]
+           "Rendered", "RunOutcome", "RunRequest", "_REGISTRY", "get_analysis", "register", "registry", "render",
+           "rerender", "run_analysis", "write_results"]
 
 log = logging.getLogger("layerscope")
 
@@ -77,36 +81,46 @@ class PerModel(dict):
         self.outputs = dict(outputs)
 
 
-@dataclass
-class Context:
-    """An analysis run as asked (models, engine, data, options, ...) and, on ``run_analysis``'s own copy, the
-    run's ``spec`` (a RunSpec, analyses/spec.py) and typed ``opts``: ``compute`` reads what the run resolved
-    (max length, batch tokens, layers and poolings per model) from the spec alone."""
+def _say(console, msg: str) -> None:
+    if console is not None:
+        from rich.markup import escape
 
-    models: list[str]
-    engine: str = "auto"
-    layers: str = "all"
-    poolings: list[str] | None = None
-    data: str | None = None
-    out: Path | None = None  # None: results/<model>/<revision>/<analysis> (see analyses/layout.py)
-    seed: int = 0
-    options: dict[str, Any] = field(default_factory=dict)
-    cache: bool = True
+        console.print(f"[dim]- {escape(msg)}[/dim]")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an analysis reads of its run: the run's ``spec`` (a RunSpec, analyses/spec.py: models, engine,
+    layers, poolings, data, seed, max length, ...) and its typed ``opts``; ``say`` prints a progress line.
+
+    ``prepare`` sees the spec before the models are resolved (``spec.models`` empty, ``spec.given_models``
+    as named); ``compute``, ``offline`` and ``combine`` see it whole. Made from a ``RunRequest`` by ``asked``.
+    """
+
+    spec: RunSpec
+    opts: Any  # the analysis's typed options (analyses/spec.py), every default filled in
     console: Any = None
-    trust_remote_code: bool = False  # run the model repo's own code (off unless asked)
-    recompute: bool = False  # run again even when the result dir holds this very run
-    force: bool = False  # replace a result dir holding a different run
-    max_length: int | None = None  # tokens per text (default: the model's); also caps TensorRT's profile
-    batch_tokens: int | None = None  # padded tokens per batch (default: the engine's)
-    opts: Any = None  # the analysis's typed options (analyses/spec.py), set on run_analysis's own copy
-    spec: Any = None  # the run's RunSpec (analyses/spec.py), set on run_analysis's own copy
-    labels: list[str] | None = None  # a short name per model (--label); default: analyses/labels.py
+    cache: bool = True  # ``vectors`` reuses a matching cached LayerStore
+
+    @classmethod
+    def asked(cls, analysis: Analysis | type[Analysis] | str, request: RunRequest) -> Context:
+        """The context of ``request`` (a RunRequest) for ``analysis``: its options typed (a name the analysis
+        does not declare is said and left out), its data the request's or the analysis's default."""
+        from layerscope.analyses.spec import RunSpec, make_options
+
+        if isinstance(analysis, str):
+            analysis = get_analysis(analysis)
+        if isinstance(analysis, type):
+            analysis = analysis()
+        meta = analysis.metadata
+        given, engine_options = request.split_options()
+        opts = make_options(meta, given, say=lambda msg: _say(request.console, msg))
+        data = request.data if request.data is not None else analysis.default_data_file()
+        spec = RunSpec.asked(meta.name, request, options=opts, engine_options=engine_options, data=data)
+        return cls(spec=spec, opts=opts, console=request.console, cache=request.cache)
 
     def say(self, msg: str) -> None:
-        if self.console is not None:
-            from rich.markup import escape
-
-            self.console.print(f"[dim]- {escape(msg)}[/dim]")
+        _say(self.console, msg)
 
     def vectors(self, run: ModelRun, texts: list[str], *, layers: list[str], poolings: list[str],
                 tag: str = "") -> dict[tuple[str, str], np.ndarray]:
@@ -121,6 +135,11 @@ class Context:
 class Analysis(ABC):
     metadata: ClassVar[AnalysisMetadata]
 
+    def default_data_file(self) -> str | None:
+        """The data a run without ``--data`` reads, as recorded in its spec (None: the analysis makes its own
+        or needs none; ``prepare`` decides)."""
+        return None
+
     def prepare(self, ctx: Context) -> Any:
         """Read and check the data once, before any model is loaded (bad input fails fast)."""
         return None
@@ -130,19 +149,9 @@ class Analysis(ABC):
         per model, e.g. from the family: ``vocab.pooling.family_poolings``)."""
         return list(self.metadata.default_poolings)
 
-    def option_values(self, ctx: Context) -> dict[str, Any]:
-        """Every declared option: its value in ``ctx.options``, else its default (library callers may give few)."""
-        from layerscope.analyses.spec import options_dict
-
-        return options_dict(self.options(ctx))
-
     def options(self, ctx: Context):
         """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
-        if ctx.opts is not None:
-            return ctx.opts
-        from layerscope.analyses.spec import make_options
-
-        return make_options(self.metadata, {k: v for k, v in ctx.options.items() if k != "engine_options"})
+        return ctx.opts
 
     @abstractmethod
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput | dict[str, Any]:
@@ -250,109 +259,103 @@ def _resolved_engine(engine_name: str, engine_options: dict[str, Any], opened) -
     return engine_name, run_variant(engine_options.get("variant"))
 
 
-def run_analysis(name: str, ctx: Context) -> RunOutcome:
-    """Run analysis ``name`` over ``ctx.models``; write the result dir; return (dir, results) as a RunOutcome.
-    The result folder's write lock is held from its claim to its last file (one writer per folder)."""
+def run_analysis(name: str, request: RunRequest) -> RunOutcome:
+    """Run analysis ``name`` as ``request`` (a RunRequest, analyses/request.py) asks; write the result dir;
+    return (dir, results) as a RunOutcome. The result folder's write lock is held from its claim to its last
+    file (one writer per folder)."""
     import contextlib
 
     with contextlib.ExitStack() as hold:
-        return _run_analysis(name, ctx, hold)
+        return _run_analysis(name, request, hold)
 
 
-def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
+def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     """``run_analysis``; ``hold`` (an ExitStack) keeps the result folder's lock until the run returns.
 
     Every check (engine, options, data, models, layers, poolings) runs before any result folder is touched;
-    the run's ``RunSpec`` is made once here and everything else (identity, settings, folder) derives from it.
-    ``ctx`` is not changed: the run works on its own copy.
+    the run's ``RunSpec`` is made once here from the request (before ``prepare``), completed with the
+    models as resolved, and everything else (identity, settings, folder, what ``compute`` reads) derives
+    from it.
     """
-    from dataclasses import replace
-
     from layerscope.analyses.common import resolve_poolings
     from layerscope.analyses.layout import (claim_result_dir, default_result_dir, model_name, model_revision,
                                             check_runs_index, check_summary, write_runs_index)
-    from layerscope.analyses.spec import ModelSpec, RunSpec, make_options, options_dict
+    from layerscope.analyses.spec import ModelSpec
     from layerscope.engines.registry import check_engine_options, engine_spec, gradient_engine
     from layerscope.export.open import open_engine, resolve_model
 
     cls = get_analysis(name)
     analysis = cls()
     meta = cls.metadata
-    if not ctx.models:
+    if not req.models:
         raise InputError("give at least one --model")
-    if ctx.out is not None:  # a read-only --out is one line before any model starts
+    if req.out is not None:  # a read-only --out is one line before any model starts
         from layerscope.ownership import check_output_path
 
-        check_output_path(Path(ctx.out))
-    declared = engine_spec(ctx.engine)  # an unknown --engine is one line, before anything runs
+        check_output_path(req.out)
+    declared = engine_spec(req.engine)  # an unknown --engine is one line, before anything runs
     if meta.needs_gradients and not declared.gradients:
         raise InputError(f"analysis '{name}' needs gradients and runs on the torch engine only; "
-                         f"drop --engine {ctx.engine} or use --engine torch")
+                         f"drop --engine {req.engine} or use --engine torch")
     from layerscope.export.open import require_engine
     from layerscope.vocab.pooling import check_poolings
 
     if not meta.needs_gradients:
-        require_engine(ctx.engine)  # can it start here at all? before any model is read, hashed or exported
-    if ctx.poolings:
-        check_poolings(ctx.poolings)
+        require_engine(req.engine)  # can it start here at all? before any model is read, hashed or exported
+    if req.poolings:
+        check_poolings(list(req.poolings))
     t0 = time.perf_counter()
-    given = dict(ctx.options)
-    engine_options = dict(given.pop("engine_options", None) or {})
-    check_engine_options(ctx.engine, engine_options)  # a mistyped engine option: one line, before any folder
-    opts = make_options(meta, given, say=ctx.say)  # every default filled in
-    ctx = replace(ctx, options=options_dict(opts), opts=opts)  # the run's own copy; the caller's is untouched
+    check_engine_options(req.engine, req.split_options()[1])  # a mistyped engine option: one line, before any folder
+    ctx = Context.asked(analysis, req)  # the spec as asked, every option default filled in
+    spec = ctx.spec
+    engine_options = dict(spec.engine_options)
 
     from layerscope.analyses.labels import model_labels
 
-    model_labels(ctx.models, [None] * len(ctx.models), ctx.labels)  # a --label count or clash: one line, first
+    # a --label count or clash: one line, first
+    model_labels(list(spec.given_models), [None] * len(spec.given_models), spec.labels)
     data = analysis.prepare(ctx)  # bad input fails here, before anything is written
     handles, layers, poolings = [], [], []
     sources = analysis.stored_sources(ctx, data)
+    engine_name = gradient_engine(spec.engine) if meta.needs_gradients else spec.engine
     if sources is None:
-        engine_name = gradient_engine(ctx.engine) if meta.needs_gradients else ctx.engine
         # a cached export is found without transformers or torch when the engine runs exports
-        handles = [resolve_model(spec, trust_remote_code=ctx.trust_remote_code, engine=engine_name)
-                   for spec in ctx.models]
+        handles = [resolve_model(model, trust_remote_code=req.trust_remote_code, engine=engine_name)
+                   for model in spec.given_models]
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
-        layers = [check_layers(ctx.layers, handle, spec) for spec, handle in zip(ctx.models, handles)]
+        layers = [check_layers(spec.layers, handle, model) for model, handle in zip(spec.given_models, handles)]
         poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]
-        sources = [(spec, h.manifest.source, h.key) for spec, h in zip(ctx.models, handles)]
-    elif ctx.poolings:
-        from layerscope.vocab.pooling import check_poolings
-
-        check_poolings(ctx.poolings)
-    labels = model_labels(ctx.models, [h.manifest.source.alias for h in handles], ctx.labels) if handles else []
-    engine_name = gradient_engine(ctx.engine) if meta.needs_gradients else ctx.engine
-    limits = {"max_seq": ctx.max_length} if ctx.max_length else {}
+        sources = [(model, h.manifest.source, h.key) for model, h in zip(spec.given_models, handles)]
+    labels = (model_labels(list(spec.given_models), [h.manifest.source.alias for h in handles], spec.labels)
+              if handles else [])
+    limits = {"max_seq": spec.max_length} if spec.max_length else {}
     opened: list[Any] = [None] * len(handles)
     try:
         if engine_name == "auto":  # what auto picks is part of the run: start the engines to learn it
-            for i, (spec, handle) in enumerate(zip(ctx.models, handles)):
-                ctx.say(f"{spec}: starting engine auto")
+            for i, (model, handle) in enumerate(zip(spec.given_models, handles)):
+                ctx.say(f"{model}: starting engine auto")
                 opened[i] = open_engine(handle, "auto", **{**limits, **engine_options})
         models = []
-        for i, (spec, src, key) in enumerate(sources):
+        for i, (model, src, key) in enumerate(sources):
             resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles
                                  else (None, None))
-            models.append(ModelSpec(given=spec, key=key, folder=model_name(spec, src),
+            models.append(ModelSpec(given=model, key=key, folder=model_name(model, src),
                                     revision=model_revision(src, key),
                                     layers=tuple(layers[i]) if handles else None,
                                     poolings=tuple(poolings[i]) if handles else None,
                                     engine=resolved, variant=variant))
-        run_spec = RunSpec.make(name, models, engine=ctx.engine, layers=ctx.layers, poolings=ctx.poolings,
-                                max_length=ctx.max_length, batch_tokens=ctx.batch_tokens,
-                                engine_options=engine_options, data=ctx.data, seed=ctx.seed, options=opts,
-                                labels=ctx.labels)
+        run_spec = spec.with_models(models)
         ctx = replace(ctx, spec=run_spec)
-        default_layout = ctx.out is None
-        out = Path(ctx.out) if not default_layout else default_result_dir(run_spec)
+        default_layout = req.out is None
+        out = req.out if not default_layout else default_result_dir(run_spec)
         from layerscope.out_lock import out_lock
 
         hold.enter_context(out_lock(out))
         if default_layout:
             check_runs_index(out.parent)  # before the work: the index is written after it
-        action, earlier = claim_result_dir(out, run_spec, recompute=ctx.recompute, force=ctx.force,
-                                           inputs=[ctx.data, *ctx.models], default_layout=default_layout)
+        action, earlier = claim_result_dir(out, run_spec, recompute=req.recompute, force=req.force,
+                                           inputs=[run_spec.data, *run_spec.given_models],
+                                           default_layout=default_layout)
         if action == "reuse":
             ctx.say(f"{out} already holds this result (same models, data and options); reusing it "
                     "(--recompute to run again)")
@@ -365,13 +368,13 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
             per_model, models_meta = offline
         else:
             per_model, models_meta = {}, {}
-        for i, (spec, handle) in enumerate(zip(ctx.models, handles)):
+        for i, (model, handle) in enumerate(zip(run_spec.given_models, handles)):
             engine = opened[i]
             if engine is None:
-                ctx.say(f"{spec}: starting engine {engine_name}")
+                ctx.say(f"{model}: starting engine {engine_name}")
                 engine = open_engine(handle, engine_name, **{**limits, **engine_options})
             opened[i] = None
-            run = ModelRun(spec, engine.model if hasattr(engine, "model") else handle, engine, layers[i],
+            run = ModelRun(model, engine.model if hasattr(engine, "model") else handle, engine, layers[i],
                            poolings[i])
             try:
                 figures = analysis.compute(ctx, run, data)
@@ -381,7 +384,7 @@ def _run_analysis(name: str, ctx: Context, hold) -> RunOutcome:
             per_model[key] = as_output(figures)
             from layerscope.export.cache import export_record
 
-            models_meta[key] = {"spec": spec, "label": key, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
+            models_meta[key] = {"spec": model, "label": key, "manifest": run.handle.manifest.to_dict(), "engine": engine.info.to_dict(),
                                 "export": export_record(run.handle)}
     finally:
         for engine in opened:

@@ -77,7 +77,7 @@ class ClsAttention(Analysis):
     def prepare(self, ctx: Context) -> Any:
         from layerscope.analyses.vision_lens import labelled_images
 
-        return labelled_images(ctx.data, self.options(ctx).n)
+        return labelled_images(ctx.spec.data, self.options(ctx).n)
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.data.images import decode
@@ -100,7 +100,7 @@ class ClsAttention(Analysis):
         share = maps.sum(-1)  # [images, layers]
         spread = maps / np.where(share > 0, share, 1.0)[..., None]
         entropy = -(spread * np.log(np.where(spread > 0, spread, 1.0))).sum(-1)
-        rng = np.random.default_rng(ctx.seed)
+        rng = np.random.default_rng(ctx.spec.seed)
         draws = rng.integers(0, len(maps), (o.bootstrap, len(maps))) if o.bootstrap else None
         table = []
         for li in range(maps.shape[1]):

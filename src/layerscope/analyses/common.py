@@ -29,9 +29,9 @@ def layers_for(ctx, run) -> list[str]:
         from layerscope.vocab.layers import resolve_layers
 
         try:
-            layers = resolve_layers(ctx.layers, run.num_layers)
+            layers = resolve_layers(ctx.spec.layers, run.num_layers)
         except InputError as exc:
-            raise InputError(f"--layers {ctx.layers}: {exc}") from None
+            raise InputError(f"--layers {ctx.spec.layers}: {exc}") from None
     note = raw_note(run.handle.manifest, layers)
     if note:
         ctx.say(note)
@@ -55,7 +55,7 @@ def resolve_poolings(ctx, handle, default=("mean",)) -> list[str]:
     you mean")."""
     from layerscope.vocab.pooling import check_poolings, require_pooled_output
 
-    pools = check_poolings(list(ctx.poolings or default))
+    pools = check_poolings(list(ctx.spec.poolings or default))
     require_pooled_output(pools, handle.manifest.pooled_output, handle.manifest.family)
     return pools
 

@@ -120,14 +120,17 @@ class Compositionality(Analysis):
         figures=FIGURES,
     )
 
-    def prepare(self, ctx: Context):
-        from layerscope.data.items import default_items_path, read_items
+    def default_data_file(self) -> str:
+        from layerscope.data.items import default_items_path
 
-        items = read_items(ctx.data)
-        if ctx.data is None:
-            ctx.data = str(default_items_path())
+        return str(default_items_path())
+
+    def prepare(self, ctx: Context):
+        from layerscope.data.items import read_items
+
+        items = read_items(ctx.spec.data)
         cats = sorted({it.category for it in items})
-        ctx.say(f"{len(items)} items from {ctx.data} (categories: {', '.join(cats)})")
+        ctx.say(f"{len(items)} items from {ctx.spec.data} (categories: {', '.join(cats)})")
         return items
 
     def default_poolings(self, handle) -> list[str]:
@@ -163,7 +166,7 @@ class Compositionality(Analysis):
             summ, neg, para_mean, diffs = _summary_row(items, idx_pos, idx_neg, idx_para, v)
             row = {"pooling": p, "layer": layer, **summ}
             add_share_interval(row, "win_rate", summ["wins"], len(items))
-            add_interval(row, "mean_diff", mean_scorer(diffs), len(items), seed=ctx.seed)
+            add_interval(row, "mean_diff", mean_scorer(diffs), len(items), seed=ctx.spec.seed)
             rows.append(row)
             kept.append(ScoreRow(p, layer, summ["win_rate"], None, win_rate_scorer(diffs), bootstrap_ci=True))
             for it, n_c, p_c, d in zip(items, neg, para_mean, diffs):
@@ -200,7 +203,7 @@ class Compositionality(Analysis):
             "final": {r["pooling"]: {k: r[k] for k in ("win_rate", "mean_diff", "sign_p", "ties", *ci_keys)}
                       for r in rows if r["layer"] in (final, OWN_LAYER)},
             "headline": heads,
-            "intervals": method(len(items), "items", ctx.seed, shares="win rates (wins over all items)"),
+            "intervals": method(len(items), "items", ctx.spec.seed, shares="win rates (wins over all items)"),
             "own_pooled_output": run.handle.manifest.pooled_output if own is not None else None,
         }
         return ModelOutput({"summary": summary, "tables": {"layers": rows, "groups": group_rows, "items": item_rows}},
@@ -209,4 +212,4 @@ class Compositionality(Analysis):
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.analyses.compare import compare_models
 
-        return compare_models(per_model, score="win_rate", score_label="win rate", seed=ctx.seed, say=ctx.say)
+        return compare_models(per_model, score="win_rate", score_label="win rate", seed=ctx.spec.seed, say=ctx.say)

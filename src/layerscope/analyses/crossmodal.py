@@ -107,11 +107,11 @@ class CrossModalAnalysis(Analysis):
 
     def prepare(self, ctx: Context) -> Any:
         o = self.options(ctx)
-        if len(ctx.models) != 2:
+        if len(ctx.spec.given_models) != 2:
             raise InputError("crossmodal compares two models: --model VISION_EXPORT --model TEXT_MODEL")
         if o.k < 1 or o.acc_k < 1 or o.permutations < 0 or o.bootstrap < 0 or o.batch_size < 1:
             raise InputError("--k, --acc-k and --batch-size must be 1 or more, --permutations and --bootstrap 0 or more")
-        pairs = read_pairs(ctx.data, o.image_column, o.caption_column) if ctx.data else digit_pairs(o.n)
+        pairs = read_pairs(ctx.spec.data, o.image_column, o.caption_column) if ctx.spec.data else digit_pairs(o.n)
         if o.k > len(pairs) - 2:
             raise InputError(f"--k {o.k} needs more than {o.k + 1} pairs; --data has {len(pairs)}")
         distinct = len({caption for _, _, caption in pairs})
@@ -145,7 +145,7 @@ class CrossModalAnalysis(Analysis):
         a, b = kept[images[0]], kept[1 - images[0]]
         try:
             res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
-                             bootstrap=o.bootstrap, select=o.select, seed=ctx.seed)
+                             bootstrap=o.bootstrap, select=o.select, seed=ctx.spec.seed)
         except ValueError as exc:  # a figure undefined on every layer pair: the vectors of a side coincide
             raise InputError(f"crossmodal: {exc}; the images or the captions give too few distinct vectors: "
                              f"lower --k or choose another --select than {o.select}") from None

@@ -134,17 +134,17 @@ class Explain(Analysis):
             if int(getattr(o, name)) < low:
                 raise InputError(f"--{name.replace('_', '-')} must be at least {low}, not {getattr(o, name)}")
         curve = _steps_list(o.curve, "--curve")
-        for p in ctx.poolings or []:
+        for p in ctx.spec.poolings or []:
             if p not in MASK_POOLINGS:
                 raise InputError(f"--pooling {p}: explain pools inside the gradient; choose from "
                                  f"{', '.join(MASK_POOLINGS)}")
-        if o.pair is not None and ctx.data is not None:
+        if o.pair is not None and ctx.spec.data is not None:
             raise InputError("give --pair A B or --data FILE of pairs, not both")
         if o.pair is not None:
             pairs = [(check_text(o.pair[0], "--pair: the first text"), check_text(o.pair[1], "--pair: the second text"))]
             source = "--pair"
-        elif ctx.data is not None:
-            pairs, source = read_text_pairs(ctx.data), str(ctx.data)
+        elif ctx.spec.data is not None:
+            pairs, source = read_text_pairs(ctx.spec.data), str(ctx.spec.data)
         else:
             raise InputError("give --pair \"text A\" \"text B\", or --data FILE of pairs (STS Benchmark, JSONL with "
                              "sentence1/sentence2, or 'A<TAB>B' lines)")
@@ -180,7 +180,7 @@ class Explain(Analysis):
         tok = handle.tokenizer()
         special = set(int(i) for i in tok.all_special_ids)
         base_id = baseline_token(tok, o.baseline)
-        max_len = ctx.max_length or handle.manifest.max_length
+        max_len = ctx.spec.max_length or handle.manifest.max_length
         pairs = data.pairs
         encoded = []
         for n, (ta, tb) in enumerate(pairs, 1):
@@ -189,11 +189,11 @@ class Explain(Analysis):
                 if len(content_positions(inp["input_ids"][0].numpy(), special)) == 0:
                     raise InputError(f"pair {n}: the {side} text {text[:40]!r} has no tokens besides special tokens")
             encoded.append((a, b))
-        torch.manual_seed(ctx.seed)
+        torch.manual_seed(ctx.spec.seed)
         enc = PairEncoder(_load_net(run), num_layers, pooling, o.similarity, frozenset(special), base_id)
         ctx.say(f"explain: {len(pairs)} pair(s) x {len(at)} attribution point(s) x {o.steps} steps; per pair about "
                 f"{o.steps} x (tokens of both texts) forward-mode passes per point")
-        rng = np.random.default_rng(ctx.seed)
+        rng = np.random.default_rng(ctx.spec.seed)
         k_max = int(o.k)
 
         def sim(x: dict, y: dict) -> float:
@@ -229,7 +229,7 @@ class Explain(Analysis):
                         matrix=tuple(map(tuple, np.round(res.matrix, 6).tolist())),
                         rows=tuple(np.round(res.rows, 6).tolist()), cols=tuple(np.round(res.cols, 6).tolist()),
                         similarity=res.similarity, target=res.target, matrix_sum=res.total).to_json())
-        hiding, tests = _hiding_tables(drops, k_max, ctx.seed)
+        hiding, tests = _hiding_tables(drops, k_max, ctx.spec.seed)
         rel = [r["relative_error"] for r in pair_rows if r["relative_error"] is not None]
         from layerscope.analyses.intervals import headline, method as interval_method
 
@@ -239,7 +239,7 @@ class Explain(Analysis):
             "one_sided_hide_aopc": first["one-sided"]["hide_aopc"],
             "headline": [headline("token-pair hiding AOPC", first["pairs"], "hide_aopc", f"at {at[0]}"),
                          headline("random hiding AOPC", first["random"], "hide_aopc", "same token counts")],
-            "intervals": interval_method(len(pairs), "pairs", ctx.seed),
+            "intervals": interval_method(len(pairs), "pairs", ctx.spec.seed),
             "n_pairs": len(pairs), "at": at, "steps": int(o.steps), "pooling": pooling, "similarity": o.similarity,
             "baseline": o.baseline, "baseline_text": BASELINES[o.baseline], "k_max": k_max,
             "completeness_relative_error_mean": float(np.mean(rel)) if rel else None,

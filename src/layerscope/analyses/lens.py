@@ -50,7 +50,7 @@ def lens_layers(ctx, run) -> list[str]:
     layers = layers_for(ctx, run)
     if "raw" in layers:
         layers = [x for x in layers if x != "raw"]
-        if ctx.layers not in (None, "all"):
+        if ctx.spec.layers not in (None, "all"):
             ctx.say("layer 'raw' (word-embedding lookup, before positions) is not decoded; left out")
     if not layers:
         raise InputError("--layers selected only 'raw'; the lens decodes layers 0..L")
@@ -111,7 +111,7 @@ class Lens(Analysis):
             raise InputError(f"--top-k must be at least 1, not {k}")
         if int(o.batch) < 1:
             raise InputError("--batch must be at least 1")
-        return read_texts(ctx.data or LENS_TEXTS)
+        return read_texts(ctx.spec.data or LENS_TEXTS)
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.decoding.lens import (FORWARD_MACS, LensAccumulator, LensBatch, forward_macs_per_token,
@@ -154,7 +154,7 @@ class Lens(Analysis):
         if truncated:
             ctx.say(f"warning: {truncated} text(s) were longer than the model's max length and were truncated")
         table = acc.table(names)
-        add_text_intervals(table, *acc.per_text(), seed=ctx.seed)
+        add_text_intervals(table, *acc.per_text(), seed=ctx.spec.seed)
         mid = table[len(table) // 2]
         from layerscope.analyses.intervals import headline, method
 
@@ -162,7 +162,7 @@ class Lens(Analysis):
             "headline": [headline("top-1 = last layer's top-1", mid, "top1_agrees_with_last", f"layer {mid['layer']} "
                                   "(middle)"),
                          headline("top-1 = target", mid, "top1_is_target", f"layer {mid['layer']} (middle)")],
-            "intervals": method(len(texts), "texts (a text's positions resample together)", ctx.seed)
+            "intervals": method(len(texts), "texts (a text's positions resample together)", ctx.spec.seed)
                          + "; a share of exactly 0 or 1: Wilson interval with the texts as trials",
             "top1_agrees_with_last_mid_layer": mid["top1_agrees_with_last"], "mid_layer": mid["layer"],
             "n_texts": len(texts), "n_positions": acc.n, "head": head_info["kind"],

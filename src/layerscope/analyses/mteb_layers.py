@@ -128,7 +128,7 @@ class MtebAnalysis(Analysis):
         names = [t.strip() for t in str(self.options(ctx).tasks or "").split(",") if t.strip()]
         if not names:
             raise InputError("--tasks is empty; name MTEB tasks such as STSBenchmark")
-        if ctx.data and len(names) != 1:
+        if ctx.spec.data and len(names) != 1:
             raise InputError("--data gives the pairs of one STS task; run one task per --data")
         tasks, local_pairs = {}, {}
         for name in names:
@@ -152,10 +152,10 @@ class MtebAnalysis(Analysis):
     def _local_pairs(ctx: Context, name: str, task):
         from layerscope.data.pairs import default_sts_file, read_pairs
 
-        if ctx.data:
+        if ctx.spec.data:
             if task.metadata.type != "STS":
                 raise InputError(f"--data gives pairs for STS tasks; {name} is a {task.metadata.type} task")
-            return read_pairs(ctx.data)
+            return read_pairs(ctx.spec.data)
         if name in LOCAL_STS:
             path = default_sts_file(LOCAL_STS[name])
             if Path(path).exists():
@@ -234,7 +234,7 @@ class MtebAnalysis(Analysis):
         from layerscope.analyses.compare import compare_models
 
         return compare_models(per_model, score="main_score", score_label="MTEB main score",
-                              group_label="task_pooling", seed=ctx.seed, say=ctx.say)
+                              group_label="task_pooling", seed=ctx.spec.seed, say=ctx.say)
 
     # ------------------------------------------------------------ rendering (saved results only)
     def plots(self, results, out_dir: Path) -> list[str]:

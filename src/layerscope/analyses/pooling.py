@@ -162,16 +162,20 @@ class Pooling(Analysis):
         figures=FIGURES,
     )
 
-    def prepare(self, ctx: Context):
-        from layerscope.data.pairs import default_sts_file, read_pairs
+    def default_data_file(self) -> str:
+        from layerscope.data.pairs import default_sts_file
 
-        if ctx.layers not in (None, "all"):
+        return str(default_sts_file("test"))
+
+    def prepare(self, ctx: Context):
+        from layerscope.data.pairs import read_pairs
+
+        if ctx.spec.layers not in (None, "all"):
             raise InputError("--layers: the pooling analysis compares fixed layer choices (final, second-to-last, "
                              "mean of the last four); drop --layers")
         if self.options(ctx).n_boot < 0:
             raise InputError("--n-boot must be >= 0")
-        data = ctx.data or str(default_sts_file("test"))
-        ctx.data = data
+        data = ctx.spec.data
         o = self.options(ctx)
         pairs = read_pairs(data, sentence1=o.sentence1, sentence2=o.sentence2, score=o.score)
         ctx.say(f"{data}: {len(pairs)} pairs")
@@ -215,13 +219,13 @@ class Pooling(Analysis):
         var_rows, quant_rows, trunc_rows, sims_by = [], [], [], {}
         for name, pool, layer_desc, v in variants:
             sims = sims_by[pool, _choice(layer_desc, L)] = paired_cosine(v[i1], v[i2])
-            corr = similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)
+            corr = similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.spec.seed)
             ret = _retrieval_float(v, rs)
             var_rows.append({"variant": name, "pooling": pool, "layers": layer_desc, **corr, **ret})
             base = {"spearman": corr["spearman"], **ret}
 
             def quant(method: str, bits: int, sims_q: np.ndarray, ret_q: dict) -> None:
-                c = similarity_correlations(sims_q, pairs.scores, n_boot=0, seed=ctx.seed)
+                c = similarity_correlations(sims_q, pairs.scores, n_boot=0, seed=ctx.spec.seed)
                 row = {"variant": name, "method": method, "bits_per_dim": bits, "bytes_per_vector": hidden * bits // 8,
                        "spearman": c["spearman"], "mrr": ret_q["mrr"], "acc@1": ret_q["acc@1"],
                        "acc@10": ret_q["acc@10"], "undefined": c["undefined"]}
@@ -233,11 +237,11 @@ class Pooling(Analysis):
             quant("float32", 32, sims, ret)
             codes = binary_quantize(v)
             quant("binary", 1, hamming_similarity(codes[i1], codes[i2], dim=hidden), _retrieval_binary(codes, hidden, rs))
-            deq = int8_held_out(v, ctx.seed)
+            deq = int8_held_out(v, ctx.spec.seed)
             quant("int8", 8, paired_cosine(deq[i1], deq[i2]), _retrieval_float(deq, rs))
             for k in truncation_sizes(hidden):
                 t = np.ascontiguousarray(truncate_dims(v, k))
-                c = similarity_correlations(paired_cosine(t[i1], t[i2]), pairs.scores, n_boot=0, seed=ctx.seed)
+                c = similarity_correlations(paired_cosine(t[i1], t[i2]), pairs.scores, n_boot=0, seed=ctx.spec.seed)
                 rk = _retrieval_float(t, rs)
                 trunc_rows.append({
                     "variant": name, "dims": k, "spearman": c["spearman"], "mrr": rk["mrr"], "acc@1": rk["acc@1"],
@@ -269,7 +273,7 @@ class Pooling(Analysis):
         from layerscope.analyses.compare import compare_models
 
         return compare_models(per_model, score="spearman", score_label="STS Spearman (float32)",
-                              n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
+                              n_resamples=self.options(ctx).n_boot, seed=ctx.spec.seed, say=ctx.say)
 
 
 def _choice(layers: str, num_layers: int) -> str:

@@ -173,7 +173,7 @@ class Saliency(Analysis):
                 raise InputError(f"--{name.replace('_', '-')} must be at least {low}, not {getattr(o, name)}")
         if not 0.0 < float(o.eval_fraction) < 1.0:
             raise InputError("--eval-fraction must be between 0 and 1 (exclusive)")
-        path = ctx.data or SENTIMENT
+        path = ctx.spec.data or SENTIMENT
         if objective == "similarity":
             ref = o.reference
             if ref is None:
@@ -221,7 +221,7 @@ class Saliency(Analysis):
         tok = handle.tokenizer()
         special = set(int(i) for i in tok.all_special_ids)
         repl, repl_str = replacement_token(tok)
-        torch.manual_seed(ctx.seed)
+        torch.manual_seed(ctx.spec.seed)
         model = load_decoding_model(handle)
         max_len = handle.manifest.max_length
 
@@ -250,11 +250,11 @@ class Saliency(Analysis):
 
             classes = data["classes"]
             y_all = np.array([classes.index(label) for label in data["labels"]])
-            train, held = stratified_split(y_all, float(o.eval_fraction), ctx.seed)
+            train, held = stratified_split(y_all, float(o.eval_fraction), ctx.spec.seed)
             ctx.say(f"training a probe on {len(train)} texts (final layer, {pooling} pooling); explaining "
                     f"{len(held)} held-out texts")
             feats = final_pooled(encoded)
-            probe = train_probe(feats[train], y_all[train], classes, seed=ctx.seed)
+            probe = train_probe(feats[train], y_all[train], classes, seed=ctx.spec.seed)
             eval_acc = float((probe.predict(feats[held]) == y_all[held]).mean())
             objective = Objective("probe", pooling, torch.from_numpy(probe.weight), torch.from_numpy(probe.bias),
                                   labels=classes)
@@ -283,7 +283,7 @@ class Saliency(Analysis):
 
         ctx.say(saliency_cost(len(explain), len(layers), gxa=bool(o.gxa), ig_steps=int(o.ig_steps), k=k_max,
                               random_draws=int(o.random_draws)))
-        rng = np.random.default_rng(ctx.seed)
+        rng = np.random.default_rng(ctx.spec.seed)
         acc = GameAccumulator(k_max)
         shown, ig_gaps = [], []
         show = int(o.show)
@@ -338,7 +338,7 @@ class Saliency(Analysis):
             row = {"method": m, "kind": kind, "layer": layer or None,
                    "hide_aopc": float(np.mean(c["hide_drop"])), "reveal_aopc": float(np.mean(c["reveal_value"]))}
             for game in ("hide", "reveal"):
-                add_interval(row, f"{game}_aopc", mean_scorer(per_text[m][game]), len(explain), seed=ctx.seed)
+                add_interval(row, f"{game}_aopc", mean_scorer(per_text[m][game]), len(explain), seed=ctx.spec.seed)
             for kk in (1, 3, 5):
                 if kk <= k_max:
                     row[f"hide_drop_k{kk}"] = c["hide_drop"][kk - 1]
@@ -352,11 +352,11 @@ class Saliency(Analysis):
         decoded = [r for r in summary_rows if r["kind"] == "decoded"]
         best = max(decoded, key=lambda r: r["hide_aopc"])
         by = {r["method"]: r for r in summary_rows}
-        tests = method_tests(per_text, best["method"], ctx.seed)
+        tests = method_tests(per_text, best["method"], ctx.spec.seed)
         summary = {
             "headline": [headline("best decoded hiding AOPC", best, "hide_aopc", f"decoded@{best['layer']}"),
                          *(headline(f"{b} hiding AOPC", by[b], "hide_aopc", "no layer") for b in BASELINES)],
-            "intervals": interval_method(len(explain), "texts explained", ctx.seed),
+            "intervals": interval_method(len(explain), "texts explained", ctx.spec.seed),
             "best_decoded_hide_aopc": best["hide_aopc"], "best_decoded_layer": best["layer"],
             "random_hide_aopc": by["random"]["hide_aopc"],
             "grad_x_input_hide_aopc": by["grad-x-input"]["hide_aopc"],

@@ -195,13 +195,13 @@ class Similarity(Analysis):
         o = self.options(ctx)
         if o.knn < 0:
             raise InputError(f"--knn must be >= 0, got {o.knn}")
-        pooling = (ctx.poolings or ["mean"])[0]
-        if ctx.poolings and len(ctx.poolings) > 1:
+        pooling = (ctx.spec.poolings or ["mean"])[0]
+        if ctx.spec.poolings and len(ctx.spec.poolings) > 1:
             raise InputError("similarity compares layers at one pooling; give one --pooling")
         if o.store_b and not o.store:
             raise InputError("--store-b needs --store")
         if o.store:
-            if ctx.data:
+            if ctx.spec.data:
                 raise InputError("give --store or --data, not both (a store already holds its texts)")
             a = LayerStore.open(o.store)
             b = LayerStore.open(o.store_b) if o.store_b else None
@@ -216,22 +216,22 @@ class Similarity(Analysis):
             if a.n < 4:
                 raise InputError(f"{a.path} holds {a.n} texts; CKA needs at least 4")
             return {"mode": "stores", "a": a, "b": b, "pooling": pooling, "label": a.path.name}
-        if ctx.data:
+        if ctx.spec.data:
             from layerscope.data.corpus import read_corpus
 
-            records, stats = read_corpus(ctx.data)
+            records, stats = read_corpus(ctx.spec.data)
             texts = [r.text for r in records]
             for w in stats.warnings():
                 ctx.say(w)
-            origin, label = ctx.data, Path(str(ctx.data)).name
+            origin, label = ctx.spec.data, Path(str(ctx.spec.data)).name
         else:
             from layerscope.data.bilingual import generate_pairs
 
-            ps = generate_pairs(o.n, ctx.seed)
+            ps = generate_pairs(o.n, ctx.spec.seed)
             sides = {"en": ([p.target for p in ps], "English"), "zh": ([p.source for p in ps], "Chinese"),
                      "both": ([p.source for p in ps] + [p.target for p in ps], "Chinese and English")}
             texts, language = sides[o.language]
-            origin = f"generated zh-en problems, {language} (n={len(texts)} texts, seed={ctx.seed})"
+            origin = f"generated zh-en problems, {language} (n={len(texts)} texts, seed={ctx.spec.seed})"
             label = f"generated {language} ({len(texts)} texts)"
             ctx.say(f"no --data or --store given: comparing layers on {len(texts)} texts of {origin}; "
                     "give --data FILE for your own texts")
@@ -244,7 +244,7 @@ class Similarity(Analysis):
         o = self.options(ctx)
         lin, unb = cka_matrix(get, layers, get, layers, n, unbiased=not o.no_unbiased)
         k = min(o.knn, n - 1)
-        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.seed, device=o.device) if k else None
+        knn = knn_matrix(get, layers, get, layers, k=k, seed=ctx.spec.seed, device=o.device) if k else None
         adjacent = [lin[i, i + 1] for i in range(len(layers) - 1) if not np.isnan(lin[i, i + 1])]
         return {"summary": {"mean_adjacent_cka": float(np.mean(adjacent)) if adjacent else None,
                             "first_last_cka": None if np.isnan(lin[0, -1]) else float(lin[0, -1]), "n": n,
@@ -267,7 +267,7 @@ class Similarity(Analysis):
             st = data[key]
             if st is None:
                 continue
-            layers = _store_layers(st, ctx.layers)
+            layers = _store_layers(st, ctx.spec.layers)
             label = _label(st.manifest, st.path.name)
             label = label if label not in per_model else f"{label}#b"
             get, n = lambda la, st=st: st[pooling, la], st.n
@@ -311,7 +311,7 @@ class Similarity(Analysis):
         o = self.options(ctx)
         lin, unb = cka_matrix(get_a, la, get_b, lb, n, unbiased=not o.no_unbiased)
         k = min(o.knn, n - 1)
-        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.seed, device=o.device) if k else None
+        knn = knn_matrix(get_a, la, get_b, lb, k=k, seed=ctx.spec.seed, device=o.device) if k else None
         rows = [{"model_a": name_a, "model_b": name_b, **r} for r in matrix_rows(lin, unb, knn, la, lb)]
         return {"data": info, "cross": {"model_a": name_a, "model_b": name_b, "layers_a": la, "layers_b": lb,
                                         "linear_cka": lin, "unbiased_cka": unb, "mutual_knn": knn},
@@ -329,7 +329,7 @@ def token_sample(special: np.ndarray, max_tokens: int, seed: int) -> np.ndarray:
 
 def _token_getter(ctx: Context, o, take, special):
     """(layer -> float32 [tokens, hidden] of the sampled tokens, their count); ``take(layer)`` reads rows."""
-    rows = token_sample(special, o.max_tokens, ctx.seed)
+    rows = token_sample(special, o.max_tokens, ctx.spec.seed)
     if len(rows) < 4:
         raise InputError(f"{len(rows)} non-special tokens; CKA needs at least 4")
     cache: dict[str, np.ndarray] = {}

@@ -82,10 +82,15 @@ def _frozen_items(d: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """A whole analysis run: models, engine (as asked and as resolved), extraction settings, data, options."""
+    """A whole analysis run: models, engine (as asked and as resolved), extraction settings, data, options.
+
+    Made once from the run's request (``RunRequest``), before any model is read, with ``models`` empty:
+    ``prepare`` reads that spec; ``with_models`` adds each model as resolved, and the result is what the
+    identity, the settings, the folder and every ``compute`` read.
+    """
 
     analysis: str
-    models: tuple[ModelSpec, ...]
+    models: tuple[ModelSpec, ...]  # each model as resolved (empty until the models are resolved)
     engine: str  # as asked (e.g. "auto"); each ModelSpec.engine is what runs
     layers: str  # as asked; each ModelSpec.layers is what it resolved to
     poolings: tuple[str, ...] | None  # as asked (None: each model's default)
@@ -97,18 +102,32 @@ class RunSpec:
     seed: int
     options: tuple[tuple[str, Any], ...]  # sorted (name, value): every declared option, defaults filled in
     labels: tuple[str, ...] | None = None  # --label, as given (None: names derived from the models)
+    given_models: tuple[str, ...] = ()  # --model, as named (a run from stores resolves to the stores instead)
 
     @classmethod
     def make(cls, analysis: str, models, *, engine: str, layers: str, poolings, max_length, batch_tokens,
              engine_options: dict[str, Any] | None, data: str | None, seed: int, options,
-             labels=None) -> RunSpec:
+             labels=None, given_models=()) -> RunSpec:
         return cls(analysis=analysis, models=tuple(models), engine=engine, layers=str(layers),
                    poolings=tuple(poolings) if poolings else None, max_length=max_length,
                    batch_tokens=batch_tokens, engine_options=_frozen_items(_plain(engine_options)),
                    data=None if data is None else str(data), data_sha256=_file_sha256(data), seed=int(seed),
                    options=_frozen_items(_plain(options_dict(options) if dataclasses.is_dataclass(options)
                                                 else options)),
-                   labels=tuple(labels) if labels else None)
+                   labels=tuple(labels) if labels else None, given_models=tuple(given_models))
+
+    @classmethod
+    def asked(cls, analysis: str, request, *, options, engine_options: dict[str, Any], data: str | None) -> RunSpec:
+        """The spec of ``request`` (a RunRequest) before its models are resolved: ``options`` typed with
+        every default, ``data`` the request's or the analysis's default."""
+        return cls.make(analysis, (), engine=request.engine, layers=request.layers, poolings=request.poolings,
+                        max_length=request.max_length, batch_tokens=request.batch_tokens,
+                        engine_options=engine_options, data=data, seed=request.seed, options=options,
+                        labels=request.labels, given_models=request.models)
+
+    def with_models(self, models) -> RunSpec:
+        """This spec with each model as resolved (``ModelSpec``s, in the order given)."""
+        return dataclasses.replace(self, models=tuple(models))
 
     # -- what derives from it ---------------------------------------------
     def identity(self) -> dict[str, Any]:

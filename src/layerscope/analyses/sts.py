@@ -127,15 +127,19 @@ class STS(Analysis):
     )
 
     # ------------------------------------------------------------ data
+    def default_data_file(self) -> str:
+        from layerscope.data.pairs import default_sts_file
+
+        return str(default_sts_file("test"))
+
     def prepare(self, ctx: Context) -> dict[str, Any]:
         from layerscope.analyses.probe import KINDS, LOSSES
-        from layerscope.data.pairs import default_sts_file, read_pairs
+        from layerscope.data.pairs import read_pairs
 
         o = self.options(ctx)
         if o.n_boot < 0:
             raise InputError("--n-boot must be >= 0")
-        data = ctx.data or str(default_sts_file("test"))
-        ctx.data = data
+        data = ctx.spec.data
         cols = dict(sentence1=o.sentence1, sentence2=o.sentence2, score=o.score)
         out: dict[str, Any] = {"test": read_pairs(data, **cols)}
         if o.probe:
@@ -177,7 +181,7 @@ class STS(Analysis):
                 v = vecs[p, layer]
                 sims = sims_by[p, layer] = paired_cosine(v[i1], v[i2])
                 rows.append({"pooling": p, "layer": layer,
-                             **similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.seed)})
+                             **similarity_correlations(sims, pairs.scores, n_boot=n_boot, seed=ctx.spec.seed)})
         compare = correlation_rows(run.num_layers, rows, sims_by, pairs.scores)  # for model vs model
         final = str(run.num_layers)
         by_pooling = {}
@@ -195,7 +199,7 @@ class STS(Analysis):
                    "by_pooling": by_pooling, "data": pairs.describe(),
                    "headline": sts_headline(rows, best, final),
                    "intervals": f"95% percentile bootstrap over the {len(pairs):,} pairs ({n_boot} resamples, "
-                                f"scipy.stats.bootstrap, seed {ctx.seed})" if n_boot else None}
+                                f"scipy.stats.bootstrap, seed {ctx.spec.seed})" if n_boot else None}
         figures: dict[str, Any] = {"summary": summary, "tables": {"layers": rows}}
         if self.options(ctx).probe:
             # each split's texts pass through the model once, for every pooling at once
@@ -212,7 +216,7 @@ class STS(Analysis):
         from layerscope.analyses.compare import compare_models
 
         return compare_models(per_model, score="spearman", score_label="Spearman",
-                              n_resamples=self.options(ctx).n_boot, seed=ctx.seed, say=ctx.say)
+                              n_resamples=self.options(ctx).n_boot, seed=ctx.spec.seed, say=ctx.say)
 
     @staticmethod
     def _split_vectors(ctx, run, pairs, layers, poolings, tag):
@@ -246,11 +250,11 @@ class STS(Analysis):
 
         def score(name: str, sims: np.ndarray, extra: dict) -> None:
             rows.append({"name": name, **extra,
-                         **similarity_correlations(sims, test.y, n_boot=n_boot, seed=ctx.seed)})
+                         **similarity_correlations(sims, test.y, n_boot=n_boot, seed=ctx.spec.seed)})
 
         for kind in kinds:
             cfg = ProbeConfig(kind=kind, loss=o.probe_loss, epochs=o.probe_epochs,
-                              pretrain=o.pretrain and kind == "siamese", seed=ctx.seed)
+                              pretrain=o.pretrain and kind == "siamese", seed=ctx.spec.seed)
             unlabeled = None
             if cfg.pretrain:  # the train split's sentences, without their scores
                 unlabeled = np.stack([train_vecs[pooling, layer] for layer in layers])

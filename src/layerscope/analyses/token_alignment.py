@@ -105,13 +105,14 @@ class TokenAlignment(Analysis):
         from dataclasses import replace
 
         from layerscope.analyses.alignment import Alignment
+        from layerscope.analyses.spec import make_options
 
         o = self.options(ctx)
         if o.bins < 1:
             raise InputError(f"--bins must be at least 1, got {o.bins}")
         # the same pair sources and checks as alignment: its prepare, given this run's pair options
-        pair_options = {k: getattr(o, k) for k in PAIR_OPTIONS}
-        return Alignment().prepare(replace(ctx, opts=None, options=pair_options))
+        pair_options = make_options(Alignment.metadata, {k: getattr(o, k) for k in PAIR_OPTIONS})
+        return Alignment().prepare(replace(ctx, opts=pair_options))
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
         from layerscope.analyses.common import layers_for

@@ -166,7 +166,7 @@ class VisionLens(Analysis):
         o = self.options(ctx)
         if "{}" not in o.template:
             raise InputError("--template needs {} where the label goes")
-        return labelled_images(ctx.data, o.n)
+        return labelled_images(ctx.spec.data, o.n)
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.metrics.proportion import wilson_interval

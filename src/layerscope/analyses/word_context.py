@@ -88,16 +88,16 @@ class WordContext(Analysis):
         for name in ("top_words", "last_k", "knn", "max_per_word", "n"):
             if getattr(o, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(o, name)}")
-        if ctx.data:
+        if ctx.spec.data:
             from layerscope.data.corpus import read_corpus
 
-            records, stats = read_corpus(ctx.data)
-            texts, origin = [r.text for r in records], ctx.data
+            records, stats = read_corpus(ctx.spec.data)
+            texts, origin = [r.text for r in records], ctx.spec.data
         else:
             from layerscope.data.bilingual import generate_pairs
 
-            texts = [p.target for p in generate_pairs(o.n, ctx.seed)]
-            origin = f"generated zh-en problems, English side (n={len(texts)}, seed={ctx.seed})"
+            texts = [p.target for p in generate_pairs(o.n, ctx.spec.seed)]
+            origin = f"generated zh-en problems, English side (n={len(texts)}, seed={ctx.spec.seed})"
         words = [w.strip() for w in o.words.split(",") if w.strip()] if o.words else frequent_words(texts, o.top_words)
         occ = find_occurrences(texts, words, o.max_per_word)
         found = sorted({w for w, *_ in occ})

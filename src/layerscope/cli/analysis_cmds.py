@@ -163,17 +163,16 @@ app.command("run", cls=AnalysisGroup, no_args_is_help=True)(_with_signature(run,
 
 def run_from_cli(name: str, *, model, label, engine, layers, pooling, data, dataset, config, split, out, seed, no_cache,
                  trust_remote_code, recompute, force, max_length, batch_tokens, options: dict[str, Any]) -> None:
-    from layerscope.analyses.base import Context, get_analysis, run_analysis
+    from layerscope.analyses.base import RunRequest, get_analysis, run_analysis
 
     cls = get_analysis(name)
     data = data_source(data, dataset, config, split, "--data", required=False)
     c = console()
-    context = Context(models=list(model), labels=list(label) if label else None, engine=engine, layers=layers,
-                      poolings=split_list(pooling), data=data,
-                      out=out, seed=seed, options=options, cache=not no_cache, console=c, recompute=recompute,
-                      force=force, trust_remote_code=trust_remote_code, max_length=max_length,
-                      batch_tokens=batch_tokens)
-    outcome = run_analysis(name, context)
+    request = RunRequest(models=model, labels=label or None, engine=engine, layers=layers,
+                         poolings=split_list(pooling), data=data, out=out, seed=seed, options=options,
+                         cache=not no_cache, console=c, recompute=recompute, force=force,
+                         trust_remote_code=trust_remote_code, max_length=max_length, batch_tokens=batch_tokens)
+    outcome = run_analysis(name, request)
     result_dir = outcome.out
     from layerscope.analyses.rendering import print_summary
     from layerscope.report.compare import print_comparison
