@@ -116,7 +116,7 @@ class CrossModalAnalysis(Analysis):
             raise InputError(f"--k {o.k} needs more than {o.k + 1} pairs; --data has {len(pairs)}")
         distinct = len({caption for _, _, caption in pairs})
         if distinct <= o.k:  # equal captions are equal text vectors: no k nearest neighbours to tell apart
-            where = "--data" if ctx.data else "the built-in digits (one caption per class)"
+            where = "--data" if ctx.spec.data else "the built-in digits (one caption per class)"
             raise InputError(f"{where}: {len(pairs)} pairs hold {distinct} distinct captions; mutual k-NN needs more "
                              f"than --k {o.k}: give --data with a caption of its own per image")
         return pairs
