@@ -156,7 +156,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", 
     return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, choice=choice,
                       manifest=manifest, layers=layer_list, poolings=pool_list, max_length=max_len,
                       max_batch=max_batch, spec=spec,
-                      variant_pending=choice is not None and choice.name == "auto" and not asked_variant)
+                      variant_pending=choice is not None and choice.spec.picks_engine and not asked_variant)
 
 
 def prepare_request(req, *, engine_runs_here: bool = True) -> Extraction:
