@@ -334,9 +334,19 @@ def test_bench_of_an_export_of_the_models_own_type_takes_the_users_flag(tiny_mod
     --trust-remote-code one line naming the flag, before any row runs or anything is written; with it every row
     that loads the model runs that code (the hf-eager reference, the torch engine, the sentence-transformers
     peer), and ONNX Runtime's export of that code equals the reference on every layer. Catches: a row loading
-    the model without the user's flag (that row unavailable: its loader knows no 'scaledbert'), a manifest
-    alone turning the code on, and a bench that runs its rows before saying the flag is missing."""
-    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))  # the rows' processes copy the code here
+    the model without the user's flag (that row unavailable: transformers refuses the model's code), a manifest
+    alone turning the code on, and a bench that runs its rows before saying the flag is missing. Each row runs
+    its worker (bench/worker.py) on its job file here rather than in a process of its own, to keep this short."""
+    from layerscope.bench import isolated, worker
+
+    def row_here(job, work, timeout_s):  # the row's job file and worker, without a process and torch import per row
+        out = Path(job["out_dir"])
+        out.mkdir(parents=True)
+        (out / "job.json").write_text(json.dumps(job))
+        worker.main([str(out / "job.json")])
+        return json.loads((out / "result.json").read_text())
+
+    monkeypatch.setattr(isolated, "_run_worker", row_here)
     model = _as_sentence_transformer(_own_code_model(tiny_model, tmp_path, "scaledbert"))
     exp = tmp_path / "exp"
     main(["export", str(model), "--out", str(exp), "--trust-remote-code", "--no-cpu-precisions"])
