@@ -36,7 +36,8 @@ def test_sweep_runs_each_depth_and_figures_by_hand(monkeypatch):
         return {"results": results, "machine": {"load": 0}}
 
     monkeypatch.setattr(isolated, "run_isolated", fake)
-    monkeypatch.setattr(open_mod, "ensure_export", lambda m: SimpleNamespace(manifest=SimpleNamespace(num_layers=6)))
+    monkeypatch.setattr(open_mod, "ensure_export",
+                        lambda m, **kw: SimpleNamespace(manifest=SimpleNamespace(num_layers=6)))
     cfg = IsolatedConfig(model="m", engines=["ort", "ov"], texts=["a"] * 10, corpus="c", peers=["st-onnx"],
                          sts="sts.csv")
     got = sweep.run_sweep(cfg, "all,0,2")

@@ -72,6 +72,35 @@ def test_a_declared_engine_joins_every_reader(declared):
     assert engine.info.notes[0].startswith("auto picked quick (min cosine 1.000000")
 
 
+def test_an_engine_that_picks_others_is_known_by_its_declaration_not_its_name(monkeypatch):
+    """An engine declared with ``picks_engine`` (as auto is) takes --min-cosine and is not probed before a run
+    (it tries the others in turn), whatever its name; one that does not pick is refused --min-cosine. Catches: a
+    reader that keys on the name 'auto' instead of the declaration."""
+    from layerscope.engines.base import create_engine
+    from layerscope.errors import EngineUnavailableError
+    from layerscope.export.open import require_engine
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest_type import Manifest
+
+    class Chooser(_Recorder):
+        @classmethod
+        def probe(cls, export_dir=None):
+            return False, "probed although it picks another engine"
+
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry.engines()))
+    registry.register(EngineSpec("chooser", "picks among the others", needs_export=True, device="any",
+                                 picks_engine=True))(Chooser)
+    registry.register(EngineSpec("single", "one engine", needs_export=True, device="cpu"))(Chooser)
+    handle = ModelHandle("x", Path("export"), Manifest.from_dict({"source": {"spec": "x"}, "family": "bert",
+                                                                  "num_layers": 1, "hidden_size": 4}))
+    require_engine("chooser")  # not probed
+    assert create_engine("chooser", handle, min_cosine=0.9).options == {"min_cosine": 0.9}
+    with pytest.raises(InputError, match="--min-cosine chooses among engines"):
+        create_engine("single", handle, min_cosine=0.9)
+    with pytest.raises(EngineUnavailableError, match="probed although"):
+        require_engine("single")
+
+
 def test_unknown_engine_names_every_declared_one_and_the_closest():
     from layerscope.engines.base import check_engine_name
 

@@ -314,3 +314,59 @@ def test_variants_of_an_export_of_the_models_own_type_take_the_users_flag(tiny_m
     with torch.no_grad():
         want = own(**{k: torch.from_numpy(v) for k, v in feed.items()}, output_hidden_states=True).hidden_states[0]
     np.testing.assert_allclose(got, want[0].numpy(), rtol=0, atol=2e-2)  # fp16 rounding of values near 2
+
+
+def _as_sentence_transformer(model: Path) -> Path:
+    """The files sentence-transformers reads beside the checkpoint: its own Transformer module, then mean pooling."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (model / "modules.json").write_text(json.dumps(modules))
+    (model / "1_Pooling").mkdir()
+    hidden = json.loads((model / "config.json").read_text())["hidden_size"]
+    (model / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": True}))
+    (model / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    return model
+
+
+def test_bench_of_an_export_of_the_models_own_type_takes_the_users_flag(tiny_model, tmp_path, capsys, monkeypatch):
+    """A tiny bench (4 texts, 1 round, 1 pass) of an export of a type only the model's own code defines: without
+    --trust-remote-code one line naming the flag, before any row runs or anything is written; with it every row
+    that loads the model runs that code (the hf-eager reference, the torch engine, the sentence-transformers
+    peer), and ONNX Runtime's export of that code equals the reference on every layer. Catches: a row loading
+    the model without the user's flag (that row unavailable: transformers refuses the model's code), a manifest
+    alone turning the code on, and a bench that runs its rows before saying the flag is missing. Each row runs
+    its worker (bench/worker.py) on its job file here rather than in a process of its own, to keep this short."""
+    from layerscope.bench import isolated, worker
+
+    def row_here(job, work, timeout_s):  # the row's job file and worker, without a process and torch import per row
+        out = Path(job["out_dir"])
+        out.mkdir(parents=True)
+        (out / "job.json").write_text(json.dumps(job))
+        worker.main([str(out / "job.json")])
+        return json.loads((out / "result.json").read_text())
+
+    monkeypatch.setattr(isolated, "_run_worker", row_here)
+    model = _as_sentence_transformer(_own_code_model(tiny_model, tmp_path, "scaledbert"))
+    exp = tmp_path / "exp"
+    main(["export", str(model), "--out", str(exp), "--trust-remote-code", "--no-cpu-precisions"])
+    capsys.readouterr()
+    out = tmp_path / "bench"
+    args = ["bench", "--model", str(exp), "--engines", "ort,torch", "--peers", "st-torch", "--synthetic", "4",
+            "--rounds", "1", "--passes", "1", "--no-plot", "--out", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "'scaledbert'" in err[0] and "hf-eager" in err[0] and "--trust-remote-code" in err[0], err
+    assert not out.exists()
+    main([*args, "--trust-remote-code"])
+    by = {r["engine"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
+    assert list(by) == ["hf-eager", "ort", "torch", "st-torch"]
+    for name, row in by.items():
+        assert row["available"], (name, row.get("reason"))
+    for name in ("ort", "torch"):  # every layer of the export and of the torch engine equals the reference's
+        assert set(by[name]["accuracy"]) == {"0", "1", "2"}, name
+        for layer, acc in by[name]["accuracy"].items():
+            assert acc["max_abs"] <= 1e-4 and acc["min_cos"] >= 0.9999, (name, layer, acc)
+    assert by["st-torch"]["min_cos"] >= 0.9999  # its mean of the last layer, normalized: the direction compares

@@ -66,15 +66,47 @@ def test_a_plan_that_fits_at_its_max_length_counts_no_tokens(bert_export, tmp_pa
     ex = prepare_request(req)
     real = Encoder.token_lengths
     monkeypatch.setattr(Encoder, "token_lengths", lambda *a: pytest.fail("tokenized for nothing"))
-    check_ranges_fit(ex, req, [object()], available=floor(128))  # the ranges are never read
-    check_ranges_fit(ex, req, [object()], here=False)  # memory elsewhere, unknown: not refused
+    check_ranges_fit(ex, ex.choice, [object()], available=floor(128))  # the ranges are never read
+    check_ranges_fit(ex, ex.choice, [object()], here=False)  # memory elsewhere, unknown: not refused
     monkeypatch.setattr(Encoder, "token_lengths", real)
     ex, store = range_run.open_or_create(req)  # spooled: the ranges' texts can be read
     ranges = range_run.ranges_of(store)
     # two engines at once (Ray actors on one machine) each need the longest text's floor
-    check_ranges_fit(ex, req, ranges, available=2 * floor(LONGEST), workers=2)
+    check_ranges_fit(ex, ex.choice, ranges, available=2 * floor(LONGEST), workers=2)
     with pytest.raises(InputError, match=f"the longest text has {LONGEST} tokens.*for each of 2 workers"):
-        check_ranges_fit(ex, req, ranges, available=2 * floor(LONGEST) - 1, workers=2)
+        check_ranges_fit(ex, ex.choice, ranges, available=2 * floor(LONGEST) - 1, workers=2)
+
+
+PYTORCH_DTYPES = {"fp32": "torch.float32", "fp16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+def test_the_plan_of_each_engine_that_declares_its_precision_is_what_it_starts_as(tiny_model):
+    """For every engine whose registry entry declares the precision it computes in (the PyTorch engines), the
+    cost shape planned before it starts (``shape_planned``, what ``--shard`` and Ray check) equals the started
+    engine's, at the default length, past SLICE_FROM and with the attention asked; and its weights are in that
+    precision. Catches: the plan keeping its own table of engine precisions (torch-fp16 planned as fp32 eager,
+    charged for a whole [heads, T, T] attention it never holds; an engine left out of that table)."""
+    from layerscope.engines.base import create_engine
+    from layerscope.engines.memory import shape_of, shape_planned
+    from layerscope.engines.registry import engines, resolve_engine
+    from layerscope.engines.torch import SLICE_FROM
+    from layerscope.model.handle import ModelHandle
+
+    declared = {name: spec.precision for name, spec in engines().items() if spec.precision is not None}
+    assert declared == {"torch": "fp32", "torch-fp16": "fp16", "torch-bf16": "bf16"}
+    handle = ModelHandle.resolve(str(tiny_model("bert")))
+    seen = set()
+    for name, precision in declared.items():
+        for asked, max_seq in (({}, None), ({}, SLICE_FROM + 1), ({"attention": "eager"}, None),
+                               ({"attention": "sdpa"}, None)):
+            eng = create_engine(name, handle, device="cpu", max_seq=max_seq, **asked)
+            planned = shape_planned(handle, resolve_engine(name, asked), depth=None, pooled_only=False,
+                                    max_seq=max_seq)
+            assert planned == shape_of(eng), (name, asked, max_seq)
+            assert str(next(eng.net.parameters()).dtype) == PYTORCH_DTYPES[precision], name
+            seen.add((name, planned.attention_scores))
+    # both sides of the rule are met: fp32 eager by default (charged), sliced when long or in half precision
+    assert {("torch", True), ("torch", False), ("torch-fp16", False), ("torch-bf16", False)} <= seen
 
 
 class FakeRay:

@@ -18,6 +18,18 @@ ST = "sentence-transformers"
 BASELINES = (HF_EAGER, ST)
 
 
+def require_code_flag(handle) -> None:
+    """One line, before any row runs, where the bench's model is of a type only the model's own code defines
+    and the user did not pass --trust-remote-code: the reference row (hf-eager), the PyTorch engines and the
+    sentence-transformers peers load the model through that code, and a manifest never turns it on."""
+    if handle.manifest.family_from_code and not handle.trust_remote_code:
+        from layerscope.errors import InputError
+
+        raise InputError(f"{handle.spec} is an export of model type '{handle.manifest.family}', which exists only "
+                         f"in the model's own code; the bench's reference row ({HF_EAGER}) runs that code, which "
+                         "runs only with --trust-remote-code: pass it if you trust that code (none of it ran)")
+
+
 def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list[str], n_acc: int):
     """The plain loop: corpus order, fixed batch size, every hidden state, pooling in torch."""
     import torch
@@ -28,9 +40,10 @@ def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list
 
     run = Run(HF_EAGER, "baseline", f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order")
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(source.path_or_id, trust_remote_code=False)  # never a prompt
+    trust = cfg.trust_remote_code is True  # the user's flag, never None: no interactive prompt
+    tok = AutoTokenizer.from_pretrained(source.path_or_id, trust_remote_code=trust)
     net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32,
-                                    trust_remote_code=False).eval()
+                                    trust_remote_code=trust).eval()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     max_len = cfg.max_length or cfg.extra["max_length"]
@@ -86,7 +99,7 @@ def st_row(cfg: BenchConfig, source, n_acc: int):
         run.fail(f"{source.spec} is not a local sentence-transformers model (no modules.json)")
         return run, None, None
     t0 = time.perf_counter()
-    model = SentenceTransformer(source.path_or_id, device="cpu")
+    model = SentenceTransformer(source.path_or_id, device="cpu", trust_remote_code=cfg.trust_remote_code is True)
     if cfg.max_length:
         model.max_seq_length = cfg.max_length
     setup = time.perf_counter() - t0

@@ -23,6 +23,7 @@ class BenchConfig:
     make_variants: bool = True
     include_st: bool = True
     threads: int | None = None
+    trust_remote_code: bool = False  # the user's flag: rows loading the model (hf-eager, torch, peers) run its code
     accuracy_rows: int = 4096
     progress: Callable[[str], None] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

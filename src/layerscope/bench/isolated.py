@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.bench.baseline_rows import HF_EAGER
+from layerscope.bench.baseline_rows import HF_EAGER, require_code_flag
 from layerscope.bench.engine_rows import bench_engines
 from layerscope.bench.runner import _accuracy, sts_spearman
 from layerscope.data.pairs import read_sts
@@ -57,6 +57,7 @@ class IsolatedConfig:
     max_length: int | None = None
     threads: int | None = None
     sts: str | None = None
+    trust_remote_code: bool = False  # the user's flag: rows loading the model (hf-eager, torch, peers) run its code
     accuracy_rows: int = 4096
     timeout_s: float = 3600.0
     progress: Callable[[str], None] | None = None
@@ -127,8 +128,9 @@ def _prepare_peers(cfg: IsolatedConfig, handle, rows: list[dict[str, Any]], say)
     if any(PEERS[r["name"]]["backend"] == "onnx" for r in st_rows):
         flags = set(describe_machine()["cpu_flags"])
         say(f"sentence-transformers ONNX files (plain, O3, int8 {quant_config(flags)}) in {peer_dir}")
+        code = ["--trust-remote-code"] if handle.trust_remote_code else []
         proc = subprocess.run([sys.executable, "-m", "layerscope.bench.peers", str(model_dir), str(peer_dir),
-                               quant_config(flags)], capture_output=True, text=True, timeout=cfg.timeout_s)
+                               quant_config(flags), *code], capture_output=True, text=True, timeout=cfg.timeout_s)
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["no message"])[-1][:200]
             for r in st_rows:
@@ -175,7 +177,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         raise InputError("the bench corpus has no texts")
     if cfg.rounds < 1 or cfg.passes < 1:
         raise InputError("--rounds and --passes must be at least 1")
-    handle = ensure_export(cfg.model)
+    handle = ensure_export(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    require_code_flag(handle)
     manifest = handle.manifest
     num_layers = manifest.num_layers
     layers = (layer_names(num_layers, with_raw=False) if cfg.layers == "all-hidden"

@@ -8,8 +8,9 @@ The O3 and int8 files are made with its own ``export_optimized_onnx_model`` and
 written to: it is copied into ``<export>/peers/sentence-transformers`` (made by
 layerscope, re-made with the bench's ``--force``) and the files go there.
 
-Run as ``python -m layerscope.bench.peers MODEL_DIR PEER_DIR QUANT_CONFIG`` so the
-export's torch/ONNX Runtime state stays out of the bench's parent process.
+Run as ``python -m layerscope.bench.peers MODEL_DIR PEER_DIR QUANT_CONFIG [--trust-remote-code]`` so the
+export's torch/ONNX Runtime state stays out of the bench's parent process.  The model's own code (its
+``.py`` files) is copied and run only with the user's ``--trust-remote-code``.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def quantized_file(peer_dir: Path) -> str | None:
     return f"onnx/{found[0].name}" if found else None
 
 
-def prepare(model_dir: Path, peer_dir: Path, config: str) -> None:
-    """Copy the model folder and write onnx/model.onnx, model_O3.onnx and the dynamic int8 file."""
+def prepare(model_dir: Path, peer_dir: Path, config: str, *, trust_remote_code: bool = False) -> None:
+    """Copy the model folder and write onnx/model.onnx, model_O3.onnx and the dynamic int8 file
+    (``trust_remote_code``: the model's own code comes along and runs)."""
     import logging
 
     from sentence_transformers import SentenceTransformer
@@ -79,13 +81,14 @@ def prepare(model_dir: Path, peer_dir: Path, config: str) -> None:
     if not (peer_dir / "modules.json").exists():
         tmp = peer_dir.with_name(peer_dir.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("onnx", "openvino", "*.py", "__pycache__"))
+        code = () if trust_remote_code else ("*.py",)
+        shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("onnx", "openvino", "__pycache__", *code))
         tmp.rename(peer_dir)
-    kwargs = {"model_kwargs": {"provider": "CPUExecutionProvider"}}
+    kwargs = {"model_kwargs": {"provider": "CPUExecutionProvider"}, "trust_remote_code": trust_remote_code}
     if not (peer_dir / "onnx" / "model.onnx").exists():
         model = SentenceTransformer(str(peer_dir), backend="onnx", device="cpu", **kwargs)
         model.save_pretrained(str(peer_dir))
-    model = SentenceTransformer(str(peer_dir), backend="onnx", device="cpu",
+    model = SentenceTransformer(str(peer_dir), backend="onnx", device="cpu", trust_remote_code=trust_remote_code,
                                 model_kwargs={"provider": "CPUExecutionProvider", "file_name": "onnx/model.onnx"})
     if not (peer_dir / "onnx" / "model_O3.onnx").exists():
         export_optimized_onnx_model(model, "O3", str(peer_dir))
@@ -94,4 +97,4 @@ def prepare(model_dir: Path, peer_dir: Path, config: str) -> None:
 
 
 if __name__ == "__main__":
-    prepare(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+    prepare(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], trust_remote_code="--trust-remote-code" in sys.argv[4:])

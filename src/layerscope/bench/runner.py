@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, st_row
+from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, require_code_flag, st_row
 from layerscope.bench.config import BenchConfig
 from layerscope.bench.engine_rows import bench_engines, engine_row
 from layerscope.data.pairs import read_sts
@@ -105,7 +105,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                  threads=cfg.threads)
     if not cfg.texts:
         raise InputError("the bench corpus has no texts")
-    handle = ModelHandle.resolve(cfg.model)
+    handle = ModelHandle.resolve(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    require_code_flag(handle)
     if not handle.is_export:
         say("exporting the model (first use)")
         handle = ensure_export(handle)

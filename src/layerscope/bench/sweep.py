@@ -46,7 +46,9 @@ def run_sweep(cfg, depths: str) -> dict[str, Any]:
     from layerscope.bench.isolated import run_isolated
     from layerscope.export.open import ensure_export
 
-    num_layers = ensure_export(cfg.model).manifest.num_layers
+    # the user's flag reaches the export made on first use; the first depth's bench refuses without it, before
+    # any row runs, an export whose type only the model's own code defines
+    num_layers = ensure_export(cfg.model, trust_remote_code=cfg.trust_remote_code).manifest.num_layers
     runs = []
     for d in parse_depths(depths, num_layers):
         bench = run_isolated(replace(cfg, layers=f"0:{d}", peers=[], sts=None))

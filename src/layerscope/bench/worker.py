@@ -121,11 +121,13 @@ def _hf_row(job: dict[str, Any]) -> Row:
     from layerscope.engines.ort_session import physical_cores
     from layerscope.model.handle import ModelHandle
 
-    handle = ModelHandle.resolve(job["export_dir"])
+    trust = job.get("trust_remote_code") is True  # the user's flag, never None: no interactive prompt
+    handle = ModelHandle.resolve(job["export_dir"], trust_remote_code=trust)
     source = handle.source()
     torch.set_num_threads(int(job.get("threads") or physical_cores() or 1))
-    tok = AutoTokenizer.from_pretrained(source.path_or_id)
-    net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(source.path_or_id, trust_remote_code=trust)
+    net = AutoModel.from_pretrained(source.path_or_id, use_safetensors=True, dtype=torch.float32,
+                                    trust_remote_code=trust).eval()
     layers, size = job["layers"], int(job["hf_batch_size"])
     max_len = int(job.get("max_length") or handle.manifest.max_length)
     parts = dict.fromkeys(("tokenize_s", "engine_s", "pool_copy_s", "write_s"), 0.0)
@@ -174,7 +176,8 @@ def _st_row(job: dict[str, Any]) -> Row:
 
         torch.set_num_threads(int(job["threads"]))
     device = job.get("device", "cpu")
-    model = SentenceTransformer(job["model_dir"], backend=backend, device=device, **kwargs)
+    model = SentenceTransformer(job["model_dir"], backend=backend, device=device,
+                                trust_remote_code=job.get("trust_remote_code") is True, **kwargs)
     if job.get("precision") == "fp16":
         model.half()
     if job.get("max_length"):

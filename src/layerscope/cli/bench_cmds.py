@@ -67,6 +67,10 @@ def bench(
     depths: Optional[str] = typer.Option(None, "--depths", help="Sweep the deepest layer, e.g. 0,1,3,all: the "
                                                                 "engine rows at layers 0..d for each d (early "
                                                                 "exit), time per text against depth; no peers."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Allow the model's own code to run in every row that loads the "
+                                                "model (hf-eager, torch, sentence-transformers; needed for an "
+                                                "export of such a model)."),
 ):
     """Every engine and peer over the same texts, each in its own process: speed, accuracy, peak, time split."""
     import shlex
@@ -87,7 +91,7 @@ def bench(
     c = console()
     shared = dict(model=model, engines=names, texts=texts, corpus=corpus_name, layers=layers, pooling=pooling,
                   batch_tokens=batch_tokens, max_batch=max_batch, sts=sts, threads=threads,
-                  progress=progress_printer(c))
+                  trust_remote_code=trust_remote_code, progress=progress_printer(c))
     if depths is not None:
         from layerscope.bench.isolated import IsolatedConfig
         from layerscope.bench.sweep import run_sweep, write_sweep

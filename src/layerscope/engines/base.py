@@ -177,6 +177,6 @@ def create_engine(name, model: str | Any, **options) -> Engine:
     if spec.needs_export and not handle.is_export:
         raise InputError(f"engine '{spec.name}' runs an ONNX export and {handle.spec} is not one: open it with "
                          "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
-    if spec.name != "auto" and options.pop("min_cosine", None) is not None:
+    if not spec.picks_engine and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
     return spec.factory(handle, **options)

@@ -22,6 +22,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from layerscope.engines.registry import EngineChoice
 
 FLOAT = 4  # bytes: activations are fp32 in every engine that materializes them
 
@@ -126,21 +130,21 @@ def shape_of(eng) -> CostShape:
                      int(depth), bool(getattr(eng, "pooled_only", False)), bool(getattr(eng, "attention_scores", True)))
 
 
-def shape_planned(handle, engine: str, *, depth: int, pooled_only: bool, max_seq: int | None,
-                  asked: dict | None = None) -> CostShape:
-    """The cost shape of ``engine`` on ``handle`` before it starts (an executor whose engines start later or
-    elsewhere): the depth and pooled-only hints taken as granted, attention charged unless a PyTorch engine
-    slices it by its own rule (engines/torch.py ``pick_attention``); ``auto`` is charged as the ONNX engines
-    it picks first. A floor, like ``text_cost``."""
+def shape_planned(handle, choice: EngineChoice, *, depth: int, pooled_only: bool, max_seq: int | None) -> CostShape:
+    """The cost shape of the engine ``choice`` (its declaration and the options the run passes) on ``handle``
+    before it starts (an executor whose engines start later or elsewhere): the depth and pooled-only hints
+    taken as granted, attention charged unless an engine that declares its own precision (the PyTorch engines)
+    slices it by its rule (engines/torch.py ``pick_attention``, with the run's ``attention`` option); ``auto``
+    is charged as the ONNX engines it picks first. A floor, like ``text_cost``."""
     manifest = handle.manifest
     scores = True
-    precision = {"torch": "fp32", "torch-fp16": "fp16", "torch-bf16": "bf16"}.get(engine)
+    precision = choice.spec.precision
     if precision is not None:
         from layerscope.engines.torch import pick_attention
 
-        scores = pick_attention((asked or {}).get("attention"), precision, max_seq, lambda: True) == "eager"
+        scores = pick_attention(dict(choice.options).get("attention"), precision, max_seq, lambda: True) == "eager"
     depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
-    return CostShape(engine, int(manifest.hidden_size), attention_heads(_model_dir(handle), manifest.hidden_size),
+    return CostShape(choice.name, int(manifest.hidden_size), attention_heads(_model_dir(handle), manifest.hidden_size),
                      depth, bool(pooled_only), scores)
 
 

@@ -92,6 +92,9 @@ class EngineSpec:
     gradients: bool = False  # can run the analyses that need gradients (auto: by picking such an engine)
     attention: bool = False  # runs the attention graph (model.attn.onnx, or eager attention in PyTorch)
     options: tuple[EngineOption, ...] = ()  # what it takes besides COMMON_OPTIONS; anything else is refused
+    # the precision it computes in whatever the export holds (the PyTorch engines; they pick their attention by
+    # it, engines/torch.py pick_attention); None: the export's or its variant's (the ONNX engines)
+    precision: str | None = None
     picks_engine: bool = False  # starts another engine and hands it the options (auto): takes any engine's options
     bench: tuple[BenchRow, ...] = ()
     factory: Callable[..., Any] | None = field(default=None, compare=False)  # the engine class (or auto's picker)

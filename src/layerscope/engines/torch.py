@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine, pool_states
 from layerscope.engines.parity_texts import PARITY_TEXTS
-from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, register
+from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, engine_spec, register
 from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
@@ -69,7 +69,7 @@ def pick_attention(asked: str | None, precision: str, max_seq: int | None, sdpa_
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
     device="any", fallback=True, gradients=True, attention=True,
-    options=TORCH_OPTIONS,
+    options=TORCH_OPTIONS, precision="fp32",
     bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     """PyTorch in fp32 with eager attention (scaled-dot-product attention, computed in slices, for runs of texts
@@ -80,7 +80,6 @@ class TorchEngine(Engine):
     """
 
     name = "torch"
-    precision = "fp32"
 
     depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
 
@@ -90,6 +89,9 @@ class TorchEngine(Engine):
         import torch
 
         from layerscope.model.source import load_torch_model, supports_sdpa
+
+        # what it computes in, as its declaration says (the memory plan reads the same: engines/memory.py)
+        self.precision: str = engine_spec(self.name).precision
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -285,17 +287,15 @@ def half_parity(ref: list[list[np.ndarray]], got: list[list[np.ndarray]], masks:
 
 @register(EngineSpec(
     "torch-fp16", "PyTorch in float16 with scaled-dot-product attention (the GPU baseline; checks itself "
-    "against fp32 at start)", needs_export=False, device="any", options=TORCH_OPTIONS,
+    "against fp32 at start)", needs_export=False, device="any", options=TORCH_OPTIONS, precision="fp16",
     bench=(BenchRow(note="PyTorch fp16 + SDPA, poolings on the device"),)))
 class TorchFp16Engine(TorchEngine):
     name = "torch-fp16"
-    precision = "fp16"
 
 
 @register(EngineSpec(
     "torch-bf16", "PyTorch in bfloat16 with scaled-dot-product attention (checks itself against fp32 at "
-    "start)", needs_export=False, device="any", options=TORCH_OPTIONS,
+    "start)", needs_export=False, device="any", options=TORCH_OPTIONS, precision="bf16",
     bench=(BenchRow(note="PyTorch bf16 + SDPA, poolings on the device"),)))
 class TorchBf16Engine(TorchEngine):
     name = "torch-bf16"
-    precision = "bf16"

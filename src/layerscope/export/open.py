@@ -46,7 +46,7 @@ def require_engine(engine) -> None:
 
     spec = resolve_engine(engine).spec  # an unknown name: one line with the closest one
     probe = getattr(spec.factory, "probe", None)
-    if spec.name == "auto" or not spec.needs_export or probe is None:
+    if spec.picks_engine or not spec.needs_export or probe is None:
         return  # auto tries the others in turn; torch runs the model itself, no export to wait for
     works, detail = probe()
     if not works:

@@ -156,7 +156,7 @@ def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", 
     return Extraction(out=out, claim=where, resume=resume, handle=handle, engine=eng, choice=choice,
                       manifest=manifest, layers=layer_list, poolings=pool_list, max_length=max_len,
                       max_batch=max_batch, spec=spec,
-                      variant_pending=choice is not None and choice.name == "auto" and not asked_variant)
+                      variant_pending=choice is not None and choice.spec.picks_engine and not asked_variant)
 
 
 def prepare_request(req, *, engine_runs_here: bool = True) -> Extraction:
@@ -313,25 +313,23 @@ def check_same(ex: Extraction, made: StoreSpec, *, skip: tuple[str, ...] = (), p
                      "drop --resume (and use --force)")
 
 
-def check_ranges_fit(ex: Extraction, req, ranges, *, workers: int = 1, available: int | None = None,
-                     here: bool = True) -> None:
+def check_ranges_fit(ex: Extraction, choice: EngineChoice, ranges, *, workers: int = 1,
+                     available: int | None = None, here: bool = True) -> None:
     """``--shard`` and Ray, before the first range runs and before any engine starts: the memory check of an
     in-process extraction (engines/memory.py) over the texts of ``ranges`` (``store_ranges.Range`` or the Ray
-    driver's dicts), shared by ``workers`` engines running at once. The longest text the plan allows
-    (``--max-length``, else the model's limit) is tried first; only where that does not fit are the ranges'
-    texts tokenized to find their longest. ``available``: bytes each machine has (None: this machine's memory
-    now, where ``here``; elsewhere unknown, and nothing is refused)."""
+    driver's dicts), shared by ``workers`` engines of ``choice`` (the run's engine and options, as prepare
+    resolved them: ``ex.choice``) running at once. The longest text the plan allows (``--max-length``, else the
+    model's limit) is tried first; only where that does not fit are the ranges' texts tokenized to find their
+    longest. ``available``: bytes each machine has (None: this machine's memory now, where ``here``; elsewhere
+    unknown, and nothing is refused)."""
     from layerscope.engines.memory import check_fits, fits, shape_planned
     from layerscope.extraction.engine_plan import engine_options
     from layerscope.model.tokenize import Encoder
 
     if available is None and not here:
         return
-    asked = dict(ex.choice.options) if ex.choice is not None else req.options
-    plan = engine_options(ex.spec, ex.manifest, asked)
-    name = ex.choice.name if ex.choice is not None else str(req.engine)
-    shape = shape_planned(ex.handle, name, depth=plan.depth, pooled_only=plan.pooled_only,
-                          max_seq=plan.max_seq, asked=dict(plan.asked))
+    plan = engine_options(ex.spec, ex.manifest, dict(choice.options))
+    shape = shape_planned(ex.handle, choice, depth=plan.depth, pooled_only=plan.pooled_only, max_seq=plan.max_seq)
     if fits(shape, ex.max_length, available=available, workers=workers):
         return  # the longest text the plan allows fits: nothing to count
     log.info("counting the tokens of %s ranges to check memory for the longest text", f"{len(ranges):,}")

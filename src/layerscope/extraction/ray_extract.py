@@ -189,8 +189,8 @@ def _extract(req: ExtractionRequest, *, address, workers, shard_rows, cpus_per_w
 
             cpus, gpus = _resources(ray, workers, choice, cpus_per_worker, gpus_per_worker,
                                     local=address in (None, "", "local"))
-            check_ranges_fit(ex, req, todo, **ray_share(ray, min(workers, len(todo)), cpus, gpus,
-                                                         local=address in (None, "", "local")))
+            check_ranges_fit(ex, choice, todo, **ray_share(ray, min(workers, len(todo)), cpus, gpus,
+                                                            local=address in (None, "", "local")))
             options = engine_options(ex.spec, ex.manifest, dict(choice.options))
             if not gpus and choice.device in ("cpu", "any"):  # each actor's share of the CPUs
                 options = options.with_asked(threads=max(1, int(cpus)))

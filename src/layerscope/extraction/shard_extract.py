@@ -86,7 +86,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
     if todo:
         from layerscope.extraction.prepare import check_ranges_fit
 
-        check_ranges_fit(ex, req, todo)  # the longest text fits in memory: checked before the engine starts
+        check_ranges_fit(ex, ex.choice, todo)  # the longest text fits in memory: checked before the engine starts
         eng = range_run.open_engine_for(ex, req)
         writer = RangeWriter(store.path, eng, layers=ex.layers, poolings=ex.poolings,
                              store_dtype=ex.spec.dtype, max_length=ex.max_length, prompt=ex.spec.prompt,
