@@ -75,25 +75,40 @@ def sts_dir():
 
 
 @pytest.fixture(scope="session")
-def _bert_export_once(tiny_model, tmp_path_factory):
-    """The tiny BERT exported once per session; no test sees this folder, each module gets a copy."""
+def tiny_export(tiny_model, tmp_path_factory):
+    """Factory: ``tiny_export("gpt2", pooled=["mean"]) -> Path`` of a fresh copy of that tiny model's export.
+
+    Each (family, pooled) is exported once per session with ``export_model``'s defaults otherwise, into a folder
+    no test sees; every call hands out a copy of its own (a test may alter it), made with the files' times, so
+    the export's record of its files (sha256, size, mtime) still holds: the copy is the export. ``to`` names
+    where the copy goes (its parent is made); by default a fresh folder. A test that checks what exporting does
+    (its progress lines, a patched limit) exports for itself instead: the first call of a key may run inside any
+    test, so call it only where nothing the export reads is patched."""
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
 
-    out = tmp_path_factory.mktemp("bert-export-once") / "onnx"
-    export_model(resolve_source(str(tiny_model("bert"))), out)
-    return out
+    made: dict[tuple, Path] = {}
+
+    def get(family: str, pooled=None, to: Path | None = None) -> Path:
+        key = (family, None if pooled is None else tuple(pooled))
+        if key not in made:
+            once = tmp_path_factory.mktemp(f"tiny-export-once-{family}") / "onnx"
+            kwargs = {} if pooled is None else {"pooled": list(pooled)}
+            export_model(resolve_source(str(tiny_model(family))), once, **kwargs)
+            made[key] = once
+        out = Path(to) if to is not None else tmp_path_factory.mktemp(f"tiny-export-{family}") / "onnx"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(made[key], out, symlinks=True)
+        return out
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def bert_export(_bert_export_once, tmp_path_factory):
-    """A tiny BERT exported with the default outputs, a fresh copy per test module (a module may alter it).
-
-    Copied with its files' times, so the export's record of its files (sha256, size, mtime) still holds: the
-    copy is the export, made once per session instead of once per module (about 30 modules use it)."""
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    shutil.copytree(_bert_export_once, out, symlinks=True)
-    return out
+def bert_export(tiny_export):
+    """A tiny BERT exported with the default outputs, a fresh copy per test module (a module may alter it);
+    made once per session instead of once per module (about 30 modules use it)."""
+    return tiny_export("bert")
 
 
 @pytest.fixture
