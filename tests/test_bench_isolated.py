@@ -10,13 +10,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def export_dir(tiny_model, tmp_path_factory):
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
-
-    out = tmp_path_factory.mktemp("iso-export") / "tiny"
-    export_model(resolve_source(str(tiny_model("bert"))), out)
-    return out
+def export_dir(bert_export):
+    return bert_export
 
 
 def test_peak_and_flops_from_shapes(tmp_path):

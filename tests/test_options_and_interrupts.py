@@ -14,8 +14,6 @@ import numpy as np
 import pytest
 
 from layerscope.errors import InputError
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.extraction.pipeline import embed, extract
 from layerscope.store.store import LayerStore
 from cli_helpers import run_cli as cli
@@ -136,9 +134,8 @@ def test_engine_error_after_some_rows_keeps_a_resumable_store(bert_export, tmp_p
 # ---------------------------------------------------------------- NUL bytes
 
 @pytest.mark.parametrize("family, fate, same", [("bert", "drops them", True), ("gpt2", "encodes them as tokens", False)])
-def test_nul_bytes_are_counted_and_kept(family, fate, same, tiny_model, tmp_path):
-    export = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model(family))), export, pooled=["mean"])
+def test_nul_bytes_are_counted_and_kept(family, fate, same, tiny_export, tmp_path):
+    export = tiny_export(family, pooled=["mean"], to=tmp_path / "exp")
     texts = ["ab cd", "a\x00b cd", "plain text", "x\x00\x00y"]
     report = extract(export, texts, tmp_path / "s", engine="ort", poolings=["mean"])
     warning = next(w for w in report.warnings if "NUL" in w)

@@ -13,13 +13,8 @@ TEXTS = ["a dog plays in the snow", "Hi", "the weather is sunny and warm today, 
 
 
 @pytest.fixture(scope="module")
-def export_dir(tiny_model, tmp_path_factory):
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
-
-    out = tmp_path_factory.mktemp("ov-export") / "tiny"
-    export_model(resolve_source(str(tiny_model("bert"))), out)
-    return out
+def export_dir(bert_export):
+    return bert_export
 
 
 def _manifest(export_dir):

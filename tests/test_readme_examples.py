@@ -149,15 +149,6 @@ def _small_sts(real: Path, dest: Path) -> None:
         (dest / name).write_text("".join(lines[::STS_STRIDE]), encoding="utf-8")
 
 
-@pytest.fixture(scope="module")
-def minilm_export():
-    """MiniLM's cached export in the session's layerscope home (the one the other MiniLM tests of the session
-    make or reuse), so that the examples' fresh home is given a copy instead of exporting it again."""
-    from layerscope.export.open import ensure_export
-
-    return ensure_export("minilm").export_dir
-
-
 @pytest.mark.slow
 def test_every_example_of_the_readme_and_usage_runs_as_written(tmp_path, sts_dir, minilm_export):
     """Catches: a documented command or Python line that errors on a fresh machine (a pooling the store does

@@ -96,13 +96,9 @@ def test_run_force_refuses_a_record_leading_outside(how, bert_export, tmp_path, 
 
 
 @pytest.mark.parametrize("how", ["absolute", "through-a-link"])
-def test_export_force_refuses_a_record_leading_outside(how, tiny_model, tmp_path, capsys):
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
-
+def test_export_force_refuses_a_record_leading_outside(how, tiny_model, tiny_export, tmp_path, capsys):
     victim, digest = _victim(tmp_path)
-    out = tmp_path / "E"
-    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["mean"])
+    out = tiny_export("bert", pooled=["mean"], to=tmp_path / "E")
     _tamper(out, victim, how)
     before = tree(out)
     one_error(*run_cli(["export", tiny_model("bert"), "--out", out, "--force"], capsys), "was edited or damaged")

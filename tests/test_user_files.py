@@ -185,10 +185,9 @@ def test_export_force_refuses_foreign_folders_and_the_model_itself(tiny_model, t
     assert (notes / "paper.tex").read_text() == "draft"
 
 
-def test_export_force_never_deletes_an_export_that_holds_the_model(tiny_model, tmp_path):
+def test_export_force_never_deletes_an_export_that_holds_the_model(tiny_model, tiny_export, tmp_path):
     # An export dir the user saved the model checkpoint into: the input is inside, so --force refuses.
-    out = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model("bert"))), out)
+    out = tiny_export("bert", to=tmp_path / "exp")
     inside = out / "trt_cache"
     shutil.copytree(tiny_model("bert"), inside)
     with pytest.raises(InputError, match="holds this command's input"):
@@ -196,9 +195,8 @@ def test_export_force_never_deletes_an_export_that_holds_the_model(tiny_model, t
     assert (inside / "config.json").exists() and (out / "manifest.json").exists()
 
 
-def test_export_force_replaces_an_export_and_marks_the_new_one(tiny_model, tmp_path):
-    out = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["mean"])
+def test_export_force_replaces_an_export_and_marks_the_new_one(tiny_model, tiny_export, tmp_path):
+    out = tiny_export("bert", pooled=["mean"], to=tmp_path / "exp")
     export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["cls"], force=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["pooled_modes"] == ["cls"] and kind_of(out) == "export"

@@ -9,14 +9,8 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def export_dir(tiny_model, tmp_path_factory):
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
-
-    model = tiny_model("bert")
-    out = tmp_path_factory.mktemp("export") / "tiny"
-    export_model(resolve_source(str(model)), out)
-    return out
+def export_dir(bert_export):
+    return bert_export
 
 
 def _manifest(export_dir):

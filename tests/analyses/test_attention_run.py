@@ -14,8 +14,6 @@ from layerscope.analyses.base import RunRequest, run_analysis
 from layerscope.errors import InputError
 from layerscope.export import attention as att
 from layerscope.export.attention_run import AttentionRunner
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.export.variants import make_variant
 
 PAYLOAD = "<img src=x onerror=\"console.error('INJECTED')\"> & </script>"
@@ -24,14 +22,13 @@ TEXTS = ["The cat sat on the mat.", "a", "Dogs run in the park every morning bef
 
 
 @pytest.fixture(scope="module")
-def exports(tiny_model, tmp_path_factory):
+def exports(tiny_export):
     cache = {}
 
     def get(family, attn=True):
         key = (family, attn)
         if key not in cache:
-            out = tmp_path_factory.mktemp(f"run-attn-{family}") / "onnx"
-            export_model(resolve_source(str(tiny_model(family))), out)
+            out = tiny_export(family)
             if attn:
                 make_variant(out, "attn")
             cache[key] = out

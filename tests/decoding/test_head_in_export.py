@@ -54,13 +54,12 @@ def test_lens_after_the_checkpoint_is_gone_equals_the_lens_made_with_it(family, 
         np.testing.assert_array_equal(x, y)
 
 
-def test_stored_head_decodes_like_the_checkpoint_head(tiny_model, tmp_path):
+def test_stored_head_decodes_like_the_checkpoint_head(tiny_model, tiny_export, tmp_path):
     """The rebuilt head (meta-device model + stored tensors + aliases) gives the checkpoint head's logits
     exactly. Catches: an alias (tied unembedding) left on the meta device or pointing at the wrong tensor."""
     import torch
 
-    out = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model("gpt2"))), out, pooled=["mean"])
+    out = tiny_export("gpt2", pooled=["mean"], to=tmp_path / "exp")
     handle = ModelHandle.resolve(out)
     assert handle.manifest.lm_head["aliases"] == {"lm_head.weight": "transformer.wte.weight"}
     stored = load_decoding_model(handle)
@@ -94,11 +93,10 @@ def test_bare_checkpoint_keeps_its_word_embeddings_as_the_head(tmp_path, tiny_mo
     assert export_lens(out, 3)["sha256"] == meta["sha256"]
 
 
-def test_changed_head_file_is_refused(tiny_model, tmp_path):
+def test_changed_head_file_is_refused(tiny_export, tmp_path):
     from layerscope.errors import ManifestError
 
-    out = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model("qwen2"))), out, pooled=["mean"])
+    out = tiny_export("qwen2", pooled=["mean"], to=tmp_path / "exp")
     handle = ModelHandle.resolve(out)
     data = bytearray((out / HEAD_FILE).read_bytes())
     data[-1] ^= 0xFF

@@ -139,13 +139,10 @@ def test_lens_accumulator_by_hand():
     assert rows[0]["top1_agrees_with_last"] == 0.0 and rows[1]["top1_agrees_with_last"] == 1.0
 
 
-def test_lens_onnx_graph_matches_torch_bert(tiny_model, tmp_path):
+def test_lens_onnx_graph_matches_torch_bert(tiny_export, tmp_path):
     from layerscope.decoding.lens_onnx import export_lens, lens_parity
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
 
-    out = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=["mean"])
+    out = tiny_export("bert", pooled=["mean"], to=tmp_path / "exp")
     meta = export_lens(out, 5)
     assert meta["parity"]["rank_mismatch_fraction"] == 0.0
     assert meta["parity"]["top1_mismatch_fraction"] == 0.0

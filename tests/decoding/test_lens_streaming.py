@@ -84,21 +84,32 @@ print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["ort", "torch"])
-def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, tiny_model, tmp_path):
-    """32 texts of ~120 tokens at once with a 60,000-row vocabulary: every layer's logits of the batch would be
-    32 x 120 x 60,000 x 4 bytes = 920 MB (and its softmax as much again); decoded a run of positions at a time
-    (8 MiB of logits here), the peak RSS of a child process is within 150 MB of the same run 2 texts at a time."""
+BIG_VOCAB = 60_000
+
+
+@pytest.fixture(scope="module")
+def big_vocab_export(tiny_model, tmp_path_factory):
+    """The 60,000-row GPT-2 checkpoint and its export with the top-5 lens head, made once for both engines
+    (neither run writes into them: each child has a home and an output folder of its own)."""
     from layerscope.decoding.lens_onnx import export_lens
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
 
-    vocab = 60_000
-    export = tmp_path / "exp"
-    ckpt = _big_vocab_gpt2(tiny_model, tmp_path / "ckpt", vocab)
+    root = tmp_path_factory.mktemp("big-vocab")
+    export = root / "exp"
+    ckpt = _big_vocab_gpt2(tiny_model, root / "ckpt", BIG_VOCAB)
     export_model(resolve_source(str(ckpt)), export, pooled=["mean"])
-    meta = export_lens(export, 5)
+    return ckpt, export, export_lens(export, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ort", "torch"])
+def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, big_vocab_export, tmp_path):
+    """32 texts of ~120 tokens at once with a 60,000-row vocabulary: every layer's logits of the batch would be
+    32 x 120 x 60,000 x 4 bytes = 920 MB (and its softmax as much again); decoded a run of positions at a time
+    (8 MiB of logits here), the peak RSS of a child process is within 150 MB of the same run 2 texts at a time."""
+    vocab = BIG_VOCAB
+    ckpt, export, meta = big_vocab_export
     assert not (export / "lens-k5.onnx_data").exists()  # the head's 7.7 MB matrix is read from lm_head.safetensors
     assert (export / "lens-k5.onnx").stat().st_size < vocab * 32 * 4 // 10 and meta["shared_bytes"] >= vocab * 32 * 4
     data = tmp_path / "texts.txt"
@@ -164,15 +175,12 @@ def test_lens_runs_of_positions_are_bounded_by_the_head_work(engine, tiny_model,
     assert bar.advances == expected and sum(expected) == bar.total == sum(lengths)
 
 
-def test_lens_head_export_says_each_stage(tiny_model, tmp_path):
+def test_lens_head_export_says_each_stage(tiny_export, tmp_path):
     """Exporting the lens head (minutes on a real-size model) says a line as each stage starts, in order:
     loading, tracing, writing, the check against torch. Catches: a stage run with nothing said before it."""
     from layerscope.decoding.lens_onnx import PARITY_TEXTS, export_lens
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
 
-    out = tmp_path / "exp"
-    export_model(resolve_source(str(tiny_model("gpt2"))), out, pooled=["mean"])
+    out = tiny_export("gpt2", pooled=["mean"], to=tmp_path / "exp")
     said: list[str] = []
     export_lens(out, 3, say=said.append)
     assert [line.split(":")[0] for line in said] == [f"lens head {i}/4" for i in range(1, 5)]

@@ -11,23 +11,19 @@ import pytest
 
 from layerscope.export import attention as att
 from layerscope.export.attention_run import AttentionRunner
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.export.variants import make_variant
-from layerscope.model.source import resolve_source
 
 TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy dog twice today", "一只猫"]
 ATTN_FAMILIES = ("bert", "gpt2", "qwen2")
 
 
 @pytest.fixture(scope="module")
-def attn_export(tiny_model, tmp_path_factory):
+def attn_export(tiny_export):
     cache = {}
 
     def get(family):
         if family not in cache:
-            out = tmp_path_factory.mktemp(f"attn-{family}") / "onnx"
-            export_model(resolve_source(str(tiny_model(family))), out, pooled=[])
+            out = tiny_export(family, pooled=[])
             make_variant(out, "attn")
             cache[family] = out
         return cache[family]
@@ -182,7 +178,7 @@ def test_summaries_without_mask_or_ids_count_every_position():
     assert previous == pytest.approx(0.25)
 
 
-def test_big_graph_data_is_gathered_beside_the_export(tiny_model, tmp_path, monkeypatch):
+def test_big_graph_data_is_gathered_beside_the_export(tiny_export, tmp_path, monkeypatch):
     """Over 2 GiB torch writes one file per tensor: they are gathered into model.attn.onnx_data, recorded and
     verified, and the graph still runs (simulated by re-saving the tiny graph with per-tensor files)."""
     import onnx
@@ -196,9 +192,8 @@ def test_big_graph_data_is_gathered_beside_the_export(tiny_model, tmp_path, monk
         model = onnx.load(str(path))
         onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=False, size_threshold=0)
 
+    out = tiny_export("bert", pooled=[], to=tmp_path / "onnx")
     monkeypatch.setattr(att, "trace_attention", per_tensor_files)
-    out = tmp_path / "onnx"
-    export_model(resolve_source(str(tiny_model("bert"))), out, pooled=[])
     entry = make_variant(out, "attn")
     assert list(entry["external_data"]) == ["model.attn.onnx_data"]
     assert not list(out.glob(".attn-trace-*"))  # the tracing folder is gone

@@ -9,8 +9,6 @@ import pytest
 
 from layerscope.engines.base import create_engine
 from layerscope.vocab.layers import layer_names
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.model.handle import ModelHandle
 from layerscope.vocab.pooling import pool
 from hf_reference import check_engine, hf_reference
@@ -21,14 +19,12 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_model, tmp_path_factory):
+def exported(tiny_export):
     cache = {}
 
     def get(family):
         if family not in cache:
-            out = tmp_path_factory.mktemp(f"export-{family}") / "onnx"
-            export_model(resolve_source(str(tiny_model(family))), out)
-            cache[family] = out
+            cache[family] = tiny_export(family)  # export_model with its defaults, shared by the session
         return cache[family]
 
     return get

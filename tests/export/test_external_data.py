@@ -33,9 +33,8 @@ def _run(export_dir):
 
 
 @pytest.mark.parametrize("family", ["bert", "qwen2"])
-def test_external_data_export_is_bit_identical(family, tiny_model, tmp_path, monkeypatch):
-    normal = tmp_path / "normal"
-    export_model(resolve_source(str(tiny_model(family))), normal)
+def test_external_data_export_is_bit_identical(family, tiny_model, tiny_export, tmp_path, monkeypatch):
+    normal = tiny_export(family, to=tmp_path / "normal")  # the ordinary export, before the limit is lowered
     monkeypatch.setattr(exporter, "EXTERNAL_DATA_BYTES", 10_000)
     big = tmp_path / "big"
     manifest = export_model(resolve_source(str(tiny_model(family))), big)

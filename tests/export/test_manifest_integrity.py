@@ -9,18 +9,14 @@ from pathlib import Path
 import pytest
 
 from layerscope.errors import ManifestError
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.hashing import file_sha256
 from layerscope.model.handle import ModelHandle
 from cli_helpers import cli_output
 
 
 @pytest.fixture(scope="module")
-def pristine(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(resolve_source(str(tiny_model("bert"))), out)
-    return out
+def pristine(bert_export):
+    return bert_export
 
 
 @pytest.fixture

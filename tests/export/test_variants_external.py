@@ -14,13 +14,13 @@ TEXTS = ["a cat sat on the mat", "hi", "the quick brown fox jumps over the lazy 
 
 
 @pytest.fixture(scope="module")
-def exports(tiny_model, tmp_path_factory):
+def exports(tiny_model, tiny_export, tmp_path_factory):
     """The same tiny BERT exported twice: one file, and with its weights in model.onnx_data."""
     from layerscope.export.exporter import export_model
     from layerscope.model.source import resolve_source
 
     root = tmp_path_factory.mktemp("variants-external")
-    export_model(resolve_source(str(tiny_model("bert"))), root / "small", pooled=["mean"])
+    tiny_export("bert", pooled=["mean"], to=root / "small")
     before = exporter.EXTERNAL_DATA_BYTES
     exporter.EXTERNAL_DATA_BYTES = 10_000
     try:

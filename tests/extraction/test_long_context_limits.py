@@ -8,17 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from layerscope.export.exporter import export_model
-
-from layerscope.model.source import resolve_source
 from layerscope.extraction import pipeline
 
 
 @pytest.fixture(scope="module")
-def qwen_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("limits") / "qwen"
-    export_model(resolve_source(str(tiny_model("qwen2"))), out, pooled=["mean"])
-    return out
+def qwen_export(tiny_export):
+    return tiny_export("qwen2", pooled=["mean"])
 
 
 @pytest.mark.parametrize("max_length", [None, 24])

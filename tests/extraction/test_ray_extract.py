@@ -237,11 +237,11 @@ def test_resume_refuses_other_settings(ray_cluster, bert_export, small_corpus, t
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, tmp_path):
+def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, minilm_export, tmp_path):
     """Done means: inspect extract --ray local over the 2,758 STS test sentences equals the plain run."""
+    import shutil
+
     from layerscope.cli import main
-    from layerscope.export.exporter import export_model
-    from layerscope.model.source import resolve_source
 
     sentences = []
     with open(sts_dir / "sts-test.csv", encoding="utf-8", newline="") as fh:
@@ -251,7 +251,7 @@ def test_cli_ray_local_over_sts_test_equals_the_plain_run(ray_cluster, sts_dir, 
     assert len(sentences) == 2758
     corpus_path = tmp_path / "sts.txt"
     corpus_path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    export_model(resolve_source("minilm"), tmp_path / "minilm")
+    shutil.copytree(minilm_export, tmp_path / "minilm", symlinks=True)  # the session's export, with its files' times
     common = ["extract", "--model", str(tmp_path / "minilm"), "--input", str(corpus_path), "--engine", "ort",
               "--layers", "all", "--pooling", "mean,cls"]
     for extra, out in (([], "plain"), (["--ray", "local", "--ray-workers", "2"], "ray")):

@@ -48,6 +48,24 @@ def setup(fake, tiny_model, tmp_path_factory):
     return model, path, plain
 
 
+@pytest.fixture(scope="module")
+def first_half(setup, tmp_path_factory):
+    """The store after shard 0/2 ran alone (as a real process): what every damaged-file test starts from, each
+    with a copy of its own."""
+    model, path, _ = setup
+    out = tmp_path_factory.mktemp("first-half") / "store"
+    first = _run(_cmd(model, path, out, "0/2"))
+    assert first.returncode == 0, first.stderr
+    return out
+
+
+def _copy_of(store: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(store, to, symlinks=True)
+    return to
+
+
 def _cmd(model, path, out, shard, *extra):
     return [sys.executable, str(TESTS / "fake_engine.py"), "-q", "extract", "--model", model, "--input", str(path),
             "--out", str(out), "--engine", "fake", "--layers", "all", "--pooling", "mean,cls", "--text-field", "body",
@@ -413,13 +431,11 @@ def test_a_reused_pid_or_another_boot_makes_a_claim_stale(tmp_path):
     assert not store_ranges.claim_is_stale(first.path)
 
 
-def test_a_damaged_offsets_file_is_one_line_not_wrong_texts(setup, tmp_path):
+def test_a_damaged_offsets_file_is_one_line_not_wrong_texts(setup, first_half, tmp_path):
     """ray-offsets.npy edited to point a range at other rows (still line starts, still increasing): the shard
     that reads it refuses in one line and writes nothing; verify names the file."""
     model, path, _ = setup
-    out = tmp_path / "store"
-    first = _run(_cmd(model, path, out, "0/2"))
-    assert first.returncode == 0, first.stderr
+    out = _copy_of(first_half, tmp_path / "store")
     offsets = np.load(out / store_ranges.OFFSETS)
     edited = np.concatenate([offsets[:1], offsets[2:], offsets[-1:]])  # range k reads range k+1's texts
     assert edited.shape == offsets.shape and bool((np.diff(edited) >= 0).all())
@@ -443,11 +459,9 @@ def _truncated(path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["ray-offsets.npy", "lengths.npy"])
 @pytest.mark.parametrize("damage", [_pickled, _truncated])
-def test_a_pickled_or_truncated_internal_file_is_one_line(name, damage, setup, tmp_path):
+def test_a_pickled_or_truncated_internal_file_is_one_line(name, damage, setup, first_half, tmp_path):
     model, path, _ = setup
-    out = tmp_path / "store"
-    first = _run(_cmd(model, path, out, "0/2"))
-    assert first.returncode == 0, first.stderr
+    out = _copy_of(first_half, tmp_path / "store")
     damage(out / name)
     r = _run(_cmd(model, path, out, "1/2"))
     assert r.returncode == 2, (r.stdout, r.stderr)

@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 
 from layerscope.errors import StoreError
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
 from cli_helpers import cli_output
@@ -19,9 +17,8 @@ TEXTS = [f"text number {i} about a cat and a dog" for i in range(40)]
 
 
 @pytest.fixture(scope="module")
-def template(tiny_model, tmp_path_factory):
-    export = tmp_path_factory.mktemp("bert-export") / "onnx"
-    export_model(resolve_source(str(tiny_model("bert"))), export)
+def template(bert_export, tmp_path_factory):
+    export = bert_export
     out = tmp_path_factory.mktemp("store-template") / "s"
     extract(export, TEXTS, out, engine="ort", poolings=["mean", "cls"], layers="raw,1,2")
     return out

@@ -20,8 +20,6 @@ import numpy as np
 import pytest
 
 from layerscope.errors import StoreError
-from layerscope.export.exporter import export_model
-from layerscope.model.source import resolve_source
 from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
 
@@ -81,10 +79,8 @@ def assert_matches_hf(store: LayerStore, refs, texts: list[str], atol: float) ->
 
 
 @pytest.fixture(scope="module")
-def gpt2_export(tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpt2-export") / "onnx"
-    export_model(resolve_source(str(tiny_model("gpt2"))), out)
-    return out
+def gpt2_export(tiny_export):
+    return tiny_export("gpt2")
 
 
 @pytest.mark.parametrize("side", [None, "right", "left"])
