@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from layerscope.errors import InputError
+from layerscope.report.results_fields import number_or_nan as _number
 
 FIGURE_FIELDS = ("value", "null_mean", "p", "ci_low", "ci_high")
 
@@ -103,14 +104,6 @@ def _names(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise TypeError("the layers are not a list of names")
     return tuple(str(x) for x in value)
-
-
-def _number(value: Any, name: str) -> float:
-    if value is None:
-        return float("nan")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} is {type(value).__name__}, not a number")
-    return float(value)
 
 
 def _grid(value: Any, shape: tuple[int, int], name: str) -> np.ndarray:

@@ -82,6 +82,16 @@ def _grid(value: Any, where: str) -> None:
             _number(cell, f"{where}[{i}][{j}]")
 
 
+def number_or_nan(value: Any, name: str) -> float:
+    """A number read back from results.json as a float; null (an undefined figure) is NaN; anything else that
+    is not an int or float (a bool included) is a TypeError naming the field."""
+    if value is None:
+        return float("nan")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is {type(value).__name__}, not a number")
+    return float(value)
+
+
 def _number(value: Any, where: str) -> None:
     if value is None:
         return

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from layerscope.errors import InputError
+from layerscope.report.results_fields import number_or_nan as _number
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,6 @@ def _rows(fig: Any, table: str) -> list[Mapping[str, Any]]:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, Mapping) for r in rows):
         raise TypeError(f"table {table} is not a list of rows")
     return rows
-
-
-def _number(value: Any, name: str) -> float:
-    if value is None:
-        return float("nan")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} is {type(value).__name__}, not a number")
-    return float(value)
 
 
 def _count(value: Any, name: str) -> int:
