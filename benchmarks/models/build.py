@@ -77,7 +77,21 @@ MODEL_CLASS = {"bert": "BertModel", "gpt2": "GPT2LMHeadModel", "t5-encoder": "T5
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def build(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+
+
+def with_layers(shape_cfg: dict, num_layers: int | None) -> dict:
+    """The published shape at its own width with ``num_layers`` blocks: a model too large for this machine's
+    memory measured at its real width and a depth that fits (every per-layer figure is the same per block)."""
+    if num_layers is None:
+        return shape_cfg
+    key = next(k for k in LAYER_KEYS if k in shape_cfg)
+    if not 0 < num_layers <= shape_cfg[key]:
+        raise SystemExit(f"--num-layers must be between 1 and the shape's {shape_cfg[key]} layers")
+    return {**shape_cfg, key: num_layers}
+
+
+def build(shape: str, out: Path, dtype: str = "fp32", seed: int = 0, num_layers: int | None = None) -> dict:
     import torch
     import transformers
 
@@ -85,8 +99,9 @@ def build(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
     from tiny_models import build_tiny_model
 
     if shape in ZOO_SHAPES:
-        return build_zoo_shape(shape, out, dtype, seed)
+        return build_zoo_shape(shape, out, dtype, seed, num_layers)
     family, cfg_cls, shape_cfg = SHAPES[shape]
+    shape_cfg = with_layers(shape_cfg, num_layers)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:  # the tiny model of the family lends its trained tokenizer
@@ -115,7 +130,7 @@ def build(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
     return {"shape": shape, "params": params, "dtype": dtype, "build_seconds": round(time.perf_counter() - t0, 1)}
 
 
-def build_zoo_shape(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -> dict:
+def build_zoo_shape(shape: str, out: Path, dtype: str = "fp32", seed: int = 0, num_layers: int | None = None) -> dict:
     """A ``ZOO_SHAPES`` shape: the model type's config class, the zoo's tokenizer of that type."""
     import torch
     import transformers
@@ -124,6 +139,7 @@ def build_zoo_shape(shape: str, out: Path, dtype: str = "fp32", seed: int = 0) -
     from tiny_zoo import _tokenizer
 
     model_type, cls_name, shape_cfg = ZOO_SHAPES[shape]
+    shape_cfg = with_layers(shape_cfg, num_layers)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     tok = _tokenizer(model_type)
@@ -149,8 +165,9 @@ def main() -> None:
     ap.add_argument("shape", choices=sorted(SHAPES) + sorted(ZOO_SHAPES))
     ap.add_argument("out", type=Path)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"], help="weights as saved")
+    ap.add_argument("--num-layers", type=int, help="build the shape's width with this many blocks")
     args = ap.parse_args()
-    print(json.dumps(build(args.shape, args.out, args.dtype)))
+    print(json.dumps(build(args.shape, args.out, args.dtype, num_layers=args.num_layers)))
 
 
 if __name__ == "__main__":

@@ -69,20 +69,22 @@ STEPS = ("build", "export", "variants", "extract")
 
 
 def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, weights_dtype: str,
-        steps: tuple[str, ...] = STEPS, variants: tuple[str, ...] = ()) -> dict:
+        steps: tuple[str, ...] = STEPS, variants: tuple[str, ...] = (), num_layers: int | None = None) -> dict:
     py = sys.executable
-    model_dir, export_dir = work / "models" / shape, work / "exports" / f"{shape}-{dtype}"
+    label = f"{shape}-{num_layers}layers" if num_layers else shape  # a shape cut to fewer blocks is its own row
+    model_dir, export_dir = work / "models" / label, work / "exports" / f"{label}-{dtype}"
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{shape}-{dtype}.json"
+    out = RESULTS / f"{label}-{dtype}.json"
     result: dict = json.loads(out.read_text()) if out.exists() else {}
-    result.update({"shape": shape, "dtype": dtype})
+    result.update({"shape": label, "dtype": dtype})
     if "build" in steps and not (model_dir / "config.json").exists():
-        result["build"] = _timed([py, str(HERE / "build.py"), shape, str(model_dir), "--dtype", weights_dtype],
-                                 logs / f"{shape}-build.log")
+        result["build"] = _timed([py, str(HERE / "build.py"), shape, str(model_dir), "--dtype", weights_dtype]
+                                 + (["--num-layers", str(num_layers)] if num_layers else []),
+                                 logs / f"{label}-build.log")
     if "export" in steps:
         result["export"] = _timed([py, "-m", "layerscope", "export", str(model_dir), "--out", str(export_dir),
-                                   "--dtype", dtype, "--force"], logs / f"{shape}-{dtype}-export.log")
+                                   "--dtype", dtype, "--force"], logs / f"{label}-{dtype}-export.log")
     if "export" in steps and result["export"]["rc"] == 0:
         m = json.loads((export_dir / "manifest.json").read_text())
         outs = m["parity"]["outputs"]
@@ -95,7 +97,7 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
             "peak_rss_in_manifest_gib": round(m.get("export_peak_rss_bytes", 0) / 2**30, 2)})
     for kind in variants if "variants" in steps and (export_dir / "manifest.json").exists() else ():
         r = _timed([py, "-m", "layerscope", "optimize", str(export_dir), "--variant", kind, "--force"],
-                   logs / f"{shape}-{dtype}-variant-{kind}.log")
+                   logs / f"{label}-{dtype}-variant-{kind}.log")
         if r["rc"] == 0:
             entry = json.loads((export_dir / "manifest.json").read_text())["variants"][kind]
             outs = entry["parity"]["outputs"]
@@ -108,11 +110,11 @@ def run(shape: str, dtype: str, n_texts: int, engines: list[str], work: Path, we
         corpus = _sts_texts(n_texts, work / "texts.txt")
         for engine in engines:  # "ort:gqa": the ort engine on the export's gqa variant
             name, _, variant = engine.partition(":")
-            store = work / "stores" / f"{shape}-{dtype}-{engine.replace(':', '-')}"
+            store = work / "stores" / f"{label}-{dtype}-{engine.replace(':', '-')}"
             r = _timed([py, "-m", "layerscope", "extract", "--model", str(export_dir), "--input", str(corpus),
                         "--out", str(store), "--engine", name, "--layers", "all", "--force"]
                        + (["--variant", variant] if variant else []),
-                       logs / f"{shape}-{dtype}-extract-{engine}.log")
+                       logs / f"{label}-{dtype}-extract-{engine}.log")
             if r["rc"] == 0:
                 meta = json.loads((store / "store.json").read_text())
                 secs = meta.get("seconds")  # the extract call: engine start, tokenizing, running, writing
@@ -150,11 +152,11 @@ def zoo_table(results: Path) -> str:
             "min cos, all outputs | files written | extract tokens/s ort / ov / torch |",
             "|---|---|---|---|---|---|---|---|"]
     detail = []
-    for shape in ZOO_SHAPES:
-        path = results / f"{shape}-fp32.json"
-        if not path.exists():
-            continue
+    paths = [p for shape in ZOO_SHAPES for p in sorted(results.glob(f"{shape}-*.json"))
+             if re.fullmatch(re.escape(shape) + r"(-\d+layers)?-fp(32|16)\.json", p.name)]
+    for path in paths:
         r = json.loads(path.read_text())
+        shape = r["shape"] if r["dtype"] == "fp32" else f"{r['shape']} ({r['dtype']})"
         e = r.get("export", {})
         if e.get("rc") or "parity_layers" not in e:
             head.append(f"| {shape} | | failed or not run: {e.get('tail', '')[:80]} | {e.get('peak_rss_gib')} | | | | |")
@@ -209,6 +211,8 @@ def main() -> None:
     ap.add_argument("--zoo", action="store_true", help="run every ZOO_SHAPES shape but mistral-7b, one at a time")
     ap.add_argument("--zoo-table", action="store_true", help="print the ZOO_SHAPES table from the result files")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the result files go (default: results/)")
+    ap.add_argument("--num-layers", type=int, help="the shape's width with this many blocks (a shape too large "
+                    "for the machine); its figures go to <shape>-<N>layers-<dtype>.json")
     args = ap.parse_args()
     RESULTS = args.results
     if args.table:
@@ -225,7 +229,7 @@ def main() -> None:
         ap.error("name a shape, or --zoo, --table or --zoo-table")
     for shape in shapes:
         print(json.dumps(run(shape, args.dtype, args.texts, args.engines.split(","), args.work, args.weights_dtype,
-                             steps, tuple(v for v in args.variants.split(",") if v)), indent=1))
+                             steps, tuple(v for v in args.variants.split(",") if v), args.num_layers), indent=1))
 
 
 if __name__ == "__main__":
