@@ -331,10 +331,10 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     limits = {"max_seq": spec.max_length} if spec.max_length else {}
     opened: list[Any] = [None] * len(handles)
     try:
-        if engine_name == "auto":  # what auto picks is part of the run: start the engines to learn it
+        if engine_spec(engine_name).picks_engine:  # what auto picks is part of the run: start the engines to learn it
             for i, (model, handle) in enumerate(zip(spec.given_models, handles)):
-                ctx.say(f"{model}: starting engine auto")
-                opened[i] = open_engine(handle, "auto", **{**limits, **engine_options})
+                ctx.say(f"{model}: starting engine {engine_name}")
+                opened[i] = open_engine(handle, engine_name, **{**limits, **engine_options})
         models = []
         for i, (model, src, key) in enumerate(sources):
             resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles
