@@ -213,10 +213,12 @@ def _typed(results, name: str):
 
 def check_layers(spec: str, handle, model: str) -> list[str]:
     """Resolve ``--layers`` against one model; a bad spec names the option and the model."""
-    from layerscope.vocab.layers import resolve_layers
+    from layerscope.vocab.layers import resolve_widths
 
-    try:
-        return resolve_layers(spec, handle.manifest.num_layers)
+    manifest = handle.manifest
+    try:  # an analysis reads layers of one width: raw only where it is as wide as the others
+        return resolve_widths(spec, manifest.num_layers, raw_width=manifest.raw_width,
+                              hidden_size=manifest.hidden_size, raw_alone=False)
     except InputError as exc:
         raise InputError(f"--layers {spec} for model {model}: {exc}") from None
 

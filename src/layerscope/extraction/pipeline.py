@@ -324,7 +324,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
                            "pooled_only": pooled_only_run(handle.manifest, layer_list, pool_list),
                            **(engine_options or {})})
     manifest = eng.manifest
-    out = {(p, l): np.zeros((len(texts), manifest.hidden_size), np.float32) for p in pool_list for l in layer_list}
+    out = {(p, l): np.zeros((len(texts), manifest.width_of([l])), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
                                         max_length=max_length, prompt=prompt_text):
         for p in pool_list:
