@@ -93,6 +93,12 @@ class Engine(ABC):
 
         return engine_spec(self.name)
 
+    @property
+    def pools_as_made(self) -> bool:
+        """Whether its pooled runs hold one layer's states at a time, as its declaration says (an engine that
+        finds it cannot, once started, says False: engines/memory.py then charges every layer)."""
+        return self.spec.pools_as_made
+
     @classmethod
     def probe(cls, export_dir: Path | None = None) -> tuple[bool, str]:
         """(works, detail): whether this engine really starts on this machine (``layerscope engines``)."""

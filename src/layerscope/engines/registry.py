@@ -79,7 +79,7 @@ COMMON_OPTIONS = (
     EngineOption("depth", int, None, "the deepest layer the run reads, from --layers (-1: raw only); the engine "
                  "computes no further (engines/truncate.py)"),
     EngineOption("pooled_only", bool, False, "the run fetches in-graph pooled vectors only (no token states): an "
-                 "ONNX engine's graph then keeps the hidden states inside, free to release them"),
+                 "ONNX engine's graph then hands back no hidden state (none is copied out)"),
     EngineOption("min_cosine", float, None, "auto only: the lowest recorded cosine to PyTorch fp32 it accepts"),
 )
 
@@ -113,6 +113,10 @@ class EngineSpec:
     # the engine an engine that picks another (auto) runs the attention graph on: ONNX Runtime, where the
     # attention variant's parity was held
     attention_default: bool = False
+    # a pooled run pools each layer as the model makes it and keeps no earlier one (engines/torch_pooled.py), so
+    # one layer's states are alive at a time; False: every layer a run reads is alive at once (the in-graph
+    # pooling stacks them before it pools, export/graph.py), pooled-only or not (engines/memory.py)
+    pools_as_made: bool = False
     # its --variant names a precision of its own (OpenVINO's), not an export variant: (precision, the export
     # variant that precision runs) for those that run one; None: --variant is the export variant it loads
     precision_variants: tuple[tuple[str, str], ...] | None = None

@@ -180,7 +180,8 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
     commit = store.commit if tok is None else functools.partial(tok.commit, store)
     done = store.done_mask()
     already = int(done.sum())
-    check_long_texts(eng, lengths[done == 0], max_len)  # memory refused, truncation said, before any batch
+    # memory refused, truncation said, before any batch
+    check_long_texts(eng, lengths[done == 0], max_len, tokens=tok is not None)
     warnings = extraction_warnings(store, lengths, max_len)
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
