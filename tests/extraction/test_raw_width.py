@@ -93,3 +93,22 @@ def test_embed_reads_all_as_every_hidden_layer_and_raw_on_its_own(albert, hf):
         raw = model.embed(TEXTS, layers="raw", poolings=["mean"])
     np.testing.assert_allclose(np.asarray(got["mean", "2"], np.float64), hf["2"], atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(raw["mean", "raw"], np.float64), hf["raw"], atol=1e-5, rtol=0)
+
+
+def test_an_analysis_reads_every_hidden_layer_and_refuses_raw_in_one_line(albert, hf, in_tmp_home):
+    """An analysis's cached extraction holds every layer of one width (0..L here), and ``--layers`` with raw is
+    refused where the run starts, saying what to ask."""
+    from layerscope.analyses.base import ModelRun, check_layers
+    from layerscope.analyses.cache import cached_vectors
+    from layerscope.engines.base import create_engine
+    from layerscope.model.handle import ModelHandle
+
+    handle = ModelHandle.resolve(str(albert))
+    run = ModelRun("albert", handle, create_engine("torch", handle, device="cpu"))
+    got = cached_vectors(run, TEXTS, layers=["0", "2"], poolings=["mean"])
+    for layer in ("0", "2"):
+        np.testing.assert_allclose(np.asarray(got["mean", layer], np.float64), hf[layer], atol=1e-5, rtol=0)
+    assert check_layers("all", handle, "albert") == ["0", "1", "2"]
+    with pytest.raises(InputError, match=r"^--layers raw,1 for model albert: layer 'raw' of this model is its word "
+                                         r"embeddings, 16 wide, .*: ask layers 0\.\.2 \(or all\)$"):
+        check_layers("raw,1", handle, "albert")
