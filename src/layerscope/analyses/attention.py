@@ -134,7 +134,6 @@ class AttentionAnalysis(Analysis):
 
     def prepare(self, ctx: Context) -> Texts:
         from layerscope.data.examples import LENS_TEXTS, read_texts
-
         from layerscope.engines.registry import (attention_default, attention_engine, attention_engines, engines,
                                                  names_text)
 
