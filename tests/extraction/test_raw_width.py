@@ -112,3 +112,14 @@ def test_an_analysis_reads_every_hidden_layer_and_refuses_raw_in_one_line(albert
     with pytest.raises(InputError, match=r"^--layers raw,1 for model albert: layer 'raw' of this model is its word "
                                          r"embeddings, 16 wide, .*: ask layers 0\.\.2 \(or all\)$"):
         check_layers("raw,1", handle, "albert")
+
+
+def test_the_bench_refuses_raw_with_other_layers_before_any_row(albert_export, monkeypatch):
+    from layerscope.bench import runner
+    from layerscope.bench.config import BenchConfig
+
+    monkeypatch.setattr(runner, "hf_eager_row", lambda *a, **k: pytest.fail("a row ran"))
+    cfg = BenchConfig(model=str(albert_export), engines=["ort"], texts=TEXTS, corpus="test", layers="raw,1",
+                      include_st=False)
+    with pytest.raises(InputError, match=r"16 wide, and its other layers are 32 wide; .*: ask layers 0\.\.2 \(or all\)$"):
+        runner.run_bench(cfg)
