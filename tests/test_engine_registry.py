@@ -150,6 +150,86 @@ def test_no_module_keeps_its_own_list_of_engine_names():
     assert found == []
 
 
+def _literal_names(node: ast.AST, names: set[str]) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & names
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)} & names
+    return set()
+
+
+def _engine_name_checks(tree: ast.AST, names: set[str]):
+    """Comparisons of an engine (an expression that says ``engine``) with an engine's name written out, and
+    dicts keyed by two or more engine names."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            written = set().union(*(_literal_names(side, names) for side in sides))
+            about = [ast.unparse(side) for side in sides if not _literal_names(side, names)]
+            if written and any("engine" in text.lower() for text in about):
+                yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)} & names
+            if len(keys) >= 2:
+                yield node.lineno, f"a dict keyed by {sorted(keys)}"
+
+
+def test_the_name_check_scan_sees_what_it_looks_for():
+    """The scan below flags each way a module has told engines apart by name, and not a name that only looks
+    like one (a family's export path, a device)."""
+    names = set(registry.engine_names())
+    flagged = ['if run.engine.info.name == "torch": pass', 'x = spec.engine != "torch"',
+               'needs = job["engine"] in ("ov", "ort")', 'ENGINES = {"auto": "ort", "ort": "ort", "ov": "ov"}',
+               'if engine_name == "auto": pass']
+    for code in flagged:
+        assert list(_engine_name_checks(ast.parse(code), names)), code
+    for code in ('if family.export_path == "torch": pass', 'on_gpu = device == "cuda"', 'x = {"auto": "auto"}'):
+        assert not list(_engine_name_checks(ast.parse(code), names)), code
+
+
+def test_no_module_outside_the_engines_tells_engines_apart_by_name():
+    """Every fact about an engine (runs the attention graph, is the PyTorch reference, its runtime, the export
+    variant a precision runs, whether it pools each layer as made) is a field of its declaration, so a new engine
+    needs no edit outside engines/. Catches: ``ENGINES = {"auto": "ort", ...}``, ``if engine == "torch"``."""
+    names = set(registry.engine_names())
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.relative_to(SRC).parts[0] == "engines":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.relative_to(SRC)}:{line} {hit}" for line, hit in _engine_name_checks(tree, names)]
+    assert found == []
+
+
+def test_the_declared_facts_give_todays_answers():
+    """The facts that replaced the name checks answer as those checks did for every engine."""
+    from layerscope.engines.registry import Runtime, attention_engine, engine_spec
+
+    assert {n: attention_engine(n) for n in registry.engine_names()} == {
+        "torch": "torch", "torch-fp16": None, "torch-bf16": None, "ort": "ort", "cuda": None, "trt": None,
+        "ov": "ov", "auto": "ort"}
+    assert attention_engine("nonesuch") is None
+    assert [n for n, s in registry.engines().items() if s.reference] == ["torch"]
+    assert {n: s.runtime for n, s in registry.engines().items()} == {
+        "torch": Runtime.PYTORCH, "torch-fp16": Runtime.PYTORCH, "torch-bf16": Runtime.PYTORCH,
+        "ort": Runtime.ONNXRUNTIME, "cuda": Runtime.ONNXRUNTIME, "trt": Runtime.ONNXRUNTIME,
+        "ov": Runtime.OPENVINO, "auto": None}
+    # the export variant a bench row must make first: ov's int8 precision runs the export's int8 graph
+    ov, ort = engine_spec("ov"), engine_spec("ort")
+    assert [ov.export_variant(v) for v in (None, "fp32", "bf16", "int8")] == [None, None, None, "int8"]
+    assert [ort.export_variant(v) for v in (None, "int8", "int8-block", "gqa")] == [None, "int8", "int8-block", "gqa"]
+
+
+def test_a_new_engine_that_runs_the_attention_graph_needs_no_other_edit(declared):
+    from layerscope.engines.registry import Runtime, attention_engine
+    from layerscope.export.attention_run import attention_engines, check_attention_engine
+
+    registry.register(EngineSpec("seer", "reads attention", needs_export=True, device="cpu", attention=True,
+                                 runtime=Runtime.ONNXRUNTIME))(_Recorder)
+    assert attention_engine("seer") == "seer" and check_attention_engine("seer") == "seer"
+    assert "seer" in attention_engines() and attention_engine("quick") is None
+
+
 def test_reading_the_registry_loads_no_numpy_or_engine_library():
     """Catches: an engine module importing numpy, onnxruntime or torch at import time; the CLI reads the
     registry for its help, so that would slow every ``layerscope --help``."""

@@ -59,8 +59,8 @@ def test_sliced_attention_holds_no_whole_matrix_and_gives_the_eager_vectors(tiny
         for mode in want:
             np.testing.assert_allclose(got[mode], want[mode], atol=1e-5, rtol=0, err_msg=f"{family} {mode}")
     # what it saves, by hand: the scores and their softmax of one layer, 2 * heads * T * T fp32 floats
-    saved = text_cost(t, hidden_size=32, heads=HEADS, depth=2, pooled_only=False).bytes - text_cost(
-        t, hidden_size=32, heads=HEADS, depth=2, pooled_only=False, attention_scores=False).bytes
+    saved = text_cost(t, hidden_size=32, heads=HEADS, depth=2, layer_at_a_time=False).bytes - text_cost(
+        t, hidden_size=32, heads=HEADS, depth=2, layer_at_a_time=False, attention_scores=False).bytes
     assert saved == 2 * HEADS * t * t * 4
     assert (eager.attention_scores, sliced.attention_scores) == (True, False)
 
@@ -72,14 +72,14 @@ def test_the_memory_check_charges_sliced_attention_nothing(tiny_model):
     eager = create_engine("torch", handle, device="cpu")
     sliced = create_engine("torch", handle, device="cpu", attention="sdpa")
     t = 120
-    # by hand for the tiny BERT (4 heads, 32 wide, 2 layers; torch hands back raw and layers 0..2):
-    # states (2 + 2) * T * 32, feed-forward 4 * T * 32, attention 2 * 4 * T * T, fp32
+    # by hand for the tiny BERT (4 heads, 32 wide, 2 layers; a run of token states: torch hands back raw and
+    # layers 0..2): states (2 + 2) * T * 32, feed-forward 4 * T * 32, attention 2 * 4 * T * T, fp32
     without = (4 * t * 32 + 4 * t * 32) * 4
-    assert check_longest_text(sliced, t, available=without).bytes == without
+    assert check_longest_text(sliced, t, tokens=True, available=without).bytes == without
     with pytest.raises(InputError, match=f"the longest text has {t} tokens"):
-        check_longest_text(eager, t, available=without)
+        check_longest_text(eager, t, tokens=True, available=without)
     # the Qwen3-0.6B shape (16 heads) at 32k tokens: eager attention alone needs 128 GiB, sliced none
-    big = dict(hidden_size=1024, heads=16, depth=28, pooled_only=True)
+    big = dict(hidden_size=1024, heads=16, depth=28, layer_at_a_time=True)
     assert text_cost(32768, **big).bytes - text_cost(32768, attention_scores=False, **big).bytes == 128 * 2 ** 30
 
 

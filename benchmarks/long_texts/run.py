@@ -77,6 +77,7 @@ def main() -> None:
 
     from layerscope.bench.machine import describe_machine
     from layerscope.engines.memory import attention_heads, text_cost
+    from layerscope.engines.registry import engine_spec
     from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(args.export)
@@ -99,7 +100,8 @@ def main() -> None:
             # an engine that computes attention in slices says so in its notes (the torch engine past 1,024 tokens)
             sliced = any("in slices" in n for n in (res.get("engine") or {}).get("notes", []))
             floor = text_cost(length, hidden_size=m.hidden_size, heads=heads, depth=m.num_layers,
-                              pooled_only=mode == "pooled", attention_scores=not sliced)
+                              layer_at_a_time=mode == "pooled" and engine_spec(args.engine).pools_as_made,
+                              attention_scores=not sliced)
             row = dict(res, length=length, mode=mode, texts=args.texts, weights_mib=round(weights / 2 ** 20, 1),
                        activation_floor_mib=round(floor.bytes / 2 ** 20, 1), sliced_attention=sliced,
                        one_layer_mib=round(length * m.hidden_size * 4 / 2 ** 20, 1),

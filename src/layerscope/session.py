@@ -19,12 +19,13 @@ if TYPE_CHECKING:
 LayerKey = Any  # a layer as the caller named it: -1, "-1", "raw", "last", or a canonical name from a range
 
 
-def _requested_layers(layers, num_layers: int) -> list[tuple[LayerKey, str]]:
-    """(key the caller used, canonical name) for each layer asked for, in order, without repeats."""
+def _requested_layers(layers, num_layers: int, *, raw_in_all: bool = True) -> list[tuple[LayerKey, str]]:
+    """(key the caller used, canonical name) for each layer asked for, in order, without repeats (``all`` holds
+    ``raw`` where ``raw_in_all``: the word embeddings are as wide as the other layers)."""
     from layerscope.vocab.layers import resolve_layers
 
     if layers is None or isinstance(layers, str) and layers.strip() == "all":
-        return [(n, n) for n in resolve_layers("all", num_layers)]
+        return [(n, n) for n in resolve_layers("all", num_layers, with_raw=raw_in_all)]
     if isinstance(layers, (int, np.integer)):
         items: list = [int(layers)]
     elif isinstance(layers, str):
@@ -105,7 +106,7 @@ class EmbeddingModel:
 
         self._check_open()
         texts = [texts] if isinstance(texts, str) else list(texts)
-        pairs = _requested_layers(layers, self.num_layers)
+        pairs = _requested_layers(layers, self.num_layers, raw_in_all=self.manifest.raw_width == self.hidden_size)
         pool_list = poolings.split(",") if isinstance(poolings, str) else list(poolings or self.default_poolings)
         canonical = list(dict.fromkeys(name for _, name in pairs))
         got = embed(self.engine.model, texts, engine=self.engine, layers=canonical, poolings=pool_list,

@@ -95,7 +95,11 @@ def test_engines_table_says_what_auto_picks_for_a_fresh_export():
     with_bf16 = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (BF16, FP32; bf16 too)")], None)
     # ov at fp32 runs the export's own graph (the export's parity) and is declared ahead of ort at fp32
     assert with_bf16.startswith("picks ov bf16 here for a fresh export") and "else ov;" in with_bf16
-    without = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (FP32; no bf16 on this CPU)")], None)
+    without = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU (FP32; no bf16 on this CPU)",
+                                                ("bf16",))], None)
     assert without.startswith("picks ov here for a fresh export")
+    # what the engine can run here is its typed answer, not words in its detail line
+    typed = _auto_detail(base + [EngineStatus("ov", True, "OpenVINO on CPU", ("bf16",))], None)
+    assert typed.startswith("picks ov here for a fresh export")
     no_ov = _auto_detail(base + [EngineStatus("ov", False, "openvino is not installed")], None)
     assert no_ov.startswith("picks ort here for a fresh export")

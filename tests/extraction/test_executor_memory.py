@@ -14,13 +14,14 @@ from layerscope.extraction.request import ExtractionRequest
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while a cat sat on the mat"] * 3)
 TEXTS = ["a cat sat on the mat", LONG, "hi", "the dog runs", "Water boils at 100 degrees Celsius."]
-# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of every layer on ort is
-# pooled-only: attention 2*4*T*T, one layer's states T*32 and the feed-forward 4*T*32 fp32 floats
+# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of every layer on ort holds
+# every layer at once (its in-graph pooling stacks them): attention 2*4*T*T, the states of raw and layers 0..2
+# (2 + 2)*T*32 and the feed-forward 4*T*32 fp32 floats
 LONGEST = 98  # the long text's tokens ([CLS] and [SEP] included; tests/extraction/test_long_texts.py)
 
 
 def floor(tokens: int) -> int:
-    return (2 * 4 * tokens * tokens + tokens * 32 + 4 * tokens * 32) * 4
+    return (2 * 4 * tokens * tokens + 4 * tokens * 32 + 4 * tokens * 32) * 4
 
 
 def _shard(bert_export, out, monkeypatch, available: int):
@@ -100,9 +101,11 @@ def test_the_plan_of_each_engine_that_declares_its_precision_is_what_it_starts_a
         for asked, max_seq in (({}, None), ({}, SLICE_FROM + 1), ({"attention": "eager"}, None),
                                ({"attention": "sdpa"}, None)):
             eng = create_engine(name, handle, device="cpu", max_seq=max_seq, **asked)
-            planned = shape_planned(handle, resolve_engine(name, asked), depth=None, pooled_only=False,
-                                    max_seq=max_seq)
-            assert planned == shape_of(eng), (name, asked, max_seq)
+            for tokens in (False, True):  # a pooled run (one layer at a time, in hooks) and a run of token states
+                planned = shape_planned(handle, resolve_engine(name, asked), depth=None, tokens=tokens,
+                                        max_seq=max_seq)
+                assert planned == shape_of(eng, tokens=tokens), (name, asked, max_seq, tokens)
+                assert planned.layer_at_a_time is not tokens
             assert str(next(eng.net.parameters()).dtype) == PYTORCH_DTYPES[precision], name
             seen.add((name, planned.attention_scores))
     # both sides of the rule are met: fp32 eager by default (charged), sliced when long or in half precision

@@ -110,16 +110,17 @@ def test_a_text_too_long_for_memory_is_refused_before_any_batch(bert_export, tmp
     from layerscope.engines import memory
 
     # the tiny BERT (4 heads, 32 wide, 2 layers) at the long text's length, by hand: attention 2*4*T*T floats,
-    # feed-forward 4 * T * 32 floats, and the hidden states: one layer's (T * 32) in a pooled-only run, where
-    # the graph keeps them inside, else raw and layers 0..2, (2 + 2) * T * 32
+    # feed-forward 4 * T * 32 floats, and the hidden states: one layer's (T * 32) where an engine pools each
+    # layer as it is made, else raw and layers 0..2, (2 + 2) * T * 32
     tokens = 98
-    pooled_only = (2 * 4 * tokens * tokens + tokens * 32 + 4 * tokens * 32) * 4
+    one_layer = (2 * 4 * tokens * tokens + tokens * 32 + 4 * tokens * 32) * 4
     every_state = (2 * 4 * tokens * tokens + 4 * tokens * 32 + 4 * tokens * 32) * 4
-    assert memory.text_cost(tokens, hidden_size=32, heads=4, depth=2, pooled_only=True).bytes == pooled_only
-    assert memory.text_cost(tokens, hidden_size=32, heads=4, depth=2, pooled_only=False).bytes == every_state
-    assert memory.longest_that_fits(pooled_only, hidden_size=32, heads=4, depth=2, pooled_only=True) == tokens
-    # a mean extraction of every layer is pooled-only on ort: one byte short for the long text
-    monkeypatch.setattr(memory, "available_bytes", lambda: pooled_only - 1)
+    assert memory.text_cost(tokens, hidden_size=32, heads=4, depth=2, layer_at_a_time=True).bytes == one_layer
+    assert memory.text_cost(tokens, hidden_size=32, heads=4, depth=2, layer_at_a_time=False).bytes == every_state
+    assert memory.longest_that_fits(one_layer, hidden_size=32, heads=4, depth=2, layer_at_a_time=True) == tokens
+    # a mean extraction of every layer on ort holds every layer at once (its in-graph pooling stacks them, the
+    # states staying inside the graph or not): one byte short for the long text
+    monkeypatch.setattr(memory, "available_bytes", lambda: every_state - 1)
     ran: list[int] = []
     from layerscope.engines.ort import OrtEngine
 

@@ -24,7 +24,6 @@ from layerscope.export.attention import SUMMARIES, SUMMARY_HELP
 from layerscope.report.attention_html import VIEWER, ViewerText
 from layerscope.report.figures import Curve, Figures, HeatMap, Line, Table
 
-ENGINES = {"auto": "ort", "ort": "ort", "ov": "ov", "torch": "torch"}  # auto: ONNX Runtime, where parity was held
 BATCH_TEXTS = 16
 PATTERN_BYTES = 256 << 20  # a batch's attention probabilities held by the graph at once (float32)
 DIGITS = 4  # decimals kept of each probability shown in the viewer
@@ -135,11 +134,14 @@ class AttentionAnalysis(Analysis):
 
     def prepare(self, ctx: Context) -> Texts:
         from layerscope.data.examples import LENS_TEXTS, read_texts
+        from layerscope.engines.registry import (attention_default, attention_engine, attention_engines, engines,
+                                                 names_text)
 
         o = self.options(ctx)
-        if ctx.spec.engine not in ENGINES:
-            raise InputError(f"run attention reads the attention graph on ort, ov or torch (or auto: ort); not "
-                             f"--engine {ctx.spec.engine}")
+        if attention_engine(ctx.spec.engine) is None:
+            pickers = "".join(f" (or {s.name}: {attention_default()})" for s in engines().values() if s.picks_engine)
+            raise InputError(f"run attention reads the attention graph on {names_text(attention_engines())}"
+                             f"{pickers}; not --engine {ctx.spec.engine}")
         for name in ("max_texts", "patterns"):
             if int(getattr(o, name)) < 0:
                 raise InputError(f"--{name.replace('_', '-')} must be 0 or more, not {getattr(o, name)}")
@@ -159,6 +161,7 @@ class AttentionAnalysis(Analysis):
         return Texts(tuple(texts), str(path))
 
     def compute(self, ctx: Context, run: ModelRun, data: Texts) -> ModelOutput:
+        from layerscope.engines.registry import attention_engine
         from layerscope.export.attention_run import AttentionRunner, attention_export
         from layerscope.progress import steps
 
@@ -167,7 +170,7 @@ class AttentionAnalysis(Analysis):
         export_dir = attention_export(handle, ctx.say)
         spec = ctx.spec  # the run's spec: what it resolved (compute runs inside run_analysis only)
         encoder = run.engine.encoder(spec.max_length)
-        runner = AttentionRunner(export_dir, ENGINES[spec.engine])
+        runner = AttentionRunner(export_dir, attention_engine(spec.engine))
         texts = list(data.texts)
         lengths = np.minimum(encoder.token_lengths(texts), encoder.max_length)
         shown = list(range(min(int(o.patterns), len(texts))))

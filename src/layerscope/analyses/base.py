@@ -213,10 +213,12 @@ def _typed(results, name: str):
 
 def check_layers(spec: str, handle, model: str) -> list[str]:
     """Resolve ``--layers`` against one model; a bad spec names the option and the model."""
-    from layerscope.vocab.layers import resolve_layers
+    from layerscope.vocab.layers import resolve_widths
 
-    try:
-        return resolve_layers(spec, handle.manifest.num_layers)
+    manifest = handle.manifest
+    try:  # an analysis reads layers of one width: raw only where it is as wide as the others
+        return resolve_widths(spec, manifest.num_layers, raw_width=manifest.raw_width,
+                              hidden_size=manifest.hidden_size, raw_alone=False)
     except InputError as exc:
         raise InputError(f"--layers {spec} for model {model}: {exc}") from None
 
@@ -331,10 +333,10 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     limits = {"max_seq": spec.max_length} if spec.max_length else {}
     opened: list[Any] = [None] * len(handles)
     try:
-        if engine_name == "auto":  # what auto picks is part of the run: start the engines to learn it
+        if engine_spec(engine_name).picks_engine:  # what auto picks is part of the run: start the engines to learn it
             for i, (model, handle) in enumerate(zip(spec.given_models, handles)):
-                ctx.say(f"{model}: starting engine auto")
-                opened[i] = open_engine(handle, "auto", **{**limits, **engine_options})
+                ctx.say(f"{model}: starting engine {engine_name}")
+                opened[i] = open_engine(handle, engine_name, **{**limits, **engine_options})
         models = []
         for i, (model, src, key) in enumerate(sources):
             resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles

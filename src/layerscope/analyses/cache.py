@@ -87,8 +87,10 @@ def cached_vectors(run, texts: list[str], *, layers: list[str], poolings: list[s
     if store is not None:
         say(f"reusing cached vectors {store.path}")
     else:
-        num_layers = run.handle.manifest.num_layers
-        all_layers = layer_names(num_layers)
+        manifest = run.handle.manifest
+        num_layers = manifest.num_layers
+        # every layer of one width: raw too, unless its word embeddings are narrower (ALBERT, ELECTRA)
+        all_layers = layer_names(num_layers, with_raw=manifest.raw_width == manifest.hidden_size)
         extra = [layer for layer in layers if layer not in all_layers]
         every = model_poolings(run.handle.manifest, poolings)
         path = root / (f"{tag + '-' if tag else ''}{base}-"

@@ -50,11 +50,11 @@ def overlay_png(payload, grid: np.ndarray, size: int = 64) -> str:
 
 
 def _attention_runner(run: ModelRun):
-    from layerscope.export.attention_run import AttentionRunner, attention_engines, require_attention_variant
+    from layerscope.engines.registry import attention_default, attention_engine
+    from layerscope.export.attention_run import AttentionRunner, require_attention_variant
 
     require_attention_variant(run.handle)
-    engine = run.engine.name if run.engine.name in attention_engines() else "ort"
-    return AttentionRunner(run.handle.export_dir, engine)
+    return AttentionRunner(run.handle.export_dir, attention_engine(run.engine.name) or attention_default())
 
 
 @register
@@ -118,7 +118,7 @@ class ClsAttention(Analysis):
                  for i in range(min(SHOWN, len(payloads)))]
         summary = {"last_share_on_patches": table[-1]["share_on_patches"], "layers": last, "grid": [rows, cols],
                    "n_images": len(payloads), "engine": runner.engine,
-                   "attention_precision": "fp32" if runner.engine == "torch" else manifest.variant("attn").precision}
+                   "attention_precision": runner.precision}
         return ModelOutput({"summary": summary, "tables": {"layers": table}, "maps": shown})
 
     def report(self, results) -> str:

@@ -26,10 +26,12 @@ def layers_for(ctx, run) -> list[str]:
     if run.layers is not None:
         layers = run.layers
     else:
-        from layerscope.vocab.layers import resolve_layers
+        from layerscope.vocab.layers import resolve_widths
 
+        manifest = run.handle.manifest
         try:
-            layers = resolve_layers(ctx.spec.layers, run.num_layers)
+            layers = resolve_widths(ctx.spec.layers, run.num_layers, raw_width=manifest.raw_width,
+                                    hidden_size=manifest.hidden_size, raw_alone=False)
         except InputError as exc:
             raise InputError(f"--layers {ctx.spec.layers}: {exc}") from None
     note = raw_note(run.handle.manifest, layers)

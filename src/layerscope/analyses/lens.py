@@ -176,8 +176,9 @@ class Lens(Analysis):
     def _runner(self, ctx: Context, run: ModelRun, k: int):
         """A function texts -> LensBatch over layers 0..L, the head info, and how it is computed."""
         from layerscope.decoding.lens import LensBatch
+        from layerscope.engines.registry import engine_spec
 
-        if run.engine.info.name == "torch":
+        if engine_spec(run.engine.info.name).reference:  # the PyTorch reference: its own head, in PyTorch
             from layerscope.decoding.heads import load_decoding_model
             from layerscope.decoding.lens import torch_lens
 

@@ -70,7 +70,10 @@ def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n
 
             handle = ModelHandle.resolve(handle.export_dir, trust_remote_code=handle.trust_remote_code)
         options["variant"] = spec.variant
-    if cfg.threads and spec.engine != "torch":
+    from layerscope.engines.registry import Runtime, engine_spec
+
+    # PyTorch's thread pool is the process's: rows sharing this process leave it as the process has it
+    if cfg.threads and engine_spec(spec.engine).runtime is not Runtime.PYTORCH:
         options["threads"] = cfg.threads
     from layerscope.engines.truncate import depth_of
 

@@ -96,7 +96,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
     from layerscope.export.open import ensure_export
     from layerscope.model.handle import ModelHandle
-    from layerscope.vocab.layers import layer_names, resolve_layers
+    from layerscope.vocab.layers import layer_names, resolve_widths
 
     from layerscope.limits import check_limits, check_max_length
 
@@ -115,8 +115,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     num_layers = manifest.num_layers
     if cfg.layers == "all-hidden":
         layers = layer_names(num_layers, with_raw=False)
-    else:
-        layers = resolve_layers(cfg.layers, num_layers)
+    else:  # the rows stack layers of one width: raw only where it is as wide as the others
+        layers = resolve_widths(cfg.layers, num_layers, raw_width=manifest.raw_width,
+                                hidden_size=manifest.hidden_size, raw_alone=False)
     from layerscope.vocab.pooling import MASK_POOLINGS, check_poolings
 
     cfg.pooling = check_poolings([cfg.pooling], available=MASK_POOLINGS)[0]

@@ -39,6 +39,7 @@ class Row:
 # ---------------------------------------------------------------- layerscope engines
 
 def _engine_row(job: dict[str, Any]) -> Row:
+    from layerscope.engines.registry import Runtime, engine_spec
     from layerscope.export.open import open_engine
     from layerscope.model.handle import ModelHandle
     from layerscope.extraction.batching import iter_pooled
@@ -47,7 +48,7 @@ def _engine_row(job: dict[str, Any]) -> Row:
     handle = ModelHandle.resolve(job["export_dir"], trust_remote_code=trust)
     options = dict(job.get("options") or {})
     variant = job.get("variant")
-    needs = "int8" if job["engine"] == "ov" and variant == "int8" else (variant if job["engine"] != "ov" else None)
+    needs = engine_spec(job["engine"]).export_variant(variant)  # the export variant running it needs made
     if needs and needs not in handle.manifest.variants:
         from layerscope.export.variants import make_variant
         from layerscope.model.variants import check_kind
@@ -108,7 +109,8 @@ def _engine_row(job: dict[str, Any]) -> Row:
         return parts
 
     info = {"provider": eng.info.provider, "precision": eng.info.precision, "notes": list(eng.info.notes),
-            "device": eng.info.device, "allocator": "torch" if eng.info.provider.startswith("torch") else "nvml"}
+            "device": eng.info.device,
+            "allocator": "torch" if engine_spec(eng.info.name).runtime is Runtime.PYTORCH else "nvml"}
     return Row(encode, layers, info, split)
 
 

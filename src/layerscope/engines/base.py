@@ -18,6 +18,7 @@ from layerscope.vocab.layers import layer_names
 if TYPE_CHECKING:  # numpy and the tokenizer load when an engine runs, not when the registry is read
     import numpy as np
 
+    from layerscope.engines.registry import EngineSpec
     from layerscope.model.handle import ModelHandle
     from layerscope.model.manifest_type import Manifest
     from layerscope.model.tokenize import Batch, Encoder
@@ -85,10 +86,28 @@ class Engine(ABC):
         folder = self.model.export_dir if self.model.is_export else source.path_or_id
         return ImageEncoder(folder, self.manifest, trust_remote_code=self.model.trust_remote_code)
 
+    @property
+    def spec(self) -> EngineSpec:
+        """This engine's declaration (engines/registry.py)."""
+        from layerscope.engines.registry import engine_spec
+
+        return engine_spec(self.name)
+
+    @property
+    def pools_as_made(self) -> bool:
+        """Whether its pooled runs hold one layer's states at a time, as its declaration says (an engine that
+        finds it cannot, once started, says False: engines/memory.py then charges every layer)."""
+        return self.spec.pools_as_made
+
     @classmethod
     def probe(cls, export_dir: Path | None = None) -> tuple[bool, str]:
         """(works, detail): whether this engine really starts on this machine (``layerscope engines``)."""
         return True, "no check declared"
+
+    @classmethod
+    def variants_off_here(cls) -> tuple[str, ...]:
+        """The variants (as ``--variant`` names them) this engine has but cannot run on this machine."""
+        return ()
 
     @abstractmethod
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:

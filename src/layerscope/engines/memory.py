@@ -9,8 +9,11 @@ least:
   that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
   ``torch-bf16``, and in ``torch`` with ``attention=sdpa`` or a max_seq above ``engines/torch.SLICE_FROM``)
   sets ``Engine.attention_scores`` False and is charged nothing for it;
-- the hidden states it hands back, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers
-  ``0..depth``), or one layer's, ``T * hidden``, when the graph keeps them inside (``pooled_only``);
+- the hidden states, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers ``0..depth``): the
+  exported graphs' in-graph pooling stacks every layer before it pools, so they are all alive at once even
+  when they stay inside the graph; or one layer's, ``T * hidden``, in a pooled run of an engine that pools
+  each layer as the model makes it (``EngineSpec.pools_as_made``: the PyTorch engines' hooks,
+  engines/torch_pooled.py), a run fetching no token states;
 - one block's feed-forward activations, ``4 * T * hidden`` floats.
 
 This is a floor, not a forecast: an engine's own buffers come on top. A run whose floor is above the memory
@@ -60,12 +63,13 @@ def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
     return max(1, hidden_size // 64)
 
 
-def text_cost(tokens: int, *, hidden_size: int, heads: int, depth: int, pooled_only: bool,
+def text_cost(tokens: int, *, hidden_size: int, heads: int, depth: int, layer_at_a_time: bool,
               attention_scores: bool = True) -> TextCost:
-    """The activation floor of one text of ``tokens`` tokens (see the module's docstring)."""
+    """The activation floor of one text of ``tokens`` tokens (see the module's docstring; ``layer_at_a_time``:
+    one layer's states alive at once, else every layer's up to ``depth`` and the raw embeddings)."""
     t = int(tokens)
     attention = 2 * heads * t * t * FLOAT if attention_scores else 0
-    states = (1 if pooled_only else depth + 2) * t * hidden_size * FLOAT
+    states = (1 if layer_at_a_time else depth + 2) * t * hidden_size * FLOAT
     return TextCost(t, attention, states, 4 * t * hidden_size * FLOAT)
 
 
@@ -105,37 +109,40 @@ def longest_that_fits(budget: int, **cost_args) -> int:
 @dataclass(frozen=True)
 class CostShape:
     """What a text's activation floor depends on in one engine: the model's width and heads, the depth run,
-    whether the hidden states stay in the graph, whether attention is computed whole."""
+    whether one layer's states are alive at a time, whether attention is computed whole."""
 
     engine: str
     hidden_size: int
     heads: int
     depth: int
-    pooled_only: bool
+    layer_at_a_time: bool
     attention_scores: bool
 
     def args(self) -> dict:
-        return dict(hidden_size=self.hidden_size, heads=self.heads, depth=self.depth, pooled_only=self.pooled_only,
-                    attention_scores=self.attention_scores)
+        return dict(hidden_size=self.hidden_size, heads=self.heads, depth=self.depth,
+                    layer_at_a_time=self.layer_at_a_time, attention_scores=self.attention_scores)
 
     def cost(self, tokens: int) -> TextCost:
         return text_cost(max(1, int(tokens)), **self.args())
 
 
-def shape_of(eng) -> CostShape:
-    """The cost shape of a started engine (what it pruned, keeps inside and slices, as it says)."""
+def shape_of(eng, *, tokens: bool = False) -> CostShape:
+    """The cost shape of a started engine (what it pruned, pools as made and slices, as it says) in a run that
+    fetches token states (``tokens``) or pooled vectors alone."""
     manifest = eng.manifest
     depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
     return CostShape(eng.name, int(manifest.hidden_size), attention_heads(_model_dir(eng.model), manifest.hidden_size),
-                     int(depth), bool(getattr(eng, "pooled_only", False)), bool(getattr(eng, "attention_scores", True)))
+                     int(depth), not tokens and bool(getattr(eng, "pools_as_made", False)),
+                     bool(getattr(eng, "attention_scores", True)))
 
 
-def shape_planned(handle, choice: EngineChoice, *, depth: int, pooled_only: bool, max_seq: int | None) -> CostShape:
+def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max_seq: int | None) -> CostShape:
     """The cost shape of the engine ``choice`` (its declaration and the options the run passes) on ``handle``
-    before it starts (an executor whose engines start later or elsewhere): the depth and pooled-only hints
-    taken as granted, attention charged unless an engine that declares its own precision (the PyTorch engines)
-    slices it by its rule (engines/torch.py ``pick_attention``, with the run's ``attention`` option); ``auto``
-    is charged as the ONNX engines it picks first. A floor, like ``text_cost``."""
+    before it starts (an executor whose engines start later or elsewhere), in a run that fetches token states
+    (``tokens``) or pooled vectors alone: the depth hint and the declared ``pools_as_made`` taken as granted,
+    attention charged unless an engine that declares its own precision (the PyTorch engines) slices it by its
+    rule (engines/torch.py ``pick_attention``, with the run's ``attention`` option); ``auto`` is charged as the
+    ONNX engines it picks first. A floor, like ``text_cost``."""
     manifest = handle.manifest
     scores = True
     precision = choice.spec.precision
@@ -145,7 +152,7 @@ def shape_planned(handle, choice: EngineChoice, *, depth: int, pooled_only: bool
         scores = pick_attention(dict(choice.options).get("attention"), precision, max_seq, lambda: True) == "eager"
     depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
     return CostShape(choice.name, int(manifest.hidden_size), attention_heads(_model_dir(handle), manifest.hidden_size),
-                     depth, bool(pooled_only), scores)
+                     depth, not tokens and choice.spec.pools_as_made, scores)
 
 
 def fits(shape: CostShape, tokens: int, *, available: int | None = None, workers: int = 1) -> bool:
@@ -176,9 +183,10 @@ def check_fits(shape: CostShape, longest: int, *, available: int | None = None, 
     return cost
 
 
-def check_longest_text(eng, longest: int, *, available: int | None = None) -> TextCost:
-    """``check_fits`` for a started engine (the in-process extraction and ``iter_pooled``)."""
-    return check_fits(shape_of(eng), longest, available=available)
+def check_longest_text(eng, longest: int, *, tokens: bool = False, available: int | None = None) -> TextCost:
+    """``check_fits`` for a started engine (the in-process extraction and ``iter_pooled``; ``tokens``: the run
+    fetches token states)."""
+    return check_fits(shape_of(eng, tokens=tokens), longest, available=available)
 
 
 def _model_dir(handle) -> Path | None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine, pool_states
 from layerscope.engines.ort_session import make_session, ort_module, physical_cores, probe_model
-from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
+from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, Runtime, register
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
@@ -177,6 +177,7 @@ class OrtEngine(Engine):
 
 @register(EngineSpec(
     "ort", "ONNX Runtime, CPU execution provider", needs_export=True, device="cpu", attention=True,
+    attention_default=True, runtime=Runtime.ONNXRUNTIME,
     auto=(AutoRank(45, "gqa", "gqa"), AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
     variant_files=True,
     options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),),
@@ -215,7 +216,7 @@ class CpuEngine(OrtEngine):
 
 @register(EngineSpec(
     "cuda", "ONNX Runtime, CUDA execution provider with IO binding", needs_export=True, device="gpu",
-    auto=(AutoRank(20, None, "fp32"),), variant_files=True, options=CUDA_OPTIONS,
+    auto=(AutoRank(20, None, "fp32"),), variant_files=True, options=CUDA_OPTIONS, runtime=Runtime.ONNXRUNTIME,
     bench=(BenchRow(note="CUDA EP, IO binding"), BenchRow("fp16", "fp16", note="CUDA EP, fp16 variant"))))
 class CudaEngine(OrtEngine):
     """CUDA EP with IO binding: inputs copied once, outputs allocated by ORT on the device."""
@@ -241,6 +242,7 @@ class CudaEngine(OrtEngine):
 @register(EngineSpec(
     "trt", "ONNX Runtime, TensorRT execution provider (engine and timing caches beside the export)",
     needs_export=True, device="gpu", auto=(AutoRank(10, None, "fp32"),), variant_files=True,
+    runtime=Runtime.ONNXRUNTIME,
     options=CUDA_OPTIONS + (EngineOption("fp16", bool, False, "let TensorRT run in fp16"),
                             EngineOption("opt_batch", int, None, "the batch size TensorRT's profile is tuned for"),
                             EngineOption("opt_seq", int, None, "the length TensorRT's profile is tuned for")),

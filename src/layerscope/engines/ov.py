@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from layerscope.engines.base import Engine
 
-from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, register
+from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, Runtime, register
 from layerscope.engines.ort import OrtEngine
 from layerscope.engines.ort_session import physical_cores
 from layerscope.engines.truncate import engine_graph
@@ -155,7 +155,10 @@ def ov_variant_key(precision: str) -> str:
 
 @register(EngineSpec(
     "ov", "OpenVINO Runtime on the CPU (fp32, bf16 where the CPU has it, the int8 variant)", needs_export=True,
-    device="cpu", attention=True, auto=(AutoRank(30, "bf16", "ov-bf16"), AutoRank(40, "int8", "ov-int8"), AutoRank(60, None, "ov-fp32")),
+    device="cpu", attention=True,
+    auto=(AutoRank(30, "bf16", "ov-bf16", at_export=True), AutoRank(40, "int8", "ov-int8"),
+          AutoRank(60, None, "ov-fp32")),
+    runtime=Runtime.OPENVINO, precision_variants=(("int8", "int8"),),  # int8 runs the export's int8 graph
     options=(EngineOption("variant", str, None, "the OpenVINO precision: fp32, bf16 or int8"),
              EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
              EngineOption("requests", int, None, "batches in flight: 1 (one stream) or 2 (throughput mode, a stream "
@@ -247,6 +250,14 @@ class OvEngine(OrtEngine):
             return False, str(exc)
         bf16 = "bf16 too" if "BF16" in caps else "no bf16 on this CPU"
         return True, f"OpenVINO {version} on CPU ({', '.join(caps)}; {bf16})"
+
+    @classmethod
+    def variants_off_here(cls) -> tuple[str, ...]:
+        """``bf16`` where OpenVINO reports no bf16 compute on this CPU (check_precision refuses it there)."""
+        try:
+            return () if "BF16" in cpu_capabilities() else ("bf16",)
+        except EngineUnavailableError:
+            return ()
 
 
 def in_flight(manifest, precision: str, asked: int | None) -> tuple[int, str | None]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, Callable
 
 
@@ -28,6 +29,9 @@ class AutoRank:
     rank: int  # lower is tried first
     variant: str | None  # None: the fp32 export
     parity: str  # the manifest's key for this candidate's recorded accuracy ("fp32", "int8", "ov-bf16", ...)
+    # the export records this candidate's accuracy by itself where the machine can run it (export/cpu_precision.py),
+    # so auto may pick it for a fresh export
+    at_export: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,17 @@ COMMON_OPTIONS = (
     EngineOption("depth", int, None, "the deepest layer the run reads, from --layers (-1: raw only); the engine "
                  "computes no further (engines/truncate.py)"),
     EngineOption("pooled_only", bool, False, "the run fetches in-graph pooled vectors only (no token states): an "
-                 "ONNX engine's graph then keeps the hidden states inside, free to release them"),
+                 "ONNX engine's graph then hands back no hidden state (none is copied out)"),
     EngineOption("min_cosine", float, None, "auto only: the lowest recorded cosine to PyTorch fp32 it accepts"),
 )
+
+
+class Runtime(Enum):
+    """The library an engine runs a model in (what it loads, how its threads and memory behave)."""
+
+    PYTORCH = "pytorch"  # the checkpoint in PyTorch; its thread pool is the process's (torch.set_num_threads)
+    ONNXRUNTIME = "onnxruntime"  # the ONNX export in an ONNX Runtime session
+    OPENVINO = "openvino"  # the ONNX export compiled by OpenVINO
 
 
 @dataclass(frozen=True)
@@ -96,12 +108,30 @@ class EngineSpec:
     # it, engines/torch.py pick_attention); None: the export's or its variant's (the ONNX engines)
     precision: str | None = None
     picks_engine: bool = False  # starts another engine and hands it the options (auto): takes any engine's options
+    runtime: Runtime | None = None  # what it runs a model in; None: it runs none itself (auto starts another)
+    reference: bool = False  # the PyTorch fp32 reference every export is held to (the lens decodes with its head)
+    # the engine an engine that picks another (auto) runs the attention graph on: ONNX Runtime, where the
+    # attention variant's parity was held
+    attention_default: bool = False
+    # a pooled run pools each layer as the model makes it and keeps no earlier one (engines/torch_pooled.py), so
+    # one layer's states are alive at a time; False: every layer a run reads is alive at once (the in-graph
+    # pooling stacks them before it pools, export/graph.py), pooled-only or not (engines/memory.py)
+    pools_as_made: bool = False
+    # its --variant names a precision of its own (OpenVINO's), not an export variant: (precision, the export
+    # variant that precision runs) for those that run one; None: --variant is the export variant it loads
+    precision_variants: tuple[tuple[str, str], ...] | None = None
     bench: tuple[BenchRow, ...] = ()
     factory: Callable[..., Any] | None = field(default=None, compare=False)  # the engine class (or auto's picker)
 
     @property
     def first_rank(self) -> float:
         return min((r.rank for r in self.auto), default=float("inf"))
+
+    def export_variant(self, variant: str | None) -> str | None:
+        """The export variant (export/variants.py makes it) that this engine needs to run ``variant``, or None."""
+        if self.precision_variants is None:
+            return variant or None
+        return dict(self.precision_variants).get(variant) if variant else None
 
 
 _ENGINES: dict[str, EngineSpec] = {}
@@ -200,15 +230,16 @@ def resolve_engine(engine: "str | EngineChoice", options: dict[str, Any] | None 
     return choice
 
 
-def auto_order(*, explicit_variant: bool) -> list[tuple[str, str | None, str]]:
+def auto_order(*, explicit_variant: bool, at_export: bool = False) -> list[tuple[str, str | None, str]]:
     """``(engine, variant, parity key)`` in the order ``--engine auto`` tries them.
 
-    Without ``--variant``: every declared candidate by rank.  With one: the engines that load a
-    variant's own file, each once, by its best rank (the variant is the caller's; no parity key)."""
+    Without ``--variant``: every declared candidate by rank (``at_export``: those an export records by
+    itself).  With one: the engines that load a variant's own file, each once, by its best rank (the
+    variant is the caller's; no parity key)."""
     specs = engines().values()
     if explicit_variant:
         return [(s.name, None, "") for s in sorted((s for s in specs if s.variant_files), key=lambda s: s.first_rank)]
-    ranked = sorted((r.rank, s.name, r.variant, r.parity) for s in specs for r in s.auto)
+    ranked = sorted((r.rank, s.name, r.variant, r.parity) for s in specs for r in s.auto if r.at_export or not at_export)
     return [(name, variant, parity) for _, name, variant, parity in ranked]
 
 
@@ -258,6 +289,27 @@ def check_engine_options(name: "str | EngineChoice", options: dict[str, Any]) ->
             raise InputError(f"engine '{name}' has no option '{key}'{did_you_mean(key, known)}; it takes "
                              f"{', '.join(sorted(known))}")
         known[key].check(name, value)
+
+
+def attention_engines() -> tuple[str, ...]:
+    """The engines whose declaration says they run the attention graph."""
+    return tuple(s.name for s in engines().values() if s.attention)
+
+
+def attention_default() -> str:
+    """The engine that runs the attention graph for an engine that picks another (auto)."""
+    return next(s.name for s in engines().values() if s.attention_default)
+
+
+def attention_engine(name: str) -> str | None:
+    """The engine a run on engine ``name`` reads the attention graph with: ``name`` where it runs the graph, the
+    attention default where ``name`` picks another engine (auto), else None (an unknown name too)."""
+    spec = engines().get(str(name))
+    if spec is None:
+        return None
+    if spec.attention:
+        return spec.name
+    return attention_default() if spec.picks_engine else None
 
 
 def gradient_engine(name: str) -> str:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine, pool_states
 from layerscope.engines.parity_texts import PARITY_TEXTS
-from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, engine_spec, register
+from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, Runtime, engine_spec, register
 from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
@@ -68,8 +68,8 @@ def pick_attention(asked: str | None, precision: str, max_seq: int | None, sdpa_
 
 @register(EngineSpec(
     "torch", "PyTorch eager, the reference (CUDA where PyTorch sees a GPU, else the CPU)", needs_export=False,
-    device="any", fallback=True, gradients=True, attention=True,
-    options=TORCH_OPTIONS, precision="fp32",
+    device="any", fallback=True, gradients=True, attention=True, runtime=Runtime.PYTORCH, reference=True,
+    pools_as_made=True, options=TORCH_OPTIONS, precision="fp32",
     bench=(BenchRow(note="layerscope torch engine (sorted token-budget batches)"),)))
 class TorchEngine(Engine):
     """PyTorch in fp32 with eager attention (scaled-dot-product attention, computed in slices, for runs of texts
@@ -160,6 +160,12 @@ class TorchEngine(Engine):
         self.parity: dict[str, dict[str, float]] = {}
         if self.precision != "fp32":
             self._become_half()
+
+    @property
+    def pools_as_made(self) -> bool:
+        """As declared, where the hooks have blocks to sit on: none found (a vision tower, a model's own block
+        layout), none kept (an early exit at layer 0 or raw), or a hook that missed its layer: every state is kept."""
+        return self.spec.pools_as_made and self.block_slot is not None and (self.depth is None or self.depth > 0)
 
     def _become_half(self) -> None:
         """Cast to the engine's half type and record each layer's max |diff| and min cosine against fp32."""
@@ -288,6 +294,7 @@ def half_parity(ref: list[list[np.ndarray]], got: list[list[np.ndarray]], masks:
 @register(EngineSpec(
     "torch-fp16", "PyTorch in float16 with scaled-dot-product attention (the GPU baseline; checks itself "
     "against fp32 at start)", needs_export=False, device="any", options=TORCH_OPTIONS, precision="fp16",
+    runtime=Runtime.PYTORCH, pools_as_made=True,
     bench=(BenchRow(note="PyTorch fp16 + SDPA, poolings on the device"),)))
 class TorchFp16Engine(TorchEngine):
     name = "torch-fp16"
@@ -296,6 +303,7 @@ class TorchFp16Engine(TorchEngine):
 @register(EngineSpec(
     "torch-bf16", "PyTorch in bfloat16 with scaled-dot-product attention (checks itself against fp32 at "
     "start)", needs_export=False, device="any", options=TORCH_OPTIONS, precision="bf16",
+    runtime=Runtime.PYTORCH, pools_as_made=True,
     bench=(BenchRow(note="PyTorch bf16 + SDPA, poolings on the device"),)))
 class TorchBf16Engine(TorchEngine):
     name = "torch-bf16"

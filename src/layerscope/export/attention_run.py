@@ -17,12 +17,11 @@ from layerscope.errors import InputError
 from layerscope.export import attention as att
 
 
-
 def attention_engines() -> tuple[str, ...]:
     """The engines whose registry entry says they run the attention graph."""
-    from layerscope.engines.registry import engine_names, engine_spec
+    from layerscope.engines.registry import attention_engines as declared
 
-    return tuple(name for name in engine_names() if engine_spec(name).attention)
+    return declared()
 
 
 @dataclass(frozen=True)
@@ -73,12 +72,15 @@ def attention_export(handle, say=None) -> Path:
 
 
 class AttentionRunner:
-    """The attention outputs of an export with the ``attn`` variant, on ``engine`` (ort, ov or torch)."""
+    """The attention outputs of an export with the ``attn`` variant, on ``engine`` (one that declares
+    ``attention``: ort, ov or torch), in the runtime its declaration names."""
 
     def __init__(self, export_dir: str | Path, engine: str = "ort"):
+        from layerscope.engines.registry import Runtime, engine_spec
         from layerscope.model.manifest import read_manifest
 
         self.engine = check_attention_engine(engine)
+        runtime = engine_spec(self.engine).runtime
         self.export_dir = Path(export_dir)
         self.manifest = read_manifest(self.export_dir)
         entry = self.manifest.variant(att.KIND)
@@ -90,14 +92,16 @@ class AttentionRunner:
         self.heads = int(details.get("heads") or 0) or self._config_heads()  # recorded at export
         self.num_layers = self.manifest.num_layers
         self.input_names = list(self.manifest.inputs)
-        if engine == "torch":
+        # the precision the attention is computed in: the engine's own (PyTorch's fp32 eager), else the graph's
+        self.precision = engine_spec(self.engine).precision or entry.precision
+        if runtime is Runtime.PYTORCH:
             self._module = self._torch_module()
             self._session = None
         else:
             from layerscope.model.manifest_check import member
 
             path = member(self.export_dir, entry.file, "variant 'attn' file")
-            if engine == "ov":
+            if runtime is Runtime.OPENVINO:
                 from layerscope.engines.ov import OvSession
 
                 self._session = OvSession(path)

@@ -86,14 +86,15 @@ def tokenizer_pool(eng: Engine, encoder: Encoder):
     return TokenizerPool(encoder, count)
 
 
-def check_long_texts(eng: Engine, lengths: np.ndarray, max_length: int) -> str | None:
-    """Before the first batch: refuse a run whose longest text cannot fit in memory (engines/memory.py), and
-    return (and log) the line saying how many texts ``max_length`` cuts, None when it cuts none."""
+def check_long_texts(eng: Engine, lengths: np.ndarray, max_length: int, *, tokens: bool = False) -> str | None:
+    """Before the first batch: refuse a run whose longest text cannot fit in memory (engines/memory.py; ``tokens``:
+    the run fetches token states), and return (and log) the line saying how many texts ``max_length`` cuts, None
+    when it cuts none."""
     from layerscope.engines.memory import check_longest_text
 
     lengths = np.asarray(lengths)
     if lengths.size:
-        check_longest_text(eng, int(min(int(lengths.max()), int(max_length))))
+        check_longest_text(eng, int(min(int(lengths.max()), int(max_length))), tokens=tokens)
     cut = int((lengths > max_length).sum())
     if not cut:
         return None

@@ -180,7 +180,8 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
     commit = store.commit if tok is None else functools.partial(tok.commit, store)
     done = store.done_mask()
     already = int(done.sum())
-    check_long_texts(eng, lengths[done == 0], max_len)  # memory refused, truncation said, before any batch
+    # memory refused, truncation said, before any batch
+    check_long_texts(eng, lengths[done == 0], max_len, tokens=tok is not None)
     warnings = extraction_warnings(store, lengths, max_len)
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
@@ -324,7 +325,7 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
                            "pooled_only": pooled_only_run(handle.manifest, layer_list, pool_list),
                            **(engine_options or {})})
     manifest = eng.manifest
-    out = {(p, l): np.zeros((len(texts), manifest.hidden_size), np.float32) for p in pool_list for l in layer_list}
+    out = {(p, l): np.zeros((len(texts), manifest.width_of([l])), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,
                                         max_length=max_length, prompt=prompt_text):
         for p in pool_list:

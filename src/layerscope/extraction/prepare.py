@@ -21,7 +21,7 @@ from layerscope.engines.registry import EngineChoice, resolve_engine
 from layerscope.errors import InputError
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.variants import run_variant
-from layerscope.vocab.layers import resolve_layers
+from layerscope.vocab.layers import resolve_widths
 from layerscope.errors import InputError, StoreError
 from layerscope.ownership import Claim
 from layerscope.extraction.batching import DEFAULT_MAX_BATCH
@@ -79,16 +79,10 @@ def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length
     from layerscope.vocab.pooling import default_poolings
 
     check_max_length(max_length, manifest, spec)
-    raw_width = manifest.raw_width
-    try:
-        # a store holds one width: where the word embeddings are narrower than the hidden states (ALBERT,
-        # ELECTRA project them up), 'all' means 0..L and 'raw' is refused
-        layer_list = resolve_layers(layers, manifest.num_layers, with_raw=raw_width == manifest.hidden_size)
-    except InputError as exc:
-        if raw_width == manifest.hidden_size:
-            raise
-        raise InputError(f"{exc}: this model's word embeddings are {raw_width} wide and its hidden states "
-                         f"{manifest.hidden_size}, and a store holds one width; choose layers 0..{manifest.num_layers}") from None
+    # a store holds one width: where the word embeddings are narrower than the hidden states (ALBERT, ELECTRA
+    # project them up), 'all' means 0..L, 'raw' is stored on its own at its width, and a mix is refused
+    layer_list = resolve_widths(layers, manifest.num_layers, raw_width=manifest.raw_width,
+                                hidden_size=manifest.hidden_size)
     if poolings is None:  # the model's own: st for a sentence-transformers checkpoint
         poolings = default_poolings(manifest)
     pool_list = check_poolings(poolings if not isinstance(poolings, str) else poolings.split(","))
@@ -226,7 +220,7 @@ def create_store(ex: Extraction, spooled: Spooled, *, engine_info: dict | None =
     from layerscope.store.store_record import RangePlan
 
     out, n = ex.out, spooled.n
-    hidden = int(ex.manifest.hidden_size)
+    hidden = int(ex.manifest.width_of(ex.layers))  # raw alone: the word embeddings' width
     row_bytes = hidden * itemsize(ex.spec.dtype) * len(ex.layers) * len(ex.poolings)
     rows = int(range_rows or store_ranges.range_rows(n, row_bytes))
     if rows % store_ranges.GRANULE:
@@ -329,7 +323,7 @@ def check_ranges_fit(ex: Extraction, choice: EngineChoice, ranges, *, workers: i
     if available is None and not here:
         return
     plan = engine_options(ex.spec, ex.manifest, dict(choice.options))
-    shape = shape_planned(ex.handle, choice, depth=plan.depth, pooled_only=plan.pooled_only, max_seq=plan.max_seq)
+    shape = shape_planned(ex.handle, choice, depth=plan.depth, tokens=bool(ex.spec.tokens), max_seq=plan.max_seq)
     if fits(shape, ex.max_length, available=available, workers=workers):
         return  # the longest text the plan allows fits: nothing to count
     log.info("counting the tokens of %s ranges to check memory for the longest text", f"{len(ranges):,}")

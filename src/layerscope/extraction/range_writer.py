@@ -51,7 +51,7 @@ class RangeWriter:
         self.layers, self.poolings, self.store_dtype = list(layers), list(poolings), sd.check(store_dtype)
         self.batch_tokens = int(batch_tokens or eng.preferred_batch_tokens)
         self.max_batch = int(max_batch)
-        self.hidden = int(eng.manifest.hidden_size)
+        self.hidden = int(eng.manifest.width_of(self.layers))  # the store's one width (raw alone: its own)
         self._offsets: dict[str, int] = {}
         self._files: dict[str, tuple[int, int]] = {}  # (device, inode) of each file when the writer opened
         for rel in array_rels(self.poolings, self.layers) + [LENGTHS]:

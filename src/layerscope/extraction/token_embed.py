@@ -74,9 +74,9 @@ def embed_tokens(eng, texts: list[str], layers: list[str], *, batch_tokens: int 
     encoder.details = True
     lengths = encoder.token_lengths(texts) if lengths is None else np.asarray(lengths)
     offsets = offsets_of(token_counts(lengths, encoder.max_length))
-    total, hidden = int(offsets[-1]), eng.manifest.hidden_size
+    total, width = int(offsets[-1]), eng.manifest.width_of  # raw: the word embeddings' width
     out = TokenVectors(offsets, np.zeros(total, np.int32), np.zeros(total, np.uint8), np.zeros((total, 2), np.int32),
-                       {layer: np.zeros((total, hidden), np.float32) for layer in layers})
+                       {layer: np.zeros((total, width([layer])), np.float32) for layer in layers})
     budget = int(batch_tokens or eng.preferred_batch_tokens)
     for batch in encode_plan(encoder, list(texts), lengths, batch_tokens=budget, max_batch=DEFAULT_MAX_BATCH):
         states = eng.run_tokens(batch, layers)

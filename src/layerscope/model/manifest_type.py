@@ -318,6 +318,11 @@ class Manifest:
         width = dims[-1] if dims else self.raw.get("embedding_size")
         return width if isinstance(width, int) and width > 0 else self.hidden_size
 
+    def width_of(self, layers) -> int:
+        """The width of the vectors of ``layers`` (one width: vocab/layers.py ``resolve_widths`` sees to it):
+        the word embeddings' for ``raw`` alone, else the hidden size."""
+        return self.raw_width if list(layers) == ["raw"] else self.hidden_size
+
     @property
     def is_export(self) -> bool:
         return self.format_version is not None

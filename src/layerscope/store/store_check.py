@@ -40,6 +40,20 @@ def array_files(record: StoreRecord) -> list[str]:
     return array_rels(record.poolings, record.layers)
 
 
+def _manifest_width(record: StoreRecord) -> int | None:
+    """The width the model's manifest gives the store's layers: the word embeddings' for ``raw`` alone (narrower
+    than the hidden states in ALBERT and ELECTRA), else its hidden size (None: it does not say)."""
+    if record.manifest_hidden_size is None or tuple(record.layers) != ("raw",):
+        return record.manifest_hidden_size
+    from layerscope.errors import LayerscopeError
+    from layerscope.model.manifest_type import Manifest
+
+    try:
+        return Manifest.from_dict(dict(record.manifest)).raw_width
+    except LayerscopeError:  # a manifest that does not read: held to its hidden size, as any other store
+        return record.manifest_hidden_size
+
+
 def layout_problems(root: Path, record: StoreRecord) -> list[str]:
     """Everything the headers and sizes say is wrong with the store at ``root`` (empty when none); the
     record's own fields were checked when it was read (``StoreRecord.from_json``)."""
@@ -59,8 +73,9 @@ def layout_problems(root: Path, record: StoreRecord) -> list[str]:
     bad = [name for name in layers if name != "raw" and not (name.isdigit() and int(name) <= num_layers)]
     if bad:
         problems.append(f"store.json lists layers {bad} that a {num_layers}-layer model does not have")
-    if record.manifest_hidden_size is not None and record.manifest_hidden_size != hidden:
-        problems.append(f"store.json says hidden_size {hidden}, its model manifest {record.manifest_hidden_size}")
+    want = _manifest_width(record)
+    if want is not None and want != hidden:
+        problems.append(f"store.json says hidden_size {hidden}, its model manifest {want}")
     for rel in array_files(record):
         problem = check_npy(root, rel, (n, hidden), dtype)
         if problem:

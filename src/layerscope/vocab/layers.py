@@ -83,6 +83,25 @@ def resolve_layers(spec: str | list | tuple | None, num_layers: int, *, with_raw
     return Layers(_parse(spec, num_layers, with_raw), num_layers, with_raw)
 
 
+def resolve_widths(spec, num_layers: int, *, raw_width: int, hidden_size: int, raw_alone: bool = True) -> Layers:
+    """``resolve_layers`` for a model whose word embeddings (``raw``) may be narrower than its hidden states
+    (ALBERT, ELECTRA project them up). A run's vectors have one width, so there ``all`` means ``0..L``,
+    ``raw`` is asked on its own (where ``raw_alone``: a store then holds it at its width), and a mix is
+    refused in one line saying what to ask instead."""
+    if raw_width == hidden_size:
+        return resolve_layers(spec, num_layers)
+    try:
+        return resolve_layers(spec, num_layers, with_raw=False)
+    except InputError:
+        names = resolve_layers(spec, num_layers)  # anything else wrong with the spec is said as it is
+    if list(names) == [RAW] and raw_alone:
+        return names
+    other = f"layers 0..{num_layers} (or all)"
+    ask = f"ask --layers raw on its own, and {other} in another run" if raw_alone else f"ask {other}"
+    raise InputError(f"layer 'raw' of this model is its word embeddings, {raw_width} wide, and its other layers "
+                     f"are {hidden_size} wide; the vectors of one run have one width: {ask}")
+
+
 def _parse(spec, num_layers: int, with_raw: bool) -> list[str]:
     names = layer_names(num_layers, with_raw=with_raw)
     if spec is None or spec == "all" or spec == ["all"]:
