@@ -22,9 +22,30 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.crossmodal_plot import TITLES
+from layerscope.report.figures import Figures, HeatMap
+from layerscope.report.image_records import PAIRS
 
 SELECT = ("mutual_knn", "cka", "a_to_b", "b_to_a")
 THUMBNAILS = 24  # images shown small in report.html
+
+# What the reports show, declared once: the best pair in words (report.md, report.html, the console), a heat map
+# per figure over (image layer, text layer) on report.html, the pairs shown small (their typed records); the PNG
+# with every figure side by side and the best pair marked is drawn by ``plots`` from the typed combined figures.
+FIGURES = Figures(
+    preface="{n} image-caption pairs: {image_model} (images) and {text_model} (captions), every layer pair. "
+            "Best pair: image layer {best.image_layer}, text layer {best.text_layer}: {best.value:.4f} by "
+            "{best.figure} (95% interval of the maximum over all layer pairs {best.ci_low:.4f} to {best.ci_high:.4f}; "
+            "best again in {best.chosen_share:.0%} of resamples; shuffled-pairing p = {best.p:.3g}).",
+    console_preface=True,
+    heatmaps=tuple(HeatMap(f"figures.{name}.value", f"crossmodal_{name}", title=f"{title}: {{image_model}} vs "
+                           "{text_model}", zlabel=title, rows="image_layers", cols="text_layers",
+                           xlabel="text layer", ylabel="image layer", block="", png=False,
+                           caption="{n} image-caption pairs; empty cells are undefined (a layer whose rows are not "
+                                   "distinct).") for name, title in TITLES.items()),
+    page=("crossmodal pairs",),
+    records=(PAIRS,),
+)
 
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -84,6 +105,7 @@ class CrossModalAnalysis(Analysis):
         main_score="best_value",
         default_poolings=(),
         default_data="scikit-learn's digits (built in, --n of them)",
+        figures=FIGURES,
         options=(
             Option("n", int, 200, "digits to pair with their captions when --data is not given"),
             Option("image_column", str, "image", "field of the image path in --data"),
@@ -168,32 +190,14 @@ class CrossModalAnalysis(Analysis):
                          "interval": "percentile bootstrap of the maximum over every layer pair"}}
 
     def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.report.crossmodal_results import CrossmodalResult
+        """The declared figures, then every figure's heat map side by side with the best pair marked (one PNG)."""
         from layerscope.report.crossmodal_plot import heatmap
-
-        combined = CrossmodalResult.read(results.get("combined"))
-        return [] if combined is None else heatmap(combined, Path(out_dir))
-
-    def report(self, results) -> str:
         from layerscope.report.crossmodal_results import CrossmodalResult
+        from layerscope.report.results import as_results
 
-        c = CrossmodalResult.read(results.get("combined"))
-        if c is None or c.best is None:
-            return ""
-        best = c.best
-        lines = [f"## crossmodal: {c.image_model} (images) and {c.text_model} (captions), {c.n} pairs", "",
-                 f"Best layer pair by {best.figure}: image layer {best.image_layer}, text layer {best.text_layer}: "
-                 f"{best.value:.4f} (95% interval of the maximum over all layer pairs {best.ci_low:.4f} to "
-                 f"{best.ci_high:.4f}; best again in {best.chosen_share:.0%} of resamples; shuffled-pairing "
-                 f"p = {best.p:.3g})", ""]
-        return "\n".join(lines)
-
-    def console_summary(self, results, console) -> None:
-        from rich.markup import escape
-
-        text = self.report(results).splitlines()
-        for line in text[:3]:
-            console.print(escape(line.lstrip("# ")))
+        typed = as_results(results, self.metadata.name)
+        combined = CrossmodalResult.read(typed.combined.extra)
+        return super().plots(typed, out_dir) + ([] if combined is None else heatmap(combined, Path(out_dir)))
 
 
 def _shown_pairs(data) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layerscope.report.templates import fill
+from layerscope.report.templates import fill, lookup
 
 
 def _plain(text: str) -> str:
@@ -62,16 +62,22 @@ def _labels(spec, matrix: Any, named) -> tuple[Any, Any]:
     return one(spec.rows, len(matrix) if isinstance(matrix, list) else 0), one(cols, len(first))
 
 
+def combined_block(results, spec) -> Any:
+    """The dict of the run's combined figures a heat map's ``block`` names (``""``: the combined figures)."""
+    return results.combined.extra if spec.block == "" else results.combined.value(spec.block)
+
+
 def grids(decl, results, fill) -> list[Grid]:
     """Every declared heat map of ``results``: one per model (``FILE_<i>`` where several), or one per block."""
     about = _about(decl, results)
     out = []
     for spec in decl.heatmaps:
         if spec.block is not None:
-            block = results.combined.value(spec.block)
+            block = combined_block(results, spec)
             if not isinstance(block, dict):
                 continue
-            got = _matrix(block.get(spec.value), *_labels(spec, block.get(spec.value), block.get))
+            matrix = lookup(block, spec.value, None)
+            got = _matrix(matrix, *_labels(spec, matrix, block.get))
             values = {**{k: v for k, v in block.items() if isinstance(v, (str, int, float))}, "about": about}
             if got is not None:
                 out.append(Grid(spec, spec.file, fill(spec.title, values, _plain), fill(spec.caption, values, _plain),
@@ -139,6 +145,8 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
     made = grids(decl, results, fill)
     shared = scale(made)
     for g in made:
+        if not g.spec.png:
+            continue
         low, high = _range(g, shared)
         files.append(heatmap(Path(out_dir) / f"{g.file}.png", [[math.nan if v is None else v for v in row]
                                                                  for row in g.matrix], g.rows, g.cols,
