@@ -21,6 +21,7 @@ import fake_engine
 from store_checks import assert_same_store
 
 from layerscope.store import store_ranges
+from layerscope.store.range_marks import DoneMark
 from layerscope.store.store import LayerStore
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -164,7 +165,7 @@ def test_claims_refuse_a_live_holder_and_take_over_a_dead_one(tmp_path):
     assert store_ranges.claim_is_stale(first.path)
     second = store_ranges.try_claim(tmp_path, 0)
     assert second is not None and second.token != first.token and not first.held()
-    store_ranges.mark_done(tmp_path, 0, {"k": 0})
+    store_ranges.mark_done(tmp_path, 0, DoneMark(0))
     second.release()
     assert store_ranges.try_claim(tmp_path, 0) is None  # done: nobody claims it again
     # another host's claim is stale only once its lease has run out
@@ -353,7 +354,7 @@ def test_done_marks_of_another_store_do_not_count_and_verify_names_them(setup, t
     out = tmp_path / "s"
     extract_shard(ExtractionRequest.of(model, str(path), out, **kw), 0, 2, range_rows=256)
     for k in (1, 3):  # as a writer of a store deleted since would have left them
-        store_ranges.mark_done(out, k, {"k": k, "store": "0" * 32})
+        store_ranges.mark_done(out, k, DoneMark(k, store="0" * 32))
     assert sorted(store_ranges.status(out, range_run_ranges(LayerStore.open(out, allow_incomplete=True)),
                                       store_id=LayerStore.open(out, allow_incomplete=True).meta["store_id"]).missing) \
         == [1, 3]
@@ -446,6 +447,18 @@ def test_a_damaged_offsets_file_is_one_line_not_wrong_texts(setup, first_half, t
     assert second.returncode == 2, (second.stdout, second.stderr)
     assert "ray-offsets.npy does not match the sha256" in second.stderr and "Traceback" not in second.stderr
     assert not store_ranges.is_done(out, 1) and not store_ranges.is_done(out, 3)
+
+
+def test_an_ill_typed_done_mark_is_one_line_when_the_store_is_finished(setup, first_half, tmp_path):
+    """A range's done mark edited (its batch size written as text): the shard that finishes the store says which
+    file and which field, in one line, instead of a TypeError while the ranges' records are merged."""
+    model, path, _ = setup
+    out = _copy_of(first_half, tmp_path / "store")
+    mark = store_ranges.done_path(out, 0)
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "batch_tokens": "64"}), encoding="utf-8")
+    second = _run(_cmd(model, path, out, "1/2"))
+    assert second.returncode == 2, (second.stdout, second.stderr)
+    assert f"{mark}: batch_tokens is str, not int" in second.stderr and "Traceback" not in second.stderr
 
 
 def _pickled(path: Path) -> None:
