@@ -21,6 +21,7 @@ import pytest
 from layerscope.store import store_ranges
 from layerscope.store.range_marks import DoneMark
 from layerscope.store.store import LayerStore
+from layerscope.store.store_record import RangePlan
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 N = 1100  # ranges of 512 rows: [0, 512), [512, 1024), [1024, 1100)
@@ -69,7 +70,7 @@ def test_shards_with_ranges_of_two_granules_read_their_own_texts(half_stores):
     """Every row of a range after the first holds the vectors of its own text (the range reads texts.jsonl
     from its first row's offset): equal to the plain run bit for bit."""
     plain, sharded = half_stores
-    assert sharded.meta["ranges"] == {"rows": 512, "count": 3}
+    assert sharded.record.ranges == RangePlan(rows=512, count=3)
     assert sharded.ids() == plain.ids() and sharded.texts() == plain.texts()
     for p in plain.poolings:
         for layer in plain.layers:
