@@ -15,6 +15,7 @@ digit three" (offline, 1,797 at most).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,16 @@ def read_pairs(path: str, image_key: str, caption_key: str) -> list[tuple[str, s
     return pairs
 
 
+@dataclass(frozen=True)
+class Side:
+    """One model's side of the pairs, handed from ``compute`` to ``combine``: ``[layers, pairs, hidden]`` vectors
+    of its first pooling, the layers' names and whether it read the images or the captions."""
+
+    vectors: np.ndarray
+    layers: tuple[str, ...]
+    modality: str
+
+
 @register
 class CrossModalAnalysis(Analysis):
     metadata = AnalysisMetadata(
@@ -153,7 +164,7 @@ class CrossModalAnalysis(Analysis):
             got = ctx.vectors(run, [caption for _, _, caption in data], layers=layers, poolings=[pooling])
             vectors = np.stack([got[(pooling, layer)] for layer in layers])
         figures = {"summary": {"modality": manifest.modality, "pooling": pooling, "layers": layers}, "tables": {}}
-        return ModelOutput(figures, kept={"vectors": vectors, "layers": layers, "modality": manifest.modality})
+        return ModelOutput(figures, kept=Side(vectors, tuple(layers), manifest.modality))
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.metrics.crossmodal import crossmodal
@@ -161,12 +172,12 @@ class CrossModalAnalysis(Analysis):
         o = self.options(ctx)
         names = list(per_model.outputs)
         kept = [per_model.outputs[n].kept for n in names]
-        images = [i for i, k in enumerate(kept) if k["modality"] == "image"]
+        images = [i for i, k in enumerate(kept) if k.modality == "image"]
         if len(images) != 1:
             raise InputError("crossmodal needs one vision export and one text model among the two --model")
         a, b = kept[images[0]], kept[1 - images[0]]
         try:
-            res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
+            res = crossmodal(a.vectors, b.vectors, k=o.k, acc_k=o.acc_k, permutations=o.permutations,
                              bootstrap=o.bootstrap, select=o.select, seed=ctx.spec.seed)
         except ValueError as exc:  # a figure undefined on every layer pair: the vectors of a side coincide
             raise InputError(f"crossmodal: {exc}; the images or the captions give too few distinct vectors: "
@@ -177,14 +188,14 @@ class CrossModalAnalysis(Analysis):
         for name in names:  # the headline belongs to the pair of models: each model's summary shows it
             per_model.outputs[name].figures["summary"].update(
                 best_value=best.value, best_ci_low=best.ci_low, best_ci_high=best.ci_high,
-                best_pair=f"image layer {a['layers'][best.layer_a]}, text layer {b['layers'][best.layer_b]}")
+                best_pair=f"image layer {a.layers[best.layer_a]}, text layer {b.layers[best.layer_b]}")
         return {"image_model": names[images[0]], "text_model": names[1 - images[0]],
-                "image_layers": a["layers"], "text_layers": b["layers"], "n": res.n, "k": res.k,
+                "image_layers": list(a.layers), "text_layers": list(b.layers), "n": res.n, "k": res.k,
                 "acc_k": res.acc_k, "permutations": res.permutations, "bootstrap": res.bootstrap,
                 "pairs": _shown_pairs(data),
                 "figures": figures,
-                "best": {"figure": best.figure, "image_layer": a["layers"][best.layer_a],
-                         "text_layer": b["layers"][best.layer_b], "value": best.value,
+                "best": {"figure": best.figure, "image_layer": a.layers[best.layer_a],
+                         "text_layer": b.layers[best.layer_b], "value": best.value,
                          "ci_low": best.ci_low, "ci_high": best.ci_high, "chosen_share": best.chosen_share,
                          "p": float(res.figures[best.figure].p[best.layer_a, best.layer_b]),
                          "interval": "percentile bootstrap of the maximum over every layer pair"}}
