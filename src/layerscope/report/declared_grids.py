@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from layerscope.report.results_fields import combined_block
 from layerscope.report.templates import fill, lookup
 
 
@@ -60,11 +61,6 @@ def _labels(spec, matrix: Any, named) -> tuple[Any, Any]:
 
     cols = spec.rows if spec.cols is None else spec.cols
     return one(spec.rows, len(matrix) if isinstance(matrix, list) else 0), one(cols, len(first))
-
-
-def combined_block(results, spec) -> Any:
-    """The dict of the run's combined figures a heat map's ``block`` names (``""``: the combined figures)."""
-    return results.combined.extra if spec.block == "" else results.combined.value(spec.block)
 
 
 def grids(decl, results, fill) -> list[Grid]:

@@ -8,6 +8,8 @@ import math
 from pathlib import PurePosixPath
 from typing import Any
 
+from layerscope.report.templates import lookup
+
 
 class Bad(Exception):
     """A field of the document that is not what layerscope writes (turned into one InputError line)."""
@@ -73,13 +75,15 @@ def check_declared(results, figures) -> None:
     for grid in getattr(figures, "heatmaps", ()):
         if grid.block is None:
             continue
-        from layerscope.report.declared_grids import combined_block
-        from layerscope.report.templates import lookup
-
         block = combined_block(results, grid)
         matrix = lookup(block, grid.value, None) if isinstance(block, dict) else None
         if matrix is not None:
             _grid(matrix, ".".join(p for p in ("combined", grid.block, grid.value) if p))
+
+
+def combined_block(results, spec) -> Any:
+    """The dict of the run's combined figures a heat map's ``block`` names (``""``: the combined figures)."""
+    return results.combined.extra if spec.block == "" else results.combined.value(spec.block)
 
 
 def _records(spec, fig, where: str) -> None:
