@@ -91,6 +91,21 @@ def test_crossmodal_report_md_and_page_are_its_declaration():
     assert "&lt;b&gt;a&lt;/b&gt; cat" not in page  # a pair without a thumbnail is not shown
 
 
+def test_crossmodal_console_shows_the_best_pair_with_model_names_as_text():
+    """Catches: the console summary of a run that keeps its headline in the combined figures printing nothing (its
+    declaration has no per-model sentence), a model name read as Rich markup."""
+    from rich.console import Console
+
+    from layerscope.analyses.crossmodal import CrossModalAnalysis
+
+    console = Console(record=True, width=300)
+    CrossModalAnalysis().console_summary(_read(_doc("crossmodal", combined={**_combined(), "image_model": "[bold]v"})),
+                                         console)
+    text = console.export_text()
+    assert "16 image-caption pairs: [bold]v (images) and clip (captions)" in text
+    assert "Best pair: image layer 1, text layer 2: 0.6000 by mutual_knn" in text
+
+
 @pytest.mark.parametrize("doc,message", [
     (lambda: _doc("vision_lens", per_model={"m": {**LENS, "tables": {"layers": [{"layer": "1", "accuracy": "0.5"}]}}}),
      "per_model.m.tables.layers\\[0\\].accuracy is str, not int or float"),
