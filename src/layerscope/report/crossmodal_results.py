@@ -2,7 +2,7 @@
 (analyses/crossmodal.py writes them and declares what report.md and report.html show; report/crossmodal_plot.py
 draws the PNG), each figure the ``Figure`` metrics/crossmodal.py computes.
 
-``CrossmodalResult.read(doc["combined"], where)`` checks the shape once (every figure a grid of image layers by
+``CrossmodalResult.read(results.combined.extra, where)`` checks the shape once (every figure a grid of image layers by
 text layers, the best pair one of those layers) and says in one line what is wrong with a file that was edited
 or written by another version; the readers then use fields, never string keys.
 """
