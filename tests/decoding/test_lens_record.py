@@ -78,6 +78,7 @@ def test_another_format_is_made_again_and_an_unreadable_file_is_one_line(tmp_pat
     """Catches: a sidecar of an earlier form of the graph read as this one (or refused instead of made again);
     a sidecar that is not JSON failing with a JSONDecodeError traceback."""
     assert LensSidecar.from_disk(_edited(tmp_path, lambda d: d.update(format=1, outputs="old"))) is None
+    assert LensSidecar.from_disk(_edited(tmp_path, lambda d: [d.pop(f) for f in ("format", "shared_bytes")])) is None
     assert LensSidecar.from_disk(_edited(tmp_path, lambda d: d.pop("probabilities"))).probabilities is None
     path = tmp_path / "lens-k3.json"
     path.write_text("{not json", encoding="utf-8")

@@ -144,7 +144,7 @@ class LensSidecar:
         path = Path(path)
         doc = _load(path)
         try:
-            fmt = _need(doc, "format", int)
+            fmt = _need({"format": 1, **doc}, "format", int)  # the first sidecars named no format
             if fmt != LENS_FORMAT:
                 return None
             k = _need(doc, "k", int)
