@@ -40,7 +40,7 @@ def test_an_older_mark_records_no_variant_and_a_plain_run_records_none():
 @pytest.mark.parametrize("edit,message", [
     ({"tokens": "3170"}, "tokens is str, not int"),
     ({"batch_tokens": True}, "batch_tokens is bool, not int"),
-    ({"engine": "ort"}, "engine is str, not Mapping"),
+    ({"engine": "ort"}, "engine is str, not dict"),
     ({"half_error": {"mean/3": [0.1]}}, "half_error.mean/3 is not \\[max abs error, min cosine\\]"),
     ({"variant": 16}, "variant is int, not str"),
 ])

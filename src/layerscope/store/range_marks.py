@@ -88,7 +88,7 @@ class DoneMark:
         try:
             if not isinstance(doc, Mapping):
                 raise _Bad(f"it holds a JSON {type(doc).__name__}, not an object")
-            engine = _get(doc, "engine", Mapping)
+            engine = _get(doc, "engine", dict)
             seconds = _get(doc, "seconds", (int, float))
             return cls(k=_get(doc, "k", int, k), start=_get(doc, "start", int), stop=_get(doc, "stop", int),
                        tokens=_get(doc, "tokens", int, 0), host=_get(doc, "host", str), pid=_get(doc, "pid", int),
