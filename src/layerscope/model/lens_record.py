@@ -14,7 +14,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ManifestError
@@ -53,7 +53,7 @@ def _number(doc: dict[str, Any], key: str, where: str) -> float:
 def _plain_name(doc: dict[str, Any], key: str) -> str:
     """A file named by the sidecar: a plain name inside the export dir (no folder, no ``..``, not absolute)."""
     name = _need(doc, key, str)
-    if not name or "\\" in name or "/" in name or name in (".", "..") or PurePosixPath(name).name != name:
+    if not name or "\\" in name or "/" in name or name in (".", ".."):
         raise _Bad(f"{key} names {name!r}, which is not a plain file name inside the export dir")
     return name
 
