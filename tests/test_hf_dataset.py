@@ -49,7 +49,7 @@ def test_extract_from_a_saved_dataset_on_the_command_line(saved, tiny_model, tmp
     assert code == 0, text
     store = LayerStore.open(out)
     assert store.texts() == S1[:3]
-    assert store.settings["input"] == f"hf:{saved['dict']}:train"
+    assert store.spec.input == f"hf:{saved['dict']}:train"
     assert store["mean", -1].shape == (3, 32)
 
 

@@ -220,7 +220,7 @@ def test_auto_records_its_pick_so_resume_never_mixes_precisions(export_dir, tmp_
     int8_cos = recorded_min_cosine(manifest, "int8")
     out = tmp_path / "store"
     extract(str(export), str(corpus), out, engine="auto", engine_options={"min_cosine": int8_cos})
-    assert LayerStore.open(out).settings["variant"] == "int8"
+    assert LayerStore.open(out).spec.variant == "int8"
     # a resume where auto would now pick fp32 (a stricter bar) is refused instead of mixing precisions
     bar = min(1.0, (int8_cos + recorded_min_cosine(manifest, "ov-fp32")) / 2)
     with pytest.raises(StoreError, match="auto picked None"):

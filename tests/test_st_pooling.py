@@ -177,7 +177,7 @@ def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_mode
         assert exc.code in (0, None)
     store = LayerStore.open(tmp_path / "s")
     assert store.poolings == ["st"]
-    assert store.settings["prompt"] == "query: "
+    assert store.spec.prompt == "query: "
     assert cosines(store["st", -1], st_encode(ckpt, TEXTS, prompt_name="query")).min() > SAME
 
 

@@ -39,16 +39,16 @@ def test_lens_after_the_checkpoint_is_gone_equals_the_lens_made_with_it(family, 
     assert entry["kind"] == kind and entry["file"] == HEAD_FILE
     assert entry["sha256"] == file_sha256(out / HEAD_FILE) == manifest.files[HEAD_FILE]["sha256"]
     with_source = export_lens(out, 4)
-    assert with_source["parity"]["reference_hidden_states"].startswith("torch")
+    assert with_source.parity.reference_hidden_states.startswith("torch")
     a = _lens(out, 4)
     graph_sha = file_sha256(out / lens_file(4))
     for f in (lens_file(4), "lens-k4.json"):
         (out / f).unlink()
     shutil.rmtree(src)
     without = export_lens(out, 4)
-    assert without["parity"]["reference_hidden_states"] == "model.onnx (ONNX Runtime)"
-    assert without["parity"]["rank_mismatch_fraction"] == 0.0
-    assert without["head"] == with_source["head"]
+    assert without.parity.reference_hidden_states == "model.onnx (ONNX Runtime)"
+    assert without.parity.rank_mismatch_fraction == 0.0
+    assert without.head == with_source.head
     assert file_sha256(out / lens_file(4)) == graph_sha  # the very same graph
     for x, y in zip(a, _lens(out, 4)):
         np.testing.assert_array_equal(x, y)
@@ -90,7 +90,7 @@ def test_bare_checkpoint_keeps_its_word_embeddings_as_the_head(tmp_path, tiny_mo
     assert load_decoding_model(ModelHandle.resolve(out)).info.kind == "tied-word-embeddings"
     for f in (lens_file(3), "lens-k3.json"):
         (out / f).unlink()
-    assert export_lens(out, 3)["sha256"] == meta["sha256"]
+    assert export_lens(out, 3).sha256 == meta.sha256
 
 
 def test_changed_head_file_is_refused(tiny_export, tmp_path):

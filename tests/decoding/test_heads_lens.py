@@ -144,20 +144,20 @@ def test_lens_onnx_graph_matches_torch_bert(tiny_export, tmp_path):
 
     out = tiny_export("bert", pooled=["mean"], to=tmp_path / "exp")
     meta = export_lens(out, 5)
-    assert meta["parity"]["rank_mismatch_fraction"] == 0.0
-    assert meta["parity"]["top1_mismatch_fraction"] == 0.0
-    assert meta["parity"]["max_prob_diff"] < 1e-5
+    assert meta.parity.rank_mismatch_fraction == 0.0
+    assert meta.parity.top1_mismatch_fraction == 0.0
+    assert meta.parity.max_prob_diff < 1e-5
     handle = ModelHandle.resolve(out)
     model = load_decoding_model(handle)
-    p = lens_parity(handle, model, out / meta["file"], 5, texts=TEXTS)
-    assert p["rank_mismatch_fraction"] == 0.0 and p["top1_mismatch_fraction"] == 0.0
+    p = lens_parity(handle, model, out / meta.file, 5, texts=TEXTS)
+    assert p.rank_mismatch_fraction == 0.0 and p.top1_mismatch_fraction == 0.0
     # the graph's softmax runs in float64, and a sidecar that does not say so marks a graph to export again
     from layerscope.decoding.lens_onnx import read_sidecar
     from layerscope.engines.ort_session import make_session
 
-    probs = next(o for o in make_session(out / meta["file"], "CPUExecutionProvider").get_outputs()
+    probs = next(o for o in make_session(out / meta.file, "CPUExecutionProvider").get_outputs()
                  if o.name == "lens.topk_probs")
-    assert probs.type == "tensor(double)" and meta["probabilities"] == "float64"
+    assert probs.type == "tensor(double)" and meta.probabilities == "float64"
     assert read_sidecar(handle, 5) is not None
     side = out / "lens-k5.json"
     side.write_text(side.read_text().replace('"probabilities": "float64",', ""))

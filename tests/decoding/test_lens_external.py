@@ -19,7 +19,7 @@ TEXTS = ["The cat sat on the mat.", "hi there", "a quick brown fox"]
 def _lens_outputs(export_dir, meta):
     handle = ModelHandle.resolve(export_dir)
     inputs = model_inputs(handle, handle.tokenizer(), TEXTS, 32)
-    return lens_of_export(handle, meta["k"], {n: t.numpy() for n, t in inputs.items()})
+    return lens_of_export(handle, meta.k, {n: t.numpy() for n, t in inputs.items()})
 
 
 def test_lens_graph_on_external_data_export(tiny_model, tiny_export, tmp_path, monkeypatch):
@@ -30,13 +30,13 @@ def test_lens_graph_on_external_data_export(tiny_model, tiny_export, tmp_path, m
     big = tmp_path / "big"
     assert export_model(resolve_source(src), big, pooled=["mean"]).external_data
     meta = export_lens(big, 4)
-    assert meta["parity"]["rank_mismatch_fraction"] == 0.0
-    lens_graph = onnx.load(str(big / meta["file"]), load_external_data=False)
+    assert meta.parity.rank_mismatch_fraction == 0.0
+    lens_graph = onnx.load(str(big / meta.file), load_external_data=False)
     for export, lens in ((normal, ref_meta), (big, meta)):  # the head graph alone, its weights the stored head's
-        locations = sorted(p.name for p in external.data_files(export / lens["file"]))
+        locations = sorted(p.name for p in external.data_files(export / lens.file))
         assert locations == ["lm_head.safetensors"] and not (export / "lens-k4.onnx_data").exists()
-        assert lens["shared_bytes"] >= 4 * 32 * int(ModelHandle.resolve(export).manifest.vocab_size)
-        assert (export / lens["file"]).stat().st_size < 100_000
+        assert lens.shared_bytes >= 4 * 32 * int(ModelHandle.resolve(export).manifest.vocab_size)
+        assert (export / lens.file).stat().st_size < 100_000
     assert external.inline_bytes(lens_graph) < 10_000
     for a, b in zip(_lens_outputs(normal, ref_meta), _lens_outputs(big, meta)):
         np.testing.assert_array_equal(a, b)

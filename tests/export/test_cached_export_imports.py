@@ -65,7 +65,7 @@ def test_a_cached_export_is_found_and_extracted_without_transformers_or_torch(ti
     from layerscope.store.store import LayerStore
 
     store = LayerStore.open(tmp_path / "store-ort")
-    assert store.meta["settings"]["model"] == str(model)
+    assert store.spec.model == str(model)
     assert len(store["mean", "2"]) == 2
 
 

@@ -57,7 +57,7 @@ def test_ids_reach_the_store_and_every_export(tiny_model, tmp_path, capsys):
     assert code == 0, text
     assert "ids: from the field 'id'" in text
     store = LayerStore.open(out)
-    assert store.ids() == IDS and store.meta["id_field"] == "id"
+    assert store.ids() == IDS and store.record.id_field == "id"
 
     code, text = run_cli(["export-store", out, "--format", "parquet"], capsys)
     assert code == 0, text
@@ -72,7 +72,7 @@ def test_ids_reach_the_store_and_every_export(tiny_model, tmp_path, capsys):
     code, text = run_cli(["export-store", out, "--tokens", "--format", "parquet"], capsys)
     assert code == 0, text
     tokens = pq.read_table(str(tmp_path / "store.tokens.parquet")).to_pydict()
-    first = store.tokens(store.meta["token_arrays"]["layers"][0])
+    first = store.tokens(store.token_layers[0])
     for row in range(len(IDS)):  # every token of text `row` carries that text's id
         a, b = first.text_range(row)
         assert set(tokens["text_id"][a:b]) == {IDS[row]} and set(tokens["text"][a:b]) == {row}

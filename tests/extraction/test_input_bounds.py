@@ -102,7 +102,7 @@ def test_a_very_long_line_is_cut_before_tokenizing(tiny_model, tmp_path, baselin
 
     store = LayerStore.open(tmp_path / "s")
     assert store.texts()[1] == line  # the text itself is kept whole
-    assert store.meta["truncated_texts"] == 1
+    assert store.record.truncated_texts == 1
 
 
 @pytest.mark.parametrize("text", [

@@ -63,7 +63,7 @@ def test_a_text_longer_than_the_batch_budget_gives_the_hf_vectors(engine, bert_e
     long_tokens = max(max(b) for b in planned)
     assert long_tokens > 4 * BUDGET  # the text really is longer than the budget
     assert [long_tokens] in planned  # and ran alone, whole
-    assert rep.truncated == 0 and store.meta["truncated_texts"] == 0
+    assert rep.truncated == 0 and store.record.truncated_texts == 0
     for layer, want in reference.items():
         got = np.asarray(store["mean", layer], dtype=np.float64)
         assert got.shape == want.shape
@@ -99,7 +99,7 @@ def test_max_length_cuts_are_said_before_the_run_and_counted(bert_export, tiny_m
     assert events[lines[0]].startswith(f"{cut_by_hand} of 5 texts are longer than 8 tokens and will be truncated")
     assert lines[0] < events.index("batch")  # said before the first batch runs
     store = LayerStore.open(tmp_path / "s")
-    assert rep.truncated == cut_by_hand and store.meta["truncated_texts"] == cut_by_hand
+    assert rep.truncated == cut_by_hand and store.record.truncated_texts == cut_by_hand
     assert any(w.startswith(f"{cut_by_hand} of 5 texts are longer than 8 tokens") for w in rep.warnings)
     want = hf_mean(tiny_model("bert"), TEXTS, max_length=8)
     for layer, ref in want.items():

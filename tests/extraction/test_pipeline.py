@@ -213,7 +213,7 @@ def test_float16_store(bert_export, tmp_path):
     # stored as float16 (half the disk), read back as float32 by every reader
     assert s16.raw(("mean", -1)).dtype == np.float16 and s16["mean", -1].dtype == np.float32
     np.testing.assert_allclose(s16["mean", -1].astype(np.float32), s32["mean", -1], rtol=2e-3, atol=2e-3)
-    assert s16.meta["dtype"] == "float16"
+    assert s16.dtype == "float16"
 
 
 @pytest.mark.parametrize("layers, message", [("9", "out of range"), ("-12", "out of range"), ("x", "not a layer")])

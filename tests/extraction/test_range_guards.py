@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 from layerscope.store import store_ranges
+from layerscope.store.range_marks import DoneMark
 from layerscope.store.store import LayerStore
+from layerscope.store.store_record import RangePlan
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 N = 1100  # ranges of 512 rows: [0, 512), [512, 1024), [1024, 1100)
@@ -68,7 +70,7 @@ def test_shards_with_ranges_of_two_granules_read_their_own_texts(half_stores):
     """Every row of a range after the first holds the vectors of its own text (the range reads texts.jsonl
     from its first row's offset): equal to the plain run bit for bit."""
     plain, sharded = half_stores
-    assert sharded.meta["ranges"] == {"rows": 512, "count": 3}
+    assert sharded.record.ranges == RangePlan(rows=512, count=3)
     assert sharded.ids() == plain.ids() and sharded.texts() == plain.texts()
     for p in plain.poolings:
         for layer in plain.layers:
@@ -100,9 +102,10 @@ def test_the_done_mark_is_fsynced_before_it_is_renamed_into_place(tmp_path, monk
                                                              real_fsync(fd))[1])
     monkeypatch.setattr(store_ranges.os, "replace", lambda a, b: (events.append(("replace", os.stat(a).st_ino)),
                                                                  real_replace(a, b))[1])
-    store_ranges.mark_done(tmp_path, 3, {"k": 3})
+    store_ranges.mark_done(tmp_path, 3, DoneMark(3, tokens=7))
     final = store_ranges.done_path(tmp_path, 3)
-    assert json.loads(final.read_text()) == {"k": 3}
+    assert json.loads(final.read_text())["tokens"] == 7
+    assert store_ranges.done_mark(tmp_path, 3) == DoneMark(3, tokens=7)
     mark = os.stat(final).st_ino
     assert events.index(("fsync", mark)) < events.index(("replace", mark))
     assert ("fsync", os.stat(final.parent).st_ino) in events[events.index(("replace", mark)):]

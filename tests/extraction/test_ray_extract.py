@@ -14,6 +14,7 @@ from store_checks import assert_same_store
 
 from layerscope.errors import InputError, MissingExtraError
 from layerscope.store.store import LayerStore
+from layerscope.store.store_record import RangePlan
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 
@@ -170,8 +171,8 @@ def test_actor_killed_mid_run_gives_the_same_store(ray_cluster, ray_faults, bert
     shard2 = [s for s in seen if s["shard"] == 2]
     assert len(shard2) == 1 and shard2[0]["pid"] != killed_pid  # retried on a restarted actor
     assert sorted(s["shard"] for s in seen) == [0, 1, 2]
-    assert report.store.meta["ranges"] == {"rows": 512, "count": 3}
-    assert report.n == 1100 and report.empty == plain.meta["empty_texts"] >= 1
+    assert report.store.record.ranges == RangePlan(rows=512, count=3)
+    assert report.n == 1100 and report.empty == plain.empty_texts >= 1
     assert_same_store(plain, LayerStore.open(tmp_path / "store"))
     assert not (tmp_path / "store" / "ranges").exists()  # claims and done marks go once the store is finished
 
@@ -358,8 +359,8 @@ def test_ray_with_a_prompt_equals_the_plain_run(ray_cluster, bert_export, small_
     kw = dict(engine="ort", layers="all", poolings=["mean", "cls"], text_field="body", id_field="doc")
     plain = extract(bert_export, str(path), tmp_path / "plain", prompt="query: ", **kw).store
     report = extract_ray(bert_export, str(path), tmp_path / "ray", prompt="query: ", workers=2, shard_rows=256, **kw)
-    assert report.store.settings["prompt"] == "query: " == plain.settings["prompt"]
-    assert report.store.meta["tokens"] == plain.meta["tokens"]
+    assert report.store.spec.prompt == "query: " == plain.spec.prompt
+    assert report.store.record.tokens == plain.record.tokens
     assert_same_store(plain, LayerStore.open(tmp_path / "ray"))
 
 

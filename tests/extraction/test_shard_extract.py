@@ -21,7 +21,9 @@ import fake_engine
 from store_checks import assert_same_store
 
 from layerscope.store import store_ranges
+from layerscope.store.range_marks import DoneMark
 from layerscope.store.store import LayerStore
+from layerscope.store.store_record import RangePlan
 
 TESTS = Path(__file__).resolve().parents[1]
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
@@ -92,11 +94,11 @@ def test_shards_in_separate_processes_equal_the_plain_run(setup, tmp_path):
     for p, (so, se) in zip(procs, results):
         assert p.returncode == 0, se
     store = LayerStore.open(out)
-    assert store.meta["ranges"] == {"rows": 512, "count": 3}  # ranges of two granules: [0, 512), [512, 1024), ...
-    assert store.settings["prompt"] == "query: " == plain.settings["prompt"]
-    assert store.meta["nul_texts"] == plain.meta["nul_texts"] == 1
-    assert store.meta["nul_dropped_by_tokenizer"] == plain.meta["nul_dropped_by_tokenizer"]
-    assert store.meta["tokens"] == plain.meta["tokens"] and store.meta["warnings"] == plain.meta["warnings"]
+    assert store.record.ranges == RangePlan(rows=512, count=3)  # ranges of two granules: [0, 512), [512, 1024), ...
+    assert store.spec.prompt == "query: " == plain.spec.prompt
+    assert store.nul_texts == plain.nul_texts == 1
+    assert store.nul_dropped_by_tokenizer == plain.nul_dropped_by_tokenizer
+    assert store.record.tokens == plain.record.tokens and store.record.warnings == plain.record.warnings
     assert np.array_equal(np.load(out / "lengths.npy"), np.load(plain.path / "lengths.npy"))
     assert_same_store(plain, store)
     assert not (out / "ranges").exists()
@@ -164,7 +166,7 @@ def test_claims_refuse_a_live_holder_and_take_over_a_dead_one(tmp_path):
     assert store_ranges.claim_is_stale(first.path)
     second = store_ranges.try_claim(tmp_path, 0)
     assert second is not None and second.token != first.token and not first.held()
-    store_ranges.mark_done(tmp_path, 0, {"k": 0})
+    store_ranges.mark_done(tmp_path, 0, DoneMark(0))
     second.release()
     assert store_ranges.try_claim(tmp_path, 0) is None  # done: nobody claims it again
     # another host's claim is stale only once its lease has run out
@@ -256,7 +258,7 @@ def test_half_size_shards_equal_the_plain_run_within_the_recorded_bound(setup, t
     sharded = LayerStore.open(tmp_path / "sh")
     assert sharded.dtype == half_plain.dtype == dtype
     assert_same_store(half_plain, sharded, atol=0.0)
-    bounds = sharded.meta["half_error"]
+    bounds = sharded.half_error
     assert set(bounds) == {f"{p}/{layer}" for p in sharded.poolings for layer in sharded.layers}
     for p in sharded.poolings:
         for layer in sharded.layers:
@@ -264,10 +266,10 @@ def test_half_size_shards_equal_the_plain_run_within_the_recorded_bound(setup, t
             assert xh.dtype == np.float32
             rec = bounds[f"{p}/{layer}"]
             # plain32 came from other batches (float32 sums in another order): 1e-6 of slack for that alone
-            assert np.abs(x32 - xh).max() <= rec["max_abs_error"] + 1e-6
+            assert np.abs(x32 - xh).max() <= rec.max_abs_error + 1e-6
             cos = (x32 * xh).sum(1) / np.maximum(np.linalg.norm(x32, axis=1) * np.linalg.norm(xh, axis=1), 1e-30)
-            assert cos[np.linalg.norm(x32, axis=1) > 0].min() >= rec["min_cosine"] - 1e-6
-            assert rec == half_plain.meta["half_error"][f"{p}/{layer}"]
+            assert cos[np.linalg.norm(x32, axis=1) > 0].min() >= rec.min_cosine - 1e-6
+            assert rec == half_plain.half_error[f"{p}/{layer}"]
     raw = sharded.raw(("mean", "1"))
     assert raw.dtype == (np.uint16 if dtype == "bfloat16" else np.float16)
     assert (tmp_path / "sh" / "arrays" / "mean" / "1.npy").stat().st_size < \
@@ -353,9 +355,9 @@ def test_done_marks_of_another_store_do_not_count_and_verify_names_them(setup, t
     out = tmp_path / "s"
     extract_shard(ExtractionRequest.of(model, str(path), out, **kw), 0, 2, range_rows=256)
     for k in (1, 3):  # as a writer of a store deleted since would have left them
-        store_ranges.mark_done(out, k, {"k": k, "store": "0" * 32})
+        store_ranges.mark_done(out, k, DoneMark(k, store="0" * 32))
     assert sorted(store_ranges.status(out, range_run_ranges(LayerStore.open(out, allow_incomplete=True)),
-                                      store_id=LayerStore.open(out, allow_incomplete=True).meta["store_id"]).missing) \
+                                      store_id=LayerStore.open(out, allow_incomplete=True).store_id).missing) \
         == [1, 3]
     problems = LayerStore.verify(out)[1]
     assert any("marked done by a writer of another store" in p for p in problems), problems
@@ -446,6 +448,18 @@ def test_a_damaged_offsets_file_is_one_line_not_wrong_texts(setup, first_half, t
     assert second.returncode == 2, (second.stdout, second.stderr)
     assert "ray-offsets.npy does not match the sha256" in second.stderr and "Traceback" not in second.stderr
     assert not store_ranges.is_done(out, 1) and not store_ranges.is_done(out, 3)
+
+
+def test_an_ill_typed_done_mark_is_one_line_when_the_store_is_finished(setup, first_half, tmp_path):
+    """A range's done mark edited (its batch size written as text): the shard that finishes the store says which
+    file and which field, in one line, instead of a TypeError while the ranges' records are merged."""
+    model, path, _ = setup
+    out = _copy_of(first_half, tmp_path / "store")
+    mark = store_ranges.done_path(out, 0)
+    mark.write_text(json.dumps({**json.loads(mark.read_text()), "batch_tokens": "64"}), encoding="utf-8")
+    second = _run(_cmd(model, path, out, "1/2"))
+    assert second.returncode == 2, (second.stdout, second.stderr)
+    assert f"{mark}: batch_tokens is str, not int" in second.stderr and "Traceback" not in second.stderr
 
 
 def _pickled(path: Path) -> None:

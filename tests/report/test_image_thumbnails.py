@@ -38,13 +38,15 @@ def test_only_a_png_is_drawn_and_never_bigger_than_a_thumbnail():
 
 
 def test_captions_and_ids_are_escaped():
-    """Catches: a caption or id from the data written into the page as markup."""
-    from layerscope.report.image_html import crossmodal_thumbnails
+    """Catches: a caption or id from the data written into the page as markup, a thumbnail that is not a PNG
+    put into src."""
+    from layerscope.report.image_html import crossmodal_section
+    from layerscope.report.results import as_results
 
     pairs = [{"id": "a'><script>x()</script>", "caption": "<b>bold</b> & \"quoted\"",
               "thumbnail": _png(np.zeros((8, 8, 3), np.uint8))},
              {"id": "b", "caption": "fake", "thumbnail": "' onerror='alert(1)"}]
-    page = crossmodal_thumbnails({"pairs": pairs})
+    page = crossmodal_section(as_results({"analysis": "crossmodal", "combined": {"pairs": pairs}})).html
     assert "<script>" not in page and "<b>bold" not in page and "onerror" not in page
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;" in page
     assert page.count("<img ") == 1 and "not a PNG: left out" in page

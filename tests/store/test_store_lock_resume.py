@@ -62,7 +62,7 @@ def test_two_writers_on_one_store_one_is_refused_and_the_store_is_one_corpus(ber
     store = LayerStore.open(out)
     assert store.complete and store.n == 3000
     assert store.texts() == texts[winner]
-    assert store.settings["input"] == str(paths[winner])
+    assert store.spec.input == str(paths[winner])
     rows = np.random.default_rng(0).choice(3000, size=40, replace=False)
     ref = embed(bert_export, [texts[winner][i] for i in rows], engine="ort", layers="all", poolings=["mean"])
     for layer in store.layers:

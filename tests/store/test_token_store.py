@@ -62,7 +62,7 @@ def hf_token_states(model_dir: Path, texts: list[str], side: str | None):
 
 
 def assert_matches_hf(store: LayerStore, refs, texts: list[str], atol: float) -> None:
-    layers = store.meta["token_arrays"]["layers"]
+    layers = store.token_layers
     first = store.tokens(layers[0])
     assert len(first) == len(texts)
     assert first.total_tokens == sum(len(r[0]) for r in refs)
@@ -132,7 +132,7 @@ def test_half_size_token_store_reads_back_float32_within_its_type(tiny_model, tm
     full = extract(tiny_model("bert"), TEXTS, tmp_path / "f", engine="torch", layers="all", tokens=True).store
     half = extract(tiny_model("bert"), TEXTS, tmp_path / "h", engine="torch", layers="all", tokens=True,
                    store_dtype=dtype).store
-    assert half.meta["token_arrays"]["dtype"] == dtype
+    assert half.record.token_arrays.dtype == dtype
     size_full = (full.path / "tokens" / "1.npy").stat().st_size
     size_half = (half.path / "tokens" / "1.npy").stat().st_size
     assert size_half < 0.55 * size_full
@@ -217,9 +217,9 @@ def test_kill_9_mid_run_resumes_to_a_byte_identical_store(bert_export, tmp_path)
     got = extract(bert_export, str(corpus), out, engine="ort", layers="all", poolings=["mean"], tokens=True,
                   batch_tokens=64, resume=True).store
     assert LayerStore.verify(out)[1] == []
-    for rel in sorted(want.meta["checksums"]):
+    for rel in sorted(want.record.checksums):
         assert (out / rel).read_bytes() == (want.path / rel).read_bytes(), rel
-    assert json.loads((out / "store.json").read_text())["token_arrays"] == want.meta["token_arrays"]
+    assert json.loads((out / "store.json").read_text())["token_arrays"] == want.record.token_arrays.to_dict()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -275,9 +275,9 @@ def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, caps
                               "--layers", "0,-1", "--tokens", "--store-dtype", "bfloat16"], capsys)
     assert code == 0, text
     store = LayerStore.open(out)
-    total = store.meta["token_arrays"]["total_tokens"]
+    total = store.record.token_arrays.total_tokens
     assert f"token store: {total:,} tokens x 2 layers x 32 x 2 bytes" in caplog.text
-    assert store.meta["token_arrays"]["layers"] == ["0", "2"] and store.meta["token_arrays"]["dtype"] == "bfloat16"
+    assert store.token_layers == ["0", "2"] and store.record.token_arrays.dtype == "bfloat16"
     code, text = run_cli(["export-store", out, "--tokens", "--format", "parquet"], capsys)
     assert code == 0 and (tmp_path / "store.tokens.parquet").is_file(), text
     code, text = run_cli(["extract", "-m", tiny_model("bert"), "-e", "torch", "-i", corpus, "-o", tmp_path / "x",
@@ -327,7 +327,7 @@ def test_token_safetensors_header_does_not_grow_with_the_texts(tiny_model, tmp_p
     assert header_bytes < 4096, header_bytes  # per-text ids in the header alone would take > 30,000 bytes
     with safe_open(str(path), framework="numpy") as fh:
         assert json.loads(fh.get_tensor("text_ids_json").tobytes()) == store.ids()
-        assert fh.get_tensor("layer_2").shape == (store.tokens(2).total_tokens, store.meta["hidden_size"])
+        assert fh.get_tensor("layer_2").shape == (store.tokens(2).total_tokens, store.hidden_size)
 
 
 def test_a_token_safetensors_file_that_does_not_read_back_is_not_called_written(tiny_model, tmp_path, monkeypatch,

@@ -17,8 +17,27 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.figures import Curve, Figures, Line, Table
+from layerscope.report.image_records import CLS_MAPS
 
 SHOWN = 24  # images drawn with their map in report.html
+
+# What the reports show, declared once: the share of CLS attention on the patches by layer (bootstrap band), the
+# table with the entropy of its spread, and each shown image with its map drawn over it (typed maps).
+FIGURES = Figures(
+    sentence="{n_images} images on a {grid.0}x{grid.1} patch grid; CLS attention on the patches at the last layer "
+             "{last_share_on_patches:.3f}; attention run on {engine} ({attention_precision}).",
+    summary_numbers=("last_share_on_patches", "n_images"),
+    curves=(Curve("layers", (Line("share_on_patches", "share on patches"),), file="cls_attention_share",
+                  per_model=False, title="CLS attention on the patches, by layer",
+                  ylabel="share of CLS attention on patches",
+                  caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
+                          "tokens; the rest stays on CLS and register tokens."),),
+    tables=(Table("layers", ("layer", "share_on_patches", "share_on_patches_ci_low", "share_on_patches_ci_high",
+                             "entropy_over_patches")),),
+    page=("cls maps",),
+    records=(CLS_MAPS,),
+)
 
 
 def cls_maps(patterns: np.ndarray, prefix: int) -> np.ndarray:
@@ -67,6 +86,7 @@ class ClsAttention(Analysis):
         main_score="last_share_on_patches",
         default_poolings=("cls",),
         default_data="scikit-learn's digits (built in, --n of them)",
+        figures=FIGURES,
         options=(
             Option("n", int, 24, "digits to look at when --data is not given"),
             Option("batch_size", int, 8, "images per batch"),
@@ -120,14 +140,3 @@ class ClsAttention(Analysis):
                    "n_images": len(payloads), "engine": runner.engine,
                    "attention_precision": runner.precision}
         return ModelOutput({"summary": summary, "tables": {"layers": table}, "maps": shown})
-
-    def report(self, results) -> str:
-        from layerscope.report.vision_results import ClsAttentionFigures, per_model
-
-        lines = []
-        for model, fig in per_model(results, ClsAttentionFigures).items():
-            lines += [f"## CLS attention: {model}, {fig.n_images} images, {fig.grid[0]}x{fig.grid[1]} patches", "",
-                      "| layer | CLS attention on patches | 95% interval | entropy over patches |", "|---|---|---|---|"]
-            lines += [f"| {r.layer} | {r.value:.3f} | {r.ci_low:.3f} to {r.ci_high:.3f} | {entropy:.3f} |"
-                      for r, entropy in zip(fig.layers, fig.entropy)]
-        return "\n".join(lines)

@@ -15,6 +15,7 @@ digit three" (offline, 1,797 at most).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,30 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.crossmodal_plot import TITLES
+from layerscope.report.figures import Figures, HeatMap
+from layerscope.report.image_records import PAIRS
 
 SELECT = ("mutual_knn", "cka", "a_to_b", "b_to_a")
 THUMBNAILS = 24  # images shown small in report.html
+
+# What the reports show, declared once: the best pair in words (report.md, report.html, the console), a heat map
+# per figure over (image layer, text layer) on report.html, the pairs shown small (their typed records); the PNG
+# with every figure side by side and the best pair marked is drawn by ``plots`` from the typed combined figures.
+FIGURES = Figures(
+    preface="{n} image-caption pairs: {image_model} (images) and {text_model} (captions), every layer pair. "
+            "Best pair: image layer {best.image_layer}, text layer {best.text_layer}: {best.value:.4f} by "
+            "{best.figure} (95% interval of the maximum over all layer pairs {best.ci_low:.4f} to {best.ci_high:.4f}; "
+            "best again in {best.chosen_share:.0%} of resamples; shuffled-pairing p = {best.p:.3g}).",
+    console_preface=True,
+    heatmaps=tuple(HeatMap(f"figures.{name}.value", f"crossmodal_{name}", title=f"{title}: {{image_model}} vs "
+                           "{text_model}", zlabel=title, rows="image_layers", cols="text_layers",
+                           xlabel="text layer", ylabel="image layer", block="", png=False,
+                           caption="{n} image-caption pairs; empty cells are undefined (a layer whose rows are not "
+                                   "distinct).") for name, title in TITLES.items()),
+    page=("crossmodal pairs",),
+    records=(PAIRS,),
+)
 
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -74,6 +96,16 @@ def read_pairs(path: str, image_key: str, caption_key: str) -> list[tuple[str, s
     return pairs
 
 
+@dataclass(frozen=True)
+class Side:
+    """One model's side of the pairs, handed from ``compute`` to ``combine``: ``[layers, pairs, hidden]`` vectors
+    of its first pooling, the layers' names and whether it read the images or the captions."""
+
+    vectors: np.ndarray
+    layers: tuple[str, ...]
+    modality: str
+
+
 @register
 class CrossModalAnalysis(Analysis):
     metadata = AnalysisMetadata(
@@ -84,6 +116,7 @@ class CrossModalAnalysis(Analysis):
         main_score="best_value",
         default_poolings=(),
         default_data="scikit-learn's digits (built in, --n of them)",
+        figures=FIGURES,
         options=(
             Option("n", int, 200, "digits to pair with their captions when --data is not given"),
             Option("image_column", str, "image", "field of the image path in --data"),
@@ -131,7 +164,7 @@ class CrossModalAnalysis(Analysis):
             got = ctx.vectors(run, [caption for _, _, caption in data], layers=layers, poolings=[pooling])
             vectors = np.stack([got[(pooling, layer)] for layer in layers])
         figures = {"summary": {"modality": manifest.modality, "pooling": pooling, "layers": layers}, "tables": {}}
-        return ModelOutput(figures, kept={"vectors": vectors, "layers": layers, "modality": manifest.modality})
+        return ModelOutput(figures, kept=Side(vectors, tuple(layers), manifest.modality))
 
     def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
         from layerscope.metrics.crossmodal import crossmodal
@@ -139,12 +172,12 @@ class CrossModalAnalysis(Analysis):
         o = self.options(ctx)
         names = list(per_model.outputs)
         kept = [per_model.outputs[n].kept for n in names]
-        images = [i for i, k in enumerate(kept) if k["modality"] == "image"]
+        images = [i for i, k in enumerate(kept) if k.modality == "image"]
         if len(images) != 1:
             raise InputError("crossmodal needs one vision export and one text model among the two --model")
         a, b = kept[images[0]], kept[1 - images[0]]
         try:
-            res = crossmodal(a["vectors"], b["vectors"], k=o.k, acc_k=o.acc_k, permutations=o.permutations,
+            res = crossmodal(a.vectors, b.vectors, k=o.k, acc_k=o.acc_k, permutations=o.permutations,
                              bootstrap=o.bootstrap, select=o.select, seed=ctx.spec.seed)
         except ValueError as exc:  # a figure undefined on every layer pair: the vectors of a side coincide
             raise InputError(f"crossmodal: {exc}; the images or the captions give too few distinct vectors: "
@@ -155,45 +188,27 @@ class CrossModalAnalysis(Analysis):
         for name in names:  # the headline belongs to the pair of models: each model's summary shows it
             per_model.outputs[name].figures["summary"].update(
                 best_value=best.value, best_ci_low=best.ci_low, best_ci_high=best.ci_high,
-                best_pair=f"image layer {a['layers'][best.layer_a]}, text layer {b['layers'][best.layer_b]}")
+                best_pair=f"image layer {a.layers[best.layer_a]}, text layer {b.layers[best.layer_b]}")
         return {"image_model": names[images[0]], "text_model": names[1 - images[0]],
-                "image_layers": a["layers"], "text_layers": b["layers"], "n": res.n, "k": res.k,
+                "image_layers": list(a.layers), "text_layers": list(b.layers), "n": res.n, "k": res.k,
                 "acc_k": res.acc_k, "permutations": res.permutations, "bootstrap": res.bootstrap,
                 "pairs": _shown_pairs(data),
                 "figures": figures,
-                "best": {"figure": best.figure, "image_layer": a["layers"][best.layer_a],
-                         "text_layer": b["layers"][best.layer_b], "value": best.value,
+                "best": {"figure": best.figure, "image_layer": a.layers[best.layer_a],
+                         "text_layer": b.layers[best.layer_b], "value": best.value,
                          "ci_low": best.ci_low, "ci_high": best.ci_high, "chosen_share": best.chosen_share,
                          "p": float(res.figures[best.figure].p[best.layer_a, best.layer_b]),
                          "interval": "percentile bootstrap of the maximum over every layer pair"}}
 
     def plots(self, results, out_dir: Path) -> list[str]:
-        from layerscope.report.crossmodal_results import CrossmodalResult
+        """The declared figures, then every figure's heat map side by side with the best pair marked (one PNG)."""
         from layerscope.report.crossmodal_plot import heatmap
-
-        combined = CrossmodalResult.read(results.get("combined"))
-        return [] if combined is None else heatmap(combined, Path(out_dir))
-
-    def report(self, results) -> str:
         from layerscope.report.crossmodal_results import CrossmodalResult
+        from layerscope.report.results import as_results
 
-        c = CrossmodalResult.read(results.get("combined"))
-        if c is None or c.best is None:
-            return ""
-        best = c.best
-        lines = [f"## crossmodal: {c.image_model} (images) and {c.text_model} (captions), {c.n} pairs", "",
-                 f"Best layer pair by {best.figure}: image layer {best.image_layer}, text layer {best.text_layer}: "
-                 f"{best.value:.4f} (95% interval of the maximum over all layer pairs {best.ci_low:.4f} to "
-                 f"{best.ci_high:.4f}; best again in {best.chosen_share:.0%} of resamples; shuffled-pairing "
-                 f"p = {best.p:.3g})", ""]
-        return "\n".join(lines)
-
-    def console_summary(self, results, console) -> None:
-        from rich.markup import escape
-
-        text = self.report(results).splitlines()
-        for line in text[:3]:
-            console.print(escape(line.lstrip("# ")))
+        typed = as_results(results, self.metadata.name)
+        combined = CrossmodalResult.read(typed.combined.extra)
+        return super().plots(typed, out_dir) + ([] if combined is None else heatmap(combined, Path(out_dir)))
 
 
 def _shown_pairs(data) -> list[dict[str, Any]]:

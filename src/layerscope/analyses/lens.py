@@ -229,7 +229,7 @@ class Lens(Analysis):
             out.truncated = int(batch.truncated.sum())
             return out
 
-        return go, meta["head"], (f"{engine.info.name} ({engine.info.provider}) for the hidden states, "
+        return go, meta.head.to_dict(), (f"{engine.info.name} ({engine.info.provider}) for the hidden states, "
                                   f"{lens_file(k)} (ONNX Runtime CPU) for the head")
 
 

@@ -19,6 +19,24 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.report.figures import Curve, Figures, Line, Table
+from layerscope.report.image_records import LENS_IMAGES
+
+# What the reports show, declared once: accuracy by layer with its Wilson interval and chance, the table, and
+# each shown image with the class its best and its last layer pick (a page section over the typed images).
+FIGURES = Figures(
+    sentence="{n_images} images, chance {chance:.2f}; best layer {best_layer} ({best_accuracy:.3f}), last layer "
+             "{last_layer}.",
+    summary_numbers=("best_accuracy", "n_images", "chance"),
+    curves=(Curve("layers", (Line("accuracy", "zero-shot accuracy"),), file="vision_lens_accuracy", per_model=False,
+                  title="Vision lens: zero-shot accuracy by layer", ylabel="zero-shot accuracy", chance="chance",
+                  caption="Each layer's CLS through the tower's final norm and projection, scored against the text "
+                          "prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
+                  band="95% Wilson interval"),),
+    tables=(Table("layers", ("layer", "accuracy", "accuracy_ci_low", "accuracy_ci_high")),),
+    page=("vision lens images",),
+    records=(LENS_IMAGES,),
+)
 
 
 def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
@@ -151,6 +169,7 @@ class VisionLens(Analysis):
         main_score="best_accuracy",
         default_poolings=("cls",),
         default_data="scikit-learn's digits (built in, --n of them)",
+        figures=FIGURES,
         options=(
             Option("n", int, 200, "digits to classify when --data is not given"),
             Option("template", str, "a photo of the digit {}", "the prompt of a class ({} is its label)"),
@@ -193,13 +212,3 @@ class VisionLens(Analysis):
         predictions = {layer: [classes[int(c)] for c in pred] for layer, pred in zip(layers, predicted)}
         return ModelOutput({"summary": summary, "tables": {"layers": rows}, "predictions": predictions,
                             "images": _shown_images(payloads, labels, predictions)})
-
-    def report(self, results) -> str:
-        from layerscope.report.vision_results import VisionLensFigures, per_model
-
-        lines = []
-        for model, fig in per_model(results, VisionLensFigures).items():
-            lines += [f"## vision lens: {model}, {fig.n_images} images, {len(fig.classes)} classes "
-                      f"(chance {fig.chance:.2f})", "", "| layer | zero-shot accuracy | 95% interval |", "|---|---|---|"]
-            lines += [f"| {r.layer} | {r.value:.3f} | {r.ci_low:.3f} to {r.ci_high:.3f} |" for r in fig.layers]
-        return "\n".join(lines)

@@ -85,9 +85,9 @@ def export(
         from layerscope.decoding.lens_onnx import export_lens
 
         meta = export_lens(out, lens_k)
-        c.print(f"[bold green]lens graph[/bold green] {escape(str(out / meta['file']))} (head {meta['head']['kind']}; parity "
-                f"vs torch: rank mismatches {meta['parity']['rank_mismatch_fraction']:.4f}, max prob diff "
-                f"{meta['parity']['max_prob_diff']:.1e})")
+        c.print(f"[bold green]lens graph[/bold green] {escape(str(out / meta.file))} (head {escape(meta.head.kind)}; "
+                f"parity vs torch: rank mismatches {meta.parity.rank_mismatch_fraction:.4f}, max prob diff "
+                f"{meta.parity.max_prob_diff:.1e})")
 
 
 @app.command()

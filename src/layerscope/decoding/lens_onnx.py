@@ -23,17 +23,17 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from layerscope.errors import ExportError, InputError
 from layerscope.export import external
+from layerscope.model.lens_record import LensHead, LensParity, LensSidecar, sidecar_name
 from layerscope.vocab.outputs import hidden_outputs
 
 OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
 TARGET, VALID = "lens.target", "lens.valid"
-LENS_FORMAT = 2  # the head-alone graph over runs of positions; a sidecar of another format is made again
 HEAD_BYTES = 256 * 2**20  # the head's logits held at once: positions x layers x vocabulary x LOGIT_BYTES
 # bytes held per logit during a run: ONNX Runtime keeps every layer's float32 logits and a tensor as large beside
 # them until the run ends (measured: ~8 bytes x positions x layers x vocabulary of peak RSS per run)
@@ -134,8 +134,8 @@ def _share_stored_head(proto, export_dir: Path, manifest) -> int:
 
 
 def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True,
-                say: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Write ``lens-k{k}.onnx`` (+ sidecar json) next to ``model.onnx``; returns the sidecar dict. The files
+                say: Callable[[str], None] | None = None) -> LensSidecar:
+    """Write ``lens-k{k}.onnx`` (+ its sidecar ``lens-k{k}.json``) next to ``model.onnx``; returns the sidecar. The files
     join the export's record of layerscope's files (``--force`` may replace them). ``say``: told a line as each
     stage starts (loading the head, tracing it, sharing its weights, the check against torch), each of which
     may take minutes on a real-size model."""
@@ -145,7 +145,7 @@ def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True,
         return _export_lens(export_dir, k, wrote, check=check, say=say or (lambda _line: None))
 
 
-def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Callable[[str], None]) -> LensSidecar:
     import onnx
 
     from layerscope.decoding.heads import load_decoding_model
@@ -178,36 +178,41 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
     target = out_dir / lens_file(k)
     lens_data = external.data_file(target.name)
     tmp_file = target.with_suffix(".onnx.tmp")
-    wrote.add(target.name, tmp_file.name, lens_data, target.stem + ".json")  # named before they are written
+    wrote.add(target.name, tmp_file.name, lens_data, sidecar_name(k))  # named before they are written
     # what the stored head does not hold (an export made without one): written once, beside the graph
     external.externalize(list(head.graph.initializer), out_dir, lens_data)
     onnx.save(head, str(tmp_file))
     os.replace(tmp_file, target)
     external.check_graph(target)
-    sidecar = {"file": target.name, "format": LENS_FORMAT, "k": k, "head": model.info.to_dict(),
-               "outputs": list(OUTPUTS), "probabilities": PROBABILITIES, "sha256": file_sha256(target),
-               "model_onnx_sha256": handle.manifest.onnx_sha256,
-               "shared_bytes": shared, "shared_with": handle.manifest.lm_head.get("file") if shared else None}
+    parity = None
     if check:
         say(f"lens head 4/4: checking the graph against torch on {len(PARITY_TEXTS)} texts")
         with still(say, "checking the lens head against torch"):
-            sidecar["parity"] = lens_parity(handle, model, target, k)
-        if sidecar["parity"]["rank_mismatch_fraction"] > 0.001 or sidecar["parity"]["max_prob_diff"] > 1e-4:
+            parity = lens_parity(handle, model, target, k)
+        if parity.rank_mismatch_fraction > 0.001 or parity.max_prob_diff > 1e-4:
             target.unlink()
             (out_dir / external.data_file(target.name)).unlink(missing_ok=True)
-            raise ExportError(f"the lens graph does not match torch ({sidecar['parity']}); nothing was kept")
-    (out_dir / (target.stem + ".json")).write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+            raise ExportError(f"the lens graph does not match torch ({parity.to_dict()}); nothing was kept")
+    sidecar = LensSidecar(file=target.name, k=k, head=LensHead(model.info.kind, model.info.description,
+                                                                   model.info.final_norm, tuple(model.info.missing_head_weights)), outputs=OUTPUTS,
+                          probabilities=PROBABILITIES, sha256=file_sha256(target),
+                          model_onnx_sha256=handle.manifest.onnx_sha256, shared_bytes=shared,
+                          shared_with=handle.manifest.lm_head.get("file") if shared else None, parity=parity)
+    sidecar.to_disk(out_dir)
     return sidecar
 
 
-def read_sidecar(handle, k: int) -> dict[str, Any] | None:
-    path = Path(handle.export_dir) / (Path(lens_file(k)).stem + ".json")
+def read_sidecar(handle, k: int) -> LensSidecar | None:
+    """The sidecar of the export's top-``k`` lens graph, or None where there is none to use: no graph, or one made
+    for an earlier model.onnx, in an earlier form or with its softmax in another precision (made again). A
+    garbled sidecar is one line."""
+    path = Path(handle.export_dir) / sidecar_name(k)
     if not path.exists() or not (Path(handle.export_dir) / lens_file(k)).exists():
         return None
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    if meta.get("model_onnx_sha256") != handle.manifest.onnx_sha256 or meta.get("format") != LENS_FORMAT:
-        return None  # made for an earlier model.onnx, or an earlier form of the lens graph
-    if meta.get("probabilities") != PROBABILITIES:
+    meta = LensSidecar.from_disk(path)
+    if meta is None or meta.model_onnx_sha256 != handle.manifest.onnx_sha256 or meta.k != k:
+        return None  # an earlier form of the lens graph, or made for an earlier model.onnx
+    if meta.probabilities != PROBABILITIES:
         return None  # a graph whose softmax ran in another precision
     return meta
 
@@ -276,7 +281,7 @@ def lens_of_export(handle, k: int, inputs: dict[str, np.ndarray]) -> tuple[np.nd
     return run_onnx_lens(head, inputs, hidden, handle.manifest.kind == "decoder", k, int(handle.manifest.vocab_size))
 
 
-def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None) -> dict[str, float]:
+def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None) -> LensParity:
     """ONNX Runtime (CPU) vs the torch computation on a padded batch: rank and top-k agreement."""
     from layerscope.decoding.heads import model_inputs
     from layerscope.decoding.lens import rank_bands, torch_lens
@@ -295,11 +300,11 @@ def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = Non
     outside = (r < lo) | (r > hi)
     rank_mis = float(outside[:, valid].mean())
     top1_mis = float((ids[:, valid, 0] != ref.topk_ids[:, valid, 0]).mean())
-    return {"rank_mismatch_fraction": rank_mis, "rank_tie_rel_tol": RANK_TIE_REL_TOL,
-            "rank_exact_mismatch_fraction": float((r[:, valid] != ref.rank[:, valid]).mean()),
-            "top1_mismatch_fraction": top1_mis,
-            "max_prob_diff": float(np.abs(p[:, valid] - ref.topk_probs[:, valid]).max()),
-            "reference_hidden_states": reference}
+    return LensParity(rank_mismatch_fraction=rank_mis, rank_tie_rel_tol=RANK_TIE_REL_TOL,
+                      rank_exact_mismatch_fraction=float((r[:, valid] != ref.rank[:, valid]).mean()),
+                      top1_mismatch_fraction=top1_mis,
+                      max_prob_diff=float(np.abs(p[:, valid] - ref.topk_probs[:, valid]).max()),
+                      reference_hidden_states=reference)
 
 
 def _reference_hidden(handle, model, inputs):

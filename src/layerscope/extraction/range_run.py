@@ -104,19 +104,19 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> StoreRe
         raise StoreError(f"{store.path}: {todo} of {len(ranges)} ranges are not done ({len(st.claimed)} being "
                          f"written, {len(st.stale)} left by a worker that died, {len(st.missing)} not started); "
                          "run the missing shards (layerscope extract ... --shard status lists them)")
-    reports = [store_ranges.done_report(store.path, r.k) for r in ranges]
-    reports = [r for r in reports if store_ranges.mark_store(r) in (None, store_id(store))]
-    engine = next((r["engine"] for r in reports if r.get("engine")), store.engine_info)
-    variants = {r.get("variant") for r in reports if "variant" in r}
+    marks = [store_ranges.done_mark(store.path, r.k) for r in ranges]
+    marks = [m for m in marks if m.store in (None, store_id(store))]
+    engine = next((m.engine for m in marks if m.engine), store.engine_info)
+    variants = {m.variant for m in marks if m.variant_known}
     if len(variants) > 1:
         raise StoreError(f"{store.path}: its ranges were made with different variants ({sorted(map(str, variants))}: "
                          "--engine auto picked differently on different machines); pass --engine and --variant, "
                          "and redo the store")
     spec = store.spec
-    batch_tokens = next((r["batch_tokens"] for r in reports if r.get("batch_tokens")), None)
+    batch_tokens = next((m.batch_tokens for m in marks if m.batch_tokens), None)
     half = store.half_error
-    for r in reports:  # each range's done mark: (error, cosine) per pooling/layer
-        for key, (err, cos) in (r.get("half_error") or {}).items():
+    for m in marks:  # each range's done mark: (error, cosine) per pooling/layer
+        for key, (err, cos) in m.half_error.items():
             half[key] = half.get(key, HalfError()).worst(err, cos)
     if store.dtype != "float32":
         from layerscope.store.store_dtype import check_error_bar

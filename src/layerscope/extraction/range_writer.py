@@ -24,7 +24,6 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from layerscope.errors import StoreError
 from layerscope.store import store_dtype as sd
 from layerscope.store import store_ranges
 from layerscope.store.npy_files import npy_header
+from layerscope.store.range_marks import DoneMark
 from layerscope.store.store_layout import LENGTHS, TEXTS, array_rel, array_rels
 
 
@@ -100,9 +100,10 @@ class RangeWriter:
                 claim.touch()
         return out, lengths, tokens
 
-    def write(self, r: store_ranges.Range, vectors: dict[str, np.ndarray], lengths: np.ndarray) -> dict[str, Any]:
+    def write(self, r: store_ranges.Range, vectors: dict[str, np.ndarray],
+              lengths: np.ndarray) -> dict[str, tuple[float, float]]:
         """Write the range's rows into every array (and lengths.npy), fsync each file; the half-size error."""
-        errors: dict[str, list[float]] = {}
+        errors: dict[str, tuple[float, float]] = {}
         item = sd.itemsize(self.store_dtype)
         jobs = []
         for p in self.poolings:
@@ -110,7 +111,7 @@ class RangeWriter:
                 rel, rows = array_rel(p, layer), vectors[p][li]
                 if self.store_dtype != "float32":
                     err, cos = sd.error_stats(rows, self.store_dtype)
-                    errors[f"{p}/{layer}"] = [err, cos]
+                    errors[f"{p}/{layer}"] = (float(err), float(cos))
                 offset = self._data_offset(rel) + r.start * self.hidden * item
                 jobs.append((self.store_dir / rel, sd.encode(rows, self.store_dtype).tobytes(), offset,
                              self._files[rel]))
@@ -133,21 +134,21 @@ class RangeWriter:
                 os.close(fd)
         return errors
 
-    def run(self, r: store_ranges.Range, claim: store_ranges.Claim | None = None) -> dict[str, Any]:
-        """Compute range ``r``, make its rows durable, then mark it done; the range's report."""
+    def run(self, r: store_ranges.Range, claim: store_ranges.Claim | None = None) -> DoneMark:
+        """Compute range ``r``, make its rows durable, then mark it done; the range's done mark."""
         t0 = time.perf_counter()
         self.check_store(r)
         vectors, lengths, tokens = self.compute(r, claim)
         t_write = time.perf_counter()
         errors = self.write(r, vectors, lengths)
-        report = {"k": r.k, "start": r.start, "stop": r.stop, "tokens": int(tokens), "host": socket.gethostname(),
-                  "pid": os.getpid(), "seconds": round(time.perf_counter() - t0, 4),
-                  "write_s": round(time.perf_counter() - t_write, 4), "batch_tokens": self.batch_tokens,
-                  "engine": self.eng.info.to_dict(), "half_error": errors,
-                  "variant": _variant(self.eng), "store": self.store_id}
+        mark = DoneMark(k=r.k, start=r.start, stop=r.stop, tokens=int(tokens), host=socket.gethostname(),
+                        pid=os.getpid(), seconds=round(time.perf_counter() - t0, 4),
+                        write_s=round(time.perf_counter() - t_write, 4), batch_tokens=self.batch_tokens,
+                        engine=self.eng.info.to_dict(), half_error=errors, variant=_variant(self.eng),
+                        store=self.store_id)
         self.check_store(r)
-        store_ranges.mark_done(self.store_dir, r.k, report)  # only now: the rows above are on disk
-        return report
+        store_ranges.mark_done(self.store_dir, r.k, mark)  # only now: the rows above are on disk
+        return mark
 
 
 def _variant(eng) -> str | None:

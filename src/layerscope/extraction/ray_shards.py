@@ -44,17 +44,17 @@ class RangeActor:
         claim = None
         while claim is None:
             if store_ranges.is_done(self.store_dir, r.k, self.store_id):  # a retry after the range was written
-                rep = store_ranges.done_report(self.store_dir, r.k)
-                return _row(r, rep.get("tokens", 0), os.getpid(), time.perf_counter() - t0, 0.0, False)
+                mark = store_ranges.done_mark(self.store_dir, r.k)
+                return _row(r, mark.tokens, os.getpid(), time.perf_counter() - t0, 0.0, False)
             self.writer.check_store(r)
             claim = store_ranges.try_claim(self.store_dir, r.k, self.store_id)
             if claim is None:  # a live actor holds it (a retried task beside the original): wait for it
                 time.sleep(0.5)
         try:
-            rep = self.writer.run(r, claim)
+            mark = self.writer.run(r, claim)
         finally:
             claim.release()
-        return _row(r, rep["tokens"], os.getpid(), time.perf_counter() - t0, rep["write_s"], True)
+        return _row(r, mark.tokens, os.getpid(), time.perf_counter() - t0, mark.write_s, True)
 
 
 def _row(r: store_ranges.Range, tokens: int, pid: int, seconds: float, write_s: float, computed: bool) -> dict:

@@ -104,7 +104,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
                 claim.release()
             computed += 1
             rows += r.rows
-            tokens += report["tokens"]
+            tokens += report.tokens
     run_seconds = time.perf_counter() - t_run
     record = _finish_if_last(store)
     work = RangeWork(len(mine), computed, len(mine) - len(todo), held_elsewhere=claimed, shard=(index, count),

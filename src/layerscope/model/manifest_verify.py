@@ -3,11 +3,11 @@ graph and sizes (``manifest.verify_export``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from layerscope.errors import ManifestError
 from layerscope.hashing import file_sha256
+from layerscope.model.lens_record import LensSidecar
 from layerscope.model.manifest import read_manifest, verify_export
 from layerscope.model.manifest_check import member
 
@@ -40,10 +40,10 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
             expected[rel] = (rec or {}).get("sha256")
     for sidecar in sorted(export_dir.glob("lens-k*.json")):
         try:
-            meta = json.loads(sidecar.read_text(encoding="utf-8"))
-            expected[meta["file"]] = meta["sha256"]
-        except (OSError, ValueError, KeyError, TypeError):
-            problems.append(f"{sidecar.name} (a lens graph's sidecar) cannot be read")
+            graph, digest = LensSidecar.checksum(sidecar)
+            expected[graph] = digest
+        except ManifestError as exc:  # names the file and the field
+            problems.append(str(exc))
     checked = 0
     for rel, digest in expected.items():
         try:

@@ -1,34 +1,26 @@
-"""crossmodal's combined figures read back from results.json, typed: what its report.md, heat map and report.html
-draw (analyses/crossmodal.py writes them; report/crossmodal_plot.py and report/html_views.py draw them).
+"""crossmodal's combined figures read back from results.json, typed: what its heat map PNG draws
+(analyses/crossmodal.py writes them and declares what report.md and report.html show; report/crossmodal_plot.py
+draws the PNG), each figure the ``Figure`` metrics/crossmodal.py computes.
 
-``CrossmodalResult.read(doc["combined"], where)`` checks the shape once (every figure a grid of image layers by
+``CrossmodalResult.read(results.combined.extra, where)`` checks the shape once (every figure a grid of image layers by
 text layers, the best pair one of those layers) and says in one line what is wrong with a file that was edited
 or written by another version; the readers then use fields, never string keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 import numpy as np
 
 from layerscope.errors import InputError
+from layerscope.metrics.crossmodal import Figure
 from layerscope.report.results_fields import number_or_nan as _number
 
-FIGURE_FIELDS = ("value", "null_mean", "p", "ci_low", "ci_high")
-
-
-@dataclass(frozen=True)
-class PairGrid:
-    """One figure over every (image layer, text layer) pair, each array ``[image layers, text layers]`` (NaN:
-    undefined, saved as null): the figure, its shuffled-pairing null mean and p, its 95% bootstrap interval."""
-
-    value: np.ndarray
-    null_mean: np.ndarray
-    p: np.ndarray
-    ci_low: np.ndarray
-    ci_high: np.ndarray
+# One figure over every (image layer, text layer) pair as metrics/crossmodal.py computes it and results.json keeps
+# it: each array ``[image layers, text layers]`` (NaN: undefined, saved as null).
+FIGURE_FIELDS = tuple(f.name for f in fields(Figure))
 
 
 @dataclass(frozen=True)
@@ -52,7 +44,7 @@ class CrossmodalResult:
     image_layers: tuple[str, ...]
     text_layers: tuple[str, ...]
     n: int
-    figures: Mapping[str, PairGrid]
+    figures: Mapping[str, Figure]
     best: BestPair | None
 
     @property
@@ -79,7 +71,7 @@ class CrossmodalResult:
         figures = {}
         for name, fig in _mapping(c["figures"]).items():
             grids = [_grid(_mapping(fig)[f], (len(rows), len(cols)), f"{name}.{f}") for f in FIGURE_FIELDS]
-            figures[str(name)] = PairGrid(*grids)
+            figures[str(name)] = Figure(*grids)
         best = None
         if c.get("best") is not None:
             b = _mapping(c["best"])

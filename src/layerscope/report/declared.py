@@ -223,9 +223,10 @@ def sections(decl, results) -> list:
             caption = curve.caption + (" Dashed line: chance." if _chance(results, curve) is not None else "")
             if rel:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
+            band = {"band": curve.band} if curve.band else {}
             charts.append(layer_curves(series, title=title, ylabel=_text(decl, results, curve.ylabel), caption=caption,
                                        relative=rel, hline=_chance(results, curve), xlabel=curve.xlabel,
-                                       from_zero=curve.from_zero))
+                                       from_zero=curve.from_zero, **band))
     from layerscope.report import declared_grids
 
     charts += declared_grids.charts(decl, results, fill)
@@ -260,6 +261,12 @@ def page_sections(decl, results) -> list:
             from layerscope.report.attention_html import viewer_section as make
         elif name == "explain pairs":
             from layerscope.report.explain_figs import pair_section as make
+        elif name == "crossmodal pairs":
+            from layerscope.report.image_html import crossmodal_section as make
+        elif name == "vision lens images":
+            from layerscope.report.image_html import vision_lens_section as make
+        elif name == "cls maps":
+            from layerscope.report.image_html import cls_maps_section as make
         else:
             raise ValueError(f"no report.html section named {name!r}")
         section = make(results)
@@ -295,6 +302,8 @@ def console_summary(decl, results, console) -> None:
     from layerscope.report.console import esc
     from layerscope.report.writer import fmt
 
+    if decl.console_preface and decl.preface:
+        console.print(fill(decl.preface, _preface_values(decl, results), esc), soft_wrap=True)
     for model, fig in results.per_model.items():
         if decl.sentence:
             console.print(f"{esc(model)}: {fill(decl.sentence, fig.summary, esc)}", soft_wrap=True)

@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from layerscope.report.templates import fill
+from layerscope.report.results_fields import combined_block
+from layerscope.report.templates import fill, lookup
 
 
 def _plain(text: str) -> str:
@@ -68,10 +69,11 @@ def grids(decl, results, fill) -> list[Grid]:
     out = []
     for spec in decl.heatmaps:
         if spec.block is not None:
-            block = results.combined.value(spec.block)
+            block = combined_block(results, spec)
             if not isinstance(block, dict):
                 continue
-            got = _matrix(block.get(spec.value), *_labels(spec, block.get(spec.value), block.get))
+            matrix = lookup(block, spec.value, None)
+            got = _matrix(matrix, *_labels(spec, matrix, block.get))
             values = {**{k: v for k, v in block.items() if isinstance(v, (str, int, float))}, "about": about}
             if got is not None:
                 out.append(Grid(spec, spec.file, fill(spec.title, values, _plain), fill(spec.caption, values, _plain),
@@ -139,6 +141,8 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
     made = grids(decl, results, fill)
     shared = scale(made)
     for g in made:
+        if not g.spec.png:
+            continue
         low, high = _range(g, shared)
         files.append(heatmap(Path(out_dir) / f"{g.file}.png", [[math.nan if v is None else v for v in row]
                                                                  for row in g.matrix], g.rows, g.cols,

@@ -54,6 +54,7 @@ class Curve:
     logx: bool = False  # x is a number (dimensions kept, say), on a log axis
     label: str = ""  # a template over a group's first row naming its line ("pair {pair} at {layer}")
     most: int | None = None  # at most this many lines of each model (the first ones)
+    band: str = ""  # report.html's name of the band (default: the 95% interval's usual name)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ class Listing:
 class HeatMap:
     """A matrix as coloured cells: each model's ``value`` (rows of numbers, None for an undefined cell, kept
     beside the tables), its rows labelled by the list ``rows`` and its columns by ``cols`` (default: ``rows``);
-    with ``block``, one matrix of the run's combined figures, read from that dict of them.
+    with ``block``, one matrix of the run's combined figures, read from that dict of them (``""``: the combined
+    figures themselves), the labels' lists named in the same dict.
 
     ``rows`` or ``cols`` a number: the rows (columns) are counted from it instead (layers from 1, heads from 0);
     ``value`` may be a dotted path (``grids.entropy``).
@@ -115,7 +117,8 @@ class HeatMap:
     ``title`` and ``caption`` are templates over the model's summary (or the block's fields) with ``model`` and
     ``about`` (``Figures.about``); ``scale``: the colour scale's least range, widened to hold every value of every
     heat map of the run that declares one, so equal colours are equal values across them; ``markdown``: the
-    matrix is also a table in report.md and on the console. Several models: one PNG each, ``FILE_<i>.png``."""
+    matrix is also a table in report.md and on the console; ``png=False``: drawn on report.html only. Several
+    models: one PNG each, ``FILE_<i>.png``."""
 
     value: str
     file: str
@@ -129,6 +132,7 @@ class HeatMap:
     block: str | None = None
     scale: tuple[float, float] | None = None
     markdown: bool = False
+    png: bool = True
 
 
 @dataclass(frozen=True)
@@ -157,10 +161,11 @@ class Records:
     """A list each model keeps beside its tables (``value``: the viewer's texts, the pairs shown), each item a
     typed record: ``read(item, where)`` (a frozen type's reader) returns it or raises ``results_fields.Bad``
     naming the bad field. Checked when results.json is read; page sections get the records typed
-    (``ModelFigures.records``)."""
+    (``ModelFigures.records``). ``combined``: the list is kept in the run's combined figures instead."""
 
     value: str
     read: Callable[[Any, str], Any]
+    combined: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,7 @@ class Figures:
     bars: tuple[Bars, ...] = ()
     about: Callable[[Any], str] | None = None  # typed results -> the line titles carry as {about} (data, vectors)
     preface: str = ""  # report.md's and report.html's words before the models': the combined figures and {about}
+    console_preface: bool = False  # the console shows the preface too (where it holds the run's headline)
     page: tuple[str, ...] = ()  # report.html's own sections after the charts, by name ("neighbours": alignment's)
     files: tuple[str, ...] = ()  # pages of its own beside the report, by name ("saliency.html": token highlights)
     records: tuple[Records, ...] = ()  # lists of typed records kept beside the tables (checked on load)

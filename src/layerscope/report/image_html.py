@@ -1,4 +1,6 @@
-"""report.html's image thumbnails: the images an image analysis read, small, beside their text.
+"""report.html's image thumbnails: the images an image analysis read, small, beside their text (the page sections
+``crossmodal pairs``, ``vision lens images`` and ``cls maps`` that the image analyses declare, drawn from their
+typed records, report/image_records.py).
 
 Results carry each shown image as a base64 PNG of a downscaled copy (data/images.py ``thumbnail_png``).
 Nothing of it reaches the page as it was read: the bytes are decoded, opened as a PNG, shrunk again to
@@ -10,7 +12,7 @@ is not a PNG is left out with a note.  Never a path: the page loads nothing from
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, Callable, Sequence
 
 MAX_PIXELS = 64
 MAX_SHOWN = 48
@@ -49,78 +51,67 @@ def png_data_uri(b64: Any) -> str | None:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def thumbnail_strip(items: list[dict[str, Any]], lines) -> str:
-    """HTML of the thumbnails of ``items`` (dicts with ``thumbnail``), each captioned by ``lines(item)``
-    (text, escaped here); at most ``MAX_SHOWN``."""
+def thumbnail_strip(items: Sequence[Any], lines: Callable[[Any], list[str]]) -> str:
+    """HTML of the thumbnails of typed ``items`` (each with ``id`` and ``thumbnail``; those without a thumbnail
+    are left out), each captioned by ``lines(item)`` (text, escaped here); at most ``MAX_SHOWN``."""
+    with_picture = [item for item in items if item.thumbnail is not None]
     parts = []
-    for item in items[:MAX_SHOWN]:
-        if not isinstance(item, dict) or "thumbnail" not in item:
-            continue
+    for item in with_picture[:MAX_SHOWN]:
         caption = "<br>".join(html.escape(str(line)) for line in lines(item))
-        uri = png_data_uri(item.get("thumbnail"))
-        picture = (f"<img src='{uri}' alt='{html.escape(str(item.get('id', '')), quote=True)}'>" if uri else
+        uri = png_data_uri(item.thumbnail)
+        picture = (f"<img src='{uri}' alt='{html.escape(item.id, quote=True)}'>" if uri else
                    "<div class='miss'>(not a PNG: left out)</div>")
         parts.append(f"<figure>{picture}<figcaption>{caption}</figcaption></figure>")
     if not parts:
         return ""
-    more = len([i for i in items if isinstance(i, dict) and "thumbnail" in i]) - len(parts)
+    more = len(with_picture) - len(parts)
     tail = f"<p class='note'>{more:,} more not shown.</p>" if more > 0 else ""
     return f"<div class='thumbs'>{''.join(parts)}</div>{tail}"
 
 
-def crossmodal_thumbnails(combined: dict[str, Any]) -> str:
-    """The image-caption pairs a crossmodal run shows (its first ones), each with its caption."""
-    pairs = [p for p in combined.get("pairs") or [] if isinstance(p, dict)]
-    strip = thumbnail_strip(pairs, lambda p: [p.get("caption", "")])
-    if not strip:
-        return ""
-    return f"<h3>Pairs (the first {min(len([p for p in pairs if 'thumbnail' in p]), MAX_SHOWN)})</h3>{strip}"
+def _section(anchor: str, title: str, parts: list[str]):
+    from layerscope.report.html_figures import Section
+
+    return Section(anchor, title, html="".join(parts), css=CSS) if parts else None
 
 
-def vision_lens_views(results: dict[str, Any], section, curves, table_series) -> list:
-    """report.html of the vision lens: zero-shot accuracy by layer (band: Wilson interval), then each shown
-    image with its label and the class its best and its last layer pick."""
-    sections = []
-    charts = curves(results, table_series(results, "layers", "accuracy", group="pooling"),
-                    title="Vision lens: zero-shot accuracy by layer", ylabel="zero-shot accuracy",
-                    caption="Each layer's CLS through the tower's final norm and projection, scored against the "
-                            "text prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
-                    band="95% Wilson interval")
-    from layerscope.report.vision_results import VisionLensFigures, per_model
+def crossmodal_section(results):
+    """The image-caption pairs a crossmodal run shows (its first ones), each with its caption (None: none kept)."""
+    from layerscope.report.image_records import PAIRS
 
-    parts = []
-    for model, fig in per_model(results, VisionLensFigures).items():
-        best, last = fig.best_layer, fig.last_layer
-
-        def lines(item, best=best, last=last):
-            picked = item.get("predicted") or {}
-            if not isinstance(picked, dict):
-                picked = {}
-            return [f"label: {item.get('label', '')}", f"layer {best}: {picked.get(best, '')}",
-                    f"layer {last}: {picked.get(last, '')}"]
-
-        strip = thumbnail_strip(list(fig.images), lines)
-        if strip:
-            parts.append(f"<h3>{html.escape(str(model))}: images and what the best and the last layer "
-                         f"pick</h3>{strip}")
-    sections.append(section("figures", "Zero-shot accuracy and images", charts, html="".join(parts), css=CSS))
-    return sections
+    pairs = results.combined.records(PAIRS)
+    strip = thumbnail_strip(pairs, lambda p: [p.caption])
+    shown = min(len([p for p in pairs if p.thumbnail is not None]), MAX_SHOWN)
+    return _section("pairs", "Image-caption pairs", [f"<h3>Pairs (the first {shown})</h3>{strip}"] if strip else [])
 
 
-def cls_attention_views(results: dict[str, Any], section, curves, table_series) -> list:
-    """report.html of cls_attention: the share of CLS attention on the patches by layer, then each shown image
-    with the last layer's CLS attention drawn over it in red."""
-    charts = curves(results, table_series(results, "layers", "share_on_patches"),
-                    title="CLS attention on the patches, by layer", ylabel="share of CLS attention on patches",
-                    caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
-                            "tokens; the rest stays on CLS and register tokens.")
-    from layerscope.report.vision_results import ClsAttentionFigures, per_model
+def vision_lens_section(results):
+    """Each model's shown images with their label and the class its best and its last layer pick."""
+    from layerscope.report.image_records import LENS_IMAGES, LensPicks
+    from layerscope.report.results import read_record
 
     parts = []
-    for model, fig in per_model(results, ClsAttentionFigures).items():
-        strip = thumbnail_strip(list(fig.maps),
-                                lambda item: [f"label: {item.get('label', '')}", f"layer {item.get('layer', '')}"])
+    for model, fig in results.per_model.items():
+        picks = read_record(LensPicks.read, fig.summary, f"per_model.{model}.summary")
+
+        def lines(item, best=picks.best_layer, last=picks.last_layer):
+            return [f"label: {item.label}", f"layer {best}: {item.predicted.get(best, '')}",
+                    f"layer {last}: {item.predicted.get(last, '')}"]
+
+        strip = thumbnail_strip(fig.records(LENS_IMAGES), lines)
         if strip:
-            parts.append(f"<h3>{html.escape(str(model))}: where the CLS token looks (red: more attention, from "
-                         f"none at each map's minimum to the most at its maximum)</h3>{strip}")
-    return [section("figures", "CLS attention", charts, html="".join(parts), css=CSS)]
+            parts.append(f"<h3>{html.escape(model)}: images and what the best and the last layer pick</h3>{strip}")
+    return _section("images", "Images", parts)
+
+
+def cls_maps_section(results):
+    """Each model's shown images with the last layer's CLS attention drawn over them in red."""
+    from layerscope.report.image_records import CLS_MAPS
+
+    parts = []
+    for model, fig in results.per_model.items():
+        strip = thumbnail_strip(fig.records(CLS_MAPS), lambda m: [f"label: {m.label}", f"layer {m.layer}"])
+        if strip:
+            parts.append(f"<h3>{html.escape(model)}: where the CLS token looks (red: more attention, from none at "
+                         f"each map's minimum to the most at its maximum)</h3>{strip}")
+    return _section("maps", "CLS attention maps", parts)

@@ -114,11 +114,8 @@ class ModelFigures:
         items = self.value(spec.value)
         if not isinstance(items, list):
             return ()
-        try:
-            return tuple(spec.read(item, f"{spec.value}[{i}]") for i, item in enumerate(items))
-        except _Bad as exc:  # a document handed in unchecked (a library caller's): one line all the same
-            raise GarbledResults(f"results: {exc}; it was edited or written by another version: re-run layerscope "
-                                 "run", str(exc)) from None
+        # a document handed in unchecked (a library caller's): a bad item is one line all the same
+        return tuple(read_record(spec.read, item, f"{spec.value}[{i}]") for i, item in enumerate(items))
 
     @classmethod
     def read(cls, doc: Any, where: str) -> ModelFigures:
@@ -391,6 +388,16 @@ class DataInfo:
         return cls(origin=text("origin"), label=text("label"),
                    n=n if isinstance(n, int) and not isinstance(n, bool) else None, pooling=text("pooling"),
                    tokens=bool(doc.get("tokens")))
+
+
+def read_record(read, doc: Any, where: str) -> Any:
+    """``read(doc, where)``, a typed record's reader over part of a document already read; a bad field is one
+    line (``GarbledResults``)."""
+    try:
+        return read(doc, where)
+    except _Bad as exc:
+        raise GarbledResults(f"results: {exc}; it was edited or written by another version: re-run layerscope "
+                             "run", str(exc)) from None
 
 
 def as_results(results: Results | dict[str, Any], analysis: str | None = None) -> Results:

@@ -8,6 +8,8 @@ import math
 from pathlib import PurePosixPath
 from typing import Any
 
+from layerscope.report.templates import lookup
+
 
 class Bad(Exception):
     """A field of the document that is not what layerscope writes (turned into one InputError line)."""
@@ -65,14 +67,30 @@ def check_declared(results, figures) -> None:
             if grid.block is None and fig.at(grid.value) is not None:
                 _grid(fig.at(grid.value), f"per_model.{model}.{grid.value}")
         for spec in getattr(figures, "records", ()):  # each item read by its typed reader, which names a bad field
-            items = fig.value(spec.value)
-            if items is not None:
-                for i, item in enumerate(need(items, list, f"per_model.{model}.{spec.value}")):
-                    spec.read(item, f"per_model.{model}.{spec.value}[{i}]")
+            if not spec.combined:
+                _records(spec, fig, f"per_model.{model}")
+    for spec in getattr(figures, "records", ()):
+        if spec.combined:
+            _records(spec, results.combined, "combined")
     for grid in getattr(figures, "heatmaps", ()):
-        block = results.combined.value(grid.block) if grid.block is not None else None
-        if isinstance(block, dict) and block.get(grid.value) is not None:
-            _grid(block.get(grid.value), f"combined.{grid.block}.{grid.value}")
+        if grid.block is None:
+            continue
+        block = combined_block(results, grid)
+        matrix = lookup(block, grid.value, None) if isinstance(block, dict) else None
+        if matrix is not None:
+            _grid(matrix, ".".join(p for p in ("combined", grid.block, grid.value) if p))
+
+
+def combined_block(results, spec) -> Any:
+    """The dict of the run's combined figures a heat map's ``block`` names (``""``: the combined figures)."""
+    return results.combined.extra if spec.block == "" else results.combined.value(spec.block)
+
+
+def _records(spec, fig, where: str) -> None:
+    items = fig.value(spec.value)
+    if items is not None:
+        for i, item in enumerate(need(items, list, f"{where}.{spec.value}")):
+            spec.read(item, f"{where}.{spec.value}[{i}]")
 
 
 def _grid(value: Any, where: str) -> None:

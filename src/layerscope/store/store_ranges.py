@@ -40,6 +40,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from layerscope.store.range_marks import ClaimRecord, DoneMark, marked_store
 from layerscope.store.store_layout import OFFSETS, StoreLayout, range_mark_glob
 
 GRANULE = 256  # rows between recorded byte offsets of texts.jsonl; range sizes are multiples of it
@@ -146,9 +147,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-MAX_PID = 1 << 22  # Linux's largest pid_max; a larger "pid" was not written by a worker
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -176,45 +174,29 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def claim_problem(info: Any) -> str | None:
-    """Why a parsed claim cannot have been written by a worker, or None when it is well formed."""
-    if not isinstance(info, dict):
-        return f"it holds a JSON {type(info).__name__}, not a claim"
-    pid = info.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
-        return f"its pid {str(pid)[:40]!r} is not a process id"
-    if not isinstance(info.get("host"), str):
-        return "it names no host"
-    started = info.get("started")
-    if started is not None and (not isinstance(started, int) or isinstance(started, bool)):
-        return f"its start time {str(started)[:40]!r} is not a number"
-    if info.get("boot") is not None and not isinstance(info.get("boot"), str):
-        return "its boot id is not text"
-    return None
-
-
 def claim_is_stale(path: Path, *, now: float | None = None, store_id: str | None = None) -> bool:
     """Whether the claim at ``path`` belongs to a worker that is gone, to another store, or is damaged
     (see the module's notes)."""
-    info = _read_json(path)
+    doc = _read_json(path)
     try:
         touched = path.stat().st_mtime
     except FileNotFoundError:
         return False  # released meanwhile: nothing to take over
-    if info is None:  # half-written by a worker killed inside os.write: stale once the lease is over
+    if doc is None:  # half-written by a worker killed inside os.write: stale once the lease is over
         return (now or time.time()) - touched > LEASE_S
-    if claim_problem(info):
+    claim = ClaimRecord.read(doc)
+    if claim is None:  # damaged: no worker wrote it
         return True
-    if store_id and info.get("store") not in (None, store_id):
+    if store_id and claim.store not in (None, store_id):
         return True  # written for a store deleted since; its writer is refused before each range
-    if info["host"] == socket.gethostname():
+    if claim.host == socket.gethostname():
         boot = boot_id()
-        if info.get("boot") and boot and info["boot"] != boot:
+        if claim.boot and boot and claim.boot != boot:
             return True  # written before this machine last started
-        if not _alive(info["pid"]):
+        if not _alive(claim.pid):
             return True
-        started = start_time(info["pid"])
-        return info.get("started") is not None and started is not None and started != info["started"]
+        started = start_time(claim.pid)
+        return claim.started is not None and started is not None and started != claim.started
     return (now or time.time()) - touched > LEASE_S
 
 
@@ -231,8 +213,8 @@ class Claim:
             pass
 
     def held(self) -> bool:
-        info = _read_json(self.path)
-        return isinstance(info, dict) and info.get("token") == self.token
+        claim = ClaimRecord.read(_read_json(self.path))
+        return claim is not None and claim.token == self.token
 
     def release(self) -> None:
         if self.held():
@@ -272,8 +254,8 @@ def try_claim(store_dir: Path, k: int, store_id: str | None = None) -> Claim | N
             os.unlink(moved)
             continue
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"host": socket.gethostname(), "pid": os.getpid(), "started": start_time(os.getpid()),
-                       "boot": boot_id(), "token": token, "since": time.time(), "store": store_id}, fh)
+            json.dump(ClaimRecord(socket.gethostname(), os.getpid(), start_time(os.getpid()), boot_id(), token,
+                                  time.time(), store_id).to_json(), fh)
         if is_done(store_dir, k, store_id):  # finished by someone between our check and our claim
             os.unlink(path)
             return None
@@ -289,13 +271,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def mark_done(store_dir: Path, k: int, report: dict[str, Any]) -> None:
+def mark_done(store_dir: Path, k: int, mark: DoneMark) -> None:
     """Record range ``k`` as durable. Call only after its rows were written and fsync'd."""
     final = done_path(store_dir, k)
     final.parent.mkdir(exist_ok=True)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(report, fh)
+        json.dump(mark.to_json(), fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, final)
@@ -307,12 +289,7 @@ def is_done(store_dir: Path, k: int, store_id: str | None = None) -> bool:
     path = done_path(store_dir, k)
     if not path.exists():
         return False
-    return store_id is None or mark_store(_read_json(path)) in (None, store_id)
-
-
-def mark_store(report: Any) -> str | None:
-    """The store identity a done mark or claim names (None: none recorded)."""
-    return report.get("store") if isinstance(report, dict) and isinstance(report.get("store"), str) else None
+    return store_id is None or marked_store(_read_json(path)) in (None, store_id)
 
 
 def foreign_marks(store_dir: Path, store_id: str | None) -> list[int]:
@@ -321,15 +298,17 @@ def foreign_marks(store_dir: Path, store_id: str | None) -> list[int]:
         return []
     found = []
     for path in sorted(_dir(store_dir).glob(range_mark_glob("done"))):
-        mark = mark_store(_read_json(path))
+        mark = marked_store(_read_json(path))
         if mark is not None and mark != store_id and path.stem.isdigit():
             found.append(int(path.stem))
     return found
 
 
-def done_report(store_dir: Path, k: int) -> dict[str, Any]:
-    report = _read_json(done_path(store_dir, k))
-    return report if isinstance(report, dict) else {}
+def done_mark(store_dir: Path, k: int) -> DoneMark:
+    """Range ``k``'s done mark, read (one that is missing or cannot be parsed records nothing; an ill-typed field
+    is one line)."""
+    path = done_path(store_dir, k)
+    return DoneMark.read(_read_json(path), path, k)
 
 
 def status(store_dir: Path, ranges: list[Range], done_rows: np.ndarray | None = None,
