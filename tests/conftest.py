@@ -34,19 +34,12 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """In a pytest-xdist worker (``scripts/test.sh`` runs two), the files that take longest start first: those
-    holding a ``long`` test, then those holding a ``slow`` or ``ray`` one, then the rest, each file's tests
-    together and in their order. ``scripts/test.sh`` hands whole files to the workers in this order
-    (``--dist loadfile --no-loadscope-reorder``), so a long file never starts when the other worker has little
-    left to do. A run in one process keeps the collection order."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    rank: dict[Path, int] = {}
-    for item in items:
-        mark = 0 if item.get_closest_marker("long") else 1 if (item.get_closest_marker("slow") or
-                                                               item.get_closest_marker("ray")) else 2
-        rank[item.path] = min(rank.get(item.path, 2), mark)
-    items.sort(key=lambda item: rank[item.path])  # stable: each file's tests stay together and in order
+    """In a pytest-xdist worker (``scripts/test.sh`` runs two) the files that take longest come first (see
+    ``parallel_order.longest_files_first``); a run in one process keeps the collection order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from parallel_order import longest_files_first
+
+        longest_files_first(items)
 
 from tiny_models import FAMILIES, build_tiny_model  # noqa: E402
 
