@@ -32,6 +32,15 @@ import pytest  # noqa: E402
 def pytest_unconfigure(config):
     shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
+
+def pytest_collection_modifyitems(config, items):
+    """In a pytest-xdist worker (``scripts/test.sh`` runs two) the files that take longest come first (see
+    ``parallel_order.longest_files_first``); a run in one process keeps the collection order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from parallel_order import longest_files_first
+
+        longest_files_first(items)
+
 from tiny_models import FAMILIES, build_tiny_model  # noqa: E402
 
 

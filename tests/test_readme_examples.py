@@ -150,6 +150,7 @@ def _small_sts(real: Path, dest: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_every_example_of_the_readme_and_usage_runs_as_written(tmp_path, sts_dir, minilm_export):
     """Catches: a documented command or Python line that errors on a fresh machine (a pooling the store does
     not hold, an import path that is not public, an option that was renamed). The fresh home starts with
