@@ -98,3 +98,13 @@ def test_a_token_store_made_on_torch_holds_hugging_face_hidden_states(zoo, tmp_p
             np.testing.assert_allclose(tokens.text(i), ref[i][mask[i]].astype(np.float16).astype(np.float32),
                                        rtol=2e-3, atol=1e-3, err_msg=f"text {i} layer {layer}")
         np.testing.assert_allclose(store["mean", layer], pool(ref, batch.mask, "mean"), rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gpt2"])
+def test_every_hidden_state_forward_builds_no_key_value_cache(model_type, zoo):
+    """The forward that asks for every hidden state (token runs without hooks, analyses) leaves no cache of
+    every block's keys and values alive beside them."""
+    eng = create_engine("torch", zoo(model_type))
+    _, hidden, out = eng.forward(eng.encoder()(TEXTS))
+    assert len(hidden) == eng.manifest.num_layers + 1
+    assert getattr(out, "past_key_values", None) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine, pool_states
@@ -24,6 +25,8 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
     import torch
 
     feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in inputs.items()}
+    if "use_cache" in inspect.signature(net.forward).parameters:  # a decoder's cache holds every block's
+        feed["use_cache"] = False  # keys and values to the end of the forward, and nothing here reads them
     with torch.inference_mode():
         out = net(**feed, output_hidden_states=True, return_dict=True)
         # the rows of the word-embedding matrix, whatever the module adds (Gemma scales them in its forward)
