@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator
 
 from layerscope.errors import InputError
 from layerscope.vocab.layers import layer_names
@@ -149,6 +149,17 @@ class Engine(ABC):
 
         recipe = st_recipe(self.manifest) if ST in poolings else None
         return with_st(poolings, compute, recipe), states
+
+    def run_keeping_tokens(self, batch: Batch, layers: list[str], poolings: list[str], token_layers: list[str],
+                           keep: Callable[[str, np.ndarray], Any]) -> tuple[dict[str, np.ndarray], list[Any]]:
+        """``(run(...), [keep(layer, states) for layer in token_layers])`` from one forward pass: ``keep`` gets
+        a layer of ``token_layers`` (a subset of ``layers``) as float32 ``[batch, seq, hidden]`` and returns what
+        the caller holds of it. Here every layer's states exist at once (``run_with_tokens``); an engine that
+        hands over each layer as its block produces it (the PyTorch engines) overrides this to hold no more."""
+        pooled, states = self.run_with_tokens(batch, layers, poolings)
+        by_name = dict(zip(layers, states))
+        del states
+        return pooled, [keep(layer, by_name.pop(layer)) for layer in token_layers]
 
     def close(self) -> None:
         """Release sessions and memory."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine, pool_states
@@ -24,6 +25,8 @@ def torch_forward(net, word_embeddings, inputs: dict[str, np.ndarray], device="c
     import torch
 
     feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in inputs.items()}
+    if "use_cache" in inspect.signature(net.forward).parameters:  # a decoder's cache holds every block's
+        feed["use_cache"] = False  # keys and values to the end of the forward, and nothing here reads them
     with torch.inference_mode():
         out = net(**feed, output_hidden_states=True, return_dict=True)
         # the rows of the word-embedding matrix, whatever the module adds (Gemma scales them in its forward)
@@ -245,6 +248,31 @@ class TorchEngine(Engine):
             return self._pool_on_device(batch, layers, poolings)
         states = self.run_tokens(batch, layers)
         return {mode: np.stack([pool_states(self.manifest, batch, s, mode) for s in states]) for mode in poolings}
+
+    def run_keeping_tokens(self, batch: Batch, layers: list[str], poolings: list[str], token_layers: list[str],
+                           keep):
+        """As ``Engine.run_keeping_tokens``, each layer handed over by the block hooks as it is produced
+        (engines/torch_pooled.py): the model is never asked for every hidden state at once."""
+        blocks = getattr(*self.block_slot) if self.block_slot is not None and not self.vision else None
+        if not blocks:
+            return super().run_keeping_tokens(batch, layers, poolings, token_layers, keep)
+        from layerscope.engines.torch_pooled import HookMissed, pooled_and_kept
+
+        check_depth(layers, self.depth, self.name)
+        kept: list = []
+
+        def compute(modes: list[str]) -> dict[str, np.ndarray]:
+            pooled, got = pooled_and_kept(self, batch, layers, modes, token_layers, keep, blocks)
+            kept.extend(got)
+            return pooled
+
+        recipe = st_recipe(self.manifest) if ST in poolings else None
+        try:
+            return with_st(poolings, compute, recipe), kept
+        except HookMissed as exc:
+            self.block_slot = None
+            self.info.notes.append(f"pooled runs keep every hidden state until pooled: {exc}")
+            return super().run_keeping_tokens(batch, layers, poolings, token_layers, keep)
 
     def _pool_on_device(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         """Pool on the device in fp32 and copy back only ``[layers, batch, hidden]`` per pooling."""

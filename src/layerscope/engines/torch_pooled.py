@@ -111,3 +111,34 @@ def pooled_by_layer(engine, batch: Batch, layers: list[str], poolings: list[str]
         if "raw" in layers:  # the rows of the word-embedding matrix, as run_tokens gives them
             take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
     return {m: np.stack([pooled[n][m] for n in layers]) for m in poolings}
+
+
+def pooled_and_kept(engine, batch: Batch, layers: list[str], poolings: list[str], token_layers: list[str],
+                    keep: Callable[[str, np.ndarray], object], blocks) -> tuple[dict[str, np.ndarray], list]:
+    """``({pooling: [layers, batch, hidden]}, [keep(layer, states) for layer in token_layers])`` of a text
+    batch from one forward pass, each layer pooled (and, in ``token_layers``, handed to ``keep``) as it is
+    produced, as float32 numpy on the CPU: the pooling and the states ``run_with_tokens`` gives, without every
+    hidden state alive at the end of the forward."""
+    import numpy as np
+
+    from layerscope.engines.base import pool_states
+
+    torch = engine.torch
+    feed = {k: torch.from_numpy(np.ascontiguousarray(v)).to(engine.device) for k, v in batch.inputs.items()}
+    pooled: dict[str, dict[str, np.ndarray]] = {}
+    kept: dict[str, object] = {}
+    stored = set(token_layers)
+
+    def take(name: str, states) -> None:
+        arr = states.float().cpu().numpy()
+        pooled[name] = {m: pool_states(engine.manifest, batch, arr, m) for m in poolings}
+        if name in stored:
+            kept[name] = keep(name, arr)
+
+    with torch.inference_mode():
+        wanted = {int(n) for n in layers if n != "raw"}
+        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s),
+                      top_from_last=engine.top_from_last)
+        if "raw" in layers:  # the rows of the word-embedding matrix, as run_tokens gives them
+            take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
+    return {m: np.stack([pooled[n][m] for n in layers]) for m in poolings}, [kept[n] for n in token_layers]

@@ -171,24 +171,36 @@ class TokenWriter:
             self._arrays[rel] = np.load(self.root / rel, mmap_mode="r+")
         return self._arrays[rel]
 
-    def write(self, batch, states: list[np.ndarray]) -> None:
-        """``states``: per layer of the section, ``[batch, seq, hidden]`` (the engine's ``run_tokens``)."""
+    def check(self, batch) -> None:
+        """One line when ``batch`` cannot be written: tokenized without details, or a text whose token count
+        differs from the one spooled (call before the batch runs)."""
         if batch.special is None or batch.spans is None:
             raise StoreError("token extraction needs batches tokenized with details (special mask, spans)")
-        valid = np.asarray(batch.mask) > 0
-        counts = valid.sum(axis=1)
+        counts = (np.asarray(batch.mask) > 0).sum(axis=1)
         rows = np.asarray(batch.index, dtype=np.int64)
         want = self.offsets[rows + 1] - self.offsets[rows]
         if not np.array_equal(counts, want):
             i = int(np.nonzero(counts != want)[0][0])
             raise StoreError(f"text {int(rows[i])} has {int(counts[i])} tokens in its batch, {int(want[i])} "
                              "were counted when the corpus was spooled; re-run with --force")
-        starts = np.concatenate([[0], np.cumsum(counts)])
+
+    def keep(self, batch, layer: str, state: np.ndarray) -> np.ndarray:
+        """What the store keeps of one layer's ``[batch, seq, hidden]`` states: the real tokens' vectors
+        ``[tokens, hidden]`` in the storage type (refused in one line where not finite or out of its range)."""
+        return _encode_finite(np.asarray(state)[np.asarray(batch.mask) > 0], self.section.dtype, layer)
+
+    def write(self, batch, states: list[np.ndarray]) -> None:
+        """``states``: per layer of the section, ``[batch, seq, hidden]`` (the engine's ``run_tokens``), or
+        what ``keep`` made of them (two-dimensional)."""
+        self.check(batch)
+        valid = np.asarray(batch.mask) > 0
+        rows = np.asarray(batch.index, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(valid.sum(axis=1))])
         flat = {IDS: np.asarray(batch.input_ids)[valid].astype(np.int32),
                 SPECIAL: np.asarray(batch.special)[valid].astype(np.uint8),
                 SPANS: np.asarray(batch.spans)[valid].astype(np.int32)}
         for layer, state in zip(self.section.layers, states):
-            flat[layer_file(layer)] = _encode_finite(np.asarray(state)[valid], self.section.dtype, layer)
+            flat[layer_file(layer)] = state if np.ndim(state) == 2 else self.keep(batch, layer, state)
         for rel, values in flat.items():
             dst = self._array(rel)
             for i, row in enumerate(rows):

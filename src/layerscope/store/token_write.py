@@ -2,7 +2,7 @@
 
 ``start_tokens`` reserves (or, resuming, reopens) the token arrays once the corpus is spooled and its
 token lengths are known, and says what they cost; ``TokenRun.run`` gets a batch's pooled vectors and
-token states from one forward pass (``Engine.run_with_tokens``) and writes the tokens into their ranges;
+token vectors from one forward pass (``Engine.run_keeping_tokens``) and writes the tokens into their ranges;
 ``TokenRun.commit`` flushes them before the store marks the rows done; ``TokenRun.finish`` writes the
 token strings before the store's checksums are taken. The arrays themselves: ``store/token_store.py``.
 """
@@ -31,9 +31,12 @@ class TokenRun:
         self.writer = writer
 
     def run(self, eng, batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
-        """The batch's pooled vectors; its token states are written on the way (one forward pass)."""
-        pooled, states = eng.run_with_tokens(batch, layers, poolings)
-        self.writer.write(batch, states)
+        """The batch's pooled vectors; its token vectors are written on the way (one forward pass), each layer
+        held only as the store keeps it (real tokens, storage type) from the moment the engine hands it over."""
+        self.writer.check(batch)
+        pooled, kept = eng.run_keeping_tokens(batch, layers, poolings, list(self.writer.section.layers),
+                                              lambda layer, states: self.writer.keep(batch, layer, states))
+        self.writer.write(batch, kept)
         return pooled
 
     def commit(self, store, index: np.ndarray) -> None:
