@@ -8,7 +8,9 @@ least:
   computed whole (the exported graphs and the fp32 PyTorch reference, both eager attention); an engine
   that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
   ``torch-bf16``, and in ``torch`` with ``attention=sdpa`` or a max_seq above ``engines/torch.SLICE_FROM``)
-  sets ``Engine.attention_scores`` False and is charged nothing for it;
+  sets ``Engine.attention_scores`` False and is charged nothing for it; an engine that computes it over
+  blocks of query rows (``ort`` with ``attention=blocked``, engines/blocked.py) says how many rows in
+  ``attention_rows`` and is charged ``2 * heads * T * rows`` floats, linear in ``T``;
 - the hidden states it hands back, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers
   ``0..depth``), or one layer's, ``T * hidden``, when the graph keeps them inside (``pooled_only``);
 - one block's feed-forward activations, ``4 * T * hidden`` floats.
@@ -61,10 +63,11 @@ def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
 
 
 def text_cost(tokens: int, *, hidden_size: int, heads: int, depth: int, pooled_only: bool,
-              attention_scores: bool = True) -> TextCost:
+              attention_scores: bool = True, attention_rows: int | None = None) -> TextCost:
     """The activation floor of one text of ``tokens`` tokens (see the module's docstring)."""
     t = int(tokens)
-    attention = 2 * heads * t * t * FLOAT if attention_scores else 0
+    rows = t if attention_rows is None else min(t, int(attention_rows))
+    attention = 2 * heads * t * rows * FLOAT if attention_scores else 0
     states = (1 if pooled_only else depth + 2) * t * hidden_size * FLOAT
     return TextCost(t, attention, states, 4 * t * hidden_size * FLOAT)
 
@@ -113,10 +116,11 @@ class CostShape:
     depth: int
     pooled_only: bool
     attention_scores: bool
+    attention_rows: int | None = None  # query rows whose scores are held at once (None: every row)
 
     def args(self) -> dict:
         return dict(hidden_size=self.hidden_size, heads=self.heads, depth=self.depth, pooled_only=self.pooled_only,
-                    attention_scores=self.attention_scores)
+                    attention_scores=self.attention_scores, attention_rows=self.attention_rows)
 
     def cost(self, tokens: int) -> TextCost:
         return text_cost(max(1, int(tokens)), **self.args())
@@ -127,7 +131,8 @@ def shape_of(eng) -> CostShape:
     manifest = eng.manifest
     depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
     return CostShape(eng.name, int(manifest.hidden_size), attention_heads(_model_dir(eng.model), manifest.hidden_size),
-                     int(depth), bool(getattr(eng, "pooled_only", False)), bool(getattr(eng, "attention_scores", True)))
+                     int(depth), bool(getattr(eng, "pooled_only", False)), bool(getattr(eng, "attention_scores", True)),
+                     getattr(eng, "attention_rows", None))
 
 
 def shape_planned(handle, choice: EngineChoice, *, depth: int, pooled_only: bool, max_seq: int | None) -> CostShape:
