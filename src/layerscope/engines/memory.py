@@ -8,12 +8,14 @@ least:
   computed whole (the exported graphs and the fp32 PyTorch reference, both eager attention); an engine
   that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
   ``torch-bf16``, and in ``torch`` with ``attention=sdpa`` or a max_seq above ``engines/torch.SLICE_FROM``)
-  sets ``Engine.attention_scores`` False and is charged nothing for it;
-- the hidden states, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers ``0..depth``): the
-  exported graphs' in-graph pooling stacks every layer before it pools, so they are all alive at once even
-  when they stay inside the graph; or one layer's, ``T * hidden``, in a pooled run of an engine that pools
-  each layer as the model makes it (``EngineSpec.pools_as_made``: the PyTorch engines' hooks,
-  engines/torch_pooled.py), a run fetching no token states;
+  sets ``Engine.attention_scores`` False and is charged nothing for it; an engine that computes it over
+  blocks of query rows (``ort``/``ov`` with ``attention=blocked``, engines/blocked.py) says how many rows in
+  ``attention_rows`` and is charged ``2 * heads * T * rows`` floats, linear in ``T``;
+- the hidden states, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers ``0..depth``) where they
+  are all alive at once (token states fetched, or a graph handing every hidden state back); or one layer's,
+  ``T * hidden``, in a pooled run that pools each layer as the model makes it: the PyTorch engines' hooks
+  (``EngineSpec.pools_as_made``, engines/torch_pooled.py) and the ONNX engines' pooled-only graphs, whose
+  pooling nodes run right after each layer (engines/layer_pooling.py), a run fetching no token states;
 - one block's feed-forward activations, ``4 * T * hidden`` floats.
 
 This is a floor, not a forecast: an engine's own buffers come on top. A run whose floor is above the memory
@@ -64,11 +66,12 @@ def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
 
 
 def text_cost(tokens: int, *, hidden_size: int, heads: int, depth: int, layer_at_a_time: bool,
-              attention_scores: bool = True) -> TextCost:
+              attention_scores: bool = True, attention_rows: int | None = None) -> TextCost:
     """The activation floor of one text of ``tokens`` tokens (see the module's docstring; ``layer_at_a_time``:
     one layer's states alive at once, else every layer's up to ``depth`` and the raw embeddings)."""
     t = int(tokens)
-    attention = 2 * heads * t * t * FLOAT if attention_scores else 0
+    rows = t if attention_rows is None else min(t, int(attention_rows))
+    attention = 2 * heads * t * rows * FLOAT if attention_scores else 0
     states = (1 if layer_at_a_time else depth + 2) * t * hidden_size * FLOAT
     return TextCost(t, attention, states, 4 * t * hidden_size * FLOAT)
 
@@ -117,10 +120,12 @@ class CostShape:
     depth: int
     layer_at_a_time: bool
     attention_scores: bool
+    attention_rows: int | None = None  # query rows whose scores are held at once (None: every row)
 
     def args(self) -> dict:
         return dict(hidden_size=self.hidden_size, heads=self.heads, depth=self.depth,
-                    layer_at_a_time=self.layer_at_a_time, attention_scores=self.attention_scores)
+                    layer_at_a_time=self.layer_at_a_time, attention_scores=self.attention_scores,
+                    attention_rows=self.attention_rows)
 
     def cost(self, tokens: int) -> TextCost:
         return text_cost(max(1, int(tokens)), **self.args())
@@ -132,8 +137,9 @@ def shape_of(eng, *, tokens: bool = False) -> CostShape:
     manifest = eng.manifest
     depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
     return CostShape(eng.name, int(manifest.hidden_size), attention_heads(_model_dir(eng.model), manifest.hidden_size),
-                     int(depth), not tokens and bool(getattr(eng, "pools_as_made", False)),
-                     bool(getattr(eng, "attention_scores", True)))
+                     int(depth), not tokens and bool(getattr(eng, "pools_as_made", False) or
+                                                     getattr(eng, "pooled_only", False)),
+                     bool(getattr(eng, "attention_scores", True)), getattr(eng, "attention_rows", None))
 
 
 def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max_seq: int | None) -> CostShape:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine, pool_states
+from layerscope.engines.blocked import ATTENTION_OPTION, engine_blocks, pick_blocks
 from layerscope.engines.ort_session import make_session, ort_module, physical_cores, probe_model
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, Runtime, register
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
@@ -41,6 +42,9 @@ class OrtEngine(Engine):
     uses_onnxruntime = True  # an InferenceSession on ``provider`` (OpenVINO's subclass says False)
     depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
     pooled_only = False  # its graph hands back the in-graph pooled outputs alone (hidden states stay inside)
+    attention = "whole"  # "blocked": each layer's attention over blocks of query rows (engines/blocked.py)
+    attention_asked: str | None = None  # the engine option that decided it
+    attention_rows: int | None = None  # query rows whose scores it holds at once (None: all; engines/memory.py)
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
@@ -63,6 +67,8 @@ class OrtEngine(Engine):
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
         source, (path, self.pooled_layers) = path, engine_graph(self, path, depth, pooled_only)  # early exit
+        path = engine_blocks(self, path, self.pooled_layers, self.attention_asked)  # long texts
+        self.graph_path = path  # the graph file its session runs
         self.session = make_session(path, self.provider, self.provider_options(), threads=threads,
                                     opt_level=opt_level, extra=self.session_entries())
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -180,7 +186,8 @@ class OrtEngine(Engine):
     attention_default=True, runtime=Runtime.ONNXRUNTIME,
     auto=(AutoRank(45, "gqa", "gqa"), AutoRank(49, "int8-block", "int8-block"), AutoRank(50, "int8", "int8"), AutoRank(70, None, "fp32")),
     variant_files=True,
-    options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),),
+    options=ORT_OPTIONS + (EngineOption("spinning", bool, False, "let idle threads spin-wait between ops"),
+                           ATTENTION_OPTION),
     bench=(BenchRow(note="fp32, session optimizations on, in-graph pooling"),
            BenchRow("tokens", options=(("in_graph_pooling", False),),
                     note="fp32, token-level states copied out and pooled in numpy"),
@@ -205,8 +212,11 @@ class CpuEngine(OrtEngine):
     provider = "CPUExecutionProvider"
     preferred_batch_tokens = 2048
 
-    def __init__(self, model, *, threads: int | None = None, spinning: bool = False, **options):
+    def __init__(self, model, *, threads: int | None = None, spinning: bool = False, attention: str | None = None,
+                 **options):
         self.spinning = bool(spinning)
+        self.attention_asked = attention
+        self.attention = "blocked" if pick_blocks(attention, options.get("max_seq")) else "whole"
         super().__init__(model, threads=threads or physical_cores(), **options)
 
     def session_entries(self) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from layerscope.engines.base import Engine
+from layerscope.engines.blocked import ATTENTION_OPTION, engine_blocks, pick_blocks
 
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, Runtime, register
 from layerscope.engines.ort import OrtEngine
@@ -161,6 +162,7 @@ def ov_variant_key(precision: str) -> str:
     runtime=Runtime.OPENVINO, precision_variants=(("int8", "int8"),),  # int8 runs the export's int8 graph
     options=(EngineOption("variant", str, None, "the OpenVINO precision: fp32, bf16 or int8"),
              EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
+             ATTENTION_OPTION,
              EngineOption("requests", int, None, "batches in flight: 1 (one stream) or 2 (throughput mode, a stream "
                                                  "each); default: whichever layerscope bench measured faster on "
                                                  "this CPU, else 1")),
@@ -181,7 +183,7 @@ class OvEngine(OrtEngine):
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
                  in_graph_pooling: bool = True, depth: int | None = None,
-                 pooled_only: bool = False, requests: int | None = None, **options):
+                 pooled_only: bool = False, requests: int | None = None, attention: str | None = None, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
         Engine.__init__(self, handle)
         self.options = options
@@ -200,6 +202,10 @@ class OvEngine(OrtEngine):
             _check_sha(handle, "int8", path)
         self.in_graph_pooling = bool(in_graph_pooling)
         path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
+        self.attention_asked = attention
+        self.attention = "blocked" if pick_blocks(attention, options.get("max_seq")) else "whole"
+        path = engine_blocks(self, path, self.pooled_layers, attention)  # long texts (engines/blocked.py)
+        self.graph_path = path
         self.requests, why = in_flight(self.manifest, precision, requests)
         if why:
             self.info.notes.append(why)

@@ -11,7 +11,8 @@ an engine handed ``depth`` (a hint every engine takes, engines/registry.py) runs
   ``<stem>.upto-<depth>.json`` recording the source's content hash, the recipe, and the check that held the
   derived graph to the full graph's outputs (max |diff| per output, bit for bit or within the export's
   recorded tolerance). A changed source or recipe makes it again; a failed check or a folder that cannot
-  be written leaves the engine on the full graph, saying so in its notes.
+  be written leaves the engine on the full graph, saying so in its notes. A graph of pooled outputs only
+  pools each layer as it is made instead of stacking every layer first (engines/layer_pooling.py).
 - PyTorch: the first ``depth`` blocks only (engines/torch.py); layer ``depth`` < L of a decoder is the
   block's own output, without the final norm that only layer L carries.
 """
@@ -27,7 +28,7 @@ from typing import Callable, Iterable
 from layerscope.engines.parity_texts import PARITY_TEXTS
 from layerscope.vocab.outputs import RAW_OUTPUT, hidden_index, output_layer, pooled_mode
 
-RECIPE = 1  # bump when the derived graph is built differently: cached ones are made again
+RECIPE = 2  # bump when the derived graph is built differently: cached ones are made again
 SUFFIX = ".upto-"
 
 
@@ -99,7 +100,7 @@ class Truncated:
                 f"full graph {how}{', cached' if self.reused else ''})")
 
 
-def _content_hash(src: Path) -> str:
+def content_hash(src: Path) -> str:
     """sha256 of the graph and its external data files (remembered by stat signature, model/identity.py)."""
     import onnx
 
@@ -145,6 +146,10 @@ def derive(src: Path, depth: int, dst: Path, pooled_only: bool = False) -> tuple
         if pooled_mode(out.name) is not None and pooled:
             out.type.tensor_type.shape.dim[0].dim_value = len(pooled)
     derived = Extractor(model).extract_model([i.name for i in graph.input], keep)
+    if pooled_only:  # no token states leave the graph: each layer pooled as it is made (engines/layer_pooling.py)
+        from layerscope.engines.layer_pooling import pool_each_layer
+
+        pool_each_layer(derived.graph)
     derived.ir_version = model.ir_version
     del derived.metadata_props[:]
     derived.metadata_props.extend(model.metadata_props)
@@ -209,7 +214,7 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
     src = Path(src)
     dst = src.with_name(f"{src.stem}{SUFFIX}{'raw' if depth < 0 else depth}{'.pooled' if pooled_only else ''}.onnx")
     rec = dst.with_suffix(".json")
-    key = _content_hash(src)
+    key = content_hash(src)
     found = _cached(dst, rec, key, depth, pooled_only)
     if found is not None:
         return replace(found, every_layer=depth == num_layers)
@@ -224,7 +229,7 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
         try:
             pooled, nodes, full_nodes = derive(src, depth, dst, pooled_only)
             names = kept_outputs(_outputs(dst), depth, pooled_only)
-            diffs = _check(src, dst, names, full_pooled, pooled, feeds())
+            diffs = check_outputs(src, dst, names, full_pooled, pooled, feeds())
             worst = max(diffs.values(), default=0.0)
             why = None if worst <= bar else f"differs from the full graph by {worst:.3g} (> {bar:g})"
         except Exception as exc:  # noqa: BLE001 - onnx and the runtimes raise untyped errors: the full graph runs
@@ -268,7 +273,7 @@ def _cached(dst: Path, rec: Path, key: str, depth: int, pooled_only: bool) -> Tr
         return None
 
 
-def _check(src: Path, dst: Path, names: list[str], full_pooled: list[str], pooled: list[str],
+def check_outputs(src: Path, dst: Path, names: list[str], full_pooled: list[str], pooled: list[str],
            feeds: list[dict]) -> dict[str, float]:
     """Worst |derived - full| per output over ``feeds``, both graphs on ONNX Runtime's CPU provider in turn
     (one session in memory at a time)."""

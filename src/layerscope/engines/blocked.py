@@ -1,0 +1,170 @@
+"""Long texts in bounded memory on ONNX Runtime: each layer's attention computed over blocks of query rows.
+
+A decoder's exported graph computes attention the way transformers' eager code does: every query's scores
+against every key (``heads x T x T`` floats), plus an additive causal-and-padding mask of the same square
+(built once from ``attention_mask``), their softmax, and the product with the values. One text of ``T``
+tokens then holds ``2 x heads x T^2`` floats per layer: 8 GiB at 8k tokens with 16 heads. ONNX Runtime's
+CPU attention kernels do not bound that for a causal grouped-query layer (measured by
+``benchmarks/long_texts/attention_ops.py``), so this module rewrites the graph instead.
+
+In the derived graph each layer's attention, from the scores' ``MatMul`` to the values' ``MatMul``, is one
+ONNX ``Loop`` over blocks of ``BLOCK_ROWS`` query rows. A block's scores are ``heads x BLOCK_ROWS x K``, ``K``
+the keys up to the block's last row; the future and padded keys are masked, the row softmaxed and multiplied
+with those keys' values. The blocks' outputs are stacked, and the rows that padded the last block cut. Key
+and value heads are read in place by broadcasting over each group of query heads (no ``repeat_kv`` copy),
+and the square mask, read by nothing any more, is pruned. A layer's attention then holds
+``2 x heads x BLOCK_ROWS x T`` floats: linear in ``T``.
+
+The rewrite finds each layer by pattern (engines/blocked_graph.py); only causal decoders whose every layer
+attends to the whole past are rewritten, and anything else leaves the source graph running.
+
+Like early exit's graph (engines/truncate.py), the derived graph is cached beside its source as
+``<stem>.blocked.onnx`` (a graph with external data keeps reading the source's data file) with
+``<stem>.blocked.json`` recording the source's content hash, the recipe and the check that held its every
+output to the source's within the export's recorded tolerance, on engines/parity_texts.py, whose long text
+spans several blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from layerscope.engines.blocked_graph import BLOCK_ROWS, CannotBlock, attention_config, rewrite
+from layerscope.engines.registry import EngineOption
+
+RECIPE = 1  # bump when the derived graph is built differently: cached ones are made again
+SUFFIX = ".blocked"
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A derived graph whose attention runs in blocks of ``rows`` query rows."""
+
+    path: Path
+    layers: int  # attention layers rewritten
+    rows: int
+    max_abs: float  # the worst |derived - source| over every output on the check's batches
+    reused: bool
+
+    def note(self) -> str:
+        how = "bit for bit" if self.max_abs == 0 else f"max |diff| {self.max_abs:.3g}"
+        return (f"attention in blocks of {self.rows} query rows ({self.layers} layers), {self.path.name} (equal to "
+                f"its source graph {how}{', cached' if self.reused else ''})")
+
+
+def blocked_graph(src: Path, config_path: Path, *, pooled_layers: list[str], tolerance: float | None,
+                  feeds: Callable[[], list[dict]]) -> Blocked:
+    """The derived graph of ``src`` with attention in blocks: reused from the cache when its record matches the
+    source's content and this recipe, else made and checked against ``src`` on the batches ``feeds()``
+    returns. CannotBlock (saying why) where the model or graph is not one it rewrites, the folder cannot be
+    written, or the derived graph differs from its source by more than ``tolerance``."""
+    from layerscope.engines.truncate import check_outputs, content_hash
+
+    src = Path(src)
+    cfg = attention_config(config_path)
+    dst = src.with_name(f"{src.stem}{SUFFIX}.onnx")
+    rec = dst.with_suffix(".json")
+    key = content_hash(src)
+    found = _cached(dst, rec, key)
+    if found is not None:
+        return found
+    if not os.access(src.parent, os.W_OK):
+        raise CannotBlock(f"{src.parent} is not writable, so the graph cannot be cached there")
+    from layerscope.ownership import writing
+
+    bar = 0.0 if tolerance is None else float(tolerance)
+    with writing(src.parent, "export") as wrote:
+        wrote.add(dst.name, rec.name)  # named before they are written
+        try:
+            layers, nodes, full_nodes = rewrite(src, dst, cfg)
+            import onnx
+
+            names = [o.name for o in onnx.load(str(dst), load_external_data=False).graph.output]
+            diffs = check_outputs(src, dst, names, list(pooled_layers), list(pooled_layers), feeds())
+            worst = max(diffs.values(), default=0.0)
+            if not worst <= bar:
+                raise CannotBlock(f"the graph in blocks differs from its source by {worst:.3g} (> {bar:g})")
+        except Exception as exc:
+            dst.unlink(missing_ok=True)
+            rec.unlink(missing_ok=True)
+            if isinstance(exc, CannotBlock):
+                raise
+            # onnx and the runtimes raise untyped errors: the source graph runs
+            raise CannotBlock(f"could not be made ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+        from layerscope.jsonfile import write_json_atomic
+        from layerscope.model.identity import hash_files
+
+        write_json_atomic(rec, {
+            "recipe": RECIPE, "rows": BLOCK_ROWS, "layers": layers, "source": src.name, "source_sha256": key,
+            "sha256": hash_files([dst]), "outputs": names, "nodes": nodes, "full_nodes": full_nodes,
+            "check": {"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU",
+                      "tolerance_abs": bar, "max_abs": worst,
+                      "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
+    return Blocked(dst, layers, BLOCK_ROWS, worst, reused=False)
+
+
+def _cached(dst: Path, rec: Path, key: str) -> Blocked | None:
+    from layerscope.model.identity import hash_files
+
+    try:
+        data = json.loads(rec.read_text(encoding="utf-8"))
+        if not (dst.is_file() and data.get("recipe") == RECIPE and data.get("rows") == BLOCK_ROWS
+                and data.get("source_sha256") == key and data.get("sha256") == hash_files([dst])):
+            return None
+        return Blocked(dst, int(data["layers"]), BLOCK_ROWS, float(data["check"]["max_abs"]), reused=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+ATTENTIONS = ("auto", "whole", "blocked")
+# the option the ort and ov engines take
+ATTENTION_OPTION = EngineOption(
+    "attention", str, None, "whole (each layer's [heads, T, T] scores at once), blocked (over blocks of query rows: "
+    "memory linear in T; causal decoders) or auto (default: blocked where max_seq passes SLICE_FROM tokens)")
+
+
+def pick_blocks(asked: str | None, max_seq: int | None) -> bool:
+    """Whether an ONNX engine runs its attention in blocks: asked (``attention=blocked``), or under
+    ``auto`` where the run's texts may pass ``SLICE_FROM`` tokens (the rule of the PyTorch engine's slices)."""
+    from layerscope.engines.torch import SLICE_FROM
+    from layerscope.errors import InputError
+
+    asked = asked or "auto"
+    if asked not in ATTENTIONS:
+        raise InputError(f"engine option attention={asked!r}: use one of {', '.join(ATTENTIONS)}")
+    return asked == "blocked" or (asked == "auto" and bool(max_seq) and int(max_seq) > SLICE_FROM)
+
+
+def engine_blocks(engine, path: Path, pooled_layers: list[str], asked: str | None) -> Path:
+    """The graph an ONNX engine (ort, ov) runs for attention in blocks where ``engine.attention`` says so: the
+    derived graph of ``path`` (its notes and ``attention_rows`` then say so), else ``path``. Asked for
+    explicitly (``asked``), a graph that cannot be rewritten is one line; under ``auto`` a note."""
+    if engine.attention != "blocked":
+        return path
+    from layerscope.engines.truncate import probe_feeds
+    from layerscope.model.families import family_of
+
+    manifest = engine.manifest
+    try:
+        if family_of(manifest).kind != "decoder":
+            raise CannotBlock("an encoder's tokens attend both ways, and the blocks mask the future")
+        got = blocked_graph(path, Path(engine.model.export_dir) / "config.json", pooled_layers=pooled_layers,
+                            tolerance=manifest.parity.tolerance_abs if manifest.parity else None,
+                            feeds=lambda: probe_feeds(engine))
+    except CannotBlock as exc:
+        engine.attention = "whole"
+        if asked == "blocked":
+            from layerscope.errors import InputError
+
+            raise InputError(f"engine option attention=blocked: {path.name} cannot run its attention in blocks: "
+                             f"{exc}; leave the option out") from None
+        engine.info.notes.append(f"attention computed whole: {path.name} cannot run it in blocks ({exc})")
+        return path
+    engine.attention_rows = got.rows
+    engine.info.notes.append(got.note())
+    return got.path
