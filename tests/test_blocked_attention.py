@@ -143,10 +143,10 @@ def test_the_memory_check_charges_blocks_linearly(qwen3):
     # states 4 * t * 32, feed-forward 4 * t * 32, attention 2 * 4 * t * t whole or 2 * 4 * t * 64 in blocks
     states_ff = (4 * t * 32 + 4 * t * 32) * 4
     in_blocks = states_ff + 2 * 4 * t * 64 * 4
-    assert text_cost(t, hidden_size=32, heads=4, depth=2, pooled_only=False, attention_rows=64).bytes == in_blocks
-    assert text_cost(8192, hidden_size=1024, heads=16, depth=28, pooled_only=True, attention_rows=64).attention \
+    assert text_cost(t, hidden_size=32, heads=4, depth=2, layer_at_a_time=False, attention_rows=64).bytes == in_blocks
+    assert text_cost(8192, hidden_size=1024, heads=16, depth=28, layer_at_a_time=True, attention_rows=64).attention \
         == 2 * 16 * 8192 * 64 * 4
-    assert text_cost(40, hidden_size=32, heads=4, depth=2, pooled_only=False, attention_rows=64).attention \
+    assert text_cost(40, hidden_size=32, heads=4, depth=2, layer_at_a_time=False, attention_rows=64).attention \
         == 2 * 4 * 40 * 40 * 4  # a text shorter than one block holds its whole square
     whole = create_engine("ort", qwen3, attention="whole")
     blocked = create_engine("ort", qwen3, attention="blocked")

@@ -1,6 +1,7 @@
 """The memory floor of a pooled run follows what the engine declares: the PyTorch engines pool each layer as the
-model makes it (hooks on the blocks, engines/torch_pooled.py) and hold one layer's states, the exported graphs'
-in-graph pooling stacks every layer before it pools; so a long text that fits torch's pooled-only memory runs,
+model makes it (hooks on the blocks, engines/torch_pooled.py) and hold one layer's states, as do the exported graphs
+opened for pooled vectors only (their pooling follows each layer), while a graph handing hidden states back holds
+every layer; so a long text that fits torch's pooled-only memory runs,
 and a longer one is still refused in one line before any batch."""
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def test_torch_pooled_only_is_charged_one_layer_below_ort_pooled(tiny_model, ber
     assert torch_floor == by_hand(LONGEST, 1)  # one layer alive at a time, in the hooks
     assert ort_floor == by_hand(LONGEST, 4)  # raw and layers 0..2, stacked by the in-graph pooling
     assert torch_floor < ort_floor
+    # ort opened for pooled vectors only runs a graph whose pooling follows each layer (engines/layer_pooling.py)
+    ort_pooled = create_engine("ort", ModelHandle.resolve(str(bert_export)), pooled_only=True)
+    assert memory.shape_of(ort_pooled).cost(LONGEST).bytes == by_hand(LONGEST, 1)
+    assert memory.shape_of(ort_pooled, tokens=True).cost(LONGEST).bytes == by_hand(LONGEST, 4)
     # a run of token states holds every layer on torch too; the plan before the engine starts says the same
     assert memory.shape_of(torch_eng, tokens=True).cost(LONGEST).bytes == by_hand(LONGEST, 4)
     planned = memory.shape_planned(handle, resolve_engine("torch"), depth=None, tokens=False, max_seq=None)
