@@ -96,7 +96,7 @@ class Truncated:
         top = "raw embeddings only" if self.depth < 0 else "every layer" if self.every_layer \
             else f"layers up to {self.depth}"
         top += ", pooled outputs only" if self.pooled_only else ""
-        return (f"early exit: {top}, {self.path.name} ({self.nodes} of {self.full_nodes} nodes; equal to the "
+        return (f"early exit: {top}, {self.path.name} ({self.nodes:,} nodes, the full graph {self.full_nodes:,}; equal to the "
                 f"full graph {how}{', cached' if self.reused else ''})")
 
 
