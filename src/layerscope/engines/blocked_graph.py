@@ -12,7 +12,6 @@ is not written (``CannotBlock`` says where).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,10 +283,7 @@ def rewrite(src: Path, dst: Path, cfg: AttentionConfig) -> tuple[int, int, int]:
     _prune(graph)
     if any(n.op_type == "Softmax" for n in graph.node):
         raise CannotBlock("a softmax outside the blocks is left in the graph")
-    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
-    try:
-        onnx.save(model, str(tmp))
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from layerscope.engines.truncate import save_derived
+
+    save_derived(model, dst)
     return len(cores), len(graph.node), full_nodes

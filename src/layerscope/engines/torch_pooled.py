@@ -77,6 +77,18 @@ def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int
         raise HookMissed(f"no block handed over layer {missed[0]}")
 
 
+def hand_over_layers(engine, blocks, feed: dict, layers: list[str], take: Callable[[str, object], None]) -> None:
+    """One forward pass handing each of ``layers`` to ``take(name, states)`` as it is produced (``raw``: the
+    rows of the word-embedding matrix, as run_tokens gives them)."""
+    torch = engine.torch
+    with torch.inference_mode():
+        wanted = {int(n) for n in layers if n != "raw"}
+        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s),
+                      top_from_last=engine.top_from_last)
+        if "raw" in layers:
+            take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
+
+
 def pooled_by_layer(engine, batch: Batch, layers: list[str], poolings: list[str], blocks) -> dict[str, np.ndarray]:
     """``{pooling: [layers, batch, hidden]}`` of a text batch, each layer pooled as it is produced: on the CPU
     in fp32 with ``pool_states`` (numpy, as a run of token states pools), elsewhere with ``pool_torch`` in fp32
@@ -104,12 +116,7 @@ def pooled_by_layer(engine, batch: Batch, layers: list[str], poolings: list[str]
             arr = states.float().cpu().numpy()
             pooled[name] = {m: pool_states(engine.manifest, batch, arr, m) for m in poolings}
 
-    with torch.inference_mode():
-        wanted = {int(n) for n in layers if n != "raw"}
-        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s),
-                      top_from_last=engine.top_from_last)
-        if "raw" in layers:  # the rows of the word-embedding matrix, as run_tokens gives them
-            take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
+    hand_over_layers(engine, blocks, feed, layers, take)
     return {m: np.stack([pooled[n][m] for n in layers]) for m in poolings}
 
 
@@ -135,10 +142,5 @@ def pooled_and_kept(engine, batch: Batch, layers: list[str], poolings: list[str]
         if name in stored:
             kept[name] = keep(name, arr)
 
-    with torch.inference_mode():
-        wanted = {int(n) for n in layers if n != "raw"}
-        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s),
-                      top_from_last=engine.top_from_last)
-        if "raw" in layers:  # the rows of the word-embedding matrix, as run_tokens gives them
-            take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
+    hand_over_layers(engine, blocks, feed, layers, take)
     return {m: np.stack([pooled[n][m] for n in layers]) for m in poolings}, [kept[n] for n in token_layers]

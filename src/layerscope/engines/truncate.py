@@ -153,13 +153,20 @@ def derive(src: Path, depth: int, dst: Path, pooled_only: bool = False) -> tuple
     derived.ir_version = model.ir_version
     del derived.metadata_props[:]
     derived.metadata_props.extend(model.metadata_props)
+    save_derived(derived, dst)
+    return pooled, len(derived.graph.node), len(graph.node)
+
+
+def save_derived(model, dst: Path) -> None:
+    """Write a derived graph whole or not at all: to a temporary name beside ``dst``, then renamed over it."""
+    import onnx
+
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
     try:
-        onnx.save(derived, str(tmp))
+        onnx.save(model, str(tmp))
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
-    return pooled, len(derived.graph.node), len(graph.node)
 
 
 def _repoint_stack(graph, depth: int) -> list[str]:
