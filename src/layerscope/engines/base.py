@@ -88,7 +88,11 @@ class Engine(ABC):
 
     @property
     def spec(self) -> EngineSpec:
-        """This engine's declaration (engines/registry.py)."""
+        """This engine's declaration (engines/registry.py): the one ``create_engine`` resolved it from, else
+        looked up by name (an engine made by its class directly)."""
+        declared = self.__dict__.get("declared")
+        if declared is not None:
+            return declared
         from layerscope.engines.registry import engine_spec
 
         return engine_spec(self.name)
@@ -209,4 +213,7 @@ def create_engine(name, model: str | Any, **options) -> Engine:
                          "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
     if not spec.picks_engine and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
-    return spec.factory(handle, **options)
+    eng = spec.factory(handle, **options)
+    if getattr(eng, "name", None) == spec.name:  # auto hands back the engine it picked, with its own declaration
+        eng.declared = spec
+    return eng

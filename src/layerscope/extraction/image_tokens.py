@@ -49,6 +49,15 @@ class ImageTokenWriter(TokenWriter):
         super().__init__(root, section)
         self.per_image = int(per_image)
 
+    def check(self, batch) -> None:
+        """Nothing to check before the batch runs: every image has the export's tokens (``write`` holds the
+        engine to that count)."""
+
+    def keep(self, batch, layer: str, state: np.ndarray) -> np.ndarray:
+        """An image's tokens are all real: the layer's ``[batch, tokens, hidden]`` states as the engine gave them
+        (``write`` encodes them)."""
+        return np.asarray(state)
+
     def write(self, batch, states: list[np.ndarray]) -> None:
         rows = np.asarray(batch.index, dtype=np.int64)
         where = (rows[:, None] * self.per_image + np.arange(self.per_image)).ravel()
