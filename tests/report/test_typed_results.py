@@ -144,6 +144,33 @@ def test_a_declared_analysis_gets_png_markdown_html_and_console_from_its_declara
     assert "1,200 items, best 0.75 (ok)" in buf.getvalue() and "0.750" in buf.getvalue()
 
 
+class _Bracketed(_Declared):
+    """A declaration whose own words hold Rich's markup brackets and HTML's special characters."""
+
+    metadata = AnalysisMetadata(
+        name="declared-probe", description="test only", inputs=(), main_score="score",
+        figures=Figures(sentence="sums to s(a, b) - [s(r_a, b) + s(a, r_b)] [bold]; a win is diff > 0 ({note})",
+                        summary_numbers=("score",), tables=(Table("by_layer", ("layer", "score")),)))
+
+
+def test_a_declarations_own_words_print_exactly_on_the_console_and_in_html(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from layerscope.analyses.rendering import print_summary
+
+    analyses_registry.registry()
+    monkeypatch.setitem(analyses_registry._REGISTRY, "declared-probe", _Bracketed)
+    out = _write(tmp_path, _doc(note="[red]x"))
+    rerender(out)
+    buf = io.StringIO()
+    print_summary(_Bracketed(), load_results(out), Console(file=buf, width=200, color_system=None))
+    assert "sums to s(a, b) - [s(r_a, b) + s(a, r_b)] [bold]; a win is diff > 0 ([red]x)" in buf.getvalue()
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "[s(r_a, b) + s(a, r_b)] [bold]; a win is diff &gt; 0 ([red]x)" in page
+
+
 def test_a_grouped_curve_draws_one_line_per_model_and_group_value(tmp_path):
     """``Curve.group``: the rows split into lines by a column's values (here pooling), named after the model
     where several share the chart."""

@@ -230,11 +230,11 @@ def sections(decl, results) -> list:
     from layerscope.report import declared_grids
 
     charts += declared_grids.charts(decl, results, fill)
-    text = [f"<p>{fill(decl.preface, _preface_values(decl, results), html.escape)}</p>"] if decl.preface else []
+    text = [f"<p>{fill(decl.preface, _preface_values(decl, results), html.escape, html.escape)}</p>"] if decl.preface else []
     for model, fig in results.per_model.items():
         if decl.sentence:
             name = f"<b>{html.escape(model)}</b>: " if results.several else ""
-            text.append(f"<p>{name}{fill(decl.sentence, fig.summary, html.escape)}</p>")
+            text.append(f"<p>{name}{fill(decl.sentence, fig.summary, html.escape, html.escape)}</p>")
         for listing in decl.listings:
             items = _items(listing, fig)[:listing.html_limit]
             if items:
@@ -292,7 +292,7 @@ def _pivot(table, rows, title: str):
     for v in across:
         t.add_column(f"{esc(v)} {esc(table.cell_label)}", justify="right")
     for k in keys:
-        t.add_row(esc(k), *(fill(table.cell, cells[k, v], esc) if (k, v) in cells else "-" for v in across))
+        t.add_row(esc(k), *(fill(table.cell, cells[k, v], esc, esc) if (k, v) in cells else "-" for v in across))
     return t
 
 
@@ -303,10 +303,10 @@ def console_summary(decl, results, console) -> None:
     from layerscope.report.writer import fmt
 
     if decl.console_preface and decl.preface:
-        console.print(fill(decl.preface, _preface_values(decl, results), esc), soft_wrap=True)
+        console.print(fill(decl.preface, _preface_values(decl, results), esc, esc), soft_wrap=True)
     for model, fig in results.per_model.items():
         if decl.sentence:
-            console.print(f"{esc(model)}: {fill(decl.sentence, fig.summary, esc)}", soft_wrap=True)
+            console.print(f"{esc(model)}: {fill(decl.sentence, fig.summary, esc, esc)}", soft_wrap=True)
         for table in [t for i, t in enumerate(decl.tables) if i == 0 or t.console is not None]:
             rows = _table_rows(table, results, model)
             if not rows:

@@ -25,12 +25,14 @@ def lookup(values: dict[str, Any], name: str, default: Any = "undefined") -> Any
     return value
 
 
-def fill(template: str, values: dict[str, Any], escape) -> str:
+def fill(template: str, values: dict[str, Any], escape, literal=str) -> str:
     """``template`` (ours) over ``values`` (from results, each escaped by ``escape``): names only, formats
-    such as ``{x:.3f}`` or ``{n:,}`` applied to numbers; a format a value cannot take shows the value as is."""
+    such as ``{x:.3f}`` or ``{n:,}`` applied to numbers; a format a value cannot take shows the value as is.
+    ``literal``: what the template's own text goes through (a medium where its characters mean markup, such as
+    Rich's square brackets on the console, escapes them; Markdown templates keep theirs)."""
     out = []
     for text, name, spec, _ in string.Formatter().parse(template):
-        out.append(text)
+        out.append(literal(text))
         if name is None:
             continue
         value = lookup(values, name)
