@@ -87,3 +87,35 @@ def test_console_tables_print_no_negative_zero():
     text = buf.getvalue()
     assert not re.search(r"-0\.0+(?!\d*[1-9])", text), text
     assert "0.0000" in text
+
+
+def test_every_declared_console_table_fits_a_120_column_terminal():
+    """The console summary's per-layer table of every declared analysis, filled with numbers as wide as its
+    figures print (``-12.345``) and a pooling name as long as ``mean-nobos``, is no wider than the 120
+    columns a pipe or log file gets: wider, Rich cuts every cell to ``0.2…``. Columns that come by prefix
+    (one per position, per task) are unbounded, so such a table names the console's columns itself."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from layerscope.analyses import registry
+
+    too_wide = []
+    for name, cls in sorted(registry.registry().items()):
+        decl = cls.metadata.figures
+        if decl is None:
+            continue
+        for i, table in enumerate(decl.tables):
+            if not (i == 0 or table.console is not None) or table.pivot is not None:
+                continue
+            if table.console is None and table.prefixes:
+                too_wide.append(f"{name}.{table.name}: columns by prefix {table.prefixes} and no console columns")
+                continue
+            columns = table.console if table.console is not None else table.columns
+            t = Table(title=f"{name} - some/model-name")
+            for c in columns:
+                t.add_column(c, justify="right")
+            t.add_row(*("mean-nobos" if c in ("pooling", "variant", "method") else "-12.345" for c in columns))
+            width = Console(width=1000).measure(t).maximum
+            if width > 120:
+                too_wide.append(f"{name}.{table.name}: {width} columns")
+    assert not too_wide, too_wide

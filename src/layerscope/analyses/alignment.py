@@ -92,7 +92,7 @@ FIGURES = Figures(
     tables=(Table(LAYERS_TABLE, _SHOWN, prefixes=("z_monte_carlo",),
                   numbers=tuple(c for c in _SHOWN if c not in ("pooling", "layer", "index")),
                   console=("layer", "pooling", "matched", "scrambled_mean", "z", "acc@1_src2tgt", "acc@1_tgt2src",
-                           "mrr_src2tgt", "mutual_knn", "pc0_abs_d")),),
+                           "mutual_knn", "pc0_abs_d")),),
     page=("neighbours",),
 )
 

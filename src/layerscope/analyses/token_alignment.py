@@ -45,7 +45,9 @@ FIGURES = Figures(
                                   "and the same with the shared tokens left out of the pooling."),
     ),
     tables=(Table(LAYERS_TABLE, ("layer", "shared_cosine", "specific_cosine", "special_cosine", "first_token_cosine",
-                                 "z", "z_without_shared"), prefixes=("pos",)),),
+                                 "z", "z_without_shared"), prefixes=("pos",),
+                  console=("layer", "shared_cosine", "specific_cosine", "special_cosine", "first_token_cosine", "z",
+                           "z_without_shared")),),
 )
 
 
