@@ -26,8 +26,8 @@ class FakeEngine(Engine):
     name = "fake"
     preferred_batch_tokens = 8192
 
-    def __init__(self, model, **options):
-        super().__init__(model)
+    def __init__(self, model, *, spec: registry.EngineSpec | None = None, **options):
+        super().__init__(model, spec)
         self.info.provider = "fake"
         # what it was opened with, recorded in the store's engine record (compared across executors)
         self.info.notes.append(OPENED + json.dumps(options, sort_keys=True))

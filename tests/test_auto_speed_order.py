@@ -109,26 +109,27 @@ class _Handle:
 
 
 class _Engine:
-    def __init__(self, name, handle, **options):
+    def __init__(self, name, handle, *, spec, **options):
         from types import SimpleNamespace
 
-        self.name, self.variant = name, options.get("variant")
+        self.name, self.variant, self.spec = name, options.get("variant"), spec
         self.info = SimpleNamespace(notes=[])
 
 
 @pytest.fixture
 def no_gpu(monkeypatch):
     """The registry as auto sees it, with engines that always start on CPU and GPU ones that never do."""
-    from types import SimpleNamespace
-
+    from layerscope.engines.registry import EngineSpec
     from layerscope.errors import EngineUnavailableError
 
     def unavailable(h, **o):
         raise EngineUnavailableError("no GPU here")
 
-    specs = {n: SimpleNamespace(name=n, factory=(lambda h, _n=n, **o: _Engine(_n, h, **o)))
-             for n in ("torch", "ort", "ov")}
-    specs.update({n: SimpleNamespace(name=n, factory=unavailable) for n in ("trt", "cuda")})
+    def declared(name, factory):
+        return EngineSpec(name, "a test engine", needs_export=True, device="any", factory=factory)
+
+    specs = {n: declared(n, lambda h, _n=n, **o: _Engine(_n, h, **o)) for n in ("torch", "ort", "ov")}
+    specs.update({n: declared(n, unavailable) for n in ("trt", "cuda")})
     monkeypatch.setattr(auto, "engines", lambda: specs)
     monkeypatch.setattr(auto, "auto_order", lambda *, explicit_variant: list(DECLARED))
     monkeypatch.setattr(auto, "fallback_engine", lambda: specs["torch"])

@@ -35,8 +35,8 @@ def test_auto_tries_todays_order():
 
 
 class _Recorder:
-    def __init__(self, handle, **options):
-        self.options = options
+    def __init__(self, handle, *, spec, **options):
+        self.spec, self.options = spec, options
         self.info = SimpleNamespace(notes=[])
 
 
@@ -99,6 +99,47 @@ def test_an_engine_that_picks_others_is_known_by_its_declaration_not_its_name(mo
         create_engine("single", handle, min_cosine=0.9)
     with pytest.raises(EngineUnavailableError, match="probed although"):
         require_engine("single")
+
+
+def test_an_engine_starts_knowing_the_declaration_it_is_made_from(monkeypatch):
+    """The declaration reaches the constructor: an engine made from a resolved choice reads that choice's
+    declaration while it starts (not one looked up again by its name), auto hands back an engine carrying the
+    picked engine's own declaration, and one made by its class directly finds its declaration by name.
+    Catches: the declaration set on the engine only after it was made, or auto's handed to the engine it picks."""
+    from dataclasses import replace
+
+    from layerscope.engines.base import Engine, create_engine
+    from layerscope.engines.registry import EngineChoice
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest_type import Manifest
+
+    class Quick(Engine):
+        name = "quick"
+
+        def __init__(self, model, *, spec=None, **options):
+            super().__init__(model, spec)
+            self.starting = self.spec  # what its constructor reads (TorchEngine reads its precision there)
+
+        def run(self, batch, layers, poolings):
+            raise NotImplementedError
+
+        def run_tokens(self, batch, layers):
+            raise NotImplementedError
+
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry.engines()))
+    registry.register(EngineSpec("quick", "a test engine", needs_export=True, device="cpu",
+                                 auto=(AutoRank(1, None, "fp32"),)))(Quick)
+    handle = ModelHandle("x", Path("export"), Manifest.from_dict({
+        "source": {"spec": "x"}, "family": "bert", "num_layers": 1, "hidden_size": 4,
+        "parity": {"outputs": {"hidden_states.0": {"min_cos": 1.0}}}}))
+    registered = registry.engines()["quick"]
+    choice = EngineChoice(replace(registered, pools_as_made=True))  # as a run resolved it: not the registry's
+    engine = create_engine(choice, handle)
+    assert engine.starting is choice.spec and engine.spec is choice.spec and engine.pools_as_made
+    picked = create_engine("auto", handle)
+    assert isinstance(picked, Quick) and picked.starting is registered and picked.spec is registered
+    direct = Quick(handle)
+    assert direct.starting is registered and not direct.pools_as_made
 
 
 def test_unknown_engine_names_every_declared_one_and_the_closest():

@@ -175,7 +175,7 @@ def test_pooled_store_has_no_tokens(tiny_model, tmp_path):
 KILLED_RUN = """
 import sys, time
 from layerscope.store import token_store
-real = token_store.TokenWriter.write
+real = token_store.TextTokenWriter.write
 calls = {"n": 0}
 def slow(self, batch, states):
     real(self, batch, states)
@@ -183,7 +183,7 @@ def slow(self, batch, states):
     if calls["n"] >= 6:  # slow from here on: rows get committed (every 2 s) while more are being written
         print("WRITING", flush=True)
         time.sleep(0.2)
-token_store.TokenWriter.write = slow
+token_store.TextTokenWriter.write = slow
 from layerscope.extraction.pipeline import extract
 extract(sys.argv[1], sys.argv[2], sys.argv[3], engine="ort", layers="all", poolings=["mean"], tokens=True,
         batch_tokens=64)
@@ -289,13 +289,13 @@ def test_cli_extract_tokens_says_its_cost_and_exports(tiny_model, tmp_path, caps
 def test_ort_fetches_pooled_and_token_outputs_in_one_run(bert_export, tmp_path, monkeypatch):
     """One session.run per batch, and the pooled rows are the graph's own (equal to a pooled-only run)."""
     from layerscope.engines.ort import OrtEngine
-    from layerscope.store.token_store import TokenWriter
+    from layerscope.store.token_store import TextTokenWriter
 
     calls, batches = [], []
-    real_run, real_write = OrtEngine._run, TokenWriter.write
+    real_run, real_write = OrtEngine._run, TextTokenWriter.write
     monkeypatch.setattr(OrtEngine, "_run", lambda self, batch, names: calls.append(list(names)) or
                         real_run(self, batch, names))
-    monkeypatch.setattr(TokenWriter, "write", lambda self, batch, states: batches.append(batch.size) or
+    monkeypatch.setattr(TextTokenWriter, "write", lambda self, batch, states: batches.append(batch.size) or
                         real_write(self, batch, states))
     store = extract(bert_export, TEXTS, tmp_path / "t", engine="ort", layers="all", poolings=["mean", "cls"],
                     tokens=True, batch_tokens=64).store

@@ -43,12 +43,14 @@ def candidate_min_cosine(manifest: Manifest, key: str, variant: str | None) -> t
 
 @register(EngineSpec("auto", "the fastest engine that starts here and whose recorded cosine to PyTorch fp32 meets "
                             "--min-cosine", needs_export=True, device="any", gradients=True, picks_engine=True))
-def pick_engine(handle, *, min_cosine: float | None = None, **options):
+def pick_engine(handle, *, spec: EngineSpec | None = None, min_cosine: float | None = None, **options):
+    """The first candidate that starts and meets ``min_cosine``, made from its own declaration (``spec``, auto's,
+    is not the engine's: the engine handed back carries the one it was made from)."""
     min_cos = DEFAULT_MIN_COSINE if min_cosine is None else float(min_cosine)
     if not 0.0 < min_cos <= 1.0:
         raise InputError(f"--min-cosine {min_cosine} must be in (0, 1], e.g. 0.9999")
     tried: list[str] = []
-    registry = {name: spec.factory for name, spec in engines().items()}
+    declared = engines()
     # an explicit variant: the engines that load a variant's file, in rank order, with that variant
     explicit = bool(options.get("variant"))
     order, ranked_by = auto_order(explicit_variant=explicit), ""
@@ -70,7 +72,7 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
         if variant:
             opts["variant"] = variant
         try:
-            engine = registry[name](handle, **opts)
+            engine = declared[name].make(handle, **opts)
         except EngineUnavailableError as exc:
             tried.append(f"{label}: {exc}")
             continue
@@ -83,6 +85,6 @@ def pick_engine(handle, *, min_cosine: float | None = None, **options):
                                                                       if tried else ""))
         return engine
     last = fallback_engine()
-    engine = last.factory(handle, **options)
+    engine = last.make(handle, **options)
     engine.info.notes.append(f"auto picked {last.name} after {'; '.join(tried)}")
     return engine

@@ -51,9 +51,11 @@ class Engine(ABC):
     attention_scores: bool = True  # holds a layer's whole [heads, T, T] attention at once (engines/memory.py)
     model: ModelHandle
     info: EngineInfo
+    _spec: EngineSpec | None = None  # the declaration it was made from (None: made by its class directly)
 
-    def __init__(self, model: ModelHandle):
+    def __init__(self, model: ModelHandle, spec: EngineSpec | None = None):
         self.model = model
+        self._spec = spec
         self.info = EngineInfo(self.name, "unknown", "cpu")
 
     @property
@@ -88,11 +90,10 @@ class Engine(ABC):
 
     @property
     def spec(self) -> EngineSpec:
-        """This engine's declaration (engines/registry.py): the one ``create_engine`` resolved it from, else
-        looked up by name (an engine made by its class directly)."""
-        declared = self.__dict__.get("declared")
-        if declared is not None:
-            return declared
+        """This engine's declaration (engines/registry.py): the one it was made from (``EngineSpec.make`` hands
+        it to the constructor), else looked up by name (an engine made by its class directly)."""
+        if self._spec is not None:
+            return self._spec
         from layerscope.engines.registry import engine_spec
 
         return engine_spec(self.name)
@@ -213,7 +214,4 @@ def create_engine(name, model: str | Any, **options) -> Engine:
                          "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
     if not spec.picks_engine and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
-    eng = spec.factory(handle, **options)
-    if getattr(eng, "name", None) == spec.name:  # auto hands back the engine it picked, with its own declaration
-        eng.declared = spec
-    return eng
+    return spec.make(handle, **options)  # auto hands back the engine it picked, made from that one's declaration

@@ -48,11 +48,11 @@ class OrtEngine(Engine):
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
-                 depth: int | None = None, pooled_only: bool = False, **options):
+                 depth: int | None = None, pooled_only: bool = False, spec: EngineSpec | None = None, **options):
         from layerscope.model.variants import run_variant, variant_onnx_file
 
         handle = model  # an export: create_engine refuses a plain model for this engine
-        super().__init__(handle)
+        super().__init__(handle, spec)
         self.options = options
         onnx_file = variant_onnx_file(handle.manifest, variant)  # refuses an OpenVINO precision in one line
         self.variant = run_variant(variant)

@@ -183,9 +183,10 @@ class OvEngine(OrtEngine):
 
     def __init__(self, model, *, threads: int | None = None, variant: str | None = None,
                  in_graph_pooling: bool = True, depth: int | None = None,
-                 pooled_only: bool = False, requests: int | None = None, attention: str | None = None, **options):
+                 pooled_only: bool = False, requests: int | None = None, attention: str | None = None,
+                 spec: EngineSpec | None = None, **options):
         handle = model  # an export: create_engine refuses a plain model for this engine
-        Engine.__init__(self, handle)
+        Engine.__init__(self, handle, spec)
         self.options = options
         precision = variant if variant not in (None, "", "ov-fp32") else "fp32"
         precision = precision[3:] if precision.startswith("ov-") else precision

@@ -121,7 +121,14 @@ class EngineSpec:
     # variant that precision runs) for those that run one; None: --variant is the export variant it loads
     precision_variants: tuple[tuple[str, str], ...] | None = None
     bench: tuple[BenchRow, ...] = ()
-    factory: Callable[..., Any] | None = field(default=None, compare=False)  # the engine class (or auto's picker)
+    factory: Callable[..., Any] | None = field(default=None, compare=False)  # the engine class (or auto's picker);
+    # called as factory(handle, spec=this declaration, **options) by ``make``
+
+    def make(self, handle, **options) -> Any:
+        """The engine this declares, started on ``handle``: its factory gets the declaration itself (``spec``),
+        so an engine knows what it was made from while it starts (an engine that picks another, auto, hands
+        back one made from that engine's declaration)."""
+        return self.factory(handle, spec=self, **options)
 
     @property
     def first_rank(self) -> float:

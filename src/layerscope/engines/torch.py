@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from layerscope.engines.base import Engine, pool_states
 from layerscope.engines.parity_texts import PARITY_TEXTS
-from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, Runtime, engine_spec, register
+from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, Runtime, register
 from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
@@ -87,14 +87,15 @@ class TorchEngine(Engine):
     depth: int | None = None  # the deepest layer this engine computes (None: every layer; engines/truncate.py)
 
     def __init__(self, model, *, device: str | None = None, threads: int | None = None, depth: int | None = None,
-                 attention: str | None = None, max_seq: int | None = None, **_ignored):
-        super().__init__(model)
+                 attention: str | None = None, max_seq: int | None = None, spec: EngineSpec | None = None,
+                 **_ignored):
+        super().__init__(model, spec)
         import torch
 
         from layerscope.model.source import load_torch_model, supports_sdpa
 
         # what it computes in, as its declaration says (the memory plan reads the same: engines/memory.py)
-        self.precision: str = engine_spec(self.name).precision
+        self.precision: str = self.spec.precision
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

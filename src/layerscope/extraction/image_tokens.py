@@ -21,7 +21,7 @@ import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.store.token_store import (GRID, IDS, SPECIAL, STRINGS, TokenSection, TokenWriter,
-                                            _encode_finite, create_token_arrays, describe_cost, layer_file)
+                                            create_token_arrays, describe_cost, layer_file)
 
 CLS, REGISTER, PATCH = 0, 1, 2
 TOKEN_STRINGS = {str(CLS): "<cls>", str(REGISTER): "<register>", str(PATCH): "<patch>"}
@@ -43,30 +43,27 @@ def image_layout(image) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class ImageTokenWriter(TokenWriter):
-    """Writes a batch's token states (``[batch, tokens, hidden]`` per layer) into its images' rows."""
+    """Writes a batch's token states (``[batch, tokens, hidden]`` per layer) into its images' rows: every token
+    of an image is real, so a batch needs no check before it runs (``keep`` holds the engine to the export's
+    token count)."""
 
     def __init__(self, root: Path, section: TokenSection, per_image: int):
         super().__init__(root, section)
         self.per_image = int(per_image)
 
-    def check(self, batch) -> None:
-        """Nothing to check before the batch runs: every image has the export's tokens (``write`` holds the
-        engine to that count)."""
-
     def keep(self, batch, layer: str, state: np.ndarray) -> np.ndarray:
-        """An image's tokens are all real: the layer's ``[batch, tokens, hidden]`` states as the engine gave them
-        (``write`` encodes them)."""
-        return np.asarray(state)
+        """The layer's ``[batch, tokens, hidden]`` states as ``[batch * tokens, hidden]`` in the storage type,
+        image by image; a token count other than the export's is refused in one line."""
+        state = np.asarray(state)
+        if state.shape[1] != self.per_image:
+            raise StoreError(f"the engine gave {state.shape[1]} tokens per image at layer {layer}, the export "
+                             f"records {self.per_image}")
+        return self.encode(state.reshape(-1, state.shape[-1]), layer)
 
-    def write(self, batch, states: list[np.ndarray]) -> None:
+    def write(self, batch, kept: list[np.ndarray]) -> None:
         rows = np.asarray(batch.index, dtype=np.int64)
         where = (rows[:, None] * self.per_image + np.arange(self.per_image)).ravel()
-        for layer, state in zip(self.section.layers, states):
-            state = np.asarray(state)
-            if state.shape[1] != self.per_image:
-                raise StoreError(f"the engine gave {state.shape[1]} tokens per image at layer {layer}, the export "
-                                 f"records {self.per_image}")
-            values = _encode_finite(state.reshape(-1, state.shape[-1]), self.section.dtype, layer)
+        for layer, values in zip(self.section.layers, kept):
             self._array(layer_file(layer))[where] = values
 
     def write_strings(self, tokenizer=None) -> None:

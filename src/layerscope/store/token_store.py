@@ -16,7 +16,7 @@ Inside the store directory (``extract ... --tokens``)::
 
 Every text's token count is known before the run (``lengths.npy``, capped at ``max_length``), so every array
 is reserved at its final size up front and each batch writes its texts' tokens into their own ranges;
-padding never reaches the store. The arrays are flushed before the rows are marked done (``TokenWriter``
+padding never reaches the store. The arrays are flushed before the rows are marked done (``TokenWriter.flush``
 and ``LayerStore.commit``), so a killed run resumes by redoing exactly the rows not marked done.
 
 ``store.json`` records ``token_arrays``: ``{"layers", "total_tokens", "dtype", "hidden_size"}`` (its
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -157,13 +158,15 @@ def token_layout_problems(root: Path, sec: TokenSection | None, *, n: int, layer
 
 # ---------------------------------------------------------------- writing
 
-class TokenWriter:
-    """Writes a batch's real tokens (never padding) into their texts' ranges of the reserved arrays."""
+class TokenWriter(ABC):
+    """The reserved token arrays of a store, open for writing, flushed and closed. What a store keeps of each
+    layer (``keep``, called as the engine hands the layer over), where it goes (``write``) and how its ids are
+    named (``write_strings``) are the text and image writers' own (``TextTokenWriter`` here, which also checks
+    a batch against the spool before it runs; ``ImageTokenWriter`` in extraction/image_tokens.py)."""
 
     def __init__(self, root: Path, section: TokenSection):
         self.root = Path(root)
         self.section = section
-        self.offsets = np.load(self.root / OFFSETS)
         self._arrays: dict[str, np.ndarray] = {}
 
     def _array(self, rel: str) -> np.ndarray:
@@ -171,40 +174,22 @@ class TokenWriter:
             self._arrays[rel] = np.load(self.root / rel, mmap_mode="r+")
         return self._arrays[rel]
 
-    def check(self, batch) -> None:
-        """One line when ``batch`` cannot be written: tokenized without details, or a text whose token count
-        differs from the one spooled (call before the batch runs)."""
-        if batch.special is None or batch.spans is None:
-            raise StoreError("token extraction needs batches tokenized with details (special mask, spans)")
-        counts = (np.asarray(batch.mask) > 0).sum(axis=1)
-        rows = np.asarray(batch.index, dtype=np.int64)
-        want = self.offsets[rows + 1] - self.offsets[rows]
-        if not np.array_equal(counts, want):
-            i = int(np.nonzero(counts != want)[0][0])
-            raise StoreError(f"text {int(rows[i])} has {int(counts[i])} tokens in its batch, {int(want[i])} "
-                             "were counted when the corpus was spooled; re-run with --force")
+    def encode(self, values: np.ndarray, layer: str) -> np.ndarray:
+        """``values`` (``[tokens, hidden]``) in the storage type, refused in one line where not finite or out
+        of its range."""
+        return _encode_finite(values, self.section.dtype, layer)
 
+    @abstractmethod
     def keep(self, batch, layer: str, state: np.ndarray) -> np.ndarray:
-        """What the store keeps of one layer's ``[batch, seq, hidden]`` states: the real tokens' vectors
-        ``[tokens, hidden]`` in the storage type (refused in one line where not finite or out of its range)."""
-        return _encode_finite(np.asarray(state)[np.asarray(batch.mask) > 0], self.section.dtype, layer)
+        """What the store keeps of one layer's ``[batch, seq, hidden]`` states: ``[tokens, hidden]`` encoded."""
 
-    def write(self, batch, states: list[np.ndarray]) -> None:
-        """``states``: per layer of the section, ``[batch, seq, hidden]`` (the engine's ``run_tokens``), or
-        what ``keep`` made of them (two-dimensional)."""
-        self.check(batch)
-        valid = np.asarray(batch.mask) > 0
-        rows = np.asarray(batch.index, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(valid.sum(axis=1))])
-        flat = {IDS: np.asarray(batch.input_ids)[valid].astype(np.int32),
-                SPECIAL: np.asarray(batch.special)[valid].astype(np.uint8),
-                SPANS: np.asarray(batch.spans)[valid].astype(np.int32)}
-        for layer, state in zip(self.section.layers, states):
-            flat[layer_file(layer)] = state if np.ndim(state) == 2 else self.keep(batch, layer, state)
-        for rel, values in flat.items():
-            dst = self._array(rel)
-            for i, row in enumerate(rows):
-                dst[self.offsets[row]:self.offsets[row + 1]] = values[starts[i]:starts[i + 1]]
+    @abstractmethod
+    def write(self, batch, kept: list[np.ndarray]) -> None:
+        """``kept``: per layer of the section, what ``keep`` made of it, written into the batch's rows."""
+
+    @abstractmethod
+    def write_strings(self, tokenizer) -> None:
+        """``strings.json``: the token string of every id stored, so readers need no tokenizer."""
 
     def flush(self) -> None:
         """Everything written so far is on disk (call before the rows are marked done)."""
@@ -218,8 +203,48 @@ class TokenWriter:
         self.flush()
         self._arrays.clear()
 
+
+class TextTokenWriter(TokenWriter):
+    """Writes a batch's real tokens (never padding) into their texts' ranges of the reserved arrays."""
+
+    def __init__(self, root: Path, section: TokenSection):
+        super().__init__(root, section)
+        self.offsets = np.load(self.root / OFFSETS)
+
+    def check(self, batch) -> None:
+        """One line when ``batch`` cannot be written: tokenized without details, or a text whose token count
+        differs from the one spooled (``TokenRun`` calls it before the batch runs)."""
+        if batch.special is None or batch.spans is None:
+            raise StoreError("token extraction needs batches tokenized with details (special mask, spans)")
+        counts = (np.asarray(batch.mask) > 0).sum(axis=1)
+        rows = np.asarray(batch.index, dtype=np.int64)
+        want = self.offsets[rows + 1] - self.offsets[rows]
+        if not np.array_equal(counts, want):
+            i = int(np.nonzero(counts != want)[0][0])
+            raise StoreError(f"text {int(rows[i])} has {int(counts[i])} tokens in its batch, {int(want[i])} "
+                             "were counted when the corpus was spooled; re-run with --force")
+
+    def keep(self, batch, layer: str, state: np.ndarray) -> np.ndarray:
+        """The real tokens' vectors ``[tokens, hidden]`` of one layer's ``[batch, seq, hidden]`` states, in the
+        storage type."""
+        return self.encode(np.asarray(state)[np.asarray(batch.mask) > 0], layer)
+
+    def write(self, batch, kept: list[np.ndarray]) -> None:
+        """``kept``: per layer of the section, ``keep``'s ``[tokens, hidden]``; the ids, special mask and spans
+        come from the batch (checked before it ran)."""
+        valid = np.asarray(batch.mask) > 0
+        rows = np.asarray(batch.index, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(valid.sum(axis=1))])
+        flat = {IDS: np.asarray(batch.input_ids)[valid].astype(np.int32),
+                SPECIAL: np.asarray(batch.special)[valid].astype(np.uint8),
+                SPANS: np.asarray(batch.spans)[valid].astype(np.int32)}
+        flat.update((layer_file(layer), values) for layer, values in zip(self.section.layers, kept))
+        for rel, values in flat.items():
+            dst = self._array(rel)
+            for i, row in enumerate(rows):
+                dst[self.offsets[row]:self.offsets[row + 1]] = values[starts[i]:starts[i + 1]]
+
     def write_strings(self, tokenizer) -> None:
-        """``strings.json``: the token string of every id stored, so readers need no tokenizer."""
         from layerscope.atomic import write_json_atomic
 
         ids = np.load(self.root / IDS, mmap_mode="r")

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from layerscope.errors import StoreError
 from layerscope.store import store_dtype
-from layerscope.store.token_store import TokenWriter, create_token_arrays, describe_cost
+from layerscope.store.token_store import TextTokenWriter, TokenWriter, create_token_arrays, describe_cost
+
+if TYPE_CHECKING:
+    from layerscope.model.tokenize import Batch
 
 log = logging.getLogger("layerscope")
 
@@ -27,13 +31,19 @@ def tokens_dtype(tokens: bool, dtype: str) -> str | None:
 
 
 class TokenRun:
-    def __init__(self, writer: TokenWriter):
+    """A run's token arrays, written batch by batch through ``writer``; ``check`` (the text writer's) refuses a
+    batch that cannot be written before the engine runs it (an image batch needs none: every image has the
+    export's tokens, which the image writer's ``keep`` holds the engine to)."""
+
+    def __init__(self, writer: TokenWriter, check: Callable[[Batch], None] | None = None):
         self.writer = writer
+        self.check = check
 
     def run(self, eng, batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         """The batch's pooled vectors; its token vectors are written on the way (one forward pass), each layer
         held only as the store keeps it (real tokens, storage type) from the moment the engine hands it over."""
-        self.writer.check(batch)
+        if self.check is not None:
+            self.check(batch)  # before the expensive work
         pooled, kept = eng.run_keeping_tokens(batch, layers, poolings, list(self.writer.section.layers),
                                               lambda layer, states: self.writer.keep(batch, layer, states))
         self.writer.write(batch, kept)
@@ -64,4 +74,5 @@ def start_tokens(store, lengths: np.ndarray, layers: list[str]) -> TokenRun | No
                                hidden, want.dtype))
         section = create_token_arrays(Path(store.path), lengths, max_length, layers, hidden, want.dtype)
         store.add_token_arrays(section)
-    return TokenRun(TokenWriter(Path(store.path), section))
+    writer = TextTokenWriter(Path(store.path), section)
+    return TokenRun(writer, writer.check)
