@@ -189,6 +189,32 @@ def test_auto_runs_the_whole_graph_until_a_batch_passes_slice_from(qwen3, bert_e
         create_engine("ort", bert_export, attention="blocked")
 
 
+def test_deciding_on_blocks_imports_neither_transformers_nor_torch(qwen3):
+    """The ort engine that runs blocks (asked, or under auto past SLICE_FROM) and the memory plan read the model's
+    kind from its manifest: deriving its family again would import transformers and torch, some 400 MiB resident
+    for the rest of the run, in a process that otherwise needs neither."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\n"
+            "from layerscope.engines.base import create_engine\n"
+            "from layerscope.engines.memory import shape_planned\n"
+            "from layerscope.engines.registry import resolve_engine\n"
+            "from layerscope.model.handle import ModelHandle\n"
+            f"h = ModelHandle.resolve({str(qwen3)!r})\n"
+            "for kw in ({'attention': 'blocked'}, {'max_seq': 4096}):\n"
+            "    eng = create_engine('ort', h, **kw)\n"
+            "    assert eng.attention_rows, kw\n"
+            "assert shape_planned(h, resolve_engine('ort'), depth=None, tokens=False, max_seq=4096).attention_rows\n"
+            "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
 def test_ov_in_flight_hands_back_its_batches_before_it_moves_to_blocks(qwen3, monkeypatch):
     """OpenVINO with two batches in flight: the batches in flight when a long one comes are handed back before
     the graph it leaves is released, so no compiled model is ever held beside another, and every batch's vectors

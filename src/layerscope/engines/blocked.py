@@ -159,10 +159,8 @@ def may_block(manifest, model_dir: Path | None) -> bool:
     """Whether a model's attention is one the blocks compute (a causal decoder attending to the whole past, by
     its config.json), before any graph is read: what the memory plan charges (engines/memory.py). The graph's
     own pattern is checked when the derived graph is made (a ``gqa`` variant's fused attention fails there)."""
-    from layerscope.model.families import family_of
-
     try:
-        if model_dir is None or family_of(manifest).kind != "decoder":
+        if model_dir is None or manifest.kind != "decoder":  # recorded: no transformers import to learn it
             return False
         attention_config(Path(model_dir) / "config.json")
     except CannotBlock:
@@ -182,11 +180,10 @@ def engine_blocks(engine, path: Path, pooled_layers: list[str], asked: str | Non
     if above is None:
         return path
     from layerscope.engines.truncate import probe_feeds
-    from layerscope.model.families import family_of
 
     manifest = engine.manifest
-    try:
-        if family_of(manifest).kind != "decoder":
+    try:  # the kind the manifest records: deriving the family again imports transformers (~400 MiB resident)
+        if manifest.kind != "decoder":
             raise CannotBlock("an encoder's tokens attend both ways, and the blocks mask the future")
         got = blocked_graph(path, Path(engine.model.export_dir) / "config.json", pooled_layers=pooled_layers,
                             tolerance=manifest.parity.tolerance_abs if manifest.parity else None,
