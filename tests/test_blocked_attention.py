@@ -323,3 +323,17 @@ def test_a_sharded_store_says_blocks_ran_where_a_later_range_moved_to_them(qwen3
     notes = LayerStore.open(tmp_path / "s").engine_info["notes"]
     assert any(n.endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on") for n in notes), notes
     assert any(n.endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on") for n in rep.engine["notes"])
+
+
+def test_a_batch_shorter_than_a_block_is_not_padded_to_one(qwen3):
+    """Short texts in the graph in blocks: a batch narrower than a block runs as one block of its own width, so no
+    node makes a tensor larger than the whole graph's largest (padding its queries to 64 rows did: several
+    ``[B, heads, 64, head_dim]`` tensors per layer), and its vectors are the whole graph's."""
+    whole = create_engine("ort", qwen3, attention="whole")
+    blocked = create_engine("ort", qwen3, attention="blocked")
+    short = whole.encoder()(TEXTS[:1] + TEXTS[2:] + ["the cat", "a dog ran far away from home today"] * 8)
+    assert short.input_ids.shape[1] < BLOCK_ROWS // 2
+    assert _largest_node_output(blocked, short) <= _largest_node_output(whole, short)
+    layers = whole.layer_names
+    for layer, w, g in zip(layers, whole.run_tokens(short, layers), blocked.run_tokens(short, layers)):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=0, err_msg=f"layer {layer}")

@@ -10,7 +10,8 @@ CPU attention kernels do not bound that for a causal grouped-query layer (measur
 In the derived graph each layer's attention, from the scores' ``MatMul`` to the values' ``MatMul``, is one
 ONNX ``Loop`` over blocks of ``BLOCK_ROWS`` query rows. A block's scores are ``heads x BLOCK_ROWS x K``, ``K``
 the keys up to the block's last row; the future and padded keys are masked, the row softmaxed and multiplied
-with those keys' values. The blocks' outputs are stacked, and the rows that padded the last block cut. Key
+with those keys' values. The blocks' outputs are stacked, and the rows that padded the last block cut (a batch
+shorter than a block is one block of its own length: its queries are not padded). Key
 and value heads are read in place by broadcasting over each group of query heads (no ``repeat_kv`` copy),
 and the square mask, read by nothing any more, is pruned. A layer's attention then holds
 ``2 x heads x BLOCK_ROWS x T`` floats: linear in ``T``.
@@ -46,7 +47,7 @@ from typing import Callable
 from layerscope.engines.blocked_graph import BLOCK_ROWS, CannotBlock, attention_config, rewrite
 from layerscope.engines.registry import EngineOption
 
-RECIPE = 1  # bump when the derived graph is built differently: cached ones are made again
+RECIPE = 2  # bump when the derived graph is built differently: cached ones are made again
 SUFFIX = ".blocked"
 
 
