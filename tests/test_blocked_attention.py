@@ -123,18 +123,129 @@ def test_the_derived_graph_is_cached_with_its_check(qwen3):
     assert first.attention_rows == again.attention_rows == BLOCK_ROWS
 
 
-def test_auto_blocks_long_runs_of_decoders_only(qwen3, bert_export):
-    assert pick_blocks(None, 2048) and pick_blocks("auto", 1025) and pick_blocks("blocked", None)
-    assert not pick_blocks(None, 1024) and not pick_blocks(None, None) and not pick_blocks("whole", 32768)
+def test_pick_blocks_says_from_which_width_blocks_run():
+    from layerscope.engines.torch import SLICE_FROM
+
+    assert pick_blocks("blocked", None) == 0 and pick_blocks("blocked", 512) == 0  # every batch
+    assert pick_blocks(None, 2048) == pick_blocks("auto", SLICE_FROM + 1) == SLICE_FROM  # batches past it
+    for asked, max_seq in ((None, SLICE_FROM), (None, None), ("auto", 512), ("whole", 32768)):
+        assert pick_blocks(asked, max_seq) is None, (asked, max_seq)  # none
     with pytest.raises(InputError, match="attention='sliced'"):
         pick_blocks("sliced", 2048)
-    assert create_engine("ort", qwen3, max_seq=4096).attention == "blocked"
-    assert create_engine("ort", qwen3, max_seq=512).attention == "whole"
+
+
+def test_auto_runs_the_whole_graph_until_a_batch_passes_slice_from(qwen3, bert_export, monkeypatch):
+    """Under auto, where the run's texts may pass SLICE_FROM (here lowered to 64 so the tiny model's long text
+    passes it), the engine opens the source graph and moves onto the one in blocks before the first batch
+    wider than 64 tokens, the source graph's session released first; its vectors are the whole graph's."""
+    import weakref
+
+    from layerscope.engines import ort as ort_module
+
+    monkeypatch.setattr("layerscope.engines.torch.SLICE_FROM", BLOCK_ROWS)
+    whole = create_engine("ort", qwen3, attention="whole")
+    assert create_engine("ort", qwen3, max_seq=BLOCK_ROWS).blocks_graph is None  # no text can pass it
+    eng = create_engine("ort", qwen3, max_seq=4096)
+    assert (eng.attention, eng.blocks_above, eng.attention_rows) == ("whole", BLOCK_ROWS, BLOCK_ROWS)
+    assert eng.graph_path == qwen3 / "model.onnx" and (qwen3 / "model.blocked.onnx").is_file()  # checked, not open
+    assert not any("blocks" in n for n in eng.info.notes), eng.info.notes
+    layers = whole.layer_names
+    short, long_batch = whole.encoder()(TEXTS[:1] + TEXTS[2:]), whole.encoder()([LONG])
+    assert short.input_ids.shape[1] <= BLOCK_ROWS < long_batch.input_ids.shape[1]
+
+    def same(batch):
+        for layer, w, g in zip(layers, whole.run_tokens(batch, layers), eng.run_tokens(batch, layers)):
+            np.testing.assert_allclose(g, w, atol=1e-5, rtol=0, err_msg=f"layer {layer}")
+
+    same(short)
+    assert eng.attention == "whole" and eng.graph_path == qwen3 / "model.onnx"
+    alive = weakref.WeakSet([eng.session])
+    real = ort_module.make_session
+
+    def counted(*args, **kwargs):  # the source graph's session is gone before the next one is made
+        assert len(alive) == 0, "two sessions held at once"
+        made = real(*args, **kwargs)
+        alive.add(made)
+        return made
+
+    monkeypatch.setattr(ort_module, "make_session", counted)
+    old_options = eng.session.get_session_options()
+    threads = old_options.intra_op_num_threads
+    same(long_batch)
+    assert (eng.attention, eng.blocks_above) == ("blocked", 0) and eng.graph_path == qwen3 / "model.blocked.onnx"
+    assert eng.session.get_session_options().intra_op_num_threads == threads
+    assert eng.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert "Loop" in _main_graph_ops(eng.graph_path)
+    note = [n for n in eng.info.notes if "blocks" in n]
+    assert len(note) == 1 and note[0].startswith(f"attention in blocks of {BLOCK_ROWS} query rows") \
+        and note[0].endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on"), eng.info.notes
+    same(short)  # it stays in blocks
+    assert eng.graph_path == qwen3 / "model.blocked.onnx" and len(alive) == 1
+    monkeypatch.setattr(ort_module, "make_session", real)
     encoder = create_engine("ort", bert_export, max_seq=4096)  # an encoder attends both ways: whole, said
-    assert encoder.attention == "whole" and encoder.attention_rows is None
+    assert encoder.attention == "whole" and encoder.attention_rows is None and encoder.blocks_graph is None
     assert any(n.startswith("attention computed whole") for n in encoder.info.notes), encoder.info.notes
     with pytest.raises(InputError, match="attention=blocked: .* cannot run its attention in blocks"):
         create_engine("ort", bert_export, attention="blocked")
+
+
+def test_deciding_on_blocks_imports_neither_transformers_nor_torch(qwen3):
+    """The ort engine that runs blocks (asked, or under auto past SLICE_FROM) and the memory plan read the model's
+    kind from its manifest: deriving its family again would import transformers and torch, some 400 MiB resident
+    for the rest of the run, in a process that otherwise needs neither."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\n"
+            "from layerscope.engines.base import create_engine\n"
+            "from layerscope.engines.memory import shape_planned\n"
+            "from layerscope.engines.registry import resolve_engine\n"
+            "from layerscope.model.handle import ModelHandle\n"
+            f"h = ModelHandle.resolve({str(qwen3)!r})\n"
+            "for kw in ({'attention': 'blocked'}, {'max_seq': 4096}):\n"
+            "    eng = create_engine('ort', h, **kw)\n"
+            "    assert eng.attention_rows, kw\n"
+            "assert shape_planned(h, resolve_engine('ort'), depth=None, tokens=False, max_seq=4096).attention_rows\n"
+            "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_ov_in_flight_hands_back_its_batches_before_it_moves_to_blocks(qwen3, monkeypatch):
+    """OpenVINO with two batches in flight: the batches in flight when a long one comes are handed back before
+    the graph it leaves is released, so no compiled model is ever held beside another, and every batch's vectors
+    are the whole graph's, in order."""
+    pytest.importorskip("openvino")
+    import weakref
+
+    from layerscope.engines import ov as ov_module
+
+    monkeypatch.setattr("layerscope.engines.torch.SLICE_FROM", BLOCK_ROWS)
+    whole = create_engine("ov", qwen3, attention="whole", requests=1)
+    eng = create_engine("ov", qwen3, max_seq=4096, requests=2)
+    assert eng.requests == 2 and eng.attention == "whole" and eng.blocks_above == BLOCK_ROWS
+    alive = weakref.WeakSet([eng.session])
+    real = ov_module.OvSession
+
+    class Counted(real):
+        def __init__(self, *args, **kwargs):
+            assert len(alive) == 0, "two compiled models held at once"
+            super().__init__(*args, **kwargs)
+            alive.add(self)
+
+    monkeypatch.setattr(ov_module, "OvSession", Counted)
+    enc = whole.encoder()
+    batches = [enc(["a cat sat on the mat"]), enc(["hi", "the dog runs"]), enc([LONG]), enc(["Water boils."])]
+    got = list(eng.run_stream(batches, ["0", "2"], ["mean"]))
+    assert [b is c for (b, _), c in zip(got, batches)] == [True] * 4
+    for (batch, pooled) in got:
+        np.testing.assert_allclose(pooled["mean"], whole.run(batch, ["0", "2"], ["mean"])["mean"], atol=1e-5, rtol=0)
+    assert eng.attention == "blocked" and len(alive) == 1
+    assert any(n.endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on") for n in eng.info.notes)
 
 
 def test_the_memory_check_charges_blocks_linearly(qwen3):
@@ -153,3 +264,76 @@ def test_the_memory_check_charges_blocks_linearly(qwen3):
     assert check_longest_text(blocked, t, available=in_blocks).bytes == in_blocks
     with pytest.raises(InputError, match=f"the longest text has {t} tokens"):
         check_longest_text(whole, t, available=in_blocks)
+
+
+def _opened(monkeypatch) -> list:
+    """The graph files the ort engines open sessions on from now on (early exit's and the blocks' checks aside)."""
+    from layerscope.engines import ort as ort_module
+
+    opened: list = []
+    real = ort_module.make_session
+    monkeypatch.setattr(ort_module, "make_session",
+                        lambda path, *a, **k: opened.append(path.name) or real(path, *a, **k))
+    return opened
+
+
+def test_a_corpus_of_short_texts_never_opens_the_graph_in_blocks(qwen3, tmp_path, monkeypatch):
+    """The model's limit (128) passes SLICE_FROM (lowered to 64): a corpus whose texts all stay within 64 tokens
+    runs the whole graph and its store says nothing of blocks; one with a longer text moves to blocks at it,
+    says so, and stores the whole graph's vectors."""
+    from layerscope.extraction.pipeline import extract
+    from layerscope.store.store import LayerStore
+
+    monkeypatch.setattr("layerscope.engines.torch.SLICE_FROM", BLOCK_ROWS)
+    whole = extract(qwen3, TEXTS, tmp_path / "whole", engine="ort", layers="all", poolings=["mean"],
+                    engine_options={"attention": "whole"})
+    opened = _opened(monkeypatch)
+    short = [t for t in TEXTS if t != LONG]
+    rep = extract(qwen3, short, tmp_path / "short", engine="ort", layers="all", poolings=["mean"])
+    assert opened and not any(".blocked." in name for name in opened), opened
+    assert not any("blocks" in n for n in rep.engine["notes"]), rep.engine["notes"]
+    assert not any("blocks" in n for n in LayerStore.open(tmp_path / "short").engine_info["notes"])
+    opened.clear()
+    rep = extract(qwen3, TEXTS, tmp_path / "mixed", engine="ort", layers="all", poolings=["mean"])
+    graphs = [name for name in opened if name.startswith("model.")]  # a provider's probe graph aside
+    assert [".blocked." in name for name in graphs] == [False, True], opened
+    recorded = LayerStore.open(tmp_path / "mixed").engine_info["notes"]
+    for notes in (rep.engine["notes"], recorded):
+        assert any(n.endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on") for n in notes), notes
+    mixed, ref = LayerStore.open(tmp_path / "mixed"), LayerStore.open(tmp_path / "whole")
+    assert whole.n == mixed.n
+    for layer in ["0", "1", "2"]:
+        np.testing.assert_allclose(mixed["mean", layer], ref["mean", layer], atol=1e-5, rtol=0, err_msg=layer)
+
+
+def test_a_sharded_store_says_blocks_ran_where_a_later_range_moved_to_them(qwen3, tmp_path, monkeypatch):
+    """Range 0 holds short texts only, range 1 a long one: the engine moves to blocks in range 1, and the
+    finished store's engine record says so (not the first range's record alone)."""
+    from layerscope.extraction.request import ExtractionRequest
+    from layerscope.extraction.shard_extract import extract_shard
+    from layerscope.store.store import LayerStore
+    from layerscope.store.store_ranges import GRANULE
+
+    monkeypatch.setattr("layerscope.engines.torch.SLICE_FROM", BLOCK_ROWS)
+    monkeypatch.setenv("LAYERSCOPE_RANGE_ROWS", str(GRANULE))
+    texts = [f"text number {i} is short" for i in range(GRANULE)] + [LONG, "hi"]
+    req = ExtractionRequest.of(qwen3, texts, tmp_path / "s", engine="ort", layers="all", poolings=["mean"])
+    rep = extract_shard(req, 0, 1)
+    assert rep.complete and rep.ranges.computed == 2
+    notes = LayerStore.open(tmp_path / "s").engine_info["notes"]
+    assert any(n.endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on") for n in notes), notes
+    assert any(n.endswith(f"from the first batch past {BLOCK_ROWS:,} tokens on") for n in rep.engine["notes"])
+
+
+def test_a_batch_shorter_than_a_block_is_not_padded_to_one(qwen3):
+    """Short texts in the graph in blocks: a batch narrower than a block runs as one block of its own width, so no
+    node makes a tensor larger than the whole graph's largest (padding its queries to 64 rows did: several
+    ``[B, heads, 64, head_dim]`` tensors per layer), and its vectors are the whole graph's."""
+    whole = create_engine("ort", qwen3, attention="whole")
+    blocked = create_engine("ort", qwen3, attention="blocked")
+    short = whole.encoder()(TEXTS[:1] + TEXTS[2:] + ["the cat", "a dog ran far away from home today"] * 8)
+    assert short.input_ids.shape[1] < BLOCK_ROWS // 2
+    assert _largest_node_output(blocked, short) <= _largest_node_output(whole, short)
+    layers = whole.layer_names
+    for layer, w, g in zip(layers, whole.run_tokens(short, layers), blocked.run_tokens(short, layers)):
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=0, err_msg=f"layer {layer}")

@@ -14,14 +14,14 @@ from layerscope.extraction.request import ExtractionRequest
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while a cat sat on the mat"] * 3)
 TEXTS = ["a cat sat on the mat", LONG, "hi", "the dog runs", "Water boils at 100 degrees Celsius."]
-# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of every layer on ort holds
-# every layer at once (its in-graph pooling stacks them): attention 2*4*T*T, the states of raw and layers 0..2
-# (2 + 2)*T*32 and the feed-forward 4*T*32 fp32 floats
+# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of every layer on ort fetches
+# the in-graph pooled vectors alone, so its graph pools each layer as it is made and holds one layer's states:
+# attention 2*4*T*T (an encoder: whole), one layer's states T*32 and the feed-forward 4*T*32 fp32 floats
 LONGEST = 98  # the long text's tokens ([CLS] and [SEP] included; tests/extraction/test_long_texts.py)
 
 
 def floor(tokens: int) -> int:
-    return (2 * 4 * tokens * tokens + 4 * tokens * 32 + 4 * tokens * 32) * 4
+    return (2 * 4 * tokens * tokens + 1 * tokens * 32 + 4 * tokens * 32) * 4
 
 
 def _shard(bert_export, out, monkeypatch, available: int):
@@ -149,3 +149,100 @@ def test_a_ray_run_whose_longest_text_cannot_fit_is_refused_before_any_actor(ber
         ray_extract.extract_ray(bert_export, TEXTS, tmp_path / "s", address="local", workers=2, engine="ort",
                                 layers="all", poolings=["mean"])
     assert not np.load(tmp_path / "s" / "done.npy").any()
+
+
+def _qwen3_floor(tokens: int, *, rows: int | None, layers_alive: int) -> int:
+    """The tiny Qwen3's floor by hand (4 heads, 32 wide): attention 2*4*T*rows floats (rows = T where computed
+    whole), ``layers_alive`` layers' states T*32 each, the feed-forward 4*T*32; fp32."""
+    return (2 * 4 * tokens * (tokens if rows is None else min(rows, tokens)) + layers_alive * tokens * 32
+            + 4 * tokens * 32) * 4
+
+
+@pytest.mark.parametrize("name", ["ort", "ov"])
+def test_the_plan_of_the_onnx_engines_is_what_they_start_as(name, tiny_export, bert_export):
+    """``shape_planned`` of ort and ov equals the started engine's ``shape_of``: blocks charged where the engine
+    runs them (asked, or under auto past SLICE_FROM on a decoder), whole attention otherwise (an encoder, short
+    runs, asked), one layer's states in a run of in-graph pooled vectors only, every layer read otherwise."""
+    if name == "ov":
+        pytest.importorskip("openvino")
+    from layerscope.engines.base import create_engine
+    from layerscope.engines.memory import shape_of, shape_planned
+    from layerscope.engines.registry import resolve_engine
+    from layerscope.model.handle import ModelHandle
+
+    seen = set()
+    for model in (tiny_export("qwen3", pooled=["mean"]), bert_export):
+        handle = ModelHandle.resolve(str(model))
+        for asked, max_seq in (({}, None), ({}, 512), ({}, 4096), ({"attention": "whole"}, 4096),
+                               ({"attention": "blocked"}, None)):
+            if asked.get("attention") == "blocked" and model == bert_export:
+                continue  # refused when it starts (tests/test_blocked_attention.py)
+            for pooled_only in (True, False):
+                eng = create_engine(name, handle, max_seq=max_seq, pooled_only=pooled_only, **asked)
+                for tokens in (False,) if pooled_only else (False, True):
+                    planned = shape_planned(handle, resolve_engine(name, asked), depth=None, tokens=tokens,
+                                            max_seq=max_seq, pooled_only=pooled_only)
+                    assert planned == shape_of(eng, tokens=tokens), (model.name, asked, max_seq, pooled_only, tokens)
+                    seen.add((planned.attention_rows, planned.blocks_above, planned.layer_at_a_time))
+    from layerscope.engines.torch import SLICE_FROM
+
+    assert {(64, SLICE_FROM, True), (64, 0, True), (None, 0, True), (None, 0, False)} <= seen
+
+
+def test_the_planned_floor_of_an_onnx_engine_by_hand(tiny_export):
+    """What ``shape_planned`` charges ort for a text of T tokens on the tiny Qwen3 (pooled vectors only), by hand:
+    blocks of 64 rows past SLICE_FROM under auto and the whole square up to it, always blocks where asked, the
+    whole square where asked; the costliest text up to the longest, and the longest that fits."""
+    from layerscope.engines.memory import longest_that_fits, shape_planned
+    from layerscope.engines.registry import resolve_engine
+    from layerscope.engines.torch import SLICE_FROM
+    from layerscope.model.handle import ModelHandle
+
+    handle = ModelHandle.resolve(str(tiny_export("qwen3", pooled=["mean"])))
+
+    def planned(asked=None, *, tokens=False):
+        return shape_planned(handle, resolve_engine("ort", asked or {}), depth=None, tokens=tokens, max_seq=32768,
+                             pooled_only=not tokens)
+
+    auto, whole, blocked = planned(), planned({"attention": "whole"}), planned({"attention": "blocked"})
+    assert auto.cost(2000).bytes == _qwen3_floor(2000, rows=64, layers_alive=1) \
+        == (2 * 4 * 2000 * 64 + 5 * 2000 * 32) * 4
+    assert auto.cost(SLICE_FROM).bytes == _qwen3_floor(SLICE_FROM, rows=None, layers_alive=1)
+    assert whole.cost(2000).bytes == _qwen3_floor(2000, rows=None, layers_alive=1)
+    assert blocked.cost(2000).bytes == auto.cost(2000).bytes and blocked.cost(40).bytes == _qwen3_floor(
+        40, rows=None, layers_alive=1)  # a text within one block holds its whole square
+    assert blocked.cost(SLICE_FROM).bytes == _qwen3_floor(SLICE_FROM, rows=64, layers_alive=1)
+    # token states fetched: raw and layers 0..2 alive at once
+    assert planned(tokens=True).cost(2000).bytes == _qwen3_floor(2000, rows=64, layers_alive=4)
+    # a run whose longest text has 2,000 tokens may hold one of 1,024 computed whole: the costliest
+    at_slice = (2 * 4 * 1024 * 1024 + 5 * 1024 * 32) * 4
+    assert auto.peak(2000).bytes == at_slice and auto.peak(2000).tokens == SLICE_FROM
+    assert blocked.peak(2000).tokens == 2000 and whole.peak(2000).tokens == 2000
+    # every text up to T fits a budget of exactly that: past 1,024, blocks of 2688 bytes a token (4 * (8 * 64 + 160))
+    assert longest_that_fits(at_slice, **auto.args()) == at_slice // 2688 == 12726
+    assert longest_that_fits(at_slice - 1, **auto.args()) == 1023  # the 1,024-token text's square does not fit
+
+
+def test_a_shard_plan_of_blocks_fits_without_counting_tokens(tiny_export, tmp_path, monkeypatch):
+    """--shard and Ray charge ort what it will run: on the tiny Qwen3 (limit 128 tokens, SLICE_FROM lowered to
+    64), pooled vectors only, the costliest text up to 128 tokens is one of 128 in blocks of 64 rows with one
+    layer's states; memory of exactly that passes with no token counted."""
+    from layerscope.extraction.prepare import check_ranges_fit, prepare_request
+    from layerscope.model.tokenize import Encoder
+
+    monkeypatch.setattr("layerscope.engines.torch.SLICE_FROM", 64)
+    qwen3 = tiny_export("qwen3", pooled=["mean"])
+    req = ExtractionRequest.of(qwen3, TEXTS, tmp_path / "s", engine="ort", layers="all", poolings=["mean"])
+    ex = prepare_request(req)
+    assert ex.max_length == 128
+    need = max(_qwen3_floor(128, rows=64, layers_alive=1), _qwen3_floor(64, rows=None, layers_alive=1))
+    assert need == (2 * 4 * 128 * 64 + 5 * 128 * 32) * 4
+    monkeypatch.setattr(Encoder, "token_lengths", lambda *a: pytest.fail("tokenized for nothing"))
+    check_ranges_fit(ex, ex.choice, [object()], available=need)  # the ranges are never read
+    from layerscope.engines.memory import fits, shape_planned
+    from layerscope.extraction.engine_plan import engine_options
+
+    plan = engine_options(ex.spec, ex.manifest)
+    shape = shape_planned(ex.handle, ex.choice, depth=plan.depth, tokens=False, max_seq=plan.max_seq,
+                          pooled_only=plan.pooled_only)
+    assert plan.pooled_only and not fits(shape, 128, available=need - 1)

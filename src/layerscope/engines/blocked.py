@@ -10,7 +10,8 @@ CPU attention kernels do not bound that for a causal grouped-query layer (measur
 In the derived graph each layer's attention, from the scores' ``MatMul`` to the values' ``MatMul``, is one
 ONNX ``Loop`` over blocks of ``BLOCK_ROWS`` query rows. A block's scores are ``heads x BLOCK_ROWS x K``, ``K``
 the keys up to the block's last row; the future and padded keys are masked, the row softmaxed and multiplied
-with those keys' values. The blocks' outputs are stacked, and the rows that padded the last block cut. Key
+with those keys' values. The blocks' outputs are stacked, and the rows that padded the last block cut (a batch
+shorter than a block is one block of its own length: its queries are not padded). Key
 and value heads are read in place by broadcasting over each group of query heads (no ``repeat_kv`` copy),
 and the square mask, read by nothing any more, is pruned. A layer's attention then holds
 ``2 x heads x BLOCK_ROWS x T`` floats: linear in ``T``.
@@ -23,6 +24,16 @@ Like early exit's graph (engines/truncate.py), the derived graph is cached besid
 ``<stem>.blocked.json`` recording the source's content hash, the recipe and the check that held its every
 output to the source's within the export's recorded tolerance, on engines/parity_texts.py, whose long text
 spans several blocks.
+
+Which graph an engine runs (``pick_blocks``): the derived one from the start where asked
+(``attention=blocked``); the source graph where asked (``whole``); under ``auto`` (the default) the source
+graph, moving onto the derived one before the first batch wider than ``SLICE_FROM`` tokens, where the run's
+``max_seq`` passes that. Every executor opens its engine with the same options (extraction/engine_plan.py)
+and each engine decides by the batches it is handed, so the decision needs no look at the corpus ahead of the
+run (a ``--shard`` worker reads only its ranges), and a corpus of short texts on a long-context model never
+opens the derived graph. The derived graph is made and checked when the engine starts (before any session),
+and the move releases the source graph's session before the derived graph's is made: never two at once. The
+engine's notes say from which batch on attention ran in blocks, or nothing where it never did.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from typing import Callable
 from layerscope.engines.blocked_graph import BLOCK_ROWS, CannotBlock, attention_config, rewrite
 from layerscope.engines.registry import EngineOption
 
-RECIPE = 1  # bump when the derived graph is built differently: cached ones are made again
+RECIPE = 2  # bump when the derived graph is built differently: cached ones are made again
 SUFFIX = ".blocked"
 
 
@@ -125,39 +136,61 @@ ATTENTIONS = ("auto", "whole", "blocked")
 # the option the ort and ov engines take
 ATTENTION_OPTION = EngineOption(
     "attention", str, None, "whole (each layer's [heads, T, T] scores at once), blocked (over blocks of query rows: "
-    "memory linear in T; causal decoders) or auto (default: blocked where max_seq passes SLICE_FROM tokens)")
+    "memory linear in T; causal decoders) or auto (default: whole, moving to blocks at the first batch past "
+    "SLICE_FROM tokens where max_seq passes it)")
 
 
-def pick_blocks(asked: str | None, max_seq: int | None) -> bool:
-    """Whether an ONNX engine runs its attention in blocks: asked (``attention=blocked``), or under
-    ``auto`` where the run's texts may pass ``SLICE_FROM`` tokens (the rule of the PyTorch engine's slices)."""
+def pick_blocks(asked: str | None, max_seq: int | None) -> int | None:
+    """From which width an ONNX engine runs its attention in blocks: a batch of more tokens than the number
+    returned runs them (0: every batch, asked with ``attention=blocked``); None: none (``whole``). Under ``auto``
+    (the default) ``SLICE_FROM`` (the rule of the PyTorch engine's slices) where the run's texts may pass it
+    (``max_seq`` above it), else None: a run of short texts never opens the derived graph."""
     from layerscope.engines.torch import SLICE_FROM
     from layerscope.errors import InputError
 
     asked = asked or "auto"
     if asked not in ATTENTIONS:
         raise InputError(f"engine option attention={asked!r}: use one of {', '.join(ATTENTIONS)}")
-    return asked == "blocked" or (asked == "auto" and bool(max_seq) and int(max_seq) > SLICE_FROM)
+    if asked == "blocked":
+        return 0
+    return SLICE_FROM if asked == "auto" and max_seq and int(max_seq) > SLICE_FROM else None
+
+
+def may_block(manifest, model_dir: Path | None) -> bool:
+    """Whether a model's attention is one the blocks compute (a causal decoder attending to the whole past, by
+    its config.json), before any graph is read: what the memory plan charges (engines/memory.py). The graph's
+    own pattern is checked when the derived graph is made (a ``gqa`` variant's fused attention fails there)."""
+    try:
+        if model_dir is None or manifest.kind != "decoder":  # recorded: no transformers import to learn it
+            return False
+        attention_config(Path(model_dir) / "config.json")
+    except CannotBlock:
+        return False
+    return True
 
 
 def engine_blocks(engine, path: Path, pooled_layers: list[str], asked: str | None) -> Path:
-    """The graph an ONNX engine (ort, ov) runs for attention in blocks where ``engine.attention`` says so: the
-    derived graph of ``path`` (its notes and ``attention_rows`` then say so), else ``path``. Asked for
-    explicitly (``asked``), a graph that cannot be rewritten is one line; under ``auto`` a note."""
-    if engine.attention != "blocked":
+    """The graph an ONNX engine (ort, ov) opens, given ``engine.blocks_above`` (``pick_blocks``). Where blocks
+    may run, the derived graph of ``path`` is made (or found cached) and checked now, before any session, and
+    ``engine.attention_rows`` says its rows: asked for (0), the derived graph is returned and its note said;
+    under ``auto``, ``path`` is returned and kept in ``engine.blocks_graph`` until the first batch that passes
+    ``blocks_above`` tokens (``next_graph``), the note said then. A graph that cannot be rewritten: one line
+    where asked for, else a note, and attention whole."""
+    above = engine.blocks_above
+    engine.attention = "whole"
+    if above is None:
         return path
     from layerscope.engines.truncate import probe_feeds
-    from layerscope.model.families import family_of
 
     manifest = engine.manifest
-    try:
-        if family_of(manifest).kind != "decoder":
+    try:  # the kind the manifest records: deriving the family again imports transformers (~400 MiB resident)
+        if manifest.kind != "decoder":
             raise CannotBlock("an encoder's tokens attend both ways, and the blocks mask the future")
         got = blocked_graph(path, Path(engine.model.export_dir) / "config.json", pooled_layers=pooled_layers,
                             tolerance=manifest.parity.tolerance_abs if manifest.parity else None,
                             feeds=lambda: probe_feeds(engine))
     except CannotBlock as exc:
-        engine.attention = "whole"
+        engine.blocks_above = None
         if asked == "blocked":
             from layerscope.errors import InputError
 
@@ -166,5 +199,24 @@ def engine_blocks(engine, path: Path, pooled_layers: list[str], asked: str | Non
         engine.info.notes.append(f"attention computed whole: {path.name} cannot run it in blocks ({exc})")
         return path
     engine.attention_rows = got.rows
+    if above:
+        engine.blocks_graph = got
+        return path
+    engine.attention = "blocked"
     engine.info.notes.append(got.note())
     return got.path
+
+
+def next_graph(engine, width: int) -> Blocked | None:
+    """The derived graph an engine under ``auto`` moves onto before a batch ``width`` tokens wide: the first
+    batch past its ``blocks_above`` (None: it stays where it is). The caller releases its session before opening
+    that graph's (``took_blocks`` then records it), so no two sessions are ever held at once."""
+    got = engine.blocks_graph
+    return got if got is not None and engine.attention != "blocked" and int(width) > int(engine.blocks_above) \
+        else None
+
+
+def took_blocks(engine, got: Blocked) -> None:
+    """Record that ``engine`` now runs ``got`` (its note says from which batch on; every later batch runs it)."""
+    engine.info.notes.append(f"{got.note()}, from the first batch past {engine.blocks_above:,} tokens on")
+    engine.attention, engine.blocks_above, engine.blocks_graph = "blocked", 0, None

@@ -137,8 +137,9 @@ def find_cores(graph) -> list[_Core]:
 
 def _shared(graph, opset: int) -> list:
     """Nodes every layer's loop reads, made once from ``attention_mask``: the length ``T`` (scalar and
-    [1]), the number of blocks, the padding that makes the queries a whole number of blocks (Pad's ``pads``
-    for a rank-5 tensor, at the end of axis 3), and the padded keys ``[B, 1, 1, 1, T]``."""
+    [1]), the rows of a block (``BLOCK_ROWS``, or ``T`` where the batch is shorter: its queries are not padded
+    up to a block), the number of blocks, the padding that makes the queries a whole number of blocks (Pad's
+    ``pads`` for a rank-5 tensor, at the end of axis 3), and the padded keys ``[B, 1, 1, 1, T]``."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -156,10 +157,11 @@ def _shared(graph, opset: int) -> list:
         n("Shape", ["attention_mask"], [P + "mask_shape"], name=P + "mask_shape"),
         n("Gather", [P + "mask_shape", P + "one"], [P + "t"], axis=0, name=P + "t"),
         n("Unsqueeze", [P + "t", P + "ax0"], [P + "t1"], name=P + "t1"),
-        n("Add", [P + "t", P + "rows"], [P + "t_rows"], name=P + "t_rows"),
+        n("Min", [P + "rows", P + "t"], [P + "brows"], name=P + "brows"),  # a batch shorter than a block: one of T
+        n("Add", [P + "t", P + "brows"], [P + "t_rows"], name=P + "t_rows"),
         n("Sub", [P + "t_rows", P + "one"], [P + "t_rows1"], name=P + "t_rows1"),
-        n("Div", [P + "t_rows1", P + "rows"], [P + "blocks"], name=P + "blocks"),
-        n("Mul", [P + "blocks", P + "rows"], [P + "padded"], name=P + "padded"),
+        n("Div", [P + "t_rows1", P + "brows"], [P + "blocks"], name=P + "blocks"),
+        n("Mul", [P + "blocks", P + "brows"], [P + "padded"], name=P + "padded"),
         n("Sub", [P + "padded", P + "t"], [P + "pad"], name=P + "pad"),
         n("Unsqueeze", [P + "pad", P + "ax0"], [P + "pad1"], name=P + "pad1"),
         n("Concat", [P + "zeros8", P + "pad1", P + "zero1"], [P + "pads"], axis=0, name=P + "pads"),
@@ -177,8 +179,8 @@ def _loop(i: int, core: _Core, cfg: AttentionConfig) -> tuple[list, list]:
     p = f"{P}{i}/"
     groups = cfg.heads // cfg.kv_heads
     body = helper.make_graph([
-        n("Mul", [p + "i", P + "rows"], [p + "start"]),
-        n("Add", [p + "start", P + "rows"], [p + "end"]),
+        n("Mul", [p + "i", P + "brows"], [p + "start"]),
+        n("Add", [p + "start", P + "brows"], [p + "end"]),
         n("Min", [p + "end", P + "t"], [p + "kend"]),
         n("Unsqueeze", [p + "start", P + "ax0"], [p + "start1"]),
         n("Unsqueeze", [p + "end", P + "ax0"], [p + "end1"]),

@@ -9,8 +9,10 @@ least:
   that computes attention in slices (PyTorch's scaled-dot-product attention in ``torch-fp16`` /
   ``torch-bf16``, and in ``torch`` with ``attention=sdpa`` or a max_seq above ``engines/torch.SLICE_FROM``)
   sets ``Engine.attention_scores`` False and is charged nothing for it; an engine that computes it over
-  blocks of query rows (``ort``/``ov`` with ``attention=blocked``, engines/blocked.py) says how many rows in
-  ``attention_rows`` and is charged ``2 * heads * T * rows`` floats, linear in ``T``;
+  blocks of query rows (``ort``/``ov``, engines/blocked.py) says how many rows in ``attention_rows`` and is
+  charged ``2 * heads * T * rows`` floats, linear in ``T``, for a text longer than its ``blocks_above``
+  tokens (0 with ``attention=blocked``; under ``auto`` it moves to blocks at the first batch past
+  ``SLICE_FROM`` tokens, so a text up to that length is charged its whole square);
 - the hidden states, ``(depth + 2) * T * hidden`` floats (raw embeddings and layers ``0..depth``) where they
   are all alive at once (token states fetched, or a graph handing every hidden state back); or one layer's,
   ``T * hidden``, in a pooled run that pools each layer as the model makes it: the PyTorch engines' hooks
@@ -18,8 +20,10 @@ least:
   pooling nodes run right after each layer (engines/layer_pooling.py), a run fetching no token states;
 - one block's feed-forward activations, ``4 * T * hidden`` floats.
 
-This is a floor, not a forecast: an engine's own buffers come on top. A run whose floor is above the memory
-available now is refused in one line naming the longest text's tokens and the ``--max-length`` that fits.
+This is a floor, not a forecast: an engine's own buffers come on top. A run is charged the costliest text it
+may hold up to its longest (the longest itself, or where attention runs whole up to a length and in blocks past
+it, a text of that length); a run whose charge is above the memory available now is refused in one line naming
+the longest text's tokens and the ``--max-length`` that fits.
 """
 
 from __future__ import annotations
@@ -66,11 +70,12 @@ def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
 
 
 def text_cost(tokens: int, *, hidden_size: int, heads: int, depth: int, layer_at_a_time: bool,
-              attention_scores: bool = True, attention_rows: int | None = None) -> TextCost:
+              attention_scores: bool = True, attention_rows: int | None = None, blocks_above: int = 0) -> TextCost:
     """The activation floor of one text of ``tokens`` tokens (see the module's docstring; ``layer_at_a_time``:
-    one layer's states alive at once, else every layer's up to ``depth`` and the raw embeddings)."""
+    one layer's states alive at once, else every layer's up to ``depth`` and the raw embeddings;
+    ``attention_rows``: rows of scores held at once for a text of more than ``blocks_above`` tokens)."""
     t = int(tokens)
-    rows = t if attention_rows is None else min(t, int(attention_rows))
+    rows = t if attention_rows is None or t <= int(blocks_above) else min(t, int(attention_rows))
     attention = 2 * heads * t * rows * FLOAT if attention_scores else 0
     states = (1 if layer_at_a_time else depth + 2) * t * hidden_size * FLOAT
     return TextCost(t, attention, states, 4 * t * hidden_size * FLOAT)
@@ -95,14 +100,26 @@ def available_bytes() -> int | None:
     return min(found) if found else None
 
 
+def costliest(tokens: int, **cost_args) -> TextCost:
+    """The ``text_cost`` of the costliest text of at most ``tokens`` tokens: the longest, or where attention
+    runs whole up to ``blocks_above`` tokens and in blocks past them, one of ``blocks_above`` tokens."""
+    cost = text_cost(tokens, **cost_args)
+    above = int(cost_args.get("blocks_above") or 0)
+    if cost_args.get("attention_rows") is None or not 0 < above < int(tokens):
+        return cost
+    whole = text_cost(above, **cost_args)
+    return whole if whole.bytes > cost.bytes else cost
+
+
 def longest_that_fits(budget: int, **cost_args) -> int:
-    """The most tokens whose ``text_cost`` stays within ``budget`` bytes (0 if not even one does)."""
+    """The most tokens ``T`` such that every text of at most ``T`` tokens stays within ``budget`` bytes (0 if not
+    even one does)."""
     lo, hi = 0, 1
-    while text_cost(hi, **cost_args).bytes <= budget and hi < 1 << 24:
+    while costliest(hi, **cost_args).bytes <= budget and hi < 1 << 24:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if text_cost(mid, **cost_args).bytes <= budget:
+        if costliest(mid, **cost_args).bytes <= budget:
             lo = mid
         else:
             hi = mid
@@ -121,14 +138,20 @@ class CostShape:
     layer_at_a_time: bool
     attention_scores: bool
     attention_rows: int | None = None  # query rows whose scores are held at once (None: every row)
+    blocks_above: int = 0  # those rows hold for texts of more tokens than this; shorter ones hold every row
 
     def args(self) -> dict:
         return dict(hidden_size=self.hidden_size, heads=self.heads, depth=self.depth,
                     layer_at_a_time=self.layer_at_a_time, attention_scores=self.attention_scores,
-                    attention_rows=self.attention_rows)
+                    attention_rows=self.attention_rows, blocks_above=self.blocks_above)
 
     def cost(self, tokens: int) -> TextCost:
+        """One text of ``tokens`` tokens."""
         return text_cost(max(1, int(tokens)), **self.args())
+
+    def peak(self, longest: int) -> TextCost:
+        """The costliest text of a run whose longest has ``longest`` tokens (``costliest``)."""
+        return costliest(max(1, int(longest)), **self.args())
 
 
 def shape_of(eng, *, tokens: bool = False) -> CostShape:
@@ -136,36 +159,56 @@ def shape_of(eng, *, tokens: bool = False) -> CostShape:
     fetches token states (``tokens``) or pooled vectors alone."""
     manifest = eng.manifest
     depth = eng.depth if getattr(eng, "depth", None) is not None else manifest.num_layers
+    rows = getattr(eng, "attention_rows", None)
     return CostShape(eng.name, int(manifest.hidden_size), attention_heads(_model_dir(eng.model), manifest.hidden_size),
                      int(depth), not tokens and bool(getattr(eng, "pools_as_made", False) or
                                                      getattr(eng, "pooled_only", False)),
-                     bool(getattr(eng, "attention_scores", True)), getattr(eng, "attention_rows", None))
+                     bool(getattr(eng, "attention_scores", True)), rows,
+                     int(getattr(eng, "blocks_above", None) or 0) if rows is not None else 0)
 
 
-def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max_seq: int | None) -> CostShape:
+def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max_seq: int | None,
+                  pooled_only: bool = False) -> CostShape:
     """The cost shape of the engine ``choice`` (its declaration and the options the run passes) on ``handle``
     before it starts (an executor whose engines start later or elsewhere), in a run that fetches token states
-    (``tokens``) or pooled vectors alone: the depth hint and the declared ``pools_as_made`` taken as granted,
-    attention charged unless an engine that declares its own precision (the PyTorch engines) slices it by its
-    rule (engines/torch.py ``pick_attention``, with the run's ``attention`` option); ``auto`` is charged as the
-    ONNX engines it picks first. A floor, like ``text_cost``."""
+    (``tokens``) or pooled vectors alone (``pooled_only``: the in-graph pooled outputs alone, the plan's
+    ``EngineOptions.pooled_only``), what the engine does by its declaration and rules taken as granted: the depth
+    hint; one layer's states in a pooled run of an engine that declares ``pools_as_made`` or of an ONNX engine
+    whose pooled-only graph pools each layer as it is made (in-graph pooling on); attention charged whole unless
+    an engine that declares its own precision (the PyTorch engines) slices it by its rule (engines/torch.py
+    ``pick_attention``), or an engine that takes the blocks' ``attention`` option (ort, ov) runs blocks by
+    theirs (engines/blocked.py ``pick_blocks``, on a model whose config the blocks compute: ``may_block``),
+    each with the run's ``attention`` option. ``auto`` is charged as the ONNX engines it picks first. A floor,
+    like ``text_cost``."""
+    from layerscope.engines.registry import Runtime
+
     manifest = handle.manifest
-    scores = True
-    precision = choice.spec.precision
-    if precision is not None:
+    spec, asked = choice.spec, dict(choice.options)
+    model_dir = _model_dir(handle)
+    scores, rows, above = True, None, 0
+    if spec.precision is not None:
         from layerscope.engines.torch import pick_attention
 
-        scores = pick_attention(dict(choice.options).get("attention"), precision, max_seq, lambda: True) == "eager"
+        scores = pick_attention(asked.get("attention"), spec.precision, max_seq, lambda: True) == "eager"
+    onnx = spec.picks_engine or spec.runtime in (Runtime.ONNXRUNTIME, Runtime.OPENVINO)
+    if onnx:
+        from layerscope.engines.blocked import ATTENTION_OPTION, BLOCK_ROWS, may_block, pick_blocks
+
+        if spec.picks_engine or ATTENTION_OPTION in spec.options:
+            from_width = pick_blocks(asked.get("attention"), max_seq)
+            if from_width is not None and may_block(manifest, model_dir):
+                rows, above = BLOCK_ROWS, from_width
+    per_layer = spec.pools_as_made or (onnx and pooled_only and asked.get("in_graph_pooling") is not False)
     depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
-    return CostShape(choice.name, int(manifest.hidden_size), attention_heads(_model_dir(handle), manifest.hidden_size),
-                     depth, not tokens and choice.spec.pools_as_made, scores)
+    return CostShape(choice.name, int(manifest.hidden_size), attention_heads(model_dir, manifest.hidden_size),
+                     depth, not tokens and bool(per_layer), scores, rows, above)
 
 
 def fits(shape: CostShape, tokens: int, *, available: int | None = None, workers: int = 1) -> bool:
-    """Whether ``workers`` engines of ``shape``, each on a text of ``tokens`` tokens, fit in ``available``
-    bytes (default: the memory available now; unknown memory fits)."""
+    """Whether ``workers`` engines of ``shape``, each on the costliest text of at most ``tokens`` tokens, fit in
+    ``available`` bytes (default: the memory available now; unknown memory fits)."""
     free = available_bytes() if available is None else available
-    return free is None or workers * shape.cost(tokens).bytes <= free
+    return free is None or workers * shape.peak(tokens).bytes <= free
 
 
 def check_fits(shape: CostShape, longest: int, *, available: int | None = None, workers: int = 1) -> TextCost:
@@ -174,15 +217,17 @@ def check_fits(shape: CostShape, longest: int, *, available: int | None = None, 
     one such text at once; returns the text's cost floor."""
     from layerscope.errors import InputError
 
-    cost = shape.cost(longest)
+    cost = shape.peak(longest)
     free = available_bytes() if available is None else available
     workers = max(1, int(workers))
     if free is not None and workers * cost.bytes > free:
         each = free // workers
         fitting = longest_that_fits(each, **shape.args())
         share = f" for each of {workers} workers" if workers > 1 else ""
+        which = "one text that long" if cost.tokens == max(1, int(longest)) else \
+            f"one of {cost.tokens:,} (attention whole up to that length, in blocks past it)"
         raise InputError(
-            f"the longest text has {cost.tokens:,} tokens, and one text that long needs at least "
+            f"the longest text has {max(1, int(longest)):,} tokens, and {which} needs at least "
             f"{_gib(cost.bytes)} of activations in engine '{shape.engine}' (attention {_gib(cost.attention)}, "
             f"hidden states {_gib(cost.states)}) while {_gib(each)} of memory is available{share}: cut texts "
             f"with --max-length {max(1, fitting):,} or less, or free memory")

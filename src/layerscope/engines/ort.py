@@ -8,11 +8,12 @@ checked, and a requested-but-unavailable provider becomes one clear error (``ort
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from layerscope.engines.base import Engine, pool_states
-from layerscope.engines.blocked import ATTENTION_OPTION, engine_blocks, pick_blocks
+from layerscope.engines.blocked import ATTENTION_OPTION, engine_blocks, next_graph, pick_blocks, took_blocks
 from layerscope.engines.ort_session import make_session, ort_module, physical_cores, probe_model
 from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, EngineSpec, Runtime, register
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is r
 
     from layerscope.model.tokenize import Batch
 
+_SWITCH = threading.Lock()  # one engine at a time moves onto its graph in blocks
 ORT_OPTIONS = (
     EngineOption("variant", str, None, "a variant recorded by layerscope optimize (int8, fp16, opt)"),
     EngineOption("in_graph_pooling", bool, True, "pool inside the graph (False: token states pooled in numpy)"),
@@ -44,7 +46,9 @@ class OrtEngine(Engine):
     pooled_only = False  # its graph hands back the in-graph pooled outputs alone (hidden states stay inside)
     attention = "whole"  # "blocked": each layer's attention over blocks of query rows (engines/blocked.py)
     attention_asked: str | None = None  # the engine option that decided it
-    attention_rows: int | None = None  # query rows whose scores it holds at once (None: all; engines/memory.py)
+    attention_rows: int | None = None  # query rows whose scores it holds at once in blocks (None: all; memory.py)
+    blocks_above: int | None = None  # batches wider than this run in blocks (0: every batch; None: none)
+    blocks_graph = None  # the derived graph it moves onto at the first batch past blocks_above (auto)
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
@@ -103,7 +107,27 @@ class OrtEngine(Engine):
         return feed
 
     def _run(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
+        self.blocks_for(batch)
         return self.session.run(names, self._feed(batch))
+
+    def blocks_for(self, batch: Batch) -> None:
+        """Under ``attention=auto``, before the first batch wider than ``blocks_above`` tokens: the session moves
+        onto the graph with attention in blocks (engines/blocked.py), the whole graph's released first."""
+        if next_graph(self, batch.mask.shape[1]) is None:
+            return
+        with _SWITCH:
+            got = next_graph(self, batch.mask.shape[1])
+            if got is None:  # another thread moved it
+                return
+            self.reopen(got.path)
+            took_blocks(self, got)
+
+    def reopen(self, path: Path) -> None:
+        """Run the graph ``path`` from now on, in a session made with this one's options once it is released."""
+        options = self.session.get_session_options()
+        self.session = None
+        self.session = make_session(path, self.provider, self.provider_options(), options=options)
+        self.graph_path = path
 
     def run_outputs(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
         """Named graph outputs as they come (extra graphs such as the lens graph add their own)."""
@@ -216,7 +240,7 @@ class CpuEngine(OrtEngine):
                  **options):
         self.spinning = bool(spinning)
         self.attention_asked = attention
-        self.attention = "blocked" if pick_blocks(attention, options.get("max_seq")) else "whole"
+        self.blocks_above = pick_blocks(attention, options.get("max_seq"))
         super().__init__(model, threads=threads or physical_cores(), **options)
 
     def session_entries(self) -> dict:

@@ -87,8 +87,10 @@ def preload_gpu_libraries(ort) -> None:
 
 
 def make_session(model_path: str | Path, provider: str, provider_options: dict | None = None, *,
-                 threads: int | None = None, opt_level: str = "all", extra: dict | None = None):
-    """An InferenceSession that really runs on ``provider``, or EngineUnavailableError with the reason."""
+                 threads: int | None = None, opt_level: str = "all", extra: dict | None = None, options=None):
+    """An InferenceSession that really runs on ``provider``, or EngineUnavailableError with the reason.
+    ``options``: the SessionOptions of a session made here before (``threads``, ``opt_level`` and ``extra`` are
+    then its own)."""
     ort = ort_module()
     if provider not in ort.get_available_providers():
         raise EngineUnavailableError(
@@ -110,18 +112,7 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
             reason = _PROBED[provider]
         if reason:
             raise EngineUnavailableError(reason)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.graph_optimization_level = {
-        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[opt_level]
-    if threads:
-        so.intra_op_num_threads = int(threads)
-    for key, value in (extra or {}).items():
-        so.add_session_config_entry(key, str(value))
+    so = options if options is not None else _session_options(ort, threads, opt_level, extra)
     providers: list[Any] = [(provider, provider_options or {})]
     if provider != "CPUExecutionProvider":
         providers.append("CPUExecutionProvider")
@@ -138,6 +129,22 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
     if got[0] != provider:
         raise EngineUnavailableError(f"{provider} did not load: {_reason(noise['text'], provider)}")
     return session
+
+
+def _session_options(ort, threads: int | None, opt_level: str, extra: dict | None):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = {
+        "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[opt_level]
+    if threads:
+        so.intra_op_num_threads = int(threads)
+    for key, value in (extra or {}).items():
+        so.add_session_config_entry(key, str(value))
+    return so
 
 
 def physical_cores() -> int | None:

@@ -86,6 +86,7 @@ class OvSession:
 
     def __init__(self, model_path: Path, precision: str = "fp32", threads: int | None = None, requests: int = 1):
         ov = ov_module()
+        self.args = (precision, threads, requests)  # what a session on another graph is made with (reopen)
         check_precision(precision)
         core = ov_core()
         config: dict[str, Any] = {
@@ -204,7 +205,7 @@ class OvEngine(OrtEngine):
         self.in_graph_pooling = bool(in_graph_pooling)
         path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
         self.attention_asked = attention
-        self.attention = "blocked" if pick_blocks(attention, options.get("max_seq")) else "whole"
+        self.blocks_above = pick_blocks(attention, options.get("max_seq"))
         path = engine_blocks(self, path, self.pooled_layers, attention)  # long texts (engines/blocked.py)
         self.graph_path = path
         self.requests, why = in_flight(self.manifest, precision, requests)
@@ -222,20 +223,36 @@ class OvEngine(OrtEngine):
             self.info.notes.append(f"accuracy of ov {precision} not recorded yet (layerscope optimize "
                                    f"{handle.export_dir} --variant {ov_variant_key(precision)})")
 
+    def reopen(self, path: Path) -> None:
+        """Run the graph ``path`` from now on, compiled as this one was once it is released."""
+        args = self.session.args
+        self.session = None
+        self.session = OvSession(path, *args)
+        self.graph_path = path
+
     def run_stream(self, batches: Iterable[Batch], layers: list[str],
                    poolings: list[str]) -> Iterator[tuple[Batch, dict[str, np.ndarray]]]:
         """``run`` over ``batches`` with ``requests`` of them in flight at once (each on a thread of its own,
-        each thread on an infer request of its own), handed back in order."""
+        each thread on an infer request of its own), handed back in order. Before a batch that moves the engine
+        onto its graph in blocks, the batches in flight are handed back first: the graph it leaves is then
+        released, never held beside the new one."""
         if self.requests < 2:
             yield from super().run_stream(batches, layers, poolings)
             return
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
+        from layerscope.engines.blocked import next_graph
+
         with ThreadPoolExecutor(self.requests, thread_name_prefix="layerscope-ov") as pool:
             flying: deque = deque()
             try:
                 for batch in batches:
+                    if next_graph(self, batch.mask.shape[1]) is not None:
+                        while flying:
+                            done, fut = flying.popleft()
+                            yield done, fut.result()
+                        self.blocks_for(batch)
                     flying.append((batch, pool.submit(self.run, batch, layers, poolings)))
                     if len(flying) >= self.requests:
                         done, fut = flying.popleft()

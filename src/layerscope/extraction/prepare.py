@@ -323,7 +323,8 @@ def check_ranges_fit(ex: Extraction, choice: EngineChoice, ranges, *, workers: i
     if available is None and not here:
         return
     plan = engine_options(ex.spec, ex.manifest, dict(choice.options))
-    shape = shape_planned(ex.handle, choice, depth=plan.depth, tokens=bool(ex.spec.tokens), max_seq=plan.max_seq)
+    shape = shape_planned(ex.handle, choice, depth=plan.depth, tokens=bool(ex.spec.tokens), max_seq=plan.max_seq,
+                          pooled_only=plan.pooled_only)
     if fits(shape, ex.max_length, available=available, workers=workers):
         return  # the longest text the plan allows fits: nothing to count
     log.info("counting the tokens of %s ranges to check memory for the longest text", f"{len(ranges):,}")

@@ -84,6 +84,19 @@ def open_engine_for(ex: Extraction, req: ExtractionRequest):
     return open_engine(ex.handle, ex.choice, **options.as_kwargs())
 
 
+def ran_on(marks, made: dict[str, Any]) -> dict[str, Any]:
+    """The engine record of a store written range by range: the first range's, with every note the engines of
+    the others added (an engine under ``attention=auto`` moves its attention to blocks at its first batch past
+    1,024 tokens, in whichever range that is, and says so); ``made``: the store's own where no range says."""
+    records = [dict(m.engine) for m in marks if m.engine]
+    if not records:
+        return made
+    notes = list(records[0].get("notes") or [])
+    for record in records[1:]:
+        notes += [n for n in record.get("notes") or [] if n not in notes]
+    return {**records[0], "notes": notes}
+
+
 def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> StoreRecord:
     """Check every range is done, mark every row done and write the checksums: no data is moved.
 
@@ -106,7 +119,7 @@ def finish(store: LayerStore, *, extra: dict[str, Any] | None = None) -> StoreRe
                          "run the missing shards (layerscope extract ... --shard status lists them)")
     marks = [store_ranges.done_mark(store.path, r.k) for r in ranges]
     marks = [m for m in marks if m.store in (None, store_id(store))]
-    engine = next((m.engine for m in marks if m.engine), store.engine_info)
+    engine = ran_on(marks, store.engine_info)
     variants = {m.variant for m in marks if m.variant_known}
     if len(variants) > 1:
         raise StoreError(f"{store.path}: its ranges were made with different variants ({sorted(map(str, variants))}: "

@@ -91,7 +91,6 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
         writer = RangeWriter(store.path, eng, layers=ex.layers, poolings=ex.poolings,
                              store_dtype=ex.spec.dtype, max_length=ex.max_length, prompt=ex.spec.prompt,
                              batch_tokens=req.batch_tokens, max_batch=ex.max_batch, store_id=sid)
-        engine = eng.info.to_dict()
         for r in todo:
             writer.check_store(r)
             claim = store_ranges.try_claim(store.path, r.k, sid)
@@ -105,6 +104,7 @@ def extract_shard(req: ExtractionRequest, index: int, count: int, *, range_rows:
             computed += 1
             rows += r.rows
             tokens += report.tokens
+        engine = eng.info.to_dict()  # after its ranges: what ran (attention moved to blocks on a long batch)
     run_seconds = time.perf_counter() - t_run
     record = _finish_if_last(store)
     work = RangeWork(len(mine), computed, len(mine) - len(todo), held_elsewhere=claimed, shard=(index, count),
