@@ -207,13 +207,15 @@ def engine_blocks(engine, path: Path, pooled_layers: list[str], asked: str | Non
     return got.path
 
 
-def next_graph(engine, width: int) -> Blocked | None:
-    """The derived graph an engine under ``auto`` moves onto before a batch ``width`` tokens wide: the first
-    batch past its ``blocks_above`` (None: it stays where it is). The caller releases its session before opening
-    that graph's (``took_blocks`` then records it), so no two sessions are ever held at once."""
+def next_graph(engine, batch) -> Blocked | None:
+    """The derived graph an engine under ``auto`` moves onto before ``batch``: the first batch wider than its
+    ``blocks_above`` tokens (None: it stays where it is; an engine with no graph to move to never reads the
+    batch's width, which an image batch does not have). The caller releases its session before opening that
+    graph's (``took_blocks`` then records it), so no two sessions are ever held at once."""
     got = engine.blocks_graph
-    return got if got is not None and engine.attention != "blocked" and int(width) > int(engine.blocks_above) \
-        else None
+    if got is None or engine.attention == "blocked":
+        return None
+    return got if int(batch.mask.shape[1]) > int(engine.blocks_above) else None
 
 
 def took_blocks(engine, got: Blocked) -> None:

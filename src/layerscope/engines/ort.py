@@ -113,10 +113,10 @@ class OrtEngine(Engine):
     def blocks_for(self, batch: Batch) -> None:
         """Under ``attention=auto``, before the first batch wider than ``blocks_above`` tokens: the session moves
         onto the graph with attention in blocks (engines/blocked.py), the whole graph's released first."""
-        if next_graph(self, batch.mask.shape[1]) is None:
+        if next_graph(self, batch) is None:
             return
         with _SWITCH:
-            got = next_graph(self, batch.mask.shape[1])
+            got = next_graph(self, batch)
             if got is None:  # another thread moved it
                 return
             self.reopen(got.path)

@@ -248,7 +248,7 @@ class OvEngine(OrtEngine):
             flying: deque = deque()
             try:
                 for batch in batches:
-                    if next_graph(self, batch.mask.shape[1]) is not None:
+                    if next_graph(self, batch) is not None:
                         while flying:
                             done, fut = flying.popleft()
                             yield done, fut.result()
