@@ -221,6 +221,8 @@ def test_the_planned_floor_of_an_onnx_engine_by_hand(tiny_export):
     # every text up to T fits a budget of exactly that: past 1,024, blocks of 2688 bytes a token (4 * (8 * 64 + 160))
     assert longest_that_fits(at_slice, **auto.args()) == at_slice // 2688 == 12726
     assert longest_that_fits(at_slice - 1, **auto.args()) == 1023  # the 1,024-token text's square does not fit
+    # a variant whose attention is one fused node has no pattern to run in blocks: its whole square is charged
+    assert planned({"variant": "gqa"}).cost(2000).bytes == _qwen3_floor(2000, rows=None, layers_alive=1)
 
 
 def test_a_shard_plan_of_blocks_fits_without_counting_tokens(tiny_export, tmp_path, monkeypatch):

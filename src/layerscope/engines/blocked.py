@@ -156,13 +156,16 @@ def pick_blocks(asked: str | None, max_seq: int | None) -> int | None:
     return SLICE_FROM if asked == "auto" and max_seq and int(max_seq) > SLICE_FROM else None
 
 
-def may_block(manifest, model_dir: Path | None) -> bool:
+FUSED_VARIANTS = ("gqa",)  # export variants whose attention is one fused node: no pattern for the blocks to rewrite
+
+
+def may_block(manifest, model_dir: Path | None, variant: str | None = None) -> bool:
     """Whether a model's attention is one the blocks compute (a causal decoder attending to the whole past, by
-    its config.json), before any graph is read: what the memory plan charges (engines/memory.py). The graph's
-    own pattern is checked when the derived graph is made (a ``gqa`` variant's fused attention fails there)."""
+    its config.json; not a variant that fuses it), before any graph is read: what the memory plan charges
+    (engines/memory.py). The graph's own pattern is checked when the derived graph is made."""
     try:
-        if model_dir is None or manifest.kind != "decoder":  # recorded: no transformers import to learn it
-            return False
+        if model_dir is None or manifest.kind != "decoder" or variant in FUSED_VARIANTS:
+            return False  # the kind is recorded: no transformers import to learn it
         attention_config(Path(model_dir) / "config.json")
     except CannotBlock:
         return False

@@ -196,7 +196,7 @@ def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max
 
         if spec.picks_engine or ATTENTION_OPTION in spec.options:
             from_width = pick_blocks(asked.get("attention"), max_seq)
-            if from_width is not None and may_block(manifest, model_dir):
+            if from_width is not None and may_block(manifest, model_dir, asked.get("variant")):
                 rows, above = BLOCK_ROWS, from_width
     per_layer = spec.pools_as_made or (onnx and pooled_only and asked.get("in_graph_pooling") is not False)
     depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
