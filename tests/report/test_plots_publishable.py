@@ -154,6 +154,22 @@ def test_bench_title_stays_inside_the_figure(tmp_path, figures):
     assert (tmp_path / "bench.svg").exists()
 
 
+def test_the_bench_figure_names_the_machine_and_load_it_was_measured_on(tmp_path, figures):
+    from layerscope.bench.report import bar_plot
+
+    bench = {"model": {"source": "m"}, "corpus": {"texts": 10}, "settings": {"layers": [0, 1], "pooling": "mean"},
+             "machine": {"cpu_model": "Some CPU 9000", "physical_cores": 16, "cpu_flags": ["avx2", "avx512_bf16"],
+                         "gpu": "none"},
+             "results": [{"available": True, "engine": e, "texts_per_s": 5.0, "kind": "engine", "load_avg_1m": [v]}
+                         for e, v in (("hf-eager", 0.42), ("ort", 3.25))]}
+    bar_plot(bench, tmp_path / "bench.png")
+    (text,) = [t for t in figures[0].texts if t.get_gid() == "machine"]
+    assert " ".join(text.get_text().split()) == ("Some CPU 9000, 16 cores; avx2 avx512_bf16; GPU: none; load (1 min) at "
+                                                 "row starts 0.4-3.2")
+    box, renderer = figures[0].bbox, figures[0].canvas.get_renderer()
+    assert text.get_window_extent(renderer).x1 <= box.x1  # wrapped inside the figure's width
+
+
 def test_every_png_has_a_parseable_svg_beside_it(tmp_path):
     from layerscope.analyses.sts import STS
 

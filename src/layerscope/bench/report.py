@@ -152,4 +152,26 @@ def bar_plot(bench: dict[str, Any], path: Path) -> None:
     ax.margins(y=0.2)
     fit_title(fig, ax, f"{bench['model']['source']}: {bench['corpus']['texts']:,} texts, "
                        f"{len(bench['settings']['layers'])} layers {bench['settings']['pooling']}-pooled")
+    where = machine_line(bench)
+    if where:  # the figure carries the machine it was measured on, as the tables do
+        import textwrap
+
+        fig.text(0.01, 0.0, textwrap.fill(where, max(60, int(fig.get_figwidth() * 15))), fontsize=7,
+                 color="#444444", ha="left", va="top", gid="machine")
     save(plt, fig, Path(path))
+
+
+def machine_line(bench: dict[str, Any]) -> str:
+    """The machine a bench ran on, in one line: CPU, cores, its vector flags, the GPU, and the load average at
+    each row's start (empty for a bench that recorded no machine)."""
+    m = bench.get("machine") or {}
+    if not m:
+        return ""
+    parts = [f"{m.get('cpu_model', 'CPU')}, {m.get('physical_cores', '?')} cores"]
+    if m.get("cpu_flags"):
+        parts.append(" ".join(m["cpu_flags"]))
+    parts.append(f"GPU: {m.get('gpu') or 'none'}")
+    loads = [v for r in bench.get("results", []) for v in (r.get("load_avg_1m") or []) if v is not None]
+    if loads:
+        parts.append(f"load (1 min) at row starts {min(loads):.1f}-{max(loads):.1f}")
+    return "; ".join(parts)
