@@ -155,19 +155,26 @@ def test_bench_title_stays_inside_the_figure(tmp_path, figures):
 
 
 def test_the_bench_figure_names_the_machine_and_load_it_was_measured_on(tmp_path, figures):
+    """Each row in its own process: the loads recorded at the processes' starts; one process for every row:
+    the loads each row recorded before and after it."""
     from layerscope.bench.report import bar_plot
 
-    bench = {"model": {"source": "m"}, "corpus": {"texts": 10}, "settings": {"layers": [0, 1], "pooling": "mean"},
-             "machine": {"cpu_model": "Some CPU 9000", "physical_cores": 16, "cpu_flags": ["avx2", "avx512_bf16"],
-                         "gpu": "none"},
-             "results": [{"available": True, "engine": e, "texts_per_s": 5.0, "kind": "engine", "load_avg_1m": [v]}
-                         for e, v in (("hf-eager", 0.42), ("ort", 3.25))]}
-    bar_plot(bench, tmp_path / "bench.png")
-    (text,) = [t for t in figures[0].texts if t.get_gid() == "machine"]
-    assert " ".join(text.get_text().split()) == ("Some CPU 9000, 16 cores; avx2 avx512_bf16; GPU: none; load (1 min) at "
-                                                 "row starts 0.4-3.2")
-    box, renderer = figures[0].bbox, figures[0].canvas.get_renderer()
-    assert text.get_window_extent(renderer).x1 <= box.x1  # wrapped inside the figure's width
+    machine = {"cpu_model": "Some CPU 9000", "usable_cores": 16, "physical_cores": 32,
+               "cpu_flags": ["avx2", "avx512_bf16"], "gpu": "none"}
+    base = {"model": {"source": "m"}, "corpus": {"texts": 10}, "settings": {"layers": [0, 1], "pooling": "mean"}}
+    isolated = {**base, "machine": {**machine, "load_avg_1m_at_starts": [0.42, 3.25, 1.0]},
+                "results": [{"available": True, "engine": e, "texts_per_s": 5.0, "kind": "engine",
+                             "load_avg_1m": [9.0]} for e in ("hf-eager", "ort")]}
+    in_flight = {**base, "machine": machine,
+                 "results": [{"available": True, "engine": e, "texts_per_s": 5.0, "kind": "engine",
+                              "load_avg_1m": loads} for e, loads in (("hf-eager", [0.42, 0.6]), ("ort", [1.0, 3.25]))]}
+    for bench, load in ((isolated, "at row starts 0.4-3.2"), (in_flight, "around the rows 0.4-3.2")):
+        bar_plot(bench, tmp_path / "bench.png")
+        (text,) = [t for t in figures[-1].texts if t.get_gid() == "machine"]
+        assert " ".join(text.get_text().split()) == ("Some CPU 9000, 16 cores; avx2 avx512_bf16; GPU: none; "
+                                                     f"load (1 min) {load}")
+        box, renderer = figures[-1].bbox, figures[-1].canvas.get_renderer()
+        assert text.get_window_extent(renderer).x1 <= box.x1  # wrapped inside the figure's width
 
 
 def test_every_png_has_a_parseable_svg_beside_it(tmp_path):

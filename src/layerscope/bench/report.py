@@ -162,16 +162,20 @@ def bar_plot(bench: dict[str, Any], path: Path) -> None:
 
 
 def machine_line(bench: dict[str, Any]) -> str:
-    """The machine a bench ran on, in one line: CPU, cores, its vector flags, the GPU, and the load average at
-    each row's start (empty for a bench that recorded no machine)."""
+    """The machine a bench ran on, in one line, as its table says it: CPU, the cores it used, its vector flags,
+    the GPU, and the load average (1 min) range: at each row process's start where the bench recorded those
+    (each row in its own process), else before and after each row (empty for a bench that recorded no machine)."""
     m = bench.get("machine") or {}
     if not m:
         return ""
-    parts = [f"{m.get('cpu_model', 'CPU')}, {m.get('physical_cores', '?')} cores"]
+    parts = [f"{m.get('cpu_model', 'CPU')}, {m.get('usable_cores', '?')} cores"]
     if m.get("cpu_flags"):
         parts.append(" ".join(m["cpu_flags"]))
     parts.append(f"GPU: {m.get('gpu') or 'none'}")
-    loads = [v for r in bench.get("results", []) for v in (r.get("load_avg_1m") or []) if v is not None]
+    at_starts = "load_avg_1m_at_starts" in m
+    loads = [v for v in m["load_avg_1m_at_starts"] if v is not None] if at_starts else \
+        [v for r in bench.get("results", []) for v in (r.get("load_avg_1m") or []) if v is not None]
     if loads:
-        parts.append(f"load (1 min) at row starts {min(loads):.1f}-{max(loads):.1f}")
+        parts.append(f"load (1 min) {'at row starts' if at_starts else 'around the rows'} "
+                     f"{min(loads):.1f}-{max(loads):.1f}")
     return "; ".join(parts)
