@@ -41,35 +41,29 @@ import numpy as np
 from layerscope.metrics.checks import as_matrix, check_finite, row_blocks
 
 
-def distance_matrix(x) -> np.ndarray:
-    """float64 ``[n, n]`` Euclidean distances between the rows of ``x`` (0 on the diagonal).
+def neighbor_distances(x, k: int) -> np.ndarray:
+    """float64 ``[n, k]``: each row's Euclidean distances to its k nearest other rows, ascending.
 
-    From ``|a|^2 + |b|^2 - 2 a.b`` in row blocks; a pair that form cancels to nearly nothing (duplicates, near
-    duplicates) is measured again from its difference, so a duplicate's distance is 0 exactly."""
+    From ``|a|^2 + |b|^2 - 2 a.b`` in row blocks (never an ``n x n`` matrix whole); a pair that form cancels
+    to nearly nothing (duplicates, near duplicates) is measured again from its difference, so a duplicate's
+    distance is 0 exactly."""
     X = as_matrix(x, "x")
     check_finite(X, "x")
     X = X.astype(np.float64)
+    n = len(X)
+    if k < 1 or k > n - 1:
+        raise ValueError(f"{k} neighbours need at least {k + 1} points, got {n}")
     sq = np.einsum("ij,ij->i", X, X)
-    out = np.empty((len(X), len(X)))
-    for s in row_blocks(len(X), len(X)):
+    out = np.empty((n, k))
+    for s in row_blocks(n, n):
         block = sq[s, None] + sq[None, :] - 2.0 * (X[s] @ X.T)
         near = np.nonzero(block <= 1e-6 * (sq[s, None] + sq[None, :]))
         rows = near[0] + s.start
         block[near] = np.einsum("ij,ij->i", X[rows] - X[near[1]], X[rows] - X[near[1]])
-        out[s] = np.sqrt(np.maximum(block, 0.0))
-    np.fill_diagonal(out, 0.0)
+        block[np.arange(block.shape[0]), np.arange(s.start, s.stop)] = np.inf  # a row is not its own neighbour
+        part = np.partition(block, k - 1, axis=1)[:, :k]
+        out[s] = np.sqrt(np.maximum(np.sort(part, axis=1), 0.0))
     return out
-
-
-def neighbor_distances(dist: np.ndarray, k: int) -> np.ndarray:
-    """``[n, k]``: each row's distances to its k nearest other rows, ascending (``dist`` a distance matrix)."""
-    d = np.array(dist, dtype=np.float64, copy=True)
-    n = len(d)
-    if k > n - 1:
-        raise ValueError(f"{k} neighbours need at least {k + 1} points, got {n}")
-    np.fill_diagonal(d, np.inf)
-    part = np.partition(d, k - 1, axis=1)[:, :k]
-    return np.sort(part, axis=1)
 
 
 def twonn_from_neighbors(r1: np.ndarray, r2: np.ndarray, discard_fraction: float = 0.1) -> float:
@@ -93,7 +87,7 @@ def twonn_from_neighbors(r1: np.ndarray, r2: np.ndarray, discard_fraction: float
 
 def twonn(x, *, discard_fraction: float = 0.1) -> float:
     """TwoNN intrinsic dimension of the rows of ``x``."""
-    nn = neighbor_distances(distance_matrix(x), 2)
+    nn = neighbor_distances(x, 2)
     return twonn_from_neighbors(nn[:, 0], nn[:, 1], discard_fraction)
 
 
@@ -139,7 +133,7 @@ def gride_from_neighbors(r_n1: np.ndarray, r_n2: np.ndarray, n1: int, n2: int) -
 def gride(x, n1: int = 1, n2: int | None = None) -> Gride:
     """GRIDE intrinsic dimension of the rows of ``x`` at the scale ``(n1, n2)`` (default ``n2 = 2 n1``)."""
     n2 = 2 * n1 if n2 is None else n2
-    nn = neighbor_distances(distance_matrix(x), n2)
+    nn = neighbor_distances(x, n2)
     return gride_from_neighbors(nn[:, n1 - 1], nn[:, n2 - 1], n1, n2)
 
 
@@ -166,14 +160,15 @@ def unit_sums(x, groups, *, center: bool = False) -> tuple[np.ndarray, np.ndarra
 
 def cross_group_cosine(sums: np.ndarray, counts: np.ndarray, weights: np.ndarray | None = None) -> float:
     """The mean cosine over ordered pairs of rows from different groups, from ``unit_sums``; ``weights`` (how
-    many times each group is counted, e.g. a bootstrap resample) default to 1. Raises ``ValueError`` when no
-    such pair exists."""
+    many times each group is counted, e.g. a bootstrap resample) default to 1: a pair of groups g, h counts
+    ``w_g w_h`` times, and copies of one group never pair with each other (their tokens are the same
+    tokens). Raises ``ValueError`` when no such pair exists."""
     w = np.ones(len(counts)) if weights is None else np.asarray(weights, np.float64)
     total = w @ sums
-    pairs = (w @ counts) ** 2 - float(w @ (counts ** 2))
+    pairs = (w @ counts) ** 2 - float((w ** 2) @ (counts ** 2))
     if pairs <= 0:
         raise ValueError("anisotropy needs rows from at least two groups (texts)")
-    within = float(w @ np.einsum("ij,ij->i", sums, sums))
+    within = float((w ** 2) @ np.einsum("ij,ij->i", sums, sums))
     return (float(total @ total) - within) / pairs
 
 
