@@ -25,6 +25,7 @@ pooled vectors and the token sample.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,16 +42,16 @@ _ID_BIAS = ("Biases: underestimates a dimension large against log(texts); overes
             "it reads; the usual estimators misread data with several scales (Schulte & Rugamer 2026).")
 _CURVES = (
     ("twonn", "intrinsic dimension (TwoNN)", "TwoNN",
-     "TwoNN (Facco et al. 2017) of the texts' {pooling}-pooled vectors, one point per text: the slope of "
+     "TwoNN (Facco et al. 2017) of the texts' pooled vectors (the run's pooling), one point per text: the slope of "
      "-log(1 - F) against log(r2 / r1), 10% largest ratios left out, as scikit-dimension fits it. It reads the "
      "smallest scale, where noise inflates it. " + _ID_BIAS),
     ("gride", "intrinsic dimension (GRIDE)", "GRIDE",
-     "GRIDE (Denti et al. 2022) at neighbours ({gride_n1}, {gride_n2}) of the texts' {pooling}-pooled vectors, the "
+     "GRIDE (Denti et al. 2022) at neighbours (n1, 2 n1) (--gride-n1) of the texts' pooled vectors, the "
      "maximum likelihood of r_n2 / r_n1 with DADApy's conventions; a larger scale than TwoNN's, less moved by "
      "noise, more by curvature. " + _ID_BIAS),
     ("anisotropy", "anisotropy (mean cosine)", "mean cosine",
      "Mean cosine between tokens of different texts (Ethayarajh 2019), exact over every pair of a seeded sample "
-     "of {tokens:,} tokens: near 1 when every vector shares one direction, which a few large dimensions can set "
+     "of tokens (--max-tokens, special tokens left out): near 1 when every vector shares one direction, which a few large dimensions can set "
      "alone (Timkey & van Schijndel 2021)."),
     ("anisotropy_centered", "anisotropy after removing the mean", "mean cosine",
      "The same mean cosine after subtracting the tokens' mean vector: what is left once the common direction is "
@@ -60,14 +61,14 @@ _CURVES = (
      "singular values, averaged over texts; at most the text's token count, so it grows with length; "
      "uncentred, a common direction lowers it."),
     ("entropy", "matrix entropy per prompt", "entropy (nats)",
-     "Matrix entropy of order {alpha} of each text's token Gram matrix (Skean et al. 2025), eigenvalues over the "
+     "Matrix entropy of order alpha (--alpha; 1: Shannon) of each text's token Gram matrix (Skean et al. 2025), eigenvalues over the "
      "trace, averaged over texts; at most log(tokens), so it grows with length; uncentred, anisotropy lowers it."),
 )
 
 
 def _curve(key: str, title: str, ylabel: str, caption: str) -> Curve:
     return Curve(TABLE, (Line(key, "texts"), Line(f"{key}_shuffled", "shuffled tokens (control)")), file=key,
-                 title=f"{title}: {{model}}, texts vs shuffled tokens", ylabel=ylabel,
+                 title=f"{title}, texts vs shuffled tokens ({{about}})", ylabel=ylabel,
                  caption=caption + " The control: the same texts, their tokens in a random order.",
                  layers_only=True, band="95% bootstrap over texts")
 
@@ -81,6 +82,7 @@ FIGURES = Figures(
     summary_numbers=("n", "tokens", *_COLUMNS),
     curves=tuple(_curve(*c) for c in _CURVES),
     tables=(Table(TABLE, ("layer", *_COLUMNS), digits=3),),
+    about=lambda r: f"{', '.join(r.per_model)}; {r.data.label}",
 )
 
 
@@ -128,7 +130,13 @@ class Geometry(Analysis):
             raise InputError(f"{origin}: {len(texts)} texts; GRIDE at neighbours ({o.gride_n1}, {2 * o.gride_n1}) "
                              f"needs at least {need} texts (4 x n2, and TwoNN's fit at least 20), give more texts "
                              "or a smaller --gride-n1")
-        return {"texts": texts, "origin": origin}
+        label = Path(str(ctx.spec.data)).name if ctx.spec.data else f"generated English ({len(texts)} texts)"
+        return {"texts": texts, "origin": origin, "label": label}
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        pooling = next((f["summary"].get("pooling") for f in per_model.values()), None)
+        return {"data": {"origin": data["origin"], "label": data["label"], "n": len(data["texts"]),
+                         "pooling": pooling}}
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
         from layerscope.analyses.common import layers_for, poolings_for

@@ -34,17 +34,18 @@ FIGURES = Figures(
     summary_numbers=("selectivity", "accuracy", "control_accuracy", "chance", "train_words", "test_words"),
     curves=(
         Curve(TABLE, (Line("accuracy", "probe"), Line("control_accuracy", "control task")), file="accuracy",
-              title="linear probe accuracy: {model}, probe vs control task (line: majority label)",
+              title="linear probe accuracy, probe vs control task (line: majority label; {about})",
               ylabel="test accuracy", chance="chance", layers_only=True,
-              caption="A linear probe per layer on each word's vector, trained on {train_words:,} words and "
-                      "tested on {test_words:,} words of other sentences; the control task gives each word type "
+              caption="A linear probe per layer on each word's vector, trained on the words of most sentences and "
+                      "tested on the words of the others; the control task gives each word type "
                       "one fixed random label (Hewitt & Liang 2019). Bands: 95% bootstrap over test sentences."),
         Curve(TABLE, (Line("selectivity", "selectivity"),), file="selectivity",
-              title="probe selectivity (accuracy - control accuracy): {model}", ylabel="selectivity", level=0.0,
+              title="probe selectivity, accuracy - control accuracy ({about})", ylabel="selectivity", level=0.0,
               layers_only=True, caption="What the layer holds of the label beyond what a probe can memorise of the "
                                         "word types; 0: no more than the control."),
     ),
     tables=(Table(TABLE, ("layer", "accuracy", "control_accuracy", "selectivity")),),
+    about=lambda r: f"{', '.join(r.per_model)}; {r.data.label}",
 )
 
 
@@ -94,6 +95,14 @@ class TokenProbe(Analysis):
         if len(labels) < 2:
             raise InputError(f"{ctx.spec.data}: every word has the label {labels[0]!r}; a probe needs two or more")
         return {"sentences": sentences, "test": test}
+
+    def combine(self, ctx: Context, per_model, data) -> dict[str, Any]:
+        from pathlib import Path
+
+        o = self.options(ctx)
+        what = o.label_column if str(ctx.spec.data).endswith(".conllu") else o.labels_field
+        return {"data": {"origin": str(ctx.spec.data), "n": len(data["sentences"]),
+                         "label": f"{Path(str(ctx.spec.data)).name}, {what}, {o.pieces} piece"}}
 
     def compute(self, ctx: Context, run: ModelRun, data) -> dict[str, Any]:
         from layerscope.analyses.common import layers_for
