@@ -78,6 +78,8 @@ def test_svcca_pwcca_and_procrustes_equal_the_papers_definitions(seed):
     bp = rep.prepare(y[p])
     for name, fn in rep.SCORES.items():
         assert fn(a, b, p) == pytest.approx(fn(a, bp), abs=1e-9), name
+    for name, value in rep.shared_scores(a, b, p).items():  # one product for the three
+        assert value == pytest.approx(rep.SCORES[name](a, b, p), abs=1e-12), name
 
 
 def test_indices_are_one_for_a_rotated_scaled_copy():

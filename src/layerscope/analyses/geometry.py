@@ -69,8 +69,8 @@ _CURVES = (
 def _curve(key: str, title: str, ylabel: str, caption: str) -> Curve:
     return Curve(TABLE, (Line(key, "texts"), Line(f"{key}_shuffled", "shuffled tokens (control)")), file=key,
                  title=f"{title}, texts vs shuffled tokens ({{about}})", ylabel=ylabel,
-                 caption=caption + " The control: the same texts, their tokens in a random order.",
-                 layers_only=True, band="95% bootstrap over texts")
+                 caption=caption + " The control: the same texts, their tokens in a random order. Intervals: "
+                                   "bootstrap over the texts.", layers_only=True, band="95% bootstrap interval")
 
 
 _COLUMNS = tuple(f"{k}{c}" for k, *_ in _CURVES for c in CONDITIONS)
@@ -81,8 +81,9 @@ FIGURES = Figures(
              "effective rank {effective_rank:.3g} ({effective_rank_shuffled:.3g}).",
     summary_numbers=("n", "tokens", *_COLUMNS),
     curves=tuple(_curve(*c) for c in _CURVES),
-    tables=(Table(TABLE, ("layer", *_COLUMNS), digits=3),),
-    about=lambda r: f"{', '.join(r.per_model)}; {r.data.label}",
+    tables=(Table(TABLE, ("layer", *_COLUMNS), digits=3,
+                  console=("layer", "gride", "gride_shuffled", "anisotropy", "anisotropy_shuffled")),),
+    about=lambda r: f"{', '.join(r.per_model)}; {r.data.label}, {r.data.pooling} pooling",
 )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.analyses.similarity_indices import as_rows
+from layerscope.analyses.similarity_indices import as_rows, check_same_tokens
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
 from layerscope.errors import InputError
 from layerscope.report.figures import Figures, HeatMap, Listing
@@ -126,21 +126,8 @@ def check_same_texts(a_label: str, a_ids, a_texts, b_label: str, b_ids, b_texts)
 
 def best_pairs(figs: dict[str, Any], names) -> list[dict[str, Any]]:
     """Each index's best layer pair, calibrated against the maximum of the null over every pair."""
-    return [{"index": _NAMES[k], **figs[f"{k}_best"]} for k in names if figs.get(f"{k}_best")]
-
-
-def check_same_tokens(a_label: str, a_offsets, a_ids, b_label: str, b_offsets, b_ids) -> None:
-    """Token rows correspond only where both sides cut every text into the same tokens: one line naming the
-    first text where they differ."""
-    a_off, b_off = np.asarray(a_offsets), np.asarray(b_offsets)
-    if np.array_equal(a_off, b_off) and np.array_equal(np.asarray(a_ids), np.asarray(b_ids)):
-        return
-    counts_a, counts_b = np.diff(a_off), np.diff(b_off)
-    text = next((i for i in range(min(len(counts_a), len(counts_b)))
-                 if counts_a[i] != counts_b[i] or not np.array_equal(a_ids[a_off[i]:a_off[i + 1]],
-                                                                    b_ids[b_off[i]:b_off[i + 1]])), 0)
-    raise InputError(f"{a_label} and {b_label} cut text {text} into different tokens, so their token rows do not "
-                     "correspond; compare token vectors of models that share a tokenizer, or pooled vectors")
+    return [{"index": "Procrustes similarity (1 - distance / 2)" if k == "procrustes" else _NAMES[k],
+             **figs[f"{k}_best"]} for k in names if figs.get(f"{k}_best")]
 
 
 def _store_layers(store, spec: str) -> list[str]:
@@ -222,7 +209,8 @@ FIGURES = Figures(
 class Similarity(Analysis):
     metadata = AnalysisMetadata(
         name="similarity",
-        description="How alike are the layers of a model, or of two models? Linear CKA, unbiased CKA, mutual k-NN.",
+        description="How alike are the layers of a model, or of two models? Linear CKA, unbiased CKA, mutual k-NN, "
+                    "SVCCA, PWCCA, Procrustes, RSA, each calibrated against a row-shuffled null.",
         inputs=("texts",),
         main_score="mean_adjacent_cka",
         default_poolings=("mean",),
@@ -242,8 +230,8 @@ class Similarity(Analysis):
             Option("max_tokens", int, 4000, "with --tokens: a seeded sample of at most this many tokens"),
             Option("indices", str, "all", "indices beside CKA and k-NN: comma list of svcca, pwcca, procrustes, "
                    "rsa; 'all' or 'none'"),
-            Option("permutations", int, 100, "row permutations of the null every index is calibrated against "
-                   "(0: no calibration)"),
+            Option("permutations", int, 20, "row permutations of the null every index is calibrated against "
+                   "(0: no calibration; p is at least 1 / (permutations + 1))"),
             Option("max_rows", int, 1000, "the indices beyond CKA and the calibration read a seeded sample of at "
                    "most this many rows (texts or tokens)"),
             Option("rdm", str, "correlation", "RSA's dissimilarity between rows", choices=("correlation", "euclidean")),

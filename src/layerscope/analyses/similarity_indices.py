@@ -68,13 +68,30 @@ def prepare_side(get, layers: list[str], rows: np.ndarray, *, k: int, rdm: str, 
     return Side(prepared, nbrs)
 
 
-def _score(name: str, a, b, na, nb, perm):
-    from layerscope.metrics.neighbors import mutual_knn
-    from layerscope.metrics.representation import SCORES, permuted_neighbors
+SHARED = ("svcca", "pwcca", "procrustes")  # computed together from one product per permutation
 
-    if name == "mutual_knn":
-        return mutual_knn(na, nb if perm is None else permuted_neighbors(nb, perm))
-    return SCORES[name](a, b, perm)
+
+def _scores(names, a, b, na, nb, perm) -> dict[str, float]:
+    """Every asked index of one layer pair, Y's rows in ``perm`` order (None: as they are); an index undefined
+    there is left out."""
+    from layerscope.metrics.neighbors import mutual_knn
+    from layerscope.metrics.representation import SCORES, permuted_neighbors, shared_scores
+
+    out: dict[str, float] = {}
+    if "mutual_knn" in names and na is not None and nb is not None:
+        out["mutual_knn"] = mutual_knn(na, nb if perm is None else permuted_neighbors(nb, perm))
+    if a is None or b is None:
+        return out
+    shared = [k for k in names if k in SHARED]
+    if shared:
+        out.update(shared_scores(a, b, perm, shared))
+    for name in names:
+        if name not in out and name != "mutual_knn":
+            try:
+                out[name] = SCORES[name](a, b, perm)
+            except ValueError:  # undefined here (e.g. a self-HSIC that is not positive)
+                pass
+    return out
 
 
 def index_matrices(side_a: Side, layers_a: list[str], side_b: Side, layers_b: list[str], *, names: tuple[str, ...],
@@ -84,34 +101,31 @@ def index_matrices(side_a: Side, layers_a: list[str], side_b: Side, layers_b: li
     from layerscope.metrics.representation import calibrate
 
     shape = (len(layers_a), len(layers_b))
+    raw = {k: np.full(shape, np.nan) for k in names}
+    cal = {k: np.full(shape, np.nan) for k in names}
+    pv = {k: np.full(shape, np.nan) for k in names}
+    nulls = {k: np.full(shape + (len(perms),), np.nan) for k in names}
+    pairs = [(i, j) for i in range(shape[0]) for j in range(shape[1]) if not same or j >= i]
+    for i, j in track(pairs, "similarity indices: layer pairs and their permutation nulls"):
+        la, lb = layers_a[i], layers_b[j]
+        args = (side_a.prepared[la], side_b.prepared[lb], side_a.neighbors.get(la), side_b.neighbors.get(lb))
+        observed = _scores(names, *args, None)
+        null = [_scores(list(observed), *args, p) for p in perms]
+        for name, score in observed.items():
+            spots = [(i, j), (j, i)] if same else [(i, j)]
+            values = [row.get(name, np.nan) for row in null]
+            c = calibrate(score, values, alpha=ALPHA) if len(perms) else None
+            for spot in spots:
+                raw[name][spot] = 2.0 - 2.0 * score if name == "procrustes" else score
+                nulls[name][spot] = values
+                if c is not None:
+                    cal[name][spot], pv[name][spot] = c.calibrated, c.p_value
     out: dict[str, Any] = {}
-    for name in track(list(names), "similarity indices: permutation nulls"):
-        raw, cal, pv = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
-        nulls = np.full(shape + (len(perms),), np.nan)
-        for i, la in enumerate(layers_a):
-            for j, lb in enumerate(layers_b):
-                if same and j < i:
-                    continue
-                a, b = side_a.prepared[la], side_b.prepared[lb]
-                na, nb = side_a.neighbors.get(la), side_b.neighbors.get(lb)
-                if name != "mutual_knn" and (a is None or b is None):
-                    continue
-                try:
-                    score = _score(name, a, b, na, nb, None)
-                    null = [_score(name, a, b, na, nb, p) for p in perms]
-                except ValueError:  # undefined here (e.g. a self-HSIC that is not positive)
-                    continue
-                raw[i, j] = 2.0 - 2.0 * score if name == "procrustes" else score
-                nulls[i, j] = null
-                if len(perms):
-                    c = calibrate(score, null, alpha=ALPHA)
-                    cal[i, j], pv[i, j] = c.calibrated, c.p_value
-                if same:
-                    raw[j, i], cal[j, i], pv[j, i], nulls[j, i] = raw[i, j], cal[i, j], pv[i, j], nulls[i, j]
-        out[name] = raw
-        out[f"{name}_calibrated"] = cal if len(perms) else None
-        out[f"{name}_p"] = pv if len(perms) else None
-        out[f"{name}_best"] = _best(name, raw, nulls, layers_a, layers_b, same) if len(perms) else None
+    for name in names:
+        out[name] = raw[name]
+        out[f"{name}_calibrated"] = cal[name] if len(perms) else None
+        out[f"{name}_p"] = pv[name] if len(perms) else None
+        out[f"{name}_best"] = _best(name, raw[name], nulls[name], layers_a, layers_b, same) if len(perms) else None
     return out
 
 
@@ -152,3 +166,17 @@ def as_rows(figs: dict[str, Any], names: tuple[str, ...], layers_a, layers_b) ->
                     row[key] = None if m is None or not np.isfinite(m[i, j]) else float(m[i, j])
             rows.append(row)
     return rows
+
+
+def check_same_tokens(a_label: str, a_offsets, a_ids, b_label: str, b_offsets, b_ids) -> None:
+    """Token rows correspond only where both sides cut every text into the same tokens: one line naming the
+    first text where they differ."""
+    a_off, b_off = np.asarray(a_offsets), np.asarray(b_offsets)
+    if np.array_equal(a_off, b_off) and np.array_equal(np.asarray(a_ids), np.asarray(b_ids)):
+        return
+    counts_a, counts_b = np.diff(a_off), np.diff(b_off)
+    text = next((i for i in range(min(len(counts_a), len(counts_b)))
+                 if counts_a[i] != counts_b[i] or not np.array_equal(a_ids[a_off[i]:a_off[i + 1]],
+                                                                    b_ids[b_off[i]:b_off[i + 1]])), 0)
+    raise InputError(f"{a_label} and {b_label} cut text {text} into different tokens, so their token rows do not "
+                     "correspond; compare token vectors of models that share a tokenizer, or pooled vectors")

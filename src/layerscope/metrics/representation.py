@@ -109,12 +109,41 @@ def _perm(p: np.ndarray | None, n: int) -> np.ndarray:
     return np.arange(n) if p is None else np.asarray(p, dtype=np.int64)
 
 
+def _singular(m: np.ndarray, vectors: str = "") -> tuple[np.ndarray, np.ndarray | None]:
+    """The singular values of ``m`` (descending) from the eigenvalues of its smaller Gram matrix (a third of an
+    SVD's time: each permutation of each layer pair needs them); ``vectors="left"``/``"right"``: that side's
+    singular vectors too, as columns."""
+    left = m.shape[0] <= m.shape[1] if not vectors else vectors == "left"
+    g = m @ m.T if left else m.T @ m
+    if not vectors:
+        w = np.linalg.eigvalsh(g)[::-1]
+        return np.sqrt(np.clip(w, 0.0, None))[:min(m.shape)], None
+    w, v = np.linalg.eigh(g)
+    return np.sqrt(np.clip(w[::-1], 0.0, None))[:min(m.shape)], v[:, ::-1][:, :min(m.shape)]
+
+
 def canonical_correlations(a: Prepared, b: Prepared, perm=None, *, reduced: bool = False) -> np.ndarray:
     """The canonical correlations of X and Y (Y's rows in ``perm`` order), descending; ``reduced``: between
     the SVCCA-reduced sides."""
     ua = a.u[:, :a.svcca_rank] if reduced else a.u
     ub = (b.u[:, :b.svcca_rank] if reduced else b.u)[_perm(perm, b.n)]
-    return np.clip(np.linalg.svd(ua.T @ ub, compute_uv=False), 0.0, 1.0)
+    return np.clip(_singular(ua.T @ ub)[0], 0.0, 1.0)
+
+
+def shared_scores(a: Prepared, b: Prepared, perm=None, names=("svcca", "pwcca", "procrustes")) -> dict[str, float]:
+    """SVCCA, PWCCA and the Procrustes similarity from one product ``Ua^T Ub`` (the costly step when every
+    permutation of every layer pair needs all three)."""
+    m = a.u.T @ b.u[_perm(perm, b.n)]
+    out = {}
+    if "svcca" in names:
+        out["svcca"] = float(np.mean(np.clip(_singular(m[:a.svcca_rank, :b.svcca_rank])[0], 0.0, 1.0)))
+    if "pwcca" in names:
+        out["pwcca"] = _pwcca_from(a, b, m)
+    if "procrustes" in names:
+        n = (a.s[:, None] * m) * b.s[None, :]
+        out["procrustes"] = float(np.clip(_singular(n)[0].sum() / (np.linalg.norm(a.s) * np.linalg.norm(b.s)),
+                                          0.0, 1.0))
+    return out
 
 
 def svcca(a: Prepared, b: Prepared, perm=None) -> float:
@@ -122,15 +151,15 @@ def svcca(a: Prepared, b: Prepared, perm=None) -> float:
 
 
 def pwcca(a: Prepared, b: Prepared, perm=None) -> float:
-    ub = b.u[_perm(perm, b.n)]
-    m = a.u.T @ ub
-    left, rho, right_t = np.linalg.svd(m, full_matrices=False)
+    return _pwcca_from(a, b, a.u.T @ b.u[_perm(perm, b.n)])
+
+
+def _pwcca_from(a: Prepared, b: Prepared, m: np.ndarray) -> float:
+    mine = len(a.s) <= len(b.s)  # the variates of the side with fewer dimensions
+    rho, vec = _singular(m, "left" if mine else "right")
     rho = np.clip(rho, 0.0, 1.0)
-    if len(a.s) <= len(b.s):  # variates h = Ua A; <h_i, x_j> = (A^T S V^T)_ij
-        w = np.abs(left.T @ (a.s[:, None] * a.vt)).sum(axis=1)
-    else:
-        w = np.abs(right_t @ (b.s[:, None] * b.vt)).sum(axis=1)
-    w = w[:len(rho)]
+    s, vt = (a.s, a.vt) if mine else (b.s, b.vt)
+    w = np.abs(vec.T @ (s[:, None] * vt)).sum(axis=1)  # variates h = U v; <h_i, x_j> = (v^T S V^T)_ij
     return float(np.sum(w * rho) / np.sum(w))
 
 
@@ -138,8 +167,7 @@ def procrustes_similarity(a: Prepared, b: Prepared, perm=None) -> float:
     """``||X^T Y||_*`` with both sides at Frobenius norm 1 (``1 - distance / 2``)."""
     ub = b.u[_perm(perm, b.n)]
     m = (a.s[:, None] * (a.u.T @ ub)) * b.s[None, :]
-    return float(np.clip(np.linalg.svd(m, compute_uv=False).sum() / (np.linalg.norm(a.s) * np.linalg.norm(b.s)),
-                         0.0, 1.0))
+    return float(np.clip(_singular(m)[0].sum() / (np.linalg.norm(a.s) * np.linalg.norm(b.s)), 0.0, 1.0))
 
 
 def procrustes_distance(a: Prepared, b: Prepared, perm=None) -> float:
