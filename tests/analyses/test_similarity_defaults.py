@@ -20,7 +20,7 @@ def _home(tmp_path, monkeypatch):
 
 def _ctx(models, out, **options):
     return RunRequest(models=[str(m) for m in models], engine="torch", layers="all", out=out, seed=0, cache=False,
-                      options={"n": 12, "knn": 3, **options})
+                      options={"n": 12, "knn": 3, "indices": "all", **options})
 
 
 def test_default_texts_are_one_language(tiny_model, tmp_path):

@@ -19,7 +19,7 @@ def _home(tmp_path, monkeypatch):
 
 def _req(models, out, **options):
     return RunRequest(models=[str(m) for m in models], engine="torch", layers="0,1,2", out=out, seed=3, cache=False,
-                      options={"n": 14, "knn": 3, "permutations": 9, **options})
+                      options={"n": 14, "knn": 3, "permutations": 9, "indices": "all", **options})
 
 
 def test_each_index_equals_its_reference_on_the_same_vectors(tiny_model, tmp_path):

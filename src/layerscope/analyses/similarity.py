@@ -228,8 +228,8 @@ class Similarity(Analysis):
             Option("tokens", bool, False, "compare token vectors (every non-special token; a --store made with "
                    "extract --tokens) instead of pooled ones"),
             Option("max_tokens", int, 4000, "with --tokens: a seeded sample of at most this many tokens"),
-            Option("indices", str, "all", "indices beside CKA and k-NN: comma list of svcca, pwcca, procrustes, "
-                   "rsa; 'all' or 'none'"),
+            Option("indices", str, "none", "indices beside CKA and k-NN: comma list of svcca, pwcca, procrustes, "
+                   "rsa, or 'all' (minutes for 500 texts of a 384-wide model: an SVD per permutation and pair)"),
             Option("permutations", int, 20, "row permutations of the null every index is calibrated against "
                    "(0: no calibration; p is at least 1 / (permutations + 1))"),
             Option("max_rows", int, 1000, "the indices beyond CKA and the calibration read a seeded sample of at "
