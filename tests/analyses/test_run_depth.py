@@ -123,3 +123,58 @@ def test_run_opens_a_truncated_graph_and_the_cache_grows_by_layer(deep_gpt2, tmp
     assert any("reusing cached vectors of layers 1,4" in line for line in said), said
     assert not any("extracting layers" in line for line in said), said
     assert rows(again)["4"]["spearman"] == later["4"]["spearman"]
+
+
+def test_every_door_opens_its_engine_by_the_one_early_exit_rule(deep_gpt2, tmp_path, monkeypatch):
+    """embed, an extraction, an isolated bench row and run, asked for layers 0 and 1 in mean pooling, all open
+    the engine for depth 1 with pooled outputs only."""
+    import layerscope.export.open as opener
+    from layerscope.analyses.base import RunRequest, run_analysis
+    from layerscope.bench.worker import _engine_row
+    from layerscope.extraction import pipeline
+
+    _, export = deep_gpt2
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    opened: dict[str, tuple] = {}
+    real = opener.open_engine
+
+    def spy(door):
+        def open_engine(model, engine, **options):
+            opened[door] = (options.get("depth"), options.get("pooled_only"))
+            return real(model, engine, **options)
+        return open_engine
+
+    texts = ["a cat sits", "dogs run fast", "the market opens"]
+    monkeypatch.setattr(pipeline, "open_engine", spy("embed"))
+    pipeline.embed(str(export), texts, engine="ort", layers="0,1", poolings=["mean"])
+    monkeypatch.setattr(pipeline, "open_engine", spy("extract"))
+    pipeline.extract(str(export), texts, tmp_path / "store", engine="ort", layers="0,1", poolings=["mean"])
+    monkeypatch.setattr(opener, "open_engine", spy("bench"))
+    row = _engine_row({"export_dir": str(export), "engine": "ort", "layers": ["0", "1"], "pooling": "mean",
+                       "max_batch": 64})
+    assert any(n.startswith("early exit: layers up to 1") for n in row.info["notes"]), row.info["notes"]
+    monkeypatch.setattr(opener, "open_engine", spy("run"))
+    run_analysis("sts", RunRequest(models=[str(export)], engine="ort", layers="0,1", poolings=["mean"],
+                                   data=str(_pairs(tmp_path / "p.tsv")), out=tmp_path / "r", options={"n_boot": 0}))
+    assert opened == {door: (1, True) for door in ("embed", "extract", "bench", "run")}
+
+
+def test_the_early_exit_rule():
+    """Depth from the deepest layer read; pooled outputs only where nothing else is read: worked by hand."""
+    from layerscope.extraction.engine_plan import EngineReads, early_exit
+    from layerscope.model.manifest_type import Manifest
+
+    m = Manifest.from_dict({"source": {"spec": "k"}, "family": "gpt2", "num_layers": 6, "hidden_size": 4,
+                            "max_length": 64, "pooled_modes": ["mean", "last"],
+                            "pooled_layers": ["raw", "0", "1", "2", "3", "4", "5", "6"]})
+
+    def plan(layers, poolings=("mean",), tokens=False):
+        got = early_exit(m, EngineReads.of(layers, poolings, tokens=tokens))
+        return got.depth, got.pooled_only
+
+    assert plan(["0", "2", "1"]) == (2, True)
+    assert plan(["raw"]) == (-1, True)
+    assert plan(["raw", "6"], ("mean", "last")) == (6, True)  # every block, pooled-only graph of the whole model
+    assert plan(["1"], ("mean", "max")) == (1, False)  # max is not pooled in this graph: token states leave it
+    assert plan(["1"], tokens=True) == (1, False)  # stored tokens
+    assert plan(None) == (6, False)  # the whole model: the analysis reads beyond the asked layers
