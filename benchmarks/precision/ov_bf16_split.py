@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from where_time_goes import _best as best_of  # this folder's other script: warm once, then the best of repeat
+
 GROUPS = {
     "weight GEMMs": ("FullyConnected",),
     # OpenVINO's snippets: the attention (MatMul-Softmax-MatMul) and chains of elementwise ops, each fused into one
@@ -84,16 +86,6 @@ def group_of(node_type: str) -> str:
         if node_type in types:
             return name
     return "other"
-
-
-def best_of(run, repeat: int) -> float:
-    run()  # warm
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 MAX_BATCH = [256]  # texts per batch at most (the extraction's and the bench's default); --max-batch

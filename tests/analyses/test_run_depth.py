@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_identity_guards import _pairs  # six scored pairs of short sentences
 
 LAYERS = 6  # deep enough that layers 0,1 leave most blocks out
 
@@ -28,14 +29,6 @@ def deep_gpt2(tmp_path_factory):
         tiny_models.LAYERS = before
     export_model(resolve_source(str(model)), root / "onnx")
     return model, root / "onnx"
-
-
-def _pairs(path: Path) -> Path:
-    rows = ["sentence1\tsentence2\tscore", "a cat sits\ta cat sat\t4.5", "dogs run fast\tthe sky is blue\t0.5",
-            "a man plays guitar\ta man plays a guitar\t4.8", "rain falls\tkids play football\t0.2",
-            "the market opens\tthe shop opens\t3.0", "birds fly\ta plane takes off\t1.5"]
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
 
 
 def _stores(home: Path) -> list[dict]:
