@@ -129,3 +129,16 @@ def test_bad_sae_or_store_is_one_line_before_tokens_are_read(store, tmp_path, ti
     _, ok = _save(tmp_path, "ok", sae_lens.StandardSAEConfig)
     with pytest.raises(InputError, match="holds no token vectors"):
         run_analysis("sae", _req(pooled, ok, tmp_path / "g"))
+
+
+def test_a_decoders_last_block_before_its_final_norm_is_no_stored_layer(tiny_model, tmp_path):
+    from layerscope.extraction.pipeline import extract
+
+    store = tmp_path / "gpt2"
+    extract(str(tiny_model("gpt2")), TEXTS, store, engine="torch", layers="1,2", poolings=["mean"], tokens=True)
+    _, last = _save(tmp_path, "last", sae_lens.StandardSAEConfig, hook="blocks.1.hook_resid_post")
+    with pytest.raises(InputError, match="before the final norm, but this model's last layer is stored after it"):
+        run_analysis("sae", _req(store, last, tmp_path / "o"))
+    _, mid = _save(tmp_path, "mid", sae_lens.StandardSAEConfig, hook="blocks.1.hook_resid_pre")
+    _, results = run_analysis("sae", _req(store, mid, tmp_path / "p"))  # the input of block 1 = layer 1
+    assert next(iter(results["per_model"].values()))["summary"]["layer"] == "1"

@@ -80,9 +80,11 @@ class SparseAutoencoder(Analysis):
             raise InputError(f"{store.path} holds no token vectors; the SAE reads tokens: make it with layerscope "
                              "extract ... --tokens --layers <the SAE's layer>")
         manifest = store.manifest
+        anatomy = manifest.anatomy  # None only for a manifest copy an older store embeds: the family says it
+        normed = anatomy.final_norm_in_hidden_states if anatomy is not None else \
+            bool(family_of(manifest).final_norm_in_last_hidden_state)
         try:
-            layer = resid_layer(sae.hook, manifest.num_layers,
-                                final_norm_in_last=bool(family_of(manifest).final_norm_in_last_hidden_state))
+            layer = resid_layer(sae.hook, manifest.num_layers, final_norm_in_last=normed)
         except BadSAE as exc:
             raise InputError(f"--sae {o.sae}: {exc}") from None
         if layer not in store.token_layers:
