@@ -114,6 +114,11 @@ class Geometry(Analysis):
             raise InputError(f"--alpha must be > 0, got {o.alpha}")
         if ctx.spec.poolings and len(ctx.spec.poolings) > 1:
             raise InputError("geometry reads one pooling for the intrinsic dimension; give one --pooling")
+        from layerscope.vocab.pooling import MASK_POOLINGS
+
+        if ctx.spec.poolings and ctx.spec.poolings[0] not in MASK_POOLINGS:
+            raise InputError(f"geometry pools each text's token vectors itself: --pooling is one of "
+                             f"{', '.join(MASK_POOLINGS)}, not {ctx.spec.poolings[0]}")
         if ctx.spec.data:
             from layerscope.data.corpus import read_corpus
 
