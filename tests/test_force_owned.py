@@ -18,6 +18,7 @@ import pytest
 from cli_helpers import one_error, run_cli, sha
 from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
+from hang_guard import HANG_S  # noqa: E402
 
 TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", "hello there", "a man plays guitar"]
 OTHER = ["A plane is taking off.", "A woman slices an onion.", "Rain falls on the city.", "Kids play football.",
@@ -345,8 +346,8 @@ def test_two_real_run_processes_one_refused_nothing_lost(bert_export, tmp_path):
                              text=True, env=env)
         while not Path(".R.lock").exists() and a.poll() is None:
             time.sleep(0.01)
-        b = subprocess.run(base + ["--pooling", "mean"], capture_output=True, text=True, env=env, timeout=300)
-        out_a = a.communicate(timeout=300)[0]
+        b = subprocess.run(base + ["--pooling", "mean"], capture_output=True, text=True, env=env, timeout=HANG_S)
+        out_a = a.communicate(timeout=HANG_S)[0]
         if a.returncode == 0 and b.returncode == 2:
             break
     assert a.returncode == 0, out_a

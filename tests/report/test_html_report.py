@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from layerscope.analyses.base import RunRequest, rerender, run_analysis
+from hang_guard import HANG_S  # noqa: E402
 
 pytest.importorskip("plotly")
 
@@ -43,7 +44,7 @@ def open_page(page: Path, profile: Path) -> tuple[str, list[str]]:
            "--dump-dom", page.resolve().as_uri()]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.insert(1, "--no-sandbox")  # Chromium refuses to start its sandbox as root
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
     return proc.stdout, console
