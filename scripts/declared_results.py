@@ -3,7 +3,7 @@
 tests/report/test_every_declaration.py, which draws every analysis's declared figures from it.
 
 Each analysis runs once on tiny random models (tests/tiny_models.py, tests/tiny_vision.py), offline, and its
-results.json is cut down: tables to their first rows, listed items to a few, images to a one-pixel PNG. The
+results.json is cut down: a table to one row of each kind, shown items to a few, images to a one-pixel PNG. The
 documents hold what the analyses' own code writes (field names, nesting), so a declaration that names a field,
 table or dotted path the code does not write draws nothing, or "undefined", and the test says which. Run it
 again after changing what an analysis writes (a minute or two on two cores):
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -67,7 +66,7 @@ def _plans(root: Path) -> dict:
     import transformers as t
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from tiny_models import build_tiny_model
+    from tiny_models import build_tiny_model, first_block_of
     from tiny_vision import build_tiny_vision
 
     from layerscope.export.attention_variant import make_attention_variant
@@ -75,15 +74,7 @@ def _plans(root: Path) -> dict:
     from layerscope.model.source import resolve_source
 
     bert = build_tiny_model("bert", root / "bert")
-    shallow = root / "bert-1-layer"  # the same checkpoint's first block alone: a model of another depth
-    shutil.copytree(bert, shallow)
-    config = json.loads((shallow / "config.json").read_text())
-    (shallow / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    from safetensors.numpy import load_file, save_file
-
-    weights = load_file(str(shallow / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if ".layer.1." not in k}, str(shallow / "model.safetensors"),
-              metadata={"format": "pt"})
+    shallow = first_block_of(bert, root / "bert-1-layer")  # a model of another depth
     attn = root / "bert-attn"
     export_model(resolve_source(str(bert)), attn)
     make_attention_variant(attn)
@@ -169,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             plan = {"engine": "torch", "layers": "all", **plan}
             out, _ = run_analysis(name.split("+")[0], RunRequest(out=root / "runs" / name, cache=False, **plan))
-            doc = json.loads((Path(out) / "results.json").read_text(encoding="utf-8"))
+            text = (Path(out) / "results.json").read_text(encoding="utf-8")
+            # the same document from every run of this script: the temporary folder's name left out of paths
+            doc = json.loads(text.replace(str(root), "/tiny").replace(str(root).replace("/", "-"), "-tiny"))
             docs[name] = _trim({k: doc[k] for k in ("format", "analysis", "description", "main_score", "settings",
                                                     "models", "per_model", "combined") if k in doc})
             print(f"{name}: {len(json.dumps(docs[name])):,} characters", file=sys.stderr)
