@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hang_guard import HANG_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/USAGE.md")
@@ -146,7 +147,7 @@ def _run(example: Example, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
         if code is None:
             return 1, "no folder matches its <placeholder> path"
         argv = ["bash", "-c", 'layerscope() { "$LAYERSCOPE_PY" -m layerscope "$@"; }\n' + code]
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S)
     return proc.returncode, (proc.stderr.strip() or proc.stdout.strip())[-600:]
 
 
