@@ -104,6 +104,13 @@ def _plans(root: Path) -> dict:
     labeled.write_text("".join(json.dumps({"text": x, "label": y}) + "\n" for x, y in (
         ("what a lovely warm day in the park", "pos"), ("the food is great and kind people", "pos"),
         ("what a cold grim day in the park", "neg"), ("the food is awful and rude people", "neg"))), encoding="utf-8")
+    tagged = root / "tags.conllu"
+    tags = (("the", "DET"), ("quick", "ADJ"), ("fox", "NOUN"), ("jumps", "VERB"), ("a", "DET"), ("lazy", "ADJ"),
+            ("dog", "NOUN"), ("sat", "VERB"))
+    sentences = [[tags[(i + j) % len(tags)] for j in range(4 + i % 3)] for i in range(20)]
+    tagged.write_text("".join("".join(f"{k}\t{w}\t{w}\t{t}\t_\t_\t0\tdep\t_\t_\n" for k, (w, t) in enumerate(s, 1))
+                              + "\n" for s in sentences), encoding="utf-8")
+    sae_dir, sae_store = _sae(bert, root)
     b = [str(bert)]
     return {
         # cls at raw is the [CLS] row alone, the same for every text: an undefined layer for the listings
@@ -115,7 +122,13 @@ def _plans(root: Path) -> dict:
         "pooling": dict(models=b, data=str(pairs), options={"n_boot": 20}),
         "alignment": dict(models=b, options={"generate": "zh-en", "n": 24, "permutations": 10, "examples": 4}),
         "similarity": dict(models=b, options={"n": 15, "knn": 4}),
-        "similarity+two": dict(models=[*b, str(shallow)], options={"n": 15, "knn": 4}),
+        "similarity+two": dict(models=[*b, str(shallow)], options={"n": 15, "knn": 4, "permutations": 4,
+                                                                   "indices": "svcca,pwcca,procrustes,rsa"}),
+        "similarity+indices": dict(models=b, options={"n": 15, "knn": 4, "permutations": 4,
+                                                      "indices": "svcca,pwcca,procrustes,rsa"}),
+        "geometry": dict(models=b, options={"n": 24, "max_tokens": 200, "gride_n1": 2}),
+        "token_probe": dict(models=b, data=str(tagged), layers="0,2"),
+        "sae": dict(models=b, layers="1", options={"sae": str(sae_dir), "store": str(sae_store), "features": 4}),
         "lens": dict(models=b, data=str(texts), options={"top_k": 3, "show": 2, "batch": 2}),
         "saliency": dict(models=b, data=str(labeled), layers="1,2",
                          options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
@@ -134,6 +147,28 @@ def _plans(root: Path) -> dict:
         "vision_lens": dict(models=[str(root / "clipv")], engine="ort", options={"n": 8}),
         "cls_attention": dict(models=[str(root / "dinox")], engine="ort", options={"n": 4, "bootstrap": 20}),
     }
+
+
+def _sae(bert: Path, root: Path) -> tuple[Path, Path]:
+    """A random SAE in SAELens's folder layout over layer 1 of ``bert``, and a token store holding that layer."""
+    import sae_lens
+    import torch
+    from sae_lens.saes.sae import SAEMetadata
+
+    from layerscope.extraction.pipeline import extract
+
+    store = root / "sae-store"
+    extract(str(bert), ["the cat sat on the mat", "a dog ran fast", "layers refine the hidden states"], store,
+            engine="torch", layers="1", poolings=["mean"], tokens=True)
+    width = json.loads((bert / "config.json").read_text(encoding="utf-8"))["hidden_size"]
+    torch.manual_seed(0)
+    sae = sae_lens.SAE.from_dict(sae_lens.StandardSAEConfig(
+        d_in=width, d_sae=2 * width, metadata=SAEMetadata(hook_name="blocks.0.hook_resid_post")).to_dict())
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    sae.save_model(root / "sae")
+    return root / "sae", store
 
 
 def main(argv: list[str] | None = None) -> int:
