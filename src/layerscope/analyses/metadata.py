@@ -43,6 +43,9 @@ INPUTS = {
     "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
     "text_pairs": "pairs of texts, no score needed (STS Benchmark files, JSONL with sentence1/sentence2, or "
                   "'text A<TAB>text B' lines)",
+    "patch_pairs": "clean/corrupted text pairs of one token length each (JSONL: clean, corrupted; target and foil "
+                   "for a decoder's logit difference, other for an encoder's similarity)",
+    "steer_pairs": "positive/negative text pairs (JSONL: positive, negative)",
     "engine": "runs the model itself rather than reading cached vectors",
 }
 

@@ -300,6 +300,36 @@ class TorchEngine(Engine):
         _, _, out = self.forward(batch)
         return getattr(out, name).float().cpu().numpy()
 
+    def _resume(self, batch: Batch, layer: int, state, layers: list[int]) -> list[np.ndarray]:
+        """A forward pre-hook on block ``layer + 1`` hands it ``state`` in place of its input (engines/resume.py);
+        the blocks before it still run, their output discarded."""
+        import numpy as np
+
+        from layerscope.errors import InputError
+
+        torch = self.torch
+        if self.block_slot is None:
+            raise InputError(f"engine '{self.name}' found no list of blocks in this model, so it cannot write a state "
+                             "at a layer; use --engine ort")
+        blocks = getattr(*self.block_slot)
+        if len(blocks) != self.manifest.num_layers:
+            raise InputError(f"engine '{self.name}' was opened for layers up to {self.depth} and cannot write a "
+                             "state; open it without depth")
+        given = torch.from_numpy(np.ascontiguousarray(np.asarray(state, dtype=np.float32))).to(self.device)
+
+        def swap(module, args, kwargs):
+            value = given.to(args[0].dtype if args else kwargs["hidden_states"].dtype)
+            if args:
+                return (value, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": value}
+
+        hook = blocks[layer].register_forward_pre_hook(swap, with_kwargs=True)
+        try:
+            _, hidden, _ = self.forward(batch)
+        finally:
+            hook.remove()
+        return [hidden[k].float().cpu().numpy() for k in layers]
+
     def close(self) -> None:
         self.net = None
 
