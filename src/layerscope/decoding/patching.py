@@ -189,7 +189,7 @@ class PatchResult:
     patched: np.ndarray  # [pairs, layers, columns]
     clean: np.ndarray  # [pairs]
     corrupted: np.ndarray  # [pairs]
-    suffix_runs: int = 0  # resume runs (one per layer, pair and position batch)
+    suffix_runs: int = 0  # resume runs (one per layer below L, pair and position batch)
     suffix_rows: int = 0  # copies run through them
     naive_runs: int = 0  # whole-model runs patching one cell each would take
     block_rows: int = 0  # block applications x copies the resume runs made (blocks j+1..L each)
@@ -227,8 +227,9 @@ def patch(engine, runs: list[PairRun], metric: PatchMetric, layers: list[int], c
                 batch = tiled(run.corrupted, np.zeros(len(chunk), dtype=np.int64))
                 final = engine.resume(batch, layer, state, [num_layers])[0]
                 patched[run.index, li, chunk] = metric.of(run, batch, final)
-                result.suffix_runs += 1
-                result.suffix_rows += len(chunk)
+                if layer < num_layers:  # at layer L the state is the end: nothing runs
+                    result.suffix_runs += 1
+                    result.suffix_rows += len(chunk)
                 result.block_rows += len(chunk) * (num_layers - layer)
                 if bar is not None:
                     bar.advance(len(chunk))
