@@ -77,7 +77,7 @@ def _naive_patch(ref: Reference, tok, pair, metric: str, decoder: bool):
 
 
 @pytest.mark.parametrize("family,metric,engine", [("bert", "similarity", "ort"), ("gpt2", "logit_diff", "ort"),
-                                                  ("qwen2", "prob", "ov"), ("gpt2", "prob", "torch")])
+                                                  ("qwen2", "prob", "ov")])
 def test_patching_equals_one_hooked_run_per_cell(family, metric, engine, exports, tiny_model, tmp_path):
     """Every pair, layer and position: the patched metric equals the hooked model's; the heat map is the ratio of
     the sums; the suffix ran once per layer and pair (a position batch), the naive count once per cell."""
@@ -93,7 +93,7 @@ def test_patching_equals_one_hooked_run_per_cell(family, metric, engine, exports
     ref, tok = Reference(model, family), AutoTokenizer.from_pretrained(str(model))
     decoder = family != "bert"
     naive = [_naive_patch(ref, tok, p, metric, decoder) for p in PATCH_PAIRS]
-    eng = create_engine(engine, str(exports[family]) if engine != "torch" else str(model))
+    eng = create_engine(engine, str(exports[family]))
     runs = tokenize_pairs(eng, read_patch_pairs(data), metric=metric)
     cols = columns(runs, "position")
     if decoder:
@@ -116,8 +116,6 @@ def test_patching_equals_one_hooked_run_per_cell(family, metric, engine, exports
     assert got.naive_runs == 3 * cells and got.suffix_rows == 2 * cells
     assert got.suffix_runs == sum(2 * -(-g.shape[1] // 4) for g, _, _ in naive)  # layers 0 and 1; layer 2 runs none
     eng.close()
-    if engine == "torch":
-        return
     # the analysis: each cell is sum(patched - corrupted) / sum(clean - corrupted) over the pairs that reach it
     fig = _run("patch", exports[family], tmp_path, engine=engine, data=str(data), options={"metric": metric,
                                                                                             "batch": 4})

@@ -161,8 +161,9 @@ def main() -> None:
     naive_row = {"way": "naive", "engine": "torch", "runs": cells + 2 * len(runs),
                  "block_applications": (cells - len(runs) * runs[0].length) * num_layers, "wall_s": wall,
                  "cpu_s": cpu}
-    print(f"naive  torch: {naive_row['runs']} whole-model runs, {naive_row['wall_s']:.2f} s wall, "
-          f"{naive_row['cpu_s']:.2f} s CPU", flush=True)
+    print(f"naive  torch: {naive_row['runs']} whole-model runs, {naive_row['block_applications']:,} block "
+          f"applications (a block on one copy), {naive_row['wall_s']:.2f} s wall, {naive_row['cpu_s']:.2f} s CPU",
+          flush=True)
     rows = [naive_row]
     for name in args.engines.split(","):
         got = resume(args.export, name, runs, layers, args.passes)
@@ -173,7 +174,8 @@ def main() -> None:
                "block_applications": res.block_rows, "wall_s": min(got["walls"]), "cpu_s": min(got["cpus"]),
                "first_s": got["first_s"], "max_abs_vs_naive": worst}
         rows.append(row)
-        print(f"resume {name:5}: {row['runs']} runs ({res.suffix_runs} suffix runs of {res.suffix_rows} copies), "
+        print(f"resume {name:5}: {row['runs']} runs ({res.suffix_runs} suffix runs of {res.suffix_rows} copies, "
+              f"{res.block_rows:,} block applications), "
               f"{row['wall_s']:.2f} s wall best of {args.passes}, {row['cpu_s']:.2f} s CPU, first pass "
               f"{row['first_s']:.2f} s; max |diff| vs naive {worst:.2g}", flush=True)
     for row in rows[1:]:
