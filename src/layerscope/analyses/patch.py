@@ -38,17 +38,20 @@ FIGURES = Figures(
                               "sum over pairs of (patched - corrupted) / sum of (clean - corrupted).",
                       scale=(0.0, 1.0), markdown=True),)
     + tuple(HeatMap(f"grids.pair_{i}", f"patch_pair_{i}", title=f"pair {i} ({{metric}}, {{model}}): {{pair_{i}}}",
-                    zlabel="normalised effect", rows="layers", cols=f"pair_{i}_columns", xlabel="position",
+                    zlabel="normalised effect", rows="layers", cols=f"pair_{i}_columns",
+                    xlabel="position or token group",
                     ylabel="layer", caption="This pair alone: (patched - corrupted) / (clean - corrupted).",
                     scale=(0.0, 1.0)) for i in range(1, SHOW + 1)),
     curves=(Curve("patch_layers", (Line("last", "last token"), Line("best", "best column")), file="patch_by_layer",
                   title="activation patching by layer: {about}", ylabel="normalised effect", level=0.0,
+                  level_label="the corrupted run (0)",
                   caption="Per layer: the effect of patching the last token, and the largest over the columns; "
-                          "band: 95% interval over pairs; dashed: the corrupted run (0)."),
+                          "band: 95% interval over pairs."),
             Curve("patch_cells", (Line("effect", "effect"),), file="patch_groups", group=("column",),
                   where=lambda r: r.get("column") in GROUPS, label="{column}",
                   title="activation patching by token group: {about}", ylabel="normalised effect",
-                  level=0.0, caption="Each token group patched at once; band: 95% interval over pairs.")),
+                  level=0.0, level_label="the corrupted run (0)",
+                  caption="Each token group patched at once; band: 95% interval over pairs.")),
     tables=(Table("patch_layers", ("layer", "last", "best", "best_column"), numbers=("last", "best")),),
     about=lambda results: models_on_data(results, "the built-in patch pairs"),
 )
@@ -133,7 +136,7 @@ class Patch(Analysis):
         peak = max((r for r in cell_rows if r["effect"] is not None), key=lambda r: r["effect"], default=None)
         summary = {
             "headline": [headline("largest normalised effect", peak, "effect",
-                                  f"layer {peak['layer']}, {peak['column']}" if peak else "")],
+                                  f"layer {peak['layer']}, column {peak['column']}" if peak else "")],
             "intervals": method(len(runs), "pairs", ctx.spec.seed),
             "n_pairs": len(runs), "data_name": data_name(ctx, "the built-in patch pairs"), "metric": metric, "metric_reads": judge.reads, "by": o.by,
             "alignment": cols.alignment, "clean_mean": float(np.mean(result.clean)),

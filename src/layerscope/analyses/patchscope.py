@@ -42,8 +42,9 @@ FIGURES = Figures(
                                         Line("best", "Patchscope, best target layer j < L")),
                   file="patchscope_by_layer", title="Patchscope and logit lens by source layer: {about}",
                   xlabel="source layer i", ylabel="top-1 = reference (share of sources)", from_zero=True,
+                  band="95% Wilson interval",
                   caption="Side by side: the logit lens (the head reading layer i's state) and the Patchscope "
-                          "(the state placed in the target prompt). Band: 95% Wilson interval over the sources."),),
+                          "(the state placed in the target prompt). Intervals over the sources."),),
     tables=(Table("patchscope_layers", ("layer", "lens", "diagonal", "best", "best_target", "lens_prob",
                                         "diagonal_prob"), numbers=("lens", "diagonal", "best", "lens_prob",
                                                                    "diagonal_prob")),),

@@ -26,8 +26,9 @@ from layerscope.report.figures import Curve, Figures, HeatMap, Line, Table
 FIGURES = Figures(
     sentence="{method} vectors from {n_train} training pairs, added to the negative texts of {n_held_out} held-out "
              "pairs at scales {scales_text} ({pooling} pooling). At scale {top_scale:g} the largest move toward the "
-             "positive texts is at layer {best_layer}: {best_projection:.3f} of the way between the class means "
-             "(a random direction of the same norm: {best_random:.3f}). Computed by {computed_by}. "
+             "positive texts below the last layer is at layer {best_layer}: {best_projection:.3f} of the way between "
+             "the class means (a random direction of the same norm: {best_random:.3f}); at the last layer a "
+             "mean-difference vector moves it by the scale itself. Computed by {computed_by}. "
              "Intervals: {intervals}.",
     summary_numbers=("n_train", "n_held_out", "top_scale", "best_projection", "best_random"),
     heatmaps=(HeatMap("grids.projection", "steer_projection",
@@ -44,23 +45,21 @@ FIGURES = Figures(
                                               "vector, added the same way.", scale=(0.0, 1.0))),
     curves=(Curve("steer_layers", (Line("projection", "steering vector"), Line("random_projection", "random direction")),
                   file="steer_projection_by_layer", title="steering at the largest scale, by layer: {about}",
-                  ylabel="share of the way to the positive mean", level=0.0,
+                  ylabel="share of the way to the positive mean", level=0.0, level_label="unsteered (0)",
                   caption="Final embedding's move toward the positive texts when the vector is added at each layer "
-                          "(largest scale); band: 95% interval over held-out texts; dashed: unsteered."),
+                          "(largest scale); band: 95% interval over held-out texts."),
             Curve("steer_layers", (Line("probe", "steering vector"), Line("random_probe", "random direction")),
                   file="steer_probe_by_layer", title="steering, cosine margin to the training texts: {about}",
-                  ylabel="change of cosine margin (positive - negative)", level=0.0,
+                  ylabel="change of cosine margin (positive - negative)", level=0.0, level_label="unsteered (0)",
                   caption="Change of the final embedding's mean cosine to the positive training texts minus to "
                           "the negative ones (largest scale); band: 95% interval over held-out texts."),
-            Curve("steer_layers", (Line("kl", "steering vector"), Line("random_kl", "random direction")),
+            Curve("steer_next_token", (Line("kl", "steering vector"), Line("random_kl", "random direction")),
                   file="steer_kl_by_layer", title="steering, next-token distribution moved (KL): {about}",
-                  ylabel="KL(unsteered || steered), nats", level=0.0,
-                  where=lambda r: r.get("kl") is not None,
+                  ylabel="KL(unsteered || steered), nats", level=0.0, level_label="unsteered (0)",
                   caption="How far the next-token distribution at the last token moved (decoders; largest scale); "
                           "band: 95% interval over held-out texts.")),
-    tables=(Table("steer_layers", ("layer", "norm", "projection", "random_projection", "probe", "random_probe", "kl",
-                                   "random_kl"), numbers=("norm", "projection", "random_projection", "probe",
-                                                          "random_probe", "kl", "random_kl")),),
+    tables=(Table("steer_layers", ("layer", "norm", "projection", "random_projection", "probe", "random_probe")),
+            Table("steer_next_token", ("layer", "kl", "random_kl"))),
     about=lambda results: models_on_data(results, "the built-in steering pairs"),
 )
 
@@ -155,7 +154,10 @@ class Steer(Analysis):
                            rows=int(o.batch), bar=bar.advance)
         cells, layer_rows, grids = _tables(result, seed=ctx.spec.seed)
         top = float(max(data.scales, key=abs))
-        best = max(layer_rows, key=lambda r: r["projection"])
+        # at the last layer the mean-difference vector is the gap between the class means itself: its move there is
+        # the scale by construction, so the headline is the best layer that the vector has to pass blocks from
+        below = [r for r in layer_rows if int(r["layer"]) < num_layers] or layer_rows
+        best = max(below, key=lambda r: r["projection"])
         summary = {
             "headline": [headline("steered toward the positive mean", best, "projection",
                                   f"layer {best['layer']}, scale {top:g}"),
@@ -168,9 +170,12 @@ class Steer(Analysis):
             "best_random": best["random_projection"], "computed_by": computed_by, "resume_runs": result.runs,
             "data_name": data_name(ctx, "the built-in steering pairs"), "class_gap": readout.gap,
         }
+        tables = {"steer_layers": layer_rows, "steer_cells": cells}
+        if result.kl is not None:  # a decoder's next token: the KL columns, apart
+            keys = [k for k in layer_rows[0] if k.startswith(("kl", "random_kl"))]
+            tables["steer_next_token"] = [{"layer": r["layer"], **{k: r.pop(k) for k in keys}} for r in layer_rows]
         return {"summary": summary, "layers": [str(x) for x in layers], "scales": [f"{s:g}" for s in data.scales],
-                "grids": grids, "tables": {"steer_layers": layer_rows, "steer_cells": cells},
-                "held_out": [p.line for p in test]}
+                "grids": grids, "tables": tables, "held_out": [p.line for p in test]}
 
 
 def _tables(result, *, seed: int) -> tuple[list[dict], list[dict], dict[str, list]]:
@@ -203,7 +208,5 @@ def _tables(result, *, seed: int) -> tuple[list[dict], list[dict], dict[str, lis
                 cells.append(row)
             grids["projection" if kind == "steer" else "projection_random"].append(
                 [float(result.projection[ki, li, si].mean()) for si in range(len(result.scales))])
-        if result.kl is None:
-            lrow.update({"kl": None, "random_kl": None})
         layer_rows.append(lrow)
     return cells, layer_rows, grids

@@ -9,8 +9,9 @@ per position batch, never the whole model once per (layer, position).
 Positions align one to one: a pair's clean and corrupted texts must tokenize to the same number of tokens
 (``tokenize_pairs`` says which pair does not, before any layer runs). Columns (``by``):
 
-* ``position``: each token position. Pairs of one length share their positions (labelled with the first
-  pair's tokens, ``clean/corrupted`` where they differ); pairs of several lengths are aligned at their last
+* ``position``: each token position. Pairs of one length share their positions (labelled with the token every
+  pair has there, ``clean/corrupted`` where they differ, or ``(changed)`` where every pair's token changes there);
+  pairs of several lengths are aligned at their last
   token (``last``, ``last-1``, ...), a column holding the pairs long enough to reach it.
 * ``group``: ``changed`` (positions whose tokens differ), ``before`` and ``after`` them, and ``last`` (the last
   token, where it did not change); a pair without a group leaves that cell to the others.
@@ -131,14 +132,24 @@ def columns(runs: list[PairRun], by: str) -> Columns:
     lengths = {run.length for run in runs}
     top = max(lengths)
     if len(lengths) == 1:
-        first = runs[0]
-        labels = tuple(f"{t} {a}" if a == b else f"{t} {a}/{b}"
-                       for t, (a, b) in enumerate(zip(first.clean_tokens, first.corrupted_tokens)))
+        labels = tuple(_position_label(runs, t) for t in range(top))
         per = tuple(tuple((t,) for t in range(top)) for _ in runs)
         return Columns(labels, per, "positions one to one (every pair has the same length)")
     labels = tuple("last" if k == 0 else f"last-{k}" for k in range(top - 1, -1, -1))
     per = tuple(tuple((c - (top - run.length),) if c >= top - run.length else () for c in range(top)) for run in runs)
     return Columns(labels, per, "positions counted from each pair's last token (the pairs differ in length)")
+
+
+def _position_label(runs: list[PairRun], t: int) -> str:
+    """Position ``t`` of pairs of one length: its token where every pair has the same one there (``clean/corrupted``
+    where they differ), else ``*`` where every pair changes it there, else the number alone."""
+    seen = {(r.clean_tokens[t], r.corrupted_tokens[t]) for r in runs}
+    if len(seen) == 1:
+        a, b = seen.pop()
+        return f"{t} {a}" if a == b else f"{t} {a}/{b}"
+    if all(r.clean_tokens[t] != r.corrupted_tokens[t] for r in runs):
+        return f"{t} (changed)"
+    return str(t)
 
 
 class PatchMetric:
