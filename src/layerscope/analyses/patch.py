@@ -70,6 +70,7 @@ class Patch(Analysis):
         description="Activation patching: the clean run's state written into the corrupted run at every layer x "
                     "position (or token group), the metric normalised between the two runs, with intervals",
         inputs=("patch_pairs", "engine"),
+        reads="model",  # every block to the last layer, and the head there
         main_score="peak_effect",
         default_data="patch_pairs.jsonl (built in: 16 prompts, one country swapped)",
         options=(

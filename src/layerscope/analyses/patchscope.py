@@ -66,6 +66,7 @@ class Patchscope(Analysis):
         description="One-token Patchscope: each layer's last-token state placed in a target prompt at each layer, "
                     "decoded by the head, per layer pair; the logit lens beside it",
         inputs=("texts", "engine"),
+        reads="model",  # every block to the last layer, and the head there
         main_score="diagonal_top1_mid",
         default_data="lens_texts.jsonl (built in)",
         options=(

@@ -88,6 +88,7 @@ class Steer(Analysis):
                     "texts with a scale sweep; the final embedding's move (and a decoder's next token) against a "
                     "random direction of the same norm, with intervals",
         inputs=("steer_pairs", "engine"),
+        reads="model",  # every block to the last layer, and the head there
         main_score="best_projection",
         default_data="steer_pairs.jsonl (built in: 30 positive/negative sentence pairs)",
         options=(

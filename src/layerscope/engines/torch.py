@@ -308,13 +308,17 @@ class TorchEngine(Engine):
         from layerscope.errors import InputError
 
         torch = self.torch
-        if self.block_slot is None:
-            raise InputError(f"engine '{self.name}' found no list of blocks in this model, so it cannot write a state "
-                             "at a layer; use --engine ort")
-        blocks = getattr(*self.block_slot)
-        if len(blocks) != self.manifest.num_layers:
+        if self.depth is not None:
             raise InputError(f"engine '{self.name}' was opened for layers up to {self.depth} and cannot write a "
                              "state; open it without depth")
+        anatomy = self.manifest.anatomy  # where the blocks are, as the export recorded it
+        if anatomy is not None and anatomy.blocks is not None:
+            blocks = self.net.get_submodule(anatomy.blocks)
+        elif anatomy is None and self.block_slot is not None:  # a manifest copy without its anatomy: found here
+            blocks = getattr(*self.block_slot)
+        else:
+            raise InputError(f"engine '{self.name}': this model keeps no list of blocks (one block shared by every "
+                             "layer), so a hook cannot write a state at one layer; use --engine ort")
         given = torch.from_numpy(np.ascontiguousarray(np.asarray(state, dtype=np.float32))).to(self.device)
 
         def swap(module, args, kwargs):
