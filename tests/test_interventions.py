@@ -338,3 +338,25 @@ def test_bad_input_is_one_line_before_any_layer_runs(tiny_export, tmp_path):
         run_analysis("patch", RunRequest(models=[str(bert)], engine="ort", out=tmp_path / "out2",
                                          data=str(_jsonl(tmp_path / "p.jsonl", PATCH_PAIRS)),
                                          options={"metric": "logit_diff"}))
+
+
+def test_pair_files_are_checked_line_by_line(tmp_path):
+    from layerscope.data.contrast import read_patch_pairs, read_steer_pairs
+
+    bad = {
+        '{"clean": "a b", "corrupted": "a b"}': ":1: clean and corrupted are the same text",
+        '{"clean": "a b", "corrupted": "a c", "target": " b"}': ":1: give both 'target' and 'foil'",
+        '{"clean": "a b", "corrupted": "a c", "other": 3}': ":1: 'other' must be a text, got int",
+        '{"clean": "a b", "corrupted": "a c", "other": "x"}\n{"clean": "a b", "corrupted": "a d"}':
+            ":2: this pair has no 'other' but others do",
+        '["a", "b"]': ":1: each line must be a JSON object",
+    }
+    for text, said in bad.items():
+        path = tmp_path / "p.jsonl"
+        path.write_text(text + "\n")
+        with pytest.raises(InputError, match=said.replace("(", r"\(")):
+            read_patch_pairs(path)
+    path.write_text('{"positive": "good", "negative": "good"}\n')
+    with pytest.raises(InputError, match=":1: positive and negative are the same text"):
+        read_steer_pairs(path)
+    assert len(read_patch_pairs()) == 16 and len(read_steer_pairs()) == 30  # the built-in sets

@@ -52,6 +52,14 @@ def _text(obj: dict, key: str, where: str, *, required: bool = True) -> str | No
     return value
 
 
+def _two(obj: dict, where: str, first: str, second: str, why: str) -> tuple[str, str]:
+    """The pair's two texts, which must differ (``why``: what the same text would mean)."""
+    a, b = _text(obj, first, where), _text(obj, second, where)
+    if a == b:
+        raise InputError(f"{where}: {first} and {second} are the same text{why}")
+    return a, b
+
+
 def _lines(path: str | Path, expected: str):
     from layerscope.data.jsonl import iter_json_objects
 
@@ -70,9 +78,7 @@ def read_patch_pairs(path: str | Path | None = None) -> list[PatchPair]:
     pairs = []
     for lineno, obj in rows:
         where = f"{path}:{lineno}"
-        clean, corrupted = _text(obj, "clean", where), _text(obj, "corrupted", where)
-        if clean == corrupted:
-            raise InputError(f"{where}: clean and corrupted are the same text; a patch between them changes nothing")
+        clean, corrupted = _two(obj, where, "clean", "corrupted", "; a patch between them changes nothing")
         target, foil = _text(obj, "target", where, required=False), _text(obj, "foil", where, required=False)
         if (target is None) != (foil is None):
             raise InputError(f"{where}: give both 'target' and 'foil' (the tokens whose logits are compared), or neither")
@@ -96,10 +102,7 @@ def read_steer_pairs(path: str | Path | None = None) -> list[SteerPair]:
     pairs = []
     for lineno, obj in rows:
         where = f"{path}:{lineno}"
-        positive, negative = _text(obj, "positive", where), _text(obj, "negative", where)
-        if positive == negative:
-            raise InputError(f"{where}: positive and negative are the same text")
-        pairs.append(SteerPair(lineno, positive, negative))
+        pairs.append(SteerPair(lineno, *_two(obj, where, "positive", "negative", "")))
     if not pairs:
         raise InputError(f"{path} holds no pairs")
     return pairs

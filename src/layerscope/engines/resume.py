@@ -150,16 +150,21 @@ def _layout(model) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _placed(model, layout: dict[str, tuple[int, int]]):
+    """``(initializer, (offset, length))`` of each initializer of ``model`` the shared data file holds."""
+    for init in model.graph.initializer:
+        where = layout.get(init.name)
+        if where is not None:
+            yield init, where
+
+
 def _write_data(model, path: Path, layout: dict[str, tuple[int, int]]) -> None:
     """Write the shared data file whole (to a temporary name, then renamed over ``path``)."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            for init in model.graph.initializer:
-                where = layout.get(init.name)
-                if where is None:
-                    continue
-                f.seek(where[0])
+            for init, (offset, _) in _placed(model, layout):
+                f.seek(offset)
                 f.write(init.raw_data)
         os.replace(tmp, path)
     finally:
@@ -213,12 +218,9 @@ def _data_holds(path: Path, source, layout: dict[str, tuple[int, int]]) -> bool:
     if path.stat().st_size != end:
         return False
     with open(path, "rb") as f:
-        for init in source.graph.initializer:
-            where = layout.get(init.name)
-            if where is None:
-                continue
-            f.seek(where[0])
-            if f.read(where[1]) != init.raw_data:
+        for init, (offset, length) in _placed(source, layout):
+            f.seek(offset)
+            if f.read(length) != init.raw_data:
                 return False
     return True
 
