@@ -207,16 +207,17 @@ def test_patching_by_token_group(exports, tiny_model, tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- steering
 
-@pytest.mark.parametrize("family,method", [("bert", "mean_diff"), ("gpt2", "pca")])
-def test_steering_equals_hooks_adding_the_vector(family, method, exports, tiny_model, tmp_path):
+@pytest.mark.parametrize("family,method,engine", [("bert", "mean_diff", "ort"), ("gpt2", "pca", "torch")])
+def test_steering_equals_hooks_adding_the_vector(family, method, engine, exports, tiny_model, tmp_path):
     """Vectors from the training pairs (numpy's mean difference; sklearn's PCA of the differences), added at each
     layer to each held-out text alone (ours: in one right-padded batch); the final embedding's projection and a
-    decoder's KL equal the hooked model's."""
+    decoder's KL (through PyTorch's head on the torch engine) equal the hooked model's."""
     from sklearn.decomposition import PCA
     from transformers import AutoTokenizer
 
     data = _jsonl(tmp_path / "pairs.jsonl", STEER_PAIRS)
-    fig = _run("steer", exports[family], tmp_path, data=str(data), options={"method": method, "scales": "2"})
+    fig = _run("steer", exports[family], tmp_path, engine=engine, data=str(data),
+               options={"method": method, "scales": "2"})
     model = tiny_model(family)
     ref, tok = Reference(model, family), AutoTokenizer.from_pretrained(str(model))
     decoder = family != "bert"

@@ -10,7 +10,7 @@ Positions align one to one: a pair's clean and corrupted texts must tokenize to 
 (``tokenize_pairs`` says which pair does not, before any layer runs). Columns (``by``):
 
 * ``position``: each token position. Pairs of one length share their positions (labelled with the token every
-  pair has there, ``clean/corrupted`` where they differ, or ``(changed)`` where every pair's token changes there);
+  pair has there, ``clean/corrupted`` where they differ, or how many pairs change their token there);
   pairs of several lengths are aligned at their last
   token (``last``, ``last-1``, ...), a column holding the pairs long enough to reach it.
 * ``group``: ``changed`` (positions whose tokens differ), ``before`` and ``after`` them, and ``last`` (the last
@@ -142,14 +142,15 @@ def columns(runs: list[PairRun], by: str) -> Columns:
 
 def _position_label(runs: list[PairRun], t: int) -> str:
     """Position ``t`` of pairs of one length: its token where every pair has the same one there (``clean/corrupted``
-    where they differ), else ``*`` where every pair changes it there, else the number alone."""
+    where they differ), else how many pairs change their token there, else the number alone."""
     seen = {(r.clean_tokens[t], r.corrupted_tokens[t]) for r in runs}
     if len(seen) == 1:
         a, b = seen.pop()
         return f"{t} {a}" if a == b else f"{t} {a}/{b}"
-    if all(r.clean_tokens[t] != r.corrupted_tokens[t] for r in runs):
+    changed = sum(r.clean_tokens[t] != r.corrupted_tokens[t] for r in runs)
+    if changed == len(runs):
         return f"{t} (changed)"
-    return str(t)
+    return f"{t} (changed in {changed} of {len(runs)})" if changed else str(t)
 
 
 class PatchMetric:
