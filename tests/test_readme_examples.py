@@ -122,7 +122,7 @@ def test_the_examples_are_found_and_every_skip_names_one_that_is_there():
     readme = [e.code for e in found if e.doc == "README.md"]
     assert "layerscope extract --model minilm --input corpus.txt --out store/" in readme
     assert 'from layerscope import LayerStore\nLayerStore.open("store")["st", -1]' in readme
-    assert sum(c.startswith("layerscope run ") for c in readme) == 10
+    assert sum(c.startswith("layerscope run ") for c in readme) == 13
     usage = [e for e in found if e.doc == "docs/USAGE.md"]
     assert [e.kind for e in usage].count("python") == 3  # a library call named in prose is not among them
     assert "layerscope extract --model exports/minilm --engine ort --input corpus.txt --out stores/corpus " \
