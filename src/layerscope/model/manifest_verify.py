@@ -1,5 +1,6 @@
 """``layerscope verify`` of an export: every file the manifest recorded hashed again, after the checks of its paths,
-graph and sizes (``manifest.verify_export``)."""
+graph and sizes (``manifest.verify_export``), then every derived graph against its record and its source
+(model/derived.py ``verify_derived``)."""
 
 from __future__ import annotations
 
@@ -61,4 +62,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
             problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed after export")
         else:
             checked += 1
-    return checked, problems
+    from layerscope.model.derived import verify_derived
+
+    derived, more = verify_derived(export_dir, manifest)  # every derived graph against its record and source
+    return checked + derived, problems + more
