@@ -82,7 +82,7 @@ def test_a_fifo_in_an_export_is_one_line(bert_export, tmp_path):
     {"runs": [{"texts_per_s": {"ort": float("nan"), "ov": 10.0}}, 7]},
     {"runs": "none"},
 ])
-def test_speed_records_that_do_not_validate_are_ignored_with_a_note(entry, bert_export, caplog):
+def test_speed_records_that_do_not_validate_are_ignored_with_a_note(entry, bert_export, caplog, monkeypatch):
     """bench-speeds.json is the user's cache, shared by every version and environment. Catches: a record of the
     wrong shape ({"<cpu>": [1, 2]}) making every ``auto`` run an internal error, and figures that are not numbers
     ranking engines."""
@@ -95,7 +95,7 @@ def test_speed_records_that_do_not_validate_are_ignored_with_a_note(entry, bert_
     path = cache_root() / speed_order.SPEEDS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({speed_order.cpu_identity()[0]: entry}))
-    speed_order._NOTED.clear()
+    monkeypatch.setattr(speed_order, "_NOTED", set(), raising=False)  # each case says its note
     try:
         with caplog.at_level(logging.WARNING, logger="layerscope"):
             eng = create_engine("auto", bert_export)
@@ -108,7 +108,7 @@ def test_speed_records_that_do_not_validate_are_ignored_with_a_note(entry, bert_
         path.unlink()
 
 
-def test_a_tokenizer_pool_record_that_does_not_validate_starts_no_process(tmp_path, caplog):
+def test_a_tokenizer_pool_record_that_does_not_validate_starts_no_process(tmp_path, caplog, monkeypatch):
     """Catches: a recorded process count no measurement takes (64) or figures that are not numbers read from the
     user's cache: a run spawning 64 tokenizer processes, or failing with a ValueError."""
     import logging
@@ -123,7 +123,7 @@ def test_a_tokenizer_pool_record_that_does_not_validate_starts_no_process(tmp_pa
     for bad in ({**good, "tokenize_tokens_per_s": {"1": 100.0, "64": 1e12}},
                 {**good, "engine_tokens_per_s": "fast"}, {**good, "tokenize_tokens_per_s": {"1": -1, "2": "x"}}):
         path.write_text(json.dumps({"cpu": [bad]}))
-        tokenize_pool._NOTED.clear()
+        monkeypatch.setattr(tokenize_pool, "_NOTED", set(), raising=False)  # each case says its note
         with caplog.at_level(logging.WARNING, logger="layerscope"):
             assert tokenize_pool.processes_for("m", "ort", cpu="cpu", root=tmp_path) == (1, None)
         assert any("does not validate" in r.getMessage() for r in caplog.records)
