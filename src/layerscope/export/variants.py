@@ -34,7 +34,6 @@ tolerance is not written.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -64,8 +63,9 @@ INT8_KEEP_DOWN_PROJ = False
 
 
 def _num_heads(export_dir: Path, manifest: Manifest) -> int:
-    cfg_path = export_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    from layerscope.jsonfile import read_json_dict
+
+    cfg = read_json_dict(export_dir / "config.json")
     cfg = cfg.get("text_config", cfg) if manifest.family == "clip-text" else cfg
     return int(cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads") or 0)
 

@@ -35,7 +35,6 @@ from typing import Any, Mapping
 from layerscope.errors import ManifestError
 
 RECORD_BYTES = 4 * 2**20  # a derived graph's record is a few KB
-_SHA = re.compile(r"[0-9a-f]{64}")
 _PLAIN = re.compile(r"[^/\\\x00]+")
 
 
@@ -90,7 +89,7 @@ def _load_record(record: Path) -> Any:
 
 
 def read_record(record: Path, graph: Path, *, recipe: int, source: Path, source_digest: str,
-                claims: Mapping[str, Any] = {}) -> dict[str, Any] | None:
+                claims: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The record of derived ``graph`` where every check of the rule holds: a JSON object, made by ``recipe``,
     from ``source`` whose content hashes to ``source_digest`` now, the graph's sha256 as recorded, and each of
     ``claims`` (what the caller computes the record must say) as recorded. None: make the graph again. The
@@ -104,7 +103,7 @@ def read_record(record: Path, graph: Path, *, recipe: int, source: Path, source_
     if data.get("recipe") != recipe or data.get("source") != Path(source).name \
             or data.get("source_sha256") != source_digest:
         return None
-    if any(data.get(key) != value for key, value in claims.items()):
+    if any(data.get(key) != value for key, value in (claims or {}).items()):
         return None
     try:
         check_regular(graph)  # a FIFO or a device: one line (NotRegularFile), never opened blocking
