@@ -182,3 +182,19 @@ def test_a_file_the_loaders_read_changed_or_added_in_an_export_is_one_line(tiny_
         ModelHandle.resolve(export_dir)
     config.write_bytes(original)
     ModelHandle.resolve(export_dir)
+
+
+def test_a_weights_link_to_nothing_is_one_line(tiny_model, tmp_path, capsys):
+    """Catches: a model folder whose model.safetensors links to a file that is gone (a broken download or copy)
+    failing identity hashing with a FileNotFoundError traceback."""
+    from layerscope.cli import main
+
+    model = _copy(tiny_model, tmp_path)
+    (model / "model.safetensors").unlink()
+    (model / "model.safetensors").symlink_to(tmp_path / "gone.safetensors")
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(model), "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert "model.safetensors is a symlink to" in err[0] and "which does not exist" in err[0], err
+    assert not (tmp_path / "e").exists()

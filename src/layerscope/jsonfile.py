@@ -101,20 +101,25 @@ def read_json(path: str | Path, *, limit: int = JSON_BYTES, what: str = "JSON fi
 
 
 def check_folder_files(folder: str | Path, *, where: str | None = None) -> None:
-    """Every file directly in ``folder`` (symlinks followed; a dangling link is left to whoever reads it) is a
-    regular file and each JSON file within its bound: what transformers, tokenizers and safetensors open there
-    is then never a FIFO or a device, nor a config without end. One line naming the first that is not."""
+    """Every file directly in ``folder`` (symlinks followed) is a regular file and each JSON file within its
+    bound: what transformers, tokenizers and safetensors open there is then never a FIFO, a device or a link to
+    nothing, nor a config without end. One line naming the first that is not."""
     folder = Path(folder)
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return
     for entry in entries:
+        path = Path(entry.path)
         try:
             st = os.stat(entry.path)
+        except FileNotFoundError:  # a link to nothing: a loader would fail on it with a traceback
+            if not path.is_symlink():
+                continue  # removed meanwhile
+            raise NotRegularFile(f"{path} is a symlink to {os.readlink(path)}, which does not exist; put the file "
+                                 "itself in its place") from None
         except OSError:
             continue
-        path = Path(entry.path)
         if stat.S_ISDIR(st.st_mode):
             continue
         if not stat.S_ISREG(st.st_mode):

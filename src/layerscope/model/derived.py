@@ -221,7 +221,7 @@ def variant_problem(export_dir: Path, manifest, kind: str) -> str | None:
     external_locations(path)  # ManifestError (one line) where the weights it reads lie outside the export
     for name, rec in (entry.external_data or {}).items():
         data = member(Path(export_dir), name, f"variant {kind!r} external data")
-        if not data.is_file() or graph_sha256(data) != (rec or {}).get("sha256"):
+        if not data.is_file() or not isinstance(rec, Mapping) or graph_sha256(data) != rec.get("sha256"):
             return f"{name}, the weights of {entry.file}, is not what its entry records (sha256 differs)"
     return None
 

@@ -5,6 +5,7 @@ graph and sizes (``manifest.verify_export``), then every derived graph against i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 from layerscope.errors import ManifestError
 from layerscope.hashing import file_sha256
@@ -30,7 +31,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     expected: dict[str, str] = {}
     for rel, rec in manifest.files.items():
         if rel != MARKER:  # older exports recorded the ownership marker too; it changes as files are added
-            expected[rel] = (rec or {}).get("sha256")
+            expected[rel] = rec.get("sha256") if isinstance(rec, Mapping) else None  # an edited entry: no hash
     if not expected:
         problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
                         "export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
@@ -38,7 +39,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     for kind, entry in manifest.variants.items():
         expected[entry.file] = entry.sha256
         for rel, rec in (entry.external_data or {}).items():  # a variant of a big export
-            expected[rel] = (rec or {}).get("sha256")
+            expected[rel] = rec.get("sha256") if isinstance(rec, Mapping) else None  # an edited entry: no hash
     for sidecar in sorted(export_dir.glob("lens-k*.json")):
         try:
             graph, digest = LensSidecar.checksum(sidecar)
