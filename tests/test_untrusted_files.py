@@ -18,13 +18,16 @@ RUN = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3
        "from layerscope.cli import main; main(sys.argv[1:])")
 
 
-def _cli(args: list[str], timeout: float = 60.0) -> tuple[int, list[str]]:
-    """(exit code, stderr lines) of ``layerscope ARGS``; a run still going after ``timeout`` seconds is a hang."""
+def _cli(args: list[str]) -> tuple[int, list[str]]:
+    """(exit code, stderr lines) of ``layerscope ARGS``; a run still going after the hang guard is a hang (a FIFO
+    opened blocking waits forever)."""
+    from hang_guard import HANG_S
+
     try:
         done = subprocess.run([sys.executable, "-c", RUN, *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=HANG_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"layerscope {' '.join(map(str, args))} still ran after {timeout:.0f} s (blocked or unbounded)")
+        pytest.fail(f"layerscope {' '.join(map(str, args))} still ran after {HANG_S} s (blocked)")
     return done.returncode, [line for line in done.stderr.strip().splitlines() if line]
 
 
