@@ -72,8 +72,12 @@ def _attention_runner(run: ModelRun):
     from layerscope.engines.registry import attention_default, attention_engine
     from layerscope.export.attention_run import AttentionRunner, require_attention_variant
 
+    from layerscope.export.attention_run import attention_export
+
     require_attention_variant(run.handle)
-    return AttentionRunner(run.handle.export_dir, attention_engine(run.engine.name) or attention_default())
+    export_dir = attention_export(run.handle)  # a graph whose entry no longer holds is made again first
+    return AttentionRunner(export_dir, attention_engine(run.engine.name) or attention_default(),
+                           trust_remote_code=run.handle.trust_remote_code)
 
 
 @register
@@ -114,7 +118,7 @@ class ClsAttention(Analysis):
         parts = []
         for start in range(0, len(payloads), o.batch_size):
             idx = np.arange(start, min(start + o.batch_size, len(payloads)))
-            pixels = encoder([decode(payloads[i]) for i in idx], idx).inputs["pixel_values"]
+            pixels = encoder([decode(payloads[i], bound=encoder.bound) for i in idx], idx).inputs["pixel_values"]
             parts.append(cls_maps(runner.run({"pixel_values": pixels}, patterns=True).patterns, image.prefix_tokens))
         maps = np.concatenate(parts)  # [images, layers, patches]
         rows, cols = image.height // image.patch_size, image.width // image.patch_size

@@ -90,6 +90,9 @@ def read_pairs(path: str, image_key: str, caption_key: str) -> list[tuple[str, s
         file = Path(row[image_key]) if Path(row[image_key]).is_absolute() else data.parent / row[image_key]
         if not file.is_file():
             raise InputError(f"{path} line {number}: image {row[image_key]} is not a file")
+        from layerscope.data.images import image_size
+
+        image_size(str(file), f"{path} line {number}: {file}")  # a header that cannot be read: one line, now
         pairs.append((str(row.get("id", number)), str(file), row[caption_key]))
     if len(pairs) < 4:
         raise InputError(f"{path} holds {len(pairs)} pairs; crossmodal needs at least 4")
@@ -229,6 +232,6 @@ def _image_vectors(run: ModelRun, files: list[str], layers: list[str], pooling: 
     parts = []
     for start in range(0, len(files), batch_size):
         idx = np.arange(start, min(start + batch_size, len(files)))
-        batch = encoder([decode(files[i]) for i in idx], idx)
+        batch = encoder([decode(files[i], bound=encoder.bound) for i in idx], idx)
         parts.append(run.engine.run(batch, layers, [pooling])[pooling])
     return np.concatenate(parts, axis=1)

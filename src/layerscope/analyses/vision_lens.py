@@ -60,6 +60,9 @@ def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
         file = data.parent / str(row.get("image", "")) if isinstance(row, dict) else None
         if file is None or not file.is_file() or not isinstance(row.get("label"), str):
             raise InputError(f"{path} line {number} needs an existing \"image\" file and a string \"label\"")
+        from layerscope.data.images import image_size
+
+        image_size(str(file), f"{path} line {number}: {file}")  # a header that cannot be read: one line, now
         payloads.append(str(file))
         labels.append(row["label"])
     if len(set(labels)) < 2:
@@ -103,6 +106,9 @@ def head_and_prompts(source, classes: list[str], template: str) -> tuple[JointHe
 
     from layerscope.model.source import load_tokenizer
 
+    if source.own_code:  # the built-in CLIP or SigLIP classes: never under an export that ran the model's own code
+        raise InputError(f"{source.spec} was exported with the model's own code ({', '.join(source.own_code)}); the "
+                         "vision lens reads the built-in CLIP and SigLIP classes only")
     config = transformers.AutoConfig.from_pretrained(source.path_or_id)
     if config.model_type not in ("clip", "siglip"):
         raise InputError(f"the vision lens reads a two-tower CLIP or SigLIP checkpoint (text prompts need its text "
@@ -143,7 +149,7 @@ def joint_by_layer(run: ModelRun, payloads: list, layers: list[str], head: Joint
     parts = []
     for start in range(0, len(payloads), batch_size):
         idx = np.arange(start, min(start + batch_size, len(payloads)))
-        states = run.engine.run_tokens(encoder([decode(payloads[i]) for i in idx], idx), layers)
+        states = run.engine.run_tokens(encoder([decode(payloads[i], bound=encoder.bound) for i in idx], idx), layers)
         parts.append(head(np.stack(states)))
     return np.concatenate(parts, axis=1)
 

@@ -19,15 +19,12 @@ BASELINES = (HF_EAGER, ST)
 
 
 def require_code_flag(handle) -> None:
-    """One line, before any row runs, where the bench's model is of a type only the model's own code defines
-    and the user did not pass --trust-remote-code: the reference row (hf-eager), the PyTorch engines and the
-    sentence-transformers peers load the model through that code, and a manifest never turns it on."""
-    if handle.manifest.family_from_code and not handle.trust_remote_code:
-        from layerscope.errors import InputError
+    """One line, before any row runs, where the bench's model ran the model's own code and the user did not pass
+    --trust-remote-code: the reference row (hf-eager), the PyTorch engines and the sentence-transformers peers load
+    the model through that code, and a manifest never turns it on."""
+    from layerscope.model.own_code import require_code_flag as required
 
-        raise InputError(f"{handle.spec} is an export of model type '{handle.manifest.family}', which exists only "
-                         f"in the model's own code; the bench's reference row ({HF_EAGER}) runs that code, which "
-                         "runs only with --trust-remote-code: pass it if you trust that code (none of it ran)")
+    required(handle.manifest, handle.spec, handle.trust_remote_code, f"the bench's reference row ({HF_EAGER})")
 
 
 def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list[str], n_acc: int):

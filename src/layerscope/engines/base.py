@@ -237,4 +237,16 @@ def create_engine(name, model: str | Any, **options) -> Engine:
                          "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
     if not spec.picks_engine and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
+    require_code_for(spec, handle)
     return spec.make(handle, **options)  # auto hands back the engine it picked, made from that one's declaration
+
+
+def require_code_for(spec, handle) -> None:
+    """One line, before any work, where engine ``spec`` loads the model in PyTorch, the model ran its own code
+    when it was exported (``Manifest.needs_code``) and the user did not pass --trust-remote-code: the built-in
+    class would compute other vectors under the export's identity."""
+    from layerscope.engines.registry import Runtime
+    from layerscope.model.own_code import require_code_flag
+
+    if spec.runtime is Runtime.PYTORCH:
+        require_code_flag(handle.manifest, handle.spec, handle.trust_remote_code, f"engine '{spec.name}' (PyTorch)")

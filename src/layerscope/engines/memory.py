@@ -28,7 +28,6 @@ the longest text's tokens and the ``--max-length`` that fits.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,10 +56,9 @@ def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
     """The text model's attention heads from its config.json (``hidden_size // 64`` where none is stated)."""
     cfg: dict = {}
     if model_dir is not None:
-        try:
-            cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            cfg = {}
+        from layerscope.jsonfile import read_json_dict
+
+        cfg = read_json_dict(Path(model_dir) / "config.json")  # bounded; {} for a damaged or odd one
     for part in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
         for key in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"):
             value = part.get(key)

@@ -65,12 +65,12 @@ class OrtEngine(Engine):
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
             from layerscope.errors import ManifestError
-            from layerscope.hashing import file_sha256
+            from layerscope.model.derived import variant_problem
 
-            entry = handle.manifest.variants[self.variant]
-            if not path.exists() or file_sha256(path) != entry.sha256:
-                raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                                    f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
+            why = variant_problem(handle.export_dir, handle.manifest, self.variant)  # its files, and its source
+            if why is not None:
+                raise ManifestError(f"{path}: {why}; re-make it with layerscope optimize {handle.export_dir} "
+                                    f"--variant {self.variant} --force")
         self.source_graph = path  # the graph the derived ones (early exit, blocks, resume) are made from
         source, (path, self.pooled_layers) = path, engine_graph(self, path, depth, pooled_only)  # early exit
         path = engine_blocks(self, path, self.pooled_layers, self.attention_asked)  # long texts

@@ -11,8 +11,10 @@ when only ``raw`` is asked), and an engine handed ``depth`` (a hint every engine
   pointing at the source's data file, in the same folder, so no weight is copied) with
   ``<stem>.upto-<depth>.json`` recording the source's content hash, the recipe, and the check that held the
   derived graph to the full graph's outputs (max |diff| per output, bit for bit or within the export's
-  recorded tolerance). A changed source or recipe makes it again; a failed check or a folder that cannot
-  be written leaves the engine on the full graph, saying so in its notes. A graph of pooled outputs only
+  recorded tolerance). The record is held to the rule of model/derived.py before the graph runs: a changed
+  source or recipe, a graph that is not the one recorded, or a record whose depth, pooled layers, outputs or
+  nodes are not what this run computes and the graph itself holds, makes it again; a failed check or a folder
+  that cannot be written leaves the engine on the full graph, saying so in its notes. A graph of pooled outputs only
   pools each layer as it is made instead of stacking every layer first (engines/layer_pooling.py).
 - PyTorch: the first ``depth`` blocks only (engines/torch.py); layer ``depth`` < L of a decoder is the
   block's own output, without the final norm that only layer L carries.
@@ -20,7 +22,6 @@ when only ``raw`` is asked), and an engine handed ``depth`` (a hint every engine
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -99,31 +100,6 @@ class Truncated:
         top += ", pooled outputs only" if self.pooled_only else ""
         return (f"early exit: {top}, {self.path.name} ({self.nodes:,} nodes, the full graph {self.full_nodes:,}; equal to the "
                 f"full graph {how}{', cached' if self.reused else ''})")
-
-
-def content_hash(src: Path) -> str:
-    """sha256 of the graph and its external data files (remembered by stat signature, model/identity.py)."""
-    import onnx
-
-    from layerscope.model.identity import hash_files
-
-    model = onnx.load(str(src), load_external_data=False)
-    locations = sorted({e.value for t in _external(model) for e in t.external_data if e.key == "location"})
-    for loc in locations:
-        target = (src.parent / loc).resolve()
-        if src.parent.resolve() not in target.parents:
-            from layerscope.errors import ManifestError
-
-            raise ManifestError(f"{src} names external data {loc!r} outside its folder; re-run layerscope export")
-    return hash_files([src] + [src.parent / loc for loc in locations])
-
-
-def _external(model) -> list:
-    from onnx import TensorProto
-    from onnx.external_data_helper import _get_all_tensors
-
-    return [t for t in _get_all_tensors(model) if t.HasField("data_location")
-            and t.data_location == TensorProto.EXTERNAL]
 
 
 def derive(src: Path, depth: int, dst: Path, pooled_only: bool = False) -> tuple[list[str], int, int]:
@@ -222,8 +198,11 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
     src = Path(src)
     dst = src.with_name(f"{src.stem}{SUFFIX}{'raw' if depth < 0 else depth}{'.pooled' if pooled_only else ''}.onnx")
     rec = dst.with_suffix(".json")
-    key = content_hash(src)
-    found = _cached(dst, rec, key, depth, pooled_only)
+    from layerscope.model.derived import source_sha256
+
+    key = source_sha256(src)
+    bar = 0.0 if tolerance is None else float(tolerance)
+    found = _cached(dst, rec, src, key, depth, pooled_only, kept_pooled_layers(full_pooled, depth), bar)
     if found is not None:
         return replace(found, every_layer=depth == num_layers)
     if not os.access(src.parent, os.W_OK):
@@ -231,7 +210,6 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
         return None
     from layerscope.ownership import writing
 
-    bar = 0.0 if tolerance is None else float(tolerance)
     with writing(src.parent, "export") as wrote:
         wrote.add(dst.name, rec.name)  # named before they are written
         try:
@@ -247,15 +225,13 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
             rec.unlink(missing_ok=True)
             log(f"early exit off: the graph up to layer {depth} {why}; the full graph runs")
             return None
-        from layerscope.jsonfile import write_json_atomic
-        from layerscope.model.identity import hash_files
+        from layerscope.model.derived import write_record
 
-        write_json_atomic(rec, {
-            "recipe": RECIPE, "depth": depth, "pooled_only": pooled_only, "source": src.name, "source_sha256": key,
-            "sha256": hash_files([dst]), "outputs": names, "pooled_layers": pooled, "nodes": nodes,
-            "full_nodes": full_nodes,
-            "check": {"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU", "tolerance_abs": bar,
-                      "max_abs": worst, "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
+        write_record(rec, dst, recipe=RECIPE, source=src, source_digest=key, depth=depth, pooled_only=pooled_only,
+                     outputs=names, pooled_layers=pooled, nodes=nodes, full_nodes=full_nodes,
+                     check={"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU",
+                            "tolerance_abs": bar, "max_abs": worst,
+                            "outputs": {n: {"max_abs": d} for n, d in diffs.items()}})
     return Truncated(dst, depth, tuple(pooled), worst, pooled_only, nodes, full_nodes, reused=False,
                      every_layer=depth == num_layers)
 
@@ -266,19 +242,30 @@ def _outputs(path: Path) -> list[str]:
     return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
 
 
-def _cached(dst: Path, rec: Path, key: str, depth: int, pooled_only: bool) -> Truncated | None:
-    from layerscope.model.identity import hash_files
+def _cached(dst: Path, rec: Path, src: Path, key: str, depth: int, pooled_only: bool, pooled: list[str],
+            bar: float) -> Truncated | None:
+    """The cached graph where its record holds by the rule (model/derived.py): made by this recipe from ``src``
+    as it is now, the graph as recorded, and what the record says (depth, the layers of its pooled rows, its
+    outputs and nodes) both what this run computes it must be and what the graph itself holds; else None."""
+    from layerscope.model.derived import finite_at_most, graph_facts, read_record
 
-    try:
-        data = json.loads(rec.read_text(encoding="utf-8"))
-        if not (dst.is_file() and data.get("recipe") == RECIPE and data.get("source_sha256") == key
-                and data.get("depth") == depth and data.get("pooled_only") == pooled_only
-                and data.get("sha256") == hash_files([dst])):
-            return None
-        return Truncated(dst, depth, tuple(str(x) for x in data["pooled_layers"]), float(data["check"]["max_abs"]),
-                         pooled_only, int(data["nodes"]), int(data["full_nodes"]), reused=True)
-    except (OSError, ValueError, KeyError, TypeError):
+    data = read_record(rec, dst, recipe=RECIPE, source=src, source_digest=key,
+                       claims={"depth": depth, "pooled_only": pooled_only})
+    if data is None:
         return None
+    try:
+        outputs, stacked, nodes, _ = graph_facts(dst)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot parse is made again
+        return None
+    has_pooled = any(pooled_mode(n) is not None for n in outputs)
+    claimed = data.get("pooled_layers")
+    check = data.get("check")
+    if claimed != (pooled if has_pooled else []) or (has_pooled and stacked != pooled) \
+            or data.get("outputs") != outputs or data.get("nodes") != nodes or not isinstance(check, dict) \
+            or not finite_at_most(check.get("max_abs"), bar) or not isinstance(data.get("full_nodes"), int):
+        return None
+    return Truncated(dst, depth, tuple(pooled if has_pooled else ()), float(check["max_abs"]), pooled_only, nodes,
+                     int(data["full_nodes"]), reused=True)
 
 
 def check_outputs(src: Path, dst: Path, names: list[str], full_pooled: list[str], pooled: list[str],

@@ -135,9 +135,11 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
 
     if not (target / MANIFEST).exists():
         return None
+    from layerscope.jsonfile import JsonFileError, NotRegularFile
+
     try:
         handle = ModelHandle.resolve(target, trust_remote_code=trust_remote_code)
-    except (ManifestError, OSError) as exc:  # OSError: another process is replacing it right now
+    except (ManifestError, OSError, NotRegularFile, JsonFileError) as exc:  # OSError: being replaced right now
         if quiet:
             return None
         log.warning("cached export %s is damaged or being replaced (%s); exporting it again", target, exc)

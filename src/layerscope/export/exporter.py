@@ -84,6 +84,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     spec = source.spec
     dtype = check_dtype(dtype)
     output = Path(output)
+    # the folder first, its record of layerscope's files included (--force): refused before any model file is read
+    claim(output, "export", force=force, inputs=[spec])
     from layerscope.model.families import family_of_config
     from layerscope.model.source import load_config
     from layerscope.model.vision import describe_vision
@@ -104,7 +106,6 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
         return export_vision(source, output, vision, pooled=pooled, opset=opset, atol=atol, rtol=rtol,
                              trust_remote_code=trust_remote_code, force=force, progress=progress,
                              cache_entry=cache_entry, dtype=dtype, config=config, family=family)
-    claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     info = describe_source(source, trust_remote_code=trust_remote_code, config=config, family=family)  # model half

@@ -131,6 +131,9 @@ def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", 
         eng = None
         # exported when the engine starts; a cached export is found without transformers or torch
         handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=choice)
+        from layerscope.engines.base import require_code_for
+
+        require_code_for(choice.spec, handle)  # the in-process, --shard and Ray runs alike, before any work
     manifest = handle.manifest
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)

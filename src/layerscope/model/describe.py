@@ -80,6 +80,11 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
 
         src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type
+    from layerscope.model.own_code import own_code
+    from layerscope.model.source import _tokenizer_auto_map
+
+    # what an export of it ran: loading it again needs the flag (model/own_code.py)
+    src["own_code"] = own_code(getattr(config, "auto_map", None), _tokenizer_auto_map(source), trust_remote_code)
     return {
         "format_version": None,
         "layerscope_version": layerscope.__version__,

@@ -48,6 +48,9 @@ class ModelHandle:
     def resolve(cls, spec: str | Path, *, trust_remote_code: bool = False, verify: bool = True) -> "ModelHandle":
         path = Path(str(spec)).expanduser()
         if path.is_dir() and (path / MANIFEST).exists():
+            from layerscope.jsonfile import check_folder_files
+
+            check_folder_files(path, where="an export")  # what the runtimes open there: regular files only
             manifest = read_manifest(path)
             if verify:
                 verify_export(path, manifest)

@@ -14,7 +14,7 @@ vector.
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,13 +31,19 @@ _LEGACY = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
 
 
 def _read_json(root: Path, name: str) -> Any:
+    from layerscope.jsonfile import JsonFileError, read_json
+
     path = root / name
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+        return read_json(path)  # bounded; a FIFO or a device is one line, never waited on
+    except FileNotFoundError:
+        return None  # a dangling link: as if absent
+    except JsonFileError as exc:
+        raise InputError(f"{exc}; fix or remove it") from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc.strerror or exc}); fix or remove it") from None
 
 
 def _inside(root: Path, sub: str) -> Path:
