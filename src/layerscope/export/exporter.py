@@ -237,6 +237,9 @@ def trace_step(trace: dict[str, Any], work: Path) -> None:
 
 def _trace_child(trace: dict[str, Any], work: str, conn) -> None:
     """The child process's side of :func:`trace_in_child`: run the step, send back None or the error."""
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the parent's to answer: it stops this process
     try:
         trace_step(trace, Path(work))
         conn.send(None)
