@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import ExportError
+from layerscope.progress import still
 from layerscope.export import external, lean
 from layerscope.export.manifest_write import FP32_RTOL, build_manifest, fp32_worst, opset_of_file, save_tokenizer
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names
@@ -124,22 +125,27 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
             # child exits (in-process, a 3B fp32 model's 12 GB stayed resident after it was freed)
             say(f"loading and exporting {model.source.path_or_id} ({family.name}, {model.num_layers} "
                 f"layers, {weights / 1e9:.1f} GB of weights) in a child process")
-            trace_in_child(trace, work, weights)
+            with still(say, "loading and exporting in the child process"):
+                trace_in_child(trace, work, weights)
         else:
             say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers)")
             say("exporting with optimum")
-            trace_step(trace, work)
+            with still(say, "loading and exporting with optimum"):
+                trace_step(trace, work)
         say("adding raw embeddings and in-graph pooling")
-        onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
-        tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
+        with still(say, "adding raw embeddings and in-graph pooling"):
+            onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
+            tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
         say("keeping the decoding head (lm_head.safetensors) for the lens")
         from layerscope.export.lm_head import save_head
 
-        head_entry = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code)
+        with still(say, "keeping the decoding head"):
+            head_entry = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code)
         say("checking every output against PyTorch (fp32)")
-        parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
-                                 family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
-                                 pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
+        with still(say, "checking every output against PyTorch"):
+            parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
+                                     family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
+                                     pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = build_manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                                   time.perf_counter() - t0, work)
