@@ -39,6 +39,10 @@ def export(
     cpu_precisions: bool = typer.Option(True, "--cpu-precisions/--no-cpu-precisions",
                                         help="Also check and record OpenVINO bf16 where this CPU computes in bf16, "
                                              "so --engine auto can pick it (-v says what was found)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="The longest input (tokens) runs of this "
+                                             "export read by default, up to the model's positions (default: the "
+                                             "checkpoint's sentence-transformers setting, an encoder's tokenizer "
+                                             "limit, else the positions)."),
     tower: Optional[str] = typer.Option(None, "--tower", help="A two-tower checkpoint's tower: 'vision' exports "
                                         "CLIP's or SigLIP's image tower (vision models need none)."),
     image_size: Optional[str] = typer.Option(None, "--image-size", help="A vision tower's input size when not its "
@@ -57,12 +61,13 @@ def export(
     if cache:
         out, manifest = _export_to_cache(model, out=out, force=force, revision=revision, pooled=modes, opset=opset,
                                          atol=atol, rtol=rtol, dtype=dtype, tower=tower, image_size=size,
-                                         trust_remote_code=trust_remote_code, progress=progress_printer(c))
+                                         max_length=max_length, trust_remote_code=trust_remote_code,
+                                         progress=progress_printer(c))
     else:
         out = out or Path("exports") / name
         manifest = export_model(resolve_source(model, revision), out, pooled=modes, opset=opset, atol=atol,
                                 rtol=rtol, trust_remote_code=trust_remote_code, force=force, dtype=dtype,
-                                progress=progress_printer(c), tower=tower, image_size=size)
+                                progress=progress_printer(c), tower=tower, image_size=size, max_length=max_length)
     from rich.markup import escape
 
     from layerscope.report.console import print_export_summary
@@ -130,7 +135,7 @@ def families(every: bool = typer.Option(False, "--all", help="Also list every ot
 
 
 def _export_to_cache(model: str, *, out, force: bool, revision, pooled, opset: int, atol: float, rtol: float,
-                     dtype: str, tower, image_size, trust_remote_code: bool, progress):
+                     dtype: str, tower, image_size, max_length, trust_remote_code: bool, progress):
     """(folder, manifest) of ``model``'s entry in the export cache, the one a run on ``model`` with these settings
     reads: made now, or found made already. Settings at their defaults are left out of its key, as a run leaves
     them out."""
@@ -145,7 +150,8 @@ def _export_to_cache(model: str, *, out, force: bool, revision, pooled, opset: i
                          "(layerscope cache clear --exports empties it)")
     options = {k: v for k, v, default in (("pooled", pooled, None), ("opset", opset, DEFAULT_OPSET),
                                           ("atol", atol, 1e-4), ("rtol", rtol, FP32_RTOL), ("dtype", dtype, "fp32"),
-                                          ("tower", tower, None), ("image_size", image_size, None)) if v != default}
+                                          ("tower", tower, None), ("image_size", image_size, None),
+                                          ("max_length", max_length, None)) if v != default}
     handle = cached_export(ModelHandle.resolve(model, trust_remote_code=trust_remote_code),
                            {**options, "progress": progress})
     return handle.export_dir, handle.manifest

@@ -28,8 +28,9 @@ log = logging.getLogger("layerscope")
 EXPORT_PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
 NOT_KEYED = ("progress", "force")  # options that do not change the export
 # what layerscope adds to the traced graph, where it changes within one version: 2 = the 'last' pooling's index
-# found in integers (a bf16 runtime rounded float positions above 256)
-GRAPH_RECIPE = 2
+# found in integers (a bf16 runtime rounded float positions above 256); 3 = the manifest records the model's
+# positions (a decoder reads them by default, not its tokenizer's model_max_length)
+GRAPH_RECIPE = 3
 
 
 def _dist_version(name: str) -> str | None:

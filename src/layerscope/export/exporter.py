@@ -70,7 +70,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
                  opset: int = DEFAULT_OPSET, atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32",
-                 tower: str | None = None, image_size: tuple[int, int] | None = None) -> Manifest:
+                 tower: str | None = None, image_size: tuple[int, int] | None = None,
+                 max_length: int | None = None) -> Manifest:
     """Export the resolved model ``source`` (``model.source.resolve_source``; its revision included) into
     ``output``; returns the manifest. Raises ExportError on a parity failure.
 
@@ -78,6 +79,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     to a depth-scaled cosine against torch fp32 instead of ``atol``.  ``tower="vision"`` exports the vision
     tower of a two-tower checkpoint (CLIP, SigLIP); a vision model's own type needs no tower.
     ``image_size`` (height, width): a vision tower read at that size instead of its checkpoint's.
+    ``max_length``: the longest input its runs read by default, up to the model's positions, instead of what the
+    checkpoint says (its sentence-transformers setting, an encoder's tokenizer limit, else the positions).
     """
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
@@ -95,6 +98,10 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
 
         raise InputError(f"{spec} reads text: --image-size is for a vision tower (with --tower vision for CLIP "
                          "or SigLIP)")
+    if vision is not None and max_length is not None:
+        from layerscope.errors import InputError
+
+        raise InputError(f"{spec} is a vision tower: it reads its image size's tokens; leave out --max-length")
     if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
         from layerscope.export.vision_export import export_vision
 
@@ -106,6 +113,16 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     t0 = time.perf_counter()
     info = describe_source(source, trust_remote_code=trust_remote_code)  # the manifest's model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
+    if max_length is not None:  # up to the model's positions, refused in one line before any work
+        from layerscope.limits import check_max_length
+
+        check_max_length(max_length, model, spec)
+        info.update(max_length=int(max_length), max_length_from="--max-length at export")
+        model = Manifest.from_dict(info, where=f"the description of {spec}")
+    from layerscope.model.describe import length_line
+
+    if (line := length_line(model)) is not None:
+        say(line)
     from layerscope.model.families import family_of
     from layerscope.model.source import load_torch_model
 
