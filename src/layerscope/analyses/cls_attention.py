@@ -68,12 +68,14 @@ def overlay_png(payload, grid: np.ndarray, size: int = 64) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _attention_runner(run: ModelRun):
+def _attention_runner(ctx: Context, run: ModelRun):
+    """The runner of the export's attention graph: an export you made has it (``--attentions``); a checkpoint's
+    cached export gets it on first use."""
     from layerscope.engines.registry import attention_default, attention_engine
-    from layerscope.export.attention_run import AttentionRunner, require_attention_variant
+    from layerscope.export.attention_run import AttentionRunner, attention_export
 
-    require_attention_variant(run.handle)
-    return AttentionRunner(run.handle.export_dir, attention_engine(run.engine.name) or attention_default())
+    folder = attention_export(run.handle, ctx.say)
+    return AttentionRunner(folder, attention_engine(run.engine.name) or attention_default())
 
 
 @register
@@ -86,6 +88,7 @@ class ClsAttention(Analysis):
         main_score="last_share_on_patches",
         default_poolings=("cls",),
         default_data="scikit-learn's digits (built in, --n of them)",
+        images=True,
         figures=FIGURES,
         options=(
             Option("n", int, 24, "digits to look at when --data is not given"),
@@ -99,16 +102,30 @@ class ClsAttention(Analysis):
 
         return labelled_images(ctx.spec.data, self.options(ctx).n)
 
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """A vision tower with a CLS token; an export you made holds its attention graph (a checkpoint's cached
+        export gets one on first use): decided from the manifest or config.json, before any export."""
+        from layerscope.export.attention_run import require_attention_variant
+        from layerscope.model.home import cache_root
+
+        manifest = handle.manifest
+        image = manifest.image
+        if manifest.modality != "image" or image is None or image.prefix_tokens - image.register_tokens < 1:
+            what = "reads text" if manifest.modality != "image" else f"is a {manifest.family} tower without a CLS token"
+            raise InputError(f"{given} {what}; cls_attention reads a vision tower with a CLS token (ViT, DINOv2, "
+                             "CLIP's with --tower vision)")
+        if handle.is_export and (cache_root() / "exports").resolve() not in handle.export_dir.resolve().parents:
+            require_attention_variant(handle)
+
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.data.images import decode
 
         manifest = run.handle.manifest
         image = manifest.image
-        if manifest.modality != "image" or image.prefix_tokens - image.register_tokens < 1:
-            raise InputError(f"{run.spec}: cls_attention reads a vision tower with a CLS token (ViT, DINOv2, CLIP's)")
+        self.check_model(ctx, run.spec, run.handle)
         o = self.options(ctx)
         payloads, labels = data
-        runner = _attention_runner(run)
+        runner = _attention_runner(ctx, run)
         encoder = run.engine.image_encoder()
         parts = []
         for start in range(0, len(payloads), o.batch_size):

@@ -71,13 +71,22 @@ def check_vocab_fits(spec: str, tokenizer, text_config) -> None:
 
 
 def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str | None = None,
-                   with_hash: bool = True) -> dict[str, Any]:
+                   with_hash: bool = True, tower: str | None = None) -> dict[str, Any]:
     """What the model ``spec`` names is, before any export (the manifest's model half)."""
-    return describe_source(resolve_source(spec, revision), trust_remote_code=trust_remote_code, with_hash=with_hash)
+    return describe_source(resolve_source(spec, revision), trust_remote_code=trust_remote_code, with_hash=with_hash,
+                           tower=tower)
 
 
-def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True) -> dict[str, Any]:
-    """What the resolved model ``source`` is, before any export (the manifest's model half)."""
+def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True,
+                    tower: str | None = None) -> dict[str, Any]:
+    """What the resolved model ``source`` is, before any export (the manifest's model half); ``tower="vision"``:
+    a two-tower checkpoint's image tower (one line where it has none)."""
+    if tower is not None:
+        from layerscope.model.vision import describe_vision
+
+        vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code, with_hash=with_hash)
+        if vision is not None:
+            return vision
     config = load_config(source, trust_remote_code=trust_remote_code)
     # a type only the model's own code defines: its derived family with --trust-remote-code, one line without
     family = check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code)
