@@ -32,7 +32,9 @@ FIGURES = Figures(
                   per_model=False, title="CLS attention on the patches, by layer",
                   ylabel="share of CLS attention on patches",
                   caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
-                          "tokens; the rest stays on CLS and register tokens."),),
+                          "tokens; the rest stays on CLS and register tokens (interval: percentile bootstrap over the "
+                          "images); chance: the share of uniform attention over every token.",
+                  chance="uniform_share", band="95% bootstrap interval over images"),),
     tables=(Table("layers", ("layer", "share_on_patches", "share_on_patches_ci_low", "share_on_patches_ci_high",
                              "entropy_over_patches")),),
     page=("cls maps",),
@@ -154,6 +156,7 @@ class ClsAttention(Analysis):
                   "thumbnail": overlay_png(payloads[i], maps[i, -1].reshape(rows, cols))}
                  for i in range(min(SHOWN, len(payloads)))]
         summary = {"last_share_on_patches": table[-1]["share_on_patches"], "layers": last, "grid": [rows, cols],
+                   "uniform_share": rows * cols / (rows * cols + image.prefix_tokens),
                    "n_images": len(payloads), "engine": runner.engine,
                    "attention_precision": runner.precision}
         return ModelOutput({"summary": summary, "tables": {"layers": table}, "maps": shown})
