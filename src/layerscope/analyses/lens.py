@@ -110,6 +110,7 @@ def chance_log10_rank(vocab: int) -> float:
 class Lens(Analysis):
     metadata = AnalysisMetadata(
         name="lens",
+        reads="model",
         description="Logit lens: decode every layer through the LM head (or tied embeddings) and rank the "
                     "input / next token",
         inputs=("texts",),
