@@ -344,7 +344,7 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     engine_name = gradient_engine(spec.engine) if meta.needs_gradients else spec.engine
     if sources is None:
         if meta.images:  # a two-tower checkpoint without --tower: one line from its config.json, nothing exported
-            from layerscope.model.vision import check_tower_asked
+            from layerscope.analyses.common import check_tower_asked
 
             for model in spec.given_models:
                 check_tower_asked(model, req.tower, trust_remote_code=req.trust_remote_code)
