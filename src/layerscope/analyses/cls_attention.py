@@ -34,7 +34,7 @@ FIGURES = Figures(
                   caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
                           "tokens; the rest stays on CLS and register tokens (interval: percentile bootstrap over the "
                           "images); chance: the share of uniform attention over every token.",
-                  chance="uniform_share", band="95% bootstrap interval over images"),),
+                  chance="uniform_share", band="95% bootstrap interval over images", from_zero=True),),
     tables=(Table("layers", ("layer", "share_on_patches", "share_on_patches_ci_low", "share_on_patches_ci_high",
                              "entropy_over_patches")),),
     page=("cls maps",),

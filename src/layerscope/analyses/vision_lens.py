@@ -32,7 +32,7 @@ FIGURES = Figures(
                   title="Vision lens: zero-shot accuracy by layer", ylabel="zero-shot accuracy", chance="chance",
                   caption="Each layer's CLS through the tower's final norm and projection, scored against the text "
                           "prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
-                  band="95% Wilson interval"),),
+                  band="95% Wilson interval", from_zero=True),),
     tables=(Table("layers", ("layer", "accuracy", "accuracy_ci_low", "accuracy_ci_high")),),
     page=("vision lens images",),
     records=(LENS_IMAGES,),
