@@ -181,6 +181,19 @@ def test_extract_defaults_to_st_for_a_sentence_transformers_checkpoint(tiny_mode
     assert cosines(store["st", -1], st_encode(ckpt, TEXTS, prompt_name="query")).min() > SAME
 
 
+def test_python_extract_and_embed_default_to_the_same_pooling_as_the_cli(tiny_model, tmp_path):
+    """Catches: ``layerscope.extract`` storing ``mean`` where ``layerscope extract`` stores ``st`` (one default on
+    both doors: the model's own)."""
+    import layerscope
+
+    ckpt = make_st_checkpoint(tiny_model("bert"), tmp_path / "st", mode="cls", normalize=True)
+    store = layerscope.extract(str(ckpt), TEXTS, tmp_path / "py", engine="torch", layers="-1").store
+    assert store.poolings == ["st"]
+    assert cosines(store["st", -1], st_encode(ckpt, TEXTS)).min() > SAME
+    got = layerscope.embed(str(ckpt), TEXTS, engine="torch", layers=[-1])
+    assert [pooling for pooling, _ in got] == ["st"]
+
+
 def test_an_export_cached_before_st_support_is_made_again(tiny_model, tmp_path, monkeypatch):
     from layerscope.export.open import ensure_export
     from layerscope.model.handle import ModelHandle

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
-from layerscope.errors import InputError
+from layerscope.errors import InputError, MissingExtraError
 from layerscope.report.crossmodal_plot import TITLES
 from layerscope.report.figures import Figures, HeatMap
 from layerscope.report.image_records import PAIRS
@@ -52,13 +52,21 @@ FIGURES = Figures(
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
+def load_digits():
+    """scikit-learn's bundled digits, or one line naming the extra that installs it (and ``--data``)."""
+    try:
+        from sklearn.datasets import load_digits as load
+    except ImportError:
+        raise MissingExtraError("scikit-learn", "images", "the built-in digits (used without --data)") from None
+    return load()
+
+
 def digit_pairs(n: int) -> list[tuple[str, bytes, str]]:
     """``(id, PNG bytes, caption)`` of the first ``n`` of scikit-learn's digits (8x8, 16 grey levels, scaled to
     0..255 and enlarged to 64x64 pixels)."""
     import io
 
     from PIL import Image
-    from sklearn.datasets import load_digits
 
     digits = load_digits()
     if not 4 <= n <= len(digits.images):

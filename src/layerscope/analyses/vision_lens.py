@@ -32,7 +32,7 @@ FIGURES = Figures(
                   title="Vision lens: zero-shot accuracy by layer", ylabel="zero-shot accuracy", chance="chance",
                   caption="Each layer's CLS through the tower's final norm and projection, scored against the text "
                           "prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
-                  band="95% Wilson interval"),),
+                  band="95% Wilson interval", from_zero=True),),
     tables=(Table("layers", ("layer", "accuracy", "accuracy_ci_low", "accuracy_ci_high")),),
     page=("vision lens images",),
     records=(LENS_IMAGES,),
@@ -175,6 +175,7 @@ class VisionLens(Analysis):
         main_score="best_accuracy",
         default_poolings=("cls",),
         default_data="scikit-learn's digits (built in, --n of them)",
+        images=True,
         figures=FIGURES,
         options=(
             Option("n", int, 200, "digits to classify when --data is not given"),
@@ -193,12 +194,29 @@ class VisionLens(Analysis):
             raise InputError("--template needs {} where the label goes")
         return labelled_images(ctx.spec.data, o.n)
 
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """A CLIP or SigLIP image tower whose checkpoint also holds the text tower (the prompts' embeddings),
+        with its tokenizer: decided from the manifest or config.json, before any export."""
+        from layerscope.model.source import TOKENIZER_FILES
+
+        manifest = handle.manifest
+        if manifest.modality != "image" or manifest.family not in LENS_FAMILIES:
+            what = "reads text" if manifest.modality != "image" else f"is a {manifest.family} tower"
+            raise InputError(f"{given} {what}; the vision lens reads the image tower of a CLIP or SigLIP checkpoint "
+                             "(the checkpoint with --tower vision, or its export)")
+        source = manifest.source
+        if source.model_type not in LENS_FAMILIES.values():
+            raise InputError(f"{given} is an image tower alone ({source.model_type}); the vision lens embeds its "
+                             "prompts with the text tower: give the two-tower checkpoint with --tower vision")
+        if source.is_local and not any((Path(source.path_or_id) / f).is_file() for f in TOKENIZER_FILES):
+            raise InputError(f"{source.path_or_id} has no tokenizer files: the vision lens embeds its prompts "
+                             "with the checkpoint's text tower and tokenizer")
+
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.metrics.proportion import wilson_interval
 
         manifest = run.handle.manifest
-        if manifest.modality != "image" or manifest.family not in LENS_FAMILIES:
-            raise InputError(f"{run.spec}: the vision lens reads a CLIP or SigLIP image tower export (--tower vision)")
+        self.check_model(ctx, run.spec, run.handle)
         payloads, labels = data
         classes = sorted(set(labels))
         layers = [x for x in (run.layers or []) if x != "raw"]

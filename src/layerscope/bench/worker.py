@@ -263,6 +263,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the bench's to answer: it stops this row's process
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:

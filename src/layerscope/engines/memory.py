@@ -196,8 +196,11 @@ def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max
             from_width = pick_blocks(asked.get("attention"), max_seq)
             if from_width is not None and may_block(manifest, model_dir, asked.get("variant")):
                 rows, above = BLOCK_ROWS, from_width
-    per_layer = spec.pools_as_made or (onnx and pooled_only and asked.get("in_graph_pooling") is not False)
     depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
+    # an ONNX engine pools each layer as made in a derived pooled-only graph, which a run of every layer does
+    # without (engines/truncate.py engine_graph: the export's own graph stacks the layers)
+    per_layer = spec.pools_as_made or (onnx and pooled_only and depth < int(manifest.num_layers)
+                                       and asked.get("in_graph_pooling") is not False)
     return CostShape(choice.name, int(manifest.hidden_size), attention_heads(model_dir, manifest.hidden_size),
                      depth, not tokens and bool(per_layer), scores, rows, above)
 

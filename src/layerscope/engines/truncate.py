@@ -15,7 +15,10 @@ when only ``raw`` is asked), and an engine handed ``depth`` (a hint every engine
   source or recipe, a graph that is not the one recorded, or a record whose depth, pooled layers, outputs or
   nodes are not what this run computes and the graph itself holds, makes it again; a failed check or a folder
   that cannot be written leaves the engine on the full graph, saying so in its notes. A graph of pooled outputs only
-  pools each layer as it is made instead of stacking every layer first (engines/layer_pooling.py).
+  pools each layer as it is made instead of stacking every layer first (engines/layer_pooling.py). A run of
+  every layer derives nothing: it runs the export's own graph (fetching its pooled outputs alone where that
+  is all it reads), so its first start costs no derived graph, no check and, for a graph without external
+  data, no copy of the weights.
 - PyTorch: the first ``depth`` blocks only (engines/torch.py); layer ``depth`` < L of a decoder is the
   block's own output, without the final norm that only layer L carries.
 """
@@ -353,8 +356,8 @@ def engine_graph(engine, path: Path, depth: int | None, pooled_only: bool) -> tu
     full = list(manifest.pooled_layers)
     pooled_only = bool(pooled_only) and engine.in_graph_pooling and bool(manifest.pooled_modes)
     depth = manifest.num_layers if depth is None else int(depth)
-    if depth >= manifest.num_layers and not pooled_only:
-        return path, full
+    if depth >= manifest.num_layers:  # every layer: the export's own graph (its pooled outputs fetched alone when
+        return path, full  # that is all the run reads); no derived copy to build, check and keep beside it
     try:
         cut = truncated_graph(path, depth, num_layers=manifest.num_layers, full_pooled=full,
                               tolerance=manifest.parity.tolerance_abs if manifest.parity else None,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import ExportError
+from layerscope.progress import still
 from layerscope.export import external, lean
 from layerscope.export.manifest_write import FP32_RTOL, build_manifest, fp32_worst, opset_of_file, save_tokenizer
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names
@@ -67,7 +68,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
                  opset: int = DEFAULT_OPSET, atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32",
-                 tower: str | None = None, image_size: tuple[int, int] | None = None) -> Manifest:
+                 tower: str | None = None, image_size: tuple[int, int] | None = None,
+                 max_length: int | None = None) -> Manifest:
     """Export the resolved model ``source`` (``model.source.resolve_source``; its revision included) into
     ``output``; returns the manifest. Raises ExportError on a parity failure.
 
@@ -75,6 +77,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     to a depth-scaled cosine against torch fp32 instead of ``atol``.  ``tower="vision"`` exports the vision
     tower of a two-tower checkpoint (CLIP, SigLIP); a vision model's own type needs no tower.
     ``image_size`` (height, width): a vision tower read at that size instead of its checkpoint's.
+    ``max_length``: the longest input its runs read by default, up to the model's positions, instead of what the
+    checkpoint says (its sentence-transformers setting, an encoder's tokenizer limit, else the positions).
     """
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
@@ -100,6 +104,10 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
 
         raise InputError(f"{spec} reads text: --image-size is for a vision tower (with --tower vision for CLIP "
                          "or SigLIP)")
+    if vision is not None and max_length is not None:
+        from layerscope.errors import InputError
+
+        raise InputError(f"{spec} is a vision tower: it reads its image size's tokens; leave out --max-length")
     if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
         from layerscope.export.vision_export import export_vision
 
@@ -110,6 +118,16 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     t0 = time.perf_counter()
     info = describe_source(source, trust_remote_code=trust_remote_code, config=config, family=family)  # model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
+    if max_length is not None:  # up to the model's positions, refused in one line before any work
+        from layerscope.limits import check_max_length
+
+        check_max_length(max_length, model, spec)
+        info.update(max_length=int(max_length), max_length_from="--max-length at export")
+        model = Manifest.from_dict(info, where=f"the description of {spec}")
+    from layerscope.model.describe import length_line
+
+    if (line := length_line(model)) is not None:
+        say(line)
     from layerscope.model.source import load_torch_model
 
     requested = pooled if pooled is not None else default_pooled(family)
@@ -127,19 +145,23 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
             # child exits (in-process, a 3B fp32 model's 12 GB stayed resident after it was freed)
             say(f"loading and exporting {model.source.path_or_id} ({family.name}, {model.num_layers} "
                 f"layers, {weights / 1e9:.1f} GB of weights) in a child process")
-            trace_in_child(trace, work, weights)
+            with still(say, "loading and exporting in the child process"):
+                trace_in_child(trace, work, weights)
         else:
             say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers)")
             say("exporting with optimum")
-            trace_step(trace, work, config=config, family=family)
+            with still(say, "loading and exporting with optimum"):
+                trace_step(trace, work, config=config, family=family)
         say("adding raw embeddings and in-graph pooling")
-        onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
-        tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
+        with still(say, "adding raw embeddings and in-graph pooling"):
+            onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
+            tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
         say("keeping the decoding head (lm_head.safetensors) for the lens")
         from layerscope.export.lm_head import save_head
 
-        head_entry, head = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code,
-                                     config=config)
+        with still(say, "keeping the decoding head"):
+            head_entry, head = save_head(source, family, model.num_layers, work,
+                                         trust_remote_code=trust_remote_code, config=config)
         say("checking every output against PyTorch (fp32), and the model's anatomy by a forward pass")
         found: dict[str, Any] = {}
 
@@ -148,8 +170,9 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
             found["anatomy"] = model_anatomy(net, family, model.num_layers, head)
             return net
 
-        parity = compare_outputs(reference, family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
-                                 pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
+        with still(say, "checking every output against PyTorch"):
+            parity = compare_outputs(reference, family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
+                                     pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = build_manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                                   time.perf_counter() - t0, work)
@@ -260,6 +283,9 @@ def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -
 
 def _trace_child(trace: dict[str, Any], work: str, conn) -> None:
     """The child process's side of :func:`trace_in_child`: run the step, send back None or the error."""
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the parent's to answer: it stops this process
     try:
         trace_step(trace, Path(work))
         conn.send(None)

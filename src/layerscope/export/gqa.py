@@ -177,7 +177,7 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     from onnx import TensorProto, helper, numpy_helper
 
     config, shape = check_gqa(src.parent, manifest)
-    rows = int(manifest.max_length)
+    rows = int(manifest.length_limit)  # every position a --max-length up to the model's limit reads
     cos, sin = rotary_tables(config, manifest.family, rows)
     model = onnx.load(str(src))
     graph = model.graph

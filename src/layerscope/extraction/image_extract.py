@@ -29,6 +29,13 @@ def _start_worker(folder: str) -> None:
     _PROCESSOR.append(load_image_processor(folder))
 
 
+def _start_child(folder: str) -> None:
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the parent's to answer: it stops the workers
+    _start_worker(folder)
+
+
 def _pixels(items: list) -> np.ndarray:
     """A batch of images (``(name, payload)``: a path or encoded bytes) as ``pixel_values``: what each worker
     computes; an image past the processor's bounds or one that cannot be decoded is one line naming it."""
@@ -70,17 +77,22 @@ def _pixel_stream(records, rows: np.ndarray, export_dir: Path, batch_size: int, 
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding an engine's threads
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_child,
                              initargs=(str(export_dir),)) as pool:
         pending: deque = deque()
-        for index in batches:
-            pending.append((index, pool.submit(_pixels, [(records[i].name, records[i].payload) for i in index])))
-            if len(pending) >= 2 * workers:
+        try:
+            for index in batches:
+                pending.append((index, pool.submit(_pixels, [(records[i].name, records[i].payload) for i in index])))
+                if len(pending) >= 2 * workers:
+                    index_done, future = pending.popleft()
+                    yield index_done, future.result()
+            while pending:
                 index_done, future = pending.popleft()
                 yield index_done, future.result()
-        while pending:
-            index_done, future = pending.popleft()
-            yield index_done, future.result()
+        except BaseException:  # Ctrl-C or an error: the batches not begun are dropped, not computed first
+            for _, future in pending:
+                future.cancel()
+            raise
 
 
 def _vision_handle(model, tower: str | None = None):

@@ -93,7 +93,7 @@ def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length
 
 
 def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", layers="all",
-                       poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
+                       poolings=None, dtype: str = "float32", batch_tokens: int | None = None,
                        max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
                        force: bool = False, engine_options: dict | None = None, prompt_name: str | None = None,
                        prompt: str | None = None, trust_remote_code: bool = False,

@@ -214,7 +214,10 @@ class Manifest:
     num_layers: int
     hidden_size: int
     kind: str = "encoder"
-    max_length: int | None = None
+    max_length: int | None = None  # the longest input read by default (``max_length_from`` says why)
+    max_length_from: str | None = None
+    positions: int | None = None  # the model's own limit: its positions (None: recorded before it was; max_length)
+    tokenizer_max_length: int | None = None  # the tokenizer's model_max_length, where it is below ``positions``
     inputs: tuple[str, ...] = ()
     layers: tuple[str, ...] = ()
     default_pooling: str = "mean"
@@ -275,6 +278,8 @@ class Manifest:
                 format_version=version, source=SourceInfo.from_dict(raw["source"]), family=str(raw["family"]),
                 num_layers=int(raw["num_layers"]), hidden_size=int(raw["hidden_size"]),
                 kind=str(raw.get("kind") or "encoder"), max_length=_opt_int(raw.get("max_length")),
+                max_length_from=raw.get("max_length_from"), positions=_opt_int(raw.get("positions")),
+                tokenizer_max_length=_opt_int(raw.get("tokenizer_max_length")),
                 inputs=tuple(raw.get("inputs") or ()), layers=tuple(str(x) for x in raw.get("layers") or ()),
                 default_pooling=str(raw.get("default_pooling") or "mean"), pooled_output=raw.get("pooled_output"),
                 eos_token_id=_opt_int(raw.get("eos_token_id")), vocab_size=_opt_int(raw.get("vocab_size")),
@@ -327,6 +332,24 @@ class Manifest:
         return copy.deepcopy(dict(self.raw.get("source") or {}))
 
     # -- what callers ask ----------------------------------------------------------
+    @property
+    def length_limit(self) -> int | None:
+        """The longest input the model can read: its positions (a decoder's is not its tokenizer's
+        ``model_max_length``); ``max_length`` for a manifest recorded before positions were."""
+        return self.positions if self.positions is not None else self.max_length
+
+    def default_length_note(self) -> str | None:
+        """Where a default ``max_length`` below the model's positions comes from, said as such, with how to read
+        more; None where the default is the positions themselves."""
+        limit = self.length_limit
+        if self.max_length is None or limit is None or self.max_length >= limit:
+            return None
+        why = {"tokenizer model_max_length": "the tokenizer's model_max_length",
+               "sentence_bert_config.json max_seq_length": "the checkpoint's max_seq_length "
+                                                           "(sentence_bert_config.json)"}.get(
+            str(self.max_length_from), f"the export's default ({self.max_length_from or 'recorded'})")
+        return f"{why}, {self.max_length:,} tokens; the model reads up to {limit:,} (--max-length {limit})"
+
     @property
     def raw_width(self) -> int:
         """The width of the raw word embeddings: the graph's output where exported, else the description's

@@ -32,6 +32,13 @@ def _start(encoder) -> None:
     _ENCODER = encoder
 
 
+def _start_worker(encoder) -> None:
+    from layerscope.signals import child_start
+
+    child_start()
+    _start(encoder)
+
+
 def _encode(job):
     texts, index, lengths = job
     return _ENCODER(texts, index=index, lengths=lengths)
@@ -46,7 +53,7 @@ class TokenizerPool:
 
         # spawned, not forked: the parent holds engine thread pools a fork would copy mid-flight
         self.processes = int(processes)
-        self._pool = multiprocessing.get_context("spawn").Pool(self.processes, _start, (encoder,))
+        self._pool = multiprocessing.get_context("spawn").Pool(self.processes, _start_worker, (encoder,))
 
     def map(self, jobs: Iterable[tuple]) -> Iterator:
         return self._pool.imap(_encode, jobs, chunksize=1)

@@ -293,3 +293,4 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
                   "tokens": tokens, "checkpoint_size": [int(native[0]), int(native[1])]},
         "sentence_transformers": None,
     }
+
