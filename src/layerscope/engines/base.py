@@ -68,6 +68,13 @@ class Engine(ABC):
         return self.model.manifest
 
     @property
+    def anatomy(self):
+        """The model's anatomy as this engine reads it (model/anatomy.py): what it found on the model it loaded
+        (the PyTorch engines), else the manifest's."""
+        found = self.__dict__.get("_anatomy", self)
+        return self.manifest.anatomy if found is self else found
+
+    @property
     def layer_names(self) -> list[str]:
         return layer_names(self.manifest.num_layers)
 

@@ -131,15 +131,15 @@ class TorchEngine(Engine):
                                         attn_implementation=attention).to(self.device)
             self.word_embeddings = self.net.get_input_embeddings()
         num_layers = self.manifest.num_layers
+        self._anatomy = None if self.vision else self._find_anatomy(family, num_layers)
         # the model's blocks, where pooled-only runs hook each layer (engines/torch_pooled.py); None: every
         # hidden state is requested and pooled after the forward
         self.block_slot = None
-        self.top_from_last = bool(family.final_norm_in_last_hidden_state)
         if not self.vision:
             from layerscope.engines.truncate import block_slot
 
             try:
-                self.block_slot = block_slot(self.net, num_layers, "to pool each layer as it is produced")
+                self.block_slot = block_slot(self.net, self.anatomy, "to pool each layer as it is produced")
             except EngineUnavailableError as exc:
                 self.info.notes.append(f"pooled runs keep every hidden state until pooled: {exc}")
         if depth is not None and int(depth) < num_layers and self.vision:
@@ -149,8 +149,7 @@ class TorchEngine(Engine):
 
             self.depth = max(int(depth), -1)
             try:
-                kept = truncate_blocks(self.net, num_layers, self.depth,
-                                       final_norm=bool(family.final_norm_in_last_hidden_state),
+                kept = truncate_blocks(self.net, self.anatomy, self.depth,
                                        probe=lambda: self.forward(self.encoder()(["a"])))
             except EngineUnavailableError as exc:  # no block list found: every block runs
                 self.depth = None
@@ -164,6 +163,31 @@ class TorchEngine(Engine):
         self.parity: dict[str, dict[str, float]] = {}
         if self.precision != "fp32":
             self._become_half()
+
+    def _find_anatomy(self, family, num_layers: int):
+        """The model's anatomy (model/anatomy.py): as its export recorded it, else found on the loaded model and
+        held to a forward pass here (a plain model, or an export made before anatomies were recorded); None
+        where the forward pass contradicts every rule (the engine then keeps every hidden state)."""
+        recorded = self.manifest.anatomy_record
+        if recorded is not None:
+            return recorded
+        from layerscope.errors import ExportError
+        from layerscope.model.anatomy import resolve_anatomy
+        from layerscope.model.anatomy_rules import probe_inputs
+
+        feed = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in probe_inputs(self.net).items()}
+        try:
+            return resolve_anatomy(self.net, family, num_layers, inputs=feed)
+        except ExportError as exc:
+            self.info.notes.append(f"the model's anatomy could not be found ({exc})")
+            return None
+
+    @property
+    def top_norm(self) -> str | None:
+        """The module whose output is the last layer where layer L carries the final norm (the anatomy's final
+        norm; an identity below L once truncated), else None: the last block's own output is layer L."""
+        anatomy = self.anatomy
+        return anatomy.final_norm if anatomy is not None and anatomy.final_norm_in_hidden_states else None
 
     @property
     def pools_as_made(self) -> bool:

@@ -38,8 +38,8 @@ from layerscope.model.anatomy_record import HEAD_READS, Anatomy, AttentionAnatom
 from layerscope.model.anatomy_rules import (embeddings_path, find_attention, find_blocks, find_final_norm, keep_first,
                                             measure, probe_inputs)
 
-__all__ = ["Anatomy", "AttentionAnatomy", "check_anatomy", "derive_anatomy", "resolve_anatomy", "vision_head",
-           "with_head"]
+__all__ = ["Anatomy", "AttentionAnatomy", "check_anatomy", "derive_anatomy", "meta_base", "resolve_anatomy",
+           "vision_head", "with_head"]
 
 
 def resolve_anatomy(base, family, num_blocks: int, *, inputs: dict[str, Any] | None = None,
@@ -158,7 +158,7 @@ def derive_anatomy(export_dir, manifest) -> Anatomy | None:
         family = family_of(manifest)
         config = AutoConfig.from_pretrained(str(export_dir))
         with torch.device("meta"):
-            base, vision = _meta_base(config, family)
+            base, vision = meta_base(config, family)
     except Exception:  # noqa: BLE001 - transformers raises many kinds; an underivable anatomy reads as None
         return None
     num = manifest.num_layers
@@ -194,8 +194,9 @@ def derive_anatomy(export_dir, manifest) -> Anatomy | None:
                    head_reads="final_norm" if entry.get("final_norm_on_last") else "layer")
 
 
-def _meta_base(config, family):
-    """(the base model as the family's loader builds it from ``config``, the ``VisionTower`` or None)."""
+def meta_base(config, family):
+    """(the base model as the family's loader builds it from ``config``, the ``VisionTower`` or None); built
+    on whatever device is current (callers build on ``torch.device("meta")``: no weight is made)."""
     from layerscope.model.source import _loader_class
 
     if family.modality == "image":
