@@ -19,6 +19,7 @@ import inspect
 from typing import TYPE_CHECKING, Callable
 
 from layerscope.model.anatomy_rules import block_input, block_output
+from layerscope.vocab.outputs import OWN_LAST
 
 if TYPE_CHECKING:
     import numpy as np
@@ -79,11 +80,14 @@ def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int
 
 def hand_over_layers(engine, blocks, feed: dict, layers: list[str], take: Callable[[str, object], None]) -> None:
     """One forward pass handing each of ``layers`` to ``take(name, states)`` as it is produced (``raw``: the
-    rows of the word-embedding matrix, as run_tokens gives them)."""
+    rows of the word-embedding matrix, as run_tokens gives them; ``OWN_LAST``: the model's own last hidden
+    state, once the forward returns)."""
     torch = engine.torch
     with torch.inference_mode():
-        wanted = {int(n) for n in layers if n != "raw"}
-        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s), top_norm=engine.top_norm)
+        wanted = {int(n) for n in layers if n.isdigit()}
+        own = (lambda states: take(OWN_LAST, states)) if OWN_LAST in layers else None
+        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s), top_norm=engine.top_norm,
+                      own=own)
         if "raw" in layers:
             take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
 

@@ -42,7 +42,7 @@ def check_depth(layers: Iterable[str], depth: int | None, engine: str) -> None:
     """One line when a run asks an engine opened for layers up to ``depth`` for a deeper layer."""
     if depth is None:
         return
-    deeper = [n for n in layers if n != "raw" and int(n) > depth]
+    deeper = [n for n in layers if str(n).isdigit() and int(n) > depth]  # not raw, not the model's own last state
     if deeper:
         from layerscope.errors import InputError
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.model.families import Family
-from layerscope.vocab.outputs import hidden_outputs
+from layerscope.vocab.outputs import OWN_LAST, hidden_outputs
 
 
 def optimum_config_class(family: Family, model_type: str):
@@ -83,10 +83,11 @@ def onnx_config_class(family: Family, model_type: str | None = None):
 
         @property
         def outputs(self):
-            # Names are matched to the model's outputs by position, and Hugging Face returns the
-            # pooled output before the hidden states.
+            # Names are matched to the model's outputs by position, and Hugging Face returns its last hidden
+            # state, then the pooled output, then the hidden states.
             num_layers = self._layerscope_num_layers
-            out = {family.pooled_output: {0: "batch_size"}} if family.pooled_output else {}
+            out = {OWN_LAST: {0: "batch_size", 1: "sequence_length"}} if self._layerscope_own_last else {}
+            out.update({family.pooled_output: {0: "batch_size"}} if family.pooled_output else {})
             out.update({name: {0: "batch_size", 1: "sequence_length"} for name in hidden_outputs(num_layers)})
             return out
 
@@ -94,7 +95,9 @@ def onnx_config_class(family: Family, model_type: str | None = None):
     return AllLayersConfig
 
 
-def make_onnx_config(config, family: Family, num_layers: int):
+def make_onnx_config(config, family: Family, num_layers: int, *, own_last: bool = False):
+    """The family's extended config for this checkpoint; ``own_last``: the model's own last hidden state is an
+    output too (``OWN_LAST``: where it is not layer L)."""
     text = family.text_model_config(config)
     cls = onnx_config_class(family, text.model_type)
     kwargs: dict[str, Any] = {"task": "feature-extraction"}
@@ -103,6 +106,7 @@ def make_onnx_config(config, family: Family, num_layers: int):
         kwargs["use_past_in_inputs"] = False
     onnx_cfg = cls(text, **kwargs)
     onnx_cfg._layerscope_num_layers = num_layers
+    onnx_cfg._layerscope_own_last = own_last
     return onnx_cfg
 
 
