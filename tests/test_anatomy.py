@@ -206,3 +206,21 @@ def test_one_export_reads_the_config_once_and_derives_the_family_once(tiny_model
     monkeypatch.setattr(families, "derive_family", counted_derive)
     export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "onnx")
     assert counts == {"config": 2, "family": 1}
+
+
+def test_a_cached_export_made_before_the_anatomy_is_made_again(tiny_model, tmp_path, monkeypatch):
+    """Catches: layerscope's own export cache serving an entry whose anatomy was never checked by a forward pass
+    (a user's own older export opens with a derived one; a cached entry is layerscope's to make again)."""
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
+
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    first = ensure_export(ModelHandle.resolve(str(tiny_model("bert"))))
+    path = first.export_dir / "manifest.json"
+    old = json.loads(path.read_text())
+    del old["anatomy"]
+    old["format_version"] = 1
+    path.write_text(json.dumps(old))
+    again = ensure_export(ModelHandle.resolve(str(tiny_model("bert"))))
+    assert again.export_dir == first.export_dir
+    assert again.manifest.format_version == 2 and not again.manifest.anatomy.derived_on_load
