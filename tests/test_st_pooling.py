@@ -305,6 +305,12 @@ def test_st_equals_encode_where_the_model_returns_its_final_norm(model_type, tmp
             # layer L's own mean, normalized, is another vector: the bound tells the two apart
             assert cosines(got["mean"][1], ref).min() < EXACT, (name, side)
             engine.close()
+    # the torch engine on the plain checkpoint finds the anatomy on the model it loads
+    from layerscope.extraction.pipeline import embed
+
+    st.tokenizer.padding_side = "right"
+    plain = embed(str(ckpt), TEXTS, engine="torch", layers=[-1], poolings=["st"])[("st", "2")]
+    assert cosines(plain, st.encode(TEXTS, convert_to_numpy=True)).min() >= EXACT
     # the bench holds sentence-transformers' row to the checkpoint's own embedding, made by plain Hugging Face
     from layerscope.bench.config import BenchConfig
     from layerscope.bench.runner import run_bench
