@@ -143,8 +143,10 @@ def derive_anatomy(export_dir, manifest) -> Anatomy | None:
     """The anatomy of an export made before layerscope recorded one, derived from the export's own config.json
     with the model built on the meta device (no weight is read, nothing runs): the paths by the same rules,
     the facts only a forward pass measures from what that manifest recorded (the final norm in layer L, the
-    head's modules and input); ``embedding_scale`` is left unknown (None). None where the model cannot be
-    built here (a model type only its own code defines)."""
+    head's modules and input); ``embedding_scale`` is left unknown (None), and ``last_hidden_state`` is taken
+    to be the final norm wherever a final norm sits outside layer L (true of every text tower; CLIP's image
+    tower, which norms its pooled CLS only, is recorded as ``layer`` when exported again). None where the
+    model cannot be built here (a model type only its own code defines)."""
     from pathlib import Path
 
     from layerscope.model.families import family_of
