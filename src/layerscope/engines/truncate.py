@@ -19,8 +19,9 @@ when only ``raw`` is asked), and an engine handed ``depth`` (a hint every engine
   every layer derives nothing: it runs the export's own graph (fetching its pooled outputs alone where that
   is all it reads), so its first start costs no derived graph, no check and, for a graph without external
   data, no copy of the weights.
-- PyTorch: the first ``depth`` blocks only (engines/torch.py); layer ``depth`` < L of a decoder is the
-  block's own output, without the final norm that only layer L carries.
+- PyTorch: the first ``depth`` blocks only (engines/torch.py), where the model's anatomy (model/anatomy.py)
+  says its blocks are; layer ``depth`` < L of a decoder is the block's own output, without the final norm that
+  only layer L carries (the anatomy's final norm, replaced by an identity).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def check_depth(layers: Iterable[str], depth: int | None, engine: str) -> None:
     """One line when a run asks an engine opened for layers up to ``depth`` for a deeper layer."""
     if depth is None:
         return
-    deeper = [n for n in layers if n != "raw" and int(n) > depth]
+    deeper = [n for n in layers if str(n).isdigit() and int(n) > depth]  # not raw, not the model's own last state
     if deeper:
         from layerscope.errors import InputError
 
@@ -300,40 +301,34 @@ def _typed(feed: dict, inputs: dict) -> dict:
             for name, kind in inputs.items()}
 
 
-def block_slot(net, num_layers: int, why: str) -> tuple[object, str]:
-    """(parent module, attribute name) of a Hugging Face model's blocks: its outermost ``ModuleList`` of
-    ``num_layers`` modules (read the attribute again after ``truncate_blocks``, which replaces the list)."""
-    import torch
-
-    lists = [(name, m) for name, m in net.named_modules()
-             if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
-    if not lists:
+def block_slot(net, anatomy, why: str) -> tuple[object, str]:
+    """(parent module, attribute name) of the model's blocks as its anatomy records them (``anatomy.blocks``,
+    model/anatomy.py; read the attribute again after ``truncate_blocks``, which replaces the list)."""
+    if anatomy is None or anatomy.blocks is None:
         from layerscope.errors import EngineUnavailableError
 
-        raise EngineUnavailableError(f"found no list of {num_layers} blocks in {type(net).__name__} {why}")
-    name = min((n for n, _ in lists), key=lambda n: n.count("."))
-    parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
-    return parent, name.rpartition(".")[2]
+        raise EngineUnavailableError(f"{type(net).__name__} keeps no list of blocks (one block shared by every layer) "
+                                     f"{why}")
+    owner, _, attr = anatomy.blocks.rpartition(".")
+    return (net.get_submodule(owner) if owner else net), attr
 
 
-def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool, probe: Callable[[], object]) -> int:
+def truncate_blocks(net, anatomy, depth: int, *, probe: Callable[[], object]) -> int:
     """Keep only the first ``depth`` blocks of a Hugging Face model (in place; the others' weights are freed);
     returns how many blocks it kept.
 
-    The blocks are the outermost ``ModuleList`` of ``num_layers`` modules. Where the model's last hidden state
-    carries a final norm (decoders, T5: ``final_norm``), that norm belongs to layer L only: below L it is
+    The blocks are the anatomy's. Where layer L carries the final norm (decoders, T5: the anatomy's
+    ``final_norm_in_hidden_states``), that norm belongs to layer L only: below L the anatomy's final norm is
     replaced by an identity, so hidden state ``depth`` is block ``depth``'s own output as in the full model.
     For ``depth`` <= 0, ``probe()`` (a forward pass) tells whether the model runs with no block at all; one
     that cannot (DeBERTa-v2 reads its last block's output) keeps its first block."""
     import torch
 
-    parent, attr = block_slot(net, num_layers, "to stop early")
+    parent, attr = block_slot(net, anatomy, "to stop early")
     blocks = getattr(parent, attr)
-    if final_norm and depth < num_layers:
-        # not a norm of the embeddings (BLOOM's word_embeddings_layernorm): that one makes layer 0
-        for child_name, child in list(parent.named_children()):
-            if type(child).__name__.endswith("Norm") and "embed" not in child_name:
-                setattr(parent, child_name, torch.nn.Identity())
+    if anatomy.final_norm and anatomy.final_norm_in_hidden_states and depth < anatomy.num_blocks:
+        owner, _, name = anatomy.final_norm.rpartition(".")
+        setattr(net.get_submodule(owner) if owner else net, name, torch.nn.Identity())
     kept = torch.nn.ModuleList(list(blocks)[:max(depth, 1)])
     setattr(parent, attr, kept)
     if depth <= 0:

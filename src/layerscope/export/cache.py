@@ -133,7 +133,7 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
     that the full resolution follows)."""
     from layerscope.errors import ManifestError
     from layerscope.model.handle import ModelHandle
-    from layerscope.model.manifest import MANIFEST
+    from layerscope.model.manifest import FORMAT_VERSION, MANIFEST
 
     if not (target / MANIFEST).exists():
         return None
@@ -150,6 +150,12 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
         if quiet:
             return None
         log.warning("cached export %s was made from other files or settings; exporting it again", target)
+        return None
+    if handle.manifest.format_version != FORMAT_VERSION:  # made before its anatomy was recorded and checked
+        if quiet:
+            return None
+        log.warning("cached export %s was made by an older layerscope (format %s); exporting it again", target,
+                    handle.manifest.format_version)
         return None
     if st_recipe is not None and handle.manifest.sentence_transformers != st_recipe:
         if quiet:

@@ -30,7 +30,7 @@ from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.manifest_check import file_records
 from layerscope.model.source import ModelSource
-from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
+from layerscope.vocab.outputs import OWN_LAST, RAW_OUTPUT, hidden_outputs, output_layer
 from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
 
 log = logging.getLogger("layerscope")
@@ -178,7 +178,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
                                   time.perf_counter() - t0, work)
         manifest.update(tokenizer=tokenizer_info, export_path=export_path(family, config),
                         lm_head=head_entry,  # a lens made later reads its head here, not from the checkpoint
-                        export_peak_rss_bytes=_peak_rss(), **anatomy_facts(found["anatomy"], model))
+                        export_peak_rss_bytes=_peak_rss(),
+                        **anatomy_facts(found["anatomy"], model, onnx_info["outputs"]))
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest.update(export_cache=cache_entry)
         if dtype == "fp16":
@@ -205,11 +206,16 @@ def model_anatomy(net, family, num_layers: int, head: dict[str, Any] | None):
     return with_head(anatomy, **head) if head else anatomy
 
 
-def anatomy_facts(anatomy, model: Manifest) -> dict[str, Any]:
+def anatomy_facts(anatomy, model: Manifest, outputs) -> dict[str, Any]:
     """The manifest's entries the anatomy decides: itself, whether layer L has the final norm, and what layer L
-    and the model's own last hidden state are (a note the description made, OPT's projection, is kept)."""
+    and the model's own last hidden state are (a note the description made, OPT's projection, is kept); the
+    graph must carry the model's own last hidden state exactly where the anatomy says it is not layer L."""
+    carried = OWN_LAST in outputs
+    if carried != (anatomy.last_hidden_state == "final_norm"):
+        raise ExportError(f"the exported graph {'carries' if carried else 'lacks'} the model's own last hidden state "
+                          f"({OWN_LAST}) where its anatomy says it is {anatomy.last_hidden_state!r}; nothing was written")
     return {"anatomy": anatomy.to_dict(), "final_norm_in_last_layer": anatomy.final_norm_in_hidden_states,
-            "last_layer_note": model.raw.get("last_layer_note") or anatomy.last_layer_note()}
+            "last_layer_note": model.raw.get("last_layer_note") or anatomy.last_layer_note(carried=carried)}
 
 
 def _peak_rss() -> int:
@@ -260,6 +266,12 @@ def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -
         config = load_config(source, trust_remote_code=trace["trust_remote_code"])
     model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"],
                              config=config)
+    from layerscope.model.anatomy_rules import own_last_differs
+
+    try:
+        own_last = own_last_differs(model)  # carried as an output of its own (what `st` reads at layer L)
+    except Exception:  # noqa: BLE001 - a model's own code that cannot run the probe: the anatomy check says so
+        own_last = False
 
     if export_path(family, config) == "torch":  # Optimum has no config for this architecture
         from layerscope.export.torch_export import torch_export
@@ -268,13 +280,13 @@ def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -
         streamed = lean.ENABLED and lean.weight_bytes(model) >= trace["threshold"]
         torch_export(model, work / ONNX_FILE, input_names=family.input_names(text), num_layers=trace["num_layers"],
                      opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size),
-                     streamed=streamed)
+                     streamed=streamed, own_last=own_last)
         if not streamed:
             external.consolidate(work / ONNX_FILE)
         model.config.save_pretrained(work)  # as Optimum does: a lens rebuilds its head from it
         finish = lambda: None  # noqa: E731
     else:
-        onnx_cfg = make_onnx_config(config, family, trace["num_layers"])
+        onnx_cfg = make_onnx_config(config, family, trace["num_layers"], own_last=own_last)
         finish = _optimum_export(model, work, onnx_cfg, trace["opset"], threshold=trace["threshold"])
     del model  # the ONNX check runs first and torch is reloaded after: never both in memory
     gc.collect()

@@ -62,12 +62,10 @@ INT8_KEEP_DOWN_PROJ = False
 
 
 
-def _num_heads(export_dir: Path, manifest: Manifest) -> int:
-    from layerscope.jsonfile import read_json_dict
-
-    cfg = read_json_dict(export_dir / "config.json")
-    cfg = cfg.get("text_config", cfg) if manifest.family == "clip-text" else cfg
-    return int(cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads") or 0)
+def _num_heads(manifest: Manifest) -> int:
+    """The attention heads the optimizer fuses, from the export's anatomy (0: let it read them from the graph)."""
+    anatomy = manifest.anatomy
+    return anatomy.attention.heads if anatomy is not None and anatomy.attention is not None else 0
 
 
 # ---------------------------------------------------------------- the three transforms
@@ -256,7 +254,7 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
     try:
         if kind == "opt":
             say("fusing with the ONNX Runtime transformer optimizer")
-            fusions = optimize_graph(src, dst, manifest, _num_heads(export_dir, manifest), external=big)
+            fusions = optimize_graph(src, dst, manifest, _num_heads(manifest), external=big)
         elif kind == "gqa":
             from layerscope.export.gqa import fuse_gqa
 

@@ -89,6 +89,12 @@ def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length
     require_pooled_output(pool_list, manifest.pooled_output, manifest.family)
     if "st" in pool_list:
         st_recipe(manifest)  # a clear error before anything is written
+        if manifest.is_export:  # st at layer L of an export that lacks the model's own last hidden state
+            from layerscope.model.stconfig import st_layers
+            from layerscope.vocab.outputs import OWN_LAST
+
+            st_layers(manifest.anatomy, manifest.num_layers, list(layer_list), pool_list,
+                      carried=OWN_LAST in manifest.outputs)
     return layer_list, pool_list, resolve_prompt(manifest, prompt_name, prompt)
 
 
