@@ -94,20 +94,20 @@ def test_a_fifo_as_a_record_is_one_line(bert):
 
 
 def test_per_layer_pooling_is_made_again_when_its_source_is_rewritten(tiny_export, tmp_path):
-    """The pooled-only graph of every layer (each layer pooled as it is made): reused while its source holds,
+    """The pooled-only graph of the layers up to 1 (each layer pooled as it is made): reused while its source holds,
     made again once the export's graph is rewritten in place. Catches: a record without its source's hash, or one
     compared with nothing, running the old model's pooling."""
     export_dir = tiny_export("bert", pooled=["mean"], to=tmp_path / "e")
-    layers = [str(i) for i in range(3)]
-    create_engine("ort", export_dir, depth=2, pooled_only=True)
-    record = export_dir / "model.upto-2.pooled.json"
+    layers = [str(i) for i in range(2)]
+    create_engine("ort", export_dir, depth=1, pooled_only=True)
+    record = export_dir / "model.upto-1.pooled.json"
     before = json.loads(record.read_text())
-    assert before["pooled_only"] and before["pooled_layers"][-3:] == layers
-    assert not _made_again(create_engine("ort", export_dir, depth=2, pooled_only=True))
+    assert before["pooled_only"] and before["pooled_layers"][-2:] == layers
+    assert not _made_again(create_engine("ort", export_dir, depth=1, pooled_only=True))
     _rewrite_source(export_dir)
-    again = create_engine("ort", export_dir, depth=2, pooled_only=True)
+    again = create_engine("ort", export_dir, depth=1, pooled_only=True)
     assert _made_again(again) and json.loads(record.read_text())["source_sha256"] != before["source_sha256"]
-    props = {p.key: p.value for p in onnx.load(str(export_dir / "model.upto-2.pooled.onnx"),
+    props = {p.key: p.value for p in onnx.load(str(export_dir / "model.upto-1.pooled.onnx"),
                                                load_external_data=False).metadata_props}
     assert props.get("rewritten") == "yes"
 
@@ -200,7 +200,7 @@ def test_verify_covers_every_derived_graph_and_its_record(tiny_export, tmp_path)
 
     export_dir = tiny_export("bert", pooled=["mean"], to=tmp_path / "v")
     create_engine("ort", export_dir, depth=1)
-    create_engine("ort", export_dir, depth=2, pooled_only=True)
+    create_engine("ort", export_dir, depth=1, pooled_only=True)
     checked, problems = verify_path(export_dir)
     assert problems == [] and checked > 0
     record = export_dir / "model.upto-1.json"
@@ -208,9 +208,9 @@ def test_verify_covers_every_derived_graph_and_its_record(tiny_export, tmp_path)
     assert any("model.upto-1.json says the pooled rows are layers" in p for p in verify_path(export_dir)[1])
     record.write_text("[1, 2]")
     assert any("model.upto-1.json is not a record" in p for p in verify_path(export_dir)[1])
-    pooled = export_dir / "model.upto-2.pooled.onnx"
+    pooled = export_dir / "model.upto-1.pooled.onnx"
     pooled.write_bytes(pooled.read_bytes() + b"\x00")
-    assert any("model.upto-2.pooled.onnx is not the graph" in p for p in verify_path(export_dir)[1])
+    assert any("model.upto-1.pooled.onnx is not the graph" in p for p in verify_path(export_dir)[1])
 
 
 def test_a_variant_made_for_another_graph_is_never_run(tiny_export, tmp_path):
@@ -233,3 +233,35 @@ def test_a_variant_made_for_another_graph_is_never_run(tiny_export, tmp_path):
 
     assert any("variant 'int8': model.int8.onnx was made for another" in p for p in verify_path(export_dir)[1])
     create_engine("ort", export_dir)  # the rewritten export itself still runs
+
+
+def test_the_head_logits_graph_is_used_only_as_its_record_says(tiny_export, tmp_path):
+    """The head graph the analyses that write states read logits through (decoding/head_graph.py) reads its weights
+    from the export's stored head. Catches: those weights edited in place and the graph still run because only
+    its own bytes were compared, and ``layerscope verify`` passing such an export."""
+    from layerscope.decoding.head_graph import export_head, head_reader
+    from layerscope.errors import ManifestError
+    from layerscope.integrity import verify_path
+    from layerscope.model.derived import external_locations
+
+    export_dir = tiny_export("gpt2", to=tmp_path / "h")
+    first = export_head(export_dir)
+    assert verify_path(export_dir)[1] == []
+    graph = export_dir / "head-logits.onnx"
+    weights = export_dir / external_locations(graph)[0]
+    kept = weights.read_bytes()
+    weights.write_bytes(kept[:-8] + bytes(8))  # the size kept: only the content tells
+    assert any("head-logits.json: the weights head-logits.onnx reads are not those" in p
+               for p in verify_path(export_dir)[1])
+    engine = create_engine("ort", export_dir)
+    with pytest.raises(ManifestError, match=f"{weights.name} is missing or does not match"):
+        head_reader(engine)  # made again from the stored head, which refuses: never run on the edited weights
+    weights.write_bytes(kept)
+    said = []
+    head_reader(engine, say=said.append)
+    engine.close()
+    assert not any("tracing the decoding head" in s for s in said)  # the weights as recorded: used as it is
+    assert verify_path(export_dir)[1] == []
+    assert json.loads((export_dir / "head-logits.json").read_text())["content_sha256"] == first.content_sha256
+    _edit(export_dir / "head-logits.json", lambda d: {**d, "sha256": "0" * 64})
+    assert any("head-logits.onnx is not the graph head-logits.json records" in p for p in verify_path(export_dir)[1])

@@ -122,6 +122,16 @@ def test_resume_graphs_are_cached_checked_and_made_again(exports, tmp_path):
         return note
 
     assert fresh().endswith("cached)")
+    from layerscope.integrity import verify_path
+
+    assert verify_path(export)[1] == []
+    data = export / "model.resume.data"
+    kept = data.read_bytes()
+    data.write_bytes(kept[:-4] + bytes(4))  # the shared weights edited in place, its size kept
+    assert any("model.resume.data is not the weights file model.from-1.json records" in p
+               for p in verify_path(export)[1])
+    assert not fresh().endswith("cached)")  # the weights it reads changed: made again (and the data file too)
+    assert data.read_bytes() == kept and verify_path(export)[1] == []
     (export / "model.from-1.json").write_text(json.dumps({**record, "layer": "1"}))
     assert not fresh().endswith("cached)")  # a record of the wrong type: made again
     with open(export / "model.from-1.onnx", "ab") as f:

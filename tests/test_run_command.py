@@ -50,7 +50,9 @@ def test_every_declared_option_of_every_analysis_is_in_its_help(capsys, wide_hel
             assert any(option.flag + " " in line and option.help[:30] in line for line in text.splitlines()), \
                 (name, option.flag)
         data_line = next(line for line in text.splitlines() if "--data " in line)
-        assert str(cls.metadata.default_data) in data_line  # --data says what this analysis reads by default
+        default = cls.metadata.default_data
+        # --data says what this analysis reads by default, or that it reads nothing unless given
+        assert (str(default) if default is not None else "(default: none)") in data_line, (name, data_line)
 
 
 class _Stop(InputError):

@@ -12,66 +12,27 @@ below the last layer where the head has one.
   (input ``head.hidden`` ``[n, hidden]``; outputs ``head.logits``, the head as it reads layer L, and
   ``head.logits_below``, as it reads a layer below L), run on the engine's own runtime (``Engine.open_graph``).
   Its weights are not copied: each equal to a tensor of the export's ``lm_head.safetensors`` points at it, as
-  the lens graph's do. ``head-logits.json`` records the graph's sha256, the ``model.onnx`` it was made for and
-  its largest difference from the torch head on the parity texts' states; a record that does not read, or names
-  another graph or model, makes it again.
+  the lens graph's do. ``head-logits.json`` (model/head_record.py) records the graph's sha256 and that of the
+  weights it reads, the ``model.onnx`` it was made for and its largest difference from the torch head on the
+  parity texts' states; a record whose claims do not hold (the rule of model/derived.py) makes it again.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from layerscope.errors import ExportError
+from layerscope.model.head_record import HEAD_FILE, HEAD_FORMAT, RECORD_FILE, HeadRecord, read_head_record
 
-HEAD_FILE = "head-logits.onnx"
-RECORD_FILE = "head-logits.json"
-HEAD_FORMAT = 1
 INPUT = "head.hidden"
 LAST, BELOW = "head.logits", "head.logits_below"
 # the graph against the torch head: |diff| of the logits within this much of their largest magnitude
 PARITY_REL = 1e-4
-
-
-@dataclass(frozen=True)
-class HeadRecord:
-    """``head-logits.json``: the graph's file and sha256, the head, the ``model.onnx`` it was made for and its
-    check against the torch head."""
-
-    format: int
-    file: str
-    sha256: str
-    model_onnx_sha256: str
-    kind: str
-    description: str
-    final_norm_below_last: bool
-    vocab: int
-    max_abs: float  # largest |graph - torch| of the logits on the check's states
-    scale: float  # largest |logit| there
-
-    @classmethod
-    def read(cls, doc: Any) -> HeadRecord | None:
-        """The record, or None where it is not one this version writes (the graph is then made again)."""
-        if not isinstance(doc, dict) or doc.get("format") != HEAD_FORMAT:
-            return None
-        kinds = {"format": int, "file": str, "sha256": str, "model_onnx_sha256": str, "kind": str,
-                 "description": str, "final_norm_below_last": bool, "vocab": int, "max_abs": (int, float),
-                 "scale": (int, float)}
-        for key, kind in kinds.items():
-            value = doc.get(key)
-            if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
-                return None
-        if doc["file"] != HEAD_FILE:
-            return None
-        return cls(**{k: doc[k] for k in kinds})
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _graph_module(model):
@@ -109,6 +70,7 @@ def _export_head(export_dir: Path, wrote, say) -> HeadRecord:
     from layerscope.export.graph import opset_of
     from layerscope.hashing import file_sha256
     from layerscope.jsonfile import write_json_atomic
+    from layerscope.model.derived import source_sha256
     from layerscope.model.handle import ModelHandle
 
     handle = ModelHandle.resolve(export_dir)
@@ -139,8 +101,8 @@ def _export_head(export_dir: Path, wrote, say) -> HeadRecord:
         target.unlink()
         (export_dir / data).unlink(missing_ok=True)
         raise ExportError(f"the head graph's logits differ from the torch head's by {max_abs:.3g}; nothing was kept")
-    record = HeadRecord(HEAD_FORMAT, target.name, file_sha256(target), manifest.onnx_sha256, model.info.kind,
-                        model.info.description, bool(model.info.final_norm), int(manifest.vocab_size), max_abs, scale)
+    record = HeadRecord(HEAD_FORMAT, target.name, file_sha256(target), source_sha256(target), manifest.onnx_sha256,
+                        model.info.kind, model.info.description, bool(model.info.final_norm), int(manifest.vocab_size), max_abs, scale)
     write_json_atomic(export_dir / RECORD_FILE, record.to_dict())
     return record
 
@@ -170,23 +132,6 @@ def _parity(handle, model, path: Path) -> tuple[float, float]:
         worst = max(worst, float(np.max(np.abs(got - want))))
         scale = max(scale, float(np.max(np.abs(want))))
     return worst, scale
-
-
-def read_record(export_dir: Path, manifest) -> HeadRecord | None:
-    """The export's head graph record where it holds and names this ``model.onnx`` and the graph's bytes, else None."""
-    import json
-
-    from layerscope.hashing import file_sha256
-
-    path = Path(export_dir) / RECORD_FILE
-    graph = Path(export_dir) / HEAD_FILE
-    try:
-        record = HeadRecord.read(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return None
-    if record is None or record.model_onnx_sha256 != manifest.onnx_sha256 or not graph.is_file():
-        return None
-    return record if file_sha256(graph) == record.sha256 else None
 
 
 class HeadReader:
@@ -232,7 +177,7 @@ def head_reader(engine, say: Callable[[str], None] = lambda _m: None) -> HeadRea
 
     handle = ensure_export(handle)
     export_dir = Path(handle.export_dir)
-    record = read_record(export_dir, handle.manifest)
+    record = read_head_record(export_dir, handle.manifest)
     if record is None:
         record = export_head(export_dir, say=say)
     session = engine.open_graph(export_dir / record.file)

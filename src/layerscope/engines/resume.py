@@ -25,7 +25,6 @@ j and the batch's mask and positions; layer L resumes to itself.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,13 +312,14 @@ def resume_graph(src: Path, layer: int, *, num_layers: int, tolerance: float | N
     this recipe, its own and its data file's bytes, else made and checked against ``src`` on ``feeds()``
     (``reference(feeds)``: their full-graph states, computed once by a caller that makes several layers).
     CannotResume (saying why) where it cannot be made, the folder cannot be written, or the check fails."""
-    from layerscope.engines.truncate import content_hash
+    from layerscope.model.derived import source_sha256
 
     src = Path(src)
     dst = src.with_name(f"{src.stem}{SUFFIX}{int(layer)}.onnx")
     rec = dst.with_suffix(".json")
-    key = content_hash(src)
-    found = _cached(dst, rec, key, layer)
+    key = source_sha256(src)
+    bar = 0.0 if tolerance is None else float(tolerance)
+    found = _cached(dst, rec, src, key, layer, bar)
     if found is not None:
         return found
     if not os.access(src.parent, os.W_OK):
@@ -327,7 +327,6 @@ def resume_graph(src: Path, layer: int, *, num_layers: int, tolerance: float | N
                            "cached there")
     from layerscope.ownership import writing
 
-    bar = 0.0 if tolerance is None else float(tolerance)
     data = src.with_name(src.stem + DATA_SUFFIX)
     with writing(src.parent, "export") as wrote:
         wrote.add(dst.name, rec.name, data.name)  # named before they are written
@@ -353,46 +352,48 @@ def resume_graph(src: Path, layer: int, *, num_layers: int, tolerance: float | N
             raise CannotResume(f"the graph resuming at layer {layer} differs from the full graph by {worst:.3g} "
                                f"(> {bar:g}) at {what}" + ("; it reads the token ids past that layer"
                                                             if what == "with other token ids" else ""))
-        from layerscope.jsonfile import write_json_atomic
-        from layerscope.model.identity import hash_files
+        from layerscope.model.derived import graph_sha256, write_record
 
-        write_json_atomic(rec, {
-            "recipe": RECIPE, "layer": int(layer), "source": src.name, "source_sha256": key,
-            "sha256": hash_files([dst]), "data": data_name,
-            "data_sha256": hash_files([src.parent / data_name]) if data_name else None,
-            "inputs": inputs, "outputs": outputs, "nodes": nodes, "full_nodes": full_nodes,
-            "check": {"texts": "engines/parity_texts.py PARITY_TEXTS, right- and left-padded",
-                      "runtime": "onnxruntime CPU", "tolerance_abs": bar, "max_abs": worst,
-                      "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
+        write_record(rec, dst, recipe=RECIPE, source=src, source_digest=key, layer=int(layer), data=data_name,
+                     data_sha256=graph_sha256(src.parent / data_name) if data_name else None,
+                     inputs=inputs, outputs=outputs, nodes=nodes, full_nodes=full_nodes,
+                     check={"texts": "engines/parity_texts.py PARITY_TEXTS, right- and left-padded",
+                            "runtime": "onnxruntime CPU", "tolerance_abs": bar, "max_abs": worst,
+                            "outputs": {n: {"max_abs": d} for n, d in diffs.items()}})
     return ResumeGraph(dst, int(layer), tuple(inputs), tuple(outputs), worst, nodes, full_nodes, reused=False)
 
 
-def _cached(dst: Path, rec: Path, key: str, layer: int) -> ResumeGraph | None:
-    """The cached graph where its record reads and matches (None: make it again)."""
-    from layerscope.model.identity import hash_files
+def _cached(dst: Path, rec: Path, src: Path, key: str, layer: int, bar: float) -> ResumeGraph | None:
+    """The cached graph where its record holds by the rule (model/derived.py): made by this recipe at ``layer``
+    from ``src`` as it is now, the graph and the shared data file it reads as recorded, its inputs, outputs and
+    nodes those the graph holds, its check within ``bar``; else None (made again)."""
+    from layerscope.model.derived import data_problem, finite_at_most, read_record
 
-    try:
-        data = json.loads(rec.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or not dst.is_file():
-            return None
-        names = [data.get("inputs"), data.get("outputs")]
-        if not all(isinstance(x, list) and all(isinstance(n, str) for n in x) for x in names):
-            return None
-        data_name = data.get("data")
-        if data_name is not None:
-            if not isinstance(data_name, str) or data_name != dst.with_name(
-                    dst.name.split(SUFFIX)[0] + DATA_SUFFIX).name or not (dst.parent / data_name).is_file():
-                return None
-            if data.get("data_sha256") != hash_files([dst.parent / data_name]):
-                return None
-        if not (data.get("recipe") == RECIPE and data.get("source_sha256") == key and data.get("layer") == layer
-                and data.get("sha256") == hash_files([dst])):
-            return None
-        check = data["check"]
-        return ResumeGraph(dst, layer, tuple(names[0]), tuple(names[1]), float(check["max_abs"]),
-                           int(data["nodes"]), int(data["full_nodes"]), reused=True)
-    except (OSError, ValueError, KeyError, TypeError):
+    data = read_record(rec, dst, recipe=RECIPE, source=src, source_digest=key, claims={"layer": int(layer)})
+    if data is None:
         return None
+    expected_data = dst.with_name(dst.name.split(SUFFIX)[0] + DATA_SUFFIX).name
+    if data.get("data") not in (None, expected_data) or data_problem(rec, data) is not None:
+        return None
+    try:
+        inputs, outputs, nodes = _graph_names(dst)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot parse is made again
+        return None
+    check = data.get("check")
+    if data.get("inputs") != inputs or data.get("outputs") != outputs or data.get("nodes") != nodes \
+            or not isinstance(check, dict) or not finite_at_most(check.get("max_abs"), bar) \
+            or not isinstance(data.get("full_nodes"), int) or isinstance(data.get("full_nodes"), bool):
+        return None
+    return ResumeGraph(dst, int(layer), tuple(inputs), tuple(outputs), float(check["max_abs"]), nodes,
+                       int(data["full_nodes"]), reused=True)
+
+
+def _graph_names(path: Path) -> tuple[list[str], list[str], int]:
+    """(inputs, outputs, node count) of graph ``path``, loaded without its external data."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return [i.name for i in graph.input], [o.name for o in graph.output], len(graph.node)
 
 
 # ------------------------------------------------------------------------------------------ the ONNX engines

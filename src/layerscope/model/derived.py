@@ -4,7 +4,10 @@ An engine does not always run the export's own ``model.onnx``. Early exit prunes
 (``<stem>.upto-<d>.onnx``, engines/truncate.py), a run of pooled vectors only pools each layer as it is made
 (``<stem>.upto-<d>.pooled.onnx``, engines/layer_pooling.py), long texts run attention in blocks of query rows
 (``<stem>.blocked.onnx``, engines/blocked.py), the lens decodes with the head alone (``lens-k<k>.onnx``,
-decoding/lens_onnx.py, its sidecar model/lens_record.py), the attention analyses read every layer's
+decoding/lens_onnx.py, its sidecar model/lens_record.py), a written state runs the layers after it
+(``<stem>.from-<j>.onnx`` and the weights they share, ``<stem>.resume.data``: engines/resume.py), the analyses
+that write states read logits through the head (``head-logits.onnx``, decoding/head_graph.py, its record
+model/head_record.py), the attention analyses read every layer's
 attention (``model.attn.onnx``, export/attention_variant.py) and ``layerscope optimize`` makes the precision
 variants (``model.int8.onnx``, ...: export/variants.py), each with its entry in manifest.json. Each is made once,
 checked against what it was made from, and read by later runs beside a record of what it is.
@@ -127,6 +130,22 @@ def write_record(record: Path, graph: Path, *, recipe: int, source: Path, source
             "sha256": graph_sha256(graph), **fields}
     write_json_atomic(Path(record), data)
     return data
+
+
+def data_problem(record: Path, data: Mapping[str, Any]) -> str | None:
+    """Why the shared weights file a record names (``data``, with its ``data_sha256``) is not the one recorded, or
+    None (also where the record names none): a name beside the record, a regular file, its recorded sha256."""
+    name = data.get("data")
+    if name is None:
+        return None
+    if not plain_name(name):
+        return f"{Path(record).name} names its weights file {name!r}, not a file beside it"
+    path = Path(record).parent / name
+    if not path.is_file():
+        return f"{Path(record).name}: {name} is missing"
+    if data.get("data_sha256") != graph_sha256(path):
+        return f"{name} is not the weights file {Path(record).name} records (sha256 differs): damaged or replaced"
+    return None
 
 
 def finite_at_most(value: object, bar: float) -> bool:
@@ -271,9 +290,10 @@ def lens_problem(export_dir: Path, manifest, sidecar) -> str | None:
 
 def derived_records(export_dir: Path) -> list[Path]:
     """Every record of a graph derived from an export's graph, beside it (early exit's and pooled-only graphs',
-    the graph in blocks')."""
+    the graph in blocks', the graphs resuming at a layer)."""
     export_dir = Path(export_dir)
-    return sorted({*export_dir.glob("*.upto-*.json"), *export_dir.glob("*.blocked.json")})
+    return sorted({*export_dir.glob("*.upto-*.json"), *export_dir.glob("*.blocked.json"),
+                   *export_dir.glob("*.from-*.json")})
 
 
 def _record_problem(record: Path, manifest) -> str | None:
@@ -306,6 +326,9 @@ def _record_problem(record: Path, manifest) -> str | None:
             return f"{record.name} says the pooled rows are layers {claimed}, {graph.name} stacks {layers}"
     if data.get("nodes") is not None and data.get("nodes") != nodes:
         return f"{record.name} records {data.get('nodes')} nodes, {graph.name} has {nodes}"
+    weights = data_problem(record, data)
+    if weights is not None:
+        return weights
     if data.get("layers") is not None and data.get("layers") != ops.get("Loop", 0):
         return f"{record.name} records {data.get('layers')} layers in blocks, {graph.name} has {ops.get('Loop', 0)}"
     return None
@@ -336,6 +359,17 @@ def verify_derived(export_dir: Path, manifest) -> tuple[int, list[str]]:
         if why:
             problems.append(f"{sidecar.name}: {why}")
         elif meta is not None:
+            checked += 1
+    if (export_dir / "head-logits.json").exists():
+        from layerscope.model.head_record import head_problem
+
+        try:
+            why = head_problem(export_dir, manifest)
+        except ManifestError as exc:
+            why = str(exc)
+        if why:
+            problems.append(f"head-logits.json: {why}")
+        else:
             checked += 1
     for kind in manifest.variants:
         try:
