@@ -226,7 +226,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     results = [_summarize(row, per_row[row["name"]], layers) for row in rows]
     ref = next((r for r in results if r["engine"] == HF_EAGER and r.get("available")), None)
     for r in results:
-        _finish(r, ref, layers, sts, flops, peak)
+        _finish(r, ref, layers, sts, flops, peak, tokens=int(lengths.sum()), shapes=shapes)
     if ref is not None:
         ref.pop("_ref", None)
     _ratios(results)
@@ -281,13 +281,15 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
         texts_per_cpu_s=n / min(c for r in ok for c in r["pass_cpu_s"]),
         setup_s=first.get("setup_s"), peak_rss_mib=max(r["peak_rss_mib"] for r in ok),
         device=first.get("device", "cpu"), tokenization=first.get("tokenization"), gpu_peak=first.get("gpu_peak"),
-        gpu_memory=_gpu_memory(ok),
+        gpu_memory=_gpu_memory(ok), batch_shapes=first.get("batch_shapes"),
         load_avg_1m=[r.get("load_avg_1m") for r in ok], split=fastest.get("split"),
         _vectors=first.get("_vectors"), _sts=first.get("_sts"))
 
 
-def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak) -> None:
+def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak, *,
+            tokens: int | None = None, shapes: dict[str, int] | None = None) -> None:
     vectors, sts_vec = r.pop("_vectors", None), r.pop("_sts", None)
+    batch_shapes = r.pop("batch_shapes", None)
     if not r.get("available"):
         return
     produced = r["layers"]
@@ -313,6 +315,29 @@ def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], st
     r.update(peak_against(r, peak))
     if flops and r["peak_gflops"]:
         r["peak_fraction"] = r["gflops_per_s"] / r["peak_gflops"]
+    if tokens and batch_shapes:
+        r.update(padding_figures(batch_shapes, tokens, r["best_s"], shapes, r.get("peak_gflops")))
+
+
+def padding_figures(batch_shapes: list[list[int]], tokens: int, best_s: float, shapes: dict[str, int] | None,
+                    peak_gflops: float | None) -> dict[str, Any]:
+    """What a row's padding costs, from its batches' shapes (texts x padded width) in a pass: the tokens the
+    engine ran (padding included) beside the ``tokens`` of the texts, their share, both rates over the best
+    pass, and the FLOPs of the padded batches as a fraction of the peak (the work the engine did; the useful
+    work's fraction is ``peak_fraction``)."""
+    from layerscope.bench.peak import corpus_flops
+
+    sizes = np.array([b for b, _ in batch_shapes], dtype=np.int64)
+    widths = np.array([w for _, w in batch_shapes], dtype=np.int64)
+    padded = int((sizes * widths).sum())
+    out: dict[str, Any] = {"tokens_real": int(tokens), "tokens_padded": padded,
+                           "padding_share": 1.0 - tokens / padded if padded else None,
+                           "real_tokens_per_s": tokens / best_s, "padded_tokens_per_s": padded / best_s}
+    if shapes:
+        out["padded_gflops_per_s"] = corpus_flops(shapes, np.repeat(widths, sizes)) / best_s / 1e9
+        if peak_gflops:
+            out["peak_fraction_padded"] = out["padded_gflops_per_s"] / peak_gflops
+    return out
 
 
 def peak_against(r: dict[str, Any], cpu_peak: dict[str, Any] | None) -> dict[str, Any]:
