@@ -59,6 +59,7 @@ class IsolatedConfig:
     sts: str | None = None
     trust_remote_code: bool = False  # the user's flag: rows loading the model (hf-eager, torch, peers) run its code
     accuracy_rows: int = 4096
+    reference_texts: int | None = None  # hf-eager (the CPU reference) over the first N texts only
     timeout_s: float = 3600.0
     progress: Callable[[str], None] | None = None
 
@@ -96,8 +97,9 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
               "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch, "max_length": cfg.max_length,
               "threads": cfg.threads, "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
               "passes": cfg.passes}
+    first = f", the first {cfg.reference_texts:,} texts" if cfg.reference_texts else ""
     rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline",
-                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
+                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers{first}")]
     for name in cfg.engines:
         spec = bench_engines()[name]
         rows.append(dict(common, name=name, kind="engine", row_kind="engine", engine=spec.engine,
@@ -183,7 +185,9 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     num_layers = manifest.num_layers
     layers = (layer_names(num_layers, with_raw=False) if cfg.layers == "all-hidden"
               else resolve_layers(cfg.layers, num_layers, with_raw=False))
-    n_acc = min(len(cfg.texts), cfg.accuracy_rows)
+    if cfg.reference_texts is not None and cfg.reference_texts < 1:
+        raise InputError("--reference-texts must be at least 1")
+    n_acc = min(len(cfg.texts), cfg.accuracy_rows, cfg.reference_texts or len(cfg.texts))
     rows = _rows(cfg, handle, layers)
     _prepare_peers(cfg, handle, rows, say)
     sts = None
@@ -191,6 +195,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         work = Path(tmp)
         texts_file = work / "texts.json"
         texts_file.write_text(json.dumps(cfg.texts), encoding="utf-8")
+        ref_file = work / "reference-texts.json"  # the CPU reference's share of a long GPU corpus
+        ref_file.write_text(json.dumps(cfg.texts[:cfg.reference_texts or len(cfg.texts)]), encoding="utf-8")
         if cfg.sts:
             s1, s2, gold = read_sts(cfg.sts)
             uniq = sorted(set(s1) | set(s2))
@@ -210,7 +216,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
                         f"(row {bar.done + 1:,} of {total:,})")
                     loads.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
                     out_dir = work / f"r{rnd}-{row['name']}"
-                    job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_file), n_acc=n_acc,
+                    texts_of = ref_file if row["kind"] == "hf-eager" else texts_file
+                    job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_of), n_acc=n_acc,
                                sts_file=str(work / "sts.json") if sts and rnd == 0 else None)
                     res = _run_worker(job, work, cfg.timeout_s)
                     if res.get("available") and rnd == 0:
@@ -241,7 +248,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         "settings": {"layers": layers, "pooling": cfg.pooling, "rounds": cfg.rounds, "passes": cfg.passes,
                      "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch,
                      "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
-                     "threads": cfg.threads, "accuracy_rows": n_acc, "sts": cfg.sts,
+                     "threads": cfg.threads, "accuracy_rows": n_acc, "reference_texts": cfg.reference_texts,
+                     "sts": cfg.sts,
                      "reference": f"{HF_EAGER} (fp32 torch)", "isolation": "one process per row per round"},
         "machine": dict(describe_machine(), peak=peak,
                         load_avg_1m_at_starts=[round(v, 2) for v in loads if v is not None]),

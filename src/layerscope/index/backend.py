@@ -42,7 +42,11 @@ class Backend:
 
 
 def faiss_gpu_count() -> int:
-    faiss = _faiss()
+    """GPUs the installed faiss can use: 0 without faiss (exact search on a GPU then runs with PyTorch)."""
+    try:
+        import faiss
+    except ImportError:
+        return 0
     get = getattr(faiss, "get_num_gpus", None)
     if get is None:
         return 0
