@@ -95,7 +95,8 @@ def test_exact_search_on_a_gpu_needs_no_faiss(monkeypatch):
         backend._faiss()
 
 
-def test_the_cpu_reference_runs_over_the_first_n_texts(bert_export, monkeypatch):
+def test_the_cpu_reference_runs_over_the_first_n_texts_and_rows_land_as_they_finish(bert_export, monkeypatch,
+                                                                                     tmp_path):
     from layerscope.bench import isolated
     from layerscope.errors import InputError
 
@@ -108,9 +109,12 @@ def test_the_cpu_reference_runs_over_the_first_n_texts(bert_export, monkeypatch)
     monkeypatch.setattr(isolated, "_run_worker", fake_worker)
     texts = [f"text number {i}" for i in range(10)]
     cfg = isolated.IsolatedConfig(model=str(bert_export), engines=["ort"], texts=texts, corpus="t", rounds=1,
-                                  passes=1, reference_texts=3)
+                                  passes=1, reference_texts=3, rows_dir=tmp_path / "rows")
     bench = isolated.run_isolated(cfg)
     assert seen["hf-eager"] == (texts[:3], 3) and seen["ort"] == (texts, 3)
+    # each row's result on disk as it finished
+    assert sorted(p.name for p in (tmp_path / "rows").iterdir()) == ["r0-hf-eager.json", "r0-ort.json"]
+    assert json.loads((tmp_path / "rows" / "r0-ort.json").read_text())["reason"] == "not run in this test"
     assert bench["settings"]["reference_texts"] == 3 and bench["settings"]["accuracy_rows"] == 3
     assert "the first 3 texts" in bench["results"][0]["note"]
     with pytest.raises(InputError, match="--reference-texts must be at least 1"):

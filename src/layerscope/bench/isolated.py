@@ -60,6 +60,7 @@ class IsolatedConfig:
     trust_remote_code: bool = False  # the user's flag: rows loading the model (hf-eager, torch, peers) run its code
     accuracy_rows: int = 4096
     reference_texts: int | None = None  # hf-eager (the CPU reference) over the first N texts only
+    rows_dir: Path | None = None  # each row's result written here as it finishes (a bench cut short keeps them)
     timeout_s: float = 3600.0
     progress: Callable[[str], None] | None = None
 
@@ -220,6 +221,10 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
                     job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_of), n_acc=n_acc,
                                sts_file=str(work / "sts.json") if sts and rnd == 0 else None)
                     res = _run_worker(job, work, cfg.timeout_s)
+                    if cfg.rows_dir is not None:
+                        Path(cfg.rows_dir).mkdir(parents=True, exist_ok=True)
+                        (Path(cfg.rows_dir) / f"r{rnd}-{row['name']}.json").write_text(
+                            json.dumps(res, indent=1), encoding="utf-8")
                     if res.get("available") and rnd == 0:
                         res["_vectors"] = np.load(out_dir / "vectors.npy")
                         if sts and (out_dir / "sts.npy").exists():
