@@ -90,6 +90,27 @@ def test_padding_figures_by_hand():
     assert _padding(got) == "9 / 11 (18.2%)" and _padding({}) == "-"
 
 
+def test_a_row_over_the_first_texts_counts_their_tokens_and_flops():
+    """hf-eager under --reference-texts runs the first texts only: its tokens, padding and FLOPs are theirs."""
+    from layerscope.bench.isolated import _finish
+
+    shapes = {"layers": 1, "hidden": 2, "intermediate": 4}
+    lengths = np.array([3, 4, 5, 6])
+    corpus = float(sum(64 * n + 8 * n * n for n in lengths))  # 64 n + 8 n^2 per text (see above)
+    peak = {"gflops": 1e-6, "text": "by hand"}
+    first = {"engine": "hf-eager", "available": True, "layers": [], "best_s": 1.0, "device": "cpu", "texts": 2,
+             "batch_shapes": [[2, 4]]}
+    whole = {"engine": "ort", "available": True, "layers": [], "best_s": 1.0, "device": "cpu", "texts": 4,
+             "batch_shapes": [[2, 4], [2, 6]]}
+    for r in (first, whole):
+        _finish(r, None, [], None, corpus, peak, lengths=lengths, shapes=shapes)
+    assert first["tokens_real"] == 7 and first["tokens_padded"] == 8 and "batch_shapes" not in first
+    assert first["gflops_per_s"] == pytest.approx((64 * 3 + 72 + 64 * 4 + 128) / 1e9)
+    assert whole["tokens_real"] == 18 and whole["tokens_padded"] == 20
+    assert whole["gflops_per_s"] == pytest.approx(corpus / 1e9)
+    assert whole["padded_gflops_per_s"] == pytest.approx(2 * (64 * 4 + 128 + 64 * 6 + 288) / 1e9)
+
+
 @pytest.mark.gpu
 def test_a_torch_row_on_the_gpu_tokenizes_in_a_pool_sized_from_the_host(bert_export, tmp_path):
     torch = pytest.importorskip("torch")

@@ -238,7 +238,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     results = [_summarize(row, per_row[row["name"]], layers) for row in rows]
     ref = next((r for r in results if r["engine"] == HF_EAGER and r.get("available")), None)
     for r in results:
-        _finish(r, ref, layers, sts, flops, peak, tokens=int(lengths.sum()), shapes=shapes)
+        _finish(r, ref, layers, sts, flops, peak, lengths=lengths, shapes=shapes)
     if ref is not None:
         ref.pop("_ref", None)
     _ratios(results)
@@ -300,7 +300,7 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
 
 
 def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak, *,
-            tokens: int | None = None, shapes: dict[str, int] | None = None) -> None:
+            lengths: np.ndarray | None = None, shapes: dict[str, int] | None = None) -> None:
     vectors, sts_vec = r.pop("_vectors", None), r.pop("_sts", None)
     batch_shapes = r.pop("batch_shapes", None)
     if not r.get("available"):
@@ -323,12 +323,17 @@ def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], st
         r["sts_spearman"] = {layer: sts_spearman(sts_vec[i], *sts) for i, layer in enumerate(produced)}
         if ref is not None and ref.get("sts_spearman"):
             r["sts_spearman_delta"] = {k: v - ref["sts_spearman"][k] for k, v in r["sts_spearman"].items()}
+    if lengths is not None and shapes and r.get("texts", len(lengths)) < len(lengths):
+        from layerscope.bench.peak import corpus_flops
+
+        flops = corpus_flops(shapes, lengths[:r["texts"]])  # a row over the first texts only (--reference-texts)
     if flops:
         r["gflops_per_s"] = flops / r["best_s"] / 1e9
     r.update(peak_against(r, peak))
     if flops and r["peak_gflops"]:
         r["peak_fraction"] = r["gflops_per_s"] / r["peak_gflops"]
-    if tokens and batch_shapes:
+    if lengths is not None and batch_shapes:
+        tokens = int(lengths[:r.get("texts", len(lengths))].sum())
         r.update(padding_figures(batch_shapes, tokens, r["best_s"], shapes, r.get("peak_gflops")))
 
 
