@@ -23,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_common import print_and_save  # noqa: E402
+
 
 def plans(lengths: np.ndarray, *, batch_tokens: int, max_batch: int, hf_batch: int) -> dict[str, list[np.ndarray]]:
     """Batches of row indices: layerscope's plan, corpus order in ``hf_batch``, one text each."""
@@ -80,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                         plans(lengths, batch_tokens=a.batch_tokens, max_batch=a.max_batch, hf_batch=a.hf_batch).items()}}
     if shapes:
         record["gflop_per_text"] = record["plans"]["one text a batch (unpadded)"]["gflop"] / len(texts)
-    text = json.dumps(record, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    print_and_save(record, a.out)
     return 0
 
 

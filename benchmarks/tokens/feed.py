@@ -24,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_common import print_and_save  # noqa: E402
+
 
 def encoder_for(model_dir: str, max_length: int | None):
     from transformers import AutoTokenizer
@@ -91,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                                "tokens_per_s": round(tokens / best, 1), "tokens": int(tokens)}
         print(key, record["runs"][key], flush=True)
     record["load_after"] = os.getloadavg()[0]
-    text = json.dumps(record, indent=1)
-    print(text)
-    if a.out:
-        a.out.write_text(text + "\n")
+    print_and_save(record, a.out)
     return 0
 
 
