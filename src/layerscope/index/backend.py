@@ -42,11 +42,7 @@ class Backend:
 
 
 def faiss_gpu_count() -> int:
-    """GPUs the installed faiss can use: 0 without faiss (exact search on a GPU then runs with PyTorch)."""
-    try:
-        import faiss
-    except ImportError:
-        return 0
+    faiss = _faiss()
     get = getattr(faiss, "get_num_gpus", None)
     if get is None:
         return 0

@@ -118,15 +118,12 @@ def main(argv=None) -> None:
                     help="where nearest-neighbour search runs (gpu: FAISS GPU or exact PyTorch top-k)")
     ap.add_argument("--out", default="benchmarks/faiss")
     args = ap.parse_args(argv)
-    try:  # a GPU alignment run needs no faiss: exact search runs with PyTorch there
-        import faiss
-    except ImportError:
-        faiss = None
+    import faiss
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "faiss": faiss.__version__ if faiss else None,
-                          "faiss_threads": faiss.omp_get_max_threads() if faiss else None},
+                          "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads()},
               "command": "python -m layerscope.index.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "indexes": [], "alignment": []}
     path = out / "results.json"
