@@ -38,6 +38,14 @@ SKIPPED = {
     "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens": HUB + " (a vision tower)",
     "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens --resume": HUB + " (a vision tower)",
     "layerscope run sts --model minilm --model bert-base-uncased": HUB,
+    "layerscope run similarity --model minilm --tokens --max-tokens 2000 --indices all":
+        "runs for minutes (an SVD per permutation and layer pair); tests/analyses/test_similarity_indices.py runs "
+        "the indices on a tiny model",
+    "layerscope run token_probe --model minilm --data en_ewt-ud-dev.conllu":
+        "needs a Universal Dependencies treebank; tests/analyses/test_token_probe_run.py runs a CoNLL-U file it writes",
+    "layerscope run sae --sae gpt2-small-res-jb/blocks.7.hook_resid_pre --store gpt2-store/":
+        "needs an SAE trained with SAELens and a GPT-2 token store; tests/analyses/test_sae_run.py runs SAEs it "
+        "saves with SAELens",
     "layerscope run word_context --model bert-base-uncased --data texts.txt --words bank,spring --last-k 4": HUB,
     "layerscope run sts --model minilm --data ../shared/data/stsbenchmark/sts-test.csv --probe":
         "trains an MLP and per-layer siamese encoders on sts-train: minutes",

@@ -43,6 +43,7 @@ INPUTS = {
     "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
     "text_pairs": "pairs of texts, no score needed (STS Benchmark files, JSONL with sentence1/sentence2, or "
                   "'text A<TAB>text B' lines)",
+    "tagged": "words with a label each (CoNLL-U, or JSONL with a list of words and a list of labels per line)",
     "engine": "runs the model itself rather than reading cached vectors",
 }
 
