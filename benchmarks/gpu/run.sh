@@ -89,9 +89,9 @@ case "${1:?usage: run.sh call1 | call2 | call3 | receive K | <stage>}" in
   call1)
     echo "call1 $(date -u)" >> "$OUT/calls.txt"
     bash "$0" receive 1 || exit 2
-    stage base 90 30
-    stage knn 170 40
-    stage minilm-torch 150 60 ;;
+    stage base 60 30
+    stage knn 120 40
+    stage minilm-torch 100 60 ;;
   call2)
     echo "call2 $(date -u)" >> "$OUT/calls.txt"
     bash "$0" receive 2 || exit 2
