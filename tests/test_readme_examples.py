@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hang_guard import HANG_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/USAGE.md")
@@ -121,7 +122,7 @@ def test_the_examples_are_found_and_every_skip_names_one_that_is_there():
     readme = [e.code for e in found if e.doc == "README.md"]
     assert "layerscope extract --model minilm --input corpus.txt --out store/" in readme
     assert 'from layerscope import LayerStore\nLayerStore.open("store")["st", -1]' in readme
-    assert sum(c.startswith("layerscope run ") for c in readme) == 10
+    assert sum(c.startswith("layerscope run ") for c in readme) == 13
     usage = [e for e in found if e.doc == "docs/USAGE.md"]
     assert [e.kind for e in usage].count("python") == 3  # a library call named in prose is not among them
     assert "layerscope extract --model exports/minilm --engine ort --input corpus.txt --out stores/corpus " \
@@ -146,7 +147,7 @@ def _run(example: Example, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
         if code is None:
             return 1, "no folder matches its <placeholder> path"
         argv = ["bash", "-c", 'layerscope() { "$LAYERSCOPE_PY" -m layerscope "$@"; }\n' + code]
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S)
     return proc.returncode, (proc.stderr.strip() or proc.stdout.strip())[-600:]
 
 

@@ -102,3 +102,13 @@ def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int
 def best_row(rows: list[dict], key: str) -> dict | None:
     defined = [r for r in rows if r.get(key) is not None]
     return max(defined, key=lambda r: r[key]) if defined else None
+
+
+def models_on_data(results, builtin: str) -> str:
+    """``MODELS on DATA`` for figure titles: the run's models and its data file's name (``builtin`` where the run
+    read its built-in data)."""
+    from pathlib import PurePath
+
+    data = results.settings.data
+    name = PurePath(str(data).replace(chr(92), "/")).name if data else builtin
+    return f"{', '.join(results.per_model)} on {name}"

@@ -44,6 +44,9 @@ INPUTS = {
     "text_pairs": "pairs of texts, no score needed (STS Benchmark files, JSONL with sentence1/sentence2, or "
                   "'text A<TAB>text B' lines)",
     "tagged": "words with a label each (CoNLL-U, or JSONL with a list of words and a list of labels per line)",
+    "patch_pairs": "clean/corrupted text pairs of one token length each (JSONL: clean, corrupted; target and foil "
+                   "for a decoder's logit difference, other for an encoder's similarity)",
+    "steer_pairs": "positive/negative text pairs (JSONL: positive, negative)",
     "engine": "runs the model itself rather than reading cached vectors",
 }
 

@@ -32,7 +32,7 @@ FIGURES = Figures(
                   title="SAE feature frequencies ({about})",
                   caption="How many live features fire on each share of the store's non-special tokens, in bins of "
                           "a quarter decade (dead features, never active, are counted in the summary)."),),
-    tables=(Table(HIST, ("log10_frequency", "features"), key="log10_frequency"),),
+    tables=(Table(HIST, ("bin", "log10_frequency", "features"), key="bin"),),
     listings=(Listing("features", "Top-activating tokens of a sample of live features",
                       item="feature {feature} (fires on {frequency:.3%} of tokens, up to {max_activation:.3g}): {contexts}",
                       sub="contexts", each="{context} ({activation:.3g})", limit=10, html_limit=50),),
@@ -159,7 +159,9 @@ def _histogram(freq: np.ndarray) -> list[dict[str, Any]]:
     lo = float(np.floor(logs.min() * 4) / 4)
     edges = np.linspace(lo, 0.0, int(round(-lo * 4)) + 1) if lo < 0 else np.array([-0.25, 0.0])
     counts, edges = np.histogram(logs, bins=edges)
-    return [{"log10_frequency": float((a + b) / 2), "features": int(c)} for a, b, c in zip(edges[:-1], edges[1:], counts)]
+    # a row is named by its bin's number (a table's key is a label, not a measured value)
+    return [{"bin": i, "log10_frequency": float((a + b) / 2), "features": int(c)}
+            for i, (a, b, c) in enumerate(zip(edges[:-1], edges[1:], counts))]
 
 
 def _context(tl, texts, strings, pos: int, value: float, window: int) -> dict[str, Any]:

@@ -42,7 +42,8 @@ class Engine(ABC):
 
     Everything callers use is declared here: the handle it runs (``model``, also ``handle``), its typed
     ``manifest``, the ``variant`` it loaded, what ran (``info``), ``encoder``, ``run`` and ``run_tokens``,
-    ``run_outputs`` (named graph outputs), ``pooled_output`` (the model's own pooled output) and ``probe``.
+    ``run_outputs`` (named graph outputs), ``pooled_output`` (the model's own pooled output), ``resume`` (a
+    state written at a layer, the layers after it run) and ``probe``.
     """
 
     name: ClassVar[str] = ""
@@ -166,6 +167,27 @@ class Engine(ABC):
         by_name = dict(zip(layers, states))
         del states
         return pooled, [keep(layer, by_name.pop(layer)) for layer in token_layers]
+
+    def resume(self, batch: Batch, layer: int, state: np.ndarray, layers: list[int] | None = None) -> list[np.ndarray]:
+        """Write ``state`` (float32 ``[batch, tokens, hidden]``) at ``layer`` (0..L: replacing ``hidden_states.layer``)
+        and run the layers after it on ``batch``'s mask and positions: the hidden states of ``layers`` (default:
+        the last; each at least ``layer``; ``layer`` itself is ``state``) as float32 ``[batch, tokens, hidden]``
+        (engines/resume.py). A layer outside the model or a state of another shape is one line, before any work."""
+        import numpy as np
+
+        from layerscope.engines.resume import check_write, resume_layers
+
+        if self.manifest.modality != "text":
+            raise InputError(f"engine '{self.name}' writes states into text models only")
+        j = check_write(self.manifest.num_layers, self.manifest.hidden_size, layer, state, batch)
+        want = resume_layers(self.manifest.num_layers, j, layers)
+        later = sorted({k for k in want if k > j})
+        got = dict(zip(later, self._resume(batch, j, state, later))) if later else {}
+        return [np.asarray(state, dtype=np.float32) if k == j else got[k] for k in want]
+
+    def _resume(self, batch: Batch, layer: int, state: np.ndarray, layers: list[int]) -> list[np.ndarray]:
+        """The hidden states of ``layers`` (all after ``layer``) from ``state`` written at ``layer`` (checked)."""
+        raise InputError(f"engine '{self.name}' cannot write a state at a layer; use ort, ov or torch")
 
     def close(self) -> None:
         """Release sessions and memory."""

@@ -49,6 +49,7 @@ class OrtEngine(Engine):
     attention_rows: int | None = None  # query rows whose scores it holds at once in blocks (None: all; memory.py)
     blocks_above: int | None = None  # batches wider than this run in blocks (0: every batch; None: none)
     blocks_graph = None  # the derived graph it moves onto at the first batch past blocks_above (auto)
+    _resumer = None  # its resume graphs (engines/resume.py), made when a state is first written
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
@@ -70,6 +71,7 @@ class OrtEngine(Engine):
             if not path.exists() or file_sha256(path) != entry.sha256:
                 raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
                                     f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
+        self.source_graph = path  # the graph the derived ones (early exit, blocks, resume) are made from
         source, (path, self.pooled_layers) = path, engine_graph(self, path, depth, pooled_only)  # early exit
         path = engine_blocks(self, path, self.pooled_layers, self.attention_asked)  # long texts
         self.graph_path = path  # the graph file its session runs
@@ -128,6 +130,18 @@ class OrtEngine(Engine):
         self.session = None
         self.session = make_session(path, self.provider, self.provider_options(), options=options)
         self.graph_path = path
+
+    def open_graph(self, path: Path):
+        """A session on another graph (a resume graph), made with this engine's provider and options."""
+        return make_session(path, self.provider, self.provider_options(), options=self.session.get_session_options())
+
+    def _resume(self, batch: Batch, layer: int, state, layers: list[int]) -> list[np.ndarray]:
+        """Through the resume graph at ``layer`` (engines/resume.py), derived from the graph the engine was opened on."""
+        if self._resumer is None:
+            from layerscope.engines.resume import OnnxResume
+
+            self._resumer = OnnxResume(self, self.source_graph, self.open_graph)
+        return self._resumer.run(batch, layer, state, layers)
 
     def run_outputs(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
         """Named graph outputs as they come (extra graphs such as the lens graph add their own)."""
@@ -203,6 +217,8 @@ class OrtEngine(Engine):
 
     def close(self) -> None:
         self.session = None
+        if self._resumer is not None:
+            self._resumer.close()
 
 
 @register(EngineSpec(

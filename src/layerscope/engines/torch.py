@@ -300,6 +300,40 @@ class TorchEngine(Engine):
         _, _, out = self.forward(batch)
         return getattr(out, name).float().cpu().numpy()
 
+    def _resume(self, batch: Batch, layer: int, state, layers: list[int]) -> list[np.ndarray]:
+        """A forward pre-hook on block ``layer + 1`` hands it ``state`` in place of its input (engines/resume.py);
+        the blocks before it still run, their output discarded."""
+        import numpy as np
+
+        from layerscope.errors import InputError
+
+        torch = self.torch
+        if self.depth is not None:
+            raise InputError(f"engine '{self.name}' was opened for layers up to {self.depth} and cannot write a "
+                             "state; open it without depth")
+        anatomy = self.manifest.anatomy  # where the blocks are, as the export recorded it
+        if anatomy is not None and anatomy.blocks is not None:
+            blocks = self.net.get_submodule(anatomy.blocks)
+        elif anatomy is None and self.block_slot is not None:  # a manifest copy without its anatomy: found here
+            blocks = getattr(*self.block_slot)
+        else:
+            raise InputError(f"engine '{self.name}': this model keeps no list of blocks (one block shared by every "
+                             "layer), so a hook cannot write a state at one layer; use --engine ort")
+        given = torch.from_numpy(np.ascontiguousarray(np.asarray(state, dtype=np.float32))).to(self.device)
+
+        def swap(module, args, kwargs):
+            value = given.to(args[0].dtype if args else kwargs["hidden_states"].dtype)
+            if args:
+                return (value, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": value}
+
+        hook = blocks[layer].register_forward_pre_hook(swap, with_kwargs=True)
+        try:
+            _, hidden, _ = self.forward(batch)
+        finally:
+            hook.remove()
+        return [hidden[k].float().cpu().numpy() for k in layers]
+
     def close(self) -> None:
         self.net = None
 

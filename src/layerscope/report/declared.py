@@ -102,8 +102,9 @@ def plots(decl, results, out_dir: Path) -> list[str]:
                 continue
             files.append(layer_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
                                      ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve),
-                                     hline_label="chance" if _chance(results, curve) is not None else None,
-                                     bands=bands or None, refs=refs or None, from_zero=curve.from_zero))
+                                     hline_label=curve.level_label if _chance(results, curve) is not None else None,
+                                     bands=bands or None, refs=refs or None, from_zero=curve.from_zero,
+                                     band_label=curve.band or None))
     for name in decl.files:
         if name != "saliency.html":
             raise ValueError(f"no page named {name!r}")
@@ -220,7 +221,8 @@ def sections(decl, results) -> list:
                 continue
             axis = list(dict.fromkeys(x for s in series for x in s.layers))
             series += [Series(label, axis, [level] * len(axis), dash="dash") for label, level in refs.items()]
-            caption = curve.caption + (" Dashed line: chance." if _chance(results, curve) is not None else "")
+            caption = curve.caption + (f" Dashed line: {curve.level_label}." if _chance(results, curve) is not None
+                                       else "")
             if rel:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
             band = {"band": curve.band} if curve.band else {}

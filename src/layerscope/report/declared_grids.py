@@ -146,7 +146,8 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
         low, high = _range(g, shared)
         files.append(heatmap(Path(out_dir) / f"{g.file}.png", [[math.nan if v is None else v for v in row]
                                                                  for row in g.matrix], g.rows, g.cols,
-                             title=g.title, xlabel=g.xlabel, ylabel=g.ylabel, vmin=low, vmax=high))
+                             title=g.title, xlabel=g.xlabel, ylabel=g.ylabel, vmin=low, vmax=high,
+                             rotate=max(map(len, g.cols), default=0) > 4))  # words (tokens), not numbers
     about = _about(decl, results)
     for spec in decl.bars:
         groups, errors = bar_groups(spec, results)

@@ -41,6 +41,7 @@ class Curve:
     chance: str | Callable[[dict[str, Any]], Any] | None = None  # a summary field (or dotted path: chance.acc@1,
     # or a function of the summary) drawn as a dashed line (chance)
     level: float | None = None  # a fixed dashed line where ``chance`` names none (z = 0, say)
+    level_label: str = "chance"  # what the dashed line is, as its legend and caption name it
     png: bool = True  # False: drawn on report.html only
     per_model: bool = True
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"

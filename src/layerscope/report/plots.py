@@ -152,8 +152,9 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
                 ylabel: str, xlabel: str = "layer", hline: float | None = None,
                 bands: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
                 hline_label: str | None = None, refs: dict[str, float | None] | None = None,
-                from_zero: bool = False) -> str:
-    """One line per series over layer names; None values leave gaps (undefined figures).
+                from_zero: bool = False, band_label: str | None = None) -> str:
+    """One line per series over layer names; None values leave gaps (undefined figures); ``band_label`` names the
+    bands where they are not bootstrap intervals.
 
     Series may cover different layers (models of different depth side by side): the x axis is the
     union of their layer names (with the layers between measured ones), each series drawn at its own
@@ -197,7 +198,7 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
     if bands and any(b is not None for b in bands.values()):
         from matplotlib.patches import Patch
 
-        extra.append(Patch(facecolor="grey", alpha=0.3, label=f"shaded: {CI_LABEL}"))
+        extra.append(Patch(facecolor="grey", alpha=0.3, label=f"shaded: {band_label or CI_LABEL}"))
     styles = ("--", "-.", ":", (0, (5, 1, 1, 1)))
     levels = [v for v in (refs or {}).values() if v is not None]
     for i, (label, level) in enumerate((refs or {}).items()):

@@ -80,12 +80,14 @@ class ModelFigures:
 
     def rows(self, path: str) -> tuple[dict[str, Any], ...]:
         """The rows a declaration names: table ``path``, else what the dotted ``path`` names among the other
-        figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither."""
-        if path in self.tables:
-            return self.tables[path]
+        figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither. A dict
+        kept beside the tables is its one row even where a table has its name (sts keeps its probes' rows as
+        table ``probe`` and their settings as the dict ``probe``)."""
         value = self.at(path)
         if isinstance(value, dict):
             return (value,)
+        if path in self.tables:
+            return self.tables[path]
         return tuple(r for r in value if isinstance(r, dict)) if isinstance(value, list) else ()
 
     @property
