@@ -112,6 +112,10 @@ def _plans(root: Path) -> dict:
                               + "\n" for s in sentences), encoding="utf-8")
     sae_dir, sae_store = _sae(bert, root)
     b = [str(bert)]
+    gpt2 = [str(build_tiny_model("gpt2", root / "gpt2"))]
+    patch_pairs = root / "patch.jsonl"  # one-character words: the same token count on both sides in a tiny vocabulary
+    patch_pairs.write_text("".join(json.dumps({"clean": c, "corrupted": k, "target": "x", "foil": "z"}) + "\n" for c, k in (
+        ("a b c d", "a b e d"), ("b c d e", "b a d e"), ("c d e a", "c b e a"))), encoding="utf-8")
     return {
         # cls at raw is the [CLS] row alone, the same for every text: an undefined layer for the listings
         "sts": dict(models=b, data=str(pairs), poolings=["mean", "cls"], options={"n_boot": 20}),
@@ -136,6 +140,11 @@ def _plans(root: Path) -> dict:
                                   "eval_fraction": 0.5, "gxa": True}),
         "saliency+probe": dict(models=b, data=str(labeled), layers="2",
                                options={"k": 2, "ig_steps": 2, "random_draws": 1, "eval_fraction": 0.5}),
+        "patch": dict(models=b, options={"show": 3}),
+        "patch+decoder": dict(models=gpt2, data=str(patch_pairs), options={"show": 1, "by": "group"}),
+        "steer": dict(models=b, layers="1,2", options={"scales": "1,2"}),
+        "steer+decoder": dict(models=gpt2, layers="1,2", options={"scales": "1,2"}),
+        "patchscope": dict(models=gpt2, options={"show": 1}),
         "mteb": dict(models=b, data=str(pairs), poolings=["mean"], options={"tasks": "STSBenchmark"}),
         "token_alignment": dict(models=b, options={"generate": "zh-en", "n": 8, "bins": 4}),
         "word_context": dict(models=b, options={"n": 30}),

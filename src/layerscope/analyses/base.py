@@ -168,6 +168,10 @@ class Analysis(ABC):
         """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
         return ctx.opts
 
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """Refuse, in one line, a model this analysis cannot read, from what is known before any export or engine
+        start (``handle.manifest``: an export's manifest, or a plain model described from its config.json)."""
+
     @abstractmethod
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput | dict[str, Any]:
         """Figures for one model (a JSON-able dict with at least ``summary`` and ``tables``), as a
@@ -306,6 +310,9 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     meta = cls.metadata
     if not req.models:
         raise InputError("give at least one --model")
+    if req.tower is not None and not meta.images:
+        raise InputError(f"--tower picks a two-tower checkpoint's image tower for the analyses that read images; "
+                         f"{name} reads text: leave out --tower")
     if req.out is not None:  # a read-only --out is one line before any model starts
         from layerscope.ownership import check_output_path
 
@@ -336,9 +343,16 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     sources = analysis.stored_sources(ctx, data)
     engine_name = gradient_engine(spec.engine) if meta.needs_gradients else spec.engine
     if sources is None:
+        if meta.images:  # a two-tower checkpoint without --tower: one line from its config.json, nothing exported
+            from layerscope.analyses.common import check_tower_asked
+
+            for model in spec.given_models:
+                check_tower_asked(model, req.tower, trust_remote_code=req.trust_remote_code)
         # a cached export is found without transformers or torch when the engine runs exports
-        handles = [resolve_model(model, trust_remote_code=req.trust_remote_code, engine=engine_name)
+        handles = [resolve_model(model, trust_remote_code=req.trust_remote_code, engine=engine_name, tower=req.tower)
                    for model in spec.given_models]
+        for model, handle in zip(spec.given_models, handles):  # from config.json or the manifest: before any export
+            analysis.check_model(ctx, model, handle)
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(spec.layers, handle, model) for model, handle in zip(spec.given_models, handles)]
         poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]

@@ -72,6 +72,7 @@ class AnalysisMetadata:
     default_poolings: tuple[str, ...] = ("mean",)
     default_data: str | None = None  # built-in data used when --data is not given
     needs_gradients: bool = False  # runs the model itself on the torch engine
+    images: bool = False  # reads a vision tower's images: ``run`` takes --tower vision (a two-tower checkpoint's)
     options: tuple[Option, ...] = ()
     figures: Any = None  # what its reports show, declared once (report/figures.py); None: its own plots/report
     reads: str = "layers"  # what compute reads from its engine (see READS); decides how deep the engine runs

@@ -34,10 +34,16 @@ class Row:
 
     def __init__(self, encode: Callable[[list[str]], np.ndarray], layers: list[str], info: dict[str, Any],
                  split: Callable[[list[str], float], dict[str, float]] | None = None,
+<<<<<<< HEAD
                  close: Callable[[], None] | None = None):
         self.encode, self.layers, self.info, self.split = encode, layers, info, split
         self.close = close or (lambda: None)
         self.batch_shapes: list[tuple[int, int]] = []  # (texts, padded width) of each batch of the latest pass
+=======
+                 own: Callable[[list[str]], np.ndarray] | None = None):
+        self.encode, self.layers, self.info, self.split = encode, layers, info, split
+        self.own = own  # the checkpoint's own embedding of texts (hf-eager, for a sentence-transformers model)
+>>>>>>> main
 
 
 # ---------------------------------------------------------------- layerscope engines
@@ -181,11 +187,27 @@ def _hf_row(job: dict[str, Any]) -> Row:
     def split(texts: list[str], best_s: float) -> dict[str, float]:
         return dict(parts)  # measured inside the last timed pass: no extra pass over the corpus
 
+    recipe = job.get("st_recipe")
+
+    def own(texts: list[str]) -> np.ndarray:  # not timed: the reference of the sentence-transformers rows
+        from layerscope.bench.baseline_rows import own_embedding
+
+        chunks = []
+        for lo in range(0, len(texts), size):
+            enc = tok(texts[lo:lo + size], padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+            with torch.inference_mode():
+                chunks.append(own_embedding(net(**enc), enc["attention_mask"], recipe).numpy())
+        return np.concatenate(chunks)
+
     info = {"provider": f"torch-cpu ({torch.get_num_threads()} threads)", "precision": "fp32", "notes": [],
             "device": "cpu"}
+<<<<<<< HEAD
     row = Row(encode, layers, info, split)
     row.batch_shapes = shapes
     return row
+=======
+    return Row(encode, layers, info, split, own if recipe else None)
+>>>>>>> main
 
 
 # ---------------------------------------------------------------- sentence-transformers backends
@@ -279,6 +301,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result.update(pass_seconds=seconds, pass_cpu_s=cpu, texts=len(texts), peak_rss_mib=mem.peak_rss / 2**20,
                   load_avg_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     np.save(out_dir / "vectors.npy", np.ascontiguousarray(vectors[:, : int(job["n_acc"])], dtype=np.float32))
+    if row.own is not None:
+        np.save(out_dir / "own.npy", np.ascontiguousarray(row.own(texts[: int(job["n_acc"])]), dtype=np.float32))
     if row.split is not None:
         result["split"] = row.split(texts, min(seconds))
     if job.get("sts_file"):
@@ -289,6 +313,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the bench's to answer: it stops this row's process
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:

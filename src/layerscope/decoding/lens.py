@@ -156,6 +156,7 @@ class LensAccumulator:
         self.text_positions: list[int] = []
         self.text_agree: list[np.ndarray] = []
         self.text_top1: list[np.ndarray] = []
+        self.text_log10: list[np.ndarray] = []  # per text, per layer: the sum of log10 rank over its positions
 
     def add(self, b: LensBatch) -> np.ndarray:
         """Add a batch; returns the [B, S] mask of positions counted."""
@@ -172,7 +173,14 @@ class LensAccumulator:
         self.text_positions += [int(v) for v in keep.sum(axis=1)]
         self.text_agree += list(agrees.sum(axis=2).T.astype(np.int64))
         self.text_top1 += list(hits.sum(axis=2).T.astype(np.int64))
+        logs = np.where(keep[None], np.log10(np.maximum(b.rank, 1)), 0.0)  # [L, B, S]
+        self.text_log10 += list(logs.sum(axis=2).T)
         return keep
+
+    def per_text_log10(self) -> np.ndarray:
+        """Per text and layer, the sum of log10 rank over its counted positions ``[n, layers]`` (with the
+        positions of ``per_text``: the mean log10 rank's interval over texts)."""
+        return np.asarray(self.text_log10, dtype=np.float64).reshape(len(self.text_positions), len(self.layers))
 
     def per_text(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per text: positions counted ``[n]``, and per layer top-1 agreements with the last layer and top-1

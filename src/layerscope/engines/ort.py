@@ -19,7 +19,7 @@ from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, Engine
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
-from layerscope.vocab.outputs import layer_output, pooled_output
+from layerscope.vocab.outputs import OWN_LAST, layer_output, pooled_output
 from layerscope.vocab.pooling import ST, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
@@ -65,12 +65,12 @@ class OrtEngine(Engine):
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
             from layerscope.errors import ManifestError
-            from layerscope.hashing import file_sha256
+            from layerscope.model.derived import variant_problem
 
-            entry = handle.manifest.variants[self.variant]
-            if not path.exists() or file_sha256(path) != entry.sha256:
-                raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                                    f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
+            why = variant_problem(handle.export_dir, handle.manifest, self.variant)  # its files, and its source
+            if why is not None:
+                raise ManifestError(f"{path}: {why}; re-make it with layerscope optimize {handle.export_dir} "
+                                    f"--variant {self.variant} --force")
         self.source_graph = path  # the graph the derived ones (early exit, blocks, resume) are made from
         source, (path, self.pooled_layers) = path, engine_graph(self, path, depth, pooled_only)  # early exit
         path = engine_blocks(self, path, self.pooled_layers, self.attention_asked)  # long texts
@@ -164,9 +164,14 @@ class OrtEngine(Engine):
 
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
+    @property
+    def carries_own_last(self) -> bool:
+        return OWN_LAST in self.output_names
+
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         recipe = st_recipe(self.manifest) if ST in poolings else None
-        return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
+        run, own_row = self.st_plan(layers, poolings)
+        return with_st(poolings, lambda modes: self._run_pooled(batch, run, modes), recipe, own_row=own_row)
 
     def run_with_tokens(self, batch: Batch, layers: list[str],
                         poolings: list[str]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
@@ -174,36 +179,47 @@ class OrtEngine(Engine):
         ``hidden_states.N`` outputs are fetched together, so the pooled rows equal a pooled-only run's."""
         got: dict[str, list] = {}
         recipe = st_recipe(self.manifest) if ST in poolings else None
-        pooled = with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes, keep=got), recipe)
+        run, own_row = self.st_plan(layers, poolings)
+        pooled = with_st(poolings, lambda modes: self._run_pooled(batch, run, modes, keep=got), recipe,
+                         own_row=own_row)
         return pooled, got["states"]
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str],
                     keep: dict | None = None) -> dict[str, np.ndarray]:
         """Pooled vectors; with ``keep``, the token states of ``layers`` are fetched in the same run and
-        left in ``keep["states"]``."""
+        left in ``keep["states"]``. ``layers`` may end with ``OWN_LAST`` (``st_plan``): the model's own last
+        hidden state, fetched in the same run and pooled here (never kept)."""
         import numpy as np
 
-        check_depth(layers, self.depth, self.name)
+        own = layers[-1:] if layers and layers[-1] == OWN_LAST else []
+        real = layers[:len(layers) - len(own)]
+        check_depth(real, self.depth, self.name)
         if keep is not None:
             check_pooled_only(self.pooled_only, self.name)
         in_graph = [p for p in poolings if pooled_output(p) in self.output_names] if self.in_graph_pooling else []
-        token_names = [self.token_output(n) for n in layers] if keep is not None else []
-        states = None
-        if in_graph and all(layer in self.pooled_layers for layer in layers):
-            rows = [self.pooled_layers.index(layer) for layer in layers]
-            outs = self._run(batch, [pooled_output(p) for p in in_graph] + token_names)
+        token_names = [self.token_output(n) for n in real] if keep is not None else []
+        states = own_states = None
+        if in_graph and all(layer in self.pooled_layers for layer in real):
+            rows = [self.pooled_layers.index(layer) for layer in real]
+            outs = self._run(batch, [pooled_output(p) for p in in_graph] + token_names + own)
             result = {p: np.asarray(o, dtype=np.float32)[rows] for p, o in zip(in_graph, outs)}
             if keep is not None:
-                states = [np.asarray(o, dtype=np.float32) for o in outs[len(in_graph):]]
+                states = [np.asarray(o, dtype=np.float32) for o in outs[len(in_graph):len(in_graph) + len(real)]]
+            if own:
+                own_states = np.asarray(outs[-1], dtype=np.float32)
+                result = {p: np.concatenate([v, pool_states(self.manifest, batch, own_states, p)[None]])
+                          for p, v in result.items()}
         else:
             in_graph, result = [], {}
         rest = [p for p in poolings if p not in in_graph]
         if states is None and (rest or keep is not None):
-            states = self.run_tokens(batch, layers)
+            got = self.run_tokens(batch, layers)
+            states, own_states = (got[:-1], got[-1]) if own else (got, None)
         if keep is not None:
             keep["states"] = states
         for mode in rest:
-            result[mode] = np.stack([pool_states(self.manifest, batch, s, mode) for s in states])
+            result[mode] = np.stack([pool_states(self.manifest, batch, s, mode)
+                                     for s in [*states, *([own_states] if own else [])]])
         return {p: result[p] for p in poolings}
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:

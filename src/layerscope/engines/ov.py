@@ -311,9 +311,9 @@ def in_flight(manifest, precision: str, asked: int | None) -> tuple[int, str | N
 
 def _check_sha(handle, kind: str, path: Path) -> None:
     from layerscope.errors import ManifestError
-    from layerscope.hashing import file_sha256
+    from layerscope.model.derived import variant_problem
 
-    entry = handle.manifest.variants[kind]
-    if not path.exists() or file_sha256(path) != entry.sha256:
-        raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                            f"layerscope optimize {handle.export_dir} --variant {kind} --force")
+    why = variant_problem(handle.export_dir, handle.manifest, kind)  # its files, and the graph it was made for
+    if why is not None:
+        raise ManifestError(f"{path}: {why}; re-make it with layerscope optimize {handle.export_dir} --variant {kind} "
+                            "--force")

@@ -155,6 +155,8 @@ class Bars:
     where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
     final_layer: bool = False  # keep only each model's final layer's rows (its "layer" column)
     by_model: bool = False  # one group per model instead, its bars named by the ``group`` column
+    band: str = ""  # the whiskers' interval, as the legend and caption name it (default: "95% interval")
+    level: float | None = None  # a dashed chance line (0.5 for a win rate)
 
 
 @dataclass(frozen=True)

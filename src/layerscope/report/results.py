@@ -239,6 +239,7 @@ class Results:
     identity: dict[str, Any] | None = None
     spec: dict[str, Any] | None = None
     path: Path | None = None  # where it was read from (None: made by this run)
+    default_data: str | None = None  # the analysis's built-in data, as its metadata names it (older files: None)
     document: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the JSON as written
 
     # -- made by a run -------------------------------------------------------
@@ -253,6 +254,7 @@ class Results:
 
         doc = jsonable({
             "format": RESULTS_FORMAT, "analysis": meta.name, "description": meta.description,
+            "default_data": getattr(meta, "default_data", None),
             "main_score": meta.main_score, "layerscope_version": layerscope.__version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(seconds, 2),
             "settings": run_spec.settings(list(models) if stored else None), "spec_hash": run_spec.hash,
@@ -305,6 +307,7 @@ class Results:
         spec_hash = doc.get("spec_hash")
         return cls(analysis=doc["analysis"],
                    description=str(_need(doc.get("description", ""), str, "description")),
+                   default_data=_need(doc.get("default_data"), str, "default_data", optional=True),
                    main_score=_need(doc.get("main_score"), str, "main_score", optional=True),
                    layerscope_version=None if doc.get("layerscope_version") is None
                    else str(doc.get("layerscope_version")),
