@@ -98,14 +98,9 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
               "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch, "max_length": cfg.max_length,
               "threads": cfg.threads, "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
               "passes": cfg.passes}
-<<<<<<< HEAD
     first = f", the first {cfg.reference_texts:,} texts" if cfg.reference_texts else ""
-    rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline",
-                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers{first}")]
-=======
     rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline", st_recipe=own_recipe(handle.manifest),
-                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
->>>>>>> main
+                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers{first}")]
     for name in cfg.engines:
         spec = bench_engines()[name]
         rows.append(dict(common, name=name, kind="engine", row_kind="engine", engine=spec.engine,
@@ -310,12 +305,9 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
 def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak, *,
             lengths: np.ndarray | None = None, shapes: dict[str, int] | None = None) -> None:
     vectors, sts_vec = r.pop("_vectors", None), r.pop("_sts", None)
-<<<<<<< HEAD
     batch_shapes = r.pop("batch_shapes", None)
-=======
     if r is not ref:
         r.pop("_own", None)
->>>>>>> main
     if not r.get("available"):
         return
     produced = r["layers"]

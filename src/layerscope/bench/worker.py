@@ -34,16 +34,12 @@ class Row:
 
     def __init__(self, encode: Callable[[list[str]], np.ndarray], layers: list[str], info: dict[str, Any],
                  split: Callable[[list[str], float], dict[str, float]] | None = None,
-<<<<<<< HEAD
+                 own: Callable[[list[str]], np.ndarray] | None = None,
                  close: Callable[[], None] | None = None):
         self.encode, self.layers, self.info, self.split = encode, layers, info, split
+        self.own = own  # the checkpoint's own embedding of texts (hf-eager, for a sentence-transformers model)
         self.close = close or (lambda: None)
         self.batch_shapes: list[tuple[int, int]] = []  # (texts, padded width) of each batch of the latest pass
-=======
-                 own: Callable[[list[str]], np.ndarray] | None = None):
-        self.encode, self.layers, self.info, self.split = encode, layers, info, split
-        self.own = own  # the checkpoint's own embedding of texts (hf-eager, for a sentence-transformers model)
->>>>>>> main
 
 
 # ---------------------------------------------------------------- layerscope engines
@@ -201,13 +197,9 @@ def _hf_row(job: dict[str, Any]) -> Row:
 
     info = {"provider": f"torch-cpu ({torch.get_num_threads()} threads)", "precision": "fp32", "notes": [],
             "device": "cpu"}
-<<<<<<< HEAD
-    row = Row(encode, layers, info, split)
+    row = Row(encode, layers, info, split, own if recipe else None)
     row.batch_shapes = shapes
     return row
-=======
-    return Row(encode, layers, info, split, own if recipe else None)
->>>>>>> main
 
 
 # ---------------------------------------------------------------- sentence-transformers backends
