@@ -4,7 +4,9 @@ clock around their passes. A script in a folder below imports it after putting t
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -39,3 +41,11 @@ def timed_passes(passes: int, run: Callable[[], Any]) -> tuple[list[float], list
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     return walls, cpus, out
+
+
+def print_and_save(record: dict[str, Any], out: Path | None) -> None:
+    """A script's JSON record on standard output, and in ``out`` where given."""
+    text = json.dumps(record, indent=1)
+    print(text)
+    if out:
+        out.write_text(text + "\n", encoding="utf-8")

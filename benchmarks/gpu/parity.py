@@ -1,10 +1,11 @@
 """Per-layer parity of the GPU engines against PyTorch fp32 on the same GPU, for one export.
 
-    python benchmarks/gpu/parity.py EXPORT_DIR [--engines cuda,torch-fp16,torch-bf16] [--out FILE.json]
+    python benchmarks/gpu/parity.py EXPORT_DIR [--engines cuda,torch-fp16,cuda:gqa] [--out FILE.json]
     python benchmarks/gpu/parity.py --table FILE.json...    the per-layer table of saved records, in Markdown
 
 Every token-level state (raw embeddings and every hidden state) of the export's own validation texts, in
-its own padded batches, compared over real tokens only: max |diff| and min cosine per layer.
+its own padded batches, compared over real tokens only: max |diff| and min cosine per layer. An engine is a
+bench row's name (``cuda-fp16``: cuda on the fp16 variant) or ``ENGINE:VARIANT`` (``cuda:gqa``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def main(argv=None) -> int:
     record = {"export": str(a.export_dir), "reference": f"torch fp32 eager on {a.device}", "engines": {}}
     rows = bench_engines()  # bench row names: an engine and a variant (cuda-fp16 is cuda on model.fp16.onnx)
     for name in a.engines.split(","):
-        engine, variant = (rows[name].engine, rows[name].variant) if name in rows else (name, None)
+        engine, variant = (rows[name].engine, rows[name].variant) if name in rows else \
+            (name.split(":", 1) + [None])[:2]
         options = {"device": a.device} if engine.startswith("torch") else {}
         try:
             eng = create_engine(engine, handle, variant=variant, **options) if variant else \

@@ -1,55 +1,123 @@
 #!/usr/bin/env bash
-# On the GPU machine (no downloads there), one or more stages per device call. A lease is about 15 minutes
-# of device time, start included, so the loads travel while the GPU works: every call carries one load and
-# runs a stage, and the slow CPU work (exports) runs in the background across calls.
-#   receive K   copy load K (carried as .gpu/loads/load-K) to /var/tmp/layerscope-gpu, which outlives the call
-#   base        join and install every piece but ONNX Runtime GPU; the MiniLM-shape model (random weights,
-#               MiniLM's own config and tokenizer); start the background exports
-#   exports     (background, started by base) export the MiniLM shape, bert-base, GPT-2-medium and
-#               Qwen2.5-0.5B shapes with their fp16 variants, on CPUs 8-15
-#   knn         alignment on 50,000 pairs (GPU and CPU, to compare) and 1,000,000 pairs on the GPU
-#   bench-torch layerscope bench, PyTorch rows and sentence-transformers peers: MiniLM shape on the STS sentences
-#   ort         join ONNX Runtime GPU, unpack it over the CPU build, list the providers that start
-#   tests       pytest -m gpu (every GPU test of the suite; TESTS_K=EXPR runs those pytest -k selects)
-#   parity      cuda, cuda-fp16, torch-fp16, torch-bf16 (or PARITY_ENGINES) against torch fp32 on the same GPU, per layer, every shape
-#   bench-cuda  layerscope bench with the ONNX Runtime CUDA rows beside torch fp32: MiniLM shape on STS,
-#               bert-base on 256 texts of 512 tokens
-# Every foreground stage writes its figures, with the machine's description, into $OUT/<stage>.tgz.
+# The GPU run, on the lent machine (no downloads there): three device calls back to back, each one command,
+#   bash benchmarks/gpu/run.sh call1 | call2 | call3      (the plan, its timings and the run(...) calls: README.md)
+# Each call runs its stages in order, the cheapest and most important first. Every stage runs under `timeout`,
+# cut to what is left of the call's budget (CALL_BUDGET seconds: the timeout_s the call was given, less a
+# margin), and a stage that cannot get its least time is skipped and says so. As each stage ends, killed or
+# not, its folder goes to $OUT/<stage>.tgz, and its headline lines are appended to $OUT/figures.txt: what a
+# call measured comes back even when a later stage or the call itself is cut short. (At most 8 files come
+# back from a call: at most 4 stages a call, each one archive, plus figures.txt and calls.txt.)
+#   call1  receive load 1; base: install the wheels, the MiniLM shape, the background exports
+#          (minilm-l6, bert-base, qwen2.5-0.5b with fp16, and gqa for Qwen, on the CPUs the GPU stages leave);
+#          knn: 50,000 pairs on the GPU, held equal to the CPU's figures (knn-cpu-50k.json), then 1,000,000;
+#          minilm-torch: bench, MiniLM shape on the STS sentences, torch fp32 eager and torch-fp16
+#   call2  receive load 2; ort: ONNX Runtime GPU joined and unpacked over the machine's CPU build;
+#          minilm: bench, the same corpus, torch, torch-fp16, cuda, cuda-fp16 (the table of record);
+#          bert: bench, bert-base shape at 512 tokens, torch-fp16 and cuda-fp16 over BERT_TEXTS texts
+#   call3  extras: Qwen2.5-0.5B parity on CUDA (torch-fp16, cuda, cuda-fp16, cuda with the gqa variant),
+#          then pytest -m gpu with junit figures, in what the lease has left
+# Stages run by name too (bash run.sh knn); LAYERSCOPE_GPU_DRY=1 runs them on the CPU (see README.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+REPO=$PWD
 W="${LAYERSCOPE_GPU_DIR:-/var/tmp/layerscope-gpu}"
-stage="${1:?usage: run.sh receive K | base | exports | knn | bench-torch | ort | tests | parity | bench-cuda}"
-out="$W/out/$stage"
-rm -rf "$out" && mkdir -p "$out"
-# what comes back from a device call is at most 8 files: each stage packs its folder into one archive
-pack() { [ -n "${OUT:-}" ] && tar -czf "$OUT/$stage.tgz" -C "$W/out" "$stage"; }
-case "$stage" in receive|exports) ;; *) trap pack EXIT ;; esac
-export PYTHONPATH="$W/site:$PWD/src" PYTHONUNBUFFERED=1 LAYERSCOPE_HOME="$W/home" PYTHONDONTWRITEBYTECODE=1
-py=python3
-# the GPU stages' host threads on CPUs 0-7, the background exports on 8-15 (where there are 16)
-if [ "$(nproc)" -ge 16 ]; then fg="taskset -c 0-7"; bg="taskset -c 8-15"; else fg=""; bg=""; fi
-describe() { { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv;
-               uptime; nproc; grep -m1 'model name' /proc/cpuinfo; grep -m1 -o 'avx512[a-z_0-9]*\|amx[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo;
-               $py -c 'import torch; print("torch", torch.__version__)';
-               [ -f "$W/exports.log" ] && { echo "background exports:"; cat "$W/exports.log"; };
-             } > "$out/machine.txt" 2>&1; }
-wait_export() {  # wait (at most $2 s) for the background export of shape $1
-  local t=0; while [ ! -f "$W/exports/$1.done" ] && [ $t -lt "$2" ]; do sleep 2; t=$((t + 2)); done
-  [ -f "$W/exports/$1.done" ] || { echo "export of $1 not done after $2 s" | tee -a "$out/missing.txt"; return 1; }
+OUT="${OUT:-$W/returned}"
+DRY="${LAYERSCOPE_GPU_DRY:-}"
+mkdir -p "$W/out" "$OUT"
+export PYTHONPATH="$W/site:$REPO/src" PYTHONUNBUFFERED=1 LAYERSCOPE_HOME="$W/home" PYTHONDONTWRITEBYTECODE=1
+export HF_HUB_OFFLINE=1
+py="${PYTHON:-python3}"
+call_start=$(date +%s)
+CALL_BUDGET="${CALL_BUDGET:-540}"
+BERT_TEXTS="${BERT_TEXTS:-54000}"  # bert-base, <= 512 tokens: 2.68 PFLOP a pass, 6.7 s at 40% of the fp16 peak
+STS="$W/data/sts-test.csv"
+EXTRAS_SHAPE=qwen2.5-0.5b
+if [ -n "$DRY" ]; then  # on the CPU: the same stages on small figures, CPU rows for the GPU ones
+  BERT_TEXTS="${DRY_BERT_TEXTS:-24}"; GPU=cpu; KNN_BIG="${DRY_KNN_BIG:-20000}"; KNN_SMALL=2000
+  EXTRAS_SHAPE=minilm-l6; export LAYERSCOPE_GPU_SHAPES="${LAYERSCOPE_GPU_SHAPES:-minilm-l6 bert-base}"
+else
+  GPU=gpu; KNN_BIG=1000000; KNN_SMALL=50000
+fi
+
+left() { echo $(( CALL_BUDGET - ($(date +%s) - call_start) - 8 )); }  # 8 s kept to pack the last stage
+say() { echo "$*" | tee -a "$OUT/figures.txt"; }
+# the host threads of a GPU stage: CPUs 0-7 while the exports run on 8-15, every CPU once they are done
+fgcpu() { if [ "$(nproc)" -ge 16 ] && [ ! -f "$W/exports/all.done" ] && [ -z "$DRY" ]; then taskset -c 0-7 "$@"; else "$@"; fi; }
+bgcpu() { if [ "$(nproc)" -ge 16 ] && [ -z "$DRY" ]; then taskset -c 8-15 "$@"; else "$@"; fi; }
+describe() {  # the machine, beside every stage's figures
+  { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || echo "no GPU";
+    cat /proc/loadavg; nproc; grep -m1 'model name' /proc/cpuinfo;
+    grep -m1 -o 'avx512[a-z_0-9]*\|amx[a-z_0-9]*\|avx2\|fma' /proc/cpuinfo | sort -u | tr '\n' ' '; echo;
+    [ -s "$W/torch.txt" ] || $py -c 'import torch; print("torch", torch.__version__)' > "$W/torch.txt" 2>&1;
+    cat "$W/torch.txt";
+    [ -f "$W/exports.log" ] && { echo "background exports:"; cat "$W/exports.log"; };
+  } > "$1/machine.txt" 2>&1
 }
-SHAPES="${LAYERSCOPE_GPU_SHAPES:-minilm-l6 qwen2.5-0.5b bert-base gpt2-medium}"
-case "$stage" in
+wait_for() {  # wait (at most $2 s) for a file the background exports write
+  local t=0; while [ ! -f "$1" ] && [ $t -lt "$2" ]; do sleep 2; t=$((t + 2)); done; [ -f "$1" ]
+}
+
+# stage NAME WANT_S LEAST_S: run stage_NAME under timeout min(WANT_S, what is left), into $W/out/NAME, then pack
+stage() {
+  local name=$1 want=$2 least=$3 l t0 rc
+  l=$(left)
+  if [ "$l" -lt "$least" ]; then say "$name: skipped, $l s left of the call (it needs $least)"; return 0; fi
+  local out="$W/out/$name"; rm -rf "$out"; mkdir -p "$out"
+  t0=$(date +%s)
+  describe "$out"
+  STAGE_OUT="$out" STAGE_S=$(( l < want ? l : want )) timeout -k 5 $(( l < want ? l : want )) \
+    bash "$REPO/benchmarks/gpu/run.sh" "stage_$name" > "$out/log.txt" 2>&1
+  rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && say "$name: cut at its $(( l < want ? l : want )) s (what it measured is in $name.tgz)"
+  say "$name: exit $rc after $(( $(date +%s) - t0 )) s ($(cut -d' ' -f1-3 /proc/loadavg) load)"
+  # a bench cut short: the rows it finished
+  [ ! -s "$out/headline.txt" ] && [ -d "$out/rows" ] && \
+    $py benchmarks/gpu/headline.py bench "$out" "$name" > "$out/headline.txt" 2>&1
+  [ -f "$out/headline.txt" ] && sed "s/^/  /" "$out/headline.txt" | tee -a "$OUT/figures.txt"
+  tar -czf "$OUT/$name.tgz" -C "$W/out" "$name"
+}
+
+# a bench stage: layerscope bench into $STAGE_OUT/bench, its table's rows as the headline
+bench() {
+  local what=$1; shift
+  fgcpu $py -m layerscope bench "$@" --rounds 1 --peers none --no-plot --rows-dir "$STAGE_OUT/rows" \
+    --out "$STAGE_OUT/bench" 2>&1 | tee "$STAGE_OUT/bench.txt"
+  $py "$REPO/benchmarks/gpu/headline.py" bench "$STAGE_OUT" "$what" > "$STAGE_OUT/headline.txt" 2>&1
+}
+
+case "${1:?usage: run.sh call1 | call2 | call3 | receive K | <stage>}" in
+  call1)
+    echo "call1 $(date -u)" >> "$OUT/calls.txt"
+    bash "$0" receive 1 || exit 2
+    stage base 60 30
+    stage knn 120 40
+    stage minilm-torch 100 60 ;;
+  call2)
+    echo "call2 $(date -u)" >> "$OUT/calls.txt"
+    bash "$0" receive 2 || exit 2
+    stage ort 60 20
+    stage minilm 160 60
+    stage bert 300 90 ;;
+  call3)
+    echo "call3 $(date -u)" >> "$OUT/calls.txt"
+    stage extras 600 60 ;;
   receive)
+    [ -n "$DRY" ] && [ ! -d ".gpu/loads/load-$2" ] && { echo "dry run: no load-$2 to receive"; exit 0; }
     $py benchmarks/gpu/pieces.py receive ".gpu/loads/load-${2:?which load}" --into "$W/pieces" ;;
-  base)
-    describe
+
+  stage_base)
     $py benchmarks/gpu/pieces.py join "$W/pieces" --out "$W/wheels" --skip 'onnxruntime-gpu*' || exit 2
-    mkdir -p "$W/data" "$W/shapes/minilm-l6" && mv "$W/wheels/sts-test.csv" "$W/data/" 2>/dev/null
+    mkdir -p "$W/data" "$W/shapes/minilm-l6"
+    [ -f "$W/wheels/sts-test.csv" ] && cp "$W/wheels/sts-test.csv" "$STS"
+    [ -f "$STS" ] || cp "${LAYERSCOPE_STS_DIR:-../shared/data/stsbenchmark}/sts-test.csv" "$STS" || exit 2
+    [ -n "$DRY" ] && { head -n "${DRY_STS_LINES:-151}" "$STS" > "$STS.cut" && mv "$STS.cut" "$STS"; }
     tar -xf "$W/wheels/minilm-config.tar" -C "$W/shapes/minilm-l6" || exit 2
-    $py -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$W/site" "$W"/wheels/*.whl \
-      2>&1 | tee "$out/pip.txt" || exit 2
+    if ls "$W"/wheels/*.whl > /dev/null 2>&1; then
+      $py -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$W/site" "$W"/wheels/*.whl \
+        2>&1 | tee "$STAGE_OUT/pip.txt" || exit 2
+    fi
     # MiniLM's config, tokenizer and sentence-transformers modules with seeded random weights: its speed
-    $py - "$W/shapes/minilm-l6" <<'PY' 2>&1 | tee "$out/minilm-shape.txt"
+    $py - "$W/shapes/minilm-l6" <<'PY' 2>&1 | tee "$STAGE_OUT/minilm-shape.txt"
 import sys, torch, transformers
 torch.manual_seed(0)
 model = transformers.AutoModel.from_config(transformers.AutoConfig.from_pretrained(sys.argv[1]))
@@ -57,59 +125,71 @@ model.save_pretrained(sys.argv[1], safe_serialization=True)
 print("transformers", transformers.__version__, type(model).__name__, sum(p.numel() for p in model.parameters()))
 PY
     setsid nohup bash benchmarks/gpu/run.sh exports > "$W/exports.log" 2>&1 < /dev/null &
-    echo "background exports started" ;;
-  exports)
+    echo "background exports started" | tee "$STAGE_OUT/headline.txt" ;;
+  exports)  # in the background, across calls: each shape exported, then its variants
     mkdir -p "$W/exports"
-    for shape in $SHAPES; do
+    for shape in ${LAYERSCOPE_GPU_SHAPES:-minilm-l6 bert-base qwen2.5-0.5b}; do
       src="$W/shapes/$shape"; t0=$(date +%s)
-      [ -d "$src" ] || $bg $py benchmarks/models/build.py "$shape" "$src" >/dev/null 2>&1
-      $bg $py -m layerscope export "$src" --out "$W/exports/$shape" --no-cpu-precisions 2>&1 | tail -2
-      $bg $py -c "import sys; from layerscope.export.variants import make_variant; e = make_variant(sys.argv[1], 'fp16'); print('fp16 variant', {k: e[k] for k in list(e)[:4]})" "$W/exports/$shape" 2>&1 | tail -1
-      echo "$shape exported in $(( $(date +%s) - t0 )) s"; touch "$W/exports/$shape.done"
-    done ;;
-  knn)
-    describe
-    $fg $py -m layerscope.index.bench --sizes '' --align 50000 --permutations 10 --device gpu --out "$out/gpu-50k" \
-      2>&1 | tail -3 | tee "$out/gpu-50k.txt"
-    $fg $py -m layerscope.index.bench --sizes '' --align 50000 --permutations 10 --device cpu --out "$out/cpu-50k" \
-      2>&1 | tail -3 | tee "$out/cpu-50k.txt"
-    timeout 150 $fg $py -m layerscope.index.bench --sizes '' --align 1000000 --permutations 10 --device gpu \
-      --out "$out/gpu-1m" 2>&1 | tail -3 | tee "$out/gpu-1m.txt" ;;
-  bench-torch)
-    describe
-    wait_export minilm-l6 120 || exit 3
-    timeout 270 $fg $py -m layerscope bench -m "$W/exports/minilm-l6" -e torch,torch-fp16,torch-bf16 \
-      --peers st-torch,st-cuda-fp16 --sts "$W/data/sts-test.csv" --sts-texts --rounds 1 --passes 2 \
-      --out "$out/minilm-sts" 2>&1 | tee "$out/minilm-sts.txt" ;;
-  ort)
-    describe
+      [ -d "$src" ] || bgcpu $py benchmarks/models/build.py "$shape" "$src" > /dev/null 2>&1
+      bgcpu $py -m layerscope export "$src" --out "$W/exports/$shape" --no-cpu-precisions 2>&1 | tail -2
+      variants=fp16; case $shape in qwen*) variants=fp16,gqa ;; esac
+      bgcpu $py -m layerscope optimize "$W/exports/$shape" --variant "$variants" 2>&1 | tail -2
+      echo "$shape exported with $variants in $(( $(date +%s) - t0 )) s"; touch "$W/exports/$shape.done"
+    done
+    touch "$W/exports/all.done" ;;
+
+  stage_knn)  # alignment figures: 50,000 pairs equal to the CPU's, then the 1M-pair run's time
+    fgcpu $py -m layerscope.index.bench --sizes '' --align "$KNN_SMALL" --permutations 10 --device "$GPU" \
+      --out "$STAGE_OUT/small" 2>&1 | tail -2
+    ref="benchmarks/gpu/knn-cpu-50k.json"
+    [ -n "$DRY" ] && { $py -m layerscope.index.bench --sizes '' --align "$KNN_SMALL" --permutations 10 --device cpu \
+      --out "$STAGE_OUT/small-cpu" > /dev/null 2>&1; ref="$STAGE_OUT/small-cpu/results.json"; }
+    $py benchmarks/gpu/headline.py knn "$STAGE_OUT/small/results.json" --reference "$ref" \
+      > "$STAGE_OUT/headline.txt" 2>&1
+    cat "$STAGE_OUT/headline.txt"
+    fgcpu $py -m layerscope.index.bench --sizes '' --align "$KNN_BIG" --permutations 10 --device "$GPU" \
+      --out "$STAGE_OUT/big" 2>&1 | tail -2
+    $py benchmarks/gpu/headline.py knn "$STAGE_OUT/big/results.json" >> "$STAGE_OUT/headline.txt" 2>&1 ;;
+
+  stage_minilm-torch|stage_minilm)  # stage 1: the MiniLM shape on the STS sentences, every layer
+    wait_for "$W/exports/minilm-l6.done" 90 || { echo "minilm-l6 export not done" > "$STAGE_OUT/headline.txt"; exit 3; }
+    rows=torch,torch-fp16; [ "$1" = stage_minilm ] && rows=torch,torch-fp16,cuda,cuda-fp16
+    [ -n "$DRY" ] && rows=torch,ort
+    bench "stage 1, MiniLM shape, STS sentences" -m "$W/exports/minilm-l6" -e "$rows" --sts "$STS" --sts-texts \
+      --passes 2 ;;
+
+  stage_ort)  # ONNX Runtime GPU over the machine's CPU build; the providers that start
     $py benchmarks/gpu/pieces.py join "$W/pieces" --out "$W/wheels" --only 'onnxruntime-gpu*' || exit 2
+    if [ -n "$DRY" ]; then  # its module is for Python 3.12: unpacked aside, its CUDA kernels listed
+      rm -rf "$W/ort-check" && mkdir -p "$W/ort-check" && tar -xJf "$W"/wheels/onnxruntime-gpu*.tar.xz -C "$W/ort-check" || exit 2
+      $py benchmarks/gpu/fatbin.py list "$W/ort-check/onnxruntime/capi/libonnxruntime_providers_cuda.so" \
+        | tee "$STAGE_OUT/headline.txt"; ls "$W/ort-check/onnxruntime/capi" >> "$STAGE_OUT/headline.txt"; exit 0
+    fi
     tar -xJf "$W"/wheels/onnxruntime-gpu*.tar.xz -C "$W/site" || exit 2
-    $py - <<'PY' 2>&1 | tee "$out/providers.txt"
+    $py - <<'PY' 2>&1 | tee "$STAGE_OUT/providers.txt" "$STAGE_OUT/headline.txt"
 import onnxruntime as ort
-print("onnxruntime", ort.__version__, ort.__file__)
 if hasattr(ort, "preload_dlls"):
     ort.preload_dlls()
-print("providers", ort.get_available_providers())
+print("onnxruntime", ort.__version__, "providers", ort.get_available_providers())
 PY
-    $py -m layerscope engines 2>&1 | tee "$out/engines.txt" ;;
-  tests)
-    describe
-    timeout 200 $fg $py -m pytest -m gpu -q -p no:cacheprovider -rs --junitxml "$out/pytest-gpu.xml" ${TESTS_K:+-k "$TESTS_K"} tests 2>&1 | tee "$out/pytest-gpu.txt" ;;
-  parity)
-    describe
-    for shape in $SHAPES; do
-      wait_export "$shape" 60 || continue
-      timeout 90 $fg $py benchmarks/gpu/parity.py "$W/exports/$shape" --engines "${PARITY_ENGINES:-cuda,cuda-fp16,torch-fp16,torch-bf16}" \
-        --out "$out/parity-$shape.json" 2>&1 | tee "$out/parity-$shape.txt"
-    done ;;
-  bench-cuda)
-    describe
-    timeout 200 $fg $py -m layerscope bench -m "$W/exports/minilm-l6" -e torch,cuda,cuda-fp16 \
-      --peers none --sts "$W/data/sts-test.csv" --sts-texts --rounds 1 --passes 2 \
-      --out "$out/minilm-sts" 2>&1 | tee "$out/minilm-sts.txt"
-    wait_export bert-base 30 && timeout 200 $fg $py -m layerscope bench -m "$W/exports/bert-base" \
-      -e torch,torch-fp16,cuda,cuda-fp16 --peers none --synthetic 256 --profile long --rounds 1 \
-      --passes 2 --out "$out/bert-base-512" 2>&1 | tee "$out/bert-base-512.txt" ;;
-  *) echo "unknown stage '$stage'" >&2; exit 2 ;;
+    $py -m layerscope engines 2>&1 | tee "$STAGE_OUT/engines.txt" ;;
+
+  stage_bert)  # stage 2: bert-base shape at 512 tokens, enough texts to fill the GPU
+    wait_for "$W/exports/bert-base.done" 120 || { echo "bert-base export not done" > "$STAGE_OUT/headline.txt"; exit 3; }
+    rows=torch-fp16,cuda-fp16; [ -n "$DRY" ] && rows=torch,ort
+    bench "stage 2, bert-base shape, ${BERT_TEXTS} synthetic texts at <= 512 tokens" -m "$W/exports/bert-base" \
+      -e "$rows" --synthetic "$BERT_TEXTS" --profile long --passes 2 --reference-texts 32 ;;
+
+  stage_extras)  # stage 4: Qwen2.5-0.5B and its gqa variant on CUDA, then the suite's GPU tests
+    engines=torch-fp16,cuda,cuda-fp16,cuda:gqa; [ -n "$DRY" ] && engines=ort,ort:fp16
+    if wait_for "$W/exports/$EXTRAS_SHAPE.done" 60; then
+      fgcpu timeout 150 $py benchmarks/gpu/parity.py "$W/exports/$EXTRAS_SHAPE" --engines "$engines" \
+        ${DRY:+--device cpu} --out "$STAGE_OUT/parity-$EXTRAS_SHAPE.json" 2>&1 | tee "$STAGE_OUT/headline.txt"
+    else
+      echo "$EXTRAS_SHAPE export not done" | tee "$STAGE_OUT/headline.txt"
+    fi
+    [ -n "$DRY" ] && exit 0
+    fgcpu $py -m pytest -m gpu -v -p no:cacheprovider -p no:xdist -rs --junitxml "$STAGE_OUT/pytest-gpu.xml" tests \
+      2>&1 | tee "$STAGE_OUT/pytest-gpu.txt" | tail -3 >> "$STAGE_OUT/headline.txt" ;;
+  *) echo "unknown stage '$1'" >&2; exit 2 ;;
 esac

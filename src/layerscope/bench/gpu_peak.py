@@ -102,14 +102,20 @@ def on_gpu(device: str | None) -> bool:
     return bool(device) and str(device).split(":")[0] == "cuda"
 
 
-def set_tokenization(device: str | None) -> str:
-    """Let a row that runs on a GPU tokenize on every host core (the tokenizers library's own thread pool,
-    read from ``TOKENIZERS_PARALLELISM`` at each call); a CPU row keeps one thread, its cores run the engine.
-    Returns what the row used, for its result."""
+def set_tokenization(device: str | None, processes: int = 1) -> str:
+    """How a row tokenizes, for its result: a row on a GPU in ``processes`` tokenizer processes where its engine
+    made a pool (extraction/batching.py ``tokenizer_pool``: sized from the host's cores), with the tokenizers
+    library's own thread pool on for what this process still tokenizes (read from ``TOKENIZERS_PARALLELISM`` at
+    each call: the host cores are free while the GPU runs); a CPU row keeps one thread, its cores run the
+    engine (or the processes a measurement recorded on this CPU asks for)."""
     if on_gpu(device):
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
+        if processes > 1:
+            return f"{processes} processes (a tokenizer pool sized from the host's cores: the GPU outruns one)"
         return "parallel (tokenizers thread pool: the host cores are free while the GPU runs)"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if processes > 1:
+        return f"{processes} processes (recorded on this CPU: one tokenizer does not keep the engine fed)"
     return "one thread (TOKENIZERS_PARALLELISM=false: the cores run the engine)"
 
 

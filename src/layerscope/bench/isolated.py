@@ -59,6 +59,8 @@ class IsolatedConfig:
     sts: str | None = None
     trust_remote_code: bool = False  # the user's flag: rows loading the model (hf-eager, torch, peers) run its code
     accuracy_rows: int = 4096
+    reference_texts: int | None = None  # hf-eager (the CPU reference) over the first N texts only
+    rows_dir: Path | None = None  # each row's result written here as it finishes (a bench cut short keeps them)
     timeout_s: float = 3600.0
     progress: Callable[[str], None] | None = None
 
@@ -96,8 +98,9 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
               "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch, "max_length": cfg.max_length,
               "threads": cfg.threads, "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
               "passes": cfg.passes}
+    first = f", the first {cfg.reference_texts:,} texts" if cfg.reference_texts else ""
     rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline", st_recipe=own_recipe(handle.manifest),
-                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
+                 note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers{first}")]
     for name in cfg.engines:
         spec = bench_engines()[name]
         rows.append(dict(common, name=name, kind="engine", row_kind="engine", engine=spec.engine,
@@ -183,7 +186,9 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     num_layers = manifest.num_layers
     layers = (layer_names(num_layers, with_raw=False) if cfg.layers == "all-hidden"
               else resolve_layers(cfg.layers, num_layers, with_raw=False))
-    n_acc = min(len(cfg.texts), cfg.accuracy_rows)
+    if cfg.reference_texts is not None and cfg.reference_texts < 1:
+        raise InputError("--reference-texts must be at least 1")
+    n_acc = min(len(cfg.texts), cfg.accuracy_rows, cfg.reference_texts or len(cfg.texts))
     rows = _rows(cfg, handle, layers)
     _prepare_peers(cfg, handle, rows, say)
     sts = None
@@ -191,6 +196,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         work = Path(tmp)
         texts_file = work / "texts.json"
         texts_file.write_text(json.dumps(cfg.texts), encoding="utf-8")
+        ref_file = work / "reference-texts.json"  # the CPU reference's share of a long GPU corpus
+        ref_file.write_text(json.dumps(cfg.texts[:cfg.reference_texts or len(cfg.texts)]), encoding="utf-8")
         if cfg.sts:
             s1, s2, gold = read_sts(cfg.sts)
             uniq = sorted(set(s1) | set(s2))
@@ -210,9 +217,14 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
                         f"(row {bar.done + 1:,} of {total:,})")
                     loads.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
                     out_dir = work / f"r{rnd}-{row['name']}"
-                    job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_file), n_acc=n_acc,
+                    texts_of = ref_file if row["kind"] == "hf-eager" else texts_file
+                    job = dict(row, round=rnd, out_dir=str(out_dir), texts_file=str(texts_of), n_acc=n_acc,
                                sts_file=str(work / "sts.json") if sts and rnd == 0 else None)
                     res = _run_worker(job, work, cfg.timeout_s)
+                    if cfg.rows_dir is not None:
+                        Path(cfg.rows_dir).mkdir(parents=True, exist_ok=True)
+                        (Path(cfg.rows_dir) / f"r{rnd}-{row['name']}.json").write_text(
+                            json.dumps(res, indent=1), encoding="utf-8")
                     if res.get("available") and rnd == 0:
                         res["_vectors"] = np.load(out_dir / "vectors.npy")
                         if (out_dir / "own.npy").exists():  # the checkpoint's own embedding (hf-eager)
@@ -228,7 +240,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     results = [_summarize(row, per_row[row["name"]], layers) for row in rows]
     ref = next((r for r in results if r["engine"] == HF_EAGER and r.get("available")), None)
     for r in results:
-        _finish(r, ref, layers, sts, flops, peak)
+        _finish(r, ref, layers, sts, flops, peak, lengths=lengths, shapes=shapes)
     if ref is not None:
         ref.pop("_ref", None)
         ref.pop("_own", None)
@@ -244,7 +256,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         "settings": {"layers": layers, "pooling": cfg.pooling, "rounds": cfg.rounds, "passes": cfg.passes,
                      "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch,
                      "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
-                     "threads": cfg.threads, "accuracy_rows": n_acc, "sts": cfg.sts,
+                     "threads": cfg.threads, "accuracy_rows": n_acc, "reference_texts": cfg.reference_texts,
+                     "sts": cfg.sts,
                      "reference": f"{HF_EAGER} (fp32 torch)", "isolation": "one process per row per round"},
         "machine": dict(describe_machine(), peak=peak,
                         load_avg_1m_at_starts=[round(v, 2) for v in loads if v is not None]),
@@ -284,13 +297,15 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
         texts_per_cpu_s=n / min(c for r in ok for c in r["pass_cpu_s"]),
         setup_s=first.get("setup_s"), peak_rss_mib=max(r["peak_rss_mib"] for r in ok),
         device=first.get("device", "cpu"), tokenization=first.get("tokenization"), gpu_peak=first.get("gpu_peak"),
-        gpu_memory=_gpu_memory(ok),
+        gpu_memory=_gpu_memory(ok), batch_shapes=first.get("batch_shapes"),
         load_avg_1m=[r.get("load_avg_1m") for r in ok], split=fastest.get("split"),
         _vectors=first.get("_vectors"), _sts=first.get("_sts"), _own=first.get("_own"))
 
 
-def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak) -> None:
+def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak, *,
+            lengths: np.ndarray | None = None, shapes: dict[str, int] | None = None) -> None:
     vectors, sts_vec = r.pop("_vectors", None), r.pop("_sts", None)
+    batch_shapes = r.pop("batch_shapes", None)
     if r is not ref:
         r.pop("_own", None)
     if not r.get("available"):
@@ -317,11 +332,39 @@ def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], st
         r["sts_spearman"] = {layer: sts_spearman(sts_vec[i], *sts) for i, layer in enumerate(produced)}
         if ref is not None and ref.get("sts_spearman"):
             r["sts_spearman_delta"] = {k: v - ref["sts_spearman"][k] for k, v in r["sts_spearman"].items()}
+    if lengths is not None and shapes and r.get("texts", len(lengths)) < len(lengths):
+        from layerscope.bench.peak import corpus_flops
+
+        flops = corpus_flops(shapes, lengths[:r["texts"]])  # a row over the first texts only (--reference-texts)
     if flops:
         r["gflops_per_s"] = flops / r["best_s"] / 1e9
     r.update(peak_against(r, peak))
     if flops and r["peak_gflops"]:
         r["peak_fraction"] = r["gflops_per_s"] / r["peak_gflops"]
+    if lengths is not None and batch_shapes:
+        tokens = int(lengths[:r.get("texts", len(lengths))].sum())
+        r.update(padding_figures(batch_shapes, tokens, r["best_s"], shapes, r.get("peak_gflops")))
+
+
+def padding_figures(batch_shapes: list[list[int]], tokens: int, best_s: float, shapes: dict[str, int] | None,
+                    peak_gflops: float | None) -> dict[str, Any]:
+    """What a row's padding costs, from its batches' shapes (texts x padded width) in a pass: the tokens the
+    engine ran (padding included) beside the ``tokens`` of the texts, their share, both rates over the best
+    pass, and the FLOPs of the padded batches as a fraction of the peak (the work the engine did; the useful
+    work's fraction is ``peak_fraction``)."""
+    from layerscope.bench.peak import corpus_flops
+
+    sizes = np.array([b for b, _ in batch_shapes], dtype=np.int64)
+    widths = np.array([w for _, w in batch_shapes], dtype=np.int64)
+    padded = int((sizes * widths).sum())
+    out: dict[str, Any] = {"tokens_real": int(tokens), "tokens_padded": padded,
+                           "padding_share": 1.0 - tokens / padded if padded else None,
+                           "real_tokens_per_s": tokens / best_s, "padded_tokens_per_s": padded / best_s}
+    if shapes:
+        out["padded_gflops_per_s"] = corpus_flops(shapes, np.repeat(widths, sizes)) / best_s / 1e9
+        if peak_gflops:
+            out["peak_fraction_padded"] = out["padded_gflops_per_s"] / peak_gflops
+    return out
 
 
 def peak_against(r: dict[str, Any], cpu_peak: dict[str, Any] | None) -> dict[str, Any]:

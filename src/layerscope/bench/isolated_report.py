@@ -19,6 +19,8 @@ def _split(split: dict[str, Any] | None) -> str:
 def _tokenizer(how: str | None) -> str:
     if not how:
         return "-"
+    if how.split(" ", 1)[0].isdigit():
+        return f"{how.split(' ', 1)[0]} processes"
     return "parallel" if how.startswith("parallel") else "1 thread"
 
 
@@ -28,6 +30,14 @@ def _gpu_mib(mem: dict[str, Any] | None) -> str:
     if mem.get("peak_mib") is None:
         return "not measured"
     return f"{mem['peak_mib']:,.0f} ({'torch' if mem['source'].startswith('torch') else 'NVML'})"
+
+
+def _padding(r: dict[str, Any]) -> str:
+    """Tokens/s of the texts and of the batches as run (padding included), and padding's share of the latter."""
+    if r.get("padded_tokens_per_s") is None:
+        return "-"
+    return (f"{r['real_tokens_per_s']:,.0f} / {r['padded_tokens_per_s']:,.0f} "
+            f"({100 * (r.get('padding_share') or 0.0):.1f}%)")
 
 
 def final_only(row: dict[str, Any], all_layers: list[str]) -> bool:
@@ -53,10 +63,11 @@ def isolated_table(bench: dict[str, Any]) -> str:
         "(matmuls and attention of every layer, no padding).",
         f"Load average (1 min) at each process start: {', '.join(f'{v:.1f}' for v in loads) or '-'}.",
         "",
-        "| row | layers | texts/s best | texts/s median | rounds agree (bests) | x best peer as accurate | "
-        "x hf-eager | accuracy class (min cos, layer) | % of peak (peak) | split s: tokenize / engine / pool-copy / "
-        "write | tokenizer | STS final | STS worst drop (layer) | peak RSS MiB | peak GPU MiB |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|---|---|---:|---:|---:|---:|",
+        "| row | layers | texts/s best | texts/s median | tokens/s real / padded (padding) | rounds agree (bests) | "
+        "x best peer as accurate | x hf-eager | accuracy class (min cos, layer) | % of peak real / padded (peak) | "
+        "split s: tokenize / engine / pool-copy / write | tokenizer | STS final | STS worst drop (layer) | "
+        "peak RSS MiB | peak GPU MiB |",
+        "|---|---|---:|---:|---:|---|---:|---:|---|---:|---|---|---:|---:|---:|---:|",
     ]
     for r in bench["results"]:
         if not r.get("available"):
@@ -74,11 +85,13 @@ def isolated_table(bench: dict[str, Any]) -> str:
         peer = r.get("best_peer_as_accurate")
         lines.append(
             f"| {r['engine']} | {layer_text} | {r['texts_per_s']:,.0f} | {r['median_texts_per_s']:,.0f} | "
-            f"{'yes' if r['rounds_agree'] else 'no'} ({bests}) | "
+            f"{_padding(r)} | {'yes' if r['rounds_agree'] else 'no'} ({bests}) | "
             f"{_f(r.get('x_best_peer_as_accurate'), '.2f')}{f' ({peer})' if peer else ''} | "
             f"{_f(r.get('x_hf_eager'), '.2f')} | {r.get('accuracy_class', '-')} "
             f"({_f(r.get('min_cos'), '.6f')}{f', {worst_layer}' if worst_layer else ''}) | "
-            f"{_f(r.get('peak_fraction') and 100 * r['peak_fraction'], '.1f')} ({r.get('peak_label', '-')}) | "
+            f"{_f(r.get('peak_fraction') and 100 * r['peak_fraction'], '.1f')} / "
+            f"{_f(r.get('peak_fraction_padded') and 100 * r['peak_fraction_padded'], '.1f')} "
+            f"({r.get('peak_label', '-')}) | "
             f"{_split(r.get('split'))} | {_tokenizer(r.get('tokenization'))} | {_f(sts.get(final), '.2f')} | "
             + (f"{drop[1]:+.2f} ({drop[0]})" if drop else "-")
             + f" | {r['peak_rss_mib']:,.0f} | {_gpu_mib(r.get('gpu_memory'))} |")
@@ -102,5 +115,8 @@ def isolated_table(bench: dict[str, Any]) -> str:
               "'x best peer as accurate': against the fastest sentence-transformers row whose min cosine "
               "reaches this row's class. Split: layerscope rows, one extra sequential pass (no tokenizer thread) "
               "writing a LayerStore; hf-eager, inside its last timed pass; peers, a tokenize-only pass, the rest "
-              "of the best pass counted as engine (with their pooling); hf-eager and peers write nothing."]
+              "of the best pass counted as engine (with their pooling); hf-eager and peers write nothing. "
+              "Tokens/s real counts the texts' tokens, padded the batches' texts x padded width as the engine ran "
+              "them (layerscope rows: length-sorted token-budget batches; hf-eager: corpus order), with padding's "
+              "share; % of peak likewise: the useful FLOPs (no padding) and the FLOPs of the padded batches."]
     return "\n".join(lines) + "\n"

@@ -5,7 +5,8 @@ or a sentence-transformers backend), the texts file and an output folder.
 The worker times ``passes`` warm passes over the texts, then splits the time
 into tokenize / engine / pool-copy / write (layerscope engines: one more,
 sequential pass; the Hugging Face loop: inside its last pass; sentence-transformers:
-a tokenize-only pass, the rest of its best pass counted as engine), and
+a tokenize-only pass, the rest of its best pass counted as engine), records each batch's
+shape (texts x padded width: the tokens the engine ran, padding included), and
 writes ``result.json``, ``vectors.npy`` (the first rows, for accuracy) and
 ``sts.npy`` (the STS sentences' vectors) into the output folder.  An engine
 that cannot run here writes ``available: false`` and the reason.
@@ -33,9 +34,12 @@ class Row:
 
     def __init__(self, encode: Callable[[list[str]], np.ndarray], layers: list[str], info: dict[str, Any],
                  split: Callable[[list[str], float], dict[str, float]] | None = None,
-                 own: Callable[[list[str]], np.ndarray] | None = None):
+                 own: Callable[[list[str]], np.ndarray] | None = None,
+                 close: Callable[[], None] | None = None):
         self.encode, self.layers, self.info, self.split = encode, layers, info, split
         self.own = own  # the checkpoint's own embedding of texts (hf-eager, for a sentence-transformers model)
+        self.close = close or (lambda: None)
+        self.batch_shapes: list[tuple[int, int]] = []  # (texts, padded width) of each batch of the latest pass
 
 
 # ---------------------------------------------------------------- layerscope engines
@@ -68,11 +72,18 @@ def _engine_row(job: dict[str, Any]) -> Row:
     eng = open_engine(handle, job["engine"], **as_extracted(handle.manifest, options, layers, pooling))
     kw = dict(batch_tokens=job.get("batch_tokens"), max_batch=job["max_batch"], max_length=job.get("max_length"))
     hidden = handle.manifest.hidden_size
+    from layerscope.extraction.batching import tokenizer_pool
+
+    # made once for the row, kept across its passes (a GPU row's is sized from the host's cores)
+    pool = tokenizer_pool(eng, eng.encoder(kw["max_length"]))
+    shapes: list[tuple[int, int]] = []
 
     def encode(texts: list[str]) -> np.ndarray:
         out = np.empty((len(layers), len(texts), hidden), np.float32)
-        for batch, pooled, _ in iter_pooled(eng, texts, layers, [pooling], **kw):
+        shapes.clear()
+        for batch, pooled, _ in iter_pooled(eng, texts, layers, [pooling], pool=pool, **kw):
             out[:, batch.index] = pooled[pooling]
+            shapes.append(batch.input_ids.shape)
         return out
 
     def split(texts: list[str], best_s: float) -> dict[str, float]:
@@ -88,13 +99,17 @@ def _engine_row(job: dict[str, Any]) -> Row:
             out = np.empty((len(layers), len(texts), hidden), np.float32)
             t = time.perf_counter()
             encoder = eng.encoder(kw["max_length"])
-            lengths = encoder.token_lengths(texts)
+            lengths = pool.lengths(texts) if pool is not None else encoder.token_lengths(texts)
             plan = plan_batches(lengths, batch_tokens=int(kw["batch_tokens"] or eng.preferred_batch_tokens),
                                 max_batch=kw["max_batch"], max_length=encoder.max_length)
+            jobs = [([texts[i] for i in rows], rows, lengths[rows]) for rows in plan]
+            # the row's pool tokenizes every batch alone first (its processes side by side, as in the
+            # timed passes); without one, each batch is tokenized right before the engine runs it
+            ready = iter(list(pool.map(jobs))) if pool is not None else None
             parts["tokenize_s"] += time.perf_counter() - t
-            for rows in plan:
+            for texts_b, rows, counts in jobs:
                 t0 = time.perf_counter()
-                batch = encoder([texts[i] for i in rows], index=rows, lengths=lengths[rows])
+                batch = next(ready) if ready is not None else encoder(texts_b, index=rows, lengths=counts)
                 t1 = time.perf_counter()
                 pooled = eng.run(batch, layers, [pooling])
                 t2 = time.perf_counter()
@@ -113,9 +128,11 @@ def _engine_row(job: dict[str, Any]) -> Row:
         return parts
 
     info = {"provider": eng.info.provider, "precision": eng.info.precision, "notes": list(eng.info.notes),
-            "device": eng.info.device,
+            "device": eng.info.device, "tokenizer_processes": pool.processes if pool is not None else 1,
             "allocator": "torch" if engine_spec(eng.info.name).runtime is Runtime.PYTORCH else "nvml"}
-    return Row(encode, layers, info, split)
+    row = Row(encode, layers, info, split, close=pool.close if pool is not None else None)
+    row.batch_shapes = shapes
+    return row
 
 
 # ---------------------------------------------------------------- the plain Hugging Face loop
@@ -137,16 +154,19 @@ def _hf_row(job: dict[str, Any]) -> Row:
     layers, size = job["layers"], int(job["hf_batch_size"])
     max_len = int(job.get("max_length") or handle.manifest.max_length)
     parts = dict.fromkeys(("tokenize_s", "engine_s", "pool_copy_s", "write_s"), 0.0)
+    shapes: list[tuple[int, int]] = []
 
     def encode(texts: list[str]) -> np.ndarray:
         from layerscope.vocab.pooling import pool_torch
 
         for k in parts:  # the split of the latest pass
             parts[k] = 0.0
+        shapes.clear()
         chunks = []
         for lo in range(0, len(texts), size):
             t0 = time.perf_counter()
             enc = tok(texts[lo:lo + size], padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+            shapes.append(tuple(enc["input_ids"].shape))
             t1 = time.perf_counter()
             with torch.inference_mode():
                 out = net(**enc, output_hidden_states=True)
@@ -177,7 +197,9 @@ def _hf_row(job: dict[str, Any]) -> Row:
 
     info = {"provider": f"torch-cpu ({torch.get_num_threads()} threads)", "precision": "fp32", "notes": [],
             "device": "cpu"}
-    return Row(encode, layers, info, split, own if recipe else None)
+    row = Row(encode, layers, info, split, own if recipe else None)
+    row.batch_shapes = shapes
+    return row
 
 
 # ---------------------------------------------------------------- sentence-transformers backends
@@ -242,7 +264,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         row = RUNNERS[job["kind"]](job)
-        result["tokenization"] = set_tokenization(row.info.get("device"))
+        result["tokenization"] = set_tokenization(row.info.get("device"),
+                                                  int(row.info.pop("tokenizer_processes", 1) or 1))
         row.encode(texts[: min(64, len(texts))])  # warm-up
     except (LayerscopeError, ImportError) as exc:
         result.update(available=False, reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -265,6 +288,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             cpu.append(time.process_time() - c0)
     if gpu:
         result["gpu_memory"] = gmem.result()
+    if getattr(row, "batch_shapes", None):
+        result["batch_shapes"] = [[int(b), int(w)] for b, w in row.batch_shapes]
     result.update(pass_seconds=seconds, pass_cpu_s=cpu, texts=len(texts), peak_rss_mib=mem.peak_rss / 2**20,
                   load_avg_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     np.save(out_dir / "vectors.npy", np.ascontiguousarray(vectors[:, : int(job["n_acc"])], dtype=np.float32))
@@ -275,6 +300,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("sts_file"):
         sentences = json.loads(Path(job["sts_file"]).read_text(encoding="utf-8"))
         np.save(out_dir / "sts.npy", row.encode(sentences).astype(np.float32))
+    getattr(row, "close", lambda: None)()
     return result
 
 

@@ -60,6 +60,13 @@ def bench(
     layers: str = typer.Option("all-hidden", help="all-hidden (0..L), or e.g. 0,3,-1."),
     sts: Optional[str] = typer.Option(None, "--sts", help="STS Benchmark file: Spearman per layer per engine."),
     threads: Optional[int] = typer.Option(None, help="Threads for every engine (default: each engine's own)."),
+    reference_texts: Optional[int] = typer.Option(None, "--reference-texts",
+                                                  help="Run hf-eager (the CPU fp32 reference) over the first N "
+                                                       "texts only, and measure accuracy on them: for a GPU bench "
+                                                       "of more texts than the CPU loop gets through in minutes."),
+    rows_dir: Optional[Path] = typer.Option(None, "--rows-dir", help="Write each row's result to this folder as "
+                                                                      "it finishes: a bench cut short keeps the "
+                                                                      "rows it ran."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Results dir (default benchmarks/results/<time>)."),
     in_process: bool = typer.Option(False, "--in-process", help="The older one-process bench (engines share "
                                                                 "thread pools; kept for comparison)."),
@@ -83,8 +90,9 @@ def bench(
     from layerscope.ownership import check_output_path
 
     check_limits(batch_tokens=batch_tokens, max_batch=max_batch, threads=threads)
-    if out is not None:
-        check_output_path(out)
+    for folder, option in ((out, "--out"), (rows_dir, "--rows-dir")):
+        if folder is not None:
+            check_output_path(folder, option)
     names = parse_engines(engines)
     texts, corpus_name = bench_texts(corpus=corpus, synthetic=synthetic, sts_texts=sts_texts, sts=sts, seed=seed,
                                      profile=profile)
@@ -110,7 +118,8 @@ def bench(
     else:
         from layerscope.bench.isolated import IsolatedConfig, parse_peers, run_isolated
 
-        result = run_isolated(IsolatedConfig(peers=parse_peers(peers), rounds=rounds, passes=passes, **shared))
+        result = run_isolated(IsolatedConfig(peers=parse_peers(peers), rounds=rounds, passes=passes,
+                                             reference_texts=reference_texts, rows_dir=rows_dir, **shared))
     result["command"] = "layerscope " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out = out or Path("benchmarks") / "results" / _time.strftime("%Y%m%d-%H%M%S")
     paths = write_results(result, out, plot=not no_plot)

@@ -73,13 +73,29 @@ def encode_plan(encoder: Encoder, texts: list[str], lengths: np.ndarray, *, batc
         yield encoder(batch_texts, index=rows, lengths=counts)
 
 
-def tokenizer_pool(eng: Engine, encoder: Encoder):
-    """A ``TokenizerPool`` where a measurement recorded on this CPU says one tokenizer cannot keep ``eng`` fed
-    (model/tokenize_pool.py), else None (the one background thread)."""
-    from layerscope.engines.speed_order import cpu_identity
-    from layerscope.model.tokenize_pool import TokenizerPool, processes_for
+def on_gpu(eng: Engine) -> bool:
+    """Whether ``eng`` computes on a CUDA device (its ``info.device`` is ``cuda`` or ``cuda:N``)."""
+    return str(eng.info.device).split(":")[0] == "cuda"
 
-    count, why = processes_for(eng.manifest.source.weights_sha256, eng.name, cpu=cpu_identity()[0])
+
+def tokenizer_processes(eng: Engine) -> tuple[int, str | None]:
+    """(tokenizer processes, why) for ``eng``: on a GPU, sized from this host's cores; on the CPU, the fewest a
+    measurement recorded on this CPU says keep it fed, else 1 (model/tokenize_pool.py)."""
+    from layerscope.model.tokenize_pool import host_cores, processes_for, processes_for_gpu
+
+    if on_gpu(eng):
+        return processes_for_gpu(host_cores())
+    from layerscope.engines.speed_order import cpu_identity
+
+    return processes_for(eng.manifest.source.weights_sha256, eng.name, cpu=cpu_identity()[0])
+
+
+def tokenizer_pool(eng: Engine, encoder: Encoder):
+    """A ``TokenizerPool`` where ``eng`` needs one (``tokenizer_processes``), else None (the one background
+    thread)."""
+    from layerscope.model.tokenize_pool import TokenizerPool
+
+    count, why = tokenizer_processes(eng)
     if count < 2:
         return None
     log.info("%s", why)
@@ -193,16 +209,13 @@ class Background(Generic[T]):
 
 def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list[str], *,
                 batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                max_length: int | None = None, background: bool = True, depth: int = 4, prompt: str = ""
-                ) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
+                max_length: int | None = None, background: bool = True, depth: int = 4, prompt: str = "",
+                pool=None) -> Iterator[tuple[Batch, dict[str, np.ndarray], float]]:
     """In-memory texts -> (batch, pooled, engine seconds): length-sorted token-budget batches,
-    tokenized on a background thread (``background``) so tokenization overlaps the engine."""
+    tokenized on a background thread (``background``) so tokenization overlaps the engine, in a pool of
+    processes where the engine needs one (``tokenizer_pool``). ``pool``: a ``TokenizerPool`` the caller keeps
+    across calls (made with this engine's encoder for ``max_length`` and ``prompt``); it is not closed here."""
     encoder = eng.encoder(max_length, prompt)
-    lengths = encoder.token_lengths(texts)
-    check_long_texts(eng, lengths, encoder.max_length)
-    pool = tokenizer_pool(eng, encoder) if background else None
-    batches = encode_plan(encoder, texts, lengths, pool=pool,
-                          batch_tokens=int(batch_tokens or eng.preferred_batch_tokens), max_batch=max_batch)
     waited = [0.0]  # seconds the engine spent waiting for the tokenizer
 
     def timed(feed: Iterable[Batch]) -> Iterator[Batch]:
@@ -217,9 +230,16 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
                 waited[0] += time.perf_counter() - t0
             yield item
 
-    # the pool outlives the thread that reads from it
-    with pool if pool is not None else contextlib.nullcontext(), \
-            Background(batches, depth=depth) if background else contextlib.closing(batches) as feed:
+    with contextlib.ExitStack() as stack:  # a pool made here outlives the thread that reads from it
+        if pool is None and background:
+            pool = tokenizer_pool(eng, encoder)
+            if pool is not None:
+                stack.enter_context(pool)
+        lengths = pool.lengths(texts) if pool is not None else encoder.token_lengths(texts)
+        check_long_texts(eng, lengths, encoder.max_length)
+        batches = encode_plan(encoder, texts, lengths, pool=pool,
+                              batch_tokens=int(batch_tokens or eng.preferred_batch_tokens), max_batch=max_batch)
+        feed = stack.enter_context(Background(batches, depth=depth) if background else contextlib.closing(batches))
         t = time.perf_counter()
         # an engine with several batches in flight hands them back in order: a batch's seconds are those
         # since the previous hand-back, less the waits for the tokenizer
@@ -228,4 +248,3 @@ def iter_pooled(eng: Engine, texts: list[str], layers: list[str], poolings: list
             now = time.perf_counter()
             yield batch, pooled, max(0.0, now - t - waited[0])
             t, waited[0] = time.perf_counter(), 0.0
-

@@ -185,7 +185,8 @@ def _extract_into(ex: Extraction, state: dict, req: ExtractionRequest, *, window
     todo_tokens = int(np.minimum(lengths, max_len)[done == 0].sum())
     tokens_done = 0
     bar = progress_bar(req.progress, store.n - already, todo_tokens)
-    pool = tokenizer_pool(eng, encoder) if tok is None else None  # processes only where measured to be needed
+    # processes where measured to be needed, or on a GPU (sized from the host's cores)
+    pool = tokenizer_pool(eng, encoder) if tok is None else None
     batches = Background(_stored_batches(out, lengths, done, encoder, batch_tokens=batch_tokens,
                                          max_batch=ex.max_batch, window=window, pool=pool))
     last_commit = t_run = time.perf_counter()

@@ -6,23 +6,36 @@ length-sorted batches, no engine) at 1, 2 and 4 processes; ``record`` keeps thos
 tokens/s for this CPU and model (its weights' sha256) in ``<cache root>/tokenizer-pool.json`` (``benchmarks/tokens/pool.py``
 measures both). ``processes_for`` reads them back: 1 (the thread) unless the recorded engine outran one
 tokenizer, then the fewest processes recorded to keep up with it (the fastest count where none did).
-Nothing is assumed without a record: a run never starts processes it was not measured to need. The file is the
-user's cache, shared by every version and environment: a record whose shape or figures do not validate
-(``valid_record``) is ignored, with a note.
+On the CPU nothing is assumed without a record: a run never starts processes it was not measured to need. The
+file is the user's cache, shared by every version and environment: a record whose shape or figures do not
+validate (``valid_record``) is ignored, with a note.
+
+An engine on a GPU is the exception (``processes_for_gpu``): the first GPU run measured every GPU engine at
+4-8x one tokenizer's speed (MiniLM on the STS sentences, an H200: engine 0.04-0.06 s a pass, tokenizing
+0.20-0.33 s), and the host's cores sit idle while the GPU works, so it takes every core the process may use
+but ``GPU_SPARE_CORES`` (the engine's host thread and the thread that hands it batches), up to
+``GPU_MAX_PROCESSES``. Each worker tokenizes on one thread (the processes are the parallelism), and the token
+counts a run sorts by are counted in the pool too (``TokenizerPool.lengths``), not by one thread first.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
 
 from layerscope.jsonfile import read_json_dict, write_json_atomic
 
 POOL_FILE = "tokenizer-pool.json"
 COUNTS = (1, 2, 4)
 KEEP = 20  # records per CPU
+GPU_SPARE_CORES = 2  # a GPU engine's host thread, and the thread that hands it its batches
+GPU_MAX_PROCESSES = 16
+LENGTH_CHUNK = 512  # texts per job when the pool counts tokens
 
 _ENCODER = None  # the worker process's encoder
 
@@ -32,10 +45,16 @@ def _start(encoder) -> None:
     _ENCODER = encoder
 
 
+def _lengths(texts):
+    return _ENCODER.token_lengths(texts)
+
+
 def _start_worker(encoder) -> None:
     from layerscope.signals import child_start
 
     child_start()
+    # a worker is one of several processes: one thread each (the tokenizers library reads this at each call)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _start(encoder)
 
 
@@ -57,6 +76,12 @@ class TokenizerPool:
 
     def map(self, jobs: Iterable[tuple]) -> Iterator:
         return self._pool.imap(_encode, jobs, chunksize=1)
+
+    def lengths(self, texts: list[str]) -> np.ndarray:
+        """``Encoder.token_lengths`` of ``texts``, counted in chunks across the processes."""
+        chunks = [texts[i:i + LENGTH_CHUNK] for i in range(0, len(texts), LENGTH_CHUNK)]
+        parts = list(self._pool.imap(_lengths, chunks, chunksize=1))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def close(self) -> None:
         self._pool.terminate()
@@ -124,6 +149,24 @@ def valid_record(run: object) -> bool:
     rates = run.get("tokenize_tokens_per_s") if isinstance(run, dict) else None
     return isinstance(rates, dict) and _rate(run.get("engine_tokens_per_s")) and "1" in rates \
         and all(k in {str(c) for c in COUNTS} and _rate(v) for k, v in rates.items())
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity, as ``taskset`` leaves it), else every core."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
+def processes_for_gpu(cores: int) -> tuple[int, str | None]:
+    """(tokenizer processes, the note saying why) for an engine that runs on a GPU, from the host's ``cores``:
+    all but ``GPU_SPARE_CORES``, at most ``GPU_MAX_PROCESSES``; 1 (the thread) where fewer than 2 would be left."""
+    count = min(max(int(cores) - GPU_SPARE_CORES, 0), GPU_MAX_PROCESSES)
+    if count < 2:
+        return 1, None
+    return count, (f"{count} tokenizer processes: the engine runs on a GPU, which one tokenizer cannot keep fed "
+                   f"({cores} host cores, {GPU_SPARE_CORES} left to the engine's threads)")
 
 
 def processes_for(model_key: str | None, engine: str, *, cpu: str,
