@@ -150,6 +150,10 @@ class Analysis(ABC):
         per model, e.g. from the family: ``vocab.pooling.family_poolings``)."""
         return list(self.metadata.default_poolings)
 
+    def check_model(self, ctx: Context, handle, data: Any) -> None:
+        """Refuse, in one line, a model this run's data or options cannot serve (a tuned lens of another width),
+        once the models are resolved and before any engine starts or exports. Default: nothing to check."""
+
     def options(self, ctx: Context):
         """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
         return ctx.opts
@@ -328,6 +332,8 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(spec.layers, handle, model) for model, handle in zip(spec.given_models, handles)]
         poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]
+        for handle in handles:  # what the analysis's own inputs need of each model: one line, before any engine
+            analysis.check_model(ctx, handle, data)
         sources = [(model, h.manifest.source, h.key) for model, h in zip(spec.given_models, handles)]
     labels = (model_labels(list(spec.given_models), [h.manifest.source.alias for h in handles], spec.labels)
               if handles else [])

@@ -166,6 +166,11 @@ class Lens(Analysis):
             tuned = read_lens(o.tuned)  # every file checked, one line, before any model is read
         return read_texts(ctx.spec.data or LENS_TEXTS), tuned
 
+    def check_model(self, ctx: Context, handle, data: Any) -> None:
+        tuned = data[1]
+        if tuned is not None:
+            tuned.check_fits(handle.manifest)
+
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.decoding.lens import FORWARD_MACS, LensAccumulator, forward_macs_per_token, forward_runs
         from layerscope.progress import steps
@@ -179,7 +184,6 @@ class Lens(Analysis):
         idx = [int(x) for x in names]
         handle = run.handle
         if tuned is not None:
-            tuned.check_fits(handle.manifest)
             _say_if_trained_on(ctx, tuned)
         tok = handle.tokenizer()
         vocab = int(handle.manifest.vocab_size)

@@ -54,10 +54,11 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
         ranks.append(torch.where(valid, rank, torch.zeros_like(rank)))
         top_l, top_i = torch.topk(logits, k, dim=-1)  # the softmax keeps the order of the logits
         ids.append(top_i.to(torch.int64))
-        norm = torch.logsumexp(logits.to(torch.float64), dim=-1, keepdim=True)
+        wide = logits.to(torch.float64)  # one float64 copy, for the normaliser and the divergence alike
+        norm = torch.logsumexp(wide, dim=-1, keepdim=True)
         probs.append(torch.exp(top_l.to(torch.float64) - norm))
         if divergence:
-            kls.append(kl_from_final(final, logits, norm))
+            kls.append(kl_from_final(final, wide, norm))
             logp = tgt.to(torch.float64)[..., 0] - norm[..., 0]
             logps.append(torch.where(valid, logp, torch.zeros_like(logp)))
     out = (torch.stack(ranks), torch.stack(ids), torch.stack(probs))
@@ -65,23 +66,24 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
 
 
 def final_distribution(final_logits):
-    """``(p, sum p log p)`` of the final logits, in float64 (what :func:`kl_from_final` compares with)."""
+    """``(p, sum p log p, sum p)`` of the final logits, in float64 (what :func:`kl_from_final` compares with)."""
     import torch
 
     logp = torch.log_softmax(final_logits.to(torch.float64), dim=-1)
     p = torch.exp(logp)
-    return p, (p * logp).sum(-1)
+    return p, (p * logp).sum(-1), p.sum(-1)
 
 
-def kl_from_final(final, logits, norm):
-    """``KL(final || softmax(logits))`` in nats, float64: ``sum p log p - sum p z + logsumexp(z) sum p`` with
-    ``final = (p, sum p log p)`` and ``norm`` = logsumexp(z) (keepdim), so no second vocabulary-wide
-    log-softmax is held per layer; never below 0 (rounding of a divergence near 0)."""
+def kl_from_final(final, wide, norm):
+    """``KL(final || softmax(z))`` in nats, float64: ``sum p log p - p . z + logsumexp(z) sum p`` with
+    ``final = (p, sum p log p, sum p)``, ``wide`` = z in float64 and ``norm`` = logsumexp(z) (keepdim): the dot
+    product is a matrix product, so no vocabulary-wide log-softmax or product is held per layer (a lens graph's
+    memory is its logits); never below 0 (rounding of a divergence near 0)."""
     import torch
 
-    p, neg_entropy = final
-    kl = neg_entropy - (p * logits.to(torch.float64)).sum(-1) + norm[..., 0] * p.sum(-1)
-    return torch.clamp(kl, min=0.0)  # the final layer's own: 0 up to float64 rounding
+    p, neg_entropy, mass = final
+    dot = torch.matmul(p.unsqueeze(-2), wide.unsqueeze(-1))[..., 0, 0]
+    return torch.clamp(neg_entropy - dot + norm[..., 0] * mass, min=0.0)  # the final layer's own: 0 up to rounding
 
 
 def base_hidden_states(model, inputs: dict[str, Any]):
