@@ -60,27 +60,28 @@ def _about(results) -> str:
     return f"{', '.join(results.per_model)} on {PurePath(str(data).replace(chr(92), '/')).name}"
 
 
-_BAND = "95% bootstrap over texts"
+_BAND = "95% bootstrap-over-texts interval"
 TUNED_CURVES = (
     Curve("tuned_vs_logit", (Line("kl_to_final", "KL to the final layer"),), file="tuned_kl", group=("lens",),
           title="logit vs tuned lens, KL to the final distribution: {about}", ylabel="KL(final || layer), nats",
           from_zero=True, band=_BAND,
           caption="Mean over positions of the KL divergence from the model's output distribution to each layer's "
-                  "decoded one (0 at the last layer). Band: 95% percentile bootstrap over texts."),
+                  "decoded one (0 at the last layer)."),
     Curve("tuned_vs_logit", (Line("top1_agrees_with_last", "top-1 = final top-1"),), file="tuned_agreement",
           group=("lens",), title="logit vs tuned lens, top-1 agreement with the final layer: {about}",
           ylabel="fraction of positions", from_zero=True, band=_BAND,
-          caption="Share of positions whose top-1 decoded token is the model's own top-1. Band: 95% percentile "
-                  "bootstrap over texts (Wilson over texts at exactly 0 or 1)."),
+          caption="Share of positions whose top-1 decoded token is the model's own top-1 (at a share of exactly 0 "
+                  "or 1 the interval is Wilson's, with the texts as trials)."),
     Curve("tuned_vs_logit", (Line("cross_entropy", "cross-entropy"),), file="tuned_cross_entropy",
           group=("lens",), title="logit vs tuned lens, cross-entropy of the target: {about}",
           ylabel="nats per token (ln perplexity)", chance="uniform_cross_entropy", band=_BAND,
           caption="Mean negative log-probability of the target (next token for decoders, the input token for "
                   "encoders) on these texts; perplexity is its exponential. Dashed: a uniform distribution over "
-                  "the vocabulary (ln V). Band: 95% percentile bootstrap over texts."),
+                  "the vocabulary (ln V)."),
 )
 TUNED_TABLE = Table("tuned_vs_logit", ("layer", "lens", "kl_to_final", "top1_agrees_with_last", "perplexity",
                                        "kl_removed"), digits=4,
+                    console=("layer", "lens", "kl_to_final", "top1_agrees_with_last", "perplexity"),
                     numbers=("kl_to_final", "top1_agrees_with_last", "perplexity", "cross_entropy", "kl_removed"))
 FIGURES = Figures(sentence=FIGURES.sentence, summary_numbers=FIGURES.summary_numbers,
                   curves=FIGURES.curves + TUNED_CURVES,

@@ -160,7 +160,7 @@ def _train(store_path, out: Path, *, model, settings: TrainSettings, resume: boo
     from layerscope.decoding.tuned_lens import (LensConfig, Translators, head_unembedding, translated_head,
                                                 unembedding_hash, write_lens)
     from layerscope.ownership import claim, remove, writing
-    from layerscope.progress import steps as progress
+    from layerscope.progress import LINE_EVERY_S, steps as progress
 
     where = claim(out, "lens", force=force, keep=resume, inputs=[store_path])
     inputs = open_inputs(store_path, model)
@@ -188,7 +188,7 @@ def _train(store_path, out: Path, *, model, settings: TrainSettings, resume: boo
     say(f"tuned lens: {n_layers} translators of {width} x {width}, {settings.steps} steps of "
         f"{settings.tokens_per_step:,} tokens drawn from {total:,} stored tokens, micro-batches of {micro:,}")
     state = start
-    last_saved = time.perf_counter()
+    last_saved = said = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     with writing(out, "lens") as wrote:
         bar = progress("tuned lens: tokens trained on", (settings.steps - state.step) * settings.tokens_per_step)
@@ -198,8 +198,10 @@ def _train(store_path, out: Path, *, model, settings: TrainSettings, resume: boo
                 losses = _one_step(lens, inputs, sampler.rows(step), micro, settings, step, opt, params, bar)
                 state = state.after(losses, settings.tokens_per_step, time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                say(f"step {step + 1}/{settings.steps}: KL to the final layer {np.mean(losses):.4f} nats "
-                    f"(layer 0 {losses[0]:.4f}, layer {n_layers - 1} {losses[-1]:.4f})")
+                if step in (start.step, settings.steps - 1) or time.perf_counter() - said >= LINE_EVERY_S:
+                    say(f"step {step + 1}/{settings.steps}: KL to the final layer {np.mean(losses):.4f} nats "
+                        f"(layer 0 {losses[0]:.4f}, layer {n_layers - 1} {losses[-1]:.4f})")
+                    said = time.perf_counter()
                 due = (step + 1) % checkpoint_every == 0 if checkpoint_every else \
                     time.perf_counter() - last_saved >= CHECKPOINT_S
                 if due and step + 1 < settings.steps:
