@@ -169,7 +169,7 @@ def test_locked_cache_store_keeps_max_length_and_batch_tokens(monkeypatch):
     manifest = Manifest.from_dict({"source": {"spec": "k"}, "family": "bert", "num_layers": 2, "hidden_size": 4,
                                    "max_length": 128})
     handle = SimpleNamespace(key="k", manifest=manifest, trust_remote_code=False)
-    run = SimpleNamespace(handle=handle, engine=SimpleNamespace(info=info))
+    run = SimpleNamespace(handle=handle, engine=SimpleNamespace(info=info, depth=None))
     cache.cached_vectors(run, ["a text"], layers=["2"], poolings=["mean"], max_length=24, batch_tokens=512)
     assert seen["max_length"] == 24 and seen["batch_tokens"] == 512
 

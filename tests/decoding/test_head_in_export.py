@@ -136,8 +136,8 @@ def test_head_of_a_bf16_checkpoint_is_loaded_in_bf16_and_kept_in_fp32(family, ti
 
     monkeypatch.setattr(source_mod, "load_torch_model", spy)
     family_entry = FAMILIES[ModelHandle.resolve(src).manifest.family]
-    entry = save_head(resolve_source(str(src), None), family_entry, ModelHandle.resolve(src).manifest.num_layers,
-                      tmp_path)
+    entry, _ = save_head(resolve_source(str(src), None), family_entry, ModelHandle.resolve(src).manifest.num_layers,
+                         tmp_path)
     assert asked == ["auto"]
     stored = load_file(str(tmp_path / HEAD_FILE))
     widened = {k: v.float() for k, v in AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)

@@ -209,6 +209,7 @@ def with_intervals(row: dict[str, Any], f: dict[str, Any], src: np.ndarray, tgt:
 class Alignment(Analysis):
     metadata = AnalysisMetadata(
         name="alignment",
+        reads="vectors",
         description="Do paired texts (two languages, two phrasings) line up layer by layer, beyond chance?",
         inputs=("aligned",),
         main_score="z",

@@ -114,6 +114,7 @@ def head_rows(stats: dict[str, np.ndarray], *, seed: int) -> tuple[list[dict], l
 class AttentionAnalysis(Analysis):
     metadata = AnalysisMetadata(
         name="attention",
+        reads="model",
         description="Attention per layer and head (entropy, first-token and special-token sinks, distance, "
                     "previous token) with 95% intervals over texts; rollout, flow and a per-text viewer",
         inputs=("texts", "engine"),

@@ -28,6 +28,7 @@ from layerscope.model.manifest_type import SourceInfo
 
 if TYPE_CHECKING:
     from layerscope.analyses.spec import RunSpec
+    from layerscope.extraction.engine_plan import EngineReads
 
 # what an analysis module imports from here (the registration path every analysis uses)
 __all__ = ["INPUTS", "Analysis", "AnalysisMetadata", "Context", "ModelOutput", "ModelRun", "Option", "PerModel",
@@ -153,6 +154,20 @@ class Analysis(ABC):
     def check_model(self, ctx: Context, handle, data: Any) -> None:
         """Refuse, in one line, a model this run's data or options cannot serve (a tuned lens of another width),
         once the models are resolved and before any engine starts or exports. Default: nothing to check."""
+
+    def engine_reads(self, handle, layers: list[str], poolings: list[str]) -> EngineReads:
+        """What ``compute`` reads from the engine of one model whose run asks ``layers`` and ``poolings``: the
+        engine is opened for that and no more (the one early-exit rule, extraction/engine_plan.py). From the
+        metadata's ``reads``; ``vectors`` counts every pooling the vector cache stores (analyses/cache.py)."""
+        from layerscope.extraction.engine_plan import EngineReads
+
+        if self.metadata.reads == "model":
+            return EngineReads.of(None)
+        if self.metadata.reads == "vectors":
+            from layerscope.analyses.cache import model_poolings
+
+            return EngineReads.of(layers, model_poolings(handle.manifest, poolings))
+        return EngineReads.of(layers, poolings, tokens=True)
 
     def options(self, ctx: Context):
         """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
@@ -338,12 +353,18 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     labels = (model_labels(list(spec.given_models), [h.manifest.source.alias for h in handles], spec.labels)
               if handles else [])
     limits = {"max_seq": spec.max_length} if spec.max_length else {}
+    from layerscope.extraction.engine_plan import early_exit
+
+    # each model's engine computes what the analysis reads of it and no more: a run of layers 0..2 of a 28-layer
+    # model runs 3 blocks (the vector cache then keeps those layers: analyses/cache.py)
+    depths = [early_exit(handle.manifest, analysis.engine_reads(handle, layers[i], poolings[i])).as_kwargs()
+              for i, handle in enumerate(handles)]
     opened: list[Any] = [None] * len(handles)
     try:
         if engine_spec(engine_name).picks_engine:  # what auto picks is part of the run: start the engines to learn it
             for i, (model, handle) in enumerate(zip(spec.given_models, handles)):
                 ctx.say(f"{model}: starting engine {engine_name}")
-                opened[i] = open_engine(handle, engine_name, **{**limits, **engine_options})
+                opened[i] = open_engine(handle, engine_name, **{**limits, **depths[i], **engine_options})
         models = []
         for i, (model, src, key) in enumerate(sources):
             resolved, variant = (_resolved_engine(engine_name, engine_options, opened[i]) if handles
@@ -381,7 +402,7 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
             engine = opened[i]
             if engine is None:
                 ctx.say(f"{model}: starting engine {engine_name}")
-                engine = open_engine(handle, engine_name, **{**limits, **engine_options})
+                engine = open_engine(handle, engine_name, **{**limits, **depths[i], **engine_options})
             opened[i] = None
             run = ModelRun(model, engine.model if hasattr(engine, "model") else handle, engine, layers[i],
                            poolings[i])

@@ -80,6 +80,7 @@ def _attention_runner(run: ModelRun):
 class ClsAttention(Analysis):
     metadata = AnalysisMetadata(
         name="cls_attention",
+        reads="model",
         description="where a vision tower's CLS token looks, layer by layer: its attention over the patch grid "
                     "(mean over heads), drawn over each image; share on the patches with bootstrap intervals",
         inputs=("engine",),

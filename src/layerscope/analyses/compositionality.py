@@ -112,6 +112,7 @@ def _summary_row(items, idx_pos, idx_neg, idx_para, vectors) -> tuple[dict, np.n
 class Compositionality(Analysis):
     metadata = AnalysisMetadata(
         name="compositionality",
+        reads="vectors",
         description="Word order vs meaning: is a paraphrase closer than a same-words negative, per layer",
         inputs=("items",),
         main_score="best_win_rate",
@@ -138,6 +139,15 @@ class Compositionality(Analysis):
         from layerscope.vocab.pooling import family_poolings
 
         return family_poolings(handle.manifest, self.metadata.default_poolings)
+
+    def engine_reads(self, handle, layers: list[str], poolings: list[str]):
+        """The asked layers' pooled vectors, and the model's own pooled output where it has one (made after the
+        last block, so that model's engine runs every block)."""
+        if handle.manifest.pooled_output:
+            from layerscope.extraction.engine_plan import EngineReads
+
+            return EngineReads.of(None)
+        return super().engine_reads(handle, layers, poolings)
 
     def compute(self, ctx: Context, run: ModelRun, items) -> ModelOutput:
         from layerscope.metrics.comparison import compositionality_summary

@@ -95,6 +95,7 @@ FIGURES = Figures(
 class Explain(Analysis):
     metadata = AnalysisMetadata(
         name="explain",
+        reads="model",
         description="Which token pairs make two texts similar: integrated Jacobians (Möller, Nikolaev and Padó "
                     "2023), a token x token matrix that sums to the similarity minus its reference terms",
         inputs=("text_pairs", "engine"),

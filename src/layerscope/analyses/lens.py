@@ -134,6 +134,7 @@ def add_text_intervals(rows: list[dict[str, Any]], positions, agree, top1, *, se
 class Lens(Analysis):
     metadata = AnalysisMetadata(
         name="lens",
+        reads="model",
         description="Logit lens: decode every layer through the LM head (or tied embeddings) and rank the "
                     "input / next token",
         inputs=("texts",),

@@ -48,6 +48,18 @@ INPUTS = {
 }
 
 
+# What an analysis's ``compute`` reads from its engine (AnalysisMetadata.reads): what the engine of ``layerscope run``
+# is opened for (early exit, extraction/engine_plan.py), so a run pays for the layers it asks and no more.
+READS = {
+    "vectors": "pooled vectors of the asked layers only (ctx.vectors, or the engine's pooled runs): the engine runs "
+               "to the deepest asked layer and hands back the graph's pooled outputs alone where it has them",
+    "layers": "the asked layers, token states too (token vectors, run_tokens): the engine runs to the deepest asked "
+              "layer",
+    "model": "more than the asked layers (the last layers, the model's own pooled output, a head on the last "
+             "layer, gradients): the engine runs every block",
+}
+
+
 @dataclass(frozen=True)
 class AnalysisMetadata:
     name: str
@@ -59,3 +71,8 @@ class AnalysisMetadata:
     needs_gradients: bool = False  # runs the model itself on the torch engine
     options: tuple[Option, ...] = ()
     figures: Any = None  # what its reports show, declared once (report/figures.py); None: its own plots/report
+    reads: str = "layers"  # what compute reads from its engine (see READS); decides how deep the engine runs
+
+    def __post_init__(self) -> None:
+        if self.reads not in READS:
+            raise ValueError(f"analysis {self.name!r}: reads={self.reads!r}; one of {', '.join(READS)}")

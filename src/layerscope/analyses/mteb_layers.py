@@ -102,6 +102,7 @@ def _pairs_dataset(pairs):
 class MtebAnalysis(Analysis):
     metadata = AnalysisMetadata(
         name="mteb",
+        reads="vectors",
         description="every layer x pooling as an embedding model, scored by the mteb library (MTEB-format results)",
         inputs=("pairs", "engine"),
         main_score="best_main_score",

@@ -148,6 +148,7 @@ def _retrieval_binary(codes: np.ndarray, dim: int, rs: RetrievalSet) -> dict:
 class Pooling(Analysis):
     metadata = AnalysisMetadata(
         name="pooling",
+        reads="vectors",
         description="Which vector to take (pooling, layers) and how far it can be squeezed (binary, int8, truncation)",
         inputs=("pairs",),
         main_score="best_spearman",

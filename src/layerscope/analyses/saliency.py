@@ -128,6 +128,7 @@ def saliency_cost(texts: int, layers: int, *, gxa: bool, ig_steps: int, k: int, 
 class Saliency(Analysis):
     metadata = AnalysisMetadata(
         name="saliency",
+        reads="model",
         description="Decoded layer saliency (Hou & Castanon 2023) vs gradient baselines, scored by the hiding "
                     "and revealing games",
         inputs=("labeled", "engine"),

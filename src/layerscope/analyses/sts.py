@@ -105,6 +105,7 @@ def sts_headline(rows: list[dict], best: dict | None, final: str) -> list[dict]:
 class STS(Analysis):
     metadata = AnalysisMetadata(
         name="sts",
+        reads="vectors",
         description="Which layer knows semantic similarity: cosine of sentence pairs vs human scores, per layer",
         inputs=("pairs",),
         main_score="best_spearman",

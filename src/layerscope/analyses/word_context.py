@@ -66,6 +66,7 @@ def frequent_words(texts: list[str], top: int) -> list[str]:
 class WordContext(Analysis):
     metadata = AnalysisMetadata(
         name="word_context",
+        reads="model",
         description="Word embeddings in context (one layer or the last k averaged): does the same word find "
                     "itself across contexts? Same-word nearest-neighbour share per layer",
         inputs=("texts",),

@@ -37,6 +37,15 @@ def bench_engines() -> dict[str, BenchEngine]:
 
 
 
+def as_extracted(manifest, options: dict[str, Any], layers: list[str], pooling: str) -> dict[str, Any]:
+    """A row's engine options over what an extraction of ``layers`` in ``pooling`` opens its engine with (the one
+    early-exit rule, extraction/engine_plan.py): no block after the deepest layer, pooled outputs only where the
+    graph pools them. The row's own options win (a row that pools in numpy, say)."""
+    from layerscope.extraction.engine_plan import EngineReads, early_exit
+
+    return {**early_exit(manifest, EngineReads.of(layers, (pooling,))).as_kwargs(), **options}
+
+
 def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n_acc: int):
     from layerscope.bench.machine import PeakMemory
     from layerscope.export.open import open_engine
@@ -75,9 +84,7 @@ def engine_row(cfg: BenchConfig, spec: BenchEngine, handle, layers: list[str], n
     # PyTorch's thread pool is the process's: rows sharing this process leave it as the process has it
     if cfg.threads and engine_spec(spec.engine).runtime is not Runtime.PYTORCH:
         options["threads"] = cfg.threads
-    from layerscope.engines.truncate import depth_of
-
-    options.setdefault("depth", depth_of(layers))  # as an extraction of these layers runs: no block after them
+    options = as_extracted(handle.manifest, options, layers, cfg.pooling)
     t0 = time.perf_counter()
     try:
         eng = open_engine(handle, spec.engine, **options)

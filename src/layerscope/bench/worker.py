@@ -60,8 +60,10 @@ def _engine_row(job: dict[str, Any]) -> Row:
         options["variant"] = variant
     if job.get("threads"):
         options["threads"] = job["threads"]
-    eng = open_engine(handle, job["engine"], **options)
     layers, pooling = job["layers"], job["pooling"]
+    from layerscope.bench.engine_rows import as_extracted
+
+    eng = open_engine(handle, job["engine"], **as_extracted(handle.manifest, options, layers, pooling))
     kw = dict(batch_tokens=job.get("batch_tokens"), max_batch=job["max_batch"], max_length=job.get("max_length"))
     hidden = handle.manifest.hidden_size
 

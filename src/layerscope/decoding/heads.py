@@ -158,7 +158,7 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
 
             net = net.to(device)
             base = net.base_model
-            p = head_parts(net, family, num_layers)
+            p = head_parts(net, family, num_layers, anatomy=_recorded_head(handle))
             head = _decoding_module(p["kind"], p["head"], p["norm"], p["word_embeddings"], num_layers,
                                     p["deberta_new"], p["norm_on_last"]).to(device)
             said = describe(p["kind"], family, num_layers, parts=p)
@@ -175,6 +175,13 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
     head = _decoding_module(TIED, None, None, word_emb, num_layers, False).to(device)
     return DecodingModel(base.eval(), head, HeadInfo(TIED, describe(TIED, family, num_layers, reason), False, missing),
                          family, num_layers)
+
+
+def _recorded_head(handle):
+    """The anatomy the export recorded where it names the head (its paths then need no forward pass), else None
+    (a plain model: found and checked on the loaded model)."""
+    anatomy = handle.manifest.anatomy
+    return anatomy if anatomy is not None and anatomy.head else None
 
 
 def _word_embeddings(base, family):

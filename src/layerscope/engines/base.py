@@ -49,6 +49,7 @@ class Engine(ABC):
     preferred_batch_tokens: int = 16384  # padded tokens per batch when the caller does not say
     variant: str | None = None  # the variant it loaded (None: the fp32 export, or a plain model)
     attention_scores: bool = True  # holds a layer's whole [heads, T, T] attention at once (engines/memory.py)
+    depth: int | None = None  # the deepest layer it computes (early exit, engines/truncate.py); None: every layer
     model: ModelHandle
     info: EngineInfo
     _spec: EngineSpec | None = None  # the declaration it was made from (None: made by its class directly)

@@ -1,7 +1,8 @@
 """Early exit: compute up to the deepest layer a run reads, and no further.
 
-``--layers`` decides. ``depth_of(layers)`` is the deepest one (``-1`` when only ``raw`` is asked), and
-an engine handed ``depth`` (a hint every engine takes, engines/registry.py) runs
+``--layers`` decides, through one rule for every door (``early_exit`` in extraction/engine_plan.py: the
+executors, ``embed``, the bench's rows and ``layerscope run``). ``depth_of(layers)`` is the deepest one (``-1``
+when only ``raw`` is asked), and an engine handed ``depth`` (a hint every engine takes, engines/registry.py) runs
 
 - ONNX Runtime / OpenVINO: a graph derived from the one it would load, pruned by ``onnx.utils.Extractor``
   to the outputs of layers ``raw``, ``0``..``depth`` and the in-graph pooled outputs of those layers (the
@@ -353,13 +354,6 @@ def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool, probe
             setattr(parent, attr, kept)
             return 1
     return max(depth, 0)
-
-
-def pooled_only_run(manifest, layers: Iterable[str], poolings: Iterable[str], *, tokens: bool = False) -> bool:
-    """Whether a run of ``layers`` and ``poolings`` needs nothing but the graph's pooled outputs (no token
-    states, every pooling and layer pooled in the graph), so the engine may keep the hidden states inside."""
-    return (not tokens and bool(manifest.pooled_modes) and set(poolings) <= set(manifest.pooled_modes)
-            and set(layers) <= set(manifest.pooled_layers))
 
 
 def engine_graph(engine, path: Path, depth: int | None, pooled_only: bool) -> tuple[Path, list[str]]:

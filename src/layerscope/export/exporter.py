@@ -22,7 +22,7 @@ from layerscope.errors import ExportError
 from layerscope.export import external, lean
 from layerscope.export.manifest_write import FP32_RTOL, build_manifest, fp32_worst, opset_of_file, save_tokenizer
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names
-from layerscope.export.onnx_config import make_onnx_config
+from layerscope.export.onnx_config import export_path, make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.model.describe import describe_source
 from layerscope.model.manifest import MANIFEST, ONNX_FILE
@@ -38,12 +38,10 @@ DEFAULT_OPSET = 18
 EXTERNAL_DATA_BYTES = external.EXTERNAL_DATA_BYTES  # weights above this go to model.onnx_data (tests lower it)
 
 
-def default_pooled(family_name: str) -> list[str]:
-    from layerscope.model.families import FAMILIES
-
-    fam = FAMILIES[family_name]
+def default_pooled(family) -> list[str]:
+    """The in-graph poolings an export makes unless asked otherwise (``family``: a ``Family``)."""
     modes = list(MASK_POOLINGS)
-    if fam.pooled_output:
+    if family.pooled_output:
         modes.append("eos")
     return modes
 
@@ -86,9 +84,15 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     spec = source.spec
     dtype = check_dtype(dtype)
     output = Path(output)
+    from layerscope.model.families import family_of_config
+    from layerscope.model.source import load_config
     from layerscope.model.vision import describe_vision
 
-    vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code, image_size=image_size)
+    # read and derived once for the whole export, and handed down
+    config = load_config(source, trust_remote_code=trust_remote_code)
+    family = family_of_config(config, tower, trust_remote_code)
+    vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code, image_size=image_size,
+                             config=config, family=family)
     if vision is None and image_size is not None:
         from layerscope.errors import InputError
 
@@ -99,17 +103,15 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
 
         return export_vision(source, output, vision, pooled=pooled, opset=opset, atol=atol, rtol=rtol,
                              trust_remote_code=trust_remote_code, force=force, progress=progress,
-                             cache_entry=cache_entry, dtype=dtype)
+                             cache_entry=cache_entry, dtype=dtype, config=config, family=family)
     claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    info = describe_source(source, trust_remote_code=trust_remote_code)  # the manifest's model half
+    info = describe_source(source, trust_remote_code=trust_remote_code, config=config, family=family)  # model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
-    from layerscope.model.families import family_of
     from layerscope.model.source import load_torch_model
 
-    family = family_of(model)
-    requested = pooled if pooled is not None else default_pooled(family.name)
+    requested = pooled if pooled is not None else default_pooled(family)
     pooled_modes = check_poolings(requested, available=GRAPH_POOLINGS) if requested else []  # [] = token-level outputs only
     require_pooled_output(pooled_modes, family.pooled_output, family.name)
     from layerscope.atomic import staged_dir
@@ -128,24 +130,31 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
         else:
             say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers)")
             say("exporting with optimum")
-            trace_step(trace, work)
+            trace_step(trace, work, config=config, family=family)
         say("adding raw embeddings and in-graph pooling")
         onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
         tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
         say("keeping the decoding head (lm_head.safetensors) for the lens")
         from layerscope.export.lm_head import save_head
 
-        head_entry = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code)
-        say("checking every output against PyTorch (fp32)")
-        parity = compare_outputs(lambda: load_torch_model(source, family, trust_remote_code=trust_remote_code),
-                                 family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
+        head_entry, head = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code,
+                                     config=config)
+        say("checking every output against PyTorch (fp32), and the model's anatomy by a forward pass")
+        found: dict[str, Any] = {}
+
+        def reference():  # the fp32 model the outputs are held to; its anatomy is found and checked on it
+            net = load_torch_model(source, family, trust_remote_code=trust_remote_code, config=config)
+            found["anatomy"] = model_anatomy(net, family, model.num_layers, head)
+            return net
+
+        parity = compare_outputs(reference, family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
                                  pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = build_manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                                   time.perf_counter() - t0, work)
-        manifest.update(tokenizer=tokenizer_info, export_path=_export_path(family, source, trust_remote_code),
+        manifest.update(tokenizer=tokenizer_info, export_path=export_path(family, config),
                         lm_head=head_entry,  # a lens made later reads its head here, not from the checkpoint
-                        export_peak_rss_bytes=_peak_rss())
+                        export_peak_rss_bytes=_peak_rss(), **anatomy_facts(found["anatomy"], model))
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest.update(export_cache=cache_entry)
         if dtype == "fp16":
@@ -163,12 +172,20 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     return Manifest.from_dict(manifest, where=str(output / MANIFEST))
 
 
-def _export_path(family, source, trust_remote_code: bool) -> str:
-    """"optimum" (the architecture's Optimum config, extended) or "torch" (plain torch.onnx), as traced."""
-    from layerscope.export.onnx_config import export_path
-    from layerscope.model.source import load_config
+def model_anatomy(net, family, num_layers: int, head: dict[str, Any] | None):
+    """The anatomy of the loaded base model ``net`` (model/anatomy.py), checked by a forward pass, with the head's
+    part ``save_head`` found on the with-head model."""
+    from layerscope.model.anatomy import resolve_anatomy, with_head
 
-    return export_path(family, load_config(source, trust_remote_code=trust_remote_code))
+    anatomy = resolve_anatomy(net, family, num_layers)
+    return with_head(anatomy, **head) if head else anatomy
+
+
+def anatomy_facts(anatomy, model: Manifest) -> dict[str, Any]:
+    """The manifest's entries the anatomy decides: itself, whether layer L has the final norm, and what layer L
+    and the model's own last hidden state are (a note the description made, OPT's projection, is kept)."""
+    return {"anatomy": anatomy.to_dict(), "final_norm_in_last_layer": anatomy.final_norm_in_hidden_states,
+            "last_layer_note": model.raw.get("last_layer_note") or anatomy.last_layer_note()}
 
 
 def _peak_rss() -> int:
@@ -204,16 +221,21 @@ def stream_threshold() -> int:
     return min(EXTERNAL_DATA_BYTES, lean.STREAM_BYTES)
 
 
-def trace_step(trace: dict[str, Any], work: Path) -> None:
-    """Load the torch model, export it into ``work`` and free it; ``trace`` holds export_model's arguments."""
+def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -> None:
+    """Load the torch model, export it into ``work`` and free it; ``trace`` holds export_model's arguments
+    (``config`` and ``family``: as export_model read and derived them; a child process, which cannot be handed
+    them, reads and derives them once itself)."""
     from layerscope.model.families import FAMILIES, code_family
     from layerscope.model.source import ModelSource, load_config, load_torch_model
 
-    family = code_family(trace["family"], trace["kind"]) if trace.get("family_from_code") else FAMILIES[trace["family"]]
     source = ModelSource(**trace["source"])  # resolved by export_model; the child loads exactly that
-    config = load_config(source, trust_remote_code=trace["trust_remote_code"])
-    model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"])
-    from layerscope.export.onnx_config import export_path
+    if family is None:
+        family = code_family(trace["family"], trace["kind"]) if trace.get("family_from_code") \
+            else FAMILIES[trace["family"]]
+    if config is None:
+        config = load_config(source, trust_remote_code=trace["trust_remote_code"])
+    model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"],
+                             config=config)
 
     if export_path(family, config) == "torch":  # Optimum has no config for this architecture
         from layerscope.export.torch_export import torch_export

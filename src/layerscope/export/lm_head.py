@@ -43,39 +43,69 @@ def describe(kind: str, family, num_layers: int, reason: str = "", parts: dict[s
             "(logits = h @ E^T, no bias, no extra norm); ranks are meaningful, probabilities are uncalibrated")
 
 
-def head_parts(net, family, num_layers: int, *, norm_on_last: bool | None = None,
-               paths: tuple[str, ...] | None = None) -> dict[str, Any]:
+def head_parts(net, family, num_layers: int, *, anatomy=None) -> dict[str, Any]:
     """The modules of a loaded ``*-with-head`` model that decode: kind, head, norm, word embeddings.
 
-    Where they are is found on the model (model/anatomy.py), or read from the families table where it names
-    them.  ``norm_on_last``: the final norm also applies to the last layer (checked at export and recorded);
-    None: measure it here with a forward pass (only on a model with real weights), which also puts the head's
-    modules in the order the model calls them.  ``paths``: the head's modules as recorded at export."""
+    ``anatomy``: where they are, as the export recorded it (``manifest.anatomy``: the head's modules, the final
+    norm and what the head reads); None: found on the model here (model/anatomy.py, or the families table where
+    it names them) and held to a forward pass (only on a model with real weights), which also puts the head's
+    modules in the order the model calls them."""
     import torch
 
-    from layerscope.model.anatomy import check_head_input, final_norm_path, head_paths
+    from layerscope.model.anatomy_head import base_attribute, check_head_input, final_norm_path, head_paths
 
-    deberta_new = family.name == "deberta-v2" and not getattr(net.config, "legacy", True)
-    paths = tuple(paths) if paths else head_paths(net, family, deberta_new=deberta_new)
-    if not paths:
-        raise ManifestError(f"the {family.name} model has no LM head module (get_output_embeddings() is None)")
-    norm_path = final_norm_path(net, family)
-    if norm_on_last is None:
+    if anatomy is not None and anatomy.head:
+        paths, norm_path, reads = tuple(anatomy.head), anatomy.head_norm, anatomy.head_reads
+        below, on_last, max_abs, prefix = anatomy.norm_below_last, anatomy.norm_on_last, None, anatomy.base_prefix
+    else:
+        paths = head_paths(net, family, deberta_new=_new_head(net, family))
+        if not paths:
+            raise ManifestError(f"the {family.name} model has no LM head module (get_output_embeddings() is None)")
+        norm_path = final_norm_path(net, family)
         vocab = int(getattr(net.config.get_text_config(), "vocab_size", 2) or 2)
         ids = torch.arange(1, 9).clamp(max=vocab - 1).unsqueeze(0)
         checked = check_head_input(net, paths, norm_path, ids)
-        norm_on_last, paths = bool(checked["final_norm_on_last"]), checked["paths"]
+        on_last, paths, max_abs = bool(checked["final_norm_on_last"]), checked["paths"], checked["max_abs"]
+        reads = "final_norm" if on_last else "layer"
+        # the head reads normed states: below L through the final norm, where layer L has it (decoders) or
+        # where the head's own input is the norm of layer L (ModernBERT); post-LayerNorm encoders read every
+        # layer as it is
+        below = norm_path is not None and (family.kind == "decoder" or on_last)
+        prefix = base_attribute(net)
     mods = [net.get_submodule(p) for p in paths]
     head = mods[0] if len(mods) == 1 else torch.nn.Sequential(*mods)
-    decoder = family.kind == "decoder"
-    if not decoder and not norm_on_last:
-        norm_path = None  # post-LayerNorm encoders: every hidden state is read by the head as it is
-    norm = net.get_submodule(norm_path) if norm_path else None
-    kind = CAUSAL if decoder else MLM
+    norm = net.get_submodule(norm_path) if norm_path and below else None
+    kind = CAUSAL if family.kind == "decoder" else MLM
     return {"kind": kind, "head": head, "norm": norm, "word_embeddings": net.get_input_embeddings(),
-            "deberta_new": deberta_new, "prefixes": [p for p in (*paths, norm_path) if p],
-            "norm_below_last": norm is not None, "norm_on_last": norm is not None and norm_on_last,
-            "paths": paths, "norm_path": norm_path}
+            "deberta_new": takes_embeddings(mods[0]), "prefixes": [p for p in (*paths, norm_path) if p],
+            "norm_below_last": norm is not None, "norm_on_last": norm is not None and on_last,
+            "paths": paths, "norm_path": norm_path if norm is not None else None, "reads": reads,
+            "max_abs": max_abs, "base_prefix": prefix}
+
+
+def _new_head(net, family) -> bool:
+    """Whether ``net`` keeps the family's other head (``lm_head_new``: DeBERTa-v2 without ``legacy``): the
+    table's usual head is not a module of this checkpoint's class and the other one is."""
+    def present(paths) -> bool:
+        if not paths:
+            return False
+        try:
+            for path in paths:
+                net.get_submodule(path)
+        except AttributeError:
+            return False
+        return True
+
+    return not present(family.lm_head) and present(family.lm_head_new)
+
+
+def takes_embeddings(head) -> bool:
+    """Whether a head module is called with the word embeddings beside the states (DeBERTa-v2's new head)."""
+    import inspect
+
+    params = [p for p in inspect.signature(head.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(params) >= 2
 
 
 def _module_name(net, module) -> str:
@@ -105,8 +135,11 @@ def _collect(net, prefixes: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     return tensors, aliases
 
 
-def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """Write ``lm_head.safetensors`` into ``out_dir``; return the manifest's ``lm_head`` entry."""
+def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_code: bool = False,
+              config=None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Write ``lm_head.safetensors`` into ``out_dir``; return the manifest's ``lm_head`` entry and the head's
+    part of the anatomy (``model/anatomy.py`` ``with_head``'s arguments; None where the model has no trained
+    head: the tied word embeddings decode)."""
     import gc
 
     from safetensors.torch import save_file
@@ -116,11 +149,12 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
 
     missing: tuple[str, ...] = ()
     net = None
+    facts = None
     if family.lm_head_loader:
         # in the checkpoint's own dtype: only the head is kept (widened to fp32), so a bf16 3B model costs
         # 6 GB here instead of 12 (its fp32 load next to the export's leftovers ran a 24 GiB machine out of memory)
         net, info = load_torch_model(source, family, trust_remote_code=trust_remote_code, with_head=True,
-                                     output_loading_info=True, dtype="auto")
+                                     output_loading_info=True, dtype="auto", config=config)
         prefix = net.base_model_prefix
         missing = tuple(k for k in info.get("missing_keys", []) if not k.startswith(prefix + "."))
         if not missing:
@@ -135,6 +169,8 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
                 desc = describe(kind, family, num_layers, parts=parts)
                 norm_on_last, norm_below = parts["norm_on_last"], parts["norm_below_last"]
                 head_modules = parts["paths"]
+                facts = {"base_prefix": parts["base_prefix"], "head": tuple(parts["paths"]),
+                         "head_reads": parts["reads"], "max_abs": parts["max_abs"]}
             else:
                 net = None
         else:
@@ -148,7 +184,7 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
         head_modules = ()
         del net
         gc.collect()
-        net = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype="auto")
+        net = load_torch_model(source, family, trust_remote_code=trust_remote_code, dtype="auto", config=config)
         prefixes = [_module_name(net, net.get_input_embeddings())]
         kind, loader, desc = TIED, None, describe(TIED, family, num_layers, reason)
     tensors, aliases = _collect(net, prefixes)
@@ -164,7 +200,27 @@ def save_head(source, family, num_layers: int, out_dir: Path, *, trust_remote_co
              "aliases": aliases, "embedding": prefixes[-1] + ".weight"}
     del net, tensors
     gc.collect()
-    return entry
+    return entry, facts
+
+
+def _head_anatomy(net, family, manifest: Manifest):
+    """Where the head's modules, the final norm and the head's input are: the manifest's anatomy; an export
+    whose record names no head modules (made before it named them) finds them on ``net`` by the same rule."""
+    from dataclasses import replace
+
+    from layerscope.model.anatomy_head import base_attribute, head_paths
+
+    anatomy = manifest.anatomy
+    if anatomy is None:
+        raise ManifestError(f"the manifest of {manifest.source.label} records no anatomy and none can be derived "
+                            "from its files; export it again into a new folder")
+    if anatomy.head:
+        return anatomy
+    paths = head_paths(net, family, deberta_new=_new_head(net, family))
+    if not paths:
+        raise ManifestError(f"the {family.name} model has no LM head module (get_output_embeddings() is None)")
+    reads = "final_norm" if (manifest.lm_head or {}).get("final_norm_on_last") else "layer"
+    return replace(anatomy, base_prefix=base_attribute(net), head=tuple(paths), head_reads=reads)
 
 
 def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | None:
@@ -205,8 +261,7 @@ def load_stored_head(export_dir: Path, manifest: Manifest) -> dict[str, Any] | N
             raise ManifestError(f"{path.name} names an alias {alias} of {name}, which it does not hold")
         setattr(net.get_submodule(owner), attr, target)
     net.eval()
-    parts = head_parts(net, family, num_layers, norm_on_last=bool(entry.get("final_norm_on_last", False)),
-                       paths=tuple(entry.get("head_modules") or ()) or None)
+    parts = head_parts(net, family, num_layers, anatomy=_head_anatomy(net, family, manifest))
     for what in ("head", "norm", "word_embeddings"):
         mod = parts[what]
         # its weights and persistent buffers (Gemma's embed_scale is a non-persistent buffer the lens never reads)

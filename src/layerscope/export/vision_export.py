@@ -152,10 +152,28 @@ def _check_half(spec: str, manifest: dict[str, Any], parity: dict[str, Any], num
                           "Export it in fp32")
 
 
+def tower_anatomy(tower, family, num_layers: int, image: dict[str, Any]):
+    """The anatomy of a ``VisionTower`` (model/vision.py) at the export's image size, its head the way into the
+    joint space; checked by forward passes (model/anatomy.py)."""
+    import torch
+
+    from layerscope.model.anatomy import resolve_anatomy, vision_head
+
+    gen = torch.Generator().manual_seed(0)
+    pixels = {"pixel_values": torch.rand(1, int(image["channels"]), int(image["height"]), int(image["width"]),
+                                         generator=gen)}
+    from layerscope.model.vision import resize_positions
+
+    inner = dict(pixels, **resize_positions(tower.tower, pixels["pixel_values"]))
+    return vision_head(tower, resolve_anatomy(tower.tower, family, num_layers, inputs=inner), pixels)
+
+
 def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[str] | None, opset: int,
                   atol: float, rtol: float, trust_remote_code: bool, force: bool, progress=None,
-                  cache_entry: dict[str, Any] | None = None, dtype: str = "fp32") -> Manifest:
-    """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``;
+                  cache_entry: dict[str, Any] | None = None, dtype: str = "fp32", config=None,
+                  family=None) -> Manifest:
+    """Export the vision tower ``info`` describes (model/vision.py ``describe_vision``) into ``output``
+    (``config`` and ``family``: as export_model read and derived them);
     ``dtype="fp16"`` traces an fp16 copy of the tower and holds every output to a depth-scaled cosine
     against the fp32 tower (export/half.py), the figures recorded in the manifest's parity."""
     from layerscope.atomic import staged_dir
@@ -173,7 +191,7 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
     half = dtype == "fp16"
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
-    family = FAMILIES[info["family"]]
+    family = family if family is not None else FAMILIES[info["family"]]
     image = info["image"]
     modes = check_image_poolings(pooled if pooled is not None else image_poolings(image["prefix_tokens"]),
                                  image["prefix_tokens"], family.name)
@@ -192,7 +210,7 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
             if resized else ""
         say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers, "
             f"{image['height']}x{image['width']} pixels{at})")
-        tower = load_vision_tower(source, family, trust_remote_code=trust_remote_code)
+        tower = load_vision_tower(source, family, trust_remote_code=trust_remote_code, config=config)
         if resized and not serves_other_sizes(tower):
             raise InputError(f"{spec}: its {family.name} tower cannot resize its position embeddings to "
                              f"{image['height']}x{image['width']} pixels; leave out --image-size")
@@ -204,7 +222,8 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
         onnx_info = _add_pooling(work / ONNX_FILE, model.num_layers, model.hidden_size, image["tokens"],
                                  image["prefix_tokens"], modes, half=half)
         processor.save_pretrained(str(work))
-        load_config(source, trust_remote_code=trust_remote_code).save_pretrained(str(work))
+        (config if config is not None else load_config(source, trust_remote_code=trust_remote_code)).save_pretrained(
+            str(work))
         say("checking every output against PyTorch (fp32)")
         parity = compare_vision(tower, work / ONNX_FILE, processor, image, modes)
         worst_name, worst = fp32_worst(parity, atol, rtol)
@@ -212,8 +231,11 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
                                   time.perf_counter() - t0, work)
         if half:  # held to cosines by depth, not to fp32's absolute tolerance
             _check_half(spec, manifest, parity, model.num_layers, onnx_info)
+        anatomy = tower_anatomy(tower, family, model.num_layers, image)
         manifest.update(export_path="torch", pooled_output=JOINT_OUTPUT if joint else None,
-                        joint_output=JOINT_OUTPUT if joint else None, tokenizer=None)
+                        joint_output=JOINT_OUTPUT if joint else None, tokenizer=None, anatomy=anatomy.to_dict(),
+                        final_norm_in_last_layer=anatomy.final_norm_in_hidden_states,
+                        last_layer_note=anatomy.last_layer_note())
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest.update(export_cache=cache_entry)
         if not half and not worst["max_abs"] <= worst["tolerance"]:  # also catches NaN

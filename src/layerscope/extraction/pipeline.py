@@ -25,7 +25,6 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from layerscope.engines.base import Engine
-from layerscope.engines.truncate import depth_of, pooled_only_run
 from layerscope.errors import InputError, StoreError
 from layerscope.export.open import open_engine
 from layerscope.model.tokenize import Batch, Encoder
@@ -320,10 +319,12 @@ def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all
         from layerscope.model.tokenize import check_room
 
         check_room(handle.encoding_tokenizer(), max_length, prompt_text or "")
+    if not isinstance(engine, Engine):
+        from layerscope.extraction.engine_plan import EngineReads, early_exit
+
+        plan = early_exit(handle.manifest, EngineReads.of(layer_list, pool_list))  # early exit: --layers decides
     eng = engine if isinstance(engine, Engine) else open_engine(
-        handle, choice, **{"depth": depth_of(layer_list),  # early exit: --layers decides
-                           "pooled_only": pooled_only_run(handle.manifest, layer_list, pool_list),
-                           **(engine_options or {})})
+        handle, choice, **{**plan.as_kwargs(), **(engine_options or {})})
     manifest = eng.manifest
     out = {(p, l): np.zeros((len(texts), manifest.width_of([l])), np.float32) for p in pool_list for l in layer_list}
     for batch, pooled, _ in iter_pooled(eng, texts, layer_list, pool_list, batch_tokens=batch_tokens,

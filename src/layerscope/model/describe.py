@@ -13,8 +13,8 @@ from typing import Any
 
 import layerscope
 from layerscope.errors import InputError
-from layerscope.model.families import check_config, is_code_family, layer_facts, model_dims
-from layerscope.model.source import ModelSource, check_family, load_config, resolve_source, weights_hash
+from layerscope.model.families import check_config, check_family, is_code_family, layer_facts, model_dims
+from layerscope.model.source import ModelSource, load_config, resolve_source, weights_hash
 from layerscope.vocab.layers import layer_names
 
 
@@ -52,15 +52,19 @@ def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str 
     return describe_source(resolve_source(spec, revision), trust_remote_code=trust_remote_code, with_hash=with_hash)
 
 
-def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True) -> dict[str, Any]:
-    """What the resolved model ``source`` is, before any export (the manifest's model half)."""
-    config = load_config(source, trust_remote_code=trust_remote_code)
+def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True,
+                    config=None, family=None) -> dict[str, Any]:
+    """What the resolved model ``source`` is, before any export (the manifest's model half); ``config`` and
+    ``family``: as the caller already read and derived them (an export does once)."""
+    config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
     # a type only the model's own code defines: its derived family with --trust-remote-code, one line without
-    family = check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code)
+    family = family if family is not None else \
+        check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code)
     if family.modality == "image":  # a vision tower: no tokenizer (model/vision.py)
         from layerscope.model.vision import describe_vision
 
-        return describe_vision(source, trust_remote_code=trust_remote_code, with_hash=with_hash)
+        return describe_vision(source, trust_remote_code=trust_remote_code, with_hash=with_hash, config=config,
+                               family=family)
     check_config(config, family)
     num_layers, hidden, positions = model_dims(config, family)
     from layerscope.model.source import load_tokenizer

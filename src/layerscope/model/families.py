@@ -300,6 +300,35 @@ def family_for(model_type: str, tower: str | None = None) -> Family:
     return derive_family(model_type)
 
 
+def check_family(model_type: str, auto_map, trust_remote_code: bool = False):
+    """The family of ``model_type`` (``family_for``); for a type only the model's own code (``auto_map``)
+    defines, the family derived from that code with --trust-remote-code (``code_family``), one line without."""
+    try:
+        return family_for(model_type)
+    except InputError:
+        if not auto_map or not isinstance(auto_map, dict):
+            raise
+        if trust_remote_code:
+            return code_family(model_type, code_kind(model_type, auto_map))
+        code = ", ".join(f"{k} = {v}" for k, v in sorted(auto_map.items()) if k.startswith("AutoModel"))
+        raise InputError(f"model type '{model_type}' exists only in the model's own code ({code or 'auto_map'}), "
+                         "which runs only with --trust-remote-code: pass it if you trust that code (none of it "
+                         "ran)") from None
+
+
+def family_of_config(config, tower: str | None = None, trust_remote_code: bool = False):
+    """The family a checkpoint's config (already read) is exported and run as: ``family_for`` its model type
+    and ``tower``, or, for a type only the model's own code defines, ``check_family``'s (one line without
+    --trust-remote-code).  Derived once per export and handed down (export/exporter.py)."""
+    try:
+        return family_for(config.model_type, tower)
+    except InputError:
+        family = check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code)
+        if tower == "vision":
+            raise
+        return family
+
+
 def code_family(model_type: str, kind: str) -> Family:
     """The family of a model type only the model's own code defines (``auto_map``, read with
     --trust-remote-code): its base class through ``AutoModel``, every layer through ``output_hidden_states``,

@@ -13,7 +13,7 @@ from typing import Any
 
 from layerscope.errors import ManifestError
 from layerscope.hashing import file_sha256
-from layerscope.model.manifest_type import FORMAT_VERSION, ONNX_FILE, Manifest, as_manifest
+from layerscope.model.manifest_type import FORMAT_VERSION, ONNX_FILE, READABLE_VERSIONS, Manifest, as_manifest
 
 MANIFEST = "manifest.json"
 
@@ -42,10 +42,10 @@ def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, chec
     onnx_path = check_paths(Path(export_dir), manifest)
     if not onnx_path.exists():
         raise ManifestError(f"{export_dir} has a manifest but no {onnx_path.name}; re-run layerscope export")
-    if manifest.format_version != FORMAT_VERSION:
+    if manifest.format_version not in READABLE_VERSIONS:
         raise ManifestError(
-            f"{export_dir} was written by a different layerscope export format "
-            f"({manifest.format_version}, this version reads {FORMAT_VERSION}); re-run layerscope export")
+            f"{export_dir} was written by a different layerscope export format ({manifest.format_version}, this "
+            f"version reads {', '.join(map(str, READABLE_VERSIONS))}; it writes {FORMAT_VERSION}); re-run layerscope export")
     if not manifest.onnx_sha256:
         raise ManifestError(f"{Path(export_dir) / MANIFEST} has no onnx_sha256, so {onnx_path.name} cannot be "
                             "checked; export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")

@@ -8,7 +8,9 @@ instead of string keys.  ``to_dict()`` gives back the JSON form (what stores and
 
 Format versions: an export's manifest.json carries ``format_version``; :func:`Manifest.read_export`
 refuses a file without one or with one this version cannot read, in one line that says how to upgrade.
-A manifest copied into a store or a results file before the field existed still opens.
+A manifest copied into a store or a results file before the field existed still opens.  Version 2 adds
+the model's ``anatomy`` (model/anatomy.py); a version-1 export still opens, and its anatomy is derived
+once, the first time ``manifest.anatomy`` is read (``derived_on_load``).
 
 A ``Manifest`` has no mapping view: code reads its fields, and ``to_dict()`` where it needs the JSON.
 """
@@ -25,9 +27,10 @@ from types import MappingProxyType
 from typing import Any
 
 from layerscope.errors import ManifestError
+from layerscope.model.anatomy_record import Anatomy
 
-FORMAT_VERSION = 1  # the manifest.json layout this version writes
-READABLE_VERSIONS = (1,)  # the layouts this version reads
+FORMAT_VERSION = 2  # the manifest.json layout this version writes (2: the model's anatomy)
+READABLE_VERSIONS = (1, 2)  # the layouts this version reads (1: its anatomy derived on load)
 # --force replaces only a folder whose files layerscope recorded, which an older export's folder is not
 UPGRADE = "export the model again into a new folder: layerscope export MODEL --out NEW_DIR"
 ONNX_FILE = "model.onnx"
@@ -237,11 +240,15 @@ class Manifest:
     export_seconds: float | None = None
     modality: str = "text"  # "image": a vision tower reading pixel_values (``image`` says how)
     image: ImageInfo | None = None
+    anatomy_record: Anatomy | None = None  # as manifest.json records it (``anatomy`` reads it, or derives it)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the JSON as read
+    export_dir: Path | None = field(default=None, repr=False, compare=False)  # where read_export found it
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)  # an anatomy derived on load
 
     # -- reading -----------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, where: str = "the manifest") -> "Manifest":
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "the manifest",
+                  export_dir: Path | None = None) -> "Manifest":
         """The typed manifest of ``d`` (an export's JSON, a plain model's description or an embedded copy).
 
         A ``format_version`` this version cannot read is refused in one line; a copy without the key
@@ -282,7 +289,10 @@ class Manifest:
                 tokenizer=TokenizerInfo.from_dict(raw.get("tokenizer")), lm_head=raw.get("lm_head"),
                 export_cache=raw.get("export_cache"), files=_frozen(raw.get("files")),
                 export_seconds=_opt_float(raw.get("export_seconds")), modality=str(raw.get("modality") or "text"),
-                image=ImageInfo.from_dict(raw.get("image")), raw=MappingProxyType(raw))
+                image=ImageInfo.from_dict(raw.get("image")),
+                anatomy_record=None if raw.get("anatomy") is None else Anatomy.from_dict(
+                    raw["anatomy"], where=f"{where}: anatomy"),
+                raw=MappingProxyType(raw), export_dir=export_dir)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise ManifestError(f"{where} has a field of the wrong type ({exc}); {UPGRADE}") from None
 
@@ -299,7 +309,7 @@ class Manifest:
             raise ManifestError(f"{path} is not valid JSON ({exc}); re-run layerscope export") from None
         if not isinstance(data, dict) or data.get("format_version") is None:
             raise ManifestError(f"{path} has no format_version: it was written by an older layerscope; {UPGRADE}")
-        return cls.from_dict(data, where=str(path))
+        return cls.from_dict(data, where=str(path), export_dir=Path(export_dir))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, as read (a fresh copy the caller may change)."""
@@ -322,6 +332,22 @@ class Manifest:
         """The width of the vectors of ``layers`` (one width: vocab/layers.py ``resolve_widths`` sees to it):
         the word embeddings' for ``raw`` alone, else the hidden size."""
         return self.raw_width if list(layers) == ["raw"] else self.hidden_size
+
+    @property
+    def anatomy(self) -> Anatomy | None:
+        """Where the model keeps its blocks, attention, final norm and head (model/anatomy.py): as recorded at
+        export; for an export made before it was recorded, derived once from the export's own files
+        (``derived_on_load``); None for a plain model's description, an old copy embedded in a store or
+        results file, or an old export whose model type only its own code defines."""
+        if self.anatomy_record is not None:
+            return self.anatomy_record
+        if self.export_dir is None or not self.is_export:
+            return None
+        if "anatomy" not in self._derived:
+            from layerscope.model.anatomy import derive_anatomy
+
+            self._derived["anatomy"] = derive_anatomy(self.export_dir, self)
+        return self._derived["anatomy"]
 
     @property
     def is_export(self) -> bool:

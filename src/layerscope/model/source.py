@@ -169,27 +169,10 @@ def _declared(source: ModelSource) -> dict:
 
 def _check_family(declared: dict, trust_remote_code: bool = False) -> None:
     """One line for a model type no family covers (model/families.py)."""
+    from layerscope.model.families import check_family
+
     if isinstance(declared.get("model_type"), str):
         check_family(declared["model_type"], declared.get("auto_map"), trust_remote_code)
-
-
-def check_family(model_type: str, auto_map, trust_remote_code: bool = False):
-    """The family of ``model_type`` (``family_for``); for a type only the model's own code (``auto_map``)
-    defines, the family derived from that code with --trust-remote-code (``code_family``), one line without."""
-    from layerscope.errors import InputError
-    from layerscope.model.families import code_family, code_kind, family_for
-
-    try:
-        return family_for(model_type)
-    except InputError:
-        if not auto_map or not isinstance(auto_map, dict):
-            raise
-        if trust_remote_code:
-            return code_family(model_type, code_kind(model_type, auto_map))
-        code = ", ".join(f"{k} = {v}" for k, v in sorted(auto_map.items()) if k.startswith("AutoModel"))
-        raise InputError(f"model type '{model_type}' exists only in the model's own code ({code or 'auto_map'}), "
-                         "which runs only with --trust-remote-code: pass it if you trust that code (none of it "
-                         "ran)") from None
 
 
 _WARNED_CODE: set[tuple[str, str]] = set()  # say it once per model and file, not once per loader
@@ -209,11 +192,11 @@ def warn_ignored_code(source: ModelSource, auto_map: dict | list, where: str) ->
         source.spec, where, classes)
 
 
-def _loader_class(name: str, source: ModelSource | None = None, trust_remote_code: bool = False):
+def _loader_class(name: str, source: ModelSource | None = None, trust_remote_code: bool = False, config=None):
     import transformers
 
     if "{arch}" in name:  # the config's own architecture (families.py Family.loader)
-        config = load_config(source, trust_remote_code=trust_remote_code)
+        config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
         name = name.format(arch=type(config).__name__.removesuffix("Config"))
     return getattr(transformers, name)
 
@@ -234,8 +217,11 @@ def supports_sdpa(source: ModelSource, family: Family, *, trust_remote_code: boo
 
 def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: bool = False,
                      with_head: bool = False, attn_implementation: str | None = "eager",
-                     output_loading_info: bool = False, dtype: str = "fp32"):
+                     output_loading_info: bool = False, dtype: str = "fp32", config=None):
     """Load the base model (or the model with its LM head) from safetensors, in fp32, eval mode.
+
+    ``config``: the checkpoint's config as already read (one export reads it once), handed to transformers
+    instead of its reading config.json again (where the model reads the config itself, not a sub-config).
 
     ``dtype``: "fp32" (default), "fp16", "bf16", or "auto" (as the checkpoint stores it: a bf16 checkpoint then
     takes half the memory, for callers that only read some tensors and widen those).
@@ -253,11 +239,15 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
             f"the weights of {source.spec} were read from {source.path_or_id}, which no longer exists (moved, "
             "or its environment was rebuilt); export the model again from where it is now")
     cls_name = family.lm_head_loader if with_head and family.lm_head_loader else family.loader
-    cls = _loader_class(cls_name, source, trust_remote_code)
+    cls = _loader_class(cls_name, source, trust_remote_code, config)
     kwargs: dict[str, Any] = dict(revision=source.revision, trust_remote_code=trust_remote_code,
                                   use_safetensors=True,
                                   dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
                                          "auto": "auto"}[dtype])
+    if config is not None and family.text_model_config(config) is config and family.modality == "text":
+        import copy
+
+        kwargs["config"] = copy.deepcopy(config)  # transformers sets the attention on the config it is handed
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
@@ -297,7 +287,7 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
         raise ModelNotFoundError(f"the weights of {source.spec} do not match its config.json: {problem}; "
                                  "fix config.json or give the checkpoint its config was saved with")
     model.eval()
-    from layerscope.model.anatomy import keep_layer_width
+    from layerscope.model.anatomy_head import keep_layer_width
 
     keep_layer_width(model, family)  # OPT's projected last layer: every hidden state at the hidden size
     return (model, info) if output_loading_info else model

@@ -96,13 +96,13 @@ def _recording_tower(model):
     return getattr(model, "vision_model", model)  # CLIP keeps the transformer inside
 
 
-def load_vision_tower(source: ModelSource, family: Family, *, trust_remote_code: bool = False):
-    """The ``VisionTower`` of ``source`` in fp32, eval mode, eager attention."""
+def load_vision_tower(source: ModelSource, family: Family, *, trust_remote_code: bool = False, config=None):
+    """The ``VisionTower`` of ``source`` in fp32, eval mode, eager attention (``config``: as already read)."""
     from dataclasses import replace
 
     from layerscope.model.source import load_config, load_torch_model
 
-    config = load_config(source, trust_remote_code=trust_remote_code)
+    config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
     loader = "AutoModel"
     if "CLIPVisionModelWithProjection" in (getattr(config, "architectures", None) or []):
         loader = "CLIPVisionModelWithProjection"  # AutoModel would drop its projection
@@ -239,24 +239,21 @@ def check_image_size(pixels: np.ndarray, expected: tuple[int, int], where: str) 
 
 
 def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool = False,
-                    with_hash: bool = True, image_size: tuple[int, int] | None = None) -> dict[str, Any] | None:
+                    with_hash: bool = True, image_size: tuple[int, int] | None = None, config=None,
+                    family=None) -> dict[str, Any] | None:
     """The manifest's model half of the vision tower of the resolved model ``source`` (``tower="vision"``: a
     two-tower checkpoint's), or None when it is read as text.  ``image_size`` (height, width): the size the
-    export reads instead of the checkpoint's (one line when its patches do not tile it)."""
+    export reads instead of the checkpoint's (one line when its patches do not tile it).  ``config`` and
+    ``family``: as the caller already read and derived them (an export does once)."""
     from pathlib import Path
 
     import layerscope
-    from layerscope.model.families import family_for, image_tokens, model_dims, prefix_tokens
-    from layerscope.model.source import check_family, load_config, weights_hash
+    from layerscope.model.families import family_of_config, model_dims, prefix_tokens
+    from layerscope.model.source import load_config, weights_hash
 
-    config = load_config(source, trust_remote_code=trust_remote_code)
-    try:
-        family = family_for(config.model_type, tower)
-    except InputError:
-        # a type of the model's own code: one line without --trust-remote-code, a text model with it
-        if check_family(config.model_type, getattr(config, "auto_map", None), trust_remote_code) and tower != "vision":
-            return None
-        raise
+    config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
+    # a type of the model's own code: one line without --trust-remote-code, a text model with it
+    family = family if family is not None else family_of_config(config, tower, trust_remote_code)
     if family.modality != "image":
         return None
     vision = family.tower_config(config)
