@@ -27,7 +27,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-STS = REPO.parent / "shared" / "data" / "stsbenchmark"
+# the STS Benchmark beside the checkout (../shared), or where $LAYERSCOPE_STS_DIR says
+STS = Path(os.environ.get("LAYERSCOPE_STS_DIR") or next(
+    (p for p in (REPO.parent / "shared" / "data" / "stsbenchmark", REPO.parents[1] / "shared" / "data" / "stsbenchmark")
+     if p.is_dir()), REPO.parent / "shared" / "data" / "stsbenchmark"))
 
 
 def _load() -> list[float]:

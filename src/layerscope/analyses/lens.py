@@ -172,6 +172,9 @@ class Lens(Analysis):
         tuned = data[1]
         if tuned is not None:
             tuned.check_fits(handle.manifest)
+            anatomy = handle.manifest.anatomy
+            if anatomy is not None and not anatomy.head:
+                raise InputError(f"--tuned decodes through the model's LM head, and {handle.spec} has none")
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.decoding.lens import FORWARD_MACS, LensAccumulator, forward_macs_per_token, forward_runs

@@ -123,6 +123,10 @@ def open_inputs(store_path: str | Path, model: str | None = None) -> TrainInputs
                          f"({store.spec.model or manifest.source.path_or_id}); give that model")
     from layerscope.decoding.heads import TIED, load_decoding_model
 
+    anatomy = handle.manifest.anatomy  # an export's record says so before any weight is read
+    if anatomy is not None and not anatomy.head:
+        raise InputError(f"{spec} has no LM head; a tuned lens learns to match the model's own output "
+                         "distribution, which needs one")
     decoding = load_decoding_model(handle)
     if decoding.info.kind == TIED:
         raise InputError(f"{spec} has no trained LM head ({decoding.info.description.split(': ', 1)[-1]}); a "
