@@ -9,7 +9,9 @@ earlier layers' decoded ones are far from it.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import types
 from pathlib import Path
 
 SCALE = 25.0
@@ -37,3 +39,24 @@ def sharpened(src: Path, out: Path, kind: str) -> Path:
             shutil.copy2(f, out / f.name)
     net.save_pretrained(str(out), safe_serialization=True)
     return out
+
+
+@contextlib.contextmanager
+def tuned_lens_scripts():
+    """tuned-lens 0.2's scripts (its ``Optimizer`` recipe, its ``Eval`` step) import torchdata's ``dataloader2``,
+    which torchdata 0.11 no longer ships; what the tests call of them never touches it, so an empty stand-in lets
+    them import while this context is open."""
+    import torchdata
+
+    stub = types.ModuleType("torchdata.dataloader2")
+    stub.DataLoader2 = object
+    had = {name: getattr(torchdata, name, None) for name in ("dataloader2", "datapipes")}
+    torchdata.dataloader2, torchdata.datapipes = stub, types.ModuleType("torchdata.datapipes")
+    try:
+        yield
+    finally:
+        for name, value in had.items():
+            if value is None:
+                delattr(torchdata, name)
+            else:
+                setattr(torchdata, name, value)

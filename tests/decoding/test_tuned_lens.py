@@ -82,20 +82,10 @@ def _their_eval(their_lens, hidden, final_logits, input_ids):
 
 @pytest.fixture(scope="module")
 def tuned_lens_eval():
-    """tuned-lens's scripts import torchdata's dataloader2, which torchdata 0.11 no longer ships; the evaluation
-    step the tests call never touches it, so an empty stand-in lets the module import."""
-    import torchdata
+    from tuned_models import tuned_lens_scripts
 
-    stub = types.ModuleType("torchdata.dataloader2")
-    stub.DataLoader2 = object
-    had = {name: getattr(torchdata, name, None) for name in ("dataloader2", "datapipes")}
-    torchdata.dataloader2, torchdata.datapipes = stub, types.ModuleType("torchdata.datapipes")
-    yield
-    for name, value in had.items():
-        if value is None:
-            delattr(torchdata, name)
-        else:
-            setattr(torchdata, name, value)
+    with tuned_lens_scripts():
+        yield
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -4,8 +4,6 @@ from its checkpoint ends where an uninterrupted one does; bad input is one line 
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 import torch
@@ -42,6 +40,7 @@ def setup(tiny_model, tmp_path_factory):
     return model, store
 
 
+@pytest.mark.usefixtures("tuned_lens_scripts")
 def test_each_step_is_tuned_lens_recipe_on_the_same_tokens(setup, tmp_path):
     """Catches: SGD without Nesterov momentum or with tuned-lens's learning rate not scaled by 1 - momentum, the
     warmup or the linear decay off by a step, weight decay or the gradient clipping (all translators' norm
@@ -92,24 +91,10 @@ def test_each_step_is_tuned_lens_recipe_on_the_same_tokens(setup, tmp_path):
 
 @pytest.fixture
 def tuned_lens_scripts():
-    """tuned-lens's scripts import torchdata's dataloader2, gone from torchdata 0.11; the recipe they hold never
-    touches it, so an empty stand-in lets them import."""
-    import torchdata
+    from tuned_models import tuned_lens_scripts as importable
 
-    stub = types.ModuleType("torchdata.dataloader2")
-    stub.DataLoader2 = object
-    had = {name: getattr(torchdata, name, None) for name in ("dataloader2", "datapipes")}
-    torchdata.dataloader2, torchdata.datapipes = stub, types.ModuleType("torchdata.datapipes")
-    yield
-    for name, value in had.items():
-        if value is None:
-            delattr(torchdata, name)
-        else:
-            setattr(torchdata, name, value)
-
-
-test_each_step_is_tuned_lens_recipe_on_the_same_tokens = pytest.mark.usefixtures("tuned_lens_scripts")(
-    test_each_step_is_tuned_lens_recipe_on_the_same_tokens)
+    with importable():
+        yield
 
 
 def test_an_interrupted_run_resumes_to_the_same_lens(setup, tmp_path, monkeypatch):
