@@ -54,11 +54,11 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
         ranks.append(torch.where(valid, rank, torch.zeros_like(rank)))
         top_l, top_i = torch.topk(logits, k, dim=-1)  # the softmax keeps the order of the logits
         ids.append(top_i.to(torch.int64))
-        wide = logits.to(torch.float64)  # one float64 copy, for the normaliser and the divergence alike
-        norm = torch.logsumexp(wide, dim=-1, keepdim=True)
+        norm = torch.logsumexp(logits.to(torch.float64), dim=-1, keepdim=True)
         probs.append(torch.exp(top_l.to(torch.float64) - norm))
-        if divergence:
-            kls.append(kl_from_final(final, wide, norm))
+        if divergence:  # the final layer against itself: 0 exactly, not the float32 dot product's rounding
+            kl = kl_from_final(final, logits, norm)
+            kls.append(torch.zeros_like(kl) if layer == layers[-1] else kl)
             logp = tgt.to(torch.float64)[..., 0] - norm[..., 0]
             logps.append(torch.where(valid, logp, torch.zeros_like(logp)))
     out = (torch.stack(ranks), torch.stack(ids), torch.stack(probs))
@@ -66,23 +66,26 @@ def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mas
 
 
 def final_distribution(final_logits):
-    """``(p, sum p log p, sum p)`` of the final logits, in float64 (what :func:`kl_from_final` compares with)."""
+    """``(p, sum p log p, sum p)`` of the final logits (``p`` float32, the sums float64: what
+    :func:`kl_from_final` compares with)."""
     import torch
 
     logp = torch.log_softmax(final_logits.to(torch.float64), dim=-1)
     p = torch.exp(logp)
-    return p, (p * logp).sum(-1), p.sum(-1)
+    return p.to(torch.float32), (p * logp).sum(-1), p.sum(-1)
 
 
-def kl_from_final(final, wide, norm):
-    """``KL(final || softmax(z))`` in nats, float64: ``sum p log p - p . z + logsumexp(z) sum p`` with
-    ``final = (p, sum p log p, sum p)``, ``wide`` = z in float64 and ``norm`` = logsumexp(z) (keepdim): the dot
-    product is a matrix product, so no vocabulary-wide log-softmax or product is held per layer (a lens graph's
-    memory is its logits); never below 0 (rounding of a divergence near 0)."""
+def kl_from_final(final, logits, norm):
+    """``KL(final || softmax(z))`` in nats: ``sum p log p - p . z + logsumexp(z) sum p`` with
+    ``final = (p, sum p log p, sum p)`` and ``norm`` = logsumexp(z) (keepdim, float64). The dot product is one
+    float32 matrix product of ``p`` and the layer's float32 logits, so a layer adds no vocabulary-wide tensor to
+    what the lens holds anyway (its logits: a lens graph's memory); the rest is float64. Its rounding is about
+    1e-7 of ``|p . z|`` (a few 1e-6 nats for logits of tens), far below any divergence a table shows; never
+    below 0."""
     import torch
 
     p, neg_entropy, mass = final
-    dot = torch.matmul(p.unsqueeze(-2), wide.unsqueeze(-1))[..., 0, 0]
+    dot = torch.matmul(p.unsqueeze(-2), logits.unsqueeze(-1))[..., 0, 0].to(torch.float64)
     return torch.clamp(neg_entropy - dot + norm[..., 0] * mass, min=0.0)  # the final layer's own: 0 up to rounding
 
 

@@ -46,9 +46,10 @@ TARGET, VALID = "lens.target", "lens.valid"
 HEAD_BYTES = 256 * 2**20  # the head's logits held at once: positions x layers x vocabulary x LOGIT_BYTES
 # bytes held per logit during a run: ONNX Runtime keeps every layer's float32 logits and tensors beside them until
 # the run ends. Measured on a synthetic head (vocabulary 50,257, 12 layers, warm session: peak RSS over positions x
-# layers x vocabulary): 4.75 bytes before the KL and log-probability outputs, 12.7 with them (their float64 copy of
-# each layer's logits); this budget keeps the margin the earlier one had (8 for 4.75)
-LOGIT_BYTES = 24
+# layers x vocabulary): 4.75 bytes without the KL and log-probability outputs, 6.3 with them (their dot product a
+# float32 matrix product: no vocabulary-wide product per layer); this budget keeps the margin the earlier one had
+# (8 for 4.75). The positions per run matter for speed: a run reads the head's weights once per layer
+LOGIT_BYTES = 11
 # multiply-adds per run of the head (positions x layers x vocabulary x hidden): the progress count advances once
 # per run, so a run stays seconds long at real size (GPT-2-medium: ~50 positions, not a few hundred)
 HEAD_MACS = 2**36
