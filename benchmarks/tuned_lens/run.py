@@ -140,6 +140,7 @@ def decode(args) -> None:
         figures[f"{name}_head_tokens_per_second"] = round(tokens / best, 2)
         del session
     figures["tuned_over_logit_seconds"] = round(figures["tuned_head_seconds"] / figures["logit_head_seconds"], 3)
+    figures.update(_before_divergence(handle, hidden, batch, k, tokens, args.passes))
     data = work / "heldout.txt"
     data.write_text("\n".join(texts) + "\n", encoding="utf-8")
     for name, options in (("run_lens", {}), ("run_lens_tuned", {"tuned": str(work / "lens")})):
@@ -149,6 +150,40 @@ def decode(args) -> None:
                                         options={"top_k": k, "show": 0, **options}))
         figures[f"{name}_seconds"] = round(time.perf_counter() - t0, 2)
     _write(args, "decode", figures, load)
+
+
+def _before_divergence(handle, hidden, batch, k: int, tokens: int, passes: int) -> dict:
+    """The logit lens's head as it was before the KL and log-probability outputs (traced without them, its
+    positions per run under the 8-byte budget of then), timed on the same states: the baseline the new graph is
+    held to."""
+    import tempfile
+
+    import layerscope.decoding.lens as lens_mod
+    from layerscope.decoding import lens_onnx
+    from layerscope.decoding.heads import load_decoding_model
+    from layerscope.engines.ort_session import make_session
+
+    model = load_decoding_model(handle)
+    traced = lens_mod.lens_outputs
+    lens_mod.lens_outputs = lambda *a, **kw: traced(*a, **{**kw, "divergence": False})
+    outputs, budget = lens_onnx.OUTPUTS, lens_onnx.LOGIT_BYTES
+    try:
+        lens_onnx.OUTPUTS = lens_onnx.DECODED
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "before.onnx"
+            lens_onnx._trace_head(model, k, int(handle.manifest.hidden_size), 17, path)
+            session = make_session(path, "CPUExecutionProvider")
+            lens_onnx.LOGIT_BYTES = 8
+            best = None
+            for _ in range(passes):
+                t0 = time.perf_counter()
+                lens_onnx.onnx_lens(session, hidden, batch.input_ids, batch.mask, True, k,
+                                    int(handle.manifest.vocab_size))
+                best = min(best or 1e9, time.perf_counter() - t0)
+    finally:
+        lens_mod.lens_outputs, lens_onnx.OUTPUTS, lens_onnx.LOGIT_BYTES = traced, outputs, budget
+    return {"before_divergence_head_seconds": round(best, 3),
+            "before_divergence_head_tokens_per_second": round(tokens / best, 2)}
 
 
 def table(args) -> None:
