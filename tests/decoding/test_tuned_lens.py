@@ -148,6 +148,12 @@ def test_our_lens_loads_in_tuned_lens_and_decodes_and_scores_the_same(peaked, tm
             np.testing.assert_allclose(-logprob_onnx[j][has_next], ce.numpy()[has_next[:, :-1]], rtol=2e-4,
                                        atol=2e-5)
             assert np.array_equal(ids[j, :, :, 0][real], got.topk_ids[j, :, :, 0][real])
+        from layerscope.integrity import verify_path
+
+        assert verify_path(export)[1] == []  # layerscope verify checksums the tuned graph too
+        graph = export / meta.file
+        graph.write_bytes(graph.read_bytes()[:-1] + b"\0")
+        assert any(meta.file in line for line in verify_path(export)[1])
 
 
 def test_a_lens_tuned_lens_saved_reads_into_ours(peaked, tmp_path):
