@@ -163,3 +163,23 @@ def test_bad_input_is_one_line_before_training(setup, tiny_model, tmp_path, caps
                          capsys)
     assert code == 0 and "tuned lens" in text and "2 steps, 64 tokens" in text, text
     assert read_lens(tmp_path / "cli").record.steps_done == 2
+
+
+def test_nothing_of_ours_imports_tuned_lens_or_wandb(setup, tmp_path):
+    """Catches: a module of layerscope importing tuned-lens (a test-only dependency) or wandb, which tuned-lens
+    pulls in and which reports to a server when started: training and decoding a tuned lens need neither."""
+    import os
+    import subprocess
+    import sys
+
+    _, store = setup
+    code = ("import sys; from layerscope.cli import main\n"
+            "from layerscope.decoding.tuned_train import train_lens\n"
+            "from layerscope.decoding.tuned_record import TrainSettings\n"
+            f"train_lens({str(store)!r}, {str(tmp_path / 'lens')!r}, settings=TrainSettings(steps=1, tokens_per_step=8))\n"
+            "import layerscope.analyses.lens, layerscope.decoding.lens_onnx\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tuned_lens')))")
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
