@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install layerscope, export the bundled all-MiniLM-L6-v2 to ONNX (checked against PyTorch),
+# Install layerscope, export the bundled all-MiniLM-L6-v2 to ONNX (checked against PyTorch) into the cache,
 # extract every layer's mean and CLS vectors of the STS Benchmark test sentences, print a summary.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +22,8 @@ else
   "$py" -c "from layerscope.data import example_sentences as e; print('\n'.join(e()))" > "$work/corpus.txt"
 fi
 "$bin/layerscope" engines
-"$bin/layerscope" export minilm --out "$work/exports/minilm" --force
-"$bin/layerscope" extract --model "$work/exports/minilm" --engine auto --input "$work/corpus.txt" \
+# into layerscope's cache, where the next `layerscope run ... --model minilm` finds it (made again only when
+# the model's files or the library versions change)
+"$bin/layerscope" export minilm --cache
+"$bin/layerscope" extract --model minilm --engine auto --input "$work/corpus.txt" \
   --out "$work/stores/sts-test" --layers all --pooling mean,cls --force

@@ -26,6 +26,16 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from home_env import quiet_home  # noqa: E402
+
+# ... and the user's home left alone: every tool that writes under ~ is pointed into the session's folder
+# (matplotlib's config and font cache, mteb's result cache), OpenVINO's telemetry is off, and HOME itself is a
+# folder of the session's, so whatever else would write there lands in it (tests/test_home_untouched.py holds
+# it empty of anything new).
+os.environ["HOME"] = str(quiet_home(_SESSION_HOME / "home"))
+os.environ["MPLCONFIGDIR"] = str(_SESSION_HOME / "matplotlib")
+os.environ["MTEB_CACHE"] = str(_SESSION_HOME / "mteb")
+
 import pytest  # noqa: E402
 
 

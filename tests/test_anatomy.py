@@ -179,3 +179,48 @@ def test_an_export_records_its_anatomy_and_an_older_one_derives_it_on_load(tiny_
             "embeddings", "base_prefix", "head", "head_reads", "tower")
     assert {k: getattr(derived, k) for k in same} == {k: getattr(new.anatomy, k) for k in same}
     assert handle.manifest.anatomy is derived  # once per manifest read
+
+
+def test_one_export_reads_the_config_once_and_derives_the_family_once(tiny_model, tmp_path, monkeypatch):
+    """Catches: an export step that reads config.json or derives the family again instead of being handed what
+    the export resolved (one export read the config 8 times and derived the family 5 times). The one other
+    read is Optimum's own, inside its exporter."""
+    import transformers
+
+    import layerscope.model.families as families
+    from layerscope.export.exporter import export_model
+    from layerscope.model.source import resolve_source
+
+    counts = {"config": 0, "family": 0}
+    read, derive = transformers.AutoConfig.from_pretrained, families.derive_family
+
+    def counted_read(*args, **kwargs):
+        counts["config"] += 1
+        return read(*args, **kwargs)
+
+    def counted_derive(*args, **kwargs):
+        counts["family"] += 1
+        return derive(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counted_read)
+    monkeypatch.setattr(families, "derive_family", counted_derive)
+    export_model(resolve_source(str(tiny_model("qwen2"))), tmp_path / "onnx")
+    assert counts == {"config": 2, "family": 1}
+
+
+def test_a_cached_export_made_before_the_anatomy_is_made_again(tiny_model, tmp_path, monkeypatch):
+    """Catches: layerscope's own export cache serving an entry whose anatomy was never checked by a forward pass
+    (a user's own older export opens with a derived one; a cached entry is layerscope's to make again)."""
+    from layerscope.export.open import ensure_export
+    from layerscope.model.handle import ModelHandle
+
+    monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
+    first = ensure_export(ModelHandle.resolve(str(tiny_model("bert"))))
+    path = first.export_dir / "manifest.json"
+    old = json.loads(path.read_text())
+    del old["anatomy"]
+    old["format_version"] = 1
+    path.write_text(json.dumps(old))
+    again = ensure_export(ModelHandle.resolve(str(tiny_model("bert"))))
+    assert again.export_dir == first.export_dir
+    assert again.manifest.format_version == 2 and not again.manifest.anatomy.derived_on_load

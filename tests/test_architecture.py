@@ -35,7 +35,7 @@ VERSION_UNIT = "__version__"
 # Lower floors never import higher ones.  Units on one floor may import each other if no cycle forms.
 FLOORS: dict[str, int] = {
     # 0: utilities
-    "errors": 0, "jsonfile": 0, "atomic": 0, "hashing": 0, "ownership": 0, "owned_record": 0, "out_lock": 0, "limits": 0, "progress": 0, VERSION_UNIT: 0,
+    "errors": 0, "jsonfile": 0, "atomic": 0, "hashing": 0, "ownership": 0, "owned_record": 0, "out_lock": 0, "limits": 0, "progress": 0, "signals": 0, VERSION_UNIT: 0,
     # 1: vocabulary, pure metrics, readers and generators
     "vocab": 1, "metrics": 1, "data": 1,
     # 2: what a model is: families, source loading, manifest, handle, tokenization, st recipe

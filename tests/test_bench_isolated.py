@@ -162,3 +162,23 @@ def test_progress_counts_rows_over_every_round_and_its_estimate_on_a_fake_clock(
                     "round 1/2: ort in its own process (row 2 of 4)",
                     "round 2/2: ort in its own process (row 3 of 4)",
                     "round 2/2: hf-eager in its own process (row 4 of 4)"]
+
+
+def test_a_sentence_transformers_row_is_held_to_the_checkpoints_own_embedding():
+    """Catches: the isolated bench measuring a sentence-transformers row against the reference's pooled layer L
+    where the checkpoint has a recipe (its own embedding: ModernBERT pools its final norm of layer L)."""
+    from layerscope.bench.isolated import _finish
+
+    rng = np.random.default_rng(0)
+    layer_l = rng.normal(size=(1, 5, 8))  # the reference row's mean of hidden_states[L]
+    own = rng.normal(size=(5, 8))  # the checkpoint's own embedding of the same texts
+    own /= np.linalg.norm(own, axis=1, keepdims=True)
+    ref = {"engine": "hf-eager", "kind": "baseline", "available": True, "layers": ["2"], "best_s": 1.0,
+           "_vectors": layer_l, "_own": own}
+    peer = {"engine": "st-torch", "kind": "peer", "available": True, "layers": ["2"], "best_s": 1.0,
+            "_vectors": own[None] * 1.0}
+    for r in (ref, peer):
+        _finish(r, ref, ["2"], None, None, None)
+    assert peer["accuracy"]["2"]["min_cos"] == pytest.approx(1.0) and peer["accuracy"]["2"]["max_abs"] == 0.0
+    assert "own embedding" in peer["accuracy_reference"] and "_own" not in peer
+    assert ref["accuracy"]["2"]["min_cos"] == pytest.approx(1.0)  # the reference's own row: its layer L

@@ -16,6 +16,7 @@ from layerscope.engines.blocked import pick_blocks
 from layerscope.engines.blocked_graph import BLOCK_ROWS
 from layerscope.engines.memory import check_longest_text, text_cost
 from layerscope.errors import InputError
+from hang_guard import HANG_S  # noqa: E402
 
 HEADS, KV_HEADS, HIDDEN, LAYERS = 4, 2, 32, 2  # the tiny decoders (tests/tiny_models.py)
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while a cat sat on the mat"] * 3)
@@ -210,7 +211,7 @@ def test_deciding_on_blocks_imports_neither_transformers_nor_torch(qwen3):
             "assert shape_planned(h, resolve_engine('ort'), depth=None, tokens=False, max_seq=4096).attention_rows\n"
             "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))\n")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_cli as cli
+from hang_guard import HANG_S  # noqa: E402
 
 
 def _export_entry(root: Path, name: str, model: str, version: str, age_days: float = 0.0) -> Path:
@@ -137,7 +138,7 @@ def test_clear_leaves_a_store_that_a_run_is_writing(home, bert_export, tmp_path,
         code, out = cli(["cache", "clear", "--stores"], capsys)
         running = writer.poll() is None
     finally:
-        stdout, stderr = writer.communicate(timeout=300)
+        stdout, stderr = writer.communicate(timeout=HANG_S)
     assert running, "the writer finished before the clear: the test proves nothing"
     assert code == 0, out
     flat = " ".join(out.split())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -89,13 +88,11 @@ def test_run_checks_layers_and_poolings_before_the_export(args, needles, reads_m
         import layerscope.model.identity as identity
 
         identity.hash_files = _real_hash_files
-    t0 = time.perf_counter()
     code, out, err = cli_output(["run", "compositionality", "--model", tiny_model("bert"), "--engine", "ort",
                                  "--out", tmp_path / "r", *args], capsys)
     one_error(code, err, *needles)
     assert [c for c in spies if c != "hash_files" or not reads_model] == []
     assert not (tmp_path / "r").exists()
-    assert time.perf_counter() - t0 < 10
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -115,14 +112,17 @@ def test_extract_checks_layers_and_poolings_before_the_export(args, needles, spi
 
 
 def test_an_unreachable_hub_is_one_line_at_once(tmp_path, capsys, monkeypatch):
-    """Without a network: one line naming the hub within seconds, not half a minute of retries."""
+    """Without a network: one line naming the hub after one try to reach it, not half a minute of retries."""
     import socket
 
     import huggingface_hub.constants
 
     import layerscope.model.source as source
 
+    tries = []
+
     def no_network(*args, **kwargs):
+        tries.append(args)
         raise OSError(-3, "Temporary failure in name resolution")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -132,11 +132,7 @@ def test_an_unreachable_hub_is_one_line_at_once(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(source, "_HUB_REACHABLE", {})
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    import transformers  # noqa: F401  (its import takes seconds on a loaded machine; not what is timed)
-
-    t0 = time.perf_counter()
     code, out, err = cli_output(["export", "some-org/not-a-model", "-o", tmp_path / "o"], capsys)
-    seconds = time.perf_counter() - t0
     one_error(code, err, "some-org/not-a-model", "cannot be reached", "not in the local cache", "minilm")
-    assert seconds < 5, seconds
+    assert len(tries) == 1, tries  # judged by what it does (no retries), not by the clock
     assert not (tmp_path / "o").exists()

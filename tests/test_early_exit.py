@@ -212,14 +212,20 @@ def test_a_pooled_only_run_keeps_the_hidden_states_inside_the_graph(engine, expo
     batch = full.encoder()(TEXTS)
     names = full.layer_names
     ref = full.run(batch, names, POOLINGS)
-    for depth, layers in ((1, ["raw", "0", "1"]), (None, names)):
-        eng = create_engine(engine, export_dir, depth=depth, pooled_only=True)
-        assert sorted(eng.output_names) == sorted(f"pooled.{m}" for m in full.manifest.pooled_modes)
-        assert eng.depth == depth and eng.pooled_layers == layers
-        got = eng.run(batch, layers, POOLINGS)
-        for mode in POOLINGS:
-            np.testing.assert_array_equal(got[mode], ref[mode][[names.index(n) for n in layers]])
-        with pytest.raises(InputError, match="pooled vectors only"):
-            eng.run_tokens(batch, ["0"])
-    graph = onnx.load(str(export_dir / "model.upto-2.pooled.onnx"), load_external_data=False)
+    eng = create_engine(engine, export_dir, depth=1, pooled_only=True)
+    layers = ["raw", "0", "1"]
+    assert sorted(eng.output_names) == sorted(f"pooled.{m}" for m in full.manifest.pooled_modes)
+    assert eng.depth == 1 and eng.pooled_layers == layers
+    got = eng.run(batch, layers, POOLINGS)
+    for mode in POOLINGS:
+        np.testing.assert_array_equal(got[mode], ref[mode][[names.index(n) for n in layers]])
+    with pytest.raises(InputError, match="pooled vectors only"):
+        eng.run_tokens(batch, ["0"])
+    graph = onnx.load(str(export_dir / "model.upto-1.pooled.onnx"), load_external_data=False)
     assert not [o.name for o in graph.graph.output if not o.name.startswith("pooled.")]
+    # every layer: the export's own graph (nothing derived), its pooled outputs fetched alone
+    every = create_engine(engine, export_dir, pooled_only=True)
+    assert every.depth is None and every.pooled_layers == names and not (export_dir / "model.upto-2.pooled.onnx").exists()
+    got = every.run(batch, names, POOLINGS)
+    for mode in POOLINGS:
+        np.testing.assert_array_equal(got[mode], ref[mode])

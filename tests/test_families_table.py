@@ -84,3 +84,33 @@ def test_lm_head_and_final_norm_paths_exist_on_the_with_head_model(family):
     if family.final_norm:
         assert isinstance(get_submodule(net, family.final_norm), torch.nn.Module)
     assert isinstance(net.get_input_embeddings(), torch.nn.Embedding)
+
+
+@pytest.mark.parametrize("model_type, pad", [("roberta", 3), ("xlm-roberta", 1), ("camembert", 5), ("mpnet", 1)])
+def test_the_room_for_positions_numbered_after_the_pad_id_is_the_longest_input_transformers_takes(model_type, pad):
+    """RoBERTa-style models number their positions from the pad id + 1, so a table of 40 positions holds
+    40 - pad - 1 tokens; the longest input is found here by running transformers' own model at each length.
+    Catches: the room off by one either way, the pad id read as 0."""
+    import torch
+    import transformers
+
+    from layerscope.model.families import family_for, model_dims
+
+    config = transformers.AutoConfig.for_model(model_type, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                               intermediate_size=8, vocab_size=32, max_position_embeddings=40,
+                                               pad_token_id=pad)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config).eval()
+
+    def takes(length: int) -> bool:
+        ids = torch.full((1, length), 10)  # no pad id: every token gets its own position
+        try:
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        except (IndexError, RuntimeError):  # a position past the table
+            return False
+        return True
+
+    longest = max(n for n in range(30, 41) if takes(n))
+    assert not takes(longest + 1) and 30 < longest < 40
+    assert model_dims(config, family_for(model_type))[2] == longest

@@ -18,6 +18,7 @@ import pytest
 from cli_helpers import one_error, run_cli, sha
 from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
+from hang_guard import HANG_S  # noqa: E402
 
 TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", "hello there", "a man plays guitar"]
 OTHER = ["A plane is taking off.", "A woman slices an onion.", "Rain falls on the city.", "Kids play football.",
@@ -345,8 +346,8 @@ def test_two_real_run_processes_one_refused_nothing_lost(bert_export, tmp_path):
                              text=True, env=env)
         while not Path(".R.lock").exists() and a.poll() is None:
             time.sleep(0.01)
-        b = subprocess.run(base + ["--pooling", "mean"], capture_output=True, text=True, env=env, timeout=300)
-        out_a = a.communicate(timeout=300)[0]
+        b = subprocess.run(base + ["--pooling", "mean"], capture_output=True, text=True, env=env, timeout=HANG_S)
+        out_a = a.communicate(timeout=HANG_S)[0]
         if a.returncode == 0 and b.returncode == 2:
             break
     assert a.returncode == 0, out_a
@@ -375,6 +376,53 @@ def test_an_index_refuses_a_store_that_changed_since(bert_export, tmp_path, caps
                          capsys)
     one_error(code, text, "no longer matches its store", "corpus", "index build --store", "--force")
     assert "A plane is taking off." not in text
+
+
+def test_an_index_refuses_a_store_made_again_from_the_same_texts_with_other_settings(bert_export, tmp_path,
+                                                                                       capsys):
+    """extract --force with another --max-length over the same texts: the same corpus, texts, row count and
+    layout, only the indexed array holds other vectors. Catches: the index's record of its array taken from
+    another array's name (both sides then record nothing, or the same untouched array, and search answers from
+    vectors the store no longer holds)."""
+    store = tmp_path / "S"
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    extract_args = ["extract", "--model", bert_export, "--input", corpus, "--out", store, "--engine", "ort",
+                    "--layers", "-1", "--pooling", "mean"]
+    assert run_cli(extract_args, capsys)[0] == 0
+    before = np.load(store / "arrays" / "mean" / "2.npy")
+    idx = tmp_path / "I"
+    assert run_cli(["index", "build", "--store", store, "--out", idx, "--device", "cpu"], capsys)[0] == 0
+    search = ["search", "a man plays guitar", "--index", idx, "--device", "cpu", "--engine", "ort"]
+    code, text = run_cli(search, capsys)
+    assert code == 0 and "a man plays guitar" in text, text
+    assert run_cli(extract_args + ["--max-length", "4", "--force"], capsys)[0] == 0
+    after = np.load(store / "arrays" / "mean" / "2.npy")
+    assert after.shape == before.shape and not np.allclose(after[1], before[1], atol=1e-3)  # truly other vectors
+    code, text = run_cli(search, capsys)
+    one_error(code, text, "no longer matches its store", "its vectors changed", "index build --store", "--force")
+    assert "layout" not in text and "corpus" not in text  # nothing else about the store changed
+
+
+def test_an_index_needs_its_arrays_checksum_on_both_sides(bert_export, tmp_path, capsys):
+    """An index is built only over an array whose checksum the store records, and answers only where its own
+    record holds that checksum: without it there is nothing to find again. Catches: an index built over, or
+    trusting, an array recorded as nothing (a later extract --force would go unseen)."""
+    store = tmp_path / "S"
+    extract(bert_export, TEXTS, store, engine="ort", layers="-1", poolings=["mean"])
+    doc = json.loads((store / "store.json").read_text())
+    idx = tmp_path / "I"
+    assert run_cli(["index", "build", "--store", store, "--out", idx, "--device", "cpu"], capsys)[0] == 0
+    meta = json.loads((idx / "index.json").read_text())
+    meta["store_identity"]["array_sha256"] = None
+    (idx / "index.json").write_text(json.dumps(meta))
+    code, text = run_cli(["search", "a cat", "--index", idx, "--device", "cpu", "--engine", "ort"], capsys)
+    one_error(code, text, "does not record which store (and which of its arrays)", "index build --store")
+    del doc["checksums"]["arrays/mean/2.npy"]
+    (store / "store.json").write_text(json.dumps(doc))
+    code, text = run_cli(["index", "build", "--store", store, "--out", tmp_path / "J", "--device", "cpu"], capsys)
+    one_error(code, text, "records no checksum of arrays/mean/2.npy", "extract it again")
+    assert not (tmp_path / "J").exists()
 
 
 def test_an_index_json_pointing_at_another_store_is_refused(bert_export, tmp_path, capsys):

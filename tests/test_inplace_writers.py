@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import one_error, run_cli, sha
+from hang_guard import HANG_S  # noqa: E402
 
 COMPOSITIONALITY = ["run", "compositionality", "--engine", "ort", "--layers", "-1", "--pooling", "cls",
                     "--no-cache"]
@@ -41,7 +42,7 @@ def test_a_file_dropped_into_an_export_while_optimize_runs_stays_the_users(bert_
             time.sleep(0.005)
         mine.write_text("what I found in this export\n", encoding="utf-8")
         mid_run = proc.poll() is None
-        output = proc.communicate(timeout=300)[0]
+        output = proc.communicate(timeout=HANG_S)[0]
         assert proc.returncode == 0, output
         if mid_run:
             break

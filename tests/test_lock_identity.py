@@ -17,6 +17,7 @@ from cli_helpers import run_cli
 from mounts import mount_or_skip, unmount_all
 from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
 TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", "hello there", "a man plays guitar"]
@@ -100,7 +101,7 @@ def test_a_store_made_during_the_run_is_locked_by_its_identity(bert_export, tmp_
         code, text = run_cli(["extract", "--model", bert_export, "--input", corpus, "--out", other, "--force",
                               "--engine", "ort"], capsys)
         one_error(code, text, "is being written by another process")
-        _, stderr = first.communicate(input="the last text\n", timeout=300)
+        _, stderr = first.communicate(input="the last text\n", timeout=HANG_S)
     finally:
         if first.poll() is None:
             first.kill()

@@ -17,6 +17,7 @@ from layerscope.errors import InputError
 from layerscope.extraction.pipeline import embed, extract
 from layerscope.store.store import LayerStore
 from cli_helpers import run_cli as cli
+from hang_guard import HANG_S  # noqa: E402
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 
@@ -178,7 +179,7 @@ def test_ctrl_c_during_extract_exits_130_and_resume_finishes(bert_export, tmp_pa
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=180)  # generous: the CI machine may be loaded
+    stdout, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, (stdout, stderr)
     kept = int(LayerStore.open(out, allow_incomplete=True).done_mask().sum())
     assert 0 < kept < 4000

@@ -11,7 +11,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 def test_readme_is_short_and_every_link_it_gives_exists():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 80
+    assert len(text.splitlines()) <= 90  # the research-question table grows by a line per analysis
     links = re.findall(r"\]\(([^)#]+)\)", text)
     assert {"docs/USAGE.md", "docs/ENGINES.md"} <= set(links)
     for link in links:

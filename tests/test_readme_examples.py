@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hang_guard import HANG_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/USAGE.md")
@@ -42,6 +43,14 @@ SKIPPED = {
     "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens": HUB + " (a vision tower)",
     "layerscope extract-images clip-vision/ photos/ --out stores/photos --tokens --resume": HUB + " (a vision tower)",
     "layerscope run sts --model minilm --model bert-base-uncased": HUB,
+    "layerscope run similarity --model minilm --tokens --max-tokens 2000 --indices all":
+        "runs for minutes (an SVD per permutation and layer pair); tests/analyses/test_similarity_indices.py runs "
+        "the indices on a tiny model",
+    "layerscope run token_probe --model minilm --data en_ewt-ud-dev.conllu":
+        "needs a Universal Dependencies treebank; tests/analyses/test_token_probe_run.py runs a CoNLL-U file it writes",
+    "layerscope run sae --sae gpt2-small-res-jb/blocks.7.hook_resid_pre --store gpt2-store/":
+        "needs an SAE trained with SAELens and a GPT-2 token store; tests/analyses/test_sae_run.py runs SAEs it "
+        "saves with SAELens",
     "layerscope run word_context --model bert-base-uncased --data texts.txt --words bank,spring --last-k 4": HUB,
     "layerscope run sts --model minilm --data ../shared/data/stsbenchmark/sts-test.csv --probe":
         "trains an MLP and per-layer siamese encoders on sts-train: minutes",
@@ -117,7 +126,7 @@ def test_the_examples_are_found_and_every_skip_names_one_that_is_there():
     readme = [e.code for e in found if e.doc == "README.md"]
     assert "layerscope extract --model minilm --input corpus.txt --out store/" in readme
     assert 'from layerscope import LayerStore\nLayerStore.open("store")["st", -1]' in readme
-    assert sum(c.startswith("layerscope run ") for c in readme) == 11
+    assert sum(c.startswith("layerscope run ") for c in readme) == 18
     usage = [e for e in found if e.doc == "docs/USAGE.md"]
     assert [e.kind for e in usage].count("python") == 3  # a library call named in prose is not among them
     assert "layerscope extract --model exports/minilm --engine ort --input corpus.txt --out stores/corpus " \
@@ -142,7 +151,7 @@ def _run(example: Example, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
         if code is None:
             return 1, "no folder matches its <placeholder> path"
         argv = ["bash", "-c", 'layerscope() { "$LAYERSCOPE_PY" -m layerscope "$@"; }\n' + code]
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S)
     return proc.returncode, (proc.stderr.strip() or proc.stdout.strip())[-600:]
 
 

@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_readme_examples import examples  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
+from hang_guard import HANG_S  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = "openai/clip-vit-base-patch32"
@@ -49,7 +50,7 @@ def test_the_readme_image_example_runs_on_a_tiny_clip(tmp_path):
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p))
     for code in _image_example():
         argv = [sys.executable, "-m", "layerscope", *shlex.split(code.replace(CHECKPOINT, str(clip)))[1:]]
-        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, f"{code!r}:\n{(proc.stderr or proc.stdout)[-800:]}"
     manifest = json.loads((work / "clip-vision" / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["modality"] == "image" and manifest["family"] == "clip-vision"

@@ -20,6 +20,7 @@ from layerscope.extraction.pipeline import extract
 from layerscope.store.store import LayerStore
 
 import layerscope
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])  # the layerscope under test, in every subprocess
 TEXTS = ["a cat sits", "the dog runs in the park", "two birds fly over a lake", "hello there", "a man plays guitar"]
@@ -162,7 +163,7 @@ def test_ctrl_c_while_spooling_keeps_a_file_the_user_added(bert_export, tmp_path
     (out / "notes.md").write_text("my notes on this run\n")
     digest = sha(out / "notes.md")
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert (out / "notes.md").is_file() and sha(out / "notes.md") == digest
@@ -175,7 +176,7 @@ def test_a_file_added_while_extract_runs_is_never_recorded(bert_export, tmp_path
     proc = _spooling(out)
     (out / "notes.md").write_text("my notes on this run\n")
     digest = sha(out / "notes.md")
-    _, stderr = proc.communicate(input="the last text\n", timeout=300)
+    _, stderr = proc.communicate(input="the last text\n", timeout=HANG_S)
     assert proc.returncode == 0, stderr
     assert "notes.md" not in json.loads((out / ".layerscope.json").read_text())["owned"]
     corpus = tmp_path / "c.txt"
@@ -230,7 +231,7 @@ def test_force_replaces_a_half_saved_index(bert_export, tmp_path, capsys):
     extract(bert_export, TEXTS, store, engine="ort")
     idx = store / "index-flat"
     proc = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(store), str(idx)], env=env(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (idx / "index.faiss.partial").is_file()
     code, text = run_cli(["index", "build", "--store", store, "--out", idx, "--device", "cpu", "--force"], capsys)

@@ -370,3 +370,60 @@ def test_bench_of_an_export_of_the_models_own_type_takes_the_users_flag(tiny_mod
         for layer, acc in by[name]["accuracy"].items():
             assert acc["max_abs"] <= 1e-4 and acc["min_cos"] >= 0.9999, (name, layer, acc)
     assert by["st-torch"]["min_cos"] >= 0.9999  # its mean of the last layer, normalized: the direction compares
+
+
+def test_an_export_of_the_models_own_code_of_a_known_type_never_runs_without_it(tiny_model, tmp_path, capsys):
+    """An export made with --trust-remote-code of a type transformers knows ('bert', with its own modeling file in
+    auto_map, as jina-bert-style checkpoints ship), used without the flag: every path that would load the model in
+    PyTorch (an extraction on the torch engine, in process and as the driver of --shard and Ray; the engine door
+    itself; an analysis; a variant, its attention graph included; the bench) is one line naming the flag before
+    any work, and nothing is written. Catches: the built-in BertModel's vectors stored under the export's
+    identity (exit 0, no word), an attention graph traced from the plain class into the export, and int8 refused
+    for a wrong reason."""
+    from layerscope.engines.base import create_engine
+    from layerscope.errors import InputError
+    from layerscope.extraction.prepare import prepare_extraction
+    from layerscope.model.handle import ModelHandle
+    from layerscope.model.manifest import read_manifest
+
+    model = _own_code_model(tiny_model, tmp_path, "bert")
+    exp = tmp_path / "exp"
+    main(["export", str(model), "--out", str(exp), "--trust-remote-code", "--no-cpu-precisions"])
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a cat sat\nthe dog ran\n")
+    capsys.readouterr()
+    commands = [
+        (["extract", "--model", str(exp), "--engine", "torch", "--input", str(corpus), "--out", str(tmp_path / "s")],
+         "engine 'torch'"),
+        (["run", "compositionality", "--model", str(exp), "--engine", "torch", "--layers", "-1", "--out",
+          str(tmp_path / "r"), "--no-cache"], "engine 'torch'"),
+        (["optimize", str(exp), "--variant", "attn"], "variant 'attn'"),
+        (["optimize", str(exp), "--variant", "int8"], "variant 'int8'"),
+        (["bench", "--model", str(exp), "--engines", "ort", "--synthetic", "4", "--rounds", "1", "--passes", "1",
+          "--no-plot", "--out", str(tmp_path / "b")], "hf-eager"),
+    ]
+    for args, what in commands:
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1, (args, err)
+        assert "modeling_scaled.ScaledBertModel" in err[0] and "--trust-remote-code" in err[0] and what in err[0], err
+    assert not any((tmp_path / d).exists() for d in ("s", "r", "b"))
+    manifest = read_manifest(exp)
+    assert not manifest.variants and not (exp / "model.attn.onnx").exists() and not (exp / "model.int8.onnx").exists()
+    assert manifest.source.own_code == ("AutoModel = modeling_scaled.ScaledBertModel",)
+    handle = ModelHandle.resolve(exp)
+    with pytest.raises(InputError, match="--trust-remote-code"):
+        create_engine("torch", handle)
+    for runs_here in (True, False):  # in process and --shard workers; the Ray driver (its workers elsewhere)
+        with pytest.raises(InputError, match="--trust-remote-code"):
+            prepare_extraction(str(exp), str(corpus), tmp_path / "s", engine="torch", engine_runs_here=runs_here)
+    assert not (tmp_path / "s").exists()
+    create_engine("ort", handle)  # the graph itself runs no code of the model's: no flag needed
+    # with the flag, the torch engine runs the model's own code: its layer 0 is the doubled embeddings
+    import numpy as np
+
+    own = ModelHandle.resolve(exp, trust_remote_code=True)
+    ort, torch_engine = create_engine("ort", own), create_engine("torch", own)
+    batch = ort.encoder()(["a cat sat on the mat"])
+    np.testing.assert_allclose(torch_engine.run_tokens(batch, ["0"])[0], ort.run_tokens(batch, ["0"])[0], atol=1e-5)

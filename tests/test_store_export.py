@@ -59,6 +59,24 @@ def test_safetensors_holds_ids_texts_and_every_vector(store, tmp_path, capsys):
         np.testing.assert_array_equal(fh.get_tensor("mean/layer_2"), store["mean", -1])
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "safetensors"])
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_the_file_gets_the_mode_the_users_umask_gives(fmt, mask, store, tmp_path, capsys):
+    """Catches: the file written 0600 (the mode of its temporary file), unreadable to the group a shared
+    folder's umask lets read it."""
+    import os
+    import stat
+
+    old = os.umask(mask)
+    try:
+        path = tmp_path / f"s.{fmt}"
+        code, text = cli(["export-store", str(store.path), "--format", fmt, "--out", str(path)], capsys)
+    finally:
+        os.umask(old)
+    assert code == 0, text
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
 def test_force_replaces_only_layerscopes_own_file(store, tmp_path):
     from layerscope.store.store_export import export_store
 

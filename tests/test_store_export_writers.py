@@ -12,6 +12,7 @@ import pytest
 
 import layerscope
 from cli_helpers import run_cli, sha
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
 TEXTS = ["a cat sat on the mat", "the weather today is sunny", "water boils at 100 degrees", "neural networks learn"]
@@ -94,7 +95,7 @@ def test_two_real_runs_into_one_file_leave_one_whole_file(store, tmp_path):
            "--force"]
     procs = [subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
-    results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    results = [(p.wait(timeout=HANG_S), *p.communicate()) for p in procs]
     for code, stdout, stderr in results:
         assert "Traceback" not in stderr, stderr
         assert (code == 0 and "wrote" in stdout) or (code == 2 and "being written by another process" in

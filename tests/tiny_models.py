@@ -671,3 +671,19 @@ def build_tiny_model(family: str, out_dir: Path, *, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     _BUILDERS[family](out_dir, seed)
     return out_dir
+
+
+def first_block_of(bert: Path, out_dir: Path) -> Path:
+    """A copy of the tiny BERT checkpoint ``bert`` with its first block alone: the same weights, a model of
+    another depth (for figures that overlay models of different depth)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    out_dir = Path(shutil.copytree(bert, out_dir))
+    config = json.loads((out_dir / "config.json").read_text())
+    (out_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    weights = load_file(str(out_dir / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if ".layer.1." not in k}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out_dir

@@ -26,6 +26,7 @@ SHAPES: dict[str, tuple[str, str, dict]] = {
     "bert-base": ("bert", "BertConfig", dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
                                              num_attention_heads=12, intermediate_size=3072,
                                              max_position_embeddings=512, type_vocab_size=2)),
+    "gpt2": ("gpt2", "GPT2Config", dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024)),
     "gpt2-medium": ("gpt2", "GPT2Config", dict(vocab_size=50257, n_embd=1024, n_layer=24, n_head=16,
                                                n_positions=1024)),
     "flan-t5-large-encoder": ("t5-encoder", "T5Config", dict(vocab_size=32128, d_model=1024, d_kv=64, d_ff=2816,

@@ -55,13 +55,9 @@ def _size(path: Path) -> int:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    import json
+    from layerscope.jsonfile import read_json_dict
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_json_dict(path)  # bounded, never a FIFO waited on, {} for anything but an object
 
 
 def _describe(kind: str, path: Path, now: float) -> Entry | Skipped:

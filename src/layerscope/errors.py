@@ -45,9 +45,9 @@ class Interrupted(LayerscopeError):
 class MissingExtraError(LayerscopeError):
     """An optional package is not installed."""
 
-    def __init__(self, package: str, extra: str):
+    def __init__(self, package: str, extra: str, what: str = "this"):
         super().__init__(
-            f"this needs the optional package '{package}': pip install 'layerscope[{extra}]'"
+            f"{what} needs the optional package '{package}': pip install 'layerscope[{extra}]'"
         )
 
 

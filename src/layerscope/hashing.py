@@ -7,9 +7,12 @@ from pathlib import Path
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, read in 4 MiB chunks (exports and stores can be many GB)."""
+    """sha256 of a file's bytes, read in 4 MiB chunks (exports and stores can be many GB); a FIFO or a device is
+    refused in one line (jsonfile.py ``open_regular``), never waited on."""
+    from layerscope.jsonfile import open_regular
+
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()

@@ -27,12 +27,17 @@ def check_limits(*, batch_tokens=None, max_batch=None, max_length=None, threads=
 
 
 def check_max_length(max_length, manifest, spec: str = "the model") -> None:
-    """``--max-length`` within 1 .. the model's own limit (``max_length`` in its manifest)."""
+    """``--max-length`` within 1 .. the model's own limit: its positions (``length_limit`` of its manifest), not
+    its tokenizer's ``model_max_length``, which a longer ``--max-length`` overrides."""
     if max_length is None:
         return
     _positive("--max-length", max_length, "tokens")
-    limit = manifest.max_length  # the typed Manifest (model/manifest_type.py)
+    limit = manifest.length_limit  # the typed Manifest (model/manifest_type.py)
     if limit is not None and max_length > int(limit):
+        if manifest.positions is None and manifest.max_length_from == "tokenizer model_max_length":
+            raise InputError(f"--max-length {max_length} is above the {int(limit)} tokens {spec} was exported for "
+                             "(its tokenizer's model_max_length, recorded before layerscope recorded the model's "
+                             "positions): export it again to read up to its positions")
         raise InputError(f"--max-length {max_length} is above what {spec} can read ({int(limit)} tokens, "
                          f"its position limit); use at most {int(limit)}")
 

@@ -16,7 +16,6 @@ is compared or deleted.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -27,6 +26,7 @@ from typing import Iterable, Iterator
 from layerscope.errors import InputError
 
 MARKER = ".layerscope.json"
+MARKER_BYTES = 256 * 2**20  # the record of a store of millions of token files stays far below this
 
 # The metadata file that identifies a directory of each kind made before markers existed.
 SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "results.json", "index": "index.json",
@@ -102,9 +102,16 @@ def _entry_problem(root: Path, rel: object, rec: object) -> str | None:
 # ---------------------------------------------------------------- reading and writing the marker
 
 def read_marker(path: Path) -> dict | None:
+    """The marker of ``path`` as JSON, or None where it is missing or not a JSON object. A marker that is not a
+    regular file (a FIFO would block the reader) or is far larger than a record is refused in one line."""
+    from layerscope.jsonfile import FileTooLarge, JsonFileError, NotRegularFile, read_json
+
+    marker = Path(path) / MARKER
     try:
-        data = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(marker, limit=MARKER_BYTES, what="record of layerscope's files")
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise RecordError(f"{exc}; layerscope deletes nothing there") from None
+    except (JsonFileError, OSError):
         return None
     return data if isinstance(data, dict) else None
 

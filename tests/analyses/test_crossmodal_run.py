@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from knn_reference import mutual_knn  # noqa: E402
+from knn_reference import mutual_knn, relative_retrieval  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
 
 from layerscope.errors import InputError  # noqa: E402
@@ -96,6 +96,60 @@ def test_crossmodal_mutual_knn_equals_the_definition(clip_pairs):
     assert f"<figcaption>{rows[3]['caption']}</figcaption>" in page
     for model in res["per_model"].values():  # the pair's headline, shown for each model
         assert model["summary"]["best_value"] == combined["best"]["value"]
+
+
+def _clip_states(ckpt, images, captions):
+    """Plain transformers' CLIP: every layer's CLS vector of the images and EOS vector of the captions."""
+    import torch
+    import transformers as t
+
+    model = t.CLIPModel.from_pretrained(ckpt, attn_implementation="eager").eval()
+    pixels = t.CLIPImageProcessor.from_pretrained(ckpt)(images=images, return_tensors="pt")["pixel_values"]
+    tok = t.AutoTokenizer.from_pretrained(ckpt)
+    enc = tok(captions, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        vis = model.vision_model(pixel_values=pixels, output_hidden_states=True).hidden_states
+        txt = model.text_model(**enc, output_hidden_states=True).hidden_states
+    eos = (enc["input_ids"] == tok.eos_token_id).int().argmax(dim=1)
+    return [v[:, 0].numpy() for v in vis], [s[torch.arange(len(captions)), eos].numpy() for s in txt]
+
+
+def test_the_built_in_digits_pair_each_image_with_its_own_label(clip_pairs, tmp_path):
+    """Without --data: scikit-learn's first ten digits, each image (8x8, 16 grey levels, enlarged 8 times)
+    with "a photo of the digit <its label>"; every layer pair's mutual k-NN and retrieval both ways equal those
+    of plain transformers' vectors of exactly those pairs. Catches: an image paired with another digit's
+    caption (the previous one's, say), digits enlarged or scaled otherwise, retrieval's directions swapped or a
+    rank counted on the wrong axis in the run."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    from layerscope.analyses.base import RunRequest, run_analysis
+
+    root, ckpt = clip_pairs
+    n, k = 10, 3
+    _, res = run_analysis("crossmodal", RunRequest(models=[str(root / "clipv"), str(ckpt)], engine="ort",
+                                                  out=tmp_path / "run", options={"n": n, "k": k, "permutations": 0,
+                                                                                  "bootstrap": 0}))
+    combined = res["combined"]
+    digits = load_digits()
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    captions = [f"a photo of the digit {words[digits.target[i]]}" for i in range(n)]
+    assert [p["caption"] for p in combined["pairs"]] == captions
+    big = [np.repeat(np.repeat(digits.images[i] * 255 / 16, 8, axis=0), 8, axis=1).astype(np.uint8) for i in range(n)]
+    images = [Image.fromarray(pixels, "L").convert("RGB") for pixels in big]
+    vis, txt = _clip_states(ckpt, images, captions)
+    figures, checked = combined["figures"], 0
+    for i, image_rows in enumerate(vis):
+        for j, text_rows in enumerate(txt):
+            if len(np.unique(image_rows, axis=0)) <= k or len(np.unique(text_rows, axis=0)) <= k:
+                continue
+            assert figures["mutual_knn"]["value"][i][j] == pytest.approx(mutual_knn(image_rows, text_rows, k),
+                                                                         abs=1e-12), (i, j)
+            a_to_b, b_to_a = relative_retrieval(image_rows, text_rows, acc_k=1, seed=0)
+            assert figures["a_to_b"]["value"][i][j] == pytest.approx(a_to_b, abs=1e-12), (i, j)
+            assert figures["b_to_a"]["value"][i][j] == pytest.approx(b_to_a, abs=1e-12), (i, j)
+            checked += 1
+    assert checked >= 4
 
 
 def test_crossmodal_needs_one_image_and_one_text_model(clip_pairs, tmp_path):

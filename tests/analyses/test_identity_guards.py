@@ -96,6 +96,33 @@ def test_the_vector_cache_key_holds_the_engines_variant(fake_run):
     assert fp32 != int8 and cache_key(fake_run, texts) == fp32
 
 
+def test_vectors_made_with_the_models_own_code_never_serve_a_run_without_it(home, tiny_model):
+    """The same model, engine and texts, read once with --trust-remote-code and once without: two cache entries,
+    each reused only by a run like its own. Catches: the cache key without the flag, or reading it from a name
+    the model handle does not have (every run would count as one without the model's code)."""
+    import fake_engine
+    from layerscope.analyses.cache import cache_key, cached_vectors
+    from layerscope.export.open import open_engine
+    from layerscope.model.handle import ModelHandle
+
+    fake_engine.register_fake()
+    try:
+        runs = {}
+        for flag in (True, False):
+            handle = ModelHandle.resolve(str(tiny_model("bert")), trust_remote_code=flag)
+            assert handle.trust_remote_code is flag
+            runs[flag] = SimpleNamespace(handle=handle, engine=open_engine(handle, "fake"))
+        texts = ["a cat sits", "dogs run in the park"]
+        assert runs[True].handle.key == runs[False].handle.key  # the same weights: only the flag tells them apart
+        assert cache_key(runs[True], texts) != cache_key(runs[False], texts)
+        said: list[str] = []
+        for flag, verb in ((True, "extracting"), (False, "extracting"), (True, "reusing"), (False, "reusing")):
+            cached_vectors(runs[flag], texts, layers=["1"], poolings=["mean"], say=said.append)
+            assert said[-1].startswith(verb), (flag, said)
+    finally:
+        fake_engine.unregister_fake()
+
+
 def test_a_cached_store_is_reused_only_when_it_holds_every_asked_pooling(home, fake_run, monkeypatch):
     """A store with ``mean`` alone (as one made before stores held every pooling of the model) does not serve
     a run asking for ``mean`` and ``cls`` (it is extracted anew); the store with both then serves ``cls``."""

@@ -326,7 +326,9 @@ def test_report_html_summary_is_a_table_of_headline_figures_with_intervals():
     assert "best.win_rate" not in summary and "best.pooling" not in summary
     data = json.loads(page[page.index("id='ls-data'>") + len("id='ls-data'>"):].split("</script>")[0])
     names = [t.get("name", "") for f in data["figures"] for t in f["data"]]
-    assert any("95% bootstrap CI" in n for n in names), "the interval bands are drawn on the page"
+    assert any("95% Wilson interval" in n for n in names), "the win rate's interval bands are drawn on the page"
+    assert any("95% bootstrap interval" in n for n in names), "the mean diff's interval bands are drawn on the page"
+    assert not any("bootstrap CI" in n for n in names)
 
 
 def test_bench_plot_marks_rows_below_the_accuracy_class(tmp_path, figures):

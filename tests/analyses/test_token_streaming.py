@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from layerscope.analyses.base import RunRequest, run_analysis
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -108,7 +109,7 @@ print("PEAK", max(peaks))
 def _peak(model: Path, name: str, ctx: dict, chunk_bytes: int, home: Path) -> int:
     env = {**os.environ, "PYTHONPATH": SRC, "LAYERSCOPE_HOME": str(home)}
     done = subprocess.run([sys.executable, "-c", _CHILD, str(model), json.dumps({"name": name, "ctx": ctx}),
-                           str(chunk_bytes)], env=env, capture_output=True, text=True, timeout=600)
+                           str(chunk_bytes)], env=env, capture_output=True, text=True, timeout=HANG_S)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("PEAK ")), None)
     assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
     return int(line.split()[1])

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from layerscope.analyses.base import RunRequest, run_analysis
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -120,7 +121,7 @@ def test_lens_memory_does_not_grow_with_the_batch_times_the_vocabulary(engine, b
         model = export if engine == "ort" else ckpt  # torch runs the checkpoint
         done = subprocess.run([sys.executable, "-c", _CHILD, str(model), str(data), str(batch), str(tmp_path / f"o{batch}"),
                                engine],
-                              env=env, capture_output=True, text=True, timeout=600)
+                              env=env, capture_output=True, text=True, timeout=HANG_S)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("PEAK_KIB ")), None)
         assert line is not None, done.stdout[-2000:] + done.stderr[-4000:]
         peaks[batch] = int(line.split()[1]) * 1024

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -31,7 +32,7 @@ print("MODULES " + json.dumps({"code": code, "torch": "torch" in sys.modules,
 def _extract_in_child(args: list[str], home: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": SRC, "LAYERSCOPE_HOME": str(home)}
     done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=HANG_S)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("MODULES ")), None)
     assert line is not None, done.stdout + done.stderr
     return json.loads(line[len("MODULES "):])

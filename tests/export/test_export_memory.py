@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_S  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def test_an_export_under_the_external_data_limit_peaks_near_twice_its_weights(ti
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     proc = subprocess.run([sys.executable, "-m", "layerscope", "export", str(tmp_path / "wide"), "--out",
                            str(tmp_path / "export"), "--pooled", "mean", "--no-cpu-precisions"], env=env, capture_output=True, text=True,
-                          timeout=1200)
+                          timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
     peak = manifest["export_peak_rss_bytes"]  # this process or its tracing child, whichever was larger

@@ -130,3 +130,27 @@ def test_auto_picks_the_gqa_variant_only_when_its_recorded_accuracy_meets_the_ba
     engine = pick_engine(ModelHandle.resolve(work), min_cosine=min(1.0, worst + 1e-9))
     assert engine.variant != "gqa"
     assert any("gqa" in note and "<" in note for note in engine.info.notes), engine.info.notes
+
+
+def test_gqa_reads_the_anatomy_derived_for_an_export_made_before_it(exports, tmp_path):
+    """Catches: the fused-attention rewrite reading anything but the anatomy (an export made before anatomies
+    were recorded derives one on load, the variant is made from it and says so)."""
+    import json
+    import shutil
+
+    from layerscope.export.variants import make_variant
+
+    old = tmp_path / "old"
+    shutil.copytree(exports / "qwen3", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["anatomy"]
+    manifest["format_version"] = 1
+    manifest.get("variants", {}).pop("gqa", None)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    (old / "model.gqa.onnx").unlink(missing_ok=True)
+    entry = make_variant(old, "gqa")
+    assert entry["details"]["fused_attention_nodes"] == 3 and entry["details"]["qk_norm"].startswith("per_head")
+    assert "derived when its export was opened" in entry["details"]["anatomy"]
+    ref, mask = _run(old, "model.onnx", TEXTS)
+    got, _ = _run(old, entry["file"], TEXTS)
+    assert _min_cos(ref["hidden_states.3"][mask], got["hidden_states.3"][mask]) > 0.99999

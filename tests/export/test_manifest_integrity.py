@@ -50,7 +50,8 @@ def test_the_manifest_hashes_every_file_and_verify_passes(export, capsys):
 def test_a_damaged_tokenizer_file_is_found_by_verify(export, capsys):
     path = export / "tokenizer.json"
     path.write_text(path.read_text().replace('"[CLS]"', '"[CLX]"', 1))
-    ModelHandle.resolve(export)  # load hashes model.onnx only
+    with pytest.raises(ManifestError, match="tokenizer.json is not the file the export wrote"):
+        ModelHandle.resolve(export)  # the tokenizer decides the ids: held to its record at load too
     code, _, err = verify_cli(export, capsys)
     assert code == 2 and len(err) == 1 and "tokenizer.json does not match its checksum" in err[0], err
 

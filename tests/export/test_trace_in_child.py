@@ -12,6 +12,7 @@ from layerscope.errors import ExportError, ModelNotFoundError
 from layerscope.export import exporter
 from layerscope.export.exporter import checkpoint_weight_bytes, export_model, trace_in_child
 from layerscope.model.source import resolve_source
+from hang_guard import HANG_S  # noqa: E402
 
 
 def test_weight_bytes_from_the_safetensors_headers(tiny_model):
@@ -131,6 +132,6 @@ def test_a_script_without_a_main_guard_exports_through_the_child(tiny_model, tmp
                       "pooled=['mean'])\n"
                       "print('EXPORTED')\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0 and done.stdout.count("EXPORTED") == 1, done.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["parity"]["outputs"]

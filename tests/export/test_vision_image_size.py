@@ -133,6 +133,41 @@ def test_resized_attention_graph_matches_transformers(resized):
         np.testing.assert_allclose(got[:, layer], a.numpy(), atol=1e-5, err_msg=f"layer {layer + 1}")
 
 
+def test_cls_maps_lie_on_a_grid_wider_than_high(resized, tmp_path):
+    """``run cls_attention`` on an export whose patch grid is 3 rows of 5 (DINOv2 at 12x20): each map is CLS's
+    attention (mean over heads) on patch (r, c) at cell [r][c], as transformers' eager attention gives it.
+    Catches: the map laid out with rows and columns swapped or cut with the wrong divisor (a square grid, as in
+    test_cls_attention.py, cannot tell them apart)."""
+    import io
+
+    import torch
+    import transformers as t
+    from PIL import Image
+
+    from layerscope.analyses.base import RunRequest, run_analysis
+    from layerscope.analyses.crossmodal import digit_pairs
+    from layerscope.export.attention_variant import make_attention_variant
+
+    kind, ckpt, export_dir, _, (h, w), prefix = resized
+    if kind != "dinov2" or h == w:
+        pytest.skip("one grid that is not square, on the family that always resizes its positions")
+    n, rows, cols = 4, h // 4, w // 4
+    make_attention_variant(export_dir)  # made once per export (the test above may have made it already)
+    _, res = run_analysis("cls_attention", RunRequest(models=[str(export_dir)], engine="ort", out=tmp_path / "run",
+                                                      options={"n": n, "bootstrap": 0}))
+    (fig,) = res["per_model"].values()
+    assert fig["summary"]["grid"] == [rows, cols] == [3, 5]
+    images = [Image.open(io.BytesIO(png)).convert("RGB") for _, png, _ in digit_pairs(n)]
+    pixels = _processor_by_hand(kind, h, w)(images=images, return_tensors="pt")["pixel_values"]
+    model = t.Dinov2WithRegistersModel.from_pretrained(ckpt, attn_implementation="eager").eval()
+    with torch.no_grad():
+        last = model(pixel_values=pixels, output_attentions=True).attentions[-1]
+    cls_row = last[:, :, 0, prefix:].mean(1).numpy()  # [images, patches], patches row by row
+    for i, shown in enumerate(fig["maps"]):
+        want = [[cls_row[i, r * cols + c] for c in range(cols)] for r in range(rows)]
+        np.testing.assert_allclose(np.array(shown["map"]), want, atol=1e-5, err_msg=f"image {i}")
+
+
 def test_a_size_the_patches_do_not_tile_is_one_line_before_any_work(tmp_path):
     """Catches: a size the patch grid does not divide exported anyway (transformers would drop the pixels past
     the last whole patch without a word), or refused only after the export folder was made."""

@@ -144,7 +144,8 @@ def test_an_interrupted_image_extraction_resumes_without_computing_a_row_twice(s
         extract_images(export, folder, out, tokens=True, workers=0, batch_size=2, layers="last", resume=True)
     seen = []
     real_pixels = image_extract._pixels
-    monkeypatch.setattr(image_extract, "_pixels", lambda payloads: (seen.extend(payloads), real_pixels(payloads))[1])
+    monkeypatch.setattr(image_extract, "_pixels",  # each batch's (name, payload) pairs
+                        lambda items: (seen.extend(p for _, p in items), real_pixels(items))[1])
     report = extract_images(export, folder, out, tokens=True, workers=0, batch_size=2, resume=True)
     assert report.computed == 3 and sorted(Path(p).name for p in seen) == ["p2.png", "p3.png", "p4.png"]
     extract_images(export, folder, root / "straight", tokens=True, workers=0, batch_size=5)

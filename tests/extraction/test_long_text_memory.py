@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 MiB = 2 ** 20
@@ -67,7 +68,7 @@ def _extract_peak(export: Path, texts: list[str], out: Path, batch_tokens: int) 
     peak = out.parent / f"{out.name}.peak"
     cmd = [sys.executable, "-c", CHILD, str(peak), "extract", "--model", str(export), "--engine", "ort",
            "--input", str(corpus), "--out", str(out), "--pooling", "mean", "--batch-tokens", str(batch_tokens)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=SRC), timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=SRC), timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     return int(peak.read_text()) * 1024
 

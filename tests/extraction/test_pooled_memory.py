@@ -37,10 +37,18 @@ def test_torch_pooled_only_is_charged_one_layer_below_ort_pooled(tiny_model, ber
     assert torch_floor == by_hand(LONGEST, 1)  # one layer alive at a time, in the hooks
     assert ort_floor == by_hand(LONGEST, 4)  # raw and layers 0..2, stacked by the in-graph pooling
     assert torch_floor < ort_floor
-    # ort opened for pooled vectors only runs a graph whose pooling follows each layer (engines/layer_pooling.py)
-    ort_pooled = create_engine("ort", ModelHandle.resolve(str(bert_export)), pooled_only=True)
+    # ort opened for pooled vectors only below the last layer runs a derived graph whose pooling follows each layer
+    # (engines/layer_pooling.py); for every layer it runs the export's own graph, whose pooling stacks them
+    ort_pooled = create_engine("ort", ModelHandle.resolve(str(bert_export)), depth=1, pooled_only=True)
     assert memory.shape_of(ort_pooled).cost(LONGEST).bytes == by_hand(LONGEST, 1)
-    assert memory.shape_of(ort_pooled, tokens=True).cost(LONGEST).bytes == by_hand(LONGEST, 4)
+    assert memory.shape_of(ort_pooled, tokens=True).cost(LONGEST).bytes == by_hand(LONGEST, 3)
+    every = create_engine("ort", ModelHandle.resolve(str(bert_export)), pooled_only=True)
+    assert memory.shape_of(every).cost(LONGEST).bytes == by_hand(LONGEST, 4)
+    export = ModelHandle.resolve(str(bert_export))
+    for depth, alive in ((1, 1), (None, 4)):  # the plan before the engine starts says the same
+        planned = memory.shape_planned(export, resolve_engine("ort"), depth=depth, tokens=False, max_seq=None,
+                                       pooled_only=True)
+        assert planned.cost(LONGEST).bytes == by_hand(LONGEST, alive), depth
     # a run of token states holds every layer on torch too; the plan before the engine starts says the same
     assert memory.shape_of(torch_eng, tokens=True).cost(LONGEST).bytes == by_hand(LONGEST, 4)
     planned = memory.shape_planned(handle, resolve_engine("torch"), depth=None, tokens=False, max_seq=None)

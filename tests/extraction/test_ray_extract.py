@@ -15,6 +15,7 @@ from store_checks import assert_same_store
 from layerscope.errors import InputError, MissingExtraError
 from layerscope.store.store import LayerStore
 from layerscope.store.store_record import RangePlan
+from hang_guard import HANG_S  # noqa: E402
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 
@@ -431,7 +432,7 @@ def test_two_node_cluster_on_this_machine_equals_the_plain_run(bert_export, smal
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                       start_new_session=True))
         drv = subprocess.run([sys.executable, "-c", TWO_NODE_DRIVER, str(bert_export), str(path), str(tmp_path / "s"),
-                              f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=600)
+                              f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=HANG_S)
         assert drv.returncode == 0, drv.stderr[-3000:]
     finally:
         import signal

@@ -24,6 +24,7 @@ from layerscope.store import store_ranges
 from layerscope.store.range_marks import DoneMark
 from layerscope.store.store import LayerStore
 from layerscope.store.store_record import RangePlan
+from hang_guard import HANG_S  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
@@ -82,7 +83,7 @@ def _env(**extra):
 
 
 def _run(args, **env):
-    return subprocess.run(args, capture_output=True, text=True, env=_env(**env), timeout=300)
+    return subprocess.run(args, capture_output=True, text=True, env=_env(**env), timeout=HANG_S)
 
 
 def test_shards_in_separate_processes_equal_the_plain_run(setup, tmp_path):
@@ -90,7 +91,7 @@ def test_shards_in_separate_processes_equal_the_plain_run(setup, tmp_path):
     out = tmp_path / "store"
     procs = [subprocess.Popen(_cmd(model, path, out, f"{i}/3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=_env(LAYERSCOPE_RANGE_ROWS="512")) for i in range(3)]
-    results = [p.communicate(timeout=300) for p in procs]
+    results = [p.communicate(timeout=HANG_S) for p in procs]
     for p, (so, se) in zip(procs, results):
         assert p.returncode == 0, se
     store = LayerStore.open(out)
@@ -141,7 +142,7 @@ def test_shard_run_twice_and_two_shards_claiming_one_range(setup, tmp_path):
     # two processes given the same shard at once: each range is written by one of them
     twins = [subprocess.Popen(_cmd(model, path, out, "0/2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=_env(**{fake_engine.RANGE_DELAY: "0.5"})) for _ in range(2)]
-    outs = [t.communicate(timeout=300) for t in twins]
+    outs = [t.communicate(timeout=HANG_S) for t in twins]
     assert all(t.returncode == 0 for t in twins), [o[1] for o in outs]
     written = [int(o[0].split(": ")[1].split(" of")[0]) for o in outs]
     assert sum(written) == 3, outs  # ranges 0, 2, 4, each once
@@ -332,7 +333,7 @@ def test_a_shard_whose_store_was_deleted_and_made_again_writes_nothing_into_the_
         shutil.rmtree(out)
         extract_shard(ExtractionRequest.of(model, str(path), out, **kw), 1, 2, range_rows=256)
         old.send_signal(signal.SIGCONT)
-        so, se = old.communicate(timeout=300)
+        so, se = old.communicate(timeout=HANG_S)
     finally:
         if old.poll() is None:
             old.send_signal(signal.SIGCONT)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from knn_reference import mutual_knn
+from knn_reference import mutual_knn, relative_retrieval
 
 from layerscope.metrics.crossmodal import crossmodal
 
@@ -30,6 +30,29 @@ def test_mutual_knn_and_cka_match_the_definitions():
         for j in range(2):
             assert res.figures["mutual_knn"].value[i, j] == pytest.approx(mutual_knn(a[i], b[j], 5))
             assert res.figures["cka"].value[i, j] == pytest.approx(_linear_cka(a[i], b[j]), rel=1e-9)
+
+
+def test_retrieval_both_ways_equals_a_count_query_by_query():
+    """acc@k of every layer pair, each way, against relative_retrieval (tests/knn_reference.py), on pairs whose
+    two spaces share a signal under noise, so a pair is found about half the time, and not equally often each
+    way. Catches: a rank counted on the wrong axis (b -> a read from a's row), a pair that is both an anchor and a
+    query, the two directions swapped, a layer pair's figure filed under another pair."""
+    rng = np.random.default_rng(0)
+    n, seed = 40, 3
+    base = rng.normal(size=(n, 6))
+    a = np.stack([base @ rng.normal(size=(6, 10)) + s * rng.normal(size=(n, 10)) for s in (1.0, 0.7)])
+    b = np.stack([base @ rng.normal(size=(6, 7)) + s * rng.normal(size=(n, 7)) for s in (1.5, 1.0, 3.0)])
+    res = crossmodal(a, b, k=5, acc_k=2, permutations=0, bootstrap=0, seed=seed)
+    both = []
+    for i in range(2):
+        for j in range(3):
+            want = relative_retrieval(a[i], b[j], acc_k=2, seed=seed)
+            got = (res.figures["a_to_b"].value[i, j], res.figures["b_to_a"].value[i, j])
+            assert got == pytest.approx(want, abs=1e-12), (i, j)
+            both.append(want)
+    values = np.array(both)
+    assert 0.05 < values.min() and values.max() < 0.9  # moderate: neither found always nor never
+    assert (values[:, 0] != values[:, 1]).sum() >= 3  # the two ways differ: swapping them shows
 
 
 def test_aligned_pair_wins_beyond_its_null_and_unrelated_ones_do_not():

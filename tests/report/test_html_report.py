@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from layerscope.analyses.base import RunRequest, rerender, run_analysis
+from tiny_models import first_block_of
+from hang_guard import HANG_S  # noqa: E402
 
 pytest.importorskip("plotly")
 
@@ -43,7 +45,7 @@ def open_page(page: Path, profile: Path) -> tuple[str, list[str]]:
            "--dump-dom", page.resolve().as_uri()]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.insert(1, "--no-sandbox")  # Chromium refuses to start its sandbox as root
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
     return proc.stdout, console
@@ -104,15 +106,7 @@ def runs(tiny_model, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     bert = str(tiny_model("bert"))
-    shallow = root / "bert-1-layer"  # the same checkpoint's first block alone: a model of another depth
-    shutil.copytree(bert, shallow)
-    config = json.loads((shallow / "config.json").read_text())
-    (shallow / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
-    from safetensors.numpy import load_file, save_file
-
-    weights = load_file(str(shallow / "model.safetensors"))
-    save_file({k: v for k, v in weights.items() if ".layer.1." not in k}, str(shallow / "model.safetensors"),
-              metadata={"format": "pt"})
+    shallow = first_block_of(bert, root / "bert-1-layer")  # a model of another depth
     pairs = str(_pairs_file(root / "pairs.tsv"))
     texts = root / "texts.txt"
     texts.write_text("the cat sat on the mat\nwater boils at sea level\n", encoding="utf-8")

@@ -64,7 +64,8 @@ def test_sts_layer_curves_have_ci_bands_with_the_saved_interval_ends(tmp_path, f
         for x, r in enumerate(r for r in rows if r["pooling"] == pooling):
             ys = verts[np.isclose(verts[:, 0], x)][:, 1]
             assert np.isclose(ys.min(), r["spearman_ci_low"]) and np.isclose(ys.max(), r["spearman_ci_high"])
-    assert any("CI" in t.get_text() for t in ax.get_legend().get_texts())
+    assert any(t.get_text().startswith("shaded: 95% ") and "interval" in t.get_text()
+               for t in ax.get_legend().get_texts())
 
 
 def test_axis_label_names_the_data_file_the_results_record(tmp_path, figures):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import layerscope
 from layerscope.store.store import LayerStore
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(layerscope.__file__).resolve().parents[1])
 
@@ -49,7 +50,7 @@ def test_disk_filling_up_during_extract_tokens(bert_export, tmpfs, tmp_path):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.02)
     _fill(disk / "filler")
-    _, stderr = proc.communicate(timeout=300)
+    _, stderr = proc.communicate(timeout=HANG_S)
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("token store:")]
     assert proc.returncode == 2, stderr
     assert "Traceback" not in stderr and len(lines) == 1, stderr
@@ -60,6 +61,6 @@ def test_disk_filling_up_during_extract_tokens(bert_export, tmpfs, tmp_path):
     other = tmp_path / "o.txt"
     other.write_text("a plane takes off\nrain falls on the city\n", encoding="utf-8")
     done = subprocess.run(cmd[:9] + [str(other), "--out", str(store), "--pooling", "mean", "--force"], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr
     assert LayerStore.open(store).texts() == ["a plane takes off", "rain falls on the city"]

@@ -21,6 +21,7 @@ from layerscope.errors import StoreError
 from layerscope.model.handle import ModelHandle
 from layerscope.store.store import LayerStore
 from layerscope.store.store_spec import StoreSpec
+from hang_guard import HANG_S  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -29,7 +30,7 @@ def _extract(export, corpus, out, preexec=None):
     cmd = [sys.executable, "-m", "layerscope", "extract", "--model", str(export), "--engine", "ort",
            "--input", str(corpus), "--out", str(out), "--pooling", "mean"]
     return subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=SRC), capture_output=True, text=True,
-                          timeout=300, preexec_fn=preexec)
+                          timeout=HANG_S, preexec_fn=preexec)
 
 
 def _one_line(proc):

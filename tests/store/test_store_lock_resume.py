@@ -16,6 +16,7 @@ from layerscope.errors import StoreError
 from layerscope.extraction.pipeline import embed, extract
 from layerscope.store.store import LayerStore
 from layerscope.store.store_lock import acquire, lock_path, release
+from hang_guard import HANG_S  # noqa: E402
 
 WORDS = "the cat dog man woman bites sees a quick brown fox over lazy river runs".split()
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -46,7 +47,7 @@ def test_two_writers_on_one_store_one_is_refused_and_the_store_is_one_corpus(ber
     results = {}
     for name, proc in (("a", first), ("b", second)):
         try:
-            _, err = proc.communicate(timeout=300)
+            _, err = proc.communicate(timeout=HANG_S)
         finally:
             if proc.poll() is None:
                 proc.kill()

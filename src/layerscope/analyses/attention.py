@@ -171,7 +171,7 @@ class AttentionAnalysis(Analysis):
         export_dir = attention_export(handle, ctx.say)
         spec = ctx.spec  # the run's spec: what it resolved (compute runs inside run_analysis only)
         encoder = run.engine.encoder(spec.max_length)
-        runner = AttentionRunner(export_dir, attention_engine(spec.engine))
+        runner = AttentionRunner(export_dir, attention_engine(spec.engine), trust_remote_code=handle.trust_remote_code)
         texts = list(data.texts)
         lengths = np.minimum(encoder.token_lengths(texts), encoder.max_length)
         shown = list(range(min(int(o.patterns), len(texts))))

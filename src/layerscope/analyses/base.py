@@ -151,10 +151,6 @@ class Analysis(ABC):
         per model, e.g. from the family: ``vocab.pooling.family_poolings``)."""
         return list(self.metadata.default_poolings)
 
-    def check_model(self, ctx: Context, handle, data: Any) -> None:
-        """Refuse, in one line, a model this run's data or options cannot serve (a tuned lens of another width),
-        once the models are resolved and before any engine starts or exports. Default: nothing to check."""
-
     def engine_reads(self, handle, layers: list[str], poolings: list[str]) -> EngineReads:
         """What ``compute`` reads from the engine of one model whose run asks ``layers`` and ``poolings``: the
         engine is opened for that and no more (the one early-exit rule, extraction/engine_plan.py). From the
@@ -172,6 +168,10 @@ class Analysis(ABC):
     def options(self, ctx: Context):
         """The typed options of this run (a frozen dataclass made from the declared ``Option``s)."""
         return ctx.opts
+
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """Refuse, in one line, a model this analysis cannot read, from what is known before any export or engine
+        start (``handle.manifest``: an export's manifest, or a plain model described from its config.json)."""
 
     @abstractmethod
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput | dict[str, Any]:
@@ -311,6 +311,9 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     meta = cls.metadata
     if not req.models:
         raise InputError("give at least one --model")
+    if req.tower is not None and not meta.images:
+        raise InputError(f"--tower picks a two-tower checkpoint's image tower for the analyses that read images; "
+                         f"{name} reads text: leave out --tower")
     if req.out is not None:  # a read-only --out is one line before any model starts
         from layerscope.ownership import check_output_path
 
@@ -341,14 +344,19 @@ def _run_analysis(name: str, req: RunRequest, hold) -> RunOutcome:
     sources = analysis.stored_sources(ctx, data)
     engine_name = gradient_engine(spec.engine) if meta.needs_gradients else spec.engine
     if sources is None:
+        if meta.images:  # a two-tower checkpoint without --tower: one line from its config.json, nothing exported
+            from layerscope.analyses.common import check_tower_asked
+
+            for model in spec.given_models:
+                check_tower_asked(model, req.tower, trust_remote_code=req.trust_remote_code)
         # a cached export is found without transformers or torch when the engine runs exports
-        handles = [resolve_model(model, trust_remote_code=req.trust_remote_code, engine=engine_name)
+        handles = [resolve_model(model, trust_remote_code=req.trust_remote_code, engine=engine_name, tower=req.tower)
                    for model in spec.given_models]
+        for model, handle in zip(spec.given_models, handles):  # from config.json or the manifest: before any export
+            analysis.check_model(ctx, model, handle)
         # --layers and --pooling resolved once per model, here: a bad one fails before any folder is touched
         layers = [check_layers(spec.layers, handle, model) for model, handle in zip(spec.given_models, handles)]
         poolings = [resolve_poolings(ctx, handle, analysis.default_poolings(handle)) for handle in handles]
-        for handle in handles:  # what the analysis's own inputs need of each model: one line, before any engine
-            analysis.check_model(ctx, handle, data)
         sources = [(model, h.manifest.source, h.key) for model, h in zip(spec.given_models, handles)]
     labels = (model_labels(list(spec.given_models), [h.manifest.source.alias for h in handles], spec.labels)
               if handles else [])

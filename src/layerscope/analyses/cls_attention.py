@@ -32,7 +32,9 @@ FIGURES = Figures(
                   per_model=False, title="CLS attention on the patches, by layer",
                   ylabel="share of CLS attention on patches",
                   caption="Mean over images of the CLS token's attention (mean over heads) that reaches the patch "
-                          "tokens; the rest stays on CLS and register tokens."),),
+                          "tokens; the rest stays on CLS and register tokens (interval: percentile bootstrap over the "
+                          "images); chance: the share of uniform attention over every token.",
+                  chance="uniform_share", band="95% bootstrap interval over images", from_zero=True),),
     tables=(Table("layers", ("layer", "share_on_patches", "share_on_patches_ci_low", "share_on_patches_ci_high",
                              "entropy_over_patches")),),
     page=("cls maps",),
@@ -68,12 +70,15 @@ def overlay_png(payload, grid: np.ndarray, size: int = 64) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _attention_runner(run: ModelRun):
+def _attention_runner(ctx: Context, run: ModelRun):
+    """The runner of the export's attention graph: an export you made has it (``--attentions``); a checkpoint's
+    cached export gets it on first use."""
     from layerscope.engines.registry import attention_default, attention_engine
-    from layerscope.export.attention_run import AttentionRunner, require_attention_variant
+    from layerscope.export.attention_run import AttentionRunner, attention_export
 
-    require_attention_variant(run.handle)
-    return AttentionRunner(run.handle.export_dir, attention_engine(run.engine.name) or attention_default())
+    folder = attention_export(run.handle, ctx.say)
+    return AttentionRunner(folder, attention_engine(run.engine.name) or attention_default(),
+                           trust_remote_code=run.handle.trust_remote_code)
 
 
 @register
@@ -87,6 +92,7 @@ class ClsAttention(Analysis):
         main_score="last_share_on_patches",
         default_poolings=("cls",),
         default_data="scikit-learn's digits (built in, --n of them)",
+        images=True,
         figures=FIGURES,
         options=(
             Option("n", int, 24, "digits to look at when --data is not given"),
@@ -100,21 +106,35 @@ class ClsAttention(Analysis):
 
         return labelled_images(ctx.spec.data, self.options(ctx).n)
 
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """A vision tower with a CLS token; an export you made holds its attention graph (a checkpoint's cached
+        export gets one on first use): decided from the manifest or config.json, before any export."""
+        from layerscope.export.attention_run import require_attention_variant
+        from layerscope.model.home import cache_root
+
+        manifest = handle.manifest
+        image = manifest.image
+        if manifest.modality != "image" or image is None or image.prefix_tokens - image.register_tokens < 1:
+            what = "reads text" if manifest.modality != "image" else f"is a {manifest.family} tower without a CLS token"
+            raise InputError(f"{given} {what}; cls_attention reads a vision tower with a CLS token (ViT, DINOv2, "
+                             "CLIP's with --tower vision)")
+        if handle.is_export and (cache_root() / "exports").resolve() not in handle.export_dir.resolve().parents:
+            require_attention_variant(handle)
+
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.data.images import decode
 
         manifest = run.handle.manifest
         image = manifest.image
-        if manifest.modality != "image" or image.prefix_tokens - image.register_tokens < 1:
-            raise InputError(f"{run.spec}: cls_attention reads a vision tower with a CLS token (ViT, DINOv2, CLIP's)")
+        self.check_model(ctx, run.spec, run.handle)
         o = self.options(ctx)
         payloads, labels = data
-        runner = _attention_runner(run)
+        runner = _attention_runner(ctx, run)
         encoder = run.engine.image_encoder()
         parts = []
         for start in range(0, len(payloads), o.batch_size):
             idx = np.arange(start, min(start + o.batch_size, len(payloads)))
-            pixels = encoder([decode(payloads[i]) for i in idx], idx).inputs["pixel_values"]
+            pixels = encoder([decode(payloads[i], bound=encoder.bound) for i in idx], idx).inputs["pixel_values"]
             parts.append(cls_maps(runner.run({"pixel_values": pixels}, patterns=True).patterns, image.prefix_tokens))
         maps = np.concatenate(parts)  # [images, layers, patches]
         rows, cols = image.height // image.patch_size, image.width // image.patch_size
@@ -138,6 +158,7 @@ class ClsAttention(Analysis):
                   "thumbnail": overlay_png(payloads[i], maps[i, -1].reshape(rows, cols))}
                  for i in range(min(SHOWN, len(payloads)))]
         summary = {"last_share_on_patches": table[-1]["share_on_patches"], "layers": last, "grid": [rows, cols],
+                   "uniform_share": rows * cols / (rows * cols + image.prefix_tokens),
                    "n_images": len(payloads), "engine": runner.engine,
                    "attention_precision": runner.precision}
         return ModelOutput({"summary": summary, "tables": {"layers": table}, "maps": shown})

@@ -102,3 +102,31 @@ def similarity_correlations(sims: np.ndarray, scores: np.ndarray, *, n_boot: int
 def best_row(rows: list[dict], key: str) -> dict | None:
     defined = [r for r in rows if r.get(key) is not None]
     return max(defined, key=lambda r: r[key]) if defined else None
+
+
+def models_on_data(results, builtin: str) -> str:
+    """``MODELS on DATA`` for figure titles: the run's models and its data file's name (``builtin`` where the run
+    read its built-in data)."""
+    from pathlib import PurePath
+
+    data = results.settings.data
+    name = PurePath(str(data).replace(chr(92), "/")).name if data else builtin
+    return f"{', '.join(results.per_model)} on {name}"
+
+
+def check_tower_asked(spec: str, tower: str | None, *, trust_remote_code: bool = False) -> None:
+    """One line, from config.json alone, when a two-tower checkpoint (CLIP, SigLIP) is given to read images
+    without ``--tower vision`` (it would otherwise be described, and exported, as its text tower)."""
+    from pathlib import Path
+
+    from layerscope.errors import InputError
+    from layerscope.model.families import VISION_TOWERS
+    from layerscope.model.manifest import MANIFEST
+    from layerscope.model.source import load_config, resolve_source
+
+    if tower is not None or (Path(str(spec)).expanduser() / MANIFEST).is_file():
+        return
+    config = load_config(resolve_source(str(spec)), trust_remote_code=trust_remote_code)
+    if config.model_type in VISION_TOWERS:
+        raise InputError(f"{spec} is a two-tower {config.model_type} checkpoint (images and text): add --tower vision "
+                         "to read its image tower")

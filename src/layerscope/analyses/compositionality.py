@@ -47,13 +47,18 @@ TIED = ("every item is a tie (the positive, its paraphrases and its negative get
         "constant CLS vector)")
 
 
-def _by_layer(column: str, name: str, level: float) -> Curve:
+def _by_layer(column: str, name: str, level: float, caption: str, band: str) -> Curve:
     # a layer where every item is a tie (one vector for every text) tells nothing: left out, not drawn at 0
     return Curve("layers", (Line(column, name),), file=f"compositionality_{column}_by_layer", per_model=False,
                  group=("pooling",), joiner=" / ", level=level, title=f"Compositionality: {name}, by layer",
                  ylabel=name, where=lambda row: row.get("pooling") != OWN and not all_ties(row),
-                 caption="Per item: cosine of the sentence to its paraphrases minus its cosine to the same words in "
-                         "another order. Layers where every item is a tie are left out (they tell nothing).")
+                 caption=caption + " Layers where every item is a tie are left out (they tell nothing).", band=band)
+
+
+_DIFF = ("Per item: mean cosine of the sentence to its paraphrases minus its cosine to the same words in another "
+         "order, averaged over the items (interval: percentile bootstrap over the items); 0 is no preference.")
+_WINS = ("Share of items whose paraphrases are closer to the sentence than the same words in another order "
+         "(interval: Wilson, over the items); chance is 0.5.")
 
 
 _LAYER_COLUMNS = ("pooling", "layer", "win_rate", "win_rate_ci_low", "win_rate_ci_high", "wins", "losses", "ties",
@@ -69,12 +74,14 @@ FIGURES = Figures(
              "{best.mean_diff_ci_high:.3g}] (sign test p = {best.sign_p:.2g}). The model's own pooled output ({own_pooled_output}) is the row "
              f"pooling={OWN}, layer={OWN_LAYER}.",
     summary_numbers=("items", "best_win_rate"),
-    curves=(_by_layer("mean_diff", "mean cos(paraphrase) - cos(same-words negative)", 0.0),
-            _by_layer("win_rate", "win rate (paraphrases closer than negative)", 0.5)),
+    curves=(_by_layer("mean_diff", "mean cos(paraphrase) - cos(same-words negative)", 0.0, _DIFF,
+                      "95% bootstrap interval"),
+            _by_layer("win_rate", "win rate (paraphrases closer than negative)", 0.5, _WINS, "95% Wilson interval")),
     bars=(Bars("groups", "value", (Line("win_rate", "win rate"),), split="pooling", final_layer=True,
                where=lambda row: row.get("group") == "category", file="compositionality_categories_final_layer",
                title="Win rate by category at the final layer", ylabel="win rate",
-               caption="Share of items whose paraphrases are closer than their same-words negative."),),
+               caption="Share of items whose paraphrases are closer than their same-words negative.",
+               band="95% Wilson interval", level=0.5),),
     tables=(Table("layers", _LAYER_COLUMNS, digits=4, p_values=("sign_p",), numbers=_LAYER_COLUMNS[2:],
                   pivot="pooling", cell="{win_rate:.3f} ({mean_diff:+.4f})", cell_label="win rate (diff)"),
             Table("groups", _GROUP_COLUMNS, digits=4, p_values=("sign_p",), numbers=_GROUP_COLUMNS[4:],

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelOutput, ModelRun, Option, register
-from layerscope.errors import InputError
+from layerscope.errors import InputError, MissingExtraError
 from layerscope.report.crossmodal_plot import TITLES
 from layerscope.report.figures import Figures, HeatMap
 from layerscope.report.image_records import PAIRS
@@ -52,13 +52,21 @@ FIGURES = Figures(
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 
+def load_digits():
+    """scikit-learn's bundled digits, or one line naming the extra that installs it (and ``--data``)."""
+    try:
+        from sklearn.datasets import load_digits as load
+    except ImportError:
+        raise MissingExtraError("scikit-learn", "images", "the built-in digits (used without --data)") from None
+    return load()
+
+
 def digit_pairs(n: int) -> list[tuple[str, bytes, str]]:
     """``(id, PNG bytes, caption)`` of the first ``n`` of scikit-learn's digits (8x8, 16 grey levels, scaled to
     0..255 and enlarged to 64x64 pixels)."""
     import io
 
     from PIL import Image
-    from sklearn.datasets import load_digits
 
     digits = load_digits()
     if not 4 <= n <= len(digits.images):
@@ -90,6 +98,9 @@ def read_pairs(path: str, image_key: str, caption_key: str) -> list[tuple[str, s
         file = Path(row[image_key]) if Path(row[image_key]).is_absolute() else data.parent / row[image_key]
         if not file.is_file():
             raise InputError(f"{path} line {number}: image {row[image_key]} is not a file")
+        from layerscope.data.images import image_size
+
+        image_size(str(file), f"{path} line {number}: {file}")  # a header that cannot be read: one line, now
         pairs.append((str(row.get("id", number)), str(file), row[caption_key]))
     if len(pairs) < 4:
         raise InputError(f"{path} holds {len(pairs)} pairs; crossmodal needs at least 4")
@@ -229,6 +240,6 @@ def _image_vectors(run: ModelRun, files: list[str], layers: list[str], pooling: 
     parts = []
     for start in range(0, len(files), batch_size):
         idx = np.arange(start, min(start + batch_size, len(files)))
-        batch = encoder([decode(files[i]) for i in idx], idx)
+        batch = encoder([decode(files[i], bound=encoder.bound) for i in idx], idx)
         parts.append(run.engine.run(batch, layers, [pooling])[pooling])
     return np.concatenate(parts, axis=1)

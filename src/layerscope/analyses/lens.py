@@ -37,12 +37,17 @@ FIGURES = Figures(
     curves=(Curve("lens_by_layer", (Line("mean_log10_rank", "mean log10 rank"),), file="lens_rank", per_model=False,
                   title="logit lens: rank of the target token by layer", ylabel="mean log10 rank (0 = top)",
                   caption="Each layer decoded through the model's LM head; rank of the target token among the "
-                          "vocabulary, averaged over positions."),
+                          "vocabulary, averaged over positions (log10 of rank 1 is 0; interval: percentile "
+                          "bootstrap over the texts); chance: a rank drawn at random from the vocabulary.",
+                  chance="chance_log10_rank", from_zero=True, band="95% bootstrap interval over texts"),
             Curve("lens_by_layer", (Line("top1_agrees_with_last", "top-1 = last layer's top-1"),
                                     Line("top1_is_target", "top-1 = target")), file="lens_agreement",
                   per_model=False, from_zero=True, title="logit lens: top-1 agreement by layer",
                   ylabel="fraction of positions",
-                  caption="Share of positions whose top-1 decoded token equals the last layer's, or the target.")),
+                  caption="Share of positions whose top-1 decoded token equals the last layer's, or the target "
+                          "(interval: percentile bootstrap over the texts; at a share of 0 or 1, Wilson with the "
+                          "texts as trials).",
+                  band="95% interval over texts (bootstrap; Wilson at 0 or 1)")),
     tables=(Table("lens_by_layer", ("layer", "mean_rank", "median_rank", "mean_log10_rank", "top1_is_target",
                                     "top1_agrees_with_last", "kl_to_final", "perplexity"), digits=3,
                   console=("layer", "mean_rank", "median_rank", "top1_is_target", "top1_agrees_with_last")),),
@@ -60,7 +65,7 @@ def _about(results) -> str:
     return f"{', '.join(results.per_model)} on {PurePath(str(data).replace(chr(92), '/')).name}"
 
 
-_BAND = "95% bootstrap-over-texts interval"
+_BAND = "95% bootstrap interval over texts"
 TUNED_CURVES = (
     Curve("tuned_vs_logit", (Line("kl_to_final", "KL to the final layer"),), file="tuned_kl", group=("lens",),
           title="logit vs tuned lens, KL to the final distribution: {about}", ylabel="KL(final || layer), nats",
@@ -130,6 +135,23 @@ def add_text_intervals(rows: list[dict[str, Any]], positions, agree, top1, *, se
                 add_interval(row, key, ratio_scorer(hits[:, li], positions), n, seed=seed)
 
 
+def add_rank_intervals(rows: list[dict[str, Any]], positions, log10_sums, *, seed: int) -> None:
+    """Each layer's mean log10 rank with its 95% percentile bootstrap interval over the texts (a text's positions
+    resample together): ``mean_log10_rank_ci_*``."""
+    from layerscope.analyses.intervals import add_interval
+    from layerscope.metrics.paired import ratio_scorer
+
+    for li, row in enumerate(rows):
+        add_interval(row, "mean_log10_rank", ratio_scorer(log10_sums[:, li], positions), len(positions), seed=seed)
+
+
+def chance_log10_rank(vocab: int) -> float:
+    """The mean log10 rank of a target ranked at random among ``vocab`` tokens: ``log10(vocab!) / vocab``."""
+    import math
+
+    return math.lgamma(int(vocab) + 1) / (int(vocab) * math.log(10))
+
+
 @register
 class Lens(Analysis):
     metadata = AnalysisMetadata(
@@ -168,13 +190,19 @@ class Lens(Analysis):
             tuned = read_lens(o.tuned)  # every file checked, one line, before any model is read
         return read_texts(ctx.spec.data or LENS_TEXTS), tuned
 
-    def check_model(self, ctx: Context, handle, data: Any) -> None:
-        tuned = data[1]
-        if tuned is not None:
-            tuned.check_fits(handle.manifest)
-            anatomy = handle.manifest.anatomy
-            if anatomy is not None and not anatomy.head:
-                raise InputError(f"--tuned decodes through the model's LM head, and {handle.spec} has none")
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """A tuned lens of another width or layer count, or of other weights, and a model without an LM head to
+        decode through: one line, from the lens's config.json (prepare checked every file of it)."""
+        tuned = self.options(ctx).tuned
+        if tuned is None:
+            return
+        from layerscope.decoding.tuned_lens import check_fits, read_header
+
+        config, record = read_header(tuned)
+        check_fits(tuned, config, record, handle.manifest)
+        anatomy = handle.manifest.anatomy
+        if anatomy is not None and not anatomy.head:
+            raise InputError(f"--tuned decodes through the model's LM head, and {given} has none")
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
         from layerscope.decoding.lens import FORWARD_MACS, LensAccumulator, forward_macs_per_token, forward_runs
@@ -223,6 +251,7 @@ class Lens(Analysis):
             ctx.say(f"warning: {truncated} text(s) were longer than the model's max length and were truncated")
         table = acc.table(names)
         add_text_intervals(table, *acc.per_text(), seed=ctx.spec.seed)
+        add_rank_intervals(table, acc.per_text()[0], acc.per_text_log10(), seed=ctx.spec.seed)
         add_divergence_intervals(table, acc, seed=ctx.spec.seed)
         mid = table[len(table) // 2]
         from layerscope.analyses.intervals import headline, method
@@ -236,6 +265,7 @@ class Lens(Analysis):
             "top1_agrees_with_last_mid_layer": mid["top1_agrees_with_last"], "mid_layer": mid["layer"],
             "n_texts": len(texts), "n_positions": acc.n, "head": head_info["kind"],
             "target": "next token" if decoder else "input token", "computed_by": path,
+            "chance_log10_rank": chance_log10_rank(vocab),
             "truncated_texts": truncated, "uniform_cross_entropy": float(np.log(vocab)),
         }
         out = {"summary": summary, "head": head_info, "layers": names, "top_k": k, "texts": shown,

@@ -44,6 +44,10 @@ INPUTS = {
     "labeled": "texts with a label (.jsonl, .csv or .tsv with text and label fields)",
     "text_pairs": "pairs of texts, no score needed (STS Benchmark files, JSONL with sentence1/sentence2, or "
                   "'text A<TAB>text B' lines)",
+    "tagged": "words with a label each (CoNLL-U, or JSONL with a list of words and a list of labels per line)",
+    "patch_pairs": "clean/corrupted text pairs of one token length each (JSONL: clean, corrupted; target and foil "
+                   "for a decoder's logit difference, other for an encoder's similarity)",
+    "steer_pairs": "positive/negative text pairs (JSONL: positive, negative)",
     "engine": "runs the model itself rather than reading cached vectors",
 }
 
@@ -69,6 +73,7 @@ class AnalysisMetadata:
     default_poolings: tuple[str, ...] = ("mean",)
     default_data: str | None = None  # built-in data used when --data is not given
     needs_gradients: bool = False  # runs the model itself on the torch engine
+    images: bool = False  # reads a vision tower's images: ``run`` takes --tower vision (a two-tower checkpoint's)
     options: tuple[Option, ...] = ()
     figures: Any = None  # what its reports show, declared once (report/figures.py); None: its own plots/report
     reads: str = "layers"  # what compute reads from its engine (see READS); decides how deep the engine runs

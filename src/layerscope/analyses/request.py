@@ -37,6 +37,7 @@ class RunRequest:
     batch_tokens: int | None = None  # padded tokens per batch (default: the engine's)
     cache: bool = True  # reuse a matching cached LayerStore of vectors
     trust_remote_code: bool = False  # run the model repo's own code (off unless asked)
+    tower: str | None = None  # "vision": a two-tower checkpoint's image tower (the image analyses)
     recompute: bool = False  # run again even when the result dir holds this very run
     force: bool = False  # replace a result dir holding a different run
     console: Any = field(default=None, compare=False, repr=False)  # where progress lines go (None: nowhere)

@@ -32,7 +32,7 @@ FIGURES = Figures(
                   title="Vision lens: zero-shot accuracy by layer", ylabel="zero-shot accuracy", chance="chance",
                   caption="Each layer's CLS through the tower's final norm and projection, scored against the text "
                           "prompts of every class; band: Wilson 95% interval; chance = 1 / classes.",
-                  band="95% Wilson interval"),),
+                  band="95% Wilson interval", from_zero=True),),
     tables=(Table("layers", ("layer", "accuracy", "accuracy_ci_low", "accuracy_ci_high")),),
     page=("vision lens images",),
     records=(LENS_IMAGES,),
@@ -60,6 +60,9 @@ def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
         file = data.parent / str(row.get("image", "")) if isinstance(row, dict) else None
         if file is None or not file.is_file() or not isinstance(row.get("label"), str):
             raise InputError(f"{path} line {number} needs an existing \"image\" file and a string \"label\"")
+        from layerscope.data.images import image_size
+
+        image_size(str(file), f"{path} line {number}: {file}")  # a header that cannot be read: one line, now
         payloads.append(str(file))
         labels.append(row["label"])
     if len(set(labels)) < 2:
@@ -67,59 +70,68 @@ def labelled_images(path: str | None, n: int) -> tuple[list, list[str]]:
     return payloads, labels
 
 
-LENS_FAMILIES = {"clip-vision": "clip", "siglip-vision": "siglip"}
-
-
 class JointHead:
-    """The way of a two-tower checkpoint's image tower into the joint space, applied to any layer's states:
-    CLIP's final norm then projection of the CLS token; SigLIP's final norm then attention-pooling head
-    over every token (SigLIP has no CLS).  ``reads``: ``cls`` (one vector per image) or ``tokens``."""
+    """The way of a two-tower checkpoint's image tower into the joint space, applied to any layer's states: the
+    tower's final norm, then its head as the export's anatomy records them (model/anatomy.py; CLIP: the
+    projection of the normed CLS; SigLIP, which has no CLS: the attention-pooling head over every normed token).
+    ``reads``: ``cls`` (one vector per image) or ``tokens``."""
 
-    def __init__(self, model, kind: str):
-        self.kind = kind
-        self.norm = model.vision_model.post_layernorm
-        self.head = model.visual_projection if kind == "clip" else model.vision_model.head
-        self.reads = "cls" if kind == "clip" else "tokens"
+    def __init__(self, tower, anatomy, reads: str):
+        import torch
+
+        self.norm = tower.get_submodule(anatomy.head_norm) if anatomy.head_norm else torch.nn.Identity()
+        mods = [tower.get_submodule(path) for path in anatomy.head]
+        self.head = mods[0] if len(mods) == 1 else torch.nn.Sequential(*mods)
+        self.reads = reads
 
     def __call__(self, states: np.ndarray) -> np.ndarray:
-        """``[..., hidden]`` CLS states (CLIP) or ``[..., tokens, hidden]`` token states (SigLIP) into
+        """``[..., hidden]`` CLS states (``reads == "cls"``) or ``[..., tokens, hidden]`` token states into
         ``[..., dim]`` joint embeddings."""
         import torch
 
         x = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))
         with torch.no_grad():
-            if self.kind == "clip":
+            if self.reads == "cls":
                 return self.head(self.norm(x)).numpy()
             lead = x.shape[:-2]
             out = self.head(self.norm(x.reshape(-1, *x.shape[-2:])))
             return out.reshape(*lead, out.shape[-1]).numpy()
 
 
-def head_and_prompts(source, classes: list[str], template: str) -> tuple[JointHead, np.ndarray]:
-    """(the image tower's ``JointHead``, prompt embeddings ``[classes, dim]`` from its text tower) of a
-    two-tower CLIP or SigLIP checkpoint.  SigLIP's prompts are padded to its text length, as it was trained."""
+def head_and_prompts(manifest, classes: list[str], template: str) -> tuple[JointHead, np.ndarray]:
+    """(the image tower's ``JointHead``, prompt embeddings ``[classes, dim]`` from its text tower) of the two-tower
+    checkpoint the vision export ``manifest`` was made from.  Where the image tower's joint embedding is its own
+    pooling head (SigLIP), the text tower pools its last position and was trained on prompts padded to its text
+    length without a mask: its prompts are read so."""
     import torch
     import transformers
 
+    from layerscope.model.families import family_of
     from layerscope.model.source import load_tokenizer
+    from layerscope.model.vision import _tower_class
 
-    config = transformers.AutoConfig.from_pretrained(source.path_or_id)
-    if config.model_type not in ("clip", "siglip"):
-        raise InputError(f"the vision lens reads a two-tower CLIP or SigLIP checkpoint (text prompts need its text "
-                         f"tower); {source.spec} is {config.model_type}")
-    loader = transformers.CLIPModel if config.model_type == "clip" else transformers.SiglipModel
-    model = loader.from_pretrained(source.path_or_id, use_safetensors=True).eval()
+    if manifest.source.own_code:  # the built-in classes only: never under an export that ran the model's own code
+        raise InputError(f"{manifest.source.spec} was exported with the model's own code "
+                         f"({', '.join(manifest.source.own_code)}); the vision lens reads the built-in classes only")
+    source = manifest.source.model_source()
+    model = transformers.AutoModel.from_pretrained(source.path_or_id, use_safetensors=True).eval()
+    if not callable(getattr(model, "get_text_features", None)):
+        raise InputError(f"the vision lens reads a two-tower checkpoint (text prompts need its text tower); "
+                         f"{source.spec} is {model.config.model_type}")
+    family = family_of(manifest)
+    tower = _tower_class()(model, family)
     tok = load_tokenizer(source)
     prompts = [template.format(c) for c in classes]
-    if config.model_type == "siglip":
+    reads = "cls" if family.joint_embedding == "projection" else "tokens"
+    if reads == "tokens":
         enc = tok(prompts, padding="max_length", truncation=True,
-                  max_length=config.text_config.max_position_embeddings, return_tensors="pt")
-        enc = {"input_ids": enc["input_ids"]}  # SigLIP's text tower reads no mask: it pools the last position
+                  max_length=model.config.text_config.max_position_embeddings, return_tensors="pt")
+        enc = {"input_ids": enc["input_ids"]}  # no mask: the text tower pools the last position
     else:
         enc = tok(prompts, padding=True, return_tensors="pt")
     with torch.no_grad():
         text = model.get_text_features(**enc)
-    return JointHead(model, config.model_type), text.numpy()
+    return JointHead(tower, manifest.anatomy, reads), text.numpy()
 
 
 def zero_shot_by_layer(joint: np.ndarray, prompts: np.ndarray) -> np.ndarray:
@@ -143,7 +155,7 @@ def joint_by_layer(run: ModelRun, payloads: list, layers: list[str], head: Joint
     parts = []
     for start in range(0, len(payloads), batch_size):
         idx = np.arange(start, min(start + batch_size, len(payloads)))
-        states = run.engine.run_tokens(encoder([decode(payloads[i]) for i in idx], idx), layers)
+        states = run.engine.run_tokens(encoder([decode(payloads[i], bound=encoder.bound) for i in idx], idx), layers)
         parts.append(head(np.stack(states)))
     return np.concatenate(parts, axis=1)
 
@@ -169,6 +181,7 @@ class VisionLens(Analysis):
         main_score="best_accuracy",
         default_poolings=("cls",),
         default_data="scikit-learn's digits (built in, --n of them)",
+        images=True,
         figures=FIGURES,
         options=(
             Option("n", int, 200, "digits to classify when --data is not given"),
@@ -187,16 +200,41 @@ class VisionLens(Analysis):
             raise InputError("--template needs {} where the label goes")
         return labelled_images(ctx.spec.data, o.n)
 
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """A CLIP or SigLIP image tower whose checkpoint also holds the text tower (the prompts' embeddings),
+        with its tokenizer: decided from the manifest or config.json, before any export."""
+        from layerscope.model.source import TOKENIZER_FILES
+
+        from layerscope.model.families import VISION_TOWERS, family_of
+
+        manifest = handle.manifest
+        if manifest.modality != "image" or family_of(manifest).joint_embedding is None:
+            what = "reads text" if manifest.modality != "image" else f"is a {manifest.family} tower"
+            raise InputError(f"{given} {what}; the vision lens reads the image tower of a CLIP or SigLIP checkpoint "
+                             "(the checkpoint with --tower vision, or its export)")
+        source = manifest.source
+        if source.model_type not in VISION_TOWERS:  # the two-tower checkpoints, whose text tower embeds the prompts
+            raise InputError(f"{given} is an image tower alone ({source.model_type}); the vision lens embeds its "
+                             "prompts with the text tower: give the two-tower checkpoint with --tower vision")
+        if source.is_local and not any((Path(source.path_or_id) / f).is_file() for f in TOKENIZER_FILES):
+            raise InputError(f"{source.path_or_id} has no tokenizer files: the vision lens embeds its prompts "
+                             "with the checkpoint's text tower and tokenizer")
+
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> ModelOutput:
         from layerscope.metrics.proportion import wilson_interval
 
         manifest = run.handle.manifest
-        if manifest.modality != "image" or manifest.family not in LENS_FAMILIES:
-            raise InputError(f"{run.spec}: the vision lens reads a CLIP or SigLIP image tower export (--tower vision)")
+        self.check_model(ctx, run.spec, run.handle)
+        anatomy = manifest.anatomy
+        if anatomy is None or not anatomy.head:
+            raise InputError(f"{run.spec}: the vision lens reads the export of an image tower with a way into a joint "
+                             "image-text space (a CLIP or SigLIP image tower: --tower vision)")
+        if anatomy.derived_on_load:
+            ctx.say(anatomy.note)
         payloads, labels = data
         classes = sorted(set(labels))
         layers = [x for x in (run.layers or []) if x != "raw"]
-        head, prompts = head_and_prompts(manifest.source.model_source(), classes, self.options(ctx).template)
+        head, prompts = head_and_prompts(manifest, classes, self.options(ctx).template)
         predicted = zero_shot_by_layer(joint_by_layer(run, payloads, layers, head, self.options(ctx).batch_size),
                                        prompts)
         truth = np.array([classes.index(lab) for lab in labels])

@@ -16,22 +16,41 @@ if TYPE_CHECKING:
 HF_EAGER = "hf-eager"
 ST = "sentence-transformers"
 BASELINES = (HF_EAGER, ST)
+# what the sentence-transformers rows are held to where the checkpoint has a recipe layerscope reproduces
+OWN_REFERENCE = (f"{HF_EAGER}: the checkpoint's own embedding (its recipe over the model's own last hidden state)")
 
 
 def require_code_flag(handle) -> None:
-    """One line, before any row runs, where the bench's model is of a type only the model's own code defines
-    and the user did not pass --trust-remote-code: the reference row (hf-eager), the PyTorch engines and the
-    sentence-transformers peers load the model through that code, and a manifest never turns it on."""
-    if handle.manifest.family_from_code and not handle.trust_remote_code:
-        from layerscope.errors import InputError
+    """One line, before any row runs, where the bench's model ran the model's own code and the user did not pass
+    --trust-remote-code: the reference row (hf-eager), the PyTorch engines and the sentence-transformers peers load
+    the model through that code, and a manifest never turns it on."""
+    from layerscope.model.own_code import require_code_flag as required
 
-        raise InputError(f"{handle.spec} is an export of model type '{handle.manifest.family}', which exists only "
-                         f"in the model's own code; the bench's reference row ({HF_EAGER}) runs that code, which "
-                         "runs only with --trust-remote-code: pass it if you trust that code (none of it ran)")
+    required(handle.manifest, handle.spec, handle.trust_remote_code, f"the bench's reference row ({HF_EAGER})")
 
 
-def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list[str], n_acc: int):
-    """The plain loop: corpus order, fixed batch size, every hidden state, pooling in torch."""
+def own_recipe(manifest):
+    """The checkpoint's sentence-transformers recipe where layerscope reproduces it, else None."""
+    st = manifest.sentence_transformers or {}
+    return st if st.get("supported") and st.get("pooling") else None
+
+
+def own_embedding(out, mask, recipe):
+    """The checkpoint's own sentence embedding as sentence-transformers computes it, from a plain Hugging Face
+    forward: the recipe's pooling over the model's own last hidden state (not layer L where the model applies
+    its final norm after it: ModernBERT), L2-normalized where the recipe says. The reference of the
+    sentence-transformers rows."""
+    import torch
+
+    from layerscope.vocab.pooling import pool_torch
+
+    vec = pool_torch(out.last_hidden_state.float(), mask, recipe["pooling"])
+    return torch.nn.functional.normalize(vec, dim=-1) if recipe.get("normalize") else vec
+
+
+def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list[str], n_acc: int, recipe=None):
+    """The plain loop: corpus order, fixed batch size, every hidden state, pooling in torch. ``recipe``: the
+    checkpoint's sentence-transformers recipe, whose own embedding of the accuracy rows it also returns."""
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -50,13 +69,17 @@ def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list
     setup = time.perf_counter() - t0
     word_emb = net.get_input_embeddings()
 
-    def encode(texts: list[str]) -> np.ndarray:
+    own: list[np.ndarray] = []
+
+    def encode(texts: list[str], keep_own: bool = False) -> np.ndarray:
         enc = tok(texts, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
         with torch.inference_mode():
             out = net(**enc, output_hidden_states=True)
             states = [word_emb(enc["input_ids"]) if name == "raw" else out.hidden_states[int(name)]
                       for name in layers]
             pooled = [pool_torch(s, enc["attention_mask"], cfg.pooling) for s in states]
+            if keep_own and recipe:
+                own.append(own_embedding(out, enc["attention_mask"], recipe).numpy())
         return torch.stack(pooled).numpy(), int(enc["attention_mask"].sum())
 
     texts = cfg.texts
@@ -66,7 +89,7 @@ def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list
     with PeakMemory() as mem, Clock() as clock:
         for lo in range(0, len(texts), cfg.hf_batch_size):
             t = time.perf_counter()
-            v, n_tok = encode(texts[lo:lo + cfg.hf_batch_size])
+            v, n_tok = encode(texts[lo:lo + cfg.hf_batch_size], keep_own=lo < n_acc)
             lat.append(time.perf_counter() - t)
             tokens += n_tok
             hi = min(lo + cfg.hf_batch_size, n_acc)
@@ -81,7 +104,7 @@ def hf_eager_row(cfg: BenchConfig, source, family, num_layers: int, layers: list
             out.append(encode(sentences[lo:lo + cfg.hf_batch_size])[0])
         return np.concatenate(out, axis=1)
 
-    return run, vectors, sts_encode, lambda: None
+    return run, vectors, sts_encode, (np.concatenate(own)[:n_acc] if own else None)
 
 
 def st_row(cfg: BenchConfig, source, n_acc: int):

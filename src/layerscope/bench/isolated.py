@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layerscope.bench.baseline_rows import HF_EAGER, require_code_flag
+from layerscope.bench.baseline_rows import HF_EAGER, OWN_REFERENCE, own_recipe, require_code_flag
 from layerscope.bench.engine_rows import bench_engines
 from layerscope.bench.runner import _accuracy, sts_spearman
 from layerscope.data.pairs import read_sts
@@ -96,7 +96,7 @@ def _rows(cfg: IsolatedConfig, handle, layers: list[str]) -> list[dict[str, Any]
               "batch_tokens": cfg.batch_tokens, "max_batch": cfg.max_batch, "max_length": cfg.max_length,
               "threads": cfg.threads, "hf_batch_size": cfg.hf_batch_size, "st_batch_size": cfg.st_batch_size,
               "passes": cfg.passes}
-    rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline",
+    rows = [dict(common, name=HF_EAGER, kind="hf-eager", row_kind="baseline", st_recipe=own_recipe(handle.manifest),
                  note=f"plain Hugging Face loop, batch {cfg.hf_batch_size}, corpus order, all layers")]
     for name in cfg.engines:
         spec = bench_engines()[name]
@@ -215,6 +215,8 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
                     res = _run_worker(job, work, cfg.timeout_s)
                     if res.get("available") and rnd == 0:
                         res["_vectors"] = np.load(out_dir / "vectors.npy")
+                        if (out_dir / "own.npy").exists():  # the checkpoint's own embedding (hf-eager)
+                            res["_own"] = np.load(out_dir / "own.npy")
                         if sts and (out_dir / "sts.npy").exists():
                             res["_sts"] = np.load(out_dir / "sts.npy")
                     per_row[row["name"]].append(res)
@@ -229,6 +231,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
         _finish(r, ref, layers, sts, flops, peak)
     if ref is not None:
         ref.pop("_ref", None)
+        ref.pop("_own", None)
     _ratios(results)
     return {
         "kind": "layerscope-bench-isolated",
@@ -283,16 +286,22 @@ def _summarize(row: dict[str, Any], runs: list[dict[str, Any]], layers: list[str
         device=first.get("device", "cpu"), tokenization=first.get("tokenization"), gpu_peak=first.get("gpu_peak"),
         gpu_memory=_gpu_memory(ok),
         load_avg_1m=[r.get("load_avg_1m") for r in ok], split=fastest.get("split"),
-        _vectors=first.get("_vectors"), _sts=first.get("_sts"))
+        _vectors=first.get("_vectors"), _sts=first.get("_sts"), _own=first.get("_own"))
 
 
 def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], sts, flops, peak) -> None:
     vectors, sts_vec = r.pop("_vectors", None), r.pop("_sts", None)
+    if r is not ref:
+        r.pop("_own", None)
     if not r.get("available"):
         return
     produced = r["layers"]
     idx = [layers.index(x) for x in produced]
-    if ref is not None and ref.get("_ref") is not None:
+    if r["kind"] == "peer" and ref is not None and ref.get("_own") is not None:
+        # sentence-transformers against the checkpoint's own embedding, computed by plain Hugging Face
+        r["accuracy"] = _accuracy(ref["_own"][None], vectors, produced)
+        r["accuracy_reference"] = OWN_REFERENCE
+    elif ref is not None and ref.get("_ref") is not None:
         acc = _accuracy(ref["_ref"][idx], vectors, produced)
         if produced != layers:  # final-layer-only peers normalize: only the direction compares
             for a in acc.values():

@@ -97,4 +97,7 @@ def prepare(model_dir: Path, peer_dir: Path, config: str, *, trust_remote_code: 
 
 
 if __name__ == "__main__":
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the bench's to answer: it stops this process
     prepare(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], trust_remote_code="--trust-remote-code" in sys.argv[4:])

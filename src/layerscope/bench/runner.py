@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from layerscope.bench.baseline_rows import BASELINES, HF_EAGER, ST, hf_eager_row, require_code_flag, st_row
+from layerscope.bench.baseline_rows import (BASELINES, HF_EAGER, OWN_REFERENCE, ST, hf_eager_row, own_recipe,
+                                            require_code_flag, st_row)
 from layerscope.bench.config import BenchConfig
 from layerscope.bench.engine_rows import bench_engines, engine_row
 from layerscope.data.pairs import read_sts
@@ -135,7 +136,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
     results: list[dict[str, Any]] = []
     say(f"{HF_EAGER}: plain loop over {len(cfg.texts):,} texts")
-    run, ref, ref_sts_encode, _ = hf_eager_row(cfg, source, family, num_layers, layers, n_acc)
+    run, ref, ref_sts_encode, own = hf_eager_row(cfg, source, family, num_layers, layers, n_acc,
+                                                 own_recipe(manifest))
     ref_sts = None
     if sts:
         say(f"{HF_EAGER}: STS Benchmark ({len(sts[0]):,} sentences)")
@@ -151,7 +153,10 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         say(f"{ST}: encode (final layer only)")
         run, vecs, st_encode = st_row(cfg, source, n_acc)
         if vecs is not None:
-            if cfg.pooling == "mean":
+            if own is not None:  # against the checkpoint's own embedding, computed by plain Hugging Face
+                run.result["accuracy"] = {layers[-1]: _accuracy(own[None], vecs, [layers[-1]])[layers[-1]]}
+                run.result["accuracy_reference"] = OWN_REFERENCE
+            elif cfg.pooling == "mean":
                 final = {layers[-1]: _accuracy(ref[-1:], vecs, [layers[-1]])[layers[-1]]}
                 final[layers[-1]]["max_abs"] = None  # its vectors are normalized: only the direction compares
                 run.result["accuracy"] = final

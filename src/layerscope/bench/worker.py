@@ -32,8 +32,10 @@ class Row:
     """What a runner hands back: how to encode texts, and how to split one pass's time."""
 
     def __init__(self, encode: Callable[[list[str]], np.ndarray], layers: list[str], info: dict[str, Any],
-                 split: Callable[[list[str], float], dict[str, float]] | None = None):
+                 split: Callable[[list[str], float], dict[str, float]] | None = None,
+                 own: Callable[[list[str]], np.ndarray] | None = None):
         self.encode, self.layers, self.info, self.split = encode, layers, info, split
+        self.own = own  # the checkpoint's own embedding of texts (hf-eager, for a sentence-transformers model)
 
 
 # ---------------------------------------------------------------- layerscope engines
@@ -161,9 +163,21 @@ def _hf_row(job: dict[str, Any]) -> Row:
     def split(texts: list[str], best_s: float) -> dict[str, float]:
         return dict(parts)  # measured inside the last timed pass: no extra pass over the corpus
 
+    recipe = job.get("st_recipe")
+
+    def own(texts: list[str]) -> np.ndarray:  # not timed: the reference of the sentence-transformers rows
+        from layerscope.bench.baseline_rows import own_embedding
+
+        chunks = []
+        for lo in range(0, len(texts), size):
+            enc = tok(texts[lo:lo + size], padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+            with torch.inference_mode():
+                chunks.append(own_embedding(net(**enc), enc["attention_mask"], recipe).numpy())
+        return np.concatenate(chunks)
+
     info = {"provider": f"torch-cpu ({torch.get_num_threads()} threads)", "precision": "fp32", "notes": [],
             "device": "cpu"}
-    return Row(encode, layers, info, split)
+    return Row(encode, layers, info, split, own if recipe else None)
 
 
 # ---------------------------------------------------------------- sentence-transformers backends
@@ -254,6 +268,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     result.update(pass_seconds=seconds, pass_cpu_s=cpu, texts=len(texts), peak_rss_mib=mem.peak_rss / 2**20,
                   load_avg_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     np.save(out_dir / "vectors.npy", np.ascontiguousarray(vectors[:, : int(job["n_acc"])], dtype=np.float32))
+    if row.own is not None:
+        np.save(out_dir / "own.npy", np.ascontiguousarray(row.own(texts[: int(job["n_acc"])]), dtype=np.float32))
     if row.split is not None:
         result["split"] = row.split(texts, min(seconds))
     if job.get("sts_file"):
@@ -263,6 +279,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the bench's to answer: it stops this row's process
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:

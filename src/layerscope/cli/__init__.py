@@ -36,17 +36,11 @@ def _interrupt_code(code: int = 130) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import signal
-    import threading
+    from layerscope.signals import sigterm_stops
 
     _SIGNALLED.clear()
-    if threading.current_thread() is not threading.main_thread():
+    with sigterm_stops(_on_sigterm):  # this process only: a child never runs it (layerscope/signals.py)
         return _main(argv)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        return _main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None) -> None:

@@ -117,10 +117,14 @@ def analysis_command(cls) -> TyperCommand:
     """The ``run NAME`` command of one analysis class, built from its metadata."""
     meta = cls.metadata
     params = _shared_options(meta) + [_own_option(o, f"Options of {meta.name}") for o in meta.options]
+    if meta.images:
+        params.append(("tower", Optional[str], typer.Option(None, "--tower", help="'vision': the image tower of a "
+                                                            "two-tower checkpoint (CLIP, SigLIP).")))
 
     def run_it(**values):
         shared = {name: values.pop(name) for name in SHARED}
-        run_from_cli(meta.name, options=values, **shared)
+        tower = values.pop("tower", None)  # the image analyses' own shared option; the rest are the analysis's
+        run_from_cli(meta.name, options=values, tower=tower, **shared)
 
     one = typer.Typer(add_completion=False)
     ends = "" if meta.description.endswith(("?", ".")) else "."
@@ -162,7 +166,8 @@ app.command("run", cls=AnalysisGroup, no_args_is_help=True)(_with_signature(run,
 
 
 def run_from_cli(name: str, *, model, label, engine, layers, pooling, data, dataset, config, split, out, seed, no_cache,
-                 trust_remote_code, recompute, force, max_length, batch_tokens, options: dict[str, Any]) -> None:
+                 trust_remote_code, recompute, force, max_length, batch_tokens, options: dict[str, Any],
+                 tower: str | None = None) -> None:
     from layerscope.analyses.base import RunRequest, get_analysis, run_analysis
 
     cls = get_analysis(name)
@@ -171,7 +176,8 @@ def run_from_cli(name: str, *, model, label, engine, layers, pooling, data, data
     request = RunRequest(models=model, labels=label or None, engine=engine, layers=layers,
                          poolings=split_list(pooling), data=data, out=out, seed=seed, options=options,
                          cache=not no_cache, console=c, recompute=recompute, force=force,
-                         trust_remote_code=trust_remote_code, max_length=max_length, batch_tokens=batch_tokens)
+                         trust_remote_code=trust_remote_code, max_length=max_length, batch_tokens=batch_tokens,
+                         tower=tower)
     outcome = run_analysis(name, request)
     result_dir = outcome.out
     from layerscope.analyses.rendering import print_summary

@@ -12,15 +12,17 @@ def console():
 
     from rich.console import Console
 
-    # Wide enough for the per-layer tables when the output goes to a pipe or a log file.
-    width = None if sys.stdout.isatty() else max(120, shutil.get_terminal_size((120, 24)).columns)
-    return Console(stderr=False, highlight=False, width=width)
+    # Wide enough for the per-layer tables when the output goes to a pipe or a log file; there a line of text is
+    # never broken (a path or a command to copy stays whole), as on a terminal, which wraps it by itself.
+    tty = sys.stdout.isatty()
+    width = None if tty else max(120, shutil.get_terminal_size((120, 24)).columns)
+    return Console(stderr=False, highlight=False, width=width, soft_wrap=not tty)
 
 
 def err_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=not sys.stderr.isatty())
 
 
 def progress_printer(c):

@@ -16,6 +16,9 @@ from layerscope.cli.root import app
 def export(
     model: str = typer.Argument(..., help="Hub id, local model dir, or 'minilm' (bundled all-MiniLM-L6-v2)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Export dir (default exports/<name>)."),
+    cache: bool = typer.Option(False, "--cache", help="Export into layerscope's cache instead of a folder: where "
+                               "run, extract and bench --model MODEL find it (made again only when the model's "
+                               "files, the settings or the versions change)."),
     pooled: str = typer.Option("default", help="In-graph pooled outputs, e.g. mean,cls,last ('none' for none)."),
     opset: int = typer.Option(18, help="ONNX opset."),
     atol: float = typer.Option(1e-4, help="fp32: max absolute difference to PyTorch allowed for any output, "
@@ -36,6 +39,10 @@ def export(
     cpu_precisions: bool = typer.Option(True, "--cpu-precisions/--no-cpu-precisions",
                                         help="Also check and record OpenVINO bf16 where this CPU computes in bf16, "
                                              "so --engine auto can pick it (-v says what was found)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="The longest input (tokens) runs of this "
+                                             "export read by default, up to the model's positions (default: the "
+                                             "checkpoint's sentence-transformers setting, an encoder's tokenizer "
+                                             "limit, else the positions)."),
     tower: Optional[str] = typer.Option(None, "--tower", help="A two-tower checkpoint's tower: 'vision' exports "
                                         "CLIP's or SigLIP's image tower (vision models need none)."),
     image_size: Optional[str] = typer.Option(None, "--image-size", help="A vision tower's input size when not its "
@@ -49,12 +56,18 @@ def export(
 
     size = parse_image_size(image_size)
     name = model.rstrip("/").split("/")[-1]
-    out = out or Path("exports") / name
     modes = None if pooled == "default" else ([] if pooled == "none" else split_list(pooled))
     c = console()
-    manifest = export_model(resolve_source(model, revision), out, pooled=modes, opset=opset, atol=atol, rtol=rtol,
-                            trust_remote_code=trust_remote_code, force=force, dtype=dtype,
-                            progress=progress_printer(c), tower=tower, image_size=size)
+    if cache:
+        out, manifest = _export_to_cache(model, out=out, force=force, revision=revision, pooled=modes, opset=opset,
+                                         atol=atol, rtol=rtol, dtype=dtype, tower=tower, image_size=size,
+                                         max_length=max_length, trust_remote_code=trust_remote_code,
+                                         progress=progress_printer(c))
+    else:
+        out = out or Path("exports") / name
+        manifest = export_model(resolve_source(model, revision), out, pooled=modes, opset=opset, atol=atol,
+                                rtol=rtol, trust_remote_code=trust_remote_code, force=force, dtype=dtype,
+                                progress=progress_printer(c), tower=tower, image_size=size, max_length=max_length)
     from rich.markup import escape
 
     from layerscope.report.console import print_export_summary
@@ -66,7 +79,7 @@ def export(
             from layerscope.errors import InputError
 
             raise InputError("--lens-k reads a text model's LM head; a vision tower has none (the export is written)")
-    if cpu_precisions:  # measured for --engine auto; what it found is said with -v (auto says what it picks)
+    if cpu_precisions and not cache:  # measured for --engine auto (the cache records them itself); what it found is said with -v (auto says what it picks)
         from layerscope.cli.common import STATE
         from layerscope.export.cpu_precision import record_cpu_precisions
 
@@ -119,3 +132,26 @@ def families(every: bool = typer.Option(False, "--all", help="Also list every ot
 
     types = supported_types() if every else list(CHECKED_TYPES)
     print_families(console(), family_rows(types), checked=set(CHECKED_TYPES))
+
+
+def _export_to_cache(model: str, *, out, force: bool, revision, pooled, opset: int, atol: float, rtol: float,
+                     dtype: str, tower, image_size, max_length, trust_remote_code: bool, progress):
+    """(folder, manifest) of ``model``'s entry in the export cache, the one a run on ``model`` with these settings
+    reads: made now, or found made already. Settings at their defaults are left out of its key, as a run leaves
+    them out."""
+    from layerscope.errors import InputError
+    from layerscope.export.cache import cached_export
+    from layerscope.export.exporter import DEFAULT_OPSET, FP32_RTOL
+    from layerscope.model.handle import ModelHandle
+
+    if out is not None or force or revision is not None:
+        flag = "--out" if out is not None else "--force" if force else "--revision"
+        raise InputError(f"--cache and {flag} do not go together: the cache keeps one export per model and settings "
+                         "(layerscope cache clear --exports empties it)")
+    options = {k: v for k, v, default in (("pooled", pooled, None), ("opset", opset, DEFAULT_OPSET),
+                                          ("atol", atol, 1e-4), ("rtol", rtol, FP32_RTOL), ("dtype", dtype, "fp32"),
+                                          ("tower", tower, None), ("image_size", image_size, None),
+                                          ("max_length", max_length, None)) if v != default}
+    handle = cached_export(ModelHandle.resolve(model, trust_remote_code=trust_remote_code),
+                           {**options, "progress": progress})
+    return handle.export_dir, handle.manifest

@@ -52,6 +52,18 @@ def index_build(
                 f"{recall.recall_at_k:.4f}")
 
 
+@index_app.command("search", hidden=True, add_help_option=False,
+                   context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def index_search(ctx: typer.Context):
+    """Searching is its own command: ``layerscope search``; said in one line with the arguments given."""
+    import shlex
+
+    from layerscope.errors import InputError
+
+    given = " ".join(shlex.quote(a) for a in ctx.args) or '--index INDEX_DIR "a query"'
+    raise InputError(f"search is its own command, not part of index: layerscope search {given}")
+
+
 @app.command()
 def search(
     query: list[str] = typer.Argument(..., help="Query text(s)."),

@@ -28,7 +28,7 @@ def _flags_show_no_type() -> None:
 
 _flags_show_no_type()
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   help="layerscope: look inside embedding models layer by layer, fast. "
                        "(`inspect` is the same command, kept as an alias; it collides with inspect-ai's CLI.)")
 index_app = typer.Typer(no_args_is_help=True, help="FAISS indexes over a layer store.")
@@ -37,8 +37,18 @@ cache_app = typer.Typer(no_args_is_help=True, help="What layerscope keeps in its
 app.add_typer(cache_app, name="cache")
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        import layerscope
+
+        print(f"layerscope {layerscope.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
+def _root(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                       help="Print layerscope's version and exit."),
+          debug: bool = typer.Option(False, "--debug", help="Show tracebacks and debug logs."),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print results and errors."),
           verbose: bool = typer.Option(False, "--verbose", "-v", help="Say more, e.g. why --engine auto passed "
                                        "over each engine.")):

@@ -134,7 +134,10 @@ def load_decoding_model(handle, *, device: str = "cpu") -> DecodingModel:
         stored = load_stored_head(handle.export_dir, handle.manifest)
     if stored is not None:
         entry = handle.manifest.lm_head
-        info = HeadInfo(entry["kind"], entry["description"], bool(entry["final_norm_below_last"]),
+        anatomy = handle.manifest.anatomy
+        derived = f" ({anatomy.note})" if anatomy is not None and anatomy.derived_on_load and stored["head"] is not None \
+            else ""
+        info = HeadInfo(entry["kind"], entry["description"] + derived, bool(entry["final_norm_below_last"]),
                         tuple(entry.get("missing_head_weights") or ()))
         head = _decoding_module(stored["kind"], stored["head"], stored["norm"], stored["word_embeddings"],
                                 num_layers, stored["deberta_new"], stored.get("norm_on_last", False)).to(device)

@@ -201,6 +201,7 @@ class LensAccumulator:
         self.text_positions: list[int] = []
         self.text_agree: list[np.ndarray] = []
         self.text_top1: list[np.ndarray] = []
+        self.text_log10: list[np.ndarray] = []  # per text, per layer: the sum of log10 rank over its positions
         self.text_kl: list[np.ndarray] = []  # per text, per layer: KL summed over its counted positions
         self.text_nll: list[np.ndarray] = []  # ... the target's negative log-probability summed
 
@@ -219,6 +220,8 @@ class LensAccumulator:
         self.text_positions += [int(v) for v in keep.sum(axis=1)]
         self.text_agree += list(agrees.sum(axis=2).T.astype(np.int64))
         self.text_top1 += list(hits.sum(axis=2).T.astype(np.int64))
+        logs = np.where(keep[None], np.log10(np.maximum(b.rank, 1)), 0.0)  # [L, B, S]
+        self.text_log10 += list(logs.sum(axis=2).T)
         if b.kl is not None and b.logprob is not None:
             self.text_kl += list(np.where(keep[None], b.kl, 0.0).sum(axis=2).T)
             self.text_nll += list(np.where(keep[None], -b.logprob, 0.0).sum(axis=2).T)
@@ -232,6 +235,11 @@ class LensAccumulator:
         n = len(self.text_kl)
         return (np.asarray(self.text_kl, dtype=np.float64).reshape(n, len(self.layers)),
                 np.asarray(self.text_nll, dtype=np.float64).reshape(n, len(self.layers)))
+
+    def per_text_log10(self) -> np.ndarray:
+        """Per text and layer, the sum of log10 rank over its counted positions ``[n, layers]`` (with the
+        positions of ``per_text``: the mean log10 rank's interval over texts)."""
+        return np.asarray(self.text_log10, dtype=np.float64).reshape(len(self.text_positions), len(self.layers))
 
     def per_text(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per text: positions counted ``[n]``, and per layer top-1 agreements with the last layer and top-1

@@ -170,6 +170,7 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, tuned, s
     from layerscope.decoding.heads import load_decoding_model
     from layerscope.export.graph import opset_of
     from layerscope.hashing import file_sha256
+    from layerscope.model.derived import source_sha256
     from layerscope.model.handle import ModelHandle
     from layerscope.progress import still
 
@@ -231,25 +232,31 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, tuned, s
                           model_onnx_sha256=handle.manifest.onnx_sha256, shared_bytes=shared,
                           shared_with=handle.manifest.lm_head.get("file") if shared else None, parity=parity,
                           tuned=None if tuned is None else TunedSource(tuned.params_sha256, tuned.translators.layers,
-                                                                       tuned.translators.width, str(tuned.path)))
+                                                                       tuned.translators.width, str(tuned.path)),
+                          content_sha256=source_sha256(target))
     sidecar.to_disk(out_dir)
     return sidecar
 
 
 def read_sidecar(handle, k: int, tuned=None) -> LensSidecar | None:
     """The sidecar of the export's top-``k`` lens graph (``tuned``: a ``TunedLens``'s), or None where there is
-    none to use: no graph, or one made for an earlier model.onnx, other translators, in an earlier form or with its
-    softmax in another precision (made again). A garbled sidecar is one line."""
+    none to use (made again): no graph, or one in an earlier form, with its softmax in another precision or of
+    other translators, or one whose sidecar does not hold against the graph, the weights it reads and the export's
+    model.onnx (model/derived.py ``lens_problem``). A garbled sidecar is one line."""
+    from layerscope.model.derived import lens_problem
+
     path = Path(handle.export_dir) / sidecar_name(k, tuned_id(tuned))
-    if not path.exists() or not (Path(handle.export_dir) / lens_file(k, tuned)).exists():
+    if not os.path.lexists(path) or not (Path(handle.export_dir) / lens_file(k, tuned)).exists():
         return None
     meta = LensSidecar.from_disk(path)
-    if meta is None or meta.model_onnx_sha256 != handle.manifest.onnx_sha256 or meta.k != k:
-        return None  # an earlier form of the lens graph, or made for an earlier model.onnx
+    if meta is None or meta.k != k or tuple(meta.outputs) != OUTPUTS:
+        return None  # an earlier form of the lens graph
     if (meta.tuned.params_sha256 if meta.tuned else None) != (tuned.params_sha256 if tuned else None):
         return None  # other translators than these
     if meta.probabilities != PROBABILITIES:
         return None  # a graph whose softmax ran in another precision
+    if lens_problem(handle.export_dir, handle.manifest, meta) is not None:
+        return None  # made for an earlier model.onnx, or the graph or its weights changed since
     return meta
 
 

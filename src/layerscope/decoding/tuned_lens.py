@@ -147,17 +147,34 @@ class TunedLens:
     record: Any = None  # decoding/tuned_record.py TrainRecord, or None (a lens tuned-lens saved)
 
     def check_fits(self, manifest, *, unembedding_hash: str | None = None) -> None:
-        """One line where this lens cannot decode the model of ``manifest``: another width or layer count, a
-        lens trained for another unembedding (tuned-lens's ``unembed_hash``) or, where layerscope trained it,
-        for other weights."""
-        fits_model(self.config, manifest, f"the tuned lens {self.path}")
-        if unembedding_hash and self.config.unembed_hash and unembedding_hash != self.config.unembed_hash:
-            raise InputError(f"the tuned lens {self.path} was trained for another unembedding (its config.json's "
-                             f"unembed_hash differs from this model's): it decodes another model; train one for "
-                             "this model (layerscope train-lens)")
-        if self.record is not None and self.record.model_key and self.record.model_key != manifest.key:
-            raise InputError(f"the tuned lens {self.path} was trained on {self.record.model} (other weights than "
-                             f"{manifest.source.spec or manifest.source.path_or_id}); train one for this model")
+        """One line where this lens cannot decode the model of ``manifest`` (:func:`check_fits`)."""
+        check_fits(self.path, self.config, self.record, manifest, unembedding_hash=unembedding_hash)
+
+
+def check_fits(path, config: LensConfig, record, manifest, *, unembedding_hash: str | None = None) -> None:
+    """One line where the lens at ``path`` (its ``config`` and, where layerscope trained it, its ``record``)
+    cannot decode the model of ``manifest``: another width or layer count, a lens trained for another
+    unembedding (tuned-lens's ``unembed_hash``, where ``unembedding_hash`` is known) or for other weights."""
+    fits_model(config, manifest, f"the tuned lens {path}")
+    if unembedding_hash and config.unembed_hash and unembedding_hash != config.unembed_hash:
+        raise InputError(f"the tuned lens {path} was trained for another unembedding (its config.json's "
+                         f"unembed_hash differs from this model's): it decodes another model; train one for "
+                         "this model (layerscope train-lens)")
+    if record is not None and record.model_key and record.model_key != manifest.key:
+        raise InputError(f"the tuned lens {path} was trained on {record.model} (other weights than "
+                         f"{manifest.source.spec or manifest.source.path_or_id}); train one for this model")
+
+
+def read_header(path: str | Path) -> tuple[LensConfig, Any]:
+    """A lens folder's ``config.json`` and, where there is one, layerscope's ``lens.json``, without its
+    translators: what says whether the lens fits a model."""
+    from layerscope.decoding.tuned_record import RECORD, TrainRecord
+
+    path = Path(path)
+    if not (path / CONFIG).is_file():
+        raise InputError(f"{path} has no {CONFIG}; a tuned lens folder holds {CONFIG} and {PARAMS}")
+    config = LensConfig.read(_json(path / CONFIG), str(path / CONFIG))
+    return config, TrainRecord.from_disk(path / RECORD) if (path / RECORD).is_file() else None
 
 
 def fits_model(config: LensConfig, manifest, what: str) -> None:

@@ -42,7 +42,8 @@ class Engine(ABC):
 
     Everything callers use is declared here: the handle it runs (``model``, also ``handle``), its typed
     ``manifest``, the ``variant`` it loaded, what ran (``info``), ``encoder``, ``run`` and ``run_tokens``,
-    ``run_outputs`` (named graph outputs), ``pooled_output`` (the model's own pooled output) and ``probe``.
+    ``run_outputs`` (named graph outputs), ``pooled_output`` (the model's own pooled output), ``resume`` (a
+    state written at a layer, the layers after it run) and ``probe``.
     """
 
     name: ClassVar[str] = ""
@@ -67,6 +68,37 @@ class Engine(ABC):
     @property
     def manifest(self) -> Manifest:
         return self.model.manifest
+
+    @property
+    def anatomy(self):
+        """The model's anatomy as this engine reads it (model/anatomy.py): what it found on the model it loaded
+        (the PyTorch engines), else the manifest's."""
+        found = self.__dict__.get("_anatomy", self)
+        return self.manifest.anatomy if found is self else found
+
+    @property
+    def carries_own_last(self) -> bool:
+        """Whether this engine can give the model's own last hidden state (``OWN_LAST``) beside the layers."""
+        from layerscope.vocab.outputs import OWN_LAST
+
+        return OWN_LAST in self.manifest.outputs
+
+    def st_plan(self, layers: list[str], poolings: list[str]) -> tuple[list[str], int | None]:
+        """(the layers to run, ``st``'s row read from the model's own last hidden state or None): where ``st`` is
+        asked at layer L of a model whose own last hidden state is not layer L (model/stconfig.py ``st_layers``),
+        that state runs as one more layer, last; a derived anatomy says so in the notes."""
+        from layerscope.vocab.pooling import ST
+
+        if ST not in poolings:
+            return list(layers), None
+        from layerscope.model.stconfig import st_layers
+
+        anatomy = self.anatomy
+        run, row = st_layers(anatomy, self.manifest.num_layers, list(layers), list(poolings),
+                             carried=self.carries_own_last)
+        if row is not None and anatomy.derived_on_load and anatomy.note not in self.info.notes:
+            self.info.notes.append(anatomy.note)
+        return run, row
 
     @property
     def layer_names(self) -> list[str]:
@@ -148,13 +180,14 @@ class Engine(ABC):
         from layerscope.model.stconfig import st_recipe
         from layerscope.vocab.pooling import ST, with_st
 
-        states = self.run_tokens(batch, layers)
+        run, own_row = self.st_plan(layers, poolings)
+        states = self.run_tokens(batch, run)
 
         def compute(modes: list[str]) -> dict[str, np.ndarray]:  # an image batch pools over its patches
             return {m: np.stack([pool_states(self.manifest, batch, s, m) for s in states]) for m in modes}
 
         recipe = st_recipe(self.manifest) if ST in poolings else None
-        return with_st(poolings, compute, recipe), states
+        return with_st(poolings, compute, recipe, own_row=own_row), states[:len(layers)]
 
     def run_keeping_tokens(self, batch: Batch, layers: list[str], poolings: list[str], token_layers: list[str],
                            keep: Callable[[str, np.ndarray], Any]) -> tuple[dict[str, np.ndarray], list[Any]]:
@@ -166,6 +199,27 @@ class Engine(ABC):
         by_name = dict(zip(layers, states))
         del states
         return pooled, [keep(layer, by_name.pop(layer)) for layer in token_layers]
+
+    def resume(self, batch: Batch, layer: int, state: np.ndarray, layers: list[int] | None = None) -> list[np.ndarray]:
+        """Write ``state`` (float32 ``[batch, tokens, hidden]``) at ``layer`` (0..L: replacing ``hidden_states.layer``)
+        and run the layers after it on ``batch``'s mask and positions: the hidden states of ``layers`` (default:
+        the last; each at least ``layer``; ``layer`` itself is ``state``) as float32 ``[batch, tokens, hidden]``
+        (engines/resume.py). A layer outside the model or a state of another shape is one line, before any work."""
+        import numpy as np
+
+        from layerscope.engines.resume import check_write, resume_layers
+
+        if self.manifest.modality != "text":
+            raise InputError(f"engine '{self.name}' writes states into text models only")
+        j = check_write(self.manifest.num_layers, self.manifest.hidden_size, layer, state, batch)
+        want = resume_layers(self.manifest.num_layers, j, layers)
+        later = sorted({k for k in want if k > j})
+        got = dict(zip(later, self._resume(batch, j, state, later))) if later else {}
+        return [np.asarray(state, dtype=np.float32) if k == j else got[k] for k in want]
+
+    def _resume(self, batch: Batch, layer: int, state: np.ndarray, layers: list[int]) -> list[np.ndarray]:
+        """The hidden states of ``layers`` (all after ``layer``) from ``state`` written at ``layer`` (checked)."""
+        raise InputError(f"engine '{self.name}' cannot write a state at a layer; use ort, ov or torch")
 
     def close(self) -> None:
         """Release sessions and memory."""
@@ -215,4 +269,16 @@ def create_engine(name, model: str | Any, **options) -> Engine:
                          "layerscope.export.open.open_engine (exports on first use), or run layerscope export first")
     if not spec.picks_engine and options.pop("min_cosine", None) is not None:
         raise InputError("--min-cosine chooses among engines: use it with --engine auto")
+    require_code_for(spec, handle)
     return spec.make(handle, **options)  # auto hands back the engine it picked, made from that one's declaration
+
+
+def require_code_for(spec, handle) -> None:
+    """One line, before any work, where engine ``spec`` loads the model in PyTorch, the model ran its own code
+    when it was exported (``Manifest.needs_code``) and the user did not pass --trust-remote-code: the built-in
+    class would compute other vectors under the export's identity."""
+    from layerscope.engines.registry import Runtime
+    from layerscope.model.own_code import require_code_flag
+
+    if spec.runtime is Runtime.PYTORCH:
+        require_code_flag(handle.manifest, handle.spec, handle.trust_remote_code, f"engine '{spec.name}' (PyTorch)")

@@ -23,7 +23,9 @@ Like early exit's graph (engines/truncate.py), the derived graph is cached besid
 ``<stem>.blocked.onnx`` (a graph with external data keeps reading the source's data file) with
 ``<stem>.blocked.json`` recording the source's content hash, the recipe and the check that held its every
 output to the source's within the export's recorded tolerance, on engines/parity_texts.py, whose long text
-spans several blocks.
+spans several blocks. The record is held to the rule of model/derived.py before the graph runs (the source as it
+is now, the graph as recorded, its layers in blocks, outputs and pooled layers read back from the graph), else
+the graph is made again.
 
 Which graph an engine runs (``pick_blocks``): the derived one from the start where asked
 (``attention=blocked``); the source graph where asked (``whole``); under ``auto`` (the default) the source
@@ -38,7 +40,6 @@ engine's notes say from which batch on attention ran in blocks, or nothing where
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,21 +74,22 @@ def blocked_graph(src: Path, config_path: Path, *, pooled_layers: list[str], tol
     source's content and this recipe, else made and checked against ``src`` on the batches ``feeds()``
     returns. CannotBlock (saying why) where the model or graph is not one it rewrites, the folder cannot be
     written, or the derived graph differs from its source by more than ``tolerance``."""
-    from layerscope.engines.truncate import check_outputs, content_hash
+    from layerscope.engines.truncate import check_outputs
+    from layerscope.model.derived import source_sha256
 
     src = Path(src)
     cfg = attention_config(config_path)
     dst = src.with_name(f"{src.stem}{SUFFIX}.onnx")
     rec = dst.with_suffix(".json")
-    key = content_hash(src)
-    found = _cached(dst, rec, key)
+    key = source_sha256(src)
+    bar = 0.0 if tolerance is None else float(tolerance)
+    found = _cached(dst, rec, src, key, list(pooled_layers), bar)
     if found is not None:
         return found
     if not os.access(src.parent, os.W_OK):
         raise CannotBlock(f"{src.parent} is not writable, so the graph cannot be cached there")
     from layerscope.ownership import writing
 
-    bar = 0.0 if tolerance is None else float(tolerance)
     with writing(src.parent, "export") as wrote:
         wrote.add(dst.name, rec.name)  # named before they are written
         try:
@@ -107,29 +109,37 @@ def blocked_graph(src: Path, config_path: Path, *, pooled_layers: list[str], tol
             # onnx and the runtimes raise untyped errors: the source graph runs
             raise CannotBlock(f"could not be made ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
-        from layerscope.jsonfile import write_json_atomic
-        from layerscope.model.identity import hash_files
+        from layerscope.model.derived import write_record
 
-        write_json_atomic(rec, {
-            "recipe": RECIPE, "rows": BLOCK_ROWS, "layers": layers, "source": src.name, "source_sha256": key,
-            "sha256": hash_files([dst]), "outputs": names, "nodes": nodes, "full_nodes": full_nodes,
-            "check": {"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU",
-                      "tolerance_abs": bar, "max_abs": worst,
-                      "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
+        write_record(rec, dst, recipe=RECIPE, source=src, source_digest=key, rows=BLOCK_ROWS, layers=layers,
+                     outputs=names, pooled_layers=list(pooled_layers), nodes=nodes, full_nodes=full_nodes,
+                     check={"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU",
+                            "tolerance_abs": bar, "max_abs": worst,
+                            "outputs": {n: {"max_abs": d} for n, d in diffs.items()}})
     return Blocked(dst, layers, BLOCK_ROWS, worst, reused=False)
 
 
-def _cached(dst: Path, rec: Path, key: str) -> Blocked | None:
-    from layerscope.model.identity import hash_files
+def _cached(dst: Path, rec: Path, src: Path, key: str, pooled_layers: list[str], bar: float) -> Blocked | None:
+    """The cached graph where its record holds by the rule (model/derived.py): made by this recipe from ``src``
+    as it is now, in blocks of this many rows, the graph as recorded, and the record's layers in blocks (its
+    ``Loop`` nodes), outputs, nodes and pooled layers those of the graph itself (the pooled layers the source's);
+    else None."""
+    from layerscope.model.derived import finite_at_most, graph_facts, read_record
 
-    try:
-        data = json.loads(rec.read_text(encoding="utf-8"))
-        if not (dst.is_file() and data.get("recipe") == RECIPE and data.get("rows") == BLOCK_ROWS
-                and data.get("source_sha256") == key and data.get("sha256") == hash_files([dst])):
-            return None
-        return Blocked(dst, int(data["layers"]), BLOCK_ROWS, float(data["check"]["max_abs"]), reused=True)
-    except (OSError, ValueError, KeyError, TypeError):
+    data = read_record(rec, dst, recipe=RECIPE, source=src, source_digest=key, claims={"rows": BLOCK_ROWS})
+    if data is None:
         return None
+    try:
+        outputs, stacked, nodes, ops = graph_facts(dst)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot parse is made again
+        return None
+    check = data.get("check")
+    pooled = any(o.startswith("pooled.") for o in outputs)
+    if data.get("layers") != ops.get("Loop", 0) or not ops.get("Loop") or data.get("outputs") != outputs \
+            or data.get("nodes") != nodes or (pooled and not stacked == data.get("pooled_layers") == pooled_layers) \
+            or not isinstance(check, dict) or not finite_at_most(check.get("max_abs"), bar):
+        return None
+    return Blocked(dst, int(data["layers"]), BLOCK_ROWS, float(check["max_abs"]), reused=True)
 
 
 ATTENTIONS = ("auto", "whole", "blocked")

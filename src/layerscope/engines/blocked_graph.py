@@ -11,7 +11,6 @@ is not written (``CannotBlock`` says where).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +31,15 @@ class AttentionConfig:
 
 def attention_config(config_path: Path) -> AttentionConfig:
     """The heads of a causal decoder whose every layer sees the whole past, from its config.json."""
+    from layerscope.errors import InputError
+    from layerscope.jsonfile import read_json
+
     try:
-        cfg = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CannotBlock(f"cannot read {config_path.name}: {exc}") from None
+        cfg = read_json(config_path)  # bounded; a FIFO or a device is refused, never waited on
+    except (OSError, InputError) as exc:
+        raise CannotBlock(f"cannot read {Path(config_path).name}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise CannotBlock(f"{Path(config_path).name} holds a JSON {type(cfg).__name__}, not an object")
     cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     if cfg.get("is_encoder_decoder"):
         raise CannotBlock("an encoder-decoder model")

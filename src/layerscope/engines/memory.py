@@ -28,7 +28,6 @@ the longest text's tokens and the ``--max-length`` that fits.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,10 +56,9 @@ def attention_heads(model_dir: Path | None, hidden_size: int) -> int:
     """The text model's attention heads from its config.json (``hidden_size // 64`` where none is stated)."""
     cfg: dict = {}
     if model_dir is not None:
-        try:
-            cfg = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            cfg = {}
+        from layerscope.jsonfile import read_json_dict
+
+        cfg = read_json_dict(Path(model_dir) / "config.json")  # bounded; {} for a damaged or odd one
     for part in (cfg, cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}):
         for key in ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"):
             value = part.get(key)
@@ -198,8 +196,11 @@ def shape_planned(handle, choice: EngineChoice, *, depth: int, tokens: bool, max
             from_width = pick_blocks(asked.get("attention"), max_seq)
             if from_width is not None and may_block(manifest, model_dir, asked.get("variant")):
                 rows, above = BLOCK_ROWS, from_width
-    per_layer = spec.pools_as_made or (onnx and pooled_only and asked.get("in_graph_pooling") is not False)
     depth = manifest.num_layers if depth is None else min(int(depth), int(manifest.num_layers))
+    # an ONNX engine pools each layer as made in a derived pooled-only graph, which a run of every layer does
+    # without (engines/truncate.py engine_graph: the export's own graph stacks the layers)
+    per_layer = spec.pools_as_made or (onnx and pooled_only and depth < int(manifest.num_layers)
+                                       and asked.get("in_graph_pooling") is not False)
     return CostShape(choice.name, int(manifest.hidden_size), attention_heads(model_dir, manifest.hidden_size),
                      depth, not tokens and bool(per_layer), scores, rows, above)
 

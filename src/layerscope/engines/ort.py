@@ -19,7 +19,7 @@ from layerscope.engines.registry import AutoRank, BenchRow, EngineOption, Engine
 from layerscope.engines.truncate import check_depth, check_pooled_only, engine_graph
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
-from layerscope.vocab.outputs import layer_output, pooled_output
+from layerscope.vocab.outputs import OWN_LAST, layer_output, pooled_output
 from layerscope.vocab.pooling import ST, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
@@ -49,6 +49,7 @@ class OrtEngine(Engine):
     attention_rows: int | None = None  # query rows whose scores it holds at once in blocks (None: all; memory.py)
     blocks_above: int | None = None  # batches wider than this run in blocks (0: every batch; None: none)
     blocks_graph = None  # the derived graph it moves onto at the first batch past blocks_above (auto)
+    _resumer = None  # its resume graphs (engines/resume.py), made when a state is first written
 
     def __init__(self, model, *, threads: int | None = None, opt_level: str = "all",
                  variant: str | None = None, in_graph_pooling: bool = True,
@@ -64,12 +65,13 @@ class OrtEngine(Engine):
         path = handle.export_dir / onnx_file if onnx_file else handle.onnx_path
         if self.variant:
             from layerscope.errors import ManifestError
-            from layerscope.hashing import file_sha256
+            from layerscope.model.derived import variant_problem
 
-            entry = handle.manifest.variants[self.variant]
-            if not path.exists() or file_sha256(path) != entry.sha256:
-                raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                                    f"layerscope optimize {handle.export_dir} --variant {self.variant} --force")
+            why = variant_problem(handle.export_dir, handle.manifest, self.variant)  # its files, and its source
+            if why is not None:
+                raise ManifestError(f"{path}: {why}; re-make it with layerscope optimize {handle.export_dir} "
+                                    f"--variant {self.variant} --force")
+        self.source_graph = path  # the graph the derived ones (early exit, blocks, resume) are made from
         source, (path, self.pooled_layers) = path, engine_graph(self, path, depth, pooled_only)  # early exit
         path = engine_blocks(self, path, self.pooled_layers, self.attention_asked)  # long texts
         self.graph_path = path  # the graph file its session runs
@@ -129,6 +131,18 @@ class OrtEngine(Engine):
         self.session = make_session(path, self.provider, self.provider_options(), options=options)
         self.graph_path = path
 
+    def open_graph(self, path: Path):
+        """A session on another graph (a resume graph), made with this engine's provider and options."""
+        return make_session(path, self.provider, self.provider_options(), options=self.session.get_session_options())
+
+    def _resume(self, batch: Batch, layer: int, state, layers: list[int]) -> list[np.ndarray]:
+        """Through the resume graph at ``layer`` (engines/resume.py), derived from the graph the engine was opened on."""
+        if self._resumer is None:
+            from layerscope.engines.resume import OnnxResume
+
+            self._resumer = OnnxResume(self, self.source_graph, self.open_graph)
+        return self._resumer.run(batch, layer, state, layers)
+
     def run_outputs(self, batch: Batch, names: list[str]) -> list[np.ndarray]:
         """Named graph outputs as they come (extra graphs such as the lens graph add their own)."""
         missing = [n for n in names if n not in self.output_names]
@@ -150,9 +164,14 @@ class OrtEngine(Engine):
 
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
+    @property
+    def carries_own_last(self) -> bool:
+        return OWN_LAST in self.output_names
+
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         recipe = st_recipe(self.manifest) if ST in poolings else None
-        return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
+        run, own_row = self.st_plan(layers, poolings)
+        return with_st(poolings, lambda modes: self._run_pooled(batch, run, modes), recipe, own_row=own_row)
 
     def run_with_tokens(self, batch: Batch, layers: list[str],
                         poolings: list[str]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
@@ -160,36 +179,47 @@ class OrtEngine(Engine):
         ``hidden_states.N`` outputs are fetched together, so the pooled rows equal a pooled-only run's."""
         got: dict[str, list] = {}
         recipe = st_recipe(self.manifest) if ST in poolings else None
-        pooled = with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes, keep=got), recipe)
+        run, own_row = self.st_plan(layers, poolings)
+        pooled = with_st(poolings, lambda modes: self._run_pooled(batch, run, modes, keep=got), recipe,
+                         own_row=own_row)
         return pooled, got["states"]
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str],
                     keep: dict | None = None) -> dict[str, np.ndarray]:
         """Pooled vectors; with ``keep``, the token states of ``layers`` are fetched in the same run and
-        left in ``keep["states"]``."""
+        left in ``keep["states"]``. ``layers`` may end with ``OWN_LAST`` (``st_plan``): the model's own last
+        hidden state, fetched in the same run and pooled here (never kept)."""
         import numpy as np
 
-        check_depth(layers, self.depth, self.name)
+        own = layers[-1:] if layers and layers[-1] == OWN_LAST else []
+        real = layers[:len(layers) - len(own)]
+        check_depth(real, self.depth, self.name)
         if keep is not None:
             check_pooled_only(self.pooled_only, self.name)
         in_graph = [p for p in poolings if pooled_output(p) in self.output_names] if self.in_graph_pooling else []
-        token_names = [self.token_output(n) for n in layers] if keep is not None else []
-        states = None
-        if in_graph and all(layer in self.pooled_layers for layer in layers):
-            rows = [self.pooled_layers.index(layer) for layer in layers]
-            outs = self._run(batch, [pooled_output(p) for p in in_graph] + token_names)
+        token_names = [self.token_output(n) for n in real] if keep is not None else []
+        states = own_states = None
+        if in_graph and all(layer in self.pooled_layers for layer in real):
+            rows = [self.pooled_layers.index(layer) for layer in real]
+            outs = self._run(batch, [pooled_output(p) for p in in_graph] + token_names + own)
             result = {p: np.asarray(o, dtype=np.float32)[rows] for p, o in zip(in_graph, outs)}
             if keep is not None:
-                states = [np.asarray(o, dtype=np.float32) for o in outs[len(in_graph):]]
+                states = [np.asarray(o, dtype=np.float32) for o in outs[len(in_graph):len(in_graph) + len(real)]]
+            if own:
+                own_states = np.asarray(outs[-1], dtype=np.float32)
+                result = {p: np.concatenate([v, pool_states(self.manifest, batch, own_states, p)[None]])
+                          for p, v in result.items()}
         else:
             in_graph, result = [], {}
         rest = [p for p in poolings if p not in in_graph]
         if states is None and (rest or keep is not None):
-            states = self.run_tokens(batch, layers)
+            got = self.run_tokens(batch, layers)
+            states, own_states = (got[:-1], got[-1]) if own else (got, None)
         if keep is not None:
             keep["states"] = states
         for mode in rest:
-            result[mode] = np.stack([pool_states(self.manifest, batch, s, mode) for s in states])
+            result[mode] = np.stack([pool_states(self.manifest, batch, s, mode)
+                                     for s in [*states, *([own_states] if own else [])]])
         return {p: result[p] for p in poolings}
 
     def pooled_output(self, batch: Batch) -> np.ndarray | None:
@@ -203,6 +233,8 @@ class OrtEngine(Engine):
 
     def close(self) -> None:
         self.session = None
+        if self._resumer is not None:
+            self._resumer.close()
 
 
 @register(EngineSpec(

@@ -203,6 +203,7 @@ class OvEngine(OrtEngine):
             path = handle.export_dir / variant_onnx_file(handle.manifest, "int8")
             _check_sha(handle, "int8", path)
         self.in_graph_pooling = bool(in_graph_pooling)
+        self.source_graph = path  # the graph the derived ones (early exit, blocks, resume) are made from
         path, self.pooled_layers = engine_graph(self, path, depth, pooled_only)  # early exit (engines/truncate.py)
         self.attention_asked = attention
         self.blocks_above = pick_blocks(attention, options.get("max_seq"))
@@ -229,6 +230,11 @@ class OvEngine(OrtEngine):
         self.session = None
         self.session = OvSession(path, *args)
         self.graph_path = path
+
+    def open_graph(self, path: Path):
+        """Another graph (a resume graph) compiled as this engine's own, one request."""
+        precision, threads, _ = self.session.args
+        return OvSession(path, precision, threads, 1)
 
     def run_stream(self, batches: Iterable[Batch], layers: list[str],
                    poolings: list[str]) -> Iterator[tuple[Batch, dict[str, np.ndarray]]]:
@@ -305,9 +311,9 @@ def in_flight(manifest, precision: str, asked: int | None) -> tuple[int, str | N
 
 def _check_sha(handle, kind: str, path: Path) -> None:
     from layerscope.errors import ManifestError
-    from layerscope.hashing import file_sha256
+    from layerscope.model.derived import variant_problem
 
-    entry = handle.manifest.variants[kind]
-    if not path.exists() or file_sha256(path) != entry.sha256:
-        raise ManifestError(f"{path} is missing or does not match its manifest entry; re-make it with "
-                            f"layerscope optimize {handle.export_dir} --variant {kind} --force")
+    why = variant_problem(handle.export_dir, handle.manifest, kind)  # its files, and the graph it was made for
+    if why is not None:
+        raise ManifestError(f"{path}: {why}; re-make it with layerscope optimize {handle.export_dir} --variant {kind} "
+                            "--force")

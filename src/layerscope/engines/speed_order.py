@@ -4,12 +4,15 @@ Every bench run records its engine rows' texts/s in ``<cache root>/bench-speeds.
 this CPU (model name, the vector flags the engines use and the cores this process may use).  ``ranked`` then orders the candidates
 ``auto`` may pick: the engines a bench measured here take the places the measured ones hold in the
 declared order, fastest first; an engine never measured keeps its declared place.  The run used is
-the latest one on the same export (its ``onnx_sha256``) if there is one, else the latest on this CPU.
+the latest one on the same export (its ``onnx_sha256``) if there is one, else the latest on this CPU. The file is
+shared by every version and environment on the machine: a run whose shape or figures do not validate
+(``valid_run``) is ignored, with a note.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 import time
@@ -68,6 +71,45 @@ def bench_name(engine: str, variant: str | None) -> str:
     return engine + (f"-{variant}" if variant else "")
 
 
+def _speed(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def valid_run(run: object) -> bool:
+    """One recorded bench run as ``record`` writes it: a ``texts_per_s`` object of row name -> a finite positive
+    texts/s, and text or null where it names its time, model, export and files. The file is the user's cache,
+    shared by every layerscope version and environment on the machine, so anything else is not read."""
+    if not isinstance(run, dict) or not isinstance(run.get("texts_per_s"), dict) or not run["texts_per_s"]:
+        return False
+    if not all(isinstance(k, str) and _speed(v) for k, v in run["texts_per_s"].items()):
+        return False
+    return all(run.get(k) is None or isinstance(run.get(k), str)
+               for k in ("when", "model", "onnx_sha256", "corpus", "bench_json"))
+
+
+def _entry(data: dict[str, Any], key: str, path: Path) -> tuple[dict[str, Any] | None, list]:
+    """This CPU's entry of the speeds file and its runs that validate (``valid_run``); what does not validate is
+    ignored, with a note saying so (once per process)."""
+    entry = data.get(key)
+    if entry is None:
+        return None, []
+    runs = entry.get("runs") if isinstance(entry, dict) else None
+    good = [r for r in runs if valid_run(r)] if isinstance(runs, list) else []
+    if not isinstance(runs, list) or len(good) != len(runs):
+        bad = len(runs) - len(good) if isinstance(runs, list) else None
+        note = (f"{path}: {bad} recorded bench run(s) of this CPU do not validate" if bad is not None else
+                f"{path}: the entry of this CPU is not a record of bench runs")
+        if note not in _NOTED:
+            _NOTED.add(note)
+            import logging
+
+            logging.getLogger("layerscope").warning("%s; ignored (the next layerscope bench records anew)", note)
+    return (entry if isinstance(entry, dict) else None), good
+
+
+_NOTED: set[str] = set()
+
+
 def record(bench: dict[str, Any], bench_json: str | Path | None = None, *, root: Path | None = None) -> int:
     """Remember a process-isolated bench run's engine speeds for this CPU; returns how many rows were recorded.
 
@@ -83,7 +125,8 @@ def record(bench: dict[str, Any], bench_json: str | Path | None = None, *, root:
     key, desc = cpu_identity()
     path = (root or _root()) / SPEEDS_FILE
     data = read_json_dict(path)
-    entry = data.setdefault(key, {"cpu": desc, "runs": []})
+    _, runs = _entry(data, key, path)
+    entry = data[key] = {"cpu": desc, "runs": runs}  # what did not validate is not kept
     model = bench.get("model") or {}
     entry["runs"].append({"when": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "model": model.get("source"),
                           "onnx_sha256": model.get("onnx_sha256"), "corpus": (bench.get("corpus") or {}).get("name"),
@@ -99,8 +142,8 @@ def measured_run(onnx_sha256: str | None, *, root: Path | None = None) -> dict[s
     """The bench run on this CPU that ``auto`` goes by (the same export, by its graph's sha256, first; else the
     latest), or None."""
     key, _ = cpu_identity()
-    runs = [r for r in (read_json_dict((root or _root()) / SPEEDS_FILE).get(key) or {}).get("runs", [])
-            if isinstance(r, dict) and isinstance(r.get("texts_per_s"), dict)]
+    path = (root or _root()) / SPEEDS_FILE
+    _, runs = _entry(read_json_dict(path), key, path)  # only runs that validate: others are ignored, with a note
     same = [r for r in runs if onnx_sha256 and r.get("onnx_sha256") == onnx_sha256]
     return (same or runs or [None])[-1]
 

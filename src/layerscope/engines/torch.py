@@ -11,6 +11,7 @@ from layerscope.engines.registry import BenchRow, EngineOption, EngineSpec, Runt
 from layerscope.engines.truncate import check_depth
 from layerscope.errors import EngineUnavailableError
 from layerscope.model.stconfig import st_recipe
+from layerscope.vocab.outputs import OWN_LAST
 from layerscope.vocab.pooling import ST, with_st
 
 if TYPE_CHECKING:  # numpy loads when an engine runs, not when the registry is read (the CLI's help)
@@ -131,15 +132,15 @@ class TorchEngine(Engine):
                                         attn_implementation=attention).to(self.device)
             self.word_embeddings = self.net.get_input_embeddings()
         num_layers = self.manifest.num_layers
+        self._anatomy = None if self.vision else self._find_anatomy(family, num_layers)
         # the model's blocks, where pooled-only runs hook each layer (engines/torch_pooled.py); None: every
         # hidden state is requested and pooled after the forward
         self.block_slot = None
-        self.top_from_last = bool(family.final_norm_in_last_hidden_state)
         if not self.vision:
             from layerscope.engines.truncate import block_slot
 
             try:
-                self.block_slot = block_slot(self.net, num_layers, "to pool each layer as it is produced")
+                self.block_slot = block_slot(self.net, self.anatomy, "to pool each layer as it is produced")
             except EngineUnavailableError as exc:
                 self.info.notes.append(f"pooled runs keep every hidden state until pooled: {exc}")
         if depth is not None and int(depth) < num_layers and self.vision:
@@ -149,8 +150,7 @@ class TorchEngine(Engine):
 
             self.depth = max(int(depth), -1)
             try:
-                kept = truncate_blocks(self.net, num_layers, self.depth,
-                                       final_norm=bool(family.final_norm_in_last_hidden_state),
+                kept = truncate_blocks(self.net, self.anatomy, self.depth,
                                        probe=lambda: self.forward(self.encoder()(["a"])))
             except EngineUnavailableError as exc:  # no block list found: every block runs
                 self.depth = None
@@ -164,6 +164,35 @@ class TorchEngine(Engine):
         self.parity: dict[str, dict[str, float]] = {}
         if self.precision != "fp32":
             self._become_half()
+
+    @property
+    def carries_own_last(self) -> bool:
+        return not self.vision  # the model's forward returns it
+
+    def _find_anatomy(self, family, num_layers: int):
+        """The model's anatomy (model/anatomy.py): as its export recorded it, else found on the loaded model and
+        held to a forward pass here (a plain model, or an export made before anatomies were recorded); None
+        where the forward pass contradicts every rule (the engine then keeps every hidden state)."""
+        recorded = self.manifest.anatomy_record
+        if recorded is not None:
+            return recorded
+        from layerscope.errors import ExportError
+        from layerscope.model.anatomy import resolve_anatomy
+        from layerscope.model.anatomy_rules import probe_inputs
+
+        feed = {k: v.to(self.device) if hasattr(v, "to") else v for k, v in probe_inputs(self.net).items()}
+        try:
+            return resolve_anatomy(self.net, family, num_layers, inputs=feed)
+        except ExportError as exc:
+            self.info.notes.append(f"the model's anatomy could not be found ({exc})")
+            return None
+
+    @property
+    def top_norm(self) -> str | None:
+        """The module whose output is the last layer where layer L carries the final norm (the anatomy's final
+        norm; an identity below L once truncated), else None: the last block's own output is layer L."""
+        anatomy = self.anatomy
+        return anatomy.final_norm if anatomy is not None and anatomy.final_norm_in_hidden_states else None
 
     @property
     def pools_as_made(self) -> bool:
@@ -216,21 +245,23 @@ class TorchEngine(Engine):
             hidden = (out.last_hidden_state,)
         return raw, hidden, out
 
-    def _select(self, raw, hidden, layers: list[str]) -> list[np.ndarray]:
-        arrays = []
-        for name in layers:
-            t = raw if name == "raw" else hidden[int(name)]
-            arrays.append(t.float().cpu().numpy())
-        return arrays
+    @staticmethod
+    def _state(raw, hidden, out, name: str):
+        """One layer's states from a forward (``OWN_LAST``: the model's own last hidden state)."""
+        return raw if name == "raw" else out.last_hidden_state if name == OWN_LAST else hidden[int(name)]
+
+    def _select(self, raw, hidden, out, layers: list[str]) -> list[np.ndarray]:
+        return [self._state(raw, hidden, out, name).float().cpu().numpy() for name in layers]
 
     def run_tokens(self, batch: Batch, layers: list[str]) -> list[np.ndarray]:
         check_depth(layers, self.depth, self.name)
-        raw, hidden, _ = self.forward(batch)
-        return self._select(raw, hidden, layers)
+        raw, hidden, out = self.forward(batch)
+        return self._select(raw, hidden, out, layers)
 
     def run(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         recipe = st_recipe(self.manifest) if ST in poolings else None
-        return with_st(poolings, lambda modes: self._run_pooled(batch, layers, modes), recipe)
+        run, own_row = self.st_plan(layers, poolings)
+        return with_st(poolings, lambda modes: self._run_pooled(batch, run, modes), recipe, own_row=own_row)
 
     def _run_pooled(self, batch: Batch, layers: list[str], poolings: list[str]) -> dict[str, np.ndarray]:
         import numpy as np
@@ -261,15 +292,16 @@ class TorchEngine(Engine):
 
         check_depth(layers, self.depth, self.name)
         kept: list = []
+        run, own_row = self.st_plan(layers, poolings)
 
         def compute(modes: list[str]) -> dict[str, np.ndarray]:
-            pooled, got = pooled_and_kept(self, batch, layers, modes, token_layers, keep, blocks)
+            pooled, got = pooled_and_kept(self, batch, run, modes, token_layers, keep, blocks)
             kept.extend(got)
             return pooled
 
         recipe = st_recipe(self.manifest) if ST in poolings else None
         try:
-            return with_st(poolings, compute, recipe), kept
+            return with_st(poolings, compute, recipe, own_row=own_row), kept
         except HookMissed as exc:
             self.block_slot = None
             self.info.notes.append(f"pooled runs keep every hidden state until pooled: {exc}")
@@ -283,9 +315,9 @@ class TorchEngine(Engine):
 
         torch = self.torch
         check_depth(layers, self.depth, self.name)
-        raw, hidden, _ = self.forward(batch)
+        raw, hidden, out = self.forward(batch)
         with torch.inference_mode():
-            states = torch.stack([(raw if n == "raw" else hidden[int(n)]).float() for n in layers])
+            states = torch.stack([self._state(raw, hidden, out, n).float() for n in layers])
             mask = torch.from_numpy(np.ascontiguousarray(batch.mask)).to(self.device)
             ids = torch.from_numpy(np.ascontiguousarray(batch.input_ids)).to(self.device)
             eos = self.manifest.eos_token_id
@@ -299,6 +331,40 @@ class TorchEngine(Engine):
             return None
         _, _, out = self.forward(batch)
         return getattr(out, name).float().cpu().numpy()
+
+    def _resume(self, batch: Batch, layer: int, state, layers: list[int]) -> list[np.ndarray]:
+        """A forward pre-hook on block ``layer + 1`` hands it ``state`` in place of its input (engines/resume.py);
+        the blocks before it still run, their output discarded."""
+        import numpy as np
+
+        from layerscope.errors import InputError
+
+        torch = self.torch
+        if self.depth is not None:
+            raise InputError(f"engine '{self.name}' was opened for layers up to {self.depth} and cannot write a "
+                             "state; open it without depth")
+        anatomy = self.manifest.anatomy  # where the blocks are, as the export recorded it
+        if anatomy is not None and anatomy.blocks is not None:
+            blocks = self.net.get_submodule(anatomy.blocks)
+        elif anatomy is None and self.block_slot is not None:  # a manifest copy without its anatomy: found here
+            blocks = getattr(*self.block_slot)
+        else:
+            raise InputError(f"engine '{self.name}': this model keeps no list of blocks (one block shared by every "
+                             "layer), so a hook cannot write a state at one layer; use --engine ort")
+        given = torch.from_numpy(np.ascontiguousarray(np.asarray(state, dtype=np.float32))).to(self.device)
+
+        def swap(module, args, kwargs):
+            value = given.to(args[0].dtype if args else kwargs["hidden_states"].dtype)
+            if args:
+                return (value, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": value}
+
+        hook = blocks[layer].register_forward_pre_hook(swap, with_kwargs=True)
+        try:
+            _, hidden, _ = self.forward(batch)
+        finally:
+            hook.remove()
+        return [hidden[k].float().cpu().numpy() for k in layers]
 
     def close(self) -> None:
         self.net = None

@@ -6,9 +6,9 @@ A run that asks for pooled vectors only never requests ``output_hidden_states`` 
 
 - layer 0, the blocks' input: a forward pre-hook on the first block;
 - layer i (1 <= i < K, K blocks in the stack): a forward hook on block i-1 (its output, or ``[0]`` of it);
-- layer K: the model's own ``last_hidden_state`` where the family's last hidden state carries the final norm
-  (Hugging Face's ``hidden_states[K]`` is that tensor; a truncated stack's final norm is an identity), else
-  block K-1's output (CLIP text, BERT-like encoders: ``hidden_states[K]`` is the last block's output).
+- layer K: the output of the anatomy's final norm where layer L carries it (decoders, T5: Hugging Face's
+  ``hidden_states[K]`` is that tensor; a truncated stack's final norm is an identity), else block K-1's output
+  (CLIP text, ModernBERT, BERT-like encoders: ``hidden_states[K]`` is the last block's output).
 
 So at most the layer being pooled, the block's own activations and the next layer's input are alive at once.
 """
@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import inspect
 from typing import TYPE_CHECKING, Callable
+
+from layerscope.model.anatomy_rules import block_input, block_output
+from layerscope.vocab.outputs import OWN_LAST
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,22 +33,18 @@ class HookMissed(RuntimeError):
 
 def first_input(args: tuple, kwargs: dict):
     """The hidden states a block is called with: its first positional argument, or ``hidden_states=``."""
-    if args:
-        return args[0]
-    if "hidden_states" in kwargs:
-        return kwargs["hidden_states"]
-    raise HookMissed("the first block was called without its hidden states as the first argument")
-
-
-def block_output(out):
-    """A block's hidden states: the output itself, or ``[0]`` of a tuple (attention weights, caches follow)."""
-    return out[0] if isinstance(out, (tuple, list)) else out
+    states = block_input(args, kwargs)
+    if states is None:
+        raise HookMissed("the first block was called without its hidden states as the first argument")
+    return states
 
 
 def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int, object], None], *,
-                  top_from_last: bool) -> None:
+                  top_norm: str | None = None, own: Callable[[object], None] | None = None) -> None:
     """Run ``net`` once on ``feed`` (torch tensors) without hidden states, calling ``take(layer, states)`` for
-    each layer in ``wanted`` as soon as it exists; ``blocks`` is the (possibly truncated) non-empty stack."""
+    each layer in ``wanted`` as soon as it exists; ``blocks`` is the (possibly truncated) non-empty stack.
+    ``top_norm``: the module whose output is the last layer (the anatomy's final norm where layer L carries it),
+    else the last block's output is; ``own``: called with the model's own last hidden state."""
     count = len(blocks)
     seen: set[int] = set()
 
@@ -56,10 +55,12 @@ def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int
 
     handles = [blocks[0].register_forward_pre_hook(lambda _m, args, kwargs: give(0, first_input(args, kwargs)),
                                                    with_kwargs=True)]
-    last_hooked = count - 1 if top_from_last else count
+    last_hooked = count - 1 if top_norm else count
     for i in range(last_hooked):
         handles.append(blocks[i].register_forward_hook(
             lambda _m, _a, out, index=i + 1: give(index, block_output(out))))
+    if top_norm:
+        handles.append(net.get_submodule(top_norm).register_forward_hook(lambda _m, _a, out: give(count, out)))
     kwargs = {"output_hidden_states": False, "return_dict": True}
     params = inspect.signature(net.forward).parameters
     if "use_cache" in params:  # a key/value cache would keep two activations of every block alive
@@ -69,8 +70,8 @@ def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int
     finally:
         for handle in handles:
             handle.remove()
-    if top_from_last:
-        give(count, out.last_hidden_state)
+    if own is not None:
+        own(out.last_hidden_state)
     del out
     missed = sorted(wanted - seen)
     if missed:
@@ -79,12 +80,14 @@ def hooked_layers(net, blocks, feed: dict, wanted: set[int], take: Callable[[int
 
 def hand_over_layers(engine, blocks, feed: dict, layers: list[str], take: Callable[[str, object], None]) -> None:
     """One forward pass handing each of ``layers`` to ``take(name, states)`` as it is produced (``raw``: the
-    rows of the word-embedding matrix, as run_tokens gives them)."""
+    rows of the word-embedding matrix, as run_tokens gives them; ``OWN_LAST``: the model's own last hidden
+    state, once the forward returns)."""
     torch = engine.torch
     with torch.inference_mode():
-        wanted = {int(n) for n in layers if n != "raw"}
-        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s),
-                      top_from_last=engine.top_from_last)
+        wanted = {int(n) for n in layers if n.isdigit()}
+        own = (lambda states: take(OWN_LAST, states)) if OWN_LAST in layers else None
+        hooked_layers(engine.net, blocks, feed, wanted, lambda i, s: take(str(i), s), top_norm=engine.top_norm,
+                      own=own)
         if "raw" in layers:
             take("raw", torch.nn.functional.embedding(feed["input_ids"], engine.word_embeddings.weight))
 

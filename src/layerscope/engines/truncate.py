@@ -11,16 +11,21 @@ when only ``raw`` is asked), and an engine handed ``depth`` (a hint every engine
   pointing at the source's data file, in the same folder, so no weight is copied) with
   ``<stem>.upto-<depth>.json`` recording the source's content hash, the recipe, and the check that held the
   derived graph to the full graph's outputs (max |diff| per output, bit for bit or within the export's
-  recorded tolerance). A changed source or recipe makes it again; a failed check or a folder that cannot
-  be written leaves the engine on the full graph, saying so in its notes. A graph of pooled outputs only
-  pools each layer as it is made instead of stacking every layer first (engines/layer_pooling.py).
-- PyTorch: the first ``depth`` blocks only (engines/torch.py); layer ``depth`` < L of a decoder is the
-  block's own output, without the final norm that only layer L carries.
+  recorded tolerance). The record is held to the rule of model/derived.py before the graph runs: a changed
+  source or recipe, a graph that is not the one recorded, or a record whose depth, pooled layers, outputs or
+  nodes are not what this run computes and the graph itself holds, makes it again; a failed check or a folder
+  that cannot be written leaves the engine on the full graph, saying so in its notes. A graph of pooled outputs only
+  pools each layer as it is made instead of stacking every layer first (engines/layer_pooling.py). A run of
+  every layer derives nothing: it runs the export's own graph (fetching its pooled outputs alone where that
+  is all it reads), so its first start costs no derived graph, no check and, for a graph without external
+  data, no copy of the weights.
+- PyTorch: the first ``depth`` blocks only (engines/torch.py), where the model's anatomy (model/anatomy.py)
+  says its blocks are; layer ``depth`` < L of a decoder is the block's own output, without the final norm that
+  only layer L carries (the anatomy's final norm, replaced by an identity).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,7 +47,7 @@ def check_depth(layers: Iterable[str], depth: int | None, engine: str) -> None:
     """One line when a run asks an engine opened for layers up to ``depth`` for a deeper layer."""
     if depth is None:
         return
-    deeper = [n for n in layers if n != "raw" and int(n) > depth]
+    deeper = [n for n in layers if str(n).isdigit() and int(n) > depth]  # not raw, not the model's own last state
     if deeper:
         from layerscope.errors import InputError
 
@@ -99,31 +104,6 @@ class Truncated:
         top += ", pooled outputs only" if self.pooled_only else ""
         return (f"early exit: {top}, {self.path.name} ({self.nodes:,} nodes, the full graph {self.full_nodes:,}; equal to the "
                 f"full graph {how}{', cached' if self.reused else ''})")
-
-
-def content_hash(src: Path) -> str:
-    """sha256 of the graph and its external data files (remembered by stat signature, model/identity.py)."""
-    import onnx
-
-    from layerscope.model.identity import hash_files
-
-    model = onnx.load(str(src), load_external_data=False)
-    locations = sorted({e.value for t in _external(model) for e in t.external_data if e.key == "location"})
-    for loc in locations:
-        target = (src.parent / loc).resolve()
-        if src.parent.resolve() not in target.parents:
-            from layerscope.errors import ManifestError
-
-            raise ManifestError(f"{src} names external data {loc!r} outside its folder; re-run layerscope export")
-    return hash_files([src] + [src.parent / loc for loc in locations])
-
-
-def _external(model) -> list:
-    from onnx import TensorProto
-    from onnx.external_data_helper import _get_all_tensors
-
-    return [t for t in _get_all_tensors(model) if t.HasField("data_location")
-            and t.data_location == TensorProto.EXTERNAL]
 
 
 def derive(src: Path, depth: int, dst: Path, pooled_only: bool = False) -> tuple[list[str], int, int]:
@@ -222,8 +202,11 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
     src = Path(src)
     dst = src.with_name(f"{src.stem}{SUFFIX}{'raw' if depth < 0 else depth}{'.pooled' if pooled_only else ''}.onnx")
     rec = dst.with_suffix(".json")
-    key = content_hash(src)
-    found = _cached(dst, rec, key, depth, pooled_only)
+    from layerscope.model.derived import source_sha256
+
+    key = source_sha256(src)
+    bar = 0.0 if tolerance is None else float(tolerance)
+    found = _cached(dst, rec, src, key, depth, pooled_only, kept_pooled_layers(full_pooled, depth), bar)
     if found is not None:
         return replace(found, every_layer=depth == num_layers)
     if not os.access(src.parent, os.W_OK):
@@ -231,7 +214,6 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
         return None
     from layerscope.ownership import writing
 
-    bar = 0.0 if tolerance is None else float(tolerance)
     with writing(src.parent, "export") as wrote:
         wrote.add(dst.name, rec.name)  # named before they are written
         try:
@@ -247,15 +229,13 @@ def truncated_graph(src: Path, depth: int, *, num_layers: int, full_pooled: list
             rec.unlink(missing_ok=True)
             log(f"early exit off: the graph up to layer {depth} {why}; the full graph runs")
             return None
-        from layerscope.jsonfile import write_json_atomic
-        from layerscope.model.identity import hash_files
+        from layerscope.model.derived import write_record
 
-        write_json_atomic(rec, {
-            "recipe": RECIPE, "depth": depth, "pooled_only": pooled_only, "source": src.name, "source_sha256": key,
-            "sha256": hash_files([dst]), "outputs": names, "pooled_layers": pooled, "nodes": nodes,
-            "full_nodes": full_nodes,
-            "check": {"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU", "tolerance_abs": bar,
-                      "max_abs": worst, "outputs": {n: {"max_abs": d} for n, d in diffs.items()}}})
+        write_record(rec, dst, recipe=RECIPE, source=src, source_digest=key, depth=depth, pooled_only=pooled_only,
+                     outputs=names, pooled_layers=pooled, nodes=nodes, full_nodes=full_nodes,
+                     check={"texts": "engines/parity_texts.py PARITY_TEXTS", "runtime": "onnxruntime CPU",
+                            "tolerance_abs": bar, "max_abs": worst,
+                            "outputs": {n: {"max_abs": d} for n, d in diffs.items()}})
     return Truncated(dst, depth, tuple(pooled), worst, pooled_only, nodes, full_nodes, reused=False,
                      every_layer=depth == num_layers)
 
@@ -266,19 +246,30 @@ def _outputs(path: Path) -> list[str]:
     return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
 
 
-def _cached(dst: Path, rec: Path, key: str, depth: int, pooled_only: bool) -> Truncated | None:
-    from layerscope.model.identity import hash_files
+def _cached(dst: Path, rec: Path, src: Path, key: str, depth: int, pooled_only: bool, pooled: list[str],
+            bar: float) -> Truncated | None:
+    """The cached graph where its record holds by the rule (model/derived.py): made by this recipe from ``src``
+    as it is now, the graph as recorded, and what the record says (depth, the layers of its pooled rows, its
+    outputs and nodes) both what this run computes it must be and what the graph itself holds; else None."""
+    from layerscope.model.derived import finite_at_most, graph_facts, read_record
 
-    try:
-        data = json.loads(rec.read_text(encoding="utf-8"))
-        if not (dst.is_file() and data.get("recipe") == RECIPE and data.get("source_sha256") == key
-                and data.get("depth") == depth and data.get("pooled_only") == pooled_only
-                and data.get("sha256") == hash_files([dst])):
-            return None
-        return Truncated(dst, depth, tuple(str(x) for x in data["pooled_layers"]), float(data["check"]["max_abs"]),
-                         pooled_only, int(data["nodes"]), int(data["full_nodes"]), reused=True)
-    except (OSError, ValueError, KeyError, TypeError):
+    data = read_record(rec, dst, recipe=RECIPE, source=src, source_digest=key,
+                       claims={"depth": depth, "pooled_only": pooled_only})
+    if data is None:
         return None
+    try:
+        outputs, stacked, nodes, _ = graph_facts(dst)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot parse is made again
+        return None
+    has_pooled = any(pooled_mode(n) is not None for n in outputs)
+    claimed = data.get("pooled_layers")
+    check = data.get("check")
+    if claimed != (pooled if has_pooled else []) or (has_pooled and stacked != pooled) \
+            or data.get("outputs") != outputs or data.get("nodes") != nodes or not isinstance(check, dict) \
+            or not finite_at_most(check.get("max_abs"), bar) or not isinstance(data.get("full_nodes"), int):
+        return None
+    return Truncated(dst, depth, tuple(pooled if has_pooled else ()), float(check["max_abs"]), pooled_only, nodes,
+                     int(data["full_nodes"]), reused=True)
 
 
 def check_outputs(src: Path, dst: Path, names: list[str], full_pooled: list[str], pooled: list[str],
@@ -310,40 +301,34 @@ def _typed(feed: dict, inputs: dict) -> dict:
             for name, kind in inputs.items()}
 
 
-def block_slot(net, num_layers: int, why: str) -> tuple[object, str]:
-    """(parent module, attribute name) of a Hugging Face model's blocks: its outermost ``ModuleList`` of
-    ``num_layers`` modules (read the attribute again after ``truncate_blocks``, which replaces the list)."""
-    import torch
-
-    lists = [(name, m) for name, m in net.named_modules()
-             if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
-    if not lists:
+def block_slot(net, anatomy, why: str) -> tuple[object, str]:
+    """(parent module, attribute name) of the model's blocks as its anatomy records them (``anatomy.blocks``,
+    model/anatomy.py; read the attribute again after ``truncate_blocks``, which replaces the list)."""
+    if anatomy is None or anatomy.blocks is None:
         from layerscope.errors import EngineUnavailableError
 
-        raise EngineUnavailableError(f"found no list of {num_layers} blocks in {type(net).__name__} {why}")
-    name = min((n for n, _ in lists), key=lambda n: n.count("."))
-    parent = net.get_submodule(name.rpartition(".")[0]) if "." in name else net
-    return parent, name.rpartition(".")[2]
+        raise EngineUnavailableError(f"{type(net).__name__} keeps no list of blocks (one block shared by every layer) "
+                                     f"{why}")
+    owner, _, attr = anatomy.blocks.rpartition(".")
+    return (net.get_submodule(owner) if owner else net), attr
 
 
-def truncate_blocks(net, num_layers: int, depth: int, *, final_norm: bool, probe: Callable[[], object]) -> int:
+def truncate_blocks(net, anatomy, depth: int, *, probe: Callable[[], object]) -> int:
     """Keep only the first ``depth`` blocks of a Hugging Face model (in place; the others' weights are freed);
     returns how many blocks it kept.
 
-    The blocks are the outermost ``ModuleList`` of ``num_layers`` modules. Where the model's last hidden state
-    carries a final norm (decoders, T5: ``final_norm``), that norm belongs to layer L only: below L it is
+    The blocks are the anatomy's. Where layer L carries the final norm (decoders, T5: the anatomy's
+    ``final_norm_in_hidden_states``), that norm belongs to layer L only: below L the anatomy's final norm is
     replaced by an identity, so hidden state ``depth`` is block ``depth``'s own output as in the full model.
     For ``depth`` <= 0, ``probe()`` (a forward pass) tells whether the model runs with no block at all; one
     that cannot (DeBERTa-v2 reads its last block's output) keeps its first block."""
     import torch
 
-    parent, attr = block_slot(net, num_layers, "to stop early")
+    parent, attr = block_slot(net, anatomy, "to stop early")
     blocks = getattr(parent, attr)
-    if final_norm and depth < num_layers:
-        # not a norm of the embeddings (BLOOM's word_embeddings_layernorm): that one makes layer 0
-        for child_name, child in list(parent.named_children()):
-            if type(child).__name__.endswith("Norm") and "embed" not in child_name:
-                setattr(parent, child_name, torch.nn.Identity())
+    if anatomy.final_norm and anatomy.final_norm_in_hidden_states and depth < anatomy.num_blocks:
+        owner, _, name = anatomy.final_norm.rpartition(".")
+        setattr(net.get_submodule(owner) if owner else net, name, torch.nn.Identity())
     kept = torch.nn.ModuleList(list(blocks)[:max(depth, 1)])
     setattr(parent, attr, kept)
     if depth <= 0:
@@ -366,8 +351,8 @@ def engine_graph(engine, path: Path, depth: int | None, pooled_only: bool) -> tu
     full = list(manifest.pooled_layers)
     pooled_only = bool(pooled_only) and engine.in_graph_pooling and bool(manifest.pooled_modes)
     depth = manifest.num_layers if depth is None else int(depth)
-    if depth >= manifest.num_layers and not pooled_only:
-        return path, full
+    if depth >= manifest.num_layers:  # every layer: the export's own graph (its pooled outputs fetched alone when
+        return path, full  # that is all the run reads); no derived copy to build, check and keep beside it
     try:
         cut = truncated_graph(path, depth, num_layers=manifest.num_layers, full_pooled=full,
                               tolerance=manifest.parity.tolerance_abs if manifest.parity else None,

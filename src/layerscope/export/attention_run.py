@@ -51,8 +51,18 @@ def require_attention_variant(handle) -> None:
 def attention_export(handle, say=None) -> Path:
     """The export dir holding ``handle``'s attention graph. An export the user made must have it already
     (one line says how to add it); a plain model's cached export (made on first use, export/cache.py) gets
-    it added on first use too, under the cache entry's lock."""
+    it added on first use too, under the cache entry's lock. A graph whose entry does not hold against it and
+    the export's model.onnx (model/derived.py ``attention_problem``) is made again first."""
     if handle.is_export and handle.manifest.variant(att.KIND) is not None:
+        from layerscope.model.derived import attention_problem
+
+        why = attention_problem(handle.export_dir, handle.manifest, att.output_names(handle.manifest.num_layers))
+        if why is None:
+            return handle.export_dir
+        from layerscope.export.variants import make_variant
+
+        (say or (lambda msg: None))(f"making the attention graph of {handle.export_dir} again: {why}")
+        make_variant(handle.export_dir, att.KIND, force=True, progress=say, trust_remote_code=handle.trust_remote_code)
         return handle.export_dir
     from layerscope.model.home import cache_root
 
@@ -75,11 +85,12 @@ class AttentionRunner:
     """The attention outputs of an export with the ``attn`` variant, on ``engine`` (one that declares
     ``attention``: ort, ov or torch), in the runtime its declaration names."""
 
-    def __init__(self, export_dir: str | Path, engine: str = "ort"):
+    def __init__(self, export_dir: str | Path, engine: str = "ort", *, trust_remote_code: bool = False):
         from layerscope.engines.registry import Runtime, engine_spec
         from layerscope.model.manifest import read_manifest
 
         self.engine = check_attention_engine(engine)
+        self.trust_remote_code = bool(trust_remote_code)  # the user's flag: PyTorch runs the model's own code
         runtime = engine_spec(self.engine).runtime
         self.export_dir = Path(export_dir)
         self.manifest = read_manifest(self.export_dir)
@@ -87,6 +98,12 @@ class AttentionRunner:
         if entry is None:
             raise InputError(f"{self.export_dir} has no attention graph; make it with: layerscope optimize "
                              f"{self.export_dir} --variant {att.KIND}")
+        from layerscope.model.derived import attention_problem
+
+        why = attention_problem(self.export_dir, self.manifest, att.output_names(self.manifest.num_layers))
+        if why is not None:  # the rule of model/derived.py: a record that does not hold is never run
+            raise InputError(f"{self.export_dir}: the attention graph cannot be used ({why}); make it again: "
+                             f"layerscope optimize {self.export_dir} --variant {att.KIND} --force")
         details = entry.raw.get("details") or {}
         self.special_ids = list(details.get("special_ids") or [])
         self.heads = int(details.get("heads") or 0) or self._config_heads()  # recorded at export
@@ -125,8 +142,13 @@ class AttentionRunner:
             from layerscope.export.vision_attention import vision_attention_net
 
             net = vision_attention_net(self.manifest)
-        else:
-            net = load_torch_model(self.manifest.source.model_source(), family, attn_implementation="eager")
+        else:  # the sinks counted from the export's own tokenizer, not from the entry
+            from layerscope.model.handle import ModelHandle
+
+            handle = ModelHandle.resolve(self.export_dir, verify=False, trust_remote_code=self.trust_remote_code)
+            self.special_ids = att.special_token_ids(handle.tokenizer())
+            net = load_torch_model(self.manifest.source.model_source(), family, attn_implementation="eager",
+                                   trust_remote_code=self.trust_remote_code)
         return att.attention_module(net, self.input_names, self.special_ids, decoder=family.kind == "decoder")
 
     def run(self, feed: Mapping[str, np.ndarray], *, patterns: bool = False) -> AttentionBatch:

@@ -5,6 +5,9 @@ every layer's probabilities and every summary with PyTorch on right- and left-pa
 validation texts: each pattern against transformers' own ``output_attentions`` over the real query rows
 (padding rows hold whatever a model puts there and are never read), each summary against the same function
 run on transformers' patterns.  Outside :data:`~layerscope.export.attention.ATOL` nothing is written.
+Its entry records the ``model.onnx`` it was made for (``source_sha256``): the entry is held to the graph and to
+the export's graph as it is now before the graph is used (model/derived.py ``attention_problem``), else it is
+made again.
 A vision tower's graph is export/vision_attention.py's, in the export's precision (an fp16 export: fp16, held
 to the fp32 eager model within ``vision_attention.ATOL_FP16``).
 """
@@ -35,6 +38,7 @@ def make_attention_variant(export_dir: str | Path, *, force: bool = False, opset
 
 def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_remote_code: bool) -> dict[str, Any]:
     from layerscope.export.variant_files import discard_variant as _discard, record_variant as _record, variant_names
+    from layerscope.model.derived import attention_problem
     from layerscope.model.families import family_of
     from layerscope.model.manifest import verify_export
     from layerscope.model.source import load_torch_model
@@ -43,9 +47,8 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_r
     manifest = read_manifest(export_dir)
     verify_export(export_dir, manifest)
     existing = manifest.variant(att.KIND)
-    if existing and not force and (export_dir / existing.file).exists() \
-            and file_sha256(export_dir / existing.file) == existing.sha256:
-        return existing.to_dict()
+    if existing and not force and attention_problem(export_dir, manifest, att.output_names(manifest.num_layers)) is None:
+        return existing.to_dict()  # its entry holds against the graph and the export's model.onnx: kept
     family = family_of(manifest)
     dst = export_dir / att.FILE
     wrote.add(*variant_names(dst), MANIFEST)
@@ -64,7 +67,7 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_r
             parity = va.vision_attention_parity(net, dst, manifest, export_dir, half=half)
         else:
             precision, tolerance, kept_fp32 = "fp32", att.ATOL, None
-            tok = _tokenizer(export_dir)
+            tok = _tokenizer(export_dir, trust_remote_code)
             special = att.special_token_ids(tok)
             net = load_torch_model(manifest.source.model_source(), family, attn_implementation="eager",
                                    trust_remote_code=trust_remote_code)
@@ -82,7 +85,7 @@ def _make(export_dir: Path, wrote, *, force: bool, opset: int, progress, trust_r
     from layerscope.export import external as ext
 
     data = {p.name: {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in ext.data_files(dst)}
-    entry = {"file": dst.name, "sha256": file_sha256(dst),
+    entry = {"file": dst.name, "sha256": file_sha256(dst), "source_sha256": manifest.onnx_sha256,
              "bytes": dst.stat().st_size + sum(d["bytes"] for d in data.values()), "external_data": data or None,
              "precision": precision, "build_seconds": round(time.perf_counter() - t0, 2),
              "details": {"outputs": att.output_names(manifest.num_layers), "summaries": list(att.SUMMARIES),
@@ -114,10 +117,10 @@ def _trace_into(export_dir: Path, dst: Path, net, manifest, special: list[int], 
         os.replace(path, dst)
 
 
-def _tokenizer(export_dir: Path):
+def _tokenizer(export_dir: Path, trust_remote_code: bool = False):
     from layerscope.model.source import ModelSource, load_tokenizer
 
-    return load_tokenizer(ModelSource(str(export_dir), str(export_dir), True))
+    return load_tokenizer(ModelSource(str(export_dir), str(export_dir), True), trust_remote_code=trust_remote_code)
 
 
 def attention_parity(net, onnx_path: Path, manifest, tok, special: list[int],

@@ -28,8 +28,9 @@ log = logging.getLogger("layerscope")
 EXPORT_PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
 NOT_KEYED = ("progress", "force")  # options that do not change the export
 # what layerscope adds to the traced graph, where it changes within one version: 2 = the 'last' pooling's index
-# found in integers (a bf16 runtime rounded float positions above 256)
-GRAPH_RECIPE = 2
+# found in integers (a bf16 runtime rounded float positions above 256); 3 = the manifest records the model's
+# positions (a decoder reads them by default, not its tokenizer's model_max_length)
+GRAPH_RECIPE = 3
 
 
 def _dist_version(name: str) -> str | None:
@@ -92,7 +93,7 @@ def _entry_name(alias: str | None, path_or_id: str, key: str) -> str:
     return f"{_slug(name)}-{key[:16]}"
 
 
-def find_cached_export(spec: str, *, trust_remote_code: bool = False):
+def find_cached_export(spec: str, *, trust_remote_code: bool = False, tower: str | None = None):
     """The cached export (default options) of a local plain model (an alias such as ``minilm`` or a checkpoint
     folder), found from its files alone, with ``spec`` as its name; None when there is none yet or ``spec``
     is something else (an export dir, a hub id). Neither transformers nor torch is imported, so a run on a
@@ -113,7 +114,8 @@ def find_cached_export(spec: str, *, trust_remote_code: bool = False):
     if not source.is_local:
         return None  # a hub id: its snapshot and the hub's state are for the full resolution to read
     st = read_st_config(source.path_or_id)
-    ident = source_export_key(source, trust_remote_code=trust_remote_code, st_recipe=st)
+    ident = source_export_key(source, trust_remote_code=trust_remote_code, st_recipe=st,
+                              options={"tower": tower} if tower else None)
     root = cache_root() / "exports"
     target = root / _entry_name(source.alias, source.path_or_id, ident["key"])
     found = _reusable(target, ident["key"], trust_remote_code, st, quiet=True)
@@ -131,13 +133,15 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
     that the full resolution follows)."""
     from layerscope.errors import ManifestError
     from layerscope.model.handle import ModelHandle
-    from layerscope.model.manifest import MANIFEST
+    from layerscope.model.manifest import FORMAT_VERSION, MANIFEST
 
     if not (target / MANIFEST).exists():
         return None
+    from layerscope.jsonfile import JsonFileError, NotRegularFile
+
     try:
         handle = ModelHandle.resolve(target, trust_remote_code=trust_remote_code)
-    except (ManifestError, OSError) as exc:  # OSError: another process is replacing it right now
+    except (ManifestError, OSError, NotRegularFile, JsonFileError) as exc:  # OSError: being replaced right now
         if quiet:
             return None
         log.warning("cached export %s is damaged or being replaced (%s); exporting it again", target, exc)
@@ -146,6 +150,12 @@ def _reusable(target: Path, key: str, trust_remote_code: bool, st_recipe: dict |
         if quiet:
             return None
         log.warning("cached export %s was made from other files or settings; exporting it again", target)
+        return None
+    if handle.manifest.format_version != FORMAT_VERSION:  # made before its anatomy was recorded and checked
+        if quiet:
+            return None
+        log.warning("cached export %s was made by an older layerscope (format %s); exporting it again", target,
+                    handle.manifest.format_version)
         return None
     if st_recipe is not None and handle.manifest.sentence_transformers != st_recipe:
         if quiet:
@@ -165,6 +175,9 @@ def cached_export(handle, options: dict[str, Any] | None = None):
     from layerscope.model.home import cache_root
 
     options = dict(options or {})
+    tower = handle.manifest.raw.get("tower")  # a two-tower checkpoint's tower, as the handle was described
+    if tower and not handle.is_export:
+        options.setdefault("tower", tower)
     ident = export_key(handle, options)
     root = cache_root() / "exports"
     target = root / entry_name(handle, ident["key"])

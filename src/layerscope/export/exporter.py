@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import ExportError
+from layerscope.progress import still
 from layerscope.export import external, lean
 from layerscope.export.manifest_write import FP32_RTOL, build_manifest, fp32_worst, opset_of_file, save_tokenizer
 from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_output, hidden_output_names
@@ -29,7 +30,7 @@ from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.manifest_check import file_records
 from layerscope.model.source import ModelSource
-from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
+from layerscope.vocab.outputs import OWN_LAST, RAW_OUTPUT, hidden_outputs, output_layer
 from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
 
 log = logging.getLogger("layerscope")
@@ -67,7 +68,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
                  opset: int = DEFAULT_OPSET, atol: float = 1e-4, rtol: float = FP32_RTOL, trust_remote_code: bool = False,
                  force: bool = False, validation_texts: list[str] | None = None,
                  progress=None, cache_entry: dict[str, Any] | None = None, dtype: str = "fp32",
-                 tower: str | None = None, image_size: tuple[int, int] | None = None) -> Manifest:
+                 tower: str | None = None, image_size: tuple[int, int] | None = None,
+                 max_length: int | None = None) -> Manifest:
     """Export the resolved model ``source`` (``model.source.resolve_source``; its revision included) into
     ``output``; returns the manifest. Raises ExportError on a parity failure.
 
@@ -75,6 +77,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     to a depth-scaled cosine against torch fp32 instead of ``atol``.  ``tower="vision"`` exports the vision
     tower of a two-tower checkpoint (CLIP, SigLIP); a vision model's own type needs no tower.
     ``image_size`` (height, width): a vision tower read at that size instead of its checkpoint's.
+    ``max_length``: the longest input its runs read by default, up to the model's positions, instead of what the
+    checkpoint says (its sentence-transformers setting, an encoder's tokenizer limit, else the positions).
     """
     from layerscope.export.half import check_dtype
     from layerscope.ownership import claim
@@ -84,6 +88,8 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
     spec = source.spec
     dtype = check_dtype(dtype)
     output = Path(output)
+    # the folder first, its record of layerscope's files included (--force): refused before any model file is read
+    claim(output, "export", force=force, inputs=[spec])
     from layerscope.model.families import family_of_config
     from layerscope.model.source import load_config
     from layerscope.model.vision import describe_vision
@@ -98,17 +104,30 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
 
         raise InputError(f"{spec} reads text: --image-size is for a vision tower (with --tower vision for CLIP "
                          "or SigLIP)")
+    if vision is not None and max_length is not None:
+        from layerscope.errors import InputError
+
+        raise InputError(f"{spec} is a vision tower: it reads its image size's tokens; leave out --max-length")
     if vision is not None:  # a vision tower: pixel values in (export/vision_export.py)
         from layerscope.export.vision_export import export_vision
 
         return export_vision(source, output, vision, pooled=pooled, opset=opset, atol=atol, rtol=rtol,
                              trust_remote_code=trust_remote_code, force=force, progress=progress,
                              cache_entry=cache_entry, dtype=dtype, config=config, family=family)
-    claim(output, "export", force=force, inputs=[spec])  # refuses a folder layerscope did not make
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     info = describe_source(source, trust_remote_code=trust_remote_code, config=config, family=family)  # model half
     model = Manifest.from_dict(info, where=f"the description of {spec}")
+    if max_length is not None:  # up to the model's positions, refused in one line before any work
+        from layerscope.limits import check_max_length
+
+        check_max_length(max_length, model, spec)
+        info.update(max_length=int(max_length), max_length_from="--max-length at export")
+        model = Manifest.from_dict(info, where=f"the description of {spec}")
+    from layerscope.model.describe import length_line
+
+    if (line := length_line(model)) is not None:
+        say(line)
     from layerscope.model.source import load_torch_model
 
     requested = pooled if pooled is not None else default_pooled(family)
@@ -126,19 +145,23 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
             # child exits (in-process, a 3B fp32 model's 12 GB stayed resident after it was freed)
             say(f"loading and exporting {model.source.path_or_id} ({family.name}, {model.num_layers} "
                 f"layers, {weights / 1e9:.1f} GB of weights) in a child process")
-            trace_in_child(trace, work, weights)
+            with still(say, "loading and exporting in the child process"):
+                trace_in_child(trace, work, weights)
         else:
             say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers)")
             say("exporting with optimum")
-            trace_step(trace, work, config=config, family=family)
+            with still(say, "loading and exporting with optimum"):
+                trace_step(trace, work, config=config, family=family)
         say("adding raw embeddings and in-graph pooling")
-        onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
-        tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
+        with still(say, "adding raw embeddings and in-graph pooling"):
+            onnx_info = _postprocess(work, model, pooled_modes, half=dtype == "fp16")
+            tokenizer_info = save_tokenizer(source, work, trust_remote_code, model.max_length)
         say("keeping the decoding head (lm_head.safetensors) for the lens")
         from layerscope.export.lm_head import save_head
 
-        head_entry, head = save_head(source, family, model.num_layers, work, trust_remote_code=trust_remote_code,
-                                     config=config)
+        with still(say, "keeping the decoding head"):
+            head_entry, head = save_head(source, family, model.num_layers, work,
+                                         trust_remote_code=trust_remote_code, config=config)
         say("checking every output against PyTorch (fp32), and the model's anatomy by a forward pass")
         found: dict[str, Any] = {}
 
@@ -147,14 +170,16 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
             found["anatomy"] = model_anatomy(net, family, model.num_layers, head)
             return net
 
-        parity = compare_outputs(reference, family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
-                                 pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
+        with still(say, "checking every output against PyTorch"):
+            parity = compare_outputs(reference, family, work / ONNX_FILE, model, validation_texts or VALIDATION_TEXTS,
+                                     pooled_modes, onnx_info["pooled_layers"], trust_remote_code=trust_remote_code)
         worst_name, worst = fp32_worst(parity, atol, rtol) if dtype == "fp32" else (None, None)  # records each
         manifest = build_manifest(model, onnx_info, pooled_modes, parity, opset_of_file(work / ONNX_FILE), atol,
                                   time.perf_counter() - t0, work)
         manifest.update(tokenizer=tokenizer_info, export_path=export_path(family, config),
                         lm_head=head_entry,  # a lens made later reads its head here, not from the checkpoint
-                        export_peak_rss_bytes=_peak_rss(), **anatomy_facts(found["anatomy"], model))
+                        export_peak_rss_bytes=_peak_rss(),
+                        **anatomy_facts(found["anatomy"], model, onnx_info["outputs"]))
         if cache_entry is not None:  # the export cache's key (export/cache.py), checked before reuse
             manifest.update(export_cache=cache_entry)
         if dtype == "fp16":
@@ -181,11 +206,16 @@ def model_anatomy(net, family, num_layers: int, head: dict[str, Any] | None):
     return with_head(anatomy, **head) if head else anatomy
 
 
-def anatomy_facts(anatomy, model: Manifest) -> dict[str, Any]:
+def anatomy_facts(anatomy, model: Manifest, outputs) -> dict[str, Any]:
     """The manifest's entries the anatomy decides: itself, whether layer L has the final norm, and what layer L
-    and the model's own last hidden state are (a note the description made, OPT's projection, is kept)."""
+    and the model's own last hidden state are (a note the description made, OPT's projection, is kept); the
+    graph must carry the model's own last hidden state exactly where the anatomy says it is not layer L."""
+    carried = OWN_LAST in outputs
+    if carried != (anatomy.last_hidden_state == "final_norm"):
+        raise ExportError(f"the exported graph {'carries' if carried else 'lacks'} the model's own last hidden state "
+                          f"({OWN_LAST}) where its anatomy says it is {anatomy.last_hidden_state!r}; nothing was written")
     return {"anatomy": anatomy.to_dict(), "final_norm_in_last_layer": anatomy.final_norm_in_hidden_states,
-            "last_layer_note": model.raw.get("last_layer_note") or anatomy.last_layer_note()}
+            "last_layer_note": model.raw.get("last_layer_note") or anatomy.last_layer_note(carried=carried)}
 
 
 def _peak_rss() -> int:
@@ -236,6 +266,12 @@ def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -
         config = load_config(source, trust_remote_code=trace["trust_remote_code"])
     model = load_torch_model(source, family, trust_remote_code=trace["trust_remote_code"], dtype=trace["dtype"],
                              config=config)
+    from layerscope.model.anatomy_rules import own_last_differs
+
+    try:
+        own_last = own_last_differs(model)  # carried as an output of its own (what `st` reads at layer L)
+    except Exception:  # noqa: BLE001 - a model's own code that cannot run the probe: the anatomy check says so
+        own_last = False
 
     if export_path(family, config) == "torch":  # Optimum has no config for this architecture
         from layerscope.export.torch_export import torch_export
@@ -244,13 +280,13 @@ def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -
         streamed = lean.ENABLED and lean.weight_bytes(model) >= trace["threshold"]
         torch_export(model, work / ONNX_FILE, input_names=family.input_names(text), num_layers=trace["num_layers"],
                      opset=trace["opset"], decoder=family.kind == "decoder", vocab_size=int(text.vocab_size),
-                     streamed=streamed)
+                     streamed=streamed, own_last=own_last)
         if not streamed:
             external.consolidate(work / ONNX_FILE)
         model.config.save_pretrained(work)  # as Optimum does: a lens rebuilds its head from it
         finish = lambda: None  # noqa: E731
     else:
-        onnx_cfg = make_onnx_config(config, family, trace["num_layers"])
+        onnx_cfg = make_onnx_config(config, family, trace["num_layers"], own_last=own_last)
         finish = _optimum_export(model, work, onnx_cfg, trace["opset"], threshold=trace["threshold"])
     del model  # the ONNX check runs first and torch is reloaded after: never both in memory
     gc.collect()
@@ -259,6 +295,9 @@ def trace_step(trace: dict[str, Any], work: Path, *, config=None, family=None) -
 
 def _trace_child(trace: dict[str, Any], work: str, conn) -> None:
     """The child process's side of :func:`trace_in_child`: run the step, send back None or the error."""
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the parent's to answer: it stops this process
     try:
         trace_step(trace, Path(work))
         conn.send(None)

@@ -15,12 +15,17 @@ CUDA and WebGPU only (onnxruntime 1.32 refuses it on the CPU); OLMo-2's q/k RMS 
 once, stay graph nodes the same way. Mistral's sliding window is the kernel's ``local_window_size`` (the query
 and the keys before it, as transformers counts them; a window one less drifts at once), Granite's ``attention_multiplier`` its ``scale``.
 Every hidden-state and pooled output is kept, and the variant is held to fp32 parity like any other.
+What the node needs of the model (heads, key/value heads, head size, the q/k norms' flavour, the scale, the
+window, the blocks' and the attention's paths and the rotary module) is the export's anatomy
+(``manifest.anatomy``, model/anatomy.py), never a table of families: any rotary decoder whose blocks keep
+``q_proj``/``k_proj``/``v_proj``/``o_proj`` is fused.
 
 The kernel reads positions as 0..n-1 within each row and the valid length of each row from the
 attention mask (``seqlens_k``), i.e. right-padded batches; layerscope's tokenizers always pad on the
 right, and this file records that assumption.
 
-Anchors are the module scopes torch.onnx writes into node names (``/layers.N/self_attn/q_proj/...``),
+Anchors are the module scopes torch.onnx writes into node names (``/layers.N/self_attn/q_proj/...``, from the
+anatomy's blocks and attention paths),
 not the shape of the eager attention subgraph, so a change in how transformers writes attention does not
 silently mis-fuse: a layer whose anchors are missing is an error and nothing is written.
 """
@@ -36,33 +41,27 @@ import numpy as np
 from layerscope.errors import ExportError, InputError
 from layerscope.model.manifest_type import Manifest
 
-GQA_FAMILIES = ("qwen2", "qwen3", "llama", "mistral", "olmo2", "granite")
-_ROTARY_CLASS = {"qwen2": "Qwen2RotaryEmbedding", "qwen3": "Qwen3RotaryEmbedding", "llama": "LlamaRotaryEmbedding",
-                 "mistral": "MistralRotaryEmbedding", "olmo2": "Olmo2RotaryEmbedding",
-                 "granite": "GraniteRotaryEmbedding"}
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """What the fused node needs to know of the model."""
-
-    num_heads: int
-    kv_heads: int
-    head_dim: int
-    qk_norm: bool  # Qwen3: an RMS norm per head on q and k
-    qk_norm_flat: bool = False  # OLMo-2: an RMS norm over all heads on q and k
-    scale: float | None = None  # the softmax's scale where it is not 1/sqrt(head_dim) (Granite)
-    window: int | None = None  # Mistral's sliding window: the keys a query sees, itself included
-
 
 def check_gqa(export_dir: Path, manifest: Manifest):
-    """``(config, AttentionShape)`` for the fused node; one line (InputError) where the kernel cannot run it."""
-    if manifest.family not in GQA_FAMILIES:
-        raise InputError(f"variant 'gqa' fuses the attention of rotary decoders ({', '.join(GQA_FAMILIES)}); "
-                         f"this export is a {manifest.family} model: use 'opt' for its fusions")
+    """``(config, AttentionAnatomy)`` for the fused node, from the export's anatomy (model/anatomy.py); one line
+    (InputError) where the kernel cannot run it."""
+    anatomy = manifest.anatomy
+    att = anatomy.attention if anatomy is not None else None
+    positions = att.positions if att is not None else "unknown"
+    if manifest.kind != "decoder" or att is None or att.positions != "rotary" or att.rotary is None \
+            or anatomy.blocks is None:
+        raise InputError(f"variant 'gqa' fuses the attention of rotary decoders (a rotary module, each block's "
+                         f"q, k, v and o projections); this export is an {manifest.kind} with {positions} "
+                         "positions: use 'opt' for its fusions")
+    if att.layer_windows is not None:
+        raise InputError("variant 'gqa': this checkpoint uses sliding-window attention in some layers; the fused "
+                         "graph would need a window per layer, which is not written yet: use the fp32 export")
+    if att.head_dim % 16:
+        raise InputError(f"variant 'gqa': this model's attention heads are {att.head_dim} wide; ONNX Runtime's "
+                         "GroupQueryAttention kernel takes a multiple of 16: use the fp32 export")
     config = _config(Path(export_dir))
     _rotary_kind(config)
-    return config, attention_shape(config, manifest.family)
+    return config, att
 
 
 def _rotary_kind(config) -> None:
@@ -82,34 +81,25 @@ def _config(export_dir: Path):
         raise ExportError(f"cannot read {export_dir / 'config.json'} for the attention shape: {exc}") from None
 
 
-def attention_shape(config, family: str) -> AttentionShape:
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        raise InputError("variant 'gqa': this checkpoint uses sliding-window attention in some layers; the fused "
-                         "graph would need a window per layer, which is not written yet: use the fp32 export")
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    if head_dim % 16:
-        raise InputError(f"variant 'gqa': this model's attention heads are {head_dim} wide; ONNX Runtime's "
-                         "GroupQueryAttention kernel takes a multiple of 16: use the fp32 export")
-    window = getattr(config, "sliding_window", None) if family == "mistral" else None  # every layer's, when set
-    scale = float(config.attention_multiplier) if family == "granite" else None
-    return AttentionShape(num_heads=heads, kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-                          head_dim=head_dim, qk_norm=family == "qwen3", qk_norm_flat=family == "olmo2",
-                          scale=scale, window=int(window) if window else None)
-
-
-def rotary_tables(config, family: str, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin ``[rows, head_dim / 2]`` as the checkpoint's own rotary module computes them (float32,
-    its attention scaling included), for a config ``check_gqa`` accepted."""
-    import importlib
-
+def rotary_tables(config, manifest: Manifest, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin ``[rows, head_dim / 2]`` as the checkpoint's own rotary module (the anatomy's ``rotary``)
+    computes them (float32, its attention scaling included), for a config ``check_gqa`` accepted."""
     import torch
 
-    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    rotary = getattr(module, _ROTARY_CLASS[family])(config=config)
+    from layerscope.model.anatomy import meta_base
+    from layerscope.model.families import family_of
+
+    att = manifest.anatomy.attention
+    with torch.device("meta"):
+        base, _ = meta_base(config, family_of(manifest))
+    meta = base.get_submodule(att.rotary)
+    rotary = type(meta)(config=getattr(meta, "config", config))  # built again on the CPU: its tables are real
     with torch.no_grad():
         cos, sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(rows)[None, :])
     cos, sin = cos[0].float().numpy(), sin[0].float().numpy()
+    if cos.shape[-1] != att.head_dim:
+        raise InputError(f"variant 'gqa': this model rotates {cos.shape[-1]} of each head's {att.head_dim} "
+                         "dimensions; the fused kernel rotates them all: use the fp32 export")
     half = cos.shape[-1] // 2
     if not (np.array_equal(cos[:, :half], cos[:, half:]) and np.array_equal(sin[:, :half], sin[:, half:])):
         raise ExportError("variant 'gqa': this rotary embedding is not the rotate-half layout the fused kernel "
@@ -138,35 +128,38 @@ def _module_output(graph, consumers: dict, scope: str) -> str:
     return outs[0]
 
 
-def _find_layers(graph, num_layers: int, shape: AttentionShape) -> list[_Layer]:
+def scope(anatomy, index: int) -> str:
+    """The attention of block ``index`` as torch.onnx names its nodes' scope: the module path with ``/`` between
+    its parts and a list's index kept with its name (``layers.0/self_attn``, ``encoder/layer.0/attention/self``)."""
+    return f"{anatomy.blocks.replace('.', '/')}.{index}/{anatomy.attention.module.replace('.', '/')}"
+
+
+def _find_layers(graph, anatomy) -> list[_Layer]:
     by_name = {n.name: n for n in graph.node}
     consumers: dict[str, list[str]] = {}
     for n in graph.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n.name)
+    shape = anatomy.attention
     # torch.onnx names nodes by module path: "/layers.N/..." for a base model, "/model/layers.N/..." under a head
-    prefixes = {n.name[: -len("layers.0/self_attn/o_proj/MatMul")] for n in graph.node
-                if n.name.endswith("layers.0/self_attn/o_proj/MatMul")}
+    anchor = f"{scope(anatomy, 0)}/o_proj/MatMul"
+    prefixes = {n.name[: -len(anchor)] for n in graph.node if n.name.endswith(anchor)}
     if len(prefixes) != 1:
-        raise ExportError("variant 'gqa': no single layers.0/self_attn/o_proj/MatMul node in the graph; the export's "
-                          "naming is not the one this transform knows (made by another torch or transformers?): "
-                          "nothing was written")
+        raise ExportError(f"variant 'gqa': no single {anchor} node in the graph; the export's naming is not the one "
+                          "this transform knows (made by another torch or transformers?): nothing was written")
     prefix = prefixes.pop()
     layers = []
-    for i in range(num_layers):
-        scope = f"{prefix}layers.{i}/self_attn"
-        out = by_name.get(f"{scope}/o_proj/MatMul")
+    for i in range(anatomy.num_blocks):
+        scope_i = f"{prefix}{scope(anatomy, i)}"
+        out = by_name.get(f"{scope_i}/o_proj/MatMul")
         if out is None:
-            raise ExportError(f"variant 'gqa': layer {i} has no {scope}/o_proj/MatMul; nothing was written")
-        q, k, v = (_module_output(graph, consumers, f"{scope}/{p}_proj") for p in "qkv")
+            raise ExportError(f"variant 'gqa': layer {i} has no {scope_i}/o_proj/MatMul; nothing was written")
+        q, k, v = (_module_output(graph, consumers, f"{scope_i}/{p}_proj") for p in "qkv")
         layer = _Layer(q, k, v, out_node=out)
-        if shape.qk_norm:  # ONNX Runtime's CPU kernel has no q/k norm prologue: the norms stay, the kernel reads theirs
-            layer.q = _module_output(graph, consumers, f"{scope}/q_norm")
-            layer.k = _module_output(graph, consumers, f"{scope}/k_norm")
-            layer.per_head = True
-        if shape.qk_norm_flat:  # read after the norms, already [batch, seq, heads * head_dim]
-            layer.q = _module_output(graph, consumers, f"{scope}/q_norm")
-            layer.k = _module_output(graph, consumers, f"{scope}/k_norm")
+        if shape.qk_norm != "none":  # the CPU kernel has no q/k norm prologue: the norms stay, the kernel reads theirs
+            layer.q = _module_output(graph, consumers, f"{scope_i}/q_norm")
+            layer.k = _module_output(graph, consumers, f"{scope_i}/k_norm")
+            layer.per_head = shape.qk_norm == "per_head"  # a flat norm's output is [batch, seq, heads * head_dim]
         layers.append(layer)
     return layers
 
@@ -177,11 +170,11 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     from onnx import TensorProto, helper, numpy_helper
 
     config, shape = check_gqa(src.parent, manifest)
-    rows = int(manifest.max_length)
-    cos, sin = rotary_tables(config, manifest.family, rows)
+    rows = int(manifest.length_limit)  # every position a --max-length up to the model's limit reads
+    cos, sin = rotary_tables(config, manifest, rows)
     model = onnx.load(str(src))
     graph = model.graph
-    layers = _find_layers(graph, manifest.num_layers, shape)
+    layers = _find_layers(graph, manifest.anatomy)
     inputs = {i.name for i in graph.input}
     if "attention_mask" not in inputs or "input_ids" not in inputs:
         raise ExportError("variant 'gqa' needs the export's input_ids and attention_mask inputs")
@@ -216,7 +209,7 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
         extra = ({"scale": shape.scale} if shape.scale is not None else {}) | \
             ({"local_window_size": shape.window} if shape.window is not None else {})
         new_nodes.append(helper.make_node("GroupQueryAttention", ins, [out], domain="com.microsoft",
-                                          name=f"{p}attention{i}", num_heads=shape.num_heads,
+                                          name=f"{p}attention{i}", num_heads=shape.heads,
                                           kv_num_heads=shape.kv_heads, do_rotary=1, **extra))
         layer.out_node.input[0] = out
     graph.node.extend(new_nodes)
@@ -235,9 +228,10 @@ def fuse_gqa(src: Path, dst: Path, manifest: Manifest, *, external: bool = False
     from layerscope.export.variant_files import save_variant
 
     save_variant(model, dst, external=external)
-    return {"fused_attention_nodes": len(layers), "nodes_dropped": dropped, "num_heads": shape.num_heads,
+    return {"fused_attention_nodes": len(layers), "nodes_dropped": dropped, "num_heads": shape.heads,
             "kv_heads": shape.kv_heads, "head_dim": shape.head_dim, "rotary_rows": rows,
-            "qk_norm": "kept as graph nodes (the CPU kernel has none)" if shape.qk_norm or shape.qk_norm_flat else None,
+            "qk_norm": f"{shape.qk_norm}, kept as graph nodes (the CPU kernel has none)" if shape.qk_norm != "none" else None,
             "scale": shape.scale, "local_window_size": shape.window,
-            "padding": "right (positions 0..n-1 per row, lengths from the mask)"}
+            "padding": "right (positions 0..n-1 per row, lengths from the mask)",
+            **({"anatomy": manifest.anatomy.note} if manifest.anatomy.derived_on_load else {})}
 

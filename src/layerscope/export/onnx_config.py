@@ -12,15 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from layerscope.model.families import Family
-from layerscope.vocab.outputs import hidden_outputs
+from layerscope.vocab.outputs import OWN_LAST, hidden_outputs
 
 
 def optimum_config_class(family: Family, model_type: str):
-    """The Optimum OnnxConfig class for ``model_type`` (the table's, else the registered one), or None."""
+    """The Optimum OnnxConfig class for ``model_type`` (one layerscope writes where the table names it, else
+    the table's Optimum class, else the registered one), or None."""
     from optimum.exporters.onnx import model_configs as mc
 
     if family.export_path == "torch":
         return None
+    if family.onnx_config in OWN_CONFIGS:
+        return OWN_CONFIGS[family.onnx_config]()
     if family.onnx_config:
         return getattr(mc, family.onnx_config, None)
     from optimum.exporters.tasks import TasksManager
@@ -35,33 +38,37 @@ def optimum_config_class(family: Family, model_type: str):
 
 def export_path(family: Family, config) -> str:
     """"optimum" or "torch": how this checkpoint is traced."""
-    if family.name == "t5-encoder":
-        return "optimum"
     cfg = family.text_model_config(config)
     return "optimum" if optimum_config_class(family, cfg.model_type) is not None else "torch"
 
 
+def _t5_encoder_config():
+    """T5's encoder stack alone (Optimum's own T5 config is the encoder-decoder's)."""
+    from optimum.exporters.onnx.config import TextEncoderOnnxConfig
+    from optimum.utils import NormalizedTextConfig
+
+    class T5EncoderConfig(TextEncoderOnnxConfig):
+        NORMALIZED_CONFIG_CLASS = NormalizedTextConfig.with_args(
+            hidden_size="d_model", num_attention_heads="num_heads", num_layers="num_layers",
+            allow_new=True)
+
+        @property
+        def inputs(self):
+            axes = {0: "batch_size", 1: "sequence_length"}
+            return {"input_ids": dict(axes), "attention_mask": dict(axes)}
+
+    return T5EncoderConfig
+
+
+# the ONNX configs layerscope writes itself, by the name a family's row gives as its ``onnx_config``
+OWN_CONFIGS = {"T5Encoder": _t5_encoder_config}
+
+
 def onnx_config_class(family: Family, model_type: str | None = None):
     """The optimum OnnxConfig class of the family, extended to output every hidden state."""
-    if family.name == "t5-encoder":
-        from optimum.exporters.onnx.config import TextEncoderOnnxConfig
-        from optimum.utils import NormalizedTextConfig
-
-        class T5EncoderConfig(TextEncoderOnnxConfig):
-            NORMALIZED_CONFIG_CLASS = NormalizedTextConfig.with_args(
-                hidden_size="d_model", num_attention_heads="num_heads", num_layers="num_layers",
-                allow_new=True)
-
-            @property
-            def inputs(self):
-                axes = {0: "batch_size", 1: "sequence_length"}
-                return {"input_ids": dict(axes), "attention_mask": dict(axes)}
-
-        base = T5EncoderConfig
-    else:
-        base = optimum_config_class(family, model_type or family.model_types[0])
-        if base is None:
-            raise ValueError(f"Optimum has no ONNX config for {model_type or family.name}")
+    base = optimum_config_class(family, model_type or family.model_types[0])
+    if base is None:
+        raise ValueError(f"Optimum has no ONNX config for {model_type or family.name}")
 
     class AllLayersConfig(base):
         """The family's optimum config whose outputs are every hidden state (plus its pooled output)."""
@@ -76,10 +83,11 @@ def onnx_config_class(family: Family, model_type: str | None = None):
 
         @property
         def outputs(self):
-            # Names are matched to the model's outputs by position, and Hugging Face returns the
-            # pooled output before the hidden states.
+            # Names are matched to the model's outputs by position, and Hugging Face returns its last hidden
+            # state, then the pooled output, then the hidden states.
             num_layers = self._layerscope_num_layers
-            out = {family.pooled_output: {0: "batch_size"}} if family.pooled_output else {}
+            out = {OWN_LAST: {0: "batch_size", 1: "sequence_length"}} if self._layerscope_own_last else {}
+            out.update({family.pooled_output: {0: "batch_size"}} if family.pooled_output else {})
             out.update({name: {0: "batch_size", 1: "sequence_length"} for name in hidden_outputs(num_layers)})
             return out
 
@@ -87,7 +95,9 @@ def onnx_config_class(family: Family, model_type: str | None = None):
     return AllLayersConfig
 
 
-def make_onnx_config(config, family: Family, num_layers: int):
+def make_onnx_config(config, family: Family, num_layers: int, *, own_last: bool = False):
+    """The family's extended config for this checkpoint; ``own_last``: the model's own last hidden state is an
+    output too (``OWN_LAST``: where it is not layer L)."""
     text = family.text_model_config(config)
     cls = onnx_config_class(family, text.model_type)
     kwargs: dict[str, Any] = {"task": "feature-extraction"}
@@ -96,6 +106,7 @@ def make_onnx_config(config, family: Family, num_layers: int):
         kwargs["use_past_in_inputs"] = False
     onnx_cfg = cls(text, **kwargs)
     onnx_cfg._layerscope_num_layers = num_layers
+    onnx_cfg._layerscope_own_last = own_last
     return onnx_cfg
 
 

@@ -16,13 +16,13 @@ from layerscope.model.handle import ModelHandle
 
 
 def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = False,
-                  engine=None) -> ModelHandle:
+                  engine=None, tower: str | None = None) -> ModelHandle:
     """The handle of ``model`` (returned as is when it is one already); nothing is exported.
 
     ``engine``: the engine that will run it; when that engine runs exports and a local plain model (an alias
     such as ``minilm``, a checkpoint folder) has its export in the cache already, that export's handle is
     returned, found from the files alone, without importing transformers or torch. ``engine``: a name or an
-    ``EngineChoice`` (engines/registry.py)."""
+    ``EngineChoice`` (engines/registry.py). ``tower="vision"``: a two-tower checkpoint's image tower."""
     if isinstance(model, ModelHandle):
         return model
     if engine is not None:
@@ -31,10 +31,10 @@ def resolve_model(model: str | Path | ModelHandle, *, trust_remote_code: bool = 
         if needs_export(engine):
             from layerscope.export.cache import find_cached_export
 
-            found = find_cached_export(str(model), trust_remote_code=trust_remote_code)
+            found = find_cached_export(str(model), trust_remote_code=trust_remote_code, tower=tower)
             if found is not None:
                 return found
-    return ModelHandle.resolve(model, trust_remote_code=trust_remote_code)
+    return ModelHandle.resolve(model, trust_remote_code=trust_remote_code, tower=tower)
 
 
 def require_engine(engine) -> None:

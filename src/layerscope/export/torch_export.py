@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from layerscope.errors import ExportError
-from layerscope.vocab.outputs import hidden_outputs
+from layerscope.vocab.outputs import OWN_LAST, hidden_outputs
 
 
 def _dense_moe_forward(self, hidden_states):
@@ -99,9 +99,9 @@ def _dummy(names: list[str], vocab: int):
 
 
 def torch_export(model, path: Path, *, input_names: list[str], num_layers: int, opset: int, decoder: bool,
-                 vocab_size: int, streamed: bool = False) -> None:
+                 vocab_size: int, streamed: bool = False, own_last: bool = False) -> None:
     """Trace ``model`` into ``path`` with every hidden state as an output (weights inside the file, or streamed
-    into external data)."""
+    into external data); ``own_last``: the model's own last hidden state first (``OWN_LAST``)."""
     import torch
 
     names = list(input_names)
@@ -120,9 +120,9 @@ def torch_export(model, path: Path, *, input_names: list[str], num_layers: int, 
                 raise ExportError(f"{type(self.net).__name__} returned {got} hidden states for output_hidden_states="
                                   f"True where its config has {num_layers} layers (expected {num_layers + 1}: the "
                                   "embeddings and every layer's output); layerscope cannot read its layers")
-            return tuple(states)
+            return (out.last_hidden_state, *states) if own_last else tuple(states)
 
-    outputs = hidden_outputs(num_layers)
+    outputs = ([OWN_LAST] if own_last else []) + hidden_outputs(num_layers)
     axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names + outputs}
     wrapper = AllHiddenStates(model).eval()
     try:

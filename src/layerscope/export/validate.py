@@ -73,7 +73,7 @@ def compare_outputs(net, family, onnx_path: Path, info: Manifest, texts: list[st
     from layerscope.engines.ort_session import make_session
     from layerscope.engines.torch import torch_forward
     from layerscope.model.source import ModelSource, load_tokenizer
-    from layerscope.vocab.outputs import RAW_OUTPUT, hidden_output, layer_output, pooled_output
+    from layerscope.vocab.outputs import OWN_LAST, RAW_OUTPUT, hidden_output, layer_output, pooled_output
     from layerscope.vocab.pooling import pool
 
     export_dir = str(onnx_path.parent)  # the tokenizer as saved into the export, loaded the way engines load it
@@ -104,6 +104,8 @@ def compare_outputs(net, family, onnx_path: Path, info: Manifest, texts: list[st
             ref[hidden_output(i)] = h.float().numpy()
         if family.pooled_output:
             ref[family.pooled_output] = getattr(out, family.pooled_output).float().numpy()
+        if OWN_LAST in output_names:  # the model's own last hidden state, where it is not layer L
+            ref[OWN_LAST] = out.last_hidden_state.float().numpy()
         layer_states = [ref[layer_output(n)] for n in pooled_layers]
         for mode in pooled_modes:
             ref[pooled_output(mode)] = np.stack([

@@ -108,6 +108,8 @@ def record_variant(export_dir: Path, kind: str, entry: dict[str, Any]) -> None:
     from layerscope.atomic import write_json_atomic
 
     manifest = read_manifest_dict(export_dir)  # edited and written back
+    # the export's graph it was made for: a variant is used only while it is still that graph (model/derived.py)
+    entry.setdefault("source_sha256", manifest.get("onnx_sha256"))
     manifest.setdefault("variants", {})[kind] = entry
     write_json_atomic(export_dir / MANIFEST, manifest)
 

@@ -34,7 +34,6 @@ tolerance is not written.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -63,11 +62,10 @@ INT8_KEEP_DOWN_PROJ = False
 
 
 
-def _num_heads(export_dir: Path, manifest: Manifest) -> int:
-    cfg_path = export_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    cfg = cfg.get("text_config", cfg) if manifest.family == "clip-text" else cfg
-    return int(cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads") or 0)
+def _num_heads(manifest: Manifest) -> int:
+    """The attention heads the optimizer fuses, from the export's anatomy (0: let it read them from the graph)."""
+    anatomy = manifest.anatomy
+    return anatomy.attention.heads if anatomy is not None and anatomy.attention is not None else 0
 
 
 # ---------------------------------------------------------------- the three transforms
@@ -212,20 +210,18 @@ def make_variant(export_dir: str | Path, kind: str, *, force: bool = False,
 
 
 def require_flag_for_code(export_dir: str | Path, kind: str, trust_remote_code: bool) -> None:
-    """One line, before any work, where the export's model type exists only in the model's own code (its
-    torch reference runs that code) and the user did not pass --trust-remote-code."""
-    if trust_remote_code:
-        return
-    manifest = read_manifest(Path(export_dir))
-    if manifest.family_from_code:
-        raise InputError(f"{export_dir} is an export of model type '{manifest.family}', which exists only in the "
-                         f"model's own code; its variant '{kind}' is checked against that code, which runs only "
-                         "with --trust-remote-code")
+    """One line, before any work, where the export ran the model's own code (its torch reference, and the
+    attention graph's trace, load the model through that code) and the user did not pass --trust-remote-code."""
+    from layerscope.model.own_code import require_code_flag
+
+    require_code_flag(read_manifest(Path(export_dir)), str(export_dir), trust_remote_code,
+                      f"making its variant '{kind}' (checked against PyTorch)")
 
 
 def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = False,
                   tolerance: dict[str, float | None] | None = None, progress=None,
                   trust_remote_code: bool = False) -> dict[str, Any]:
+    from layerscope.model.derived import variant_problem
     from layerscope.model.manifest import verify_export
 
     check_kind(kind)
@@ -246,9 +242,8 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
         check_gqa(export_dir, manifest)  # before the export's files are hashed
     verify_export(export_dir, manifest)
     existing = manifest.variant(kind)
-    if existing and not force and (export_dir / existing.file).exists() \
-            and file_sha256(export_dir / existing.file) == existing.sha256:
-        return existing.to_dict()
+    if existing and not force and variant_problem(export_dir, manifest, kind) is None:
+        return existing.to_dict()  # its files as recorded, made for the export's graph as it is now: kept
     src = export_dir / manifest.onnx_file
     big = manifest.external_data  # then the variant keeps its weights in <file>_data too
     dst = export_dir / variant_file(kind)
@@ -259,7 +254,7 @@ def _make_variant(export_dir: str | Path, kind: str, wrote, *, force: bool = Fal
     try:
         if kind == "opt":
             say("fusing with the ONNX Runtime transformer optimizer")
-            fusions = optimize_graph(src, dst, manifest, _num_heads(export_dir, manifest), external=big)
+            fusions = optimize_graph(src, dst, manifest, _num_heads(manifest), external=big)
         elif kind == "gqa":
             from layerscope.export.gqa import fuse_gqa
 

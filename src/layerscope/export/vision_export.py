@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from layerscope.errors import ExportError, InputError
+from layerscope.progress import still
 from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
 from layerscope.export.vision_inputs import eager_positions, fixed_size_positions, validation_images
@@ -210,22 +211,26 @@ def export_vision(source, output: Path, info: dict[str, Any], *, pooled: list[st
             if resized else ""
         say(f"loading {model.source.path_or_id} ({family.name}, {model.num_layers} layers, "
             f"{image['height']}x{image['width']} pixels{at})")
-        tower = load_vision_tower(source, family, trust_remote_code=trust_remote_code, config=config)
+        with still(say, "loading the tower"):
+            tower = load_vision_tower(source, family, trust_remote_code=trust_remote_code, config=config)
         if resized and not serves_other_sizes(tower):
             raise InputError(f"{spec}: its {family.name} tower cannot resize its position embeddings to "
                              f"{image['height']}x{image['width']} pixels; leave out --image-size")
         joint = tower.joint is not None
         say("exporting with torch.onnx: every hidden state" + (", the joint embedding" if joint else ""))
-        _trace(tower, work / ONNX_FILE, num_layers=model.num_layers, joint=joint, height=image["height"],
-               width=image["width"], channels=image["channels"], opset=opset, half=half)
+        with still(say, "exporting with torch.onnx"):
+            _trace(tower, work / ONNX_FILE, num_layers=model.num_layers, joint=joint, height=image["height"],
+                   width=image["width"], channels=image["channels"], opset=opset, half=half)
         say("adding in-graph pooling over the patches")
-        onnx_info = _add_pooling(work / ONNX_FILE, model.num_layers, model.hidden_size, image["tokens"],
-                                 image["prefix_tokens"], modes, half=half)
+        with still(say, "adding in-graph pooling"):
+            onnx_info = _add_pooling(work / ONNX_FILE, model.num_layers, model.hidden_size, image["tokens"],
+                                     image["prefix_tokens"], modes, half=half)
         processor.save_pretrained(str(work))
         (config if config is not None else load_config(source, trust_remote_code=trust_remote_code)).save_pretrained(
             str(work))
         say("checking every output against PyTorch (fp32)")
-        parity = compare_vision(tower, work / ONNX_FILE, processor, image, modes)
+        with still(say, "checking every output against PyTorch"):
+            parity = compare_vision(tower, work / ONNX_FILE, processor, image, modes)
         worst_name, worst = fp32_worst(parity, atol, rtol)
         manifest = build_manifest(model, onnx_info, modes, parity, opset_of_file(work / ONNX_FILE), atol,
                                   time.perf_counter() - t0, work)

@@ -100,8 +100,10 @@ def check_long_texts(eng: Engine, lengths: np.ndarray, max_length: int, *, token
         return None
     line = (f"{cut:,} of {lengths.size:,} texts are longer than {max_length} tokens and were truncated to "
             f"{max_length}")
-    limit = ("the model's position limit" if eng.manifest.max_length and max_length >= int(eng.manifest.max_length)
-             else "--max-length")
+    manifest = eng.manifest
+    note = manifest.default_length_note() if max_length == manifest.max_length else None
+    limit = ("the model's position limit" if manifest.length_limit and max_length >= int(manifest.length_limit)
+             else note or "--max-length")
     log.warning("%s of %s texts are longer than %s tokens and will be truncated to %s (%s; the longest has %s)",
                 f"{cut:,}", f"{lengths.size:,}", max_length, max_length, limit, f"{int(lengths.max()):,}")
     return line

@@ -29,12 +29,21 @@ def _start_worker(folder: str) -> None:
     _PROCESSOR.append(load_image_processor(folder))
 
 
-def _pixels(payloads: list) -> np.ndarray:
-    """A batch of images (paths or encoded bytes) as ``pixel_values``: what each worker computes."""
-    from layerscope.data.images import decode
+def _start_child(folder: str) -> None:
+    from layerscope.signals import child_start
+
+    child_start()  # Ctrl-C is the parent's to answer: it stops the workers
+    _start_worker(folder)
+
+
+def _pixels(items: list) -> np.ndarray:
+    """A batch of images (``(name, payload)``: a path or encoded bytes) as ``pixel_values``: what each worker
+    computes; an image past the processor's bounds or one that cannot be decoded is one line naming it."""
+    from layerscope.data.images import ImageBound, decode
     from layerscope.model.vision import pixel_values
 
-    return pixel_values(_PROCESSOR[0], [decode(p) for p in payloads])
+    bound = ImageBound.of(_PROCESSOR[0])
+    return pixel_values(_PROCESSOR[0], [decode(p, name=name, bound=bound) for name, p in items])
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ def _pixel_stream(records, rows: np.ndarray, export_dir: Path, batch_size: int, 
         _start_worker(str(export_dir))
         try:
             for index in batches:
-                yield index, _pixels([records[i].payload for i in index])
+                yield index, _pixels([(records[i].name, records[i].payload) for i in index])
         finally:
             _PROCESSOR.clear()
         return
@@ -68,17 +77,22 @@ def _pixel_stream(records, rows: np.ndarray, export_dir: Path, batch_size: int, 
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding an engine's threads
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_child,
                              initargs=(str(export_dir),)) as pool:
         pending: deque = deque()
-        for index in batches:
-            pending.append((index, pool.submit(_pixels, [records[i].payload for i in index])))
-            if len(pending) >= 2 * workers:
+        try:
+            for index in batches:
+                pending.append((index, pool.submit(_pixels, [(records[i].name, records[i].payload) for i in index])))
+                if len(pending) >= 2 * workers:
+                    index_done, future = pending.popleft()
+                    yield index_done, future.result()
+            while pending:
                 index_done, future = pending.popleft()
                 yield index_done, future.result()
-        while pending:
-            index_done, future = pending.popleft()
-            yield index_done, future.result()
+        except BaseException:  # Ctrl-C or an error: the batches not begun are dropped, not computed first
+            for _, future in pending:
+                future.cancel()
+            raise
 
 
 def _vision_handle(model, tower: str | None = None):
@@ -158,7 +172,6 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
     import layerscope
     from layerscope.data.images import read_images
     from layerscope.engines.base import create_engine
-    from layerscope.extraction.image_tokens import start_image_tokens
     from layerscope.ownership import claim
     from layerscope.store.store_lock import store_writer
     from layerscope.store.store_spec import StoreSpec, TokensSpec
@@ -175,6 +188,12 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
     if len({r.id for r in records}) != len(records):
         raise InputError(f"{source}: two images have the same id")
     handle = _vision_handle(model, tower=tower)
+    from layerscope.data.images import ImageBound, check_images
+    from layerscope.jsonfile import read_json
+    from layerscope.model.vision import PROCESSOR_FILE
+
+    # every image within what the processor reads, told by its header: one line before anything is made
+    check_images(records, ImageBound.of(read_json(handle.export_dir / PROCESSOR_FILE)))
     manifest = handle.manifest
     prefix = manifest.image.prefix_tokens
     modes = check_image_poolings(poolings or image_poolings(prefix), prefix, manifest.family)
@@ -192,21 +211,47 @@ def extract_images(model, source, out: str | Path, *, engine: str = "ort", layer
         if store is not None and store.complete:
             return ImageReport(out, len(records), 0, tuple(chosen), tuple(modes), 0.0)
         eng = create_engine(engine, handle, **(engine_options or {}))
-        if store is None:
+        made = store is None
+        if made:
             store = _new_store(out, claimed, spec, records, handle)
-        token_run = start_image_tokens(store, manifest.image, chosen)
-        todo = np.nonzero(np.asarray(store.done_mask()) == 0)[0]
-        encoder = eng.image_encoder()
-        for index, pixels in _pixel_stream(records, todo, handle.export_dir, int(batch_size), int(workers)):
-            batch = encoder.batch(encoder.checked(pixels), index)
-            if token_run is None:
-                store.write(index, eng.run(batch, chosen, modes), chosen)
-                store.commit(index)
-            else:
-                store.write(index, token_run.run(eng, batch, chosen, modes), chosen)
-                token_run.commit(store, index)
-        if token_run is not None:
-            token_run.finish(None)
+        try:
+            computed = _fill(store, eng, records, handle, chosen, modes, int(batch_size), int(workers))
+        except InputError:  # an image only decoding tells is bad: resuming would meet it again
+            if made:
+                _discard(out, store)
+            raise
         seconds = time.perf_counter() - t0
         store.finish(engine=eng.info.to_dict(), extra={"images": len(records), "seconds": round(seconds, 3)})
-    return ImageReport(out, len(records), len(todo), tuple(chosen), tuple(modes), seconds)
+    return ImageReport(out, len(records), computed, tuple(chosen), tuple(modes), seconds)
+
+
+def _discard(out: Path, store) -> None:
+    """Remove a store this run made (what its record lists; the folder where nothing else is left)."""
+    from layerscope.ownership import clear_own, remove_if_empty
+
+    try:
+        store.close()
+    except Exception:  # noqa: BLE001 - a store half made: its files are removed all the same
+        pass
+    clear_own(out, "store")
+    remove_if_empty(out)
+
+
+def _fill(store, eng, records, handle, chosen, modes, batch_size: int, workers: int) -> int:
+    """Run every image the store has not done yet through ``eng`` into it; returns how many it ran."""
+    from layerscope.extraction.image_tokens import start_image_tokens
+
+    token_run = start_image_tokens(store, handle.manifest.image, chosen)
+    todo = np.nonzero(np.asarray(store.done_mask()) == 0)[0]
+    encoder = eng.image_encoder()
+    for index, pixels in _pixel_stream(records, todo, handle.export_dir, batch_size, workers):
+        batch = encoder.batch(encoder.checked(pixels), index)
+        if token_run is None:
+            store.write(index, eng.run(batch, chosen, modes), chosen)
+            store.commit(index)
+        else:
+            store.write(index, token_run.run(eng, batch, chosen, modes), chosen)
+            token_run.commit(store, index)
+    if token_run is not None:
+        token_run.finish(None)
+    return len(todo)

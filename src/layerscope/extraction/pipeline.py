@@ -107,7 +107,7 @@ def _one_writer(fn: Callable) -> Callable:
 
 
 def extract(model, source, out: str | Path, *, engine: str | Engine = "auto", layers="all",
-            poolings=("mean",), dtype: str | None = None, store_dtype: str | None = None,
+            poolings=None, dtype: str | None = None, store_dtype: str | None = None,
             batch_tokens: int | None = None, max_batch: int = DEFAULT_MAX_BATCH, max_length: int | None = None,
             resume: bool = False, force: bool = False, window: int = DEFAULT_WINDOW, text_field=None, column=None,
             id_field=None, fmt=None, progress: bool | str | None | Callable = False,
@@ -291,7 +291,7 @@ def extraction_warnings(store: LayerStore, lengths: np.ndarray, max_len: int) ->
 
 # ---------------------------------------------------------------- in-memory convenience
 
-def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all", poolings=("mean",),
+def embed(model, texts: list[str], *, engine: str | Engine = "auto", layers="all", poolings=None,
           batch_tokens: int | None = None, max_length: int | None = None,
           engine_options: dict | None = None, prompt_name: str | None = None,
           prompt: str | None = None) -> dict[tuple[str, str], np.ndarray]:

@@ -89,11 +89,17 @@ def check_request(manifest: Manifest, spec: str, *, layers, poolings, max_length
     require_pooled_output(pool_list, manifest.pooled_output, manifest.family)
     if "st" in pool_list:
         st_recipe(manifest)  # a clear error before anything is written
+        if manifest.is_export:  # st at layer L of an export that lacks the model's own last hidden state
+            from layerscope.model.stconfig import st_layers
+            from layerscope.vocab.outputs import OWN_LAST
+
+            st_layers(manifest.anatomy, manifest.num_layers, list(layer_list), pool_list,
+                      carried=OWN_LAST in manifest.outputs)
     return layer_list, pool_list, resolve_prompt(manifest, prompt_name, prompt)
 
 
 def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", layers="all",
-                       poolings=("mean",), dtype: str = "float32", batch_tokens: int | None = None,
+                       poolings=None, dtype: str = "float32", batch_tokens: int | None = None,
                        max_batch: int | None = None, max_length: int | None = None, resume: bool = False,
                        force: bool = False, engine_options: dict | None = None, prompt_name: str | None = None,
                        prompt: str | None = None, trust_remote_code: bool = False,
@@ -131,6 +137,9 @@ def prepare_extraction(model, source, out: str | Path, *, engine: Any = "auto", 
         eng = None
         # exported when the engine starts; a cached export is found without transformers or torch
         handle = resolve_model(model, trust_remote_code=trust_remote_code, engine=choice)
+        from layerscope.engines.base import require_code_for
+
+        require_code_for(choice.spec, handle)  # the in-process, --shard and Ray runs alike, before any work
     manifest = handle.manifest
     layer_list, pool_list, prompt_text = check_request(manifest, handle.spec, layers=layers, poolings=poolings,
                                                        max_length=max_length, prompt_name=prompt_name, prompt=prompt)

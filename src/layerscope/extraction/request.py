@@ -32,7 +32,7 @@ class ExtractionRequest:
     out: Path
     engine: Any = "auto"  # a registered engine name, an EngineChoice (resolved already) or an Engine instance
     layers: Any = "all"
-    poolings: Any = ("mean",)  # None: the model's own
+    poolings: Any = None  # None: the model's own
     store_dtype: str = "float32"
     batch_tokens: int | None = None
     max_batch: int | None = None

@@ -65,9 +65,11 @@ def token_chunks(tokens: np.ndarray, groups: list[np.ndarray], row_bytes: int,
 
 def embed_tokens(eng, texts: list[str], layers: list[str], *, batch_tokens: int | None = None,
                  max_length: int | None = None, prompt: str = "", lengths: np.ndarray | None = None,
-                 bar=None) -> TokenVectors:
+                 bar=None, edit=None) -> TokenVectors:
     """Token vectors of ``texts`` (``lengths``: their untruncated token lengths, when known already; ``bar``:
-    a progress count advanced by the texts of each engine batch)."""
+    a progress count advanced by the texts of each engine batch; ``edit``: a function that changes a batch's
+    input ids in place before the engine runs it, keeping every text's length, e.g. a control's shuffled
+    tokens; the ids stored are the ids run)."""
     from layerscope.extraction.batching import DEFAULT_MAX_BATCH, encode_plan
 
     encoder = eng.encoder(max_length, prompt)
@@ -79,6 +81,8 @@ def embed_tokens(eng, texts: list[str], layers: list[str], *, batch_tokens: int 
                        {layer: np.zeros((total, width([layer])), np.float32) for layer in layers})
     budget = int(batch_tokens or eng.preferred_batch_tokens)
     for batch in encode_plan(encoder, list(texts), lengths, batch_tokens=budget, max_batch=DEFAULT_MAX_BATCH):
+        if edit is not None:
+            edit(batch)
         states = eng.run_tokens(batch, layers)
         valid = np.asarray(batch.mask) > 0
         starts = np.concatenate([[0], np.cumsum(valid.sum(1))])

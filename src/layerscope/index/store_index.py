@@ -43,6 +43,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
     store = LayerStore.open(store_path)
     layer_name = store.resolve_layer(layer)
     pooling = pooling or store.poolings[0]
+    identity = store_identity(store, pooling, layer_name)  # before any work: what the index must find again
     arr = store[pooling, layer_name]
     t0 = time.perf_counter()
     x = normalize(arr)
@@ -64,7 +65,7 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
     vi.save(out, model_key=store.spec.model_key or manifest.key, model=manifest.source_dict(),
             family=manifest.family, num_layers=manifest.num_layers, layer=layer_name, pooling=pooling,
             store=str(Path(store_path).resolve()), store_created=store.record.created,
-            store_identity=store_identity(store, pooling, layer_name), max_length=store.spec.max_length,
+            store_identity=identity, max_length=store.spec.max_length,
             seconds=BuildSeconds(round(t_norm, 3), round(t_build, 3)), recall_vs_exact=recall,
             backend_detail=vi.backend.describe(), created=_iso_now())
     record(out, "index")
@@ -74,9 +75,13 @@ def _build(store_path: str | Path, out: Path, *, layer, pooling, kind, nlist, np
 def store_identity(store, pooling: str, layer: str) -> StoreIdentity:
     """What an index must find again in its store (a LayerStore): the corpus hash, the recorded checksums of the
     texts and of the indexed array, the row count and the store's structure hash (all recorded in store.json)."""
+    rel = array_rel(pooling, layer)
+    array = store.file_sha256(rel)
+    if array is None:  # nothing to find again: an index would answer from whatever the file holds later
+        raise StoreError(f"the store {store.path} records no checksum of {rel} (not finished, or made by an older "
+                         "layerscope); extract it again before indexing it")
     return StoreIdentity(corpus_sha256=store.spec.corpus_sha256, structure_sha256=store.structure_sha256,
-                         n=store.n, texts_sha256=store.file_sha256(TEXTS),
-                         array_sha256=store.file_sha256(array_rel(pooling, layer)))
+                         n=store.n, texts_sha256=store.file_sha256(TEXTS), array_sha256=array)
 
 
 def check_store(index_path: str | Path, meta: IndexRecord):
@@ -87,9 +92,10 @@ def check_store(index_path: str | Path, meta: IndexRecord):
     rebuild = (f"rebuild the index with layerscope index build --store {store_path} --out {index_path} "
                "--force")
     recorded = meta.store_identity
-    if recorded is None or meta.store is None or meta.layer is None or meta.pooling is None:
-        raise StoreError(f"index {index_path} does not record which store it was built from (made by an older "
-                         f"layerscope), so its answers cannot be trusted; {rebuild}")
+    if recorded is None or recorded.array_sha256 is None or meta.store is None or meta.layer is None \
+            or meta.pooling is None:
+        raise StoreError(f"index {index_path} does not record which store (and which of its arrays) it was "
+                         f"built from (made by an older layerscope), so its answers cannot be trusted; {rebuild}")
     if not StoreLayout(store_path).store_json.is_file():
         raise StoreError(f"the index's store {store_path} is gone (no {STORE_JSON}); {rebuild}, or move the "
                          "store back")

@@ -11,6 +11,8 @@ No I/O, no torch, no onnxruntime; faiss is imported lazily by
 * ``permutation``  matched vs scrambled pairs: z-scores (exact, exhaustive, Monte Carlo with its SE)
 * ``neighbors``    nearest neighbours: exact k-NN, mutual k-NN, retrieval ranks and figures
 * ``cka``          linear CKA (in memory and streamed) and unbiased CKA
+* ``representation`` SVCCA, PWCCA, Procrustes, RSA, Gram-form CKA; permutation-calibrated scores
+* ``geometry``     intrinsic dimension (TwoNN, GRIDE), anisotropy, effective rank, matrix entropy
 * ``pca``          PCA summary and Cohen's d
 * ``quantization`` binary / int8 codes, Hamming similarity, truncation, retention
 

@@ -38,8 +38,8 @@ from layerscope.model.anatomy_record import HEAD_READS, Anatomy, AttentionAnatom
 from layerscope.model.anatomy_rules import (embeddings_path, find_attention, find_blocks, find_final_norm, keep_first,
                                             measure, probe_inputs)
 
-__all__ = ["Anatomy", "AttentionAnatomy", "check_anatomy", "derive_anatomy", "resolve_anatomy", "vision_head",
-           "with_head"]
+__all__ = ["Anatomy", "AttentionAnatomy", "check_anatomy", "derive_anatomy", "meta_base", "resolve_anatomy",
+           "vision_head", "with_head"]
 
 
 def resolve_anatomy(base, family, num_blocks: int, *, inputs: dict[str, Any] | None = None,
@@ -143,8 +143,10 @@ def derive_anatomy(export_dir, manifest) -> Anatomy | None:
     """The anatomy of an export made before layerscope recorded one, derived from the export's own config.json
     with the model built on the meta device (no weight is read, nothing runs): the paths by the same rules,
     the facts only a forward pass measures from what that manifest recorded (the final norm in layer L, the
-    head's modules and input); ``embedding_scale`` is left unknown (None). None where the model cannot be
-    built here (a model type only its own code defines)."""
+    head's modules and input); ``embedding_scale`` is left unknown (None), and ``last_hidden_state`` is taken
+    to be the final norm wherever a final norm sits outside layer L (true of every text tower; CLIP's image
+    tower, which norms its pooled CLS only, is recorded as ``layer`` when exported again). None where the
+    model cannot be built here (a model type only its own code defines)."""
     from pathlib import Path
 
     from layerscope.model.families import family_of
@@ -158,7 +160,7 @@ def derive_anatomy(export_dir, manifest) -> Anatomy | None:
         family = family_of(manifest)
         config = AutoConfig.from_pretrained(str(export_dir))
         with torch.device("meta"):
-            base, vision = _meta_base(config, family)
+            base, vision = meta_base(config, family)
     except Exception:  # noqa: BLE001 - transformers raises many kinds; an underivable anatomy reads as None
         return None
     num = manifest.num_layers
@@ -194,8 +196,9 @@ def derive_anatomy(export_dir, manifest) -> Anatomy | None:
                    head_reads="final_norm" if entry.get("final_norm_on_last") else "layer")
 
 
-def _meta_base(config, family):
-    """(the base model as the family's loader builds it from ``config``, the ``VisionTower`` or None)."""
+def meta_base(config, family):
+    """(the base model as the family's loader builds it from ``config``, the ``VisionTower`` or None); built
+    on whatever device is current (callers build on ``torch.device("meta")``: no weight is made)."""
     from layerscope.model.source import _loader_class
 
     if family.modality == "image":

@@ -93,8 +93,8 @@ def final_norm_path(net, family) -> str | None:
     """The final norm of the base model by the naming rule (the table's ``final_norm`` first), or None."""
     if family.final_norm:
         return family.final_norm
-    prefix = net.base_model_prefix
-    base = getattr(net, prefix, None)
+    prefix = base_attribute(net)  # Gemma-3 names a base prefix it does not use
+    base = getattr(net, prefix, None) if prefix else None
     if base is None:
         return None
     found = None

@@ -116,8 +116,9 @@ class Anatomy:
             raise ManifestError("this model keeps no list of blocks (one block shared by every layer)")
         return f"{self.blocks}.{int(index)}"
 
-    def last_layer_note(self) -> str:
-        """What layer L is, and what the model's own last hidden state is, in one sentence (the manifest's)."""
+    def last_layer_note(self, *, carried: bool = False) -> str:
+        """What layer L is, and what the model's own last hidden state is, in one sentence (the manifest's);
+        ``carried``: the export carries that state as its output ``last_hidden_state``."""
         n = self.num_blocks
         if self.final_norm and self.final_norm_in_hidden_states:
             layer = f"layer {n} is the last block's output after the final norm ({self.final_norm})"
@@ -126,7 +127,9 @@ class Anatomy:
         else:
             layer = f"layer {n} is the last block's output"
         if self.last_hidden_state == "final_norm":
-            return f"{layer}; the model's own last hidden state (its token embeddings) is the final norm of it"
+            own = f"{layer}; the model's own last hidden state (its token embeddings) is the final norm of it"
+            return own + (f", which the export carries as its output last_hidden_state and which pooling 'st' reads "
+                          f"at layer {n}, as sentence-transformers does" if carried else "")
         if self.last_hidden_state == "projection":
             return f"{layer}; the model's own last hidden state is {self.hidden_projection} of it"
         return f"{layer}, which is also the model's own last hidden state"

@@ -309,3 +309,19 @@ def _embedding_scale(base, embeddings: str, inputs: dict[str, Any], layer0) -> f
     return float(f"{c:.7g}")
 
 
+
+
+def own_last_differs(base, inputs: dict[str, Any] | None = None) -> bool:
+    """Whether the model's own last hidden state (what it returns as its token embeddings) is, at the width of
+    the layers, not its last hidden state (ModernBERT and CLIP's text tower apply their final norm after it):
+    the export then carries it as an output of its own.  One forward pass on :func:`probe_inputs`."""
+    import torch
+
+    inputs = inputs if inputs is not None else probe_inputs(base)
+    with torch.inference_mode():
+        out = base(**inputs, **_asking_states(base))
+    own, states = getattr(out, "last_hidden_state", None), getattr(out, "hidden_states", None)
+    if own is None or not states:
+        return False
+    last = states[-1]
+    return tuple(own.shape) == tuple(last.shape) and not torch.equal(own, last)

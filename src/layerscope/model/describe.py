@@ -18,8 +18,12 @@ from layerscope.model.source import ModelSource, load_config, resolve_source, we
 from layerscope.vocab.layers import layer_names
 
 
-def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: int) -> tuple[int, str]:
-    """The longest input we feed: the sentence-transformers setting if the model has one, else the positions."""
+def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: int,
+                   kind: str = "encoder") -> tuple[int, str]:
+    """The longest input read by default (``--max-length`` reads up to ``positions``, the model's own limit): the
+    sentence-transformers setting where the model has one; an encoder's tokenizer's ``model_max_length`` where it
+    is lower (the length it was trained at); else the positions. A decoder's tokenizer limit is not the model's
+    (a tokenizer borrowed from a smaller sibling says 512 for an 8,192-position model): it reads its positions."""
     st_cfg = Path(source.path_or_id) / "sentence_bert_config.json" if source.is_local else None
     if st_cfg is not None and st_cfg.exists():
         try:
@@ -27,9 +31,29 @@ def max_length_for(source: ModelSource, tokenizer_max: int | None, positions: in
             return min(value, positions), "sentence_bert_config.json max_seq_length"
         except (KeyError, ValueError, TypeError):
             pass
-    if tokenizer_max and tokenizer_max < 1_000_000:
+    if kind == "encoder" and tokenizer_max and tokenizer_max < 1_000_000:
         return min(int(tokenizer_max), positions), "tokenizer model_max_length"
     return positions, "position embeddings"
+
+
+def tokenizer_limit_below(tokenizer_max, positions: int) -> int | None:
+    """The tokenizer's ``model_max_length`` where it is a real number below the model's positions, else None."""
+    if isinstance(tokenizer_max, (int, float)) and 0 < tokenizer_max < min(positions, 1_000_000):
+        return int(tokenizer_max)
+    return None
+
+
+def length_line(manifest) -> str | None:
+    """What an export says about its length when the tokenizer's limit is not the model's: that a decoder reads
+    its positions regardless, or where an encoder's default comes from and how to read more."""
+    tok = manifest.tokenizer_max_length
+    if tok is None or manifest.positions is None:
+        return None
+    if manifest.max_length is not None and manifest.max_length > tok:
+        return (f"the tokenizer's model_max_length is {tok:,}, below the model's {manifest.positions:,} positions: "
+                f"texts are read up to {manifest.max_length:,} tokens (--max-length {tok} keeps the tokenizer's)")
+    note = manifest.default_length_note()
+    return f"texts are cut at {note}" if note else None
 
 
 def check_vocab_fits(spec: str, tokenizer, text_config) -> None:
@@ -47,15 +71,23 @@ def check_vocab_fits(spec: str, tokenizer, text_config) -> None:
 
 
 def describe_model(spec: str, *, trust_remote_code: bool = False, revision: str | None = None,
-                   with_hash: bool = True) -> dict[str, Any]:
+                   with_hash: bool = True, tower: str | None = None) -> dict[str, Any]:
     """What the model ``spec`` names is, before any export (the manifest's model half)."""
-    return describe_source(resolve_source(spec, revision), trust_remote_code=trust_remote_code, with_hash=with_hash)
+    return describe_source(resolve_source(spec, revision), trust_remote_code=trust_remote_code, with_hash=with_hash,
+                           tower=tower)
 
 
 def describe_source(source: ModelSource, *, trust_remote_code: bool = False, with_hash: bool = True,
-                    config=None, family=None) -> dict[str, Any]:
+                    config=None, family=None, tower: str | None = None) -> dict[str, Any]:
     """What the resolved model ``source`` is, before any export (the manifest's model half); ``config`` and
-    ``family``: as the caller already read and derived them (an export does once)."""
+    ``family``: as the caller already read and derived them (an export does once); ``tower="vision"``: a two-tower
+    checkpoint's image tower (one line where it has none)."""
+    if tower is not None:
+        from layerscope.model.vision import describe_vision
+
+        vision = describe_vision(source, tower=tower, trust_remote_code=trust_remote_code, with_hash=with_hash)
+        if vision is not None:
+            return vision
     config = config if config is not None else load_config(source, trust_remote_code=trust_remote_code)
     # a type only the model's own code defines: its derived family with --trust-remote-code, one line without
     family = family if family is not None else \
@@ -70,7 +102,8 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
     from layerscope.model.source import load_tokenizer
 
     tok = load_tokenizer(source, trust_remote_code=trust_remote_code)
-    max_length, max_from = max_length_for(source, getattr(tok, "model_max_length", None), positions)
+    tokenizer_max = getattr(tok, "model_max_length", None)
+    max_length, max_from = max_length_for(source, tokenizer_max, positions, family.kind)
     text_cfg = family.text_model_config(config)
     check_vocab_fits(source.spec, tok, text_cfg)
     src = source.to_dict()
@@ -80,6 +113,11 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
 
         src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type
+    from layerscope.model.own_code import own_code
+    from layerscope.model.source import _tokenizer_auto_map
+
+    # what an export of it ran: loading it again needs the flag (model/own_code.py)
+    src["own_code"] = own_code(getattr(config, "auto_map", None), _tokenizer_auto_map(source), trust_remote_code)
     return {
         "format_version": None,
         "layerscope_version": layerscope.__version__,
@@ -91,6 +129,8 @@ def describe_source(source: ModelSource, *, trust_remote_code: bool = False, wit
         "hidden_size": hidden,
         "max_length": max_length,
         "max_length_from": max_from,
+        "positions": positions,  # the model's own limit: --max-length reads up to it
+        "tokenizer_max_length": tokenizer_limit_below(tokenizer_max, positions),
         "inputs": family.input_names(text_cfg),
         "layers": layer_names(num_layers),
         **layer_facts(config, family, num_layers),  # final_norm_in_last_layer, embedding_note, last_layer_note

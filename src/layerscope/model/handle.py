@@ -45,9 +45,15 @@ class ModelHandle:
         return self.export_dir / (self.manifest.onnx_file or ONNX_FILE)
 
     @classmethod
-    def resolve(cls, spec: str | Path, *, trust_remote_code: bool = False, verify: bool = True) -> "ModelHandle":
+    def resolve(cls, spec: str | Path, *, trust_remote_code: bool = False, verify: bool = True,
+                tower: str | None = None) -> "ModelHandle":
+        """The handle of ``spec``: an export dir, or a plain model described from its config (``tower="vision"``:
+        a two-tower checkpoint's image tower, which its cached export then holds)."""
         path = Path(str(spec)).expanduser()
         if path.is_dir() and (path / MANIFEST).exists():
+            from layerscope.jsonfile import check_folder_files
+
+            check_folder_files(path, where="an export")  # what the runtimes open there: regular files only
             manifest = read_manifest(path)
             if verify:
                 verify_export(path, manifest)
@@ -56,7 +62,8 @@ class ModelHandle:
             raise ManifestError(f"{spec} has a model.onnx but no {MANIFEST}; export it with layerscope export")
         from layerscope.model.describe import describe_model
 
-        return cls(str(spec), None, Manifest.from_dict(describe_model(str(spec), trust_remote_code=trust_remote_code),
+        return cls(str(spec), None, Manifest.from_dict(describe_model(str(spec), trust_remote_code=trust_remote_code,
+                                                                      tower=tower),
                                                        where=f"the description of {spec}"), trust_remote_code)
 
     # -- pieces engines need -------------------------------------------------

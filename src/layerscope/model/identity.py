@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,15 @@ IGNORED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", 
 RACY_SECONDS = 2.0
 
 
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
 def _signature(paths: list[Path]) -> list[list[Any]]:
+    from layerscope.jsonfile import check_regular
+
     sig = []
     for p in paths:
-        st = os.stat(p)
+        st = check_regular(p)
         sig.append([str(Path(p).resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
     return sig
 
@@ -45,15 +51,14 @@ def hash_files(paths: list[Path]) -> str:
     sig = _signature(paths)
     sig_key = hashlib.sha256(json.dumps(sig).encode()).hexdigest()[:40]
     entry = _hash_dir() / f"{sig_key}.json"
-    try:
-        known = json.loads(entry.read_text(encoding="utf-8"))
-        if known.get("files") == sig and isinstance(known.get("sha256"), str):
-            return known["sha256"]
-    except (OSError, ValueError):
-        pass
+    from layerscope.jsonfile import open_regular, read_json_dict
+
+    known = read_json_dict(entry)  # the user's cache: bounded, a FIFO never waited on, a bad entry ignored
+    if known.get("files") == sig and isinstance(known.get("sha256"), str) and _SHA.fullmatch(known["sha256"]):
+        return known["sha256"]
     h = hashlib.sha256()
     for p in paths:
-        with open(p, "rb") as fh:
+        with open_regular(p) as fh:  # a FIFO named like a weights file: one line, never waited on
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
     digest = h.hexdigest()

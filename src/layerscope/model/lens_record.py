@@ -5,19 +5,20 @@ records beside ``lens-k{k}.onnx`` and what the lens analysis and ``layerscope ve
 file is missing or of the wrong type; the files it names (the graph, the head file it shares weights with) must be
 plain names inside the export dir, so no path from the sidecar leads out of it. A sidecar of another format is
 not read as this one (``from_disk`` returns None: the caller makes the graph again); ``checksum`` reads only the
-graph's name and sha256, which every format records, for ``verify``.
+graph's name and sha256, which every format records, for ``verify``. What the sidecar says is held to the graph,
+the weights it reads (``content_sha256``) and the export's ``model.onnx`` before the graph is used (the rule of
+model/derived.py, ``lens_problem``), else the graph is made again.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from layerscope.errors import ManifestError
+from layerscope.errors import LayerscopeError, ManifestError
 
 LENS_FORMAT = 3  # the head-alone graph over runs of positions, with KL and the target's log-probability
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -160,12 +161,15 @@ class LensSidecar:
     parity: LensParity | None = None
     tuned: TunedSource | None = None
     format: int = LENS_FORMAT
+    # the graph and the weights it reads (the stored head's bytes, or its own data file), hashed together
+    # (model/derived.py ``source_sha256``); None: not recorded (a graph made before it was; made again)
+    content_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"file": self.file, "format": self.format, "k": self.k, "head": self.head.to_dict(),
                "outputs": list(self.outputs), "probabilities": self.probabilities, "sha256": self.sha256,
                "model_onnx_sha256": self.model_onnx_sha256, "shared_bytes": self.shared_bytes,
-               "shared_with": self.shared_with}
+               "shared_with": self.shared_with, "content_sha256": self.content_sha256}
         if self.parity is not None:
             out["parity"] = self.parity.to_dict()
         if self.tuned is not None:
@@ -174,8 +178,10 @@ class LensSidecar:
 
     def to_disk(self, export_dir: str | Path) -> Path:
         """Write the sidecar (``lens-k{k}.json``, or a tuned lens graph's) into ``export_dir``; returns its path."""
+        from layerscope.jsonfile import write_json_atomic
+
         path = Path(export_dir) / sidecar_name(self.k, self.tuned.id if self.tuned is not None else None)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        write_json_atomic(path, self.to_dict())
         return path
 
     @classmethod
@@ -201,7 +207,8 @@ class LensSidecar:
                        shared_bytes=_need(doc, "shared_bytes", int),
                        shared_with=None if shared is None else _plain_name(doc, "shared_with"),
                        parity=None if doc.get("parity") is None else LensParity.read(doc["parity"]),
-                       tuned=tuned, format=fmt)
+                       tuned=tuned, format=fmt,
+                       content_sha256=None if doc.get("content_sha256") is None else _digest(doc, "content_sha256"))
             graph = graph_stem(k, tuned.id if tuned is not None else None) + ".onnx"
             if made.file != graph:
                 raise _Bad(f"file names {made.file!r}, not the graph of k = {k} ({graph})")
@@ -230,9 +237,13 @@ def _digest(doc: dict[str, Any], key: str, where: str = "") -> str:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    from layerscope.jsonfile import NotRegularFile, read_json
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        doc = read_json(path, limit=4 * 2**20, what="lens sidecar")  # a FIFO or a device: one line, never waited on
+    except NotRegularFile:
+        raise
+    except (OSError, ValueError, LayerscopeError) as exc:
         raise ManifestError(f"{path}: a lens graph's sidecar that cannot be read ({exc}); export the lens again "
                             "(layerscope export ... --lens-k K --force)") from None
     if not isinstance(doc, dict):

@@ -6,7 +6,6 @@ The handle that carries a manifest around is ``model/handle.py``; what is checke
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,18 @@ def read_manifest(export_dir: Path) -> Manifest:
 
 def read_manifest_dict(export_dir: Path) -> dict[str, Any]:
     """The export's manifest.json as plain JSON, for the steps that add to it and write it back."""
+    from layerscope.jsonfile import JsonFileError, read_json
+
     path = Path(export_dir) / MANIFEST
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, what="manifest")
     except FileNotFoundError:
         raise ManifestError(f"{export_dir} has no {MANIFEST}: it is not a layerscope export; run layerscope export") from None
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{path} is not valid JSON ({exc}); re-run layerscope export") from None
+    except JsonFileError as exc:
+        raise ManifestError(f"{exc}; re-run layerscope export") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} holds a JSON {type(data).__name__}, not an object; re-run layerscope export")
+    return data
 
 
 def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, check_hash: bool = True) -> None:
@@ -53,6 +57,10 @@ def verify_export(export_dir: Path, manifest: Manifest | dict[str, Any], *, chec
         raise ManifestError(
             f"{onnx_path} does not match its manifest (sha256 differs): the file was replaced or "
             "damaged after export; re-run layerscope export")
+    if check_hash:
+        from layerscope.model.manifest_check import check_small_files
+
+        check_small_files(Path(export_dir), manifest)  # config and tokenizer files decide what is computed too
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph

@@ -5,7 +5,10 @@ At load (every ``ModelHandle.resolve``), cheap enough to run each time:
 * every path the manifest names (``onnx_file``, variants, ``files``) and every external-data
   location inside the graph stays inside the export dir: no absolute path, no ``..``, no
   symlink that leads out;
-* ``onnx_sha256`` is present and ``model.onnx`` hashes to it (done in ``manifest.verify_export``);
+* ``onnx_sha256`` is present and ``model.onnx`` hashes to it (done in ``manifest.verify_export``), and so does
+  every recorded file the tokenizer and config loaders read (config, tokenizer, processor, the model's own
+  code: ``check_small_files``, none they read left unrecorded), remembered by stat signature so an unchanged
+  file is read once;
 * the manifest's ``outputs`` (names and shapes), ``num_layers``, ``hidden_size`` and the order of
   ``pooled_layers`` agree with the graph itself: the pooled outputs' layer order is read off the
   ``Concat`` that stacks the layers in the graph;
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from layerscope.hashing import file_sha256
 from layerscope.errors import ManifestError
@@ -136,6 +139,46 @@ def check_external_data(export_dir: Path, manifest: Manifest, graph) -> None:
             raise ManifestError(f"{path} is {size:,} bytes, the export wrote "
                                 f"{int(recorded) if recorded is not None else end:,} (truncated or replaced); "
                                 "re-run layerscope export")
+
+
+SMALL_FILE_BYTES = 64 * 2**20  # loader files hashed at every load (by stat signature: once per change)
+# files of an export dir that transformers' and tokenizers' loaders read when present
+LOADER_FILES = frozenset({"config.json", "generation_config.json", "preprocessor_config.json", "tokenizer.json",
+                          "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+                          "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json"})
+LOADER_SUFFIXES = (".py", ".model", ".tiktoken")
+
+
+def check_small_files(export_dir: Path, manifest: Manifest) -> None:
+    """The files of the export that transformers' and tokenizers' loaders read (``LOADER_FILES``: config,
+    tokenizer and image-processor files, the model's own code) as the export recorded them: they decide what is
+    computed as much as its graph, so one changed after export, or one the export did not write, is one line, not
+    a run with other tokens. Weights (external data, the stored head) are checked by size at load and hashed by
+    ``layerscope verify`` and where they are read."""
+    from layerscope.jsonfile import check_regular
+    from layerscope.model.identity import hash_files
+    from layerscope.ownership import MARKER as OWNED
+
+    if manifest.files:  # a file the loaders read that the export did not write (added_tokens.json dropped in)
+        for entry in sorted(os.scandir(export_dir), key=lambda e: e.name):
+            if (entry.name in LOADER_FILES or entry.name.endswith(LOADER_SUFFIXES)) and entry.name not in manifest.files:
+                raise ManifestError(f"{Path(export_dir) / entry.name} is not a file its export wrote, and the "
+                                    "tokenizer or config loaders would read it; remove it (or export again)")
+    for rel, rec in manifest.files.items():
+        size = rec.get("bytes") if isinstance(rec, Mapping) else None
+        loaded = rel in LOADER_FILES or rel.endswith(LOADER_SUFFIXES)  # weights: by size here, hashed by verify
+        if not loaded or rel in (MANIFEST, OWNED) or not isinstance(size, int) or size > SMALL_FILE_BYTES:
+            continue
+        path = member(export_dir, rel, "file")
+        try:
+            st = check_regular(path)
+        except FileNotFoundError:
+            raise ManifestError(f"{export_dir} is missing {rel}, which its export wrote; export it again into a new "
+                                "folder") from None
+        if st.st_size != size or hash_files([path]) != rec.get("sha256"):
+            raise ManifestError(f"{path} is not the file the export wrote (sha256 differs): changed after export; "
+                                "export it again into a new folder (--force replaces only files layerscope "
+                                "recorded, unchanged)")
 
 
 def check_paths(export_dir: Path, manifest: Manifest) -> Path:

@@ -18,7 +18,6 @@ A ``Manifest`` has no mapping view: code reads its fields, and ``to_dict()`` whe
 from __future__ import annotations
 
 import copy
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,6 +62,9 @@ class SourceInfo:
     weights_sha256: str | None = None
     files_sha256: str | None = None
     model_type: str | None = None
+    # the classes of the model's own code (auto_map) the export ran, "AutoModel = modeling_x.Cls": loading
+    # the model again (PyTorch engines, variants' references, the bench) runs them only with --trust-remote-code
+    own_code: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SourceInfo":
@@ -70,10 +72,13 @@ class SourceInfo:
             value = d.get(key)
             if value is not None and not (isinstance(value, str) and _SHA256.fullmatch(value)):
                 raise ManifestError(f"the manifest's source.{key} {value!r} is not a sha256 hex digest; {UPGRADE}")
+        code = d.get("own_code") or []
+        if not isinstance(code, list) or not all(isinstance(c, str) for c in code):
+            raise ManifestError(f"the manifest's source.own_code {code!r} is not a list of class names; {UPGRADE}")
         spec = d.get("spec") or d.get("path_or_id") or ""
         return cls(spec=str(spec), path_or_id=str(d.get("path_or_id") or spec), is_local=bool(d.get("is_local")),
                    revision=d.get("revision"), alias=d.get("alias"), weights_sha256=d.get("weights_sha256"),
-                   files_sha256=d.get("files_sha256"), model_type=d.get("model_type"))
+                   files_sha256=d.get("files_sha256"), model_type=d.get("model_type"), own_code=tuple(code))
 
     @property
     def label(self) -> str:
@@ -84,7 +89,7 @@ class SourceInfo:
         """The ``ModelSource`` to load these weights again."""
         from layerscope.model.source import ModelSource
 
-        return ModelSource(self.spec, self.path_or_id, self.is_local, self.revision, self.alias)
+        return ModelSource(self.spec, self.path_or_id, self.is_local, self.revision, self.alias, self.own_code)
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,10 @@ class Manifest:
     num_layers: int
     hidden_size: int
     kind: str = "encoder"
-    max_length: int | None = None
+    max_length: int | None = None  # the longest input read by default (``max_length_from`` says why)
+    max_length_from: str | None = None
+    positions: int | None = None  # the model's own limit: its positions (None: recorded before it was; max_length)
+    tokenizer_max_length: int | None = None  # the tokenizer's model_max_length, where it is below ``positions``
     inputs: tuple[str, ...] = ()
     layers: tuple[str, ...] = ()
     default_pooling: str = "mean"
@@ -270,6 +278,8 @@ class Manifest:
                 format_version=version, source=SourceInfo.from_dict(raw["source"]), family=str(raw["family"]),
                 num_layers=int(raw["num_layers"]), hidden_size=int(raw["hidden_size"]),
                 kind=str(raw.get("kind") or "encoder"), max_length=_opt_int(raw.get("max_length")),
+                max_length_from=raw.get("max_length_from"), positions=_opt_int(raw.get("positions")),
+                tokenizer_max_length=_opt_int(raw.get("tokenizer_max_length")),
                 inputs=tuple(raw.get("inputs") or ()), layers=tuple(str(x) for x in raw.get("layers") or ()),
                 default_pooling=str(raw.get("default_pooling") or "mean"), pooled_output=raw.get("pooled_output"),
                 eos_token_id=_opt_int(raw.get("eos_token_id")), vocab_size=_opt_int(raw.get("vocab_size")),
@@ -299,14 +309,16 @@ class Manifest:
     @classmethod
     def read_export(cls, export_dir: Path, name: str = "manifest.json") -> "Manifest":
         """The manifest of an export dir, read once; a missing or unknown ``format_version`` is one line."""
+        from layerscope.jsonfile import JsonFileError, read_json
+
         path = Path(export_dir) / name
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = read_json(path, what="manifest")  # bounded; a FIFO or a device is one line, never waited on
         except FileNotFoundError:
             raise ManifestError(f"{export_dir} has no {name}: it is not a layerscope export; "
                                 "run layerscope export") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{path} is not valid JSON ({exc}); re-run layerscope export") from None
+        except JsonFileError as exc:
+            raise ManifestError(f"{exc}; re-run layerscope export") from None
         if not isinstance(data, dict) or data.get("format_version") is None:
             raise ManifestError(f"{path} has no format_version: it was written by an older layerscope; {UPGRADE}")
         return cls.from_dict(data, where=str(path), export_dir=Path(export_dir))
@@ -320,6 +332,24 @@ class Manifest:
         return copy.deepcopy(dict(self.raw.get("source") or {}))
 
     # -- what callers ask ----------------------------------------------------------
+    @property
+    def length_limit(self) -> int | None:
+        """The longest input the model can read: its positions (a decoder's is not its tokenizer's
+        ``model_max_length``); ``max_length`` for a manifest recorded before positions were."""
+        return self.positions if self.positions is not None else self.max_length
+
+    def default_length_note(self) -> str | None:
+        """Where a default ``max_length`` below the model's positions comes from, said as such, with how to read
+        more; None where the default is the positions themselves."""
+        limit = self.length_limit
+        if self.max_length is None or limit is None or self.max_length >= limit:
+            return None
+        why = {"tokenizer model_max_length": "the tokenizer's model_max_length",
+               "sentence_bert_config.json max_seq_length": "the checkpoint's max_seq_length "
+                                                           "(sentence_bert_config.json)"}.get(
+            str(self.max_length_from), f"the export's default ({self.max_length_from or 'recorded'})")
+        return f"{why}, {self.max_length:,} tokens; the model reads up to {limit:,} (--max-length {limit})"
+
     @property
     def raw_width(self) -> int:
         """The width of the raw word embeddings: the graph's output where exported, else the description's
@@ -352,6 +382,13 @@ class Manifest:
     @property
     def is_export(self) -> bool:
         return self.format_version is not None
+
+    @property
+    def needs_code(self) -> tuple[str, ...]:
+        """The model's own code loading this model in PyTorch runs (what ``source.own_code`` records; a type only
+        that code defines, ``family_from_code``, names its family): () where none. Those loads need the user's
+        --trust-remote-code (model/source.py ``require_code``)."""
+        return ((f"model type '{self.family}'",) if self.family_from_code else ()) + self.source.own_code
 
     @property
     def records_st(self) -> bool:

@@ -1,9 +1,11 @@
 """``layerscope verify`` of an export: every file the manifest recorded hashed again, after the checks of its paths,
-graph and sizes (``manifest.verify_export``)."""
+graph and sizes (``manifest.verify_export``), then every derived graph against its record and its source
+(model/derived.py ``verify_derived``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 from layerscope.errors import ManifestError
 from layerscope.hashing import file_sha256
@@ -29,7 +31,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     expected: dict[str, str] = {}
     for rel, rec in manifest.files.items():
         if rel != MARKER:  # older exports recorded the ownership marker too; it changes as files are added
-            expected[rel] = (rec or {}).get("sha256")
+            expected[rel] = rec.get("sha256") if isinstance(rec, Mapping) else None  # an edited entry: no hash
     if not expected:
         problems.append("the manifest records no per-file checksums (exported by an older layerscope); "
                         "export it again into a new folder (--force replaces only files layerscope recorded, unchanged)")
@@ -37,7 +39,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
     for kind, entry in manifest.variants.items():
         expected[entry.file] = entry.sha256
         for rel, rec in (entry.external_data or {}).items():  # a variant of a big export
-            expected[rel] = (rec or {}).get("sha256")
+            expected[rel] = rec.get("sha256") if isinstance(rec, Mapping) else None  # an edited entry: no hash
     for sidecar in sorted([*export_dir.glob("lens-k*.json"), *export_dir.glob("lens-tuned-*.json")]):
         try:
             graph, digest = LensSidecar.checksum(sidecar)
@@ -61,4 +63,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
             problems.append(f"{rel} does not match its checksum (sha256 differs): damaged or changed after export")
         else:
             checked += 1
-    return checked, problems
+    from layerscope.model.derived import verify_derived
+
+    derived, more = verify_derived(export_dir, manifest)  # every derived graph against its record and source
+    return checked + derived, problems + more

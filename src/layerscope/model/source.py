@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from layerscope.errors import ModelNotFoundError
+from layerscope.jsonfile import check_folder_files, read_json
 from layerscope.model.families import Family
+from layerscope.model.own_code import require_code
 
 ALIASES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 
@@ -27,6 +29,7 @@ class ModelSource:
     is_local: bool
     revision: str | None = None
     alias: str | None = None
+    own_code: tuple[str, ...] = ()  # the model's own code an export ran: loaded again only with the flag
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "path_or_id": self.path_or_id, "is_local": self.is_local,
@@ -53,6 +56,7 @@ def resolve_source(spec: str, revision: str | None = None) -> ModelSource:
                 f"{spec} is not a model directory (no config.json in it); give a directory "
                 "saved by save_pretrained, a hub id, or 'minilm'"
             )
+        check_folder_files(path)  # what transformers opens there: never a FIFO, a device or a config without end
         return ModelSource(spec, str(path.resolve()), True, revision)
     looks_like_path = spec.startswith((".", "/", "~")) or spec.count("/") > 1 or os.sep + os.sep in spec
     if looks_like_path:
@@ -133,6 +137,7 @@ def check_hub(source: ModelSource) -> None:
 
 
 def load_config(source: ModelSource, *, trust_remote_code: bool = False):
+    require_code(source, trust_remote_code)
     check_hub(source)  # before transformers is imported: seconds under load
     from transformers import AutoConfig
 
@@ -156,12 +161,10 @@ def load_config(source: ModelSource, *, trust_remote_code: bool = False):
 
 def _declared(source: ModelSource) -> dict:
     """A local checkpoint's config.json, read without transformers ({} where there is none)."""
-    import json
-
     if not source.is_local:
         return {}
     try:
-        value = json.loads((Path(source.path_or_id) / "config.json").read_text(encoding="utf-8"))
+        value = read_json(Path(source.path_or_id) / "config.json")
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
@@ -232,6 +235,7 @@ def load_torch_model(source: ModelSource, family: Family, *, trust_remote_code: 
     """
     import torch
 
+    require_code(source, trust_remote_code)  # never the built-in class under an export of the model's own code
     if source.is_local and not Path(source.path_or_id).is_dir():
         # an export or store remembers where its weights were; a moved folder or a rebuilt environment
         # would otherwise reach the hub client as a malformed repository id
@@ -367,6 +371,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
 
 
 def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
+    require_code(source, trust_remote_code)
     from transformers import AutoTokenizer
 
     if source.is_local and not any((Path(source.path_or_id) / f).exists() for f in TOKENIZER_FILES):
@@ -399,12 +404,10 @@ def load_tokenizer(source: ModelSource, *, trust_remote_code: bool = False):
 
 def _tokenizer_auto_map(source: ModelSource) -> str | None:
     """The custom tokenizer class a local model's tokenizer_config.json names, if any."""
-    import json
-
     if not source.is_local:
         return None
     try:
-        cfg = json.loads((Path(source.path_or_id) / "tokenizer_config.json").read_text(encoding="utf-8"))
+        cfg = read_json(Path(source.path_or_id) / "tokenizer_config.json")
     except (OSError, ValueError):
         return None
     auto = cfg.get("auto_map") if isinstance(cfg, dict) else None

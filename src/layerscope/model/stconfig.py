@@ -14,7 +14,7 @@ vector.
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,13 +31,19 @@ _LEGACY = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
 
 
 def _read_json(root: Path, name: str) -> Any:
+    from layerscope.jsonfile import JsonFileError, read_json
+
     path = root / name
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path} is not valid JSON ({exc}); fix or remove it") from None
+        return read_json(path)  # bounded; a FIFO or a device is one line, never waited on
+    except FileNotFoundError:
+        return None  # a dangling link: as if absent
+    except JsonFileError as exc:
+        raise InputError(f"{exc}; fix or remove it") from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc.strerror or exc}); fix or remove it") from None
 
 
 def _inside(root: Path, sub: str) -> Path:
@@ -112,6 +118,30 @@ def st_recipe(manifest: Manifest) -> dict[str, Any]:
         raise InputError(f"pooling 'st' cannot reproduce this checkpoint: {st.get('reason')}; "
                          "use mean, cls or last")
     return st
+
+
+def st_layers(anatomy, num_layers: int, layers: list[str], poolings: list[str], *,
+              carried: bool = True) -> tuple[list[str], int | None]:
+    """(the layers an engine runs, the row of ``st`` that reads the model's own last hidden state or None).
+
+    ``st`` is the checkpoint's own embedding: at the last layer it pools what the model returns as its token
+    embeddings (what sentence-transformers pools), which for a model whose anatomy says that is not layer L
+    (ModernBERT, CLIP's text tower: their final norm comes after it) is ``OWN_LAST``, run as one more layer,
+    last.  ``carried``: whether the engine can give it (an export made before it was carried cannot: one line)."""
+    from layerscope.vocab.outputs import OWN_LAST
+    from layerscope.vocab.pooling import ST
+
+    top = str(num_layers)
+    if ST not in poolings or top not in layers or anatomy is None or not anatomy.own_last_differs:
+        return list(layers), None
+    if anatomy.last_hidden_state == "projection":
+        raise InputError(f"pooling 'st' at layer {top}: this model's own embedding is {anatomy.hidden_projection} of "
+                         f"layer {top}, at another width than the layers; use mean, cls or last")
+    if not carried:
+        raise InputError(f"pooling 'st' at layer {top} pools the model's own last hidden state (the final norm of "
+                         f"layer {top}), which this export lacks (made before layerscope carried it): export the model "
+                         "again into a new folder")
+    return [*layers, OWN_LAST], list(layers).index(top)
 
 
 def pooling_words(pooling: str, manifest: Manifest | None) -> str:

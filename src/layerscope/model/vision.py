@@ -139,7 +139,10 @@ class ImageEncoder:
         if manifest.image is None:
             raise InputError(f"{manifest.source.label} reads text, not images")
         self.image = manifest.image
+        from layerscope.data.images import ImageBound
+
         self.processor = load_image_processor(folder, trust_remote_code=trust_remote_code)
+        self.bound = ImageBound.of(self.processor)  # what an image may be to pass through it (data/images.py decode)
         self.where = str(folder)
 
     def pixels(self, images) -> np.ndarray:
@@ -272,6 +275,10 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
 
         src["files_sha256"] = local_identity(Path(source.path_or_id))["files_sha256"]
     src["model_type"] = config.model_type
+    from layerscope.model.own_code import own_code
+    from layerscope.model.source import _tokenizer_auto_map
+
+    src["own_code"] = own_code(getattr(config, "auto_map", None), _tokenizer_auto_map(source), trust_remote_code)
     return {
         "format_version": None, "layerscope_version": layerscope.__version__, "source": src,
         "family": family.name, "kind": family.kind, "modality": "image", "tower": tower,
@@ -286,3 +293,4 @@ def describe_vision(source, *, tower: str | None = None, trust_remote_code: bool
                   "tokens": tokens, "checkpoint_size": [int(native[0]), int(native[1])]},
         "sentence_transformers": None,
     }
+

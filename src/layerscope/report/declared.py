@@ -27,6 +27,23 @@ def _ci(line, row, end: str):
     return row.get(line.ci[0 if end == "low" else 1]) if line.ci else row.get(f"{line.column}_ci_{end}")
 
 
+# what a row's ``<figure>_ci_method`` says its interval is, as a chart's legend and caption name it
+BAND_NAMES = (("wilson", "95% Wilson interval"), ("paired-bootstrap", "95% paired bootstrap interval"),
+              ("bootstrap", "95% bootstrap interval"))
+
+
+def band_name(curve, lines) -> str:
+    """The name of a chart's bands: the curve's own (``band``), else the one the rows' ``_ci_method`` gives (every
+    band of the chart the same kind of interval), else "95% interval" (never a kind it is not)."""
+    if curve.band:
+        return curve.band
+    methods = {method for _, _, low, _, _, method in lines.values() if low is not None and method}
+    names = {next((name for key, name in BAND_NAMES if str(m).startswith(key)), None) for m in methods}
+    return names.pop() if len(names) == 1 and None not in names else "95% interval"
+
+
+
+
 def slug(model: str) -> str:
     """A model's name as a file name part (``{slug}`` in a declared file name)."""
     return "".join(ch if ch.isalnum() else "_" for ch in model)[-40:]
@@ -62,9 +79,11 @@ def _charts(results, curve, joiner: str = " "):
                 label = joiner.join([*parts, fill(curve.label, rows[0], str)] if curve.label else [*parts, *key])
                 has_ci = any(_ci(line, r, "low") is not None for r in rows)
                 xs = [r.get(curve.x) if curve.logx else str(r.get(curve.x)) for r in rows]
+                method = next((r.get(f"{line.column}_ci_method") for r in rows
+                               if has_ci and r.get(f"{line.column}_ci_method")), None)
                 lines[label] = (xs, [r.get(line.column) for r in rows],
                                 [_ci(line, r, "low") for r in rows] if has_ci else None,
-                                [_ci(line, r, "high") for r in rows] if has_ci else None, model)
+                                [_ci(line, r, "high") for r in rows] if has_ci else None, model, method)
         if curve.most is not None:
             lines = dict(list(lines.items())[:curve.most])
         if "{slug}" in curve.file:
@@ -83,6 +102,7 @@ def _charts(results, curve, joiner: str = " "):
 # -- PNG ------------------------------------------------------------------------------------------------------
 
 def plots(decl, results, out_dir: Path) -> list[str]:
+    from layerscope.report import declared_grids
     from layerscope.report.plots import layer_lines, xy_lines
 
     files = []
@@ -93,8 +113,9 @@ def plots(decl, results, out_dir: Path) -> list[str]:
             if not lines or all(v is None for _, values, *_rest in lines.values() for v in values):
                 continue
             series = {label: (layers, values) for label, (layers, values, *_rest) in lines.items()}
-            bands = {label: (lo, hi) for label, (_, _, lo, hi, _) in lines.items() if lo is not None}
+            bands = {label: (lo, hi) for label, (_, _, lo, hi, *_rest) in lines.items() if lo is not None}
             title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
+            title += "\n" + declared_grids.run_line(results)
             if curve.logx:
                 files.append(xy_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
                                       ylabel=_text(decl, results, curve.ylabel), logx=True,
@@ -102,16 +123,15 @@ def plots(decl, results, out_dir: Path) -> list[str]:
                 continue
             files.append(layer_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
                                      ylabel=_text(decl, results, curve.ylabel), hline=_chance(results, curve),
-                                     hline_label="chance" if _chance(results, curve) is not None else None,
-                                     bands=bands or None, refs=refs or None, from_zero=curve.from_zero))
+                                     hline_label=curve.level_label if _chance(results, curve) is not None else None,
+                                     bands=bands or None, refs=refs or None, from_zero=curve.from_zero,
+                                     band_label=band_name(curve, lines)))
     for name in decl.files:
         if name != "saliency.html":
             raise ValueError(f"no page named {name!r}")
         from layerscope.report.saliency_html import write_saliency_html
 
         write_saliency_html(Path(out_dir) / name, results)
-    from layerscope.report import declared_grids
-
     return files + declared_grids.plots(decl, results, Path(out_dir), fill)
 
 
@@ -209,7 +229,7 @@ def sections(decl, results) -> list:
         rel = depths and curve.x == "layer"
         for _, model, lines, refs in _charts(results, curve, curve.joiner):
             series = [Series(label, layers, values, lo, hi, results.num_layers(owner))
-                      for label, (layers, values, lo, hi, owner) in lines.items()]
+                      for label, (layers, values, lo, hi, owner, _) in lines.items()]
             if not series or all(all(v is None for v in s.values) for s in series):
                 continue
             title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
@@ -220,13 +240,13 @@ def sections(decl, results) -> list:
                 continue
             axis = list(dict.fromkeys(x for s in series for x in s.layers))
             series += [Series(label, axis, [level] * len(axis), dash="dash") for label, level in refs.items()]
-            caption = curve.caption + (" Dashed line: chance." if _chance(results, curve) is not None else "")
+            caption = curve.caption + (f" Dashed line: {curve.level_label}." if _chance(results, curve) is not None
+                                       else "")
             if rel:
                 caption += " Models of different depth are overlaid by relative depth (layer / number of layers)."
-            band = {"band": curve.band} if curve.band else {}
             charts.append(layer_curves(series, title=title, ylabel=_text(decl, results, curve.ylabel), caption=caption,
                                        relative=rel, hline=_chance(results, curve), xlabel=curve.xlabel,
-                                       from_zero=curve.from_zero, **band))
+                                       from_zero=curve.from_zero, band=band_name(curve, lines)))
     from layerscope.report import declared_grids
 
     charts += declared_grids.charts(decl, results, fill)

@@ -134,6 +134,18 @@ def bar_groups(spec, results) -> tuple[dict[str, dict[str, Any]], dict[str, dict
 
 # -- the media --------------------------------------------------------------------------------------------------
 
+def run_line(results) -> str:
+    """The models and the data a run's figures show, for a PNG's title: a figure alone in a folder of several
+    runs' (or in a paper) says what it is of. ``$`` is kept from matplotlib's math mode."""
+    from pathlib import PurePath
+
+    models = ", ".join(str(m) for m in (results.models or results.per_model))
+    data = results.settings.data
+    name = (PurePath(str(data).replace(chr(92), "/")).name if data else results.data_origin
+            or results.default_data or f"{results.analysis}'s built-in data")
+    return f"{models} · {name}".replace("$", r"\$")
+
+
 def plots(decl, results, out_dir: Path, fill) -> list[str]:
     from layerscope.report.plots import bars, heatmap
 
@@ -146,13 +158,16 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
         low, high = _range(g, shared)
         files.append(heatmap(Path(out_dir) / f"{g.file}.png", [[math.nan if v is None else v for v in row]
                                                                  for row in g.matrix], g.rows, g.cols,
-                             title=g.title, xlabel=g.xlabel, ylabel=g.ylabel, vmin=low, vmax=high))
+                             title=f"{g.title}\n{run_line(results)}", xlabel=g.xlabel, ylabel=g.ylabel,
+                             vmin=low, vmax=high,
+                             rotate=max(map(len, g.cols), default=0) > 4))  # words (tokens), not numbers
     about = _about(decl, results)
     for spec in decl.bars:
         groups, errors = bar_groups(spec, results)
         if groups:
             files.append(bars(Path(out_dir) / f"{spec.file}.png", groups, errors=errors or None,
-                              title=fill(spec.title, {"about": about}, _plain),
+                              band_label=spec.band or "95% interval", hline=spec.level,
+                              title=f"{fill(spec.title, {'about': about}, _plain)}\n{run_line(results)}",
                               ylabel=fill(spec.ylabel, {"about": about}, _plain)))
     return files
 
@@ -190,7 +205,8 @@ def charts(decl, results, fill) -> list:
     for spec in decl.bars:
         groups, errors = bar_groups(spec, results)
         if groups:
-            out.append(bars(groups, errors=errors or None, title=fill(spec.title, {"about": about}, _plain),
+            out.append(bars(groups, errors=errors or None, band=spec.band or "95% interval", hline=spec.level,
+                            title=fill(spec.title, {"about": about}, _plain),
                             ylabel=fill(spec.ylabel, {"about": about}, _plain),
                             caption=fill(spec.caption, {"about": about}, _plain)))
     return out

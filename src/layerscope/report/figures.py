@@ -41,6 +41,7 @@ class Curve:
     chance: str | Callable[[dict[str, Any]], Any] | None = None  # a summary field (or dotted path: chance.acc@1,
     # or a function of the summary) drawn as a dashed line (chance)
     level: float | None = None  # a fixed dashed line where ``chance`` names none (z = 0, say)
+    level_label: str = "chance"  # what the dashed line is, as its legend and caption name it
     png: bool = True  # False: drawn on report.html only
     per_model: bool = True
     layers_only: bool = False  # leave out rows whose key is not a layer (raw, 0..L): e.g. "last4"
@@ -154,6 +155,8 @@ class Bars:
     where: Callable[[dict[str, Any]], bool] | None = None  # keep only the rows it says yes to
     final_layer: bool = False  # keep only each model's final layer's rows (its "layer" column)
     by_model: bool = False  # one group per model instead, its bars named by the ``group`` column
+    band: str = ""  # the whiskers' interval, as the legend and caption name it (default: "95% interval")
+    level: float | None = None  # a dashed chance line (0.5 for a win rate)
 
 
 @dataclass(frozen=True)

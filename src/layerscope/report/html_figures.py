@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-CI_NAME = "95% bootstrap CI"
+CI_NAME = "95% interval"  # a band's name where its caller does not say which interval it is
 # plotly's default colour cycle, named here so that a band and its line share one colour
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
            "#bcbd22", "#17becf")
@@ -195,9 +195,9 @@ def layer_curves(series: Sequence[Series], *, title: str, caption: str, ylabel: 
                                  marker={"size": 7}, customdata=custom,
                                  hovertemplate=hover, connectgaps=False))
     if any(t.fill == "toself" for t in traces):
-        notes.append(f"Shaded bands: {band}s (hover a point for its interval).")
+        notes.append(f"Shaded band: {band} (hover a point for its interval).")
     if any(t.error_y is not None and t.error_y.array is not None for t in traces):
-        notes.append(f"Whiskers: {band}s.")
+        notes.append(f"Whiskers: {band}.")
     if any(t.mode == "markers" for t in traces):
         notes.append("Layers measured sparsely are drawn as points, not joined across the layers in between.")
     if dropped and relative:
@@ -232,7 +232,8 @@ def xy_lines(series: dict[str, tuple[Sequence[float], Sequence[Any]]], *, title:
 
 
 def bars(groups: dict[str, dict[str, Any]], *, title: str, caption: str, ylabel: str,
-         errors: dict[str, dict[str, tuple[Any, Any]]] | None = None, digits: int = 3) -> Chart:
+         errors: dict[str, dict[str, tuple[Any, Any]]] | None = None, digits: int = 3, band: str = CI_NAME,
+         hline: float | None = None) -> Chart:
     """Grouped bars (one group per key, one bar per inner key) with value labels and interval whiskers."""
     go = _go()
     labels: list[str] = []
@@ -262,11 +263,15 @@ def bars(groups: dict[str, dict[str, Any]], *, title: str, caption: str, ylabel:
                              textposition="inside" if err else "outside", insidetextanchor="start", textangle=0,
                              cliponaxis=False, textfont={"size": 11},
                              hovertemplate=f"%{{x}}<br>{esc(label)}: %{{y:.4f}}<extra></extra>"))
+    shapes = [] if hline is None else [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": hline, "y1": hline,
+                                        "line": {"color": "#888", "width": 1, "dash": "dash"}}]
     layout = _layout(title, "", ylabel, barmode="group", showlegend=len(labels) > 1,
                      xaxis={"type": "category", "tickangle": -30 if len(groups) > 5 else 0},
-                     yaxis={"rangemode": "tozero"})
+                     yaxis={"rangemode": "tozero"}, shapes=shapes)
     if errors:
-        caption += f" Whiskers: {CI_NAME}."
+        caption += f" Whiskers: {band}."
+    if hline is not None:
+        caption += " Dashed line: chance."
     return Chart(title, caption, _finish(go, traces, layout), "bars")
 
 

@@ -81,7 +81,7 @@ def _break_gaps(xs: list[int], *columns: list) -> tuple[list, ...]:
     return (out_x, *outs)
 
 
-CI_LABEL = "95% bootstrap CI"
+CI_LABEL = "95% interval"  # a band's name where its caller does not say which interval it is
 
 
 LONG_LABEL = 30  # legend entries longer than this go under the axes, where they do not squeeze the plot
@@ -152,13 +152,14 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
                 ylabel: str, xlabel: str = "layer", hline: float | None = None,
                 bands: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
                 hline_label: str | None = None, refs: dict[str, float | None] | None = None,
-                from_zero: bool = False) -> str:
+                from_zero: bool = False, band_label: str = CI_LABEL) -> str:
     """One line per series over layer names; None values leave gaps (undefined figures).
 
     Series may cover different layers (models of different depth side by side): the x axis is the
     union of their layer names (with the layers between measured ones), each series drawn at its own
     names and joined only between neighbouring layers. ``bands`` gives, per series label, the (low, high)
-    ends of an interval at the same layers, drawn as a shaded band in the line's colour. ``refs`` are
+    ends of an interval at the same layers, drawn as a shaded band in the line's colour, and named ``band_label``
+    in the legend (which interval it is: Wilson, bootstrap, ...). ``refs`` are
     levels that do not depend on the layer (a baseline method), drawn as labelled horizontal lines;
     ``hline`` is an unlabelled (or ``hline_label``) dashed reference such as chance. ``from_zero``: the
     y axis starts at 0 (or below, where a value is negative).
@@ -192,12 +193,12 @@ def layer_lines(path: Path, series: dict[str, tuple[Sequence[str], Sequence[floa
         (line,) = ax.plot(xs, ys, marker="o", label=label)
         if band is not None:
             poly = ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2,
-                                   linewidth=0, label=f"_{label} {CI_LABEL}")
+                                   linewidth=0, label=f"_{label} {band_label}")
             poly.set_gid(f"ci:{label}")
     if bands and any(b is not None for b in bands.values()):
         from matplotlib.patches import Patch
 
-        extra.append(Patch(facecolor="grey", alpha=0.3, label=f"shaded: {CI_LABEL}"))
+        extra.append(Patch(facecolor="grey", alpha=0.3, label=f"shaded: {band_label}"))
     styles = ("--", "-.", ":", (0, (5, 1, 1, 1)))
     levels = [v for v in (refs or {}).values() if v is not None]
     for i, (label, level) in enumerate((refs or {}).items()):
@@ -255,11 +256,13 @@ def xy_lines(path: Path, series: dict[str, tuple[Sequence[float], Sequence[float
 
 
 def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, ylabel: str,
-         errors: dict[str, dict[str, tuple[float | None, float | None] | None]] | None = None) -> str:
+         errors: dict[str, dict[str, tuple[float | None, float | None] | None]] | None = None,
+         band_label: str = CI_LABEL, hline: float | None = None) -> str:
     """Grouped bars: one group per key of ``groups``, one bar per inner key; None bars are left out.
 
-    ``errors`` gives, per group and bar, the (low, high) ends of an interval drawn as an error bar;
-    each bar's value label sits above the higher of the bar and its interval, the legend outside.
+    ``errors`` gives, per group and bar, the (low, high) ends of an interval (``band_label`` names which) drawn as
+    an error bar; each bar's value label sits above the higher of the bar and its interval, the legend outside.
+    ``hline``: a dashed chance line.
     """
     import numpy as np
 
@@ -294,6 +297,9 @@ def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, 
             tops.append(top)
             ax.annotate(f"{v:.3f}", (x, top), xytext=(0, 2), textcoords="offset points", ha="center",
                         va="bottom", fontsize=7, rotation=90 if rotate else 0)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle="--", label="chance")
+        tops.append(hline)
     if tops:  # head room for the labels above the tallest bar
         lo, hi = ax.get_ylim()
         ax.set_ylim(lo, max(hi, max(tops)) + (max(hi, max(tops)) - lo) * (0.18 if rotate else 0.08))
@@ -306,7 +312,7 @@ def bars(path: Path, groups: dict[str, dict[str, float | None]], *, title: str, 
         from matplotlib.lines import Line2D
 
         extra.append(Line2D([], [], color="black", marker="|", linestyle="none", markersize=10,
-                            label=f"error bar: {CI_LABEL}"))
+                            label=f"error bar: {band_label}"))
     _outside_legend(ax, extra)
     fit_title(fig, ax, title + (f"\n{labels[0]}" if len(labels) == 1 else ""))
     return save(plt, fig, path)

@@ -80,12 +80,14 @@ class ModelFigures:
 
     def rows(self, path: str) -> tuple[dict[str, Any], ...]:
         """The rows a declaration names: table ``path``, else what the dotted ``path`` names among the other
-        figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither."""
-        if path in self.tables:
-            return self.tables[path]
+        figures (``probe.rows``: a list of rows; ``probe``: one row); nothing where that is neither. A dict
+        kept beside the tables is its one row even where a table has its name (sts keeps its probes' rows as
+        table ``probe`` and their settings as the dict ``probe``)."""
         value = self.at(path)
         if isinstance(value, dict):
             return (value,)
+        if path in self.tables:
+            return self.tables[path]
         return tuple(r for r in value if isinstance(r, dict)) if isinstance(value, list) else ()
 
     @property
@@ -237,6 +239,7 @@ class Results:
     identity: dict[str, Any] | None = None
     spec: dict[str, Any] | None = None
     path: Path | None = None  # where it was read from (None: made by this run)
+    default_data: str | None = None  # the analysis's built-in data, as its metadata names it (older files: None)
     document: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the JSON as written
 
     # -- made by a run -------------------------------------------------------
@@ -251,6 +254,7 @@ class Results:
 
         doc = jsonable({
             "format": RESULTS_FORMAT, "analysis": meta.name, "description": meta.description,
+            "default_data": getattr(meta, "default_data", None),
             "main_score": meta.main_score, "layerscope_version": layerscope.__version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(seconds, 2),
             "settings": run_spec.settings(list(models) if stored else None), "spec_hash": run_spec.hash,
@@ -303,6 +307,7 @@ class Results:
         spec_hash = doc.get("spec_hash")
         return cls(analysis=doc["analysis"],
                    description=str(_need(doc.get("description", ""), str, "description")),
+                   default_data=_need(doc.get("default_data"), str, "default_data", optional=True),
                    main_score=_need(doc.get("main_score"), str, "main_score", optional=True),
                    layerscope_version=None if doc.get("layerscope_version") is None
                    else str(doc.get("layerscope_version")),

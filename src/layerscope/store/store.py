@@ -51,6 +51,16 @@ class LayerStore:
     # -- opening -----------------------------------------------------------
     @classmethod
     def open(cls, path: str | Path, *, allow_incomplete: bool = False) -> "LayerStore":
+        """The store at ``path`` (a folder ``layerscope extract`` wrote), read-only; its vectors are memory-mapped,
+        not read, until asked for: ``store["mean", -1]`` is ``[n_texts, hidden]`` float32 (layers by name or
+        index, as ``--layers`` takes them), ``store.tokens(layer)`` the token vectors of a ``--tokens`` store,
+        ``store.ids()`` and ``store.texts()`` the rows' ids and texts, ``store.layers``, ``store.poolings`` and
+        ``store.manifest`` what it holds and which model made it.
+
+        A damaged store (files missing or of the wrong size, a record that does not parse) raises ``StoreError``
+        in one line naming the first problem (``layerscope verify PATH`` lists them all); an incomplete one
+        (an interrupted extraction) too, unless ``allow_incomplete``, which opens it as it is (``done_mask()``
+        says which rows were written)."""
         path = Path(path)
         record = StoreRecord.read(path)
         problems = layout_problems(path, record)

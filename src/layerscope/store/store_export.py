@@ -65,6 +65,9 @@ def export_store(store_path: str | Path, fmt: str, out: str | Path | None = None
                 (token_parquet if fmt == "parquet" else token_safetensors)(store, tmp)
             else:
                 (_parquet if fmt == "parquet" else _safetensors)(store, tmp)
+            from layerscope.atomic import as_umask_allows
+
+            as_umask_allows(tmp)  # mkstemp made it 0600: the file gets the mode the user's umask gives a new file
             os.replace(tmp, out)
         except OSError as exc:  # pyarrow's and our own writes: a full, read-only or vanished destination
             raise _write_error(out, exc) from None

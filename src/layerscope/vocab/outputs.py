@@ -2,7 +2,10 @@
 
 An export has ``raw_embeddings`` (the word-embedding lookup, layer ``raw``), one
 ``hidden_states.N`` per layer ``N`` = 0..L, and, for in-graph pooling, one
-``pooled.<mode>`` per pooling mode (``[layers, batch, hidden]``).
+``pooled.<mode>`` per pooling mode (``[layers, batch, hidden]``).  Where the model's own last
+hidden state (what it returns as its token embeddings, what sentence-transformers pools) is not
+layer L (ModernBERT and CLIP's text tower apply their final norm after it), the export also has
+``last_hidden_state``; engines read it under the same name (``OWN_LAST``) beside the layers.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 RAW_OUTPUT = "raw_embeddings"
+OWN_LAST = "last_hidden_state"  # the model's own last hidden state, where it is not layer L
 _HIDDEN = "hidden_states."
 _POOLED = "pooled."
 
@@ -25,8 +29,9 @@ def hidden_outputs(num_layers: int) -> list[str]:
 
 
 def layer_output(layer: str) -> str:
-    """The output that holds a canonical layer name's token states (``raw`` or ``0``..``L``)."""
-    return RAW_OUTPUT if layer == "raw" else hidden_output(layer)
+    """The output that holds a canonical layer name's token states (``raw`` or ``0``..``L``; ``OWN_LAST``: the
+    model's own last hidden state)."""
+    return RAW_OUTPUT if layer == "raw" else OWN_LAST if layer == OWN_LAST else hidden_output(layer)
 
 
 def pooled_output(mode: str) -> str:
@@ -63,5 +68,6 @@ def sorted_hidden_outputs(names: Iterable[str]) -> list[str]:
 
 
 def is_layer_or_pooled(name: str) -> bool:
-    """A hidden-state or pooled output (what a parity record is made of, besides the raw embeddings)."""
-    return hidden_index(name) is not None or pooled_mode(name) is not None
+    """A hidden-state or pooled output, or the model's own last hidden state (what a parity record is made of,
+    besides the raw embeddings)."""
+    return hidden_index(name) is not None or pooled_mode(name) is not None or name == OWN_LAST

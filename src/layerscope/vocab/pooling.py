@@ -301,10 +301,14 @@ class OnnxPooling:
 # ---------------------------------------------------------------- st and defaults
 
 def with_st(poolings: list[str], compute: Callable[[list[str]], Mapping[str, Any]],
-            recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            recipe: Mapping[str, Any] | None = None, *, own_row: int | None = None) -> dict[str, Any]:
     """Run ``compute(poolings)`` with ``st`` replaced by ``recipe["pooling"]`` (L2-normalized when
     ``recipe["normalize"]``, as sentence-transformers' Normalize module does); other poolings pass
-    through.  ``recipe`` is the checkpoint's sentence-transformers recipe (layerscope/model/stconfig.py)."""
+    through.  ``recipe`` is the checkpoint's sentence-transformers recipe (layerscope/model/stconfig.py).
+
+    ``own_row``: ``compute`` runs one layer more than asked, last, the model's own last hidden state
+    (``stconfig.st_layers``): ``st``'s row ``own_row`` (layer L) is read from it, as sentence-transformers
+    reads it, and that extra row is dropped from every pooling."""
     if ST not in poolings:
         return dict(compute(poolings))
     if not recipe:
@@ -316,12 +320,16 @@ def with_st(poolings: list[str], compute: Callable[[list[str]], Mapping[str, Any
     if base not in needed:
         needed.append(base)
     got = dict(compute(needed))
-    vec = got[base]
+    own = None
+    if own_row is not None:
+        own = got[base][-1]
+        got = {p: v[:-1] for p, v in got.items()}
+    vec = got[base].copy()
+    if own is not None:
+        vec[own_row] = own
     if recipe["normalize"]:
         norm = np.linalg.norm(vec.astype(np.float64), axis=-1, keepdims=True)
         vec = (vec / np.maximum(norm, 1e-12)).astype(np.float32)
-    else:
-        vec = vec.copy()
     got[ST] = vec
     return {p: got[p] for p in poolings}
 
