@@ -140,7 +140,7 @@ def _plans(root: Path) -> dict:
                                   "eval_fraction": 0.5, "gxa": True}),
         "saliency+probe": dict(models=b, data=str(labeled), layers="2",
                                options={"k": 2, "ig_steps": 2, "random_draws": 1, "eval_fraction": 0.5}),
-        "patch": dict(models=b, options={"show": 1}),
+        "patch": dict(models=b, options={"show": 3}),
         "patch+decoder": dict(models=gpt2, data=str(patch_pairs), options={"show": 1, "by": "group"}),
         "steer": dict(models=b, layers="1,2", options={"scales": "1,2"}),
         "steer+decoder": dict(models=gpt2, layers="1,2", options={"scales": "1,2"}),
