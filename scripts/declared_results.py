@@ -134,6 +134,8 @@ def _plans(root: Path) -> dict:
         "token_probe": dict(models=b, data=str(tagged), layers="0,2"),
         "sae": dict(models=b, layers="1", options={"sae": str(sae_dir), "store": str(sae_store), "features": 4}),
         "lens": dict(models=b, data=str(texts), options={"top_k": 3, "show": 2, "batch": 2}),
+        "lens+tuned": dict(models=gpt2, data=str(texts), options={"top_k": 3, "show": 1,
+                                                                  "tuned": str(_tuned_lens(gpt2[0], root))}),
         "saliency": dict(models=b, data=str(labeled), layers="1,2",
                          options={"k": 2, "ig_steps": 2, "random_draws": 1, "objective": "similarity",
                                   "reference": "a lovely day in the park", "decode": "logits",
@@ -156,6 +158,18 @@ def _plans(root: Path) -> dict:
         "vision_lens": dict(models=[str(root / "clipv")], engine="ort", options={"n": 8}),
         "cls_attention": dict(models=[str(root / "dinox")], engine="ort", options={"n": 4, "bootstrap": 20}),
     }
+
+
+def _tuned_lens(model: str, root: Path) -> Path:
+    """A tuned lens of ``model`` trained for two steps on a token store of a few texts."""
+    from layerscope.decoding.tuned_record import TrainSettings
+    from layerscope.decoding.tuned_train import train_lens
+    from layerscope.extraction.pipeline import extract
+
+    extract(model, ["the cat sat on the mat", "a dog ran fast", "layers refine the hidden states"],
+            root / "lens-store", engine="torch", layers="all", poolings=["mean"], tokens=True)
+    train_lens(root / "lens-store", root / "tuned-lens", settings=TrainSettings(steps=2, tokens_per_step=16))
+    return root / "tuned-lens"
 
 
 def _sae(bert: Path, root: Path) -> tuple[Path, Path]:

@@ -33,6 +33,10 @@ SKIPPED = {
     "bash scripts/test.sh": "runs the whole test suite",
     "layerscope run token_alignment --model qwen2.5-0.5b --generate zh-en --n 200": HUB,
     "layerscope run lens --model Qwen/Qwen2.5-0.5B": HUB,
+    # tests/decoding/test_tuned_train.py and tests/analyses/test_lens_tuned.py run these three on tiny models
+    "layerscope extract --model Qwen/Qwen2.5-0.5B --input corpus.txt --out tokens/ --tokens": HUB,
+    "layerscope train-lens tokens/ --out lens/": HUB + " (its token store)",
+    "layerscope run lens --model Qwen/Qwen2.5-0.5B --tuned lens/ --data held-out.txt": HUB,
     # tests/test_readme_image_example.py runs these two on a tiny random CLIP in its place
     "layerscope export openai/clip-vit-base-patch32 --tower vision --out clip-vision/": HUB,
     "layerscope run vision_lens --model clip-vision/ --n 500": HUB,
@@ -122,7 +126,7 @@ def test_the_examples_are_found_and_every_skip_names_one_that_is_there():
     readme = [e.code for e in found if e.doc == "README.md"]
     assert "layerscope extract --model minilm --input corpus.txt --out store/" in readme
     assert 'from layerscope import LayerStore\nLayerStore.open("store")["st", -1]' in readme
-    assert sum(c.startswith("layerscope run ") for c in readme) == 13
+    assert sum(c.startswith("layerscope run ") for c in readme) == 18
     usage = [e for e in found if e.doc == "docs/USAGE.md"]
     assert [e.kind for e in usage].count("python") == 3  # a library call named in prose is not among them
     assert "layerscope extract --model exports/minilm --engine ort --input corpus.txt --out stores/corpus " \

@@ -29,9 +29,11 @@ MARKER = ".layerscope.json"
 MARKER_BYTES = 256 * 2**20  # the record of a store of millions of token files stays far below this
 
 # The metadata file that identifies a directory of each kind made before markers existed.
-SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "results.json", "index": "index.json"}
+SIGNATURE = {"export": "manifest.json", "store": "store.json", "result": "results.json", "index": "index.json",
+             "lens": "lens.json"}
 
-WHAT = {"export": "an export", "store": "a layer store", "result": "a result directory", "index": "an index"}
+WHAT = {"export": "an export", "store": "a layer store", "result": "a result directory", "index": "an index",
+        "lens": "a tuned lens"}
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 _TEMP = re.compile(r"(.+)\.tmp\d+")

@@ -181,7 +181,7 @@ def claim(path: str | Path, kind: str, *, force: bool = False, keep: bool = Fals
     if keep:
         return Claim(path, True, kind, False)
     if not force:
-        also = "--resume to continue it, " if kind == "store" else ""
+        also = "--resume to continue it, " if kind in ("store", "lens") else ""
         raise InputError(f"{path} already holds {WHAT[kind]}; pass {also}--force to replace it or choose another "
                          f"{option}")
     held = [Path(p) for p in inputs if p is not None and str(p) not in ("", "-")]

@@ -17,7 +17,7 @@ def _sidecar(**changes) -> LensSidecar:
     made = LensSidecar(file="lens-k3.onnx", k=3, head=LensHead("causal-lm-head", "GPT-2's LM head", True, ("w",)),
                        outputs=("lens.rank", "lens.topk_ids", "lens.topk_probs"), probabilities="float64",
                        sha256=SHA, model_onnx_sha256="cd" * 32, shared_bytes=4096, shared_with="lm_head.safetensors",
-                       parity=LensParity(0.0, 1e-6, 0.01, 0.0, 2e-7, "torch (the checkpoint)"))
+                       parity=LensParity(0.0, 1e-6, 0.01, 0.0, 2e-7, "torch (the checkpoint)", 3e-7, 4e-7))
     return LensSidecar(**{**made.__dict__, **changes})
 
 

@@ -231,14 +231,14 @@ def test_lens_forward_is_bounded_by_its_work(engine, tiny_model, tmp_path, monke
 
 def test_head_run_counts_every_layers_logits(monkeypatch):
     """A run of the head holds the logits of every layer it decodes (ONNX Runtime keeps them all until the run
-    ends), so the positions per run shrink with the layers: 1 MiB at 8 bytes a logit over a 1,000-row vocabulary
-    is 131 positions for one layer, 5 for 25 layers; the work bound (3 positions' multiply-adds) caps it lower;
-    never below one position. Catches: a budget over positions x vocabulary alone (131 for every layer count)."""
+    ends), so the positions per run shrink with the layers: 4 MiB at 11 bytes a logit over a 1,000-row vocabulary
+    is 381 positions for one layer, 15 for 25 layers; the work bound (3 positions' multiply-adds) caps it lower;
+    never below one position. Catches: a budget over positions x vocabulary alone (381 for every layer count)."""
     from layerscope.decoding import lens_onnx
 
-    assert lens_onnx.LOGIT_BYTES == 8
-    assert lens_onnx.positions_per_run(1000, 2**20) == 131  # 1,048,576 // 8,000
-    assert lens_onnx.positions_per_run(1000, 2**20, layers=25) == 5  # 1,048,576 // 200,000
+    assert lens_onnx.LOGIT_BYTES == 11
+    assert lens_onnx.positions_per_run(1000, 2**22) == 381  # 4,194,304 // 11,000
+    assert lens_onnx.positions_per_run(1000, 2**22, layers=25) == 15  # 4,194,304 // 275,000
     monkeypatch.setattr(lens_onnx, "HEAD_MACS", 3 * 25 * 1000 * 64)
     assert lens_onnx.positions_per_run(1000, 2**40, layers=25, hidden=64) == 3
     assert lens_onnx.positions_per_run(50_257, 1, layers=25) == 1

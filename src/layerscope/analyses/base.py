@@ -117,7 +117,8 @@ class Context:
         given, engine_options = request.split_options()
         opts = make_options(meta, given, say=lambda msg: _say(request.console, msg))
         data = request.data if request.data is not None else analysis.default_data_file()
-        spec = RunSpec.asked(meta.name, request, options=opts, engine_options=engine_options, data=data)
+        spec = RunSpec.asked(meta.name, request, options=opts, engine_options=engine_options, data=data,
+                             content_options=tuple(o.name for o in meta.options if o.content))
         return cls(spec=spec, opts=opts, console=request.console, cache=request.cache)
 
     def say(self, msg: str) -> None:

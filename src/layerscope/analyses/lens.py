@@ -9,6 +9,14 @@ embeddings for checkpoints without one) is said plainly in results.json and the 
 On the torch engine the head runs in PyTorch; on ort/cuda/trt/auto the head is appended to the
 ONNX graph (``lens-k{k}.onnx``, exported once, checked against torch) so only ranks and top-k ids
 leave the graph.
+
+Every layer also gets its KL divergence to the final distribution (the model's own output) and the perplexity
+of the target. ``--tuned DIR`` (a tuned lens: layerscope train-lens, or tuned-lens's own folder) decodes every
+layer a second time, through that layer's translator, from the same hidden states (its own graph,
+``lens-tuned-{id}-k{k}.onnx``, on the ONNX engines), and reports logit vs tuned per layer: KL to the final
+distribution, top-1 agreement with the final layer and perplexity, each with a 95% bootstrap interval over the
+texts, and the KL the translators take off with a paired interval. The texts should be held out from the lens's
+training store: a run on the very corpus it was trained on is said so.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import numpy as np
 
 from layerscope.analyses.base import Analysis, AnalysisMetadata, Context, ModelRun, Option, register
 from layerscope.errors import InputError
+from layerscope.analyses.lens_tuned import (TUNED_CURVES, TUNED_TABLE, about, add_divergence_intervals, compare_rows,
+                                            say_if_trained_on, tuned_about)
 from layerscope.report.figures import Curve, Figures, Line, Listing, Table
 
 # What the reports show: PNG, report.md, report.html and the console all draw this one declaration.
@@ -41,11 +51,18 @@ FIGURES = Figures(
                           "texts as trials).",
                   band="95% interval over texts (bootstrap; Wilson at 0 or 1)")),
     tables=(Table("lens_by_layer", ("layer", "mean_rank", "median_rank", "mean_log10_rank", "top1_is_target",
-                                    "top1_agrees_with_last"), digits=3,
+                                    "top1_agrees_with_last", "kl_to_final", "perplexity"), digits=3,
                   console=("layer", "mean_rank", "median_rank", "top1_is_target", "top1_agrees_with_last")),),
-    listings=(Listing("head", "Decoding head", item="{kind}: {description}", limit=1),),
+    listings=(Listing("head", "Decoding head", item="{kind}: {description}", limit=1),
+              Listing("tuned_lens", "Tuned lens", item="{folder}: {about}", limit=1)),
     page=("lens tokens",),
 )
+
+
+FIGURES = Figures(sentence=FIGURES.sentence, summary_numbers=FIGURES.summary_numbers,
+                  curves=FIGURES.curves + TUNED_CURVES,
+                  tables=FIGURES.tables + (TUNED_TABLE,), listings=FIGURES.listings, page=FIGURES.page,
+                  about=about)
 
 
 def lens_layers(ctx, run) -> list[str]:
@@ -121,6 +138,9 @@ class Lens(Analysis):
             Option("show", int, 20, "texts whose per-position tokens are kept in results.json"),
             Option("batch", int, 32, "texts per batch (at most; fewer where their tokens would make a long "
                                      "forward)"),
+            Option("tuned", str, None, "a tuned lens folder (layerscope train-lens, or tuned-lens's own "
+                                       "config.json + params.pt): decode every layer through its translators too "
+                                       "and compare with the logit lens", content=True),
         ),
         figures=FIGURES,
     )
@@ -134,14 +154,32 @@ class Lens(Analysis):
             raise InputError(f"--top-k must be at least 1, not {k}")
         if int(o.batch) < 1:
             raise InputError("--batch must be at least 1")
-        return read_texts(ctx.spec.data or LENS_TEXTS)
+        tuned = None
+        if o.tuned is not None:
+            from layerscope.decoding.tuned_lens import read_lens
+
+            tuned = read_lens(o.tuned)  # every file checked, one line, before any model is read
+        return read_texts(ctx.spec.data or LENS_TEXTS), tuned
+
+    def check_model(self, ctx: Context, given: str, handle) -> None:
+        """A tuned lens of another width or layer count, or of other weights, and a model without an LM head to
+        decode through: one line, from the lens's config.json (prepare checked every file of it)."""
+        tuned = self.options(ctx).tuned
+        if tuned is None:
+            return
+        from layerscope.decoding.tuned_lens import check_fits, read_header
+
+        config, record = read_header(tuned)
+        check_fits(tuned, config, record, handle.manifest)
+        anatomy = handle.manifest.anatomy
+        if anatomy is not None and not anatomy.head:
+            raise InputError(f"--tuned decodes through the model's LM head, and {given} has none")
 
     def compute(self, ctx: Context, run: ModelRun, data: Any) -> dict[str, Any]:
-        from layerscope.decoding.lens import (FORWARD_MACS, LensAccumulator, LensBatch, forward_macs_per_token,
-                                              forward_runs)
+        from layerscope.decoding.lens import FORWARD_MACS, LensAccumulator, forward_macs_per_token, forward_runs
         from layerscope.progress import steps
 
-        texts: list[str] = data
+        texts, tuned = data
         o = self.options(ctx)
         k = int(o.top_k)
         show = max(0, int(o.show))
@@ -149,26 +187,32 @@ class Lens(Analysis):
         names = lens_layers(ctx, run)
         idx = [int(x) for x in names]
         handle = run.handle
+        if tuned is not None:
+            say_if_trained_on(ctx, tuned)
         tok = handle.tokenizer()
         vocab = int(handle.manifest.vocab_size)
         if k > vocab:
             raise InputError(f"--top-k {k} is larger than the vocabulary ({vocab})")
         decoder = handle.manifest.kind == "decoder"
         special = set(int(i) for i in tok.all_special_ids)
-        runner, head_info, path = self._runner(ctx, run, k)
+        runner, head_info, path = self._runner(ctx, run, k, tuned)
         acc = LensAccumulator(idx, special, decoder)
+        tuned_acc = LensAccumulator(idx, special, decoder) if tuned is not None else None
         shown: list[dict[str, Any]] = []
         truncated = 0
         enc = run.engine.encoder()  # positions to decode, from the tokenizer alone: the count a long batch advances
         lengths = np.minimum(np.maximum(enc.token_lengths(texts), 1), enc.max_length)
-        bar = steps("lens: tokens decoded at every layer", int(lengths.sum()))
+        passes = 2 if tuned is not None else 1
+        bar = steps("lens: tokens decoded at every layer", passes * int(lengths.sum()))
         per_token = forward_macs_per_token(handle.manifest.hidden_size, handle.manifest.num_layers)
         for start, stop in forward_runs(lengths, bs, FORWARD_MACS // per_token):  # a forward stays seconds long
             chunk = texts[start:stop]
-            full: LensBatch = runner(chunk, bar)
-            truncated += int(full.truncated)
-            b = LensBatch(full.rank[idx], full.topk_ids[idx], full.topk_probs[idx], full.input_ids, full.mask)
+            full, full_tuned, cut = runner(chunk, bar)
+            truncated += cut
+            b = full.layers(idx)
             keep = acc.add(b)
+            if tuned_acc is not None:
+                tuned_acc.add(full_tuned.layers(idx))
             for j in range(len(chunk)):
                 if len(shown) >= show:
                     break
@@ -179,6 +223,7 @@ class Lens(Analysis):
         table = acc.table(names)
         add_text_intervals(table, *acc.per_text(), seed=ctx.spec.seed)
         add_rank_intervals(table, acc.per_text()[0], acc.per_text_log10(), seed=ctx.spec.seed)
+        add_divergence_intervals(table, acc, seed=ctx.spec.seed)
         mid = table[len(table) // 2]
         from layerscope.analyses.intervals import headline, method
 
@@ -192,25 +237,46 @@ class Lens(Analysis):
             "n_texts": len(texts), "n_positions": acc.n, "head": head_info["kind"],
             "target": "next token" if decoder else "input token", "computed_by": path,
             "chance_log10_rank": chance_log10_rank(vocab),
-            "truncated_texts": truncated,
+            "truncated_texts": truncated, "uniform_cross_entropy": float(np.log(vocab)),
         }
-        return {"summary": summary, "head": head_info, "layers": names, "top_k": k, "texts": shown,
-                "tables": {"lens_by_layer": table}}
+        out = {"summary": summary, "head": head_info, "layers": names, "top_k": k, "texts": shown,
+               "tables": {"lens_by_layer": table}}
+        if tuned_acc is not None:
+            tuned_rows = tuned_acc.table(names)
+            add_text_intervals(tuned_rows, *tuned_acc.per_text(), seed=ctx.spec.seed)
+            add_divergence_intervals(tuned_rows, tuned_acc, seed=ctx.spec.seed)
+            rows = compare_rows(table, tuned_rows, acc, tuned_acc, seed=ctx.spec.seed)
+            out["tables"]["tuned_vs_logit"] = rows
+            mid_tuned = next(r for r in rows if r["lens"] == "tuned" and r["layer"] == mid["layer"])
+            summary["headline"].append(headline("KL to the final layer, tuned lens", mid_tuned, "kl_to_final",
+                                                f"layer {mid['layer']} (middle; logit lens "
+                                                f"{mid.get('kl_to_final', float('nan')):.4g} nats)"))
+            summary["tuned_kl_mid_layer"] = mid_tuned["kl_to_final"]
+            out["tuned_lens"] = tuned_about(tuned)
+        return out
 
     # ------------------------------------------------------------------ engines
-    def _runner(self, ctx: Context, run: ModelRun, k: int):
-        """A function texts -> LensBatch over layers 0..L, the head info, and how it is computed."""
+    def _runner(self, ctx: Context, run: ModelRun, k: int, tuned=None):
+        """A function ``(texts, bar) -> (LensBatch, tuned LensBatch or None, texts truncated)`` over layers 0..L,
+        the head info, and how it is computed. Both lenses decode the same hidden states."""
         from layerscope.decoding.lens import LensBatch
         from layerscope.engines.registry import engine_spec
 
         if engine_spec(run.engine.info.name).reference:  # the PyTorch reference: its own head, in PyTorch
             from layerscope.decoding.heads import load_decoding_model
-            from layerscope.decoding.lens import torch_lens
-
+            from layerscope.decoding.lens import base_hidden_states, torch_lens
             from layerscope.decoding.lens_onnx import positions_per_run
 
             ctx.say(f"loading {run.handle.manifest.source.path_or_id} and its decoding head in PyTorch")
             model = load_decoding_model(run.handle)
+            tuned_head = None
+            if tuned is not None:
+                from layerscope.decoding.tuned_lens import head_unembedding, translated_head, unembedding_hash
+
+                weight = head_unembedding(model)
+                tuned.check_fits(run.handle.manifest,
+                                 unembedding_hash=unembedding_hash(weight) if weight is not None else None)
+                tuned_head = translated_head(model.head, tuned.translators)
             enc = run.engine.encoder()
             all_layers = list(range(run.num_layers + 1))
             step = positions_per_run(int(run.handle.manifest.vocab_size), layers=len(all_layers),
@@ -221,9 +287,12 @@ class Lens(Analysis):
                 import torch
 
                 inputs = {n: torch.from_numpy(v) for n, v in batch.inputs.items()}
-                out = torch_lens(model, inputs, all_layers, k, positions=step, bar=bar)
-                out.truncated = int(batch.truncated.sum())
-                return out
+                hidden = base_hidden_states(model, inputs)
+                out = torch_lens(model, inputs, all_layers, k, hidden, positions=step, bar=bar, divergence=True)
+                other = None if tuned_head is None else torch_lens(model, inputs, all_layers, k, hidden,
+                                                                   positions=step, bar=bar, head=tuned_head,
+                                                                   divergence=True)
+                return out, other, int(batch.truncated.sum())
 
             return go, model.info.to_dict(), "torch (PyTorch head)"
 
@@ -233,13 +302,16 @@ class Lens(Analysis):
         from layerscope.vocab.outputs import hidden_outputs
 
         handle = ensure_export(run.handle)
-        meta = read_sidecar(handle, k)
-        if meta is None:
-            ctx.say(f"exporting the lens head into {handle.export_dir / lens_file(k)} (once)")
-            meta = export_lens(handle.export_dir, k, say=ctx.say)
-        # the engine runs the export for every layer's hidden states; the head graph alone decodes them
+        sessions = []
+        for lens in ((None, tuned) if tuned is not None else (None,)):
+            meta = read_sidecar(handle, k, lens)
+            if meta is None:
+                ctx.say(f"exporting the {'tuned ' if lens else ''}lens head into "
+                        f"{handle.export_dir / lens_file(k, lens)} (once)")
+                meta = export_lens(handle.export_dir, k, tuned=lens, say=ctx.say)
+            sessions.append((meta, make_session(handle.export_dir / lens_file(k, lens), "CPUExecutionProvider")))
+        # the engine runs the export for every layer's hidden states; the head graphs alone decode them
         engine = run.engine
-        session = make_session(handle.export_dir / lens_file(k), "CPUExecutionProvider")
         enc = engine.encoder()
         names = hidden_outputs(run.num_layers)
         decoder = handle.manifest.kind == "decoder"
@@ -248,14 +320,17 @@ class Lens(Analysis):
         def go(texts, bar):
             batch = enc(texts)
             hidden = engine.run_outputs(batch, names)
-            r, ids, p = onnx_lens(session, hidden, batch.input_ids, batch.mask, decoder, k, vocab, bar=bar)
+            outs = []
+            for _, session in sessions:
+                r, ids, p, kl, logprob = onnx_lens(session, hidden, batch.input_ids, batch.mask, decoder, k, vocab,
+                                                   bar=bar, divergence=True)
+                outs.append(LensBatch(r, ids, p.astype(np.float64), batch.input_ids, batch.mask, kl, logprob))
             del hidden
-            out = LensBatch(r, ids, p.astype(np.float64), batch.input_ids, batch.mask)
-            out.truncated = int(batch.truncated.sum())
-            return out
+            return outs[0], outs[1] if len(outs) > 1 else None, int(batch.truncated.sum())
 
-        return go, meta.head.to_dict(), (f"{engine.info.name} ({engine.info.provider}) for the hidden states, "
-                                  f"{lens_file(k)} (ONNX Runtime CPU) for the head")
+        graphs = " and ".join(lens_file(k, tuned if m.tuned else None) for m, _ in sessions)
+        return go, sessions[0][0].head.to_dict(), (f"{engine.info.name} ({engine.info.provider}) for the hidden "
+                                                   f"states, {graphs} (ONNX Runtime CPU) for the head")
 
 
 def _text_detail(text: str, b, j: int, keep_row: np.ndarray, names: list[str], tok, decoder: bool) -> dict:

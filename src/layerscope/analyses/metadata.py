@@ -23,6 +23,7 @@ class Option:
     default: Any = None
     help: str = ""
     choices: tuple[str, ...] | None = None  # the only values accepted, when they are a fixed few
+    content: bool = False  # the value names a file or folder whose content is part of the run's identity
 
     @property
     def flag(self) -> str:

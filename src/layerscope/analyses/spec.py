@@ -103,27 +103,34 @@ class RunSpec:
     options: tuple[tuple[str, Any], ...]  # sorted (name, value): every declared option, defaults filled in
     labels: tuple[str, ...] | None = None  # --label, as given (None: names derived from the models)
     given_models: tuple[str, ...] = ()  # --model, as named (a run from stores resolves to the stores instead)
+    contents: tuple[tuple[str, str | None], ...] = ()  # (option, sha256 of the file or folder it names): the
+    # options declared ``content`` (a tuned lens's folder), so files changed under the same name make another run
 
     @classmethod
     def make(cls, analysis: str, models, *, engine: str, layers: str, poolings, max_length, batch_tokens,
              engine_options: dict[str, Any] | None, data: str | None, seed: int, options,
-             labels=None, given_models=()) -> RunSpec:
+             labels=None, given_models=(), contents=()) -> RunSpec:
         return cls(analysis=analysis, models=tuple(models), engine=engine, layers=str(layers),
                    poolings=tuple(poolings) if poolings else None, max_length=max_length,
                    batch_tokens=batch_tokens, engine_options=_frozen_items(_plain(engine_options)),
                    data=None if data is None else str(data), data_sha256=_file_sha256(data), seed=int(seed),
                    options=_frozen_items(_plain(options_dict(options) if dataclasses.is_dataclass(options)
                                                 else options)),
-                   labels=tuple(labels) if labels else None, given_models=tuple(given_models))
+                   labels=tuple(labels) if labels else None, given_models=tuple(given_models),
+                   contents=tuple(sorted(contents)))
 
     @classmethod
-    def asked(cls, analysis: str, request, *, options, engine_options: dict[str, Any], data: str | None) -> RunSpec:
+    def asked(cls, analysis: str, request, *, options, engine_options: dict[str, Any], data: str | None,
+              content_options: tuple[str, ...] = ()) -> RunSpec:
         """The spec of ``request`` (a RunRequest) before its models are resolved: ``options`` typed with
-        every default, ``data`` the request's or the analysis's default."""
+        every default, ``data`` the request's or the analysis's default; ``content_options``: the options whose
+        file or folder counts by its content."""
+        contents = [(name, content_sha256(getattr(options, name))) for name in content_options
+                    if getattr(options, name, None) is not None]
         return cls.make(analysis, (), engine=request.engine, layers=request.layers, poolings=request.poolings,
                         max_length=request.max_length, batch_tokens=request.batch_tokens,
                         engine_options=engine_options, data=data, seed=request.seed, options=options,
-                        labels=request.labels, given_models=request.models)
+                        labels=request.labels, given_models=request.models, contents=contents)
 
     def with_models(self, models) -> RunSpec:
         """This spec with each model as resolved (``ModelSpec``s, in the order given)."""
@@ -139,6 +146,7 @@ class RunSpec:
                                  "data": data, "data_sha256": self.data_sha256, "seed": self.seed}
         ident.update({f"engine_options.{k}": v for k, v in self.engine_options})
         ident.update({f"options.{k}": v for k, v in self.options})
+        ident.update({f"options.{k}.sha256": v for k, v in self.contents})
         if self.labels:  # named by the user: another naming is another run (derived names are not identity)
             ident["labels"] = list(self.labels)
         for i, m in enumerate(self.models):
@@ -177,6 +185,23 @@ class RunSpec:
 def _plain(obj):
     """JSON's own values (tuples as lists, paths as strings), so an identity read back compares equal."""
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
+
+
+def content_sha256(path) -> str | None:
+    """The content of the file or folder at ``path`` as one sha256 (a folder: every file's relative path and
+    sha256, layerscope's record of its files left out); None where nothing is there. File hashes are remembered
+    by stat signature (model/identity.py), so a large lens is read once."""
+    from layerscope.model.identity import hash_files
+    from layerscope.owned_record import MARKER
+
+    p = Path(str(path))
+    if p.is_file():
+        return hash_files([p])
+    if not p.is_dir():
+        return None
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name != MARKER)
+    listing = [[f.relative_to(p).as_posix(), hash_files([f])] for f in files]
+    return hashlib.sha256(json.dumps(listing).encode("utf-8")).hexdigest()
 
 
 def _file_sha256(path: str | None) -> str | None:

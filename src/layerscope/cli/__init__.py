@@ -16,7 +16,7 @@ from layerscope.cli.root import app
 
 # Each module registers its commands on ``app``; the order here is the order of ``--help``.
 from layerscope.cli import export_cmds, store_cmds, analysis_cmds, index_cmds, bench_cmds, cache_cmds  # noqa: E402,F401,I001
-from layerscope.cli import image_cmds  # noqa: E402,F401
+from layerscope.cli import image_cmds, lens_cmds  # noqa: E402,F401
 
 __all__ = ["app", "main"]
 

@@ -27,38 +27,66 @@ def lens_targets(input_ids, attention_mask, decoder: bool):
     return nxt, (attention_mask > 0) & (nxt_valid > 0)
 
 
-def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mask, k: int, decoder: bool):
+def lens_outputs(head, hidden: list, layers: list[int], input_ids, attention_mask, k: int, decoder: bool, *,
+                 divergence: bool = False):
     """Per layer: rank of the target [B, S] (int64, 0 = no target), top-k ids and probabilities [B, S, k]
-    (float64, :func:`top_probabilities`).
+    (float64: the softmax's normaliser summed in float64; a float32 softmax over tens of thousands of entries is
+    off by about 2e-5 near probability 1).
 
     Returns three tensors stacked over ``layers``: ``[n_layers, B, S]``, ``[n_layers, B, S, k]`` x2.
     The rank is 1 + the number of vocabulary entries with a strictly larger logit than the target's.
+    ``divergence``: two more, ``[n_layers, B, S]`` float64 each: the KL divergence from the last of ``layers``
+    (the model's own output distribution) to each layer's, ``KL(final || layer)`` in nats
+    (:func:`kl_from_final`), and the log-probability of the target (0 where there is none).
     """
     import torch
 
     target, valid = lens_targets(input_ids, attention_mask, decoder)
-    ranks, ids, probs = [], [], []
+    ranks, ids, probs, kls, logps = [], [], [], [], []
+    final = None
+    if divergence:  # the final distribution first: every layer is compared with it
+        final_logits = head(hidden[-1], layers[-1])
+        final = final_distribution(final_logits)
     for h, layer in zip(hidden, layers):
-        logits = head(h, layer)
+        logits = final_logits if divergence and layer == layers[-1] else head(h, layer)
         tgt = torch.gather(logits, -1, target.unsqueeze(-1))
         rank = (logits > tgt).sum(-1).to(torch.int64) + 1
         ranks.append(torch.where(valid, rank, torch.zeros_like(rank)))
         top_l, top_i = torch.topk(logits, k, dim=-1)  # the softmax keeps the order of the logits
         ids.append(top_i.to(torch.int64))
-        probs.append(top_probabilities(logits, top_l))
-    return torch.stack(ranks), torch.stack(ids), torch.stack(probs)
+        norm = torch.logsumexp(logits.to(torch.float64), dim=-1, keepdim=True)
+        probs.append(torch.exp(top_l.to(torch.float64) - norm))
+        if divergence:  # the final layer against itself: 0 exactly, not the float32 dot product's rounding
+            kl = kl_from_final(final, logits, norm)
+            kls.append(torch.zeros_like(kl) if layer == layers[-1] else kl)
+            logp = tgt.to(torch.float64)[..., 0] - norm[..., 0]
+            logps.append(torch.where(valid, logp, torch.zeros_like(logp)))
+    out = (torch.stack(ranks), torch.stack(ids), torch.stack(probs))
+    return (*out, torch.stack(kls), torch.stack(logps)) if divergence else out
 
 
-def top_probabilities(logits, top_logits):
-    """Softmax probabilities of ``top_logits`` over the vocabulary ``logits`` (last axis), in float64.
-
-    A float32 softmax over tens of thousands of entries is off by about 2e-5 near probability 1 (the
-    normaliser sums many small terms); in float64 the printed digits are exact.
-    """
+def final_distribution(final_logits):
+    """``(p, sum p log p, sum p)`` of the final logits (``p`` float32, the sums float64: what
+    :func:`kl_from_final` compares with)."""
     import torch
 
-    norm = torch.logsumexp(logits.to(torch.float64), dim=-1, keepdim=True)
-    return torch.exp(top_logits.to(torch.float64) - norm)
+    logp = torch.log_softmax(final_logits.to(torch.float64), dim=-1)
+    p = torch.exp(logp)
+    return p.to(torch.float32), (p * logp).sum(-1), p.sum(-1)
+
+
+def kl_from_final(final, logits, norm):
+    """``KL(final || softmax(z))`` in nats: ``sum p log p - p . z + logsumexp(z) sum p`` with
+    ``final = (p, sum p log p, sum p)`` and ``norm`` = logsumexp(z) (keepdim, float64). The dot product is one
+    float32 matrix product of ``p`` and the layer's float32 logits, so a layer adds no vocabulary-wide tensor to
+    what the lens holds anyway (its logits: a lens graph's memory); the rest is float64. Its rounding is about
+    1e-7 of ``|p . z|`` (a few 1e-6 nats for logits of tens), far below any divergence a table shows; never
+    below 0."""
+    import torch
+
+    p, neg_entropy, mass = final
+    dot = torch.matmul(p.unsqueeze(-2), logits.unsqueeze(-1))[..., 0, 0].to(torch.float64)
+    return torch.clamp(neg_entropy - dot + norm[..., 0] * mass, min=0.0)  # the final layer's own: 0 up to rounding
 
 
 def base_hidden_states(model, inputs: dict[str, Any]):
@@ -70,12 +98,13 @@ def base_hidden_states(model, inputs: dict[str, Any]):
 
 
 def rank_bands(model, inputs: dict[str, Any], layers: list[int], rel_tol: float,
-               hidden=None) -> tuple[np.ndarray, np.ndarray]:
+               hidden=None, *, head=None) -> tuple[np.ndarray, np.ndarray]:
     """Per layer, the lowest and highest rank the target can take when logits within ``rel_tol``
     (relative to the target's logit, at least absolute ``rel_tol``) count as ties: ``[n_layers, B, S]`` each.
 
     Two correct implementations may order near-equal logits differently; a rank outside this band
-    is a real disagreement.  ``hidden``: the hidden states to decode (default: the torch base model's).
+    is a real disagreement.  ``hidden``: the hidden states to decode (default: the torch base model's); ``head``:
+    what decodes them (default: the model's own head).
     """
     import torch
 
@@ -86,7 +115,7 @@ def rank_bands(model, inputs: dict[str, Any], layers: list[int], rel_tol: float,
     with torch.inference_mode():
         target, valid = lens_targets(inputs["input_ids"], inputs["attention_mask"], decoder)
         for layer in layers:
-            logits = model.head(hidden[layer], layer).float()
+            logits = (model.head if head is None else head)(hidden[layer], layer).float()
             tgt = torch.gather(logits, -1, target.unsqueeze(-1))
             eps = rel_tol * torch.clamp(tgt.abs(), min=1.0)
             low = (logits > tgt + eps).sum(-1) + 1
@@ -104,18 +133,29 @@ class LensBatch:
     topk_probs: np.ndarray  # [n_layers, B, S, k] float64
     input_ids: np.ndarray  # [B, S]
     mask: np.ndarray  # [B, S]
+    kl: np.ndarray | None = None  # [n_layers, B, S] float64: KL(final || layer), nats (0 at padding)
+    logprob: np.ndarray | None = None  # [n_layers, B, S] float64: log-probability of the target (0: none)
+
+    def layers(self, idx: list[int]) -> LensBatch:
+        """The figures of layers ``idx`` (positions into the layer axis) only."""
+        pick = (lambda a: None if a is None else a[idx])
+        return LensBatch(self.rank[idx], self.topk_ids[idx], self.topk_probs[idx], self.input_ids, self.mask,
+                         pick(self.kl), pick(self.logprob))
 
 
 def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int, hidden_states=None, *,
-               positions: int | None = None, bar=None) -> LensBatch:
+               positions: int | None = None, bar=None, head=None, divergence: bool = False) -> LensBatch:
     """Run the base model (or take ``hidden_states``, every layer's) and its decoding head on one batch.
 
     The head decodes the real tokens only, ``positions`` at a time (None: all at once), so the logits held at
     once are positions x vocabulary, not the batch's; padding gets rank 0, ids 0 and probabilities 0, as on the
-    ONNX engines. ``bar``: a progress count advanced by the positions of each run."""
+    ONNX engines. ``bar``: a progress count advanced by the positions of each run. ``head``: what decodes
+    (default the model's own head; a tuned lens's ``translated_head``); ``divergence``: also each layer's KL from
+    the last of ``layers`` and the target's log-probability (``lens_outputs``)."""
     import torch
 
     decoder = model.family.kind == "decoder"
+    head = model.head if head is None else head
     if hidden_states is None:
         hidden_states = base_hidden_states(model, inputs)
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
@@ -123,26 +163,31 @@ def torch_lens(model, inputs: dict[str, Any], layers: list[int], k: int, hidden_
     rows, cols = torch.nonzero(mask > 0, as_tuple=True)
     (b, s), n = ids.shape, len(layers)
     rank, top_ids, top_p = np.zeros((n, b, s), np.int64), np.zeros((n, b, s, k), np.int64), np.zeros((n, b, s, k))
+    kl, logprob = (np.zeros((n, b, s)), np.zeros((n, b, s))) if divergence else (None, None)
     step = max(1, len(rows) if positions is None else int(positions))
     with torch.inference_mode():
         for a in range(0, len(rows), step):
             r, c = rows[a:a + step], cols[a:a + step]
             hidden = [hidden_states[i][r, c][None] for i in layers]
             # targets go in already shifted: the input-token rule of lens_outputs applies, as in the ONNX head
-            out_r, out_i, out_p = lens_outputs(model.head, hidden, layers, target[r, c][None],
-                                               valid[r, c][None].to(torch.int64), k, False)
+            outs = lens_outputs(head, hidden, layers, target[r, c][None], valid[r, c][None].to(torch.int64), k,
+                                False, divergence=divergence)
             rn, cn = r.numpy(), c.numpy()
-            rank[:, rn, cn], top_ids[:, rn, cn] = out_r[:, 0].numpy(), out_i[:, 0].numpy()
-            top_p[:, rn, cn] = out_p[:, 0].to(torch.float64).numpy()
+            rank[:, rn, cn], top_ids[:, rn, cn] = outs[0][:, 0].numpy(), outs[1][:, 0].numpy()
+            top_p[:, rn, cn] = outs[2][:, 0].to(torch.float64).numpy()
+            if divergence:
+                kl[:, rn, cn], logprob[:, rn, cn] = outs[3][:, 0].numpy(), outs[4][:, 0].numpy()
             if bar is not None:
                 bar.advance(len(r))
-    return LensBatch(rank, top_ids, top_p, ids.numpy(), mask.numpy())
+    return LensBatch(rank, top_ids, top_p, ids.numpy(), mask.numpy(), kl, logprob)
 
 
 class LensAccumulator:
-    """Corpus figures by layer: mean/median rank, top-1 = target, top-1 agreement with the last layer.
+    """Corpus figures by layer: mean/median rank, top-1 = target, top-1 agreement with the last layer, and (from
+    batches that carry them) the mean KL to the final distribution and the perplexity of the target.
 
-    Positions whose target is a special token (``[CLS]``, ``[SEP]``, ``<|endoftext|>``) are left out.
+    Positions whose target is a special token (``[CLS]``, ``[SEP]``, ``<|endoftext|>``) are left out, of every
+    figure alike.
     """
 
     def __init__(self, layers: list[int], special_ids: set[int], decoder: bool):
@@ -157,6 +202,8 @@ class LensAccumulator:
         self.text_agree: list[np.ndarray] = []
         self.text_top1: list[np.ndarray] = []
         self.text_log10: list[np.ndarray] = []  # per text, per layer: the sum of log10 rank over its positions
+        self.text_kl: list[np.ndarray] = []  # per text, per layer: KL summed over its counted positions
+        self.text_nll: list[np.ndarray] = []  # ... the target's negative log-probability summed
 
     def add(self, b: LensBatch) -> np.ndarray:
         """Add a batch; returns the [B, S] mask of positions counted."""
@@ -175,7 +222,19 @@ class LensAccumulator:
         self.text_top1 += list(hits.sum(axis=2).T.astype(np.int64))
         logs = np.where(keep[None], np.log10(np.maximum(b.rank, 1)), 0.0)  # [L, B, S]
         self.text_log10 += list(logs.sum(axis=2).T)
+        if b.kl is not None and b.logprob is not None:
+            self.text_kl += list(np.where(keep[None], b.kl, 0.0).sum(axis=2).T)
+            self.text_nll += list(np.where(keep[None], -b.logprob, 0.0).sum(axis=2).T)
         return keep
+
+    def divergence(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Per text and layer ``[n, layers]``: KL to the final distribution and the target's negative
+        log-probability, each summed over the text's counted positions; None where the batches carried neither."""
+        if not self.text_kl or len(self.text_kl) != len(self.text_positions):
+            return None
+        n = len(self.text_kl)
+        return (np.asarray(self.text_kl, dtype=np.float64).reshape(n, len(self.layers)),
+                np.asarray(self.text_nll, dtype=np.float64).reshape(n, len(self.layers)))
 
     def per_text_log10(self) -> np.ndarray:
         """Per text and layer, the sum of log10 rank over its counted positions ``[n, layers]`` (with the
@@ -203,6 +262,12 @@ class LensAccumulator:
                 "top1_is_target": float((r == 1).mean()) if r.size else None,
                 "top1_agrees_with_last": float(self.agree[li] / self.n) if self.n else None,
             })
+        got = self.divergence()
+        if got is not None:
+            kl, nll = got
+            for li, row in enumerate(rows):
+                row["kl_to_final"] = float(kl[:, li].sum() / self.n) if self.n else None
+                row["perplexity"] = float(np.exp(nll[:, li].sum() / self.n)) if self.n else None
         return rows
 
 

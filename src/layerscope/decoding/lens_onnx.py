@@ -8,6 +8,14 @@ position's target id (``lens.target``) and whether it has one (``lens.valid``); 
 * ``lens.rank``        int64 ``[L+1, 1, positions]`` (1 = top, 0 = no target)
 * ``lens.topk_ids``    int64 ``[L+1, 1, positions, k]``
 * ``lens.topk_probs``  double ``[L+1, 1, positions, k]`` (softmax in float64)
+* ``lens.kl``          double ``[L+1, 1, positions]``: ``KL(final || layer)`` in nats, the final distribution the
+  model's own output (layer ``L`` decoded)
+* ``lens.logprob``     double ``[L+1, 1, positions]``: the target's log-probability (0 where there is none)
+
+A tuned lens's graph (``export_lens(..., tuned=lens)``, ``lens-tuned-{id}-k{k}.onnx`` with ``id`` the first 12 hex
+digits of its translators' sha256) is the same trace with each layer's translator before the head
+(decoding/tuned_lens.py ``translated_head``): layer ``L`` has none, so its final distribution is the model's own.
+Its sidecar records which translators it holds, so a retrained lens gets a graph of its own.
 
 The graph holds the head only, and its weights are not copied: each initializer equal to a tensor of the
 export's ``lm_head.safetensors`` is external data pointing at that tensor's bytes (an export without a
@@ -29,15 +37,19 @@ import numpy as np
 
 from layerscope.errors import ExportError, InputError
 from layerscope.export import external
-from layerscope.model.lens_record import LensHead, LensParity, LensSidecar, sidecar_name
+from layerscope.model.lens_record import LensHead, LensParity, LensSidecar, TunedSource, graph_stem, sidecar_name
 from layerscope.vocab.outputs import hidden_outputs
 
-OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs")
+OUTPUTS = ("lens.rank", "lens.topk_ids", "lens.topk_probs", "lens.kl", "lens.logprob")
+DECODED = OUTPUTS[:3]  # what the logit lens's tables read; the last two are the divergence figures
 TARGET, VALID = "lens.target", "lens.valid"
 HEAD_BYTES = 256 * 2**20  # the head's logits held at once: positions x layers x vocabulary x LOGIT_BYTES
-# bytes held per logit during a run: ONNX Runtime keeps every layer's float32 logits and a tensor as large beside
-# them until the run ends (measured: ~8 bytes x positions x layers x vocabulary of peak RSS per run)
-LOGIT_BYTES = 8
+# bytes held per logit during a run: ONNX Runtime keeps every layer's float32 logits and tensors beside them until
+# the run ends. Measured on a synthetic head (vocabulary 50,257, 12 layers, warm session: peak RSS over positions x
+# layers x vocabulary): 4.75 bytes without the KL and log-probability outputs, 6.3 with them (their dot product a
+# float32 matrix product: no vocabulary-wide product per layer); this budget keeps the margin the earlier one had
+# (8 for 4.75). The positions per run matter for speed: a run reads the head's weights once per layer
+LOGIT_BYTES = 11
 # multiply-adds per run of the head (positions x layers x vocabulary x hidden): the progress count advances once
 # per run, so a run stays seconds long at real size (GPT-2-medium: ~50 positions, not a few hundred)
 HEAD_MACS = 2**36
@@ -48,11 +60,17 @@ PROBABILITIES = "float64"  # the precision of lens.topk_probs, recorded in the s
 PARITY_TEXTS = ["The cat sat on the mat.", "Layers refine hidden states, one block at a time, in 2024.", "Hi"]
 
 
-def lens_file(k: int) -> str:
-    return f"lens-k{int(k)}.onnx"
+def lens_file(k: int, tuned=None) -> str:
+    """The lens graph's file: ``lens-k{k}.onnx``, or the graph of the tuned lens ``tuned`` (a ``TunedLens``)."""
+    return graph_stem(k, tuned_id(tuned)) + ".onnx"
 
 
-def _graph_module(model, k: int):
+def tuned_id(tuned) -> str | None:
+    """A tuned lens's id in file names (its translators' sha256, 12 hex digits), None for the logit lens."""
+    return None if tuned is None else tuned.params_sha256[:12]
+
+
+def _graph_module(model, k: int, head=None):
     import torch
 
     from layerscope.decoding.lens import lens_outputs
@@ -62,17 +80,17 @@ def _graph_module(model, k: int):
     class LensGraph(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.head = model.head
+            self.head = model.head if head is None else head
 
         def forward(self, *args):
             hidden, target, valid = list(args[:n]), args[n], args[n + 1]
             # targets come in already shifted for decoders (lens_targets outside): the input-token rule applies
-            return lens_outputs(self.head, hidden, list(range(n)), target, valid, k, False)
+            return lens_outputs(self.head, hidden, list(range(n)), target, valid, k, False, divergence=True)
 
     return LensGraph().eval()
 
 
-def _trace_head(model, k: int, hidden_size: int, opset: int, path: Path) -> None:
+def _trace_head(model, k: int, hidden_size: int, opset: int, path: Path, head=None) -> None:
     import torch
 
     n = model.num_layers + 1
@@ -84,7 +102,7 @@ def _trace_head(model, k: int, hidden_size: int, opset: int, path: Path) -> None
     axes = {nm: {0: "batch_size", 1: "sequence_length"} for nm in names}
     axes.update({o: {1: "batch_size", 2: "sequence_length"} for o in OUTPUTS})
     try:  # no constant folding: the head's weights stay as they are stored, so they can be shared, not copied
-        torch.onnx.export(_graph_module(model, k), tuple(dummy + [ids, mask]), str(path), input_names=names,
+        torch.onnx.export(_graph_module(model, k, head), tuple(dummy + [ids, mask]), str(path), input_names=names,
                           output_names=list(OUTPUTS), dynamic_axes=axes, opset_version=opset, dynamo=False,
                           do_constant_folding=False)
     except Exception as exc:  # torch.onnx raises many untyped errors
@@ -133,19 +151,20 @@ def _share_stored_head(proto, export_dir: Path, manifest) -> int:
     return shared
 
 
-def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True,
+def export_lens(export_dir: str | Path, k: int = 5, *, check: bool = True, tuned=None,
                 say: Callable[[str], None] | None = None) -> LensSidecar:
     """Write ``lens-k{k}.onnx`` (+ its sidecar ``lens-k{k}.json``) next to ``model.onnx``; returns the sidecar. The files
     join the export's record of layerscope's files (``--force`` may replace them). ``say``: told a line as each
     stage starts (loading the head, tracing it, sharing its weights, the check against torch), each of which
-    may take minutes on a real-size model."""
+    may take minutes on a real-size model. ``tuned``: a ``TunedLens`` (decoding/tuned_lens.py, checked to fit the
+    model first) whose translators go before the head, in ``lens-tuned-{id}-k{k}.onnx``."""
     from layerscope.ownership import writing
 
     with writing(export_dir, "export") as wrote:
-        return _export_lens(export_dir, k, wrote, check=check, say=say or (lambda _line: None))
+        return _export_lens(export_dir, k, wrote, check=check, tuned=tuned, say=say or (lambda _line: None))
 
 
-def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Callable[[str], None]) -> LensSidecar:
+def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, tuned, say: Callable[[str], None]) -> LensSidecar:
     import onnx
 
     from layerscope.decoding.heads import load_decoding_model
@@ -163,23 +182,35 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
     vocab = int(handle.manifest.vocab_size)
     if k > vocab:
         raise InputError(f"--lens-k {k} is larger than the vocabulary ({vocab})")
+    if tuned is not None:
+        from layerscope.decoding.tuned_lens import fits_model
+
+        fits_model(tuned.config, handle.manifest, f"the tuned lens {tuned.path}")
     say(f"lens head 1/4: loading the decoding head of {handle.export_dir.name} in PyTorch")
     with still(say, "loading the decoding head"):
         model = load_decoding_model(handle)
+    decoder_head = None
+    if tuned is not None:
+        from layerscope.decoding.tuned_lens import head_unembedding, translated_head, unembedding_hash
+
+        weight = head_unembedding(model)
+        tuned.check_fits(handle.manifest, unembedding_hash=unembedding_hash(weight) if weight is not None else None)
+        decoder_head = translated_head(model.head, tuned.translators)
     opset = opset_of(onnx.load(str(handle.onnx_path), load_external_data=False))
     out_dir = Path(handle.export_dir)
+    what = f"the tuned lens's graph ({tuned.translators.layers} translators)" if tuned is not None else "the head graph"
     with tempfile.TemporaryDirectory() as tmp:
         head_path = Path(tmp) / "head.onnx"
-        say(f"lens head 2/4: tracing the head graph ({model.num_layers + 1} layers, vocabulary {vocab:,}, top-{k})")
+        say(f"lens head 2/4: tracing {what} ({model.num_layers + 1} layers, vocabulary {vocab:,}, top-{k})")
         with still(say, "tracing the lens head graph"):
-            _trace_head(model, k, handle.manifest.hidden_size, opset, head_path)
+            _trace_head(model, k, handle.manifest.hidden_size, opset, head_path, decoder_head)
         head = onnx.load(str(head_path))
     say("lens head 3/4: pointing the graph at the stored head's weights and writing it")
     shared = _share_stored_head(head, out_dir, handle.manifest)
-    target = out_dir / lens_file(k)
+    target = out_dir / lens_file(k, tuned)
     lens_data = external.data_file(target.name)
     tmp_file = target.with_suffix(".onnx.tmp")
-    wrote.add(target.name, tmp_file.name, lens_data, sidecar_name(k))  # named before they are written
+    wrote.add(target.name, tmp_file.name, lens_data, sidecar_name(k, tuned_id(tuned)))  # named before written
     # what the stored head does not hold (an export made without one): written once, beside the graph
     external.externalize(list(head.graph.initializer), out_dir, lens_data)
     onnx.save(head, str(tmp_file))
@@ -189,8 +220,9 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
     if check:
         say(f"lens head 4/4: checking the graph against torch on {len(PARITY_TEXTS)} texts")
         with still(say, "checking the lens head against torch"):
-            parity = lens_parity(handle, model, target, k)
-        if parity.rank_mismatch_fraction > 0.001 or parity.max_prob_diff > 1e-4:
+            parity = lens_parity(handle, model, target, k, head=decoder_head)
+        if (parity.rank_mismatch_fraction > 0.001 or parity.max_prob_diff > 1e-4 or parity.max_kl_diff > 1e-4
+                or parity.max_logprob_diff > 1e-4):
             target.unlink()
             (out_dir / external.data_file(target.name)).unlink(missing_ok=True)
             raise ExportError(f"the lens graph does not match torch ({parity.to_dict()}); nothing was kept")
@@ -199,24 +231,28 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, say: Cal
                           probabilities=PROBABILITIES, sha256=file_sha256(target),
                           model_onnx_sha256=handle.manifest.onnx_sha256, shared_bytes=shared,
                           shared_with=handle.manifest.lm_head.get("file") if shared else None, parity=parity,
+                          tuned=None if tuned is None else TunedSource(tuned.params_sha256, tuned.translators.layers,
+                                                                       tuned.translators.width, str(tuned.path)),
                           content_sha256=source_sha256(target))
     sidecar.to_disk(out_dir)
     return sidecar
 
 
-def read_sidecar(handle, k: int) -> LensSidecar | None:
-    """The sidecar of the export's top-``k`` lens graph, or None where there is none to use (made again): no
-    graph, or one in an earlier form or with its softmax in another precision, or one whose sidecar does not hold
-    against the graph, the weights it reads and the export's model.onnx (model/derived.py ``lens_problem``). A
-    garbled sidecar is one line."""
+def read_sidecar(handle, k: int, tuned=None) -> LensSidecar | None:
+    """The sidecar of the export's top-``k`` lens graph (``tuned``: a ``TunedLens``'s), or None where there is
+    none to use (made again): no graph, or one in an earlier form, with its softmax in another precision or of
+    other translators, or one whose sidecar does not hold against the graph, the weights it reads and the export's
+    model.onnx (model/derived.py ``lens_problem``). A garbled sidecar is one line."""
     from layerscope.model.derived import lens_problem
 
-    path = Path(handle.export_dir) / sidecar_name(k)
-    if not os.path.lexists(path) or not (Path(handle.export_dir) / lens_file(k)).exists():
+    path = Path(handle.export_dir) / sidecar_name(k, tuned_id(tuned))
+    if not os.path.lexists(path) or not (Path(handle.export_dir) / lens_file(k, tuned)).exists():
         return None
     meta = LensSidecar.from_disk(path)
     if meta is None or meta.k != k or tuple(meta.outputs) != OUTPUTS:
         return None  # an earlier form of the lens graph
+    if (meta.tuned.params_sha256 if meta.tuned else None) != (tuned.params_sha256 if tuned else None):
+        return None  # other translators than these
     if meta.probabilities != PROBABILITIES:
         return None  # a graph whose softmax ran in another precision
     if lens_problem(handle.export_dir, handle.manifest, meta) is not None:
@@ -236,11 +272,12 @@ def positions_per_run(vocab: int, budget: int | None = None, *, layers: int = 1,
 
 
 def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np.ndarray, decoder: bool, k: int,
-              vocab: int, *, bar=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              vocab: int, *, bar=None, divergence: bool = False) -> tuple[np.ndarray, ...]:
     """``(rank [L+1, B, S], top-k ids, top-k probabilities [L+1, B, S, k])`` of a batch's hidden states (every
     layer's ``[B, S, hidden]``) through the head graph, over the real tokens only, ``positions_per_run`` at a
     time; padding positions get rank 0, ids 0 and probabilities 0. ``bar``: a progress count advanced by the
-    positions of each run."""
+    positions of each run. ``divergence``: also ``KL(final || layer)`` and the target's log-probability
+    ``[L+1, B, S]`` (0 at padding)."""
     ids = np.asarray(input_ids, dtype=np.int64)
     real = np.asarray(mask) > 0
     if decoder:  # the next token, where there is one (the torch path's lens_targets, in numpy)
@@ -253,6 +290,8 @@ def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np
     rank = np.zeros((n_layers, b, s), np.int64)
     top_ids = np.zeros((n_layers, b, s, k), np.int64)
     top_p = np.zeros((n_layers, b, s, k), np.float64)
+    kl, logprob = (np.zeros((n_layers, b, s)), np.zeros((n_layers, b, s))) if divergence else (None, None)
+    fetch = list(OUTPUTS if divergence else DECODED)
     step = positions_per_run(vocab, layers=n_layers, hidden=int(np.shape(hidden[0])[-1]) if n_layers else 0)
     names = hidden_outputs(n_layers - 1)
     for a in range(0, len(rows), step):
@@ -260,23 +299,26 @@ def onnx_lens(session, hidden: list[np.ndarray], input_ids: np.ndarray, mask: np
         feed = {name: np.ascontiguousarray(np.asarray(h[r, c], dtype=np.float32)[None]) for name, h in zip(names, hidden)}
         feed[TARGET] = target[r, c][None]
         feed[VALID] = valid[r, c].astype(np.int64)[None]
-        out_r, out_i, out_p = session.run(list(OUTPUTS), feed)
-        rank[:, r, c], top_ids[:, r, c], top_p[:, r, c] = out_r[:, 0], out_i[:, 0], out_p[:, 0]
+        outs = session.run(fetch, feed)
+        rank[:, r, c], top_ids[:, r, c], top_p[:, r, c] = outs[0][:, 0], outs[1][:, 0], outs[2][:, 0]
+        if divergence:
+            kl[:, r, c], logprob[:, r, c] = outs[3][:, 0], outs[4][:, 0]
         if bar is not None:
             bar.advance(len(r))
-    return rank, top_ids, top_p
+    return (rank, top_ids, top_p, kl, logprob) if divergence else (rank, top_ids, top_p)
 
 
 def run_onnx_lens(session, inputs: dict[str, np.ndarray], hidden: list[np.ndarray], decoder: bool, k: int,
-                  vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  vocab: int, *, divergence: bool = False) -> tuple[np.ndarray, ...]:
     """``onnx_lens`` of model inputs (``input_ids``, ``attention_mask``) and their hidden states."""
     return onnx_lens(session, [np.asarray(h) for h in hidden], np.asarray(inputs["input_ids"]),
-                     np.asarray(inputs["attention_mask"]), decoder, k, vocab)
+                     np.asarray(inputs["attention_mask"]), decoder, k, vocab, divergence=divergence)
 
 
-def lens_of_export(handle, k: int, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def lens_of_export(handle, k: int, inputs: dict[str, np.ndarray], *, tuned=None,
+                   divergence: bool = False) -> tuple[np.ndarray, ...]:
     """The lens of an export on model inputs: its ``model.onnx`` for the hidden states, then ``lens-k{k}.onnx``
-    (both on ONNX Runtime's CPU provider)."""
+    (``tuned``: that tuned lens's graph), both on ONNX Runtime's CPU provider."""
     from layerscope.engines.ort_session import make_session
 
     graph = make_session(handle.onnx_path, "CPUExecutionProvider")
@@ -284,12 +326,15 @@ def lens_of_export(handle, k: int, inputs: dict[str, np.ndarray]) -> tuple[np.nd
     feed = {i.name: np.ascontiguousarray(inputs[i.name]) for i in graph.get_inputs()}
     hidden = graph.run(names, feed)
     del graph
-    head = make_session(Path(handle.export_dir) / lens_file(k), "CPUExecutionProvider")
-    return run_onnx_lens(head, inputs, hidden, handle.manifest.kind == "decoder", k, int(handle.manifest.vocab_size))
+    head = make_session(Path(handle.export_dir) / lens_file(k, tuned), "CPUExecutionProvider")
+    return run_onnx_lens(head, inputs, hidden, handle.manifest.kind == "decoder", k, int(handle.manifest.vocab_size),
+                         divergence=divergence)
 
 
-def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None) -> LensParity:
-    """ONNX Runtime (CPU) vs the torch computation on a padded batch: rank and top-k agreement."""
+def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = None, *, head=None) -> LensParity:
+    """ONNX Runtime (CPU) vs the torch computation on a padded batch: rank and top-k agreement, KL to the final
+    layer and the target's log-probability. ``head``: what the graph decodes with (a tuned lens's
+    ``translated_head``; default the model's own head)."""
     from layerscope.decoding.heads import model_inputs
     from layerscope.decoding.lens import rank_bands, torch_lens
     from layerscope.engines.ort_session import make_session
@@ -297,13 +342,14 @@ def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = Non
     inputs = model_inputs(handle, handle.tokenizer(), texts or PARITY_TEXTS, 64)
     layers = list(range(model.num_layers + 1))
     hidden, reference = _reference_hidden(handle, model, inputs)
-    ref = torch_lens(model, inputs, layers, k, hidden)
+    ref = torch_lens(model, inputs, layers, k, hidden, head=head, divergence=True)
     session = make_session(path, "CPUExecutionProvider")
-    r, ids, p = run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()}, [h.numpy() for h in hidden],
-                              model.family.kind == "decoder", k, int(handle.manifest.vocab_size))
+    r, ids, p, kl, logprob = run_onnx_lens(session, {n: t.numpy() for n, t in inputs.items()},
+                                           [h.numpy() for h in hidden], model.family.kind == "decoder", k,
+                                           int(handle.manifest.vocab_size), divergence=True)
     del session
     valid = ref.mask.astype(bool)
-    lo, hi = rank_bands(model, inputs, layers, RANK_TIE_REL_TOL, hidden)
+    lo, hi = rank_bands(model, inputs, layers, RANK_TIE_REL_TOL, hidden, head=head)
     outside = (r < lo) | (r > hi)
     rank_mis = float(outside[:, valid].mean())
     top1_mis = float((ids[:, valid, 0] != ref.topk_ids[:, valid, 0]).mean())
@@ -311,7 +357,9 @@ def lens_parity(handle, model, path: Path, k: int, texts: list[str] | None = Non
                       rank_exact_mismatch_fraction=float((r[:, valid] != ref.rank[:, valid]).mean()),
                       top1_mismatch_fraction=top1_mis,
                       max_prob_diff=float(np.abs(p[:, valid] - ref.topk_probs[:, valid]).max()),
-                      reference_hidden_states=reference)
+                      reference_hidden_states=reference,
+                      max_kl_diff=float(np.abs(kl[:, valid] - ref.kl[:, valid]).max()),
+                      max_logprob_diff=float(np.abs(logprob[:, valid] - ref.logprob[:, valid]).max()))
 
 
 def _reference_hidden(handle, model, inputs):

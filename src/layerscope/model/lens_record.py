@@ -20,13 +20,22 @@ from typing import Any
 
 from layerscope.errors import LayerscopeError, ManifestError
 
-LENS_FORMAT = 2  # the head-alone graph over runs of positions; a sidecar of another format is made again
+LENS_FORMAT = 3  # the head-alone graph over runs of positions, with KL and the target's log-probability
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_TUNED_ID = re.compile(r"[0-9a-f]{12}")
 
 
-def sidecar_name(k: int) -> str:
-    """The sidecar's file name for top-``k`` (beside ``lens-k{k}.onnx``)."""
-    return f"lens-k{int(k)}.json"
+def graph_stem(k: int, tuned_id: str | None = None) -> str:
+    """The lens graph's name without its suffix: ``lens-k{k}``, or ``lens-tuned-{id}-k{k}`` for a tuned lens's
+    (``id``: the first 12 hex digits of its translators' sha256)."""
+    if tuned_id is not None and not _TUNED_ID.fullmatch(tuned_id):
+        raise ValueError(f"a tuned lens id is 12 hex digits, not {tuned_id!r}")
+    return f"lens-k{int(k)}" if tuned_id is None else f"lens-tuned-{tuned_id}-k{int(k)}"
+
+
+def sidecar_name(k: int, tuned_id: str | None = None) -> str:
+    """The sidecar's file name for top-``k`` (beside ``lens-k{k}.onnx``, or a tuned lens's graph)."""
+    return graph_stem(k, tuned_id) + ".json"
 
 
 class _Bad(Exception):
@@ -93,6 +102,8 @@ class LensParity:
     top1_mismatch_fraction: float
     max_prob_diff: float
     reference_hidden_states: str  # where the hidden states compared came from (torch, or model.onnx on ORT)
+    max_kl_diff: float  # largest difference of KL(final || layer), nats
+    max_logprob_diff: float  # largest difference of the target's log-probability
 
     @classmethod
     def read(cls, doc: Any) -> LensParity:
@@ -106,10 +117,37 @@ class LensParity:
 
 
 @dataclass(frozen=True)
+class TunedSource:
+    """The tuned lens whose translators a graph holds: its ``params.pt``'s sha256 (the graph's identity: other
+    translators make another graph), its translator count and width, and the folder it was read from (for
+    people: the graph does not read it again)."""
+
+    params_sha256: str
+    layers: int
+    width: int
+    folder: str
+
+    @property
+    def id(self) -> str:
+        return self.params_sha256[:12]
+
+    @classmethod
+    def read(cls, doc: Any) -> TunedSource:
+        if not isinstance(doc, dict):
+            raise _Bad(f"tuned is {type(doc).__name__}, not an object")
+        return cls(_digest(doc, "params_sha256", "tuned."), _need(doc, "layers", int, "tuned."),
+                   _need(doc, "width", int, "tuned."), _need(doc, "folder", str, "tuned."))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class LensSidecar:
     """``lens-k{k}.json``: the graph's file and sha256, its format, ``k``, the head, the graph's outputs, the
     precision of its probabilities, the ``model.onnx`` it was made for, the bytes it shares with the stored head
-    (and that head's file), and its parity against torch (None: made without the check)."""
+    (and that head's file), its parity against torch (None: made without the check) and, for a tuned lens's
+    graph, the translators it holds (``tuned``)."""
 
     file: str
     k: int
@@ -121,6 +159,7 @@ class LensSidecar:
     shared_bytes: int
     shared_with: str | None = None
     parity: LensParity | None = None
+    tuned: TunedSource | None = None
     format: int = LENS_FORMAT
     # the graph and the weights it reads (the stored head's bytes, or its own data file), hashed together
     # (model/derived.py ``source_sha256``); None: not recorded (a graph made before it was; made again)
@@ -133,13 +172,15 @@ class LensSidecar:
                "shared_with": self.shared_with, "content_sha256": self.content_sha256}
         if self.parity is not None:
             out["parity"] = self.parity.to_dict()
+        if self.tuned is not None:
+            out["tuned"] = self.tuned.to_dict()
         return out
 
     def to_disk(self, export_dir: str | Path) -> Path:
-        """Write ``lens-k{k}.json`` into ``export_dir``; returns its path."""
+        """Write the sidecar (``lens-k{k}.json``, or a tuned lens graph's) into ``export_dir``; returns its path."""
         from layerscope.jsonfile import write_json_atomic
 
-        path = Path(export_dir) / sidecar_name(self.k)
+        path = Path(export_dir) / sidecar_name(self.k, self.tuned.id if self.tuned is not None else None)
         write_json_atomic(path, self.to_dict())
         return path
 
@@ -159,15 +200,20 @@ class LensSidecar:
                 raise _Bad("outputs is not a list of output names")
             shared = doc.get("shared_with")
             probabilities = None if doc.get("probabilities") is None else _need(doc, "probabilities", str)
+            tuned = None if doc.get("tuned") is None else TunedSource.read(doc["tuned"])
             made = cls(file=_plain_name(doc, "file"), k=k, head=LensHead.read(doc.get("head")),
                        outputs=tuple(outputs), probabilities=probabilities,
                        sha256=_digest(doc, "sha256"), model_onnx_sha256=_need(doc, "model_onnx_sha256", str),
                        shared_bytes=_need(doc, "shared_bytes", int),
                        shared_with=None if shared is None else _plain_name(doc, "shared_with"),
-                       parity=None if doc.get("parity") is None else LensParity.read(doc["parity"]), format=fmt,
+                       parity=None if doc.get("parity") is None else LensParity.read(doc["parity"]),
+                       tuned=tuned, format=fmt,
                        content_sha256=None if doc.get("content_sha256") is None else _digest(doc, "content_sha256"))
-            if made.file != f"lens-k{k}.onnx":
-                raise _Bad(f"file names {made.file!r}, not the graph of k = {k} (lens-k{k}.onnx)")
+            graph = graph_stem(k, tuned.id if tuned is not None else None) + ".onnx"
+            if made.file != graph:
+                raise _Bad(f"file names {made.file!r}, not the graph of k = {k} ({graph})")
+            if path.name != sidecar_name(k, tuned.id if tuned is not None else None):
+                raise _Bad(f"it describes {graph}, not the graph its own name belongs to")
         except _Bad as exc:
             raise _garbled(path, exc) from None
         return made
@@ -183,10 +229,10 @@ class LensSidecar:
             raise _garbled(path, exc) from None
 
 
-def _digest(doc: dict[str, Any], key: str) -> str:
-    value = _need(doc, key, str)
+def _digest(doc: dict[str, Any], key: str, where: str = "") -> str:
+    value = _need(doc, key, str, where)
     if not _SHA256.fullmatch(value):
-        raise _Bad(f"{key} is not a sha256 (64 hex digits)")
+        raise _Bad(f"{where}{key} is not a sha256 (64 hex digits)")
     return value
 
 

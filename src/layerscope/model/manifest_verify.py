@@ -40,7 +40,7 @@ def verify_export_files(export_dir: Path) -> tuple[int, list[str]]:
         expected[entry.file] = entry.sha256
         for rel, rec in (entry.external_data or {}).items():  # a variant of a big export
             expected[rel] = rec.get("sha256") if isinstance(rec, Mapping) else None  # an edited entry: no hash
-    for sidecar in sorted(export_dir.glob("lens-k*.json")):
+    for sidecar in sorted([*export_dir.glob("lens-k*.json"), *export_dir.glob("lens-tuned-*.json")]):
         try:
             graph, digest = LensSidecar.checksum(sidecar)
             expected[graph] = digest
