@@ -14,9 +14,11 @@ from layerscope.extraction.request import ExtractionRequest
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog while a cat sat on the mat"] * 3)
 TEXTS = ["a cat sat on the mat", LONG, "hi", "the dog runs", "Water boils at 100 degrees Celsius."]
-# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of every layer on ort fetches
-# the in-graph pooled vectors alone, so its graph pools each layer as it is made and holds one layer's states:
-# attention 2*4*T*T (an encoder: whole), one layer's states T*32 and the feed-forward 4*T*32 fp32 floats
+# the tiny BERT (4 heads, 32 wide, 2 layers, 128 positions) by hand; a mean extraction of layers 0 and 1 on ort
+# fetches the in-graph pooled vectors alone, so its derived graph (below every layer) pools each layer as it is
+# made and holds one layer's states: attention 2*4*T*T (an encoder: whole), one layer's states T*32 and the
+# feed-forward 4*T*32 fp32 floats. (A run of every layer runs the export's own graph, which holds them all.)
+LAYERS = "0,1"
 LONGEST = 98  # the long text's tokens ([CLS] and [SEP] included; tests/extraction/test_long_texts.py)
 
 
@@ -31,7 +33,7 @@ def _shard(bert_export, out, monkeypatch, available: int):
     started: list[int] = []
     real = range_run.open_engine_for
     monkeypatch.setattr(range_run, "open_engine_for", lambda *a: started.append(1) or real(*a))
-    req = ExtractionRequest.of(bert_export, TEXTS, out, engine="ort", layers="all", poolings=["mean"])
+    req = ExtractionRequest.of(bert_export, TEXTS, out, engine="ort", layers=LAYERS, poolings=["mean"])
     try:
         return extract_shard(req, 0, 1), started
     except InputError as exc:
@@ -63,7 +65,7 @@ def test_a_plan_that_fits_at_its_max_length_counts_no_tokens(bert_export, tmp_pa
     from layerscope.extraction.prepare import check_ranges_fit, prepare_request
     from layerscope.model.tokenize import Encoder
 
-    req = ExtractionRequest.of(bert_export, TEXTS, tmp_path / "s", engine="ort", layers="all", poolings=["mean"])
+    req = ExtractionRequest.of(bert_export, TEXTS, tmp_path / "s", engine="ort", layers=LAYERS, poolings=["mean"])
     ex = prepare_request(req)
     real = Encoder.token_lengths
     monkeypatch.setattr(Encoder, "token_lengths", lambda *a: pytest.fail("tokenized for nothing"))
@@ -147,7 +149,7 @@ def test_a_ray_run_whose_longest_text_cannot_fit_is_refused_before_any_actor(ber
     monkeypatch.setattr(ray_extract, "RangeActor", NoActor)
     with pytest.raises(InputError, match=f"the longest text has {LONGEST} tokens.*--max-length 97 or less"):
         ray_extract.extract_ray(bert_export, TEXTS, tmp_path / "s", address="local", workers=2, engine="ort",
-                                layers="all", poolings=["mean"])
+                                layers=LAYERS, poolings=["mean"])
     assert not np.load(tmp_path / "s" / "done.npy").any()
 
 
@@ -162,7 +164,8 @@ def _qwen3_floor(tokens: int, *, rows: int | None, layers_alive: int) -> int:
 def test_the_plan_of_the_onnx_engines_is_what_they_start_as(name, tiny_export, bert_export):
     """``shape_planned`` of ort and ov equals the started engine's ``shape_of``: blocks charged where the engine
     runs them (asked, or under auto past SLICE_FROM on a decoder), whole attention otherwise (an encoder, short
-    runs, asked), one layer's states in a run of in-graph pooled vectors only, every layer read otherwise."""
+    runs, asked), one layer's states in a run of in-graph pooled vectors only below every layer (a derived graph
+    that pools each layer as it is made), every layer read otherwise."""
     if name == "ov":
         pytest.importorskip("openvino")
     from layerscope.engines.base import create_engine
@@ -177,10 +180,10 @@ def test_the_plan_of_the_onnx_engines_is_what_they_start_as(name, tiny_export, b
                                ({"attention": "blocked"}, None)):
             if asked.get("attention") == "blocked" and model == bert_export:
                 continue  # refused when it starts (tests/test_blocked_attention.py)
-            for pooled_only in (True, False):
-                eng = create_engine(name, handle, max_seq=max_seq, pooled_only=pooled_only, **asked)
+            for pooled_only, depth in ((True, 1), (True, None), (False, None)):
+                eng = create_engine(name, handle, max_seq=max_seq, pooled_only=pooled_only, depth=depth, **asked)
                 for tokens in (False,) if pooled_only else (False, True):
-                    planned = shape_planned(handle, resolve_engine(name, asked), depth=None, tokens=tokens,
+                    planned = shape_planned(handle, resolve_engine(name, asked), depth=depth, tokens=tokens,
                                             max_seq=max_seq, pooled_only=pooled_only)
                     assert planned == shape_of(eng, tokens=tokens), (model.name, asked, max_seq, pooled_only, tokens)
                     seen.add((planned.attention_rows, planned.blocks_above, planned.layer_at_a_time))
@@ -190,7 +193,8 @@ def test_the_plan_of_the_onnx_engines_is_what_they_start_as(name, tiny_export, b
 
 
 def test_the_planned_floor_of_an_onnx_engine_by_hand(tiny_export):
-    """What ``shape_planned`` charges ort for a text of T tokens on the tiny Qwen3 (pooled vectors only), by hand:
+    """What ``shape_planned`` charges ort for a text of T tokens on the tiny Qwen3 (pooled vectors of layers 0..1
+    only, a derived graph pooling each layer as it is made), by hand:
     blocks of 64 rows past SLICE_FROM under auto and the whole square up to it, always blocks where asked, the
     whole square where asked; the costliest text up to the longest, and the longest that fits."""
     from layerscope.engines.memory import longest_that_fits, shape_planned
@@ -201,8 +205,8 @@ def test_the_planned_floor_of_an_onnx_engine_by_hand(tiny_export):
     handle = ModelHandle.resolve(str(tiny_export("qwen3", pooled=["mean"])))
 
     def planned(asked=None, *, tokens=False):
-        return shape_planned(handle, resolve_engine("ort", asked or {}), depth=None, tokens=tokens, max_seq=32768,
-                             pooled_only=not tokens)
+        return shape_planned(handle, resolve_engine("ort", asked or {}), depth=None if tokens else 1, tokens=tokens,
+                             max_seq=32768, pooled_only=not tokens)
 
     auto, whole, blocked = planned(), planned({"attention": "whole"}), planned({"attention": "blocked"})
     assert auto.cost(2000).bytes == _qwen3_floor(2000, rows=64, layers_alive=1) \
@@ -227,14 +231,14 @@ def test_the_planned_floor_of_an_onnx_engine_by_hand(tiny_export):
 
 def test_a_shard_plan_of_blocks_fits_without_counting_tokens(tiny_export, tmp_path, monkeypatch):
     """--shard and Ray charge ort what it will run: on the tiny Qwen3 (limit 128 tokens, SLICE_FROM lowered to
-    64), pooled vectors only, the costliest text up to 128 tokens is one of 128 in blocks of 64 rows with one
+    64), pooled vectors of layers 0..1 only, the costliest text up to 128 tokens is one of 128 in blocks of 64 rows with one
     layer's states; memory of exactly that passes with no token counted."""
     from layerscope.extraction.prepare import check_ranges_fit, prepare_request
     from layerscope.model.tokenize import Encoder
 
     monkeypatch.setattr("layerscope.engines.torch.SLICE_FROM", 64)
     qwen3 = tiny_export("qwen3", pooled=["mean"])
-    req = ExtractionRequest.of(qwen3, TEXTS, tmp_path / "s", engine="ort", layers="all", poolings=["mean"])
+    req = ExtractionRequest.of(qwen3, TEXTS, tmp_path / "s", engine="ort", layers=LAYERS, poolings=["mean"])
     ex = prepare_request(req)
     assert ex.max_length == 128
     need = max(_qwen3_floor(128, rows=64, layers_alive=1), _qwen3_floor(64, rows=None, layers_alive=1))

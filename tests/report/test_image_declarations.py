@@ -142,9 +142,11 @@ def test_a_summary_without_the_layers_shown_is_one_line():
 
 def test_a_labels_file_line_that_is_not_json_is_one_line(tmp_path):
     """Catches: a --data line that is not JSON (or not an object) failing with a JSONDecodeError traceback."""
+    from PIL import Image
+
     from layerscope.analyses.vision_lens import labelled_images
 
-    (tmp_path / "a.png").write_bytes(b"")
+    Image.new("RGB", (2, 2)).save(tmp_path / "a.png")  # an intact image: only the line itself is wrong
     for bad, message in (('{"image": "a.png", "label": "x"}\nnot json\n', "line 2 is not JSON"),
                          ('["a.png", "x"]\n', "line 1 needs an existing")):
         (tmp_path / "data.jsonl").write_text(bad, encoding="utf-8")

@@ -1,6 +1,6 @@
 """sae: a sparse autoencoder saved by SAELens, run over a token store's layer.
 
-``--sae DIR`` (SAELens's ``save_model`` folder: cfg.json + sae_weights.safetensors; data/sae_files.py) and
+``--sae DIR`` (SAELens's ``save_model`` folder: cfg.json + sae_weights.safetensors; metrics/sae_files.py) and
 ``--store STORE`` (a LayerStore made with ``extract --tokens``). Before any token is read: the SAE's hook must
 be a residual-stream state the store holds (TransformerLens names: ``blocks.l.hook_resid_pre`` = our layer l,
 ``blocks.l.hook_resid_post`` = our layer l + 1; metrics/sae.py ``resid_layer``), its width the store's hidden
@@ -59,7 +59,7 @@ class SparseAutoencoder(Analysis):
     )
 
     def prepare(self, ctx: Context):
-        from layerscope.data.sae_files import load_sae
+        from layerscope.metrics.sae_files import load_sae
         from layerscope.metrics.sae import BadSAE, resid_layer
         from layerscope.model.families import family_of
         from layerscope.store.store import LayerStore

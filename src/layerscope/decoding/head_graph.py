@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from layerscope.errors import ExportError
-from layerscope.model.head_record import HEAD_FILE, HEAD_FORMAT, RECORD_FILE, HeadRecord, read_head_record
+from layerscope.model.head_record import HEAD_FILE, HEAD_FORMAT, RECORD_FILE, HeadRecord, load_head_record
 
 INPUT = "head.hidden"
 LAST, BELOW = "head.logits", "head.logits_below"
@@ -132,6 +132,21 @@ def _parity(handle, model, path: Path) -> tuple[float, float]:
         worst = max(worst, float(np.max(np.abs(got - want))))
         scale = max(scale, float(np.max(np.abs(want))))
     return worst, scale
+
+
+def read_head_record(export_dir: Path, manifest) -> HeadRecord | None:
+    """The export's head graph record where every claim holds (model/derived.py ``head_problem``), else None:
+    the graph is made again."""
+    from layerscope.errors import ManifestError
+    from layerscope.model.derived import head_problem
+
+    record = load_head_record(export_dir)
+    if record is None:
+        return None
+    try:
+        return None if head_problem(export_dir, manifest, record) else record
+    except ManifestError:  # its graph names weights outside the export
+        return None
 
 
 class HeadReader:

@@ -1,5 +1,5 @@
 """A sparse autoencoder as SAELens runs it, in numpy (no torch, no SAELens); its files are read by
-data/sae_files.py.
+metrics/sae_files.py.
 
 A folder holds ``cfg.json`` (``architecture``: standard, jumprelu or topk; ``d_in``, ``d_sae``,
 ``apply_b_dec_to_input``, ``normalize_activations``; the hook in ``metadata.hook_name``, or ``hook_name`` /

@@ -286,6 +286,33 @@ def lens_problem(export_dir: Path, manifest, sidecar) -> str | None:
     return None
 
 
+def head_problem(export_dir: Path, manifest, record=None) -> str | None:
+    """Why the export's head graph (``head-logits.onnx``: model/head_record.py) cannot be used as its record says,
+    or None. ``record``: already read (``load_head_record``)."""
+    from layerscope.jsonfile import NotRegularFile, check_regular
+    from layerscope.model.head_record import RECORD_FILE, load_head_record
+
+    export_dir = Path(export_dir)
+    if record is None:
+        record = load_head_record(export_dir)
+    if record is None:
+        return f"{RECORD_FILE} is not a record this version writes (damaged or older); its graph is made again"
+    graph = export_dir / record.file
+    try:
+        check_regular(graph)
+    except FileNotFoundError:
+        return f"{record.file} is missing"
+    except NotRegularFile as exc:
+        return str(exc)
+    if record.model_onnx_sha256 != manifest.onnx_sha256:
+        return f"{record.file} was made for another {manifest.onnx_file}"
+    if graph_sha256(graph) != record.sha256:
+        return f"{record.file} is not the graph {RECORD_FILE} records (sha256 differs): damaged or replaced"
+    if source_sha256(graph) != record.content_sha256:
+        return f"the weights {record.file} reads are not those {RECORD_FILE} records"
+    return None
+
+
 # ---------------------------------------------------------------- layerscope verify
 
 def derived_records(export_dir: Path) -> list[Path]:
@@ -361,8 +388,6 @@ def verify_derived(export_dir: Path, manifest) -> tuple[int, list[str]]:
         elif meta is not None:
             checked += 1
     if (export_dir / "head-logits.json").exists():
-        from layerscope.model.head_record import head_problem
-
         try:
             why = head_problem(export_dir, manifest)
         except ManifestError as exc:
