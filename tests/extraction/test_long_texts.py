@@ -118,9 +118,9 @@ def test_a_text_too_long_for_memory_is_refused_before_any_batch(bert_export, tmp
     assert memory.text_cost(tokens, hidden_size=32, heads=4, depth=2, layer_at_a_time=True).bytes == one_layer
     assert memory.text_cost(tokens, hidden_size=32, heads=4, depth=2, layer_at_a_time=False).bytes == every_state
     assert memory.longest_that_fits(one_layer, hidden_size=32, heads=4, depth=2, layer_at_a_time=True) == tokens
-    # a mean extraction of every layer on ort runs its pooled-only graph, which pools each layer as it is made:
-    # one layer's states alive at once; one byte short for the long text
-    monkeypatch.setattr(memory, "available_bytes", lambda: one_layer - 1)
+    # a mean extraction of every layer on ort runs the export's own graph (no derived copy of the whole model),
+    # which holds every layer's states at once; one byte short for the long text
+    monkeypatch.setattr(memory, "available_bytes", lambda: every_state - 1)
     ran: list[int] = []
     from layerscope.engines.ort import OrtEngine
 

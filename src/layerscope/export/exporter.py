@@ -26,11 +26,12 @@ from layerscope.export.graph import add_pooled_outputs, add_raw_embeddings_outpu
 from layerscope.export.onnx_config import export_path, make_onnx_config
 from layerscope.export.validate import VALIDATION_TEXTS, compare_outputs
 from layerscope.model.describe import describe_source
+from layerscope.export.anatomy_facts import anatomy_facts, model_anatomy
 from layerscope.model.manifest import MANIFEST, ONNX_FILE
 from layerscope.model.manifest_type import Manifest
 from layerscope.model.manifest_check import file_records
 from layerscope.model.source import ModelSource
-from layerscope.vocab.outputs import OWN_LAST, RAW_OUTPUT, hidden_outputs, output_layer
+from layerscope.vocab.outputs import RAW_OUTPUT, hidden_outputs, output_layer
 from layerscope.vocab.pooling import GRAPH_POOLINGS, MASK_POOLINGS, check_poolings, require_pooled_output
 
 log = logging.getLogger("layerscope")
@@ -195,27 +196,6 @@ def export_model(source: ModelSource, output: str | Path, *, pooled: list[str] |
         manifest.update(files=file_records(work))  # every file's sha256: layerscope verify re-hashes them
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return Manifest.from_dict(manifest, where=str(output / MANIFEST))
-
-
-def model_anatomy(net, family, num_layers: int, head: dict[str, Any] | None):
-    """The anatomy of the loaded base model ``net`` (model/anatomy.py), checked by a forward pass, with the head's
-    part ``save_head`` found on the with-head model."""
-    from layerscope.model.anatomy import resolve_anatomy, with_head
-
-    anatomy = resolve_anatomy(net, family, num_layers)
-    return with_head(anatomy, **head) if head else anatomy
-
-
-def anatomy_facts(anatomy, model: Manifest, outputs) -> dict[str, Any]:
-    """The manifest's entries the anatomy decides: itself, whether layer L has the final norm, and what layer L
-    and the model's own last hidden state are (a note the description made, OPT's projection, is kept); the
-    graph must carry the model's own last hidden state exactly where the anatomy says it is not layer L."""
-    carried = OWN_LAST in outputs
-    if carried != (anatomy.last_hidden_state == "final_norm"):
-        raise ExportError(f"the exported graph {'carries' if carried else 'lacks'} the model's own last hidden state "
-                          f"({OWN_LAST}) where its anatomy says it is {anatomy.last_hidden_state!r}; nothing was written")
-    return {"anatomy": anatomy.to_dict(), "final_norm_in_last_layer": anatomy.final_norm_in_hidden_states,
-            "last_layer_note": model.raw.get("last_layer_note") or anatomy.last_layer_note(carried=carried)}
 
 
 def _peak_rss() -> int:
