@@ -260,57 +260,54 @@ def attention_problem(export_dir: Path, manifest, expected_outputs: list[str] | 
     return None
 
 
-def lens_problem(export_dir: Path, manifest, sidecar) -> str | None:
-    """Why a lens graph (``sidecar``: model/lens_record.py ``LensSidecar``) cannot be used as it is, or None: made
-    for another ``model.onnx``, the graph or the weights it reads (the stored head it shares, or its own data
-    file) not what the sidecar recorded, its outputs not those it records."""
+def head_graph_problem(export_dir: Path, manifest, file: str, *, sha256: str, content_sha256: str | None,
+                       model_onnx_sha256: str, said_by: str) -> str | None:
+    """Why a graph that reads the export's stored head (``file``) cannot be used as the record ``said_by`` says,
+    or None: missing or not a regular file, made for another ``model.onnx``, the graph (``sha256``) or the
+    weights it reads (``content_sha256``: the stored head it shares, its own data file) not as recorded."""
     from layerscope.jsonfile import NotRegularFile, check_regular
 
-    path = Path(export_dir) / sidecar.file
+    path = Path(export_dir) / file
     try:
         check_regular(path)
     except FileNotFoundError:
-        return f"{sidecar.file} is missing"
+        return f"{file} is missing"
     except NotRegularFile as exc:
         return str(exc)
-    if sidecar.model_onnx_sha256 != manifest.onnx_sha256:
-        return f"{sidecar.file} was made for another {manifest.onnx_file}"
-    if graph_sha256(path) != sidecar.sha256:
-        return f"{sidecar.file} is not the graph its sidecar records (sha256 differs)"
-    if sidecar.content_sha256 is None:
-        return f"{sidecar.file}'s sidecar records no hash of the weights it reads (an earlier layerscope's)"
-    if source_sha256(path) != sidecar.content_sha256:
-        return f"the weights {sidecar.file} reads are not those its sidecar records"
-    if tuple(graph_facts(path)[0]) != tuple(sidecar.outputs):
-        return f"{sidecar.file}'s outputs are not those its sidecar records"
+    if model_onnx_sha256 != manifest.onnx_sha256:
+        return f"{file} was made for another {manifest.onnx_file}"
+    if graph_sha256(path) != sha256:
+        return f"{file} is not the graph {said_by} records (sha256 differs): damaged or replaced"
+    if content_sha256 is None:
+        return f"{said_by} records no hash of the weights {file} reads (an earlier layerscope's)"
+    if source_sha256(path) != content_sha256:
+        return f"the weights {file} reads are not those {said_by} records"
     return None
 
 
+def lens_problem(export_dir: Path, manifest, sidecar) -> str | None:
+    """Why a lens graph (``sidecar``: model/lens_record.py ``LensSidecar``) cannot be used as it is, or None: the
+    checks of ``head_graph_problem``, and its outputs those the sidecar records."""
+    why = head_graph_problem(export_dir, manifest, sidecar.file, sha256=sidecar.sha256,
+                             content_sha256=sidecar.content_sha256, model_onnx_sha256=sidecar.model_onnx_sha256,
+                             said_by="its sidecar")
+    if why is None and tuple(graph_facts(Path(export_dir) / sidecar.file)[0]) != tuple(sidecar.outputs):
+        return f"{sidecar.file}'s outputs are not those its sidecar records"
+    return why
+
+
 def head_problem(export_dir: Path, manifest, record=None) -> str | None:
-    """Why the export's head graph (``head-logits.onnx``: model/head_record.py) cannot be used as its record says,
-    or None. ``record``: already read (``load_head_record``)."""
-    from layerscope.jsonfile import NotRegularFile, check_regular
+    """Why the export's head logits graph (``head-logits.onnx``: model/head_record.py) cannot be used as its record
+    says, or None (``head_graph_problem``'s checks). ``record``: already read (``load_head_record``)."""
     from layerscope.model.head_record import RECORD_FILE, load_head_record
 
-    export_dir = Path(export_dir)
     if record is None:
         record = load_head_record(export_dir)
     if record is None:
         return f"{RECORD_FILE} is not a record this version writes (damaged or older); its graph is made again"
-    graph = export_dir / record.file
-    try:
-        check_regular(graph)
-    except FileNotFoundError:
-        return f"{record.file} is missing"
-    except NotRegularFile as exc:
-        return str(exc)
-    if record.model_onnx_sha256 != manifest.onnx_sha256:
-        return f"{record.file} was made for another {manifest.onnx_file}"
-    if graph_sha256(graph) != record.sha256:
-        return f"{record.file} is not the graph {RECORD_FILE} records (sha256 differs): damaged or replaced"
-    if source_sha256(graph) != record.content_sha256:
-        return f"the weights {record.file} reads are not those {RECORD_FILE} records"
-    return None
+    return head_graph_problem(export_dir, manifest, record.file, sha256=record.sha256,
+                              content_sha256=record.content_sha256, model_onnx_sha256=record.model_onnx_sha256,
+                              said_by=RECORD_FILE)
 
 
 # ---------------------------------------------------------------- layerscope verify
