@@ -183,3 +183,28 @@ def test_nothing_of_ours_imports_tuned_lens_or_wandb(setup, tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_lens_we_trained_is_read_back_without_a_pickle(setup, tmp_path, monkeypatch):
+    """A lens layerscope trained keeps its translators as safetensors beside tuned-lens's params.pt and is read
+    from them. Catches: our own lens read by unpickling params.pt (torch.load, however restricted), the two
+    files disagreeing, and an edited params.safetensors decoded as if it were the trained one."""
+    import shutil
+
+    import safetensors.numpy
+    import torch
+
+    _, store = setup
+    record = train_lens(store, tmp_path / "lens", settings=TrainSettings(steps=2, tokens_per_step=32, seed=3))
+    pt = torch.load(tmp_path / "lens" / "params.pt", map_location="cpu", weights_only=True)  # what tuned-lens reads
+    own = safetensors.numpy.load_file(str(tmp_path / "lens" / "params.safetensors"))
+    assert set(pt) == set(own) and all(np.array_equal(pt[k].numpy(), own[k]) for k in pt)
+    assert record.safetensors_sha256 is not None
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("our own lens was read through a pickle"))
+    lens = read_lens(tmp_path / "lens")
+    assert np.array_equal(lens.translators.weight[1], own["1.weight"])
+    shutil.copytree(tmp_path / "lens", tmp_path / "edited")
+    own["0.bias"] = own["0.bias"] + 1.0
+    safetensors.numpy.save_file(own, str(tmp_path / "edited" / "params.safetensors"))
+    with pytest.raises(InputError, match="params.safetensors is missing or changed since layerscope trained"):
+        read_lens(tmp_path / "edited")

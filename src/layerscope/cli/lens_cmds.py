@@ -19,7 +19,7 @@ def train_lens(
     store: Path = typer.Argument(..., help="A token store of every layer (layerscope extract ... --tokens "
                                  "--layers all)."),
     out: Path = typer.Option(..., "--out", "-o", help="The lens folder to write (tuned-lens's layout: config.json, "
-                             "params.pt; and lens.json)."),
+                             "params.pt; and lens.json, params.safetensors)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="The store's model (default: the one it records)."),
     steps: int = typer.Option(_D.steps, "--steps", help="Optimiser steps."),
     tokens_per_step: int = typer.Option(_D.tokens_per_step, "--tokens-per-step", help="Stored tokens drawn per step."),

@@ -14,6 +14,11 @@ A lens is a folder in the layout tuned-lens 0.2 saves (``TunedLens.save``) and l
     params.pt     torch.save of the translators' state dict: "{i}.weight" [d, d] and "{i}.bias" [d], i < L
     lens.json     (layerscope's, where it trained the lens) what it was trained from and how:
                   decoding/tuned_record.py
+    params.safetensors  (layerscope's, beside lens.json) the same tensors as safetensors
+
+A lens layerscope trained is read back from ``params.safetensors`` (its sha256 and params.pt's held to
+lens.json's), so reading our own lenses never touches a pickle; ``params.pt`` is written for tuned-lens, and
+read only from a folder tuned-lens saved (no lens.json).
 
 ``params.pt`` is a torch zip archive whose ``data.pkl`` is a pickle. It is never unpickled with pickle's full
 power: :func:`read_params` first lists the pickle's opcodes with ``pickletools.genops`` (which decodes, never
@@ -41,7 +46,7 @@ import numpy as np
 from layerscope.errors import InputError
 
 LENS_TYPE = "linear_tuned_lens"
-CONFIG, PARAMS = "config.json", "params.pt"
+CONFIG, PARAMS, OWN_PARAMS = "config.json", "params.pt", "params.safetensors"
 PICKLE_BYTES = 1 << 24  # data.pkl of a state dict is a few KB per layer; a larger one is not a lens's
 _GLOBALS = {("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"),
             ("torch._utils", "_rebuild_parameter"), ("torch", "FloatStorage"), ("torch", "HalfStorage"),
@@ -222,7 +227,15 @@ def read_lens(path: str | Path) -> TunedLens:
         raise InputError(f"{path / PARAMS} changed since layerscope trained it (its sha256 is not the one "
                          f"{RECORD} records); train it again, or delete {RECORD} to read it as a plain tuned-lens "
                          "lens")
-    translators = read_params(path / PARAMS, config)
+    if record is not None and record.safetensors_sha256 is not None:
+        own = path / OWN_PARAMS
+        if not own.is_file() or file_sha256(own) != record.safetensors_sha256:
+            raise InputError(f"{own} is missing or changed since layerscope trained the lens (its sha256 is not the "
+                             f"one {RECORD} records); train it again, or delete {RECORD} and {OWN_PARAMS} to read "
+                             "it as a plain tuned-lens lens")
+        translators = read_own_params(own, config)
+    else:
+        translators = read_params(path / PARAMS, config)
     return TunedLens(path, config, translators, sha, record)
 
 
@@ -280,6 +293,34 @@ def read_params(path: Path, config: LensConfig) -> Translators:
         raise InputError(f"{path} cannot be read as a state dict ({str(exc).splitlines()[0][:200]})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise InputError(f"{path} does not hold a state dict (names to tensors)")
+    arrays = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise InputError(f"{path}: {name} is {type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}, "
+                             "not a float tensor")
+        arrays[name] = t.detach().to(torch.float32).numpy()
+    return _translators(path, arrays, config)
+
+
+def read_own_params(path: Path, config: LensConfig) -> Translators:
+    """The translators of the ``params.safetensors`` layerscope wrote beside params.pt, checked as
+    :func:`read_params` checks tuned-lens's file."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        arrays = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"{path} cannot be read as safetensors ({str(exc).splitlines()[0][:200]})") from None
+    for name, a in arrays.items():
+        if not np.issubdtype(a.dtype, np.floating):
+            raise InputError(f"{path}: {name} is {a.dtype}, not a float tensor")
+    return _translators(path, {k: np.asarray(v, np.float32) for k, v in arrays.items()}, config)
+
+
+def _translators(path: Path, state: dict[str, np.ndarray], config: LensConfig) -> Translators:
+    """Exactly ``{i}.weight`` ``[d, d]`` (and ``{i}.bias`` ``[d]`` where ``config.bias``) for ``i <
+    num_hidden_layers``, finite float32; one line naming what differs."""
     layers, d = config.num_hidden_layers, config.d_model
     wanted = {f"{i}.weight": (d, d) for i in range(layers)}
     if config.bias:
@@ -294,11 +335,10 @@ def read_params(path: Path, config: LensConfig) -> Translators:
     weight = np.zeros((layers, d, d), np.float32)
     bias = np.zeros((layers, d), np.float32) if config.bias else None
     for name, shape in wanted.items():
-        t = state[name]
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or tuple(t.shape) != shape:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(f"{path}: {name} is {got}, not a float tensor of shape {shape} (width {d})")
-        values = t.detach().to(torch.float32).numpy()
+        values = state[name]
+        if tuple(values.shape) != shape:
+            raise InputError(f"{path}: {name} is {tuple(values.shape)}, not a float tensor of shape {shape} "
+                             f"(width {d})")
         if not np.isfinite(values).all():
             raise InputError(f"{path}: {name} holds NaN or inf; the lens is damaged")
         i, kind = name.split(".")
@@ -313,26 +353,31 @@ def _layer_order(name: str) -> tuple[int, str]:
 
 # ---------------------------------------------------------------- writing
 
-def write_lens(path: str | Path, translators: Translators, config: LensConfig, wrote=None) -> str:
-    """Write ``config.json`` and ``params.pt`` into ``path`` (each to a temporary sibling, then renamed), as
-    tuned-lens's ``TunedLens.save`` does; returns params.pt's sha256. ``wrote``: the ownership ``Recorder``
-    told each name before it is written."""
+def write_lens(path: str | Path, translators: Translators, config: LensConfig, wrote=None) -> tuple[str, str]:
+    """Write ``config.json`` and ``params.pt`` into ``path`` as tuned-lens's ``TunedLens.save`` does, and the same
+    tensors as ``params.safetensors`` (each to a temporary sibling, then renamed); returns the sha256 of
+    params.pt and of params.safetensors. ``wrote``: the ownership ``Recorder`` told each name before it is
+    written."""
     import os
 
     import torch
+    from safetensors.torch import save_file
 
     from layerscope.hashing import file_sha256
     from layerscope.jsonfile import write_json_atomic
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (PARAMS + ".tmp")
+    tmp, own_tmp = path / (PARAMS + ".tmp"), path / (OWN_PARAMS + ".tmp")
     if wrote is not None:
-        wrote.add(CONFIG, PARAMS, tmp.name)
-    torch.save(translators.state_dict(), tmp)
+        wrote.add(CONFIG, PARAMS, tmp.name, OWN_PARAMS, own_tmp.name)
+    state = translators.state_dict()
+    torch.save(state, tmp)
     os.replace(tmp, path / PARAMS)
+    save_file(dict(state), str(own_tmp))
+    os.replace(own_tmp, path / OWN_PARAMS)
     write_json_atomic(path / CONFIG, config.to_dict())
-    return file_sha256(path / PARAMS)
+    return file_sha256(path / PARAMS), file_sha256(path / OWN_PARAMS)
 
 
 # ---------------------------------------------------------------- torch

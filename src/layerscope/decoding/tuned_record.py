@@ -111,6 +111,7 @@ class TrainRecord:
     params_sha256: str
     precision: str = "float32"
     format: int = RECORD_FORMAT
+    safetensors_sha256: str | None = None  # params.safetensors, which layerscope reads its own lens from
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -162,6 +163,9 @@ class TrainRecord:
         sha = need("params_sha256", str)
         if not _SHA256.fullmatch(sha):
             raise _bad(where, "params_sha256 is not a sha256")
+        own = need("safetensors_sha256", str, True)
+        if own is not None and not _SHA256.fullmatch(own):
+            raise _bad(where, "safetensors_sha256 is not a sha256")
         return cls(model=need("model", str), model_key=need("model_key", str), family=need("family", str),
                    num_layers=need("num_layers", int), hidden_size=need("hidden_size", int),
                    vocab_size=need("vocab_size", int), head=need("head", str), store=need("store", str),
@@ -170,7 +174,8 @@ class TrainRecord:
                    settings=TrainSettings.read(doc.get("settings"), where), steps_done=need("steps_done", int),
                    tokens_seen=need("tokens_seen", int), seconds=float(need("seconds", (int, float))),
                    loss_first=floats("loss_first"), loss_last=floats("loss_last"),
-                   loss_by_step=floats("loss_by_step"), params_sha256=sha, precision=need("precision", str))
+                   loss_by_step=floats("loss_by_step"), params_sha256=sha, precision=need("precision", str),
+                   safetensors_sha256=own)
 
 
 def _bad(where: str, why: str) -> InputError:

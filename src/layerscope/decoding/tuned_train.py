@@ -226,7 +226,7 @@ def _train(store_path, out: Path, *, model, settings: TrainSettings, resume: boo
         config = LensConfig(base_model_name_or_path=str(source.path_or_id), d_model=width,
                             num_hidden_layers=n_layers, bias=True, base_model_revision=source.revision,
                             unembed_hash=unembedding_hash(unembedding) if unembedding is not None else None)
-        sha = write_lens(out, final, config, wrote)
+        sha, own_sha = write_lens(out, final, config, wrote)
         store = inputs.store
         record = TrainRecord(model=str(inputs.handle.spec), model_key=manifest.key, family=str(manifest.family),
                              num_layers=n_layers, hidden_size=width, vocab_size=vocab, head=head.info.kind,
@@ -234,7 +234,8 @@ def _train(store_path, out: Path, *, model, settings: TrainSettings, resume: boo
                              corpus_sha256=store.spec.corpus_sha256, texts=int(store.n), tokens=total,
                              settings=settings, steps_done=state.step, tokens_seen=state.tokens_seen,
                              seconds=round(state.seconds, 3), loss_first=state.loss_first,
-                             loss_last=state.loss_last, loss_by_step=state.loss_by_step, params_sha256=sha)
+                             loss_last=state.loss_last, loss_by_step=state.loss_by_step, params_sha256=sha,
+                             safetensors_sha256=own_sha)
         from layerscope.decoding.tuned_record import RECORD
 
         wrote.add(RECORD)
