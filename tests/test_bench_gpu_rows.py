@@ -92,7 +92,7 @@ def test_each_row_is_a_fraction_of_its_own_peak():
 
 class _Row:
     def __init__(self, device, allocator, seen):
-        self.layers, self.split = ["0"], None
+        self.layers, self.split, self.own = ["0"], None, None  # no embedding of its own beside the layers
         self.info = {"provider": "fake", "precision": "fp16", "notes": [], "device": device, "allocator": allocator}
         self.seen = seen
 

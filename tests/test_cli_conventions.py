@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hang_guard import HANG_S
 from cli_helpers import cli_output, one_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ def test_version_prints_the_package_version(capsys):
 
 def test_shell_completion_completes_command_names():
     env = dict(os.environ, _LAYERSCOPE_COMPLETE="complete_bash", COMP_WORDS="layerscope ex", COMP_CWORD="1")
-    out = subprocess.run([sys.executable, "-m", "layerscope"], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "layerscope"], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     assert {"export", "extract", "export-store", "extract-images"} <= set(out.stdout.split())
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from hang_guard import HANG_S
+
 pytest.importorskip("openvino")
 
 SWITCHES = ("ORT_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY", "RAY_USAGE_STATS_ENABLED")
@@ -59,7 +61,7 @@ def test_a_command_that_opens_openvino_writes_nothing_home_and_reaches_no_networ
     home.mkdir()
     seen = tmp_path / "seen.json"
     proc = subprocess.run([sys.executable, "-c", RUN.format(watched=WATCHED), str(seen)], env=_clean_env(home),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "OpenVINO 20" in proc.stdout and "onnxruntime" in proc.stdout  # the probe reached both
     assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []
@@ -73,10 +75,10 @@ def test_children_inherit_the_switches(tmp_path):
     code = ("import layerscope, subprocess, sys; "
             f"print(subprocess.run([sys.executable, '-c', {show!r}], capture_output=True, text=True).stdout)")
     env = _clean_env(tmp_path)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.stdout.split() == ["1", "1", "0"]
     env["RAY_USAGE_STATS_ENABLED"] = "1"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert out.stdout.split() == ["1", "1", "1"]
 
 
@@ -110,7 +112,7 @@ def test_a_child_forked_during_a_cli_run_does_not_run_its_sigterm_handler(tmp_pa
     result = tmp_path / "result.json"
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_no_telemetry as t; "
             f"t._forked_child_of_a_cli_run({str(result)!r})")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(result.read_text()) == {"default": True, "exitcode": -signal.SIGTERM}
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr

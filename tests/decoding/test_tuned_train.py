@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cli_helpers import one_error, run_cli
+from hang_guard import HANG_S
 from layerscope.decoding.tuned_lens import read_lens
 from layerscope.decoding.tuned_record import TrainSettings
 from layerscope.decoding.tuned_train import TokenSampler, train_lens
@@ -180,7 +181,7 @@ def test_nothing_of_ours_imports_tuned_lens_or_wandb(setup, tmp_path):
             "import layerscope.analyses.lens, layerscope.decoding.lens_onnx\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'tuned_lens')))")
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

@@ -312,7 +312,7 @@ def _finish(r: dict[str, Any], ref: dict[str, Any] | None, layers: list[str], st
         return
     produced = r["layers"]
     idx = [layers.index(x) for x in produced]
-    if r["kind"] == "peer" and ref is not None and ref.get("_own") is not None:
+    if r.get("kind") == "peer" and ref is not None and ref.get("_own") is not None:
         # sentence-transformers against the checkpoint's own embedding, computed by plain Hugging Face
         r["accuracy"] = _accuracy(ref["_own"][None], vectors, produced)
         r["accuracy_reference"] = OWN_REFERENCE
