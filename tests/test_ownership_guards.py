@@ -39,17 +39,19 @@ def test_a_same_size_edit_makes_a_file_the_users(tmp_path):
 
 
 def test_a_store_writer_leaves_out_what_was_there_before_it_started(tmp_path):
-    """A file the user put into a store (with a record) before a writer (resume, a shard) started is not
-    recorded as layerscope's when the writer ends; what the writer made is."""
+    """A file the user put into a store (with a record) before a writer (resume, a shard) started, or a
+    recorded file the user edited, is not recorded as layerscope's when the writer ends; what the writer made
+    is. Catches: the writer's end hashing the user's edit into the record, so --force would delete it."""
     from layerscope.store.store_lock import store_writer
 
     d = _recorded_dir(tmp_path)
     (d / "my_plot.png").write_bytes(b"png")
+    (d / "notes.md").write_text("the user's notes now, longer than layerscope's\n", encoding="utf-8")
     with store_writer(d):
         note(d, files=["arrays/cls.npy"])  # a store's writers name each file before writing it
         (d / "arrays" / "cls.npy").write_bytes(b"\x01" * 64)
     found = foreign(d)
-    assert found.unrecorded == ["my_plot.png"] and found.changed == []
+    assert found.unrecorded == ["my_plot.png", "notes.md"] and found.changed == []  # both the user's, unrecorded
 
 
 def test_a_writer_in_place_leaves_out_what_was_there_before_it_started(tmp_path):

@@ -358,48 +358,37 @@ def _record_problem(record: Path, manifest) -> str | None:
     return None
 
 
+_UNCHECKED = object()  # a derived file ``verify_derived`` neither passes nor faults (an older format: made again)
+
+
 def verify_derived(export_dir: Path, manifest) -> tuple[int, list[str]]:
     """(derived graphs that hold, one line per problem) over every derived graph of an export and its record:
     the rule's checks (this module's docstring), as ``layerscope verify`` runs them."""
     from layerscope.model.lens_record import LensSidecar
 
     export_dir = Path(export_dir)
-    checked, problems = 0, []
-    for record in derived_records(export_dir):
-        try:
-            why = _record_problem(record, manifest)
-        except ManifestError as exc:
-            why = str(exc)
-        if why:
-            problems.append(why)
-        else:
-            checked += 1
-    for sidecar in sorted(export_dir.glob("lens-k*.json")):
-        try:
-            meta = LensSidecar.from_disk(sidecar)
-            why = None if meta is None else lens_problem(export_dir, manifest, meta)
-        except ManifestError as exc:
-            why = str(exc)
-        if why:
-            problems.append(f"{sidecar.name}: {why}")
-        elif meta is not None:
-            checked += 1
+    checks: list[tuple[str, Any]] = [("", lambda r=record: _record_problem(r, manifest))
+                                     for record in derived_records(export_dir)]
+
+    def lens(sidecar: Path) -> object:
+        meta = LensSidecar.from_disk(sidecar)  # None: a sidecar of another format, made again on use
+        return _UNCHECKED if meta is None else lens_problem(export_dir, manifest, meta)
+
+    checks += [(f"{sidecar.name}: ", lambda s=sidecar: lens(s)) for sidecar in sorted(export_dir.glob("lens-k*.json"))]
     if (export_dir / "head-logits.json").exists():
+        checks.append(("head-logits.json: ", lambda: head_problem(export_dir, manifest)))
+    checks += [(f"variant '{kind}': ", lambda k=kind: attention_problem(export_dir, manifest) if k == "attn"
+                else variant_problem(export_dir, manifest, k)) for kind in manifest.variants]
+    checked, problems = 0, []
+    for label, check in checks:
         try:
-            why = head_problem(export_dir, manifest)
+            why = check()
         except ManifestError as exc:
             why = str(exc)
+        if why is _UNCHECKED:
+            continue
         if why:
-            problems.append(f"head-logits.json: {why}")
-        else:
-            checked += 1
-    for kind in manifest.variants:
-        try:
-            why = attention_problem(export_dir, manifest) if kind == "attn" else variant_problem(export_dir, manifest, kind)
-        except ManifestError as exc:
-            why = str(exc)
-        if why:
-            problems.append(f"variant '{kind}': {why}")
+            problems.append(label + why)
         else:
             checked += 1
     return checked, problems
