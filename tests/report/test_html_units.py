@@ -42,6 +42,23 @@ def test_relative_depth_puts_each_model_at_layer_over_its_depth():
     assert any("raw" in n for n in chart.notes)
 
 
+def test_a_long_chart_title_is_wrapped_not_cut():
+    """Catches: a title naming the model, data and pooling (130 characters) drawn on one line, cut at the
+    chart's right edge; its words lost or reordered by the wrapping; no room made above the plot for it."""
+    from layerscope.report.html_figures import Series, layer_curves
+
+    title = ("intrinsic dimension (TwoNN), texts vs shuffled tokens (sentence-transformers/all-MiniLM-L6-v2; "
+             "generated English (60 texts), mean pooling)")
+    short = layer_curves([Series("m", ["0", "1"], [0.5, 0.6])], title="t", caption="c", ylabel="y").figure["layout"]
+    long = layer_curves([Series("m", ["0", "1"], [0.5, 0.6])], title=title, caption="c", ylabel="y")
+    layout = long.figure["layout"]
+    lines = layout["title"]["text"].split("<br>")
+    assert len(lines) == 2 and all(line.startswith("<b>") and line.endswith("</b>") for line in lines)
+    words = [line[3:-4] for line in lines]
+    assert all(len(w) <= 100 for w in words) and " ".join(words) == title
+    assert layout["margin"]["t"] == short["margin"]["t"] + 20 and layout["height"] == short["height"] + 20
+
+
 def test_band_follows_the_interval_columns():
     from layerscope.report.html_figures import Series, layer_curves
 

@@ -79,13 +79,28 @@ def _go():
     return go
 
 
+TITLE_CHARS = 100  # a chart title's line at most: at 15 px bold, what the page's chart width holds
+TITLE_LINE_PX = 20
+
+
+def title_lines(title: str, width: int = TITLE_CHARS) -> list[str]:
+    """``title`` in lines of at most ``width`` characters, broken at spaces (a longer word stays whole), so a
+    title naming the model, the data and the pooling is not cut at the chart's right edge."""
+    import textwrap
+
+    return textwrap.wrap(title, width=width, break_long_words=False, break_on_hyphens=False) or [title]
+
+
 def _layout(title: str, xlabel: str, ylabel: str, **extra) -> dict[str, Any]:
+    lines = title_lines(title)
+    more = TITLE_LINE_PX * (len(lines) - 1)
     layout = {
-        "title": {"text": f"<b>{esc(title)}</b>", "x": 0.0, "xanchor": "left", "font": {"size": 15}},
+        "title": {"text": "<br>".join(f"<b>{esc(line)}</b>" for line in lines), "x": 0.0, "xanchor": "left",
+                  "font": {"size": 15}},
         "xaxis": {"title": {"text": esc(xlabel)}, "showgrid": True, "gridcolor": "#e5e5e5", "zeroline": False},
         "yaxis": {"title": {"text": esc(ylabel)}, "showgrid": True, "gridcolor": "#e5e5e5", "zeroline": False},
-        "template": "plotly_white", "hovermode": "closest", "height": 430,
-        "margin": {"l": 70, "r": 20, "t": 60, "b": 60},
+        "template": "plotly_white", "hovermode": "closest", "height": 430 + more,
+        "margin": {"l": 70, "r": 20, "t": 60 + more, "b": 60},
         # the legend to the right of the plot area, where it never covers a line or a value label
         "legend": {"x": 1.02, "xanchor": "left", "y": 1.0, "font": {"size": 11}},
     }
@@ -94,6 +109,8 @@ def _layout(title: str, xlabel: str, ylabel: str, **extra) -> dict[str, Any]:
             layout[key] = {**layout[key], **value}
         else:
             layout[key] = value
+    if "height" in extra:  # a chart's own height keeps its plot area; the title's extra lines come on top
+        layout["height"] = extra["height"] + more
     return layout
 
 
