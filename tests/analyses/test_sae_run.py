@@ -118,6 +118,11 @@ def test_bad_sae_or_store_is_one_line_before_tokens_are_read(store, tmp_path, ti
     _, scaled = _save(tmp_path, "avg", sae_lens.StandardSAEConfig, normalize_activations="expected_average_only_in")
     with pytest.raises(InputError, match="expected_average_only_in"):
         run_analysis("sae", _req(store, scaled, tmp_path / "e"))
+    _, huge = _save(tmp_path, "huge", sae_lens.StandardSAEConfig)
+    with open(huge / "cfg.json", "r+b") as f:  # a config without end: refused by its size, never read
+        f.truncate(65 * 2**20)
+    with pytest.raises(InputError, match="cfg.json is .* bytes, more than a JSON file of an SAE folder can be"):
+        run_analysis("sae", _req(store, huge, tmp_path / "f"))
     _, fine = _save(tmp_path, "fine", sae_lens.StandardSAEConfig)
     cfg = json.loads((fine / "cfg.json").read_text())
     cfg["d_sae"] = 50

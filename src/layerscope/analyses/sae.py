@@ -71,6 +71,9 @@ class SparseAutoencoder(Analysis):
             raise InputError("--top must be at least 1, --features and --window at least 0")
         if ctx.spec.data:
             raise InputError("run sae reads the texts of --store; drop --data")
+        from layerscope.jsonfile import check_folder_files
+
+        check_folder_files(o.sae, where="an SAE folder")  # its cfg.json bounded, its files regular, before reading
         try:
             sae = load_sae(o.sae)
         except BadSAE as exc:
