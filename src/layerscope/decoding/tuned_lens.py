@@ -33,7 +33,6 @@ narrower of the two, so a global a process added with ``torch.serialization.add_
 
 from __future__ import annotations
 
-import json
 import math
 import pickletools
 import zipfile
@@ -240,11 +239,12 @@ def read_lens(path: str | Path) -> TunedLens:
 
 
 def _json(path: Path) -> Any:
+    """The JSON in a lens's config: a regular file within the bound, read as such (jsonfile.py); one line else."""
+    from layerscope.jsonfile import read_json
+
     try:
-        if path.stat().st_size > PICKLE_BYTES:
-            raise ValueError(f"{path.stat().st_size:,} bytes, too large for a lens config")
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return read_json(path, limit=PICKLE_BYTES, what="tuned lens config")
+    except OSError as exc:
         raise InputError(f"{path} cannot be read as JSON ({str(exc)[:160]})") from None
 
 

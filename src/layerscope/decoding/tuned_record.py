@@ -10,7 +10,6 @@ line which is missing or of the wrong type.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, fields
@@ -135,11 +134,11 @@ class TrainRecord:
     def from_disk(cls, path: str | Path) -> TrainRecord:
         path = Path(path)
         where = str(path)
+        from layerscope.jsonfile import read_json
+
         try:
-            if path.stat().st_size > 1 << 26:
-                raise ValueError("larger than a lens record")
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            doc = read_json(path, limit=1 << 26, what="lens record")
+        except (OSError, InputError) as exc:
             raise InputError(f"{where} cannot be read ({str(exc)[:160]}); train the lens again") from None
         if not isinstance(doc, dict):
             raise _bad(where, f"it holds a JSON {type(doc).__name__}, not an object")
