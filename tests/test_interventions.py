@@ -257,6 +257,45 @@ def test_steering_equals_hooks_adding_the_vector(family, method, engine, exports
         assert random["projection"] != pytest.approx(row["projection"])
 
 
+def test_the_random_null_is_a_direction_per_text_and_equals_hooks_adding_it(exports, tiny_model):
+    """The null adds each held-out text its own random direction, as long as the layer's vector: per text and
+    layer, the final embedding's move equals the hooked model's with that direction added; the directions differ
+    between texts (so the null's interval spans directions, not one draw); and a batch of 2 gives the figures of
+    one batch of every copy."""
+    from transformers import AutoTokenizer
+
+    from layerscope.decoding.steering import estimate, pooled_by_layer, readout_of, steer
+    from layerscope.engines.base import create_engine
+
+    engine = create_engine("ort", exports["bert"])
+    train, test = STEER_PAIRS[:2], STEER_PAIRS[2:] + STEER_PAIRS[:1]
+    pos = pooled_by_layer(engine, [p["positive"] for p in train], "mean")
+    neg = pooled_by_layer(engine, [p["negative"] for p in train], "mean")
+    vectors = estimate(pos, neg, "mean_diff")
+    readout = readout_of(engine.manifest, "mean", pos[-1], neg[-1])
+    texts = [p["negative"] for p in test]
+    layers, scale = [0, 1, 2], 3.0
+    whole = steer(engine, texts, vectors, layers, [scale], readout, seed=5, rows=64)
+    small = steer(engine, texts, vectors, layers, [scale], readout, seed=5, rows=2)
+    np.testing.assert_array_equal(small.nulls, whole.nulls)
+    np.testing.assert_allclose(small.projection, whole.projection, atol=1e-5)
+    assert whole.nulls.shape == (3, len(texts), vectors.shape[1])
+
+    model = tiny_model("bert")
+    ref, tok = Reference(model, "bert"), AutoTokenizer.from_pretrained(str(model))
+    for li, layer in enumerate(layers):
+        norms = np.linalg.norm(whole.nulls[layer], axis=1)
+        np.testing.assert_allclose(norms, np.linalg.norm(vectors[layer]), rtol=1e-9)
+        units = whole.nulls[layer] / norms[:, None]
+        assert np.abs(units @ units.T - np.eye(len(texts))).max() < 0.9, "texts share a null direction"
+        for t, text in enumerate(texts):
+            inputs = _tokens(tok, text)
+            base, _ = ref.run(inputs)
+            got, _ = ref.run(inputs, layer, add_everywhere(scale * whole.nulls[layer, t]))
+            moved = (mean_pool(got[-1][0]) - mean_pool(base[-1][0])) @ readout.direction / readout.gap
+            assert whole.projection[1, li, 0, t] == pytest.approx(moved, abs=2e-4), (layer, t)
+
+
 def test_pca_direction_is_sklearns_first_component():
     from sklearn.decomposition import PCA
 

@@ -6,8 +6,9 @@ layer, at every token, to the held-out pairs' negative texts at each ``--scales`
 run (the engine's resume graphs, engines/resume.py). The effect is read off the end (decoding/steering.py): how
 far the final embedding moved toward the positive texts (projection on the final layer's class direction, as a
 share of the distance between the class means), its cosine margin to the training texts, and for a decoder how
-far the next-token distribution moved (KL). A random direction of the same norm at each layer is the null. Means
-over the held-out texts with 95% percentile-bootstrap intervals over them.
+far the next-token distribution moved (KL). The null is a random direction of the same norm, drawn for each layer
+and held-out text, so its interval spans the draws. Means over the held-out texts with 95% percentile-bootstrap
+intervals over them.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ FIGURES = Figures(
               HeatMap("grids.projection_random", "steer_projection_random",
                       title="random direction of the same norm: projection, {model} on {data_name}",
                       zlabel="share of the way to the positive mean", rows="layers", cols="scales", xlabel="scale",
-                      ylabel="layer", caption="The null: a random direction per layer, as long as the steering "
-                                              "vector, added the same way.", scale=(0.0, 1.0))),
+                      ylabel="layer", caption="The null: a random direction per layer and held-out text, as "
+                                              "long as the steering vector, added the same way.", scale=(0.0, 1.0))),
     curves=(Curve("steer_layers", (Line("projection", "steering vector"), Line("random_projection", "random direction")),
                   file="steer_projection_by_layer", title="steering at the largest scale, by layer: {about}",
                   ylabel="share of the way to the positive mean", level=0.0, level_label="unsteered (0)",

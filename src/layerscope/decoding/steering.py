@@ -6,8 +6,9 @@ texts on any engine that writes states (engines/resume.py), its effect read off 
   first principal component of those differences (``pca``, metrics/intervention.py), or one given (``--vector``:
   ``[hidden]`` for every layer, ``[L+1, hidden]`` one per layer).
 * apply (``steer``): the held-out texts' state at layer j plus ``scale x vector`` at every real token; layers
-  j+1..L run from there; for each scale and for a random direction of the same norm (the null, drawn per layer
-  from the run's seed), copies of a batch run together.
+  j+1..L run from there; for each scale and for a random direction of the same norm (the null: one direction per
+  layer and held-out text, drawn from the run's seed, so the null's interval over the texts spans the directions
+  too, not one draw's luck), copies of a batch run together.
 * read (``Readout``): the final embedding (the run's pooling of layer L) moved along the final layer's
   positive-minus-negative direction, as a share of the distance between the two classes' means there
   (``projection``: 1 = moved as far as from the negative mean to the positive one); the change of its cosine
@@ -114,7 +115,8 @@ class SteerResult:
 
     layers: list[int]
     scales: list[float]
-    norms: np.ndarray  # ||vector|| per layer (the random direction's too)
+    norms: np.ndarray  # ||vector|| per layer (the random directions' too)
+    nulls: np.ndarray  # the random direction added to each held-out text at each layer: [L+1, texts, hidden]
     projection: np.ndarray  # [kinds, layers, scales, texts]
     probe: np.ndarray
     kl: np.ndarray | None  # decoders
@@ -125,19 +127,21 @@ class SteerResult:
 
 def steer(engine, texts: list[str], vectors: np.ndarray, layers: list[int], scales: list[float], readout: Readout, *,
           seed: int, rows: int = 64, bar: Callable[[int], None] | None = None) -> SteerResult:
-    """Add ``scale x vectors[j]`` (and a random direction of the same norm) at each layer j of ``texts``."""
+    """Add ``scale x vectors[j]`` (and a random direction of the same norm, its own for each text) at each layer j
+    of ``texts``."""
     from layerscope.metrics.intervention import kl_divergence, random_direction
 
     num_layers = engine.manifest.num_layers
     hidden = engine.manifest.hidden_size
     rng = np.random.default_rng(seed)
     norms = np.linalg.norm(vectors, axis=1)
-    nulls = np.stack([random_direction(hidden, n, rng) for n in norms])
     n, s = len(texts), len(scales)
+    # drawn per (layer, text) in that order whatever the batch size, so --batch never changes a figure
+    nulls = np.stack([[random_direction(hidden, norm, rng) for _ in range(n)] for norm in norms])
     shape = (len(KINDS), len(layers), s, n)
     projection, probe = np.zeros(shape), np.zeros(shape)
     kl = np.zeros(shape) if readout.head is not None else None
-    result = SteerResult(list(layers), list(scales), norms, projection, probe, kl)
+    result = SteerResult(list(layers), list(scales), norms, nulls, projection, probe, kl)
     enc = engine.encoder()
     names = [str(i) for i in range(num_layers + 1)]
     per_batch = max(1, int(rows) // (len(KINDS) * s))
@@ -152,8 +156,10 @@ def steer(engine, texts: list[str], vectors: np.ndarray, layers: list[int], scal
         copies = tiled(batch, np.tile(np.arange(b), len(KINDS) * s))
         mask = np.asarray(copies.mask, dtype=np.float32)[..., None]
         for li, layer in enumerate(layers):
-            adds = np.stack([scale * d[layer] for d in (vectors, nulls) for scale in scales]).astype(np.float32)
-            state = np.tile(states[layer], (len(KINDS) * s, 1, 1)) + np.repeat(adds, b, axis=0)[:, None, :] * mask
+            # one row per copy, in the copies' order (kind, scale, text): the vector, or each text's own null
+            own = (np.broadcast_to(vectors[layer], (b, hidden)), nulls[layer, start:start + b])
+            adds = np.concatenate([scale * d for d in own for scale in scales]).astype(np.float32)
+            state = np.tile(states[layer], (len(KINDS) * s, 1, 1)) + adds[:, None, :] * mask
             final = engine.resume(copies, layer, state, [num_layers])[0]
             emb = readout.embeddings(copies, final).reshape(len(KINDS), s, b, -1)
             moved = (emb - base[None, None]) @ readout.direction / readout.gap
