@@ -121,3 +121,21 @@ def test_a_curve_without_a_declared_band_names_it_from_its_rows():
     assert band_name(curve, lines("bootstrap-percentile", "bootstrap-percentile-pair-terms")) == "95% bootstrap interval"
     assert band_name(curve, lines("wilson", "bootstrap-percentile")) == "95% interval"
     assert band_name(curve, lines(None)) == "95% interval"
+
+
+def test_a_png_title_names_the_run_once():
+    """A declared title that names the models already (``{about}``, ``{model} on {data_name}``) is drawn as it is;
+    one that does not gets the models and the data file below it. Catches: steering's titles saying the model and
+    its data twice, and a title without them left without them."""
+    from types import SimpleNamespace
+
+    from layerscope.report.declared_grids import png_title
+
+    results = SimpleNamespace(per_model={"tinybert": None}, models=("tinybert",), analysis="sts", data_origin=None,
+                              default_data=None, settings=SimpleNamespace(data="/data/sts-test.csv"))
+    named = "steering at the largest scale, by layer: tinybert on the built-in steering pairs"
+    assert png_title(named, results) == named
+    assert png_title("STS Spearman (on sts-test.csv)", results) == \
+        "STS Spearman (on sts-test.csv)\ntinybert · sts-test.csv"
+    two = SimpleNamespace(**{**vars(results), "per_model": {"a": None, "b": None}, "models": ("a", "b")})
+    assert png_title("patching: a on pairs.jsonl", two) == "patching: a on pairs.jsonl\na, b · sts-test.csv"

@@ -115,7 +115,7 @@ def plots(decl, results, out_dir: Path) -> list[str]:
             series = {label: (layers, values) for label, (layers, values, *_rest) in lines.items()}
             bands = {label: (lo, hi) for label, (_, _, lo, hi, *_rest) in lines.items() if lo is not None}
             title = _text(decl, results, curve.title) + (f" ({model})" if model and results.several else "")
-            title += "\n" + declared_grids.run_line(results)
+            title = declared_grids.png_title(title, results)
             if curve.logx:
                 files.append(xy_lines(Path(out_dir) / f"{file}.png", series, title=title, xlabel=curve.xlabel,
                                       ylabel=_text(decl, results, curve.ylabel), logx=True,

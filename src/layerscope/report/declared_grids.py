@@ -146,6 +146,14 @@ def run_line(results) -> str:
     return f"{models} · {name}".replace("$", r"\$")
 
 
+def png_title(title: str, results) -> str:
+    """A PNG's title: the declared one, with the run's models and data below it (``run_line``) unless it names them
+    already (an ``{about}`` or ``{model} on {data_name}`` that holds the models' names), so no title says it twice."""
+    if ", ".join(str(m) for m in results.per_model) in title:
+        return title
+    return f"{title}\n{run_line(results)}"
+
+
 def plots(decl, results, out_dir: Path, fill) -> list[str]:
     from layerscope.report.plots import bars, heatmap
 
@@ -158,7 +166,7 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
         low, high = _range(g, shared)
         files.append(heatmap(Path(out_dir) / f"{g.file}.png", [[math.nan if v is None else v for v in row]
                                                                  for row in g.matrix], g.rows, g.cols,
-                             title=f"{g.title}\n{run_line(results)}", xlabel=g.xlabel, ylabel=g.ylabel,
+                             title=png_title(g.title, results), xlabel=g.xlabel, ylabel=g.ylabel,
                              vmin=low, vmax=high,
                              rotate=max(map(len, g.cols), default=0) > 4))  # words (tokens), not numbers
     about = _about(decl, results)
@@ -167,7 +175,7 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
         if groups:
             files.append(bars(Path(out_dir) / f"{spec.file}.png", groups, errors=errors or None,
                               band_label=spec.band or "95% interval", hline=spec.level,
-                              title=f"{fill(spec.title, {'about': about}, _plain)}\n{run_line(results)}",
+                              title=png_title(fill(spec.title, {'about': about}, _plain), results),
                               ylabel=fill(spec.ylabel, {"about": about}, _plain)))
     return files
 
