@@ -189,3 +189,17 @@ def test_every_png_has_a_parseable_svg_beside_it(tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         root = ET.parse(svg).getroot()
         assert root.tag.endswith("svg")
+
+
+def test_a_narrow_heat_map_keeps_a_long_model_id_whole_inside_its_title(tmp_path, figures):
+    """Four columns leave room for fewer characters than a hub id has: the title wraps between words and then
+    shrinks its font, never cutting ``org/name`` in two, and stays inside the figure."""
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    plots.heatmap(tmp_path / "h.png", np.arange(28.0).reshape(7, 4), [str(i) for i in range(7)],
+                  ["1", "2", "4", "8"], title=f"random direction of the same norm: projection, {model} on the "
+                                              "built-in steering pairs")
+    fig = figures[-1]
+    title = _ax(fig).title
+    assert model in title.get_text().split("\n"), title.get_text()
+    box = title.get_window_extent(fig.canvas.get_renderer())
+    assert box.x0 >= fig.bbox.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1

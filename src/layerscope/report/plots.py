@@ -107,19 +107,26 @@ def _outside_legend(ax, extra=(), below: bool | None = None) -> None:
 
 
 def fit_title(fig, ax, text: str) -> None:
-    """Set the title, re-wrapping it onto more lines until it lies inside the figure after layout."""
+    """Set the title, re-wrapping it onto more lines until it lies inside the figure after layout. A word (a model
+    id such as ``org/name-v2``) is never cut: once the lines are as narrow as the longest word, the font shrinks."""
     import textwrap
 
     ax.set_title(text)
     width = max(len(line) for line in text.splitlines() or [""])
-    for _ in range(12):
+    longest = max((len(word) for word in text.split()), default=1)
+    size = ax.title.get_fontsize()
+    for _ in range(16):
         fig.tight_layout()
         renderer = fig.canvas.get_renderer()
         box = ax.title.get_window_extent(renderer)
         if box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height:
             return
-        width = max(12, int(width * 0.8))
-        ax.set_title("\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.splitlines()))
+        if width > longest:
+            width = max(longest, int(width * 0.8))
+        else:
+            size *= 0.9
+        ax.set_title("\n".join(textwrap.fill(line, width, break_on_hyphens=False, break_long_words=False)
+                               for line in text.splitlines()), fontsize=size)
 
 
 def save(plt, fig, path: Path) -> str:
