@@ -21,6 +21,14 @@ def test_peak_and_flops_from_shapes(tmp_path):
     assert flops_per_cycle({"avx2", "fma", "avx"})[0] == 32
     assert flops_per_cycle({"avx"})[0] == 16
     assert flops_per_cycle(set())[0] == 8
+    # Zen 4 runs AVX-512 on two 256-bit FMA units; Zen 5 and Intel's AVX-512 server cores have 512-bit ones
+    assert flops_per_cycle({"avx512f", "avx2", "fma"}, "AuthenticAMD", 25)[0] == 32
+    assert flops_per_cycle({"avx512f", "avx2", "fma"}, "AuthenticAMD", 26)[0] == 64
+    assert flops_per_cycle({"avx512f", "avx2", "fma"}, "GenuineIntel", 6)[0] == 64
+    zen4 = tmp_path / "zen4"
+    zen4.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "cpu MHz\t\t: 2596.130\nflags\t\t: fpu avx avx2 fma avx512f avx512_bf16\n")
+    assert machine_peak(str(zen4), cores=2)["flops_per_cycle"] == 32
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu sse2 avx avx2 fma\n")
     peak = machine_peak(str(info), cores=3)
@@ -35,6 +43,26 @@ def test_peak_and_flops_from_shapes(tmp_path):
     # one text of 3 tokens: per layer 2*3*(4*16 + 2*32) matmul FLOPs + 4*9*4 attention FLOPs
     assert corpus_flops(shapes, np.array([3])) == 2 * (2 * 3 * (64 + 64) + 4 * 9 * 4)
     assert corpus_flops(shapes, np.array([3, 3])) == 2 * corpus_flops(shapes, np.array([3]))
+
+
+def test_the_measured_peak_is_2n3_flops_over_the_fastest_product(tmp_path):
+    """The GEMM rate from a clock that reads 1.0, 0.9, 0.5 and 0.7 s for four products: 2 n^3 FLOPs over the
+    fastest (0.5 s); the peak a CPU row is a fraction of is that rate, the flag-derived one listed beside it."""
+    from layerscope.bench.peak import cpu_peak, gemm_rate
+
+    ticks = iter([0.0, 1.0, 10.0, 10.9, 20.0, 20.5, 30.0, 30.7])
+    got = gemm_rate(n=64, repeats=4, clock=lambda: next(ticks))
+    assert got["best_s"] == pytest.approx(0.5)
+    assert got["gflops"] == pytest.approx(round(2 * 64 ** 3 / 0.5 / 1e9, 1))
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    fake = {"n": 1536, "repeats": 8, "best_s": 0.05, "gflops": 144.9}
+    peak = cpu_peak(str(info), cores=3, measure=lambda: fake)
+    assert peak["gflops"] == 144.9 and peak["measured"] == fake
+    assert peak["derived"]["flops_per_cycle"] == 32
+    assert "144.9 GFLOP/s" in peak["text"] and "32 fp32 FLOPs/cycle" in peak["text"]
+    real = gemm_rate(n=128, repeats=2)  # the real product runs and gives a finite, positive rate
+    assert 0 < real["gflops"] < math.inf
 
 
 def test_accuracy_class_and_peer_names():

@@ -171,7 +171,7 @@ def _run_worker(job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, 
 
 def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
     from layerscope.bench.machine import describe_machine
-    from layerscope.bench.peak import corpus_flops, machine_peak, model_shapes
+    from layerscope.bench.peak import corpus_flops, cpu_peak, model_shapes
     from layerscope.export.open import ensure_export
     from layerscope.vocab.layers import layer_names, resolve_layers
 
@@ -235,7 +235,7 @@ def run_isolated(cfg: IsolatedConfig) -> dict[str, Any]:
                     bar.advance()
     lengths = _token_lengths(handle, cfg)
     shapes = model_shapes(handle.export_dir)
-    peak = machine_peak()
+    peak = cpu_peak()  # measured with every row done: the machine as quiet as the bench left it
     flops = corpus_flops(shapes, lengths) if shapes else None
     results = [_summarize(row, per_row[row["name"]], layers) for row in rows]
     ref = next((r for r in results if r["engine"] == HF_EAGER and r.get("available")), None)
