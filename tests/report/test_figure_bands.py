@@ -139,3 +139,4 @@ def test_a_png_title_names_the_run_once():
         "STS Spearman (on sts-test.csv)\ntinybert · sts-test.csv"
     two = SimpleNamespace(**{**vars(results), "per_model": {"a": None, "b": None}, "models": ("a", "b")})
     assert png_title("patching: a on pairs.jsonl", two) == "patching: a on pairs.jsonl\na, b · sts-test.csv"
+    assert png_title("patching: a on pairs.jsonl", two, model="a") == "patching: a on pairs.jsonl"

@@ -146,10 +146,11 @@ def run_line(results) -> str:
     return f"{models} · {name}".replace("$", r"\$")
 
 
-def png_title(title: str, results) -> str:
+def png_title(title: str, results, model: str | None = None) -> str:
     """A PNG's title: the declared one, with the run's models and data below it (``run_line``) unless it names them
-    already (an ``{about}`` or ``{model} on {data_name}`` that holds the models' names), so no title says it twice."""
-    if ", ".join(str(m) for m in results.per_model) in title:
+    already (an ``{about}``, or a ``{model} on {data_name}`` of the one ``model`` a heat map shows), so no title
+    says it twice."""
+    if ", ".join(str(m) for m in ([model] if model else results.per_model)) in title:
         return title
     return f"{title}\n{run_line(results)}"
 
@@ -166,7 +167,7 @@ def plots(decl, results, out_dir: Path, fill) -> list[str]:
         low, high = _range(g, shared)
         files.append(heatmap(Path(out_dir) / f"{g.file}.png", [[math.nan if v is None else v for v in row]
                                                                  for row in g.matrix], g.rows, g.cols,
-                             title=png_title(g.title, results), xlabel=g.xlabel, ylabel=g.ylabel,
+                             title=png_title(g.title, results, g.model), xlabel=g.xlabel, ylabel=g.ylabel,
                              vmin=low, vmax=high,
                              rotate=max(map(len, g.cols), default=0) > 4))  # words (tokens), not numbers
     about = _about(decl, results)
