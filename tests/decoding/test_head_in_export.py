@@ -146,3 +146,32 @@ def test_head_of_a_bf16_checkpoint_is_loaded_in_bf16_and_kept_in_fp32(family, ti
     for name, tensor in stored.items():
         torch.testing.assert_close(tensor, widened[name], rtol=0, atol=0, msg=name)
     assert set(entry["tensors"]) == set(stored)
+
+
+def test_head_and_lens_graphs_are_traced_beside_the_export_not_in_tmp(tiny_export, tmp_path, monkeypatch):
+    """A system temporary folder too small for a trace (a folder made there says the disk is full; small files
+    still fit): the head-logits graph and the lens graph are still traced and written, in a folder beside the
+    export that is gone afterwards. Catches: a trace into /tmp, where a large vocabulary's head (GBs) does not
+    fit."""
+    import errno
+    import tempfile
+
+    from layerscope.decoding.head_graph import export_head
+
+    out = tmp_path / "exp"
+    shutil.copytree(tiny_export("gpt2"), out)
+    before = {p.name for p in out.iterdir()}
+    system = tempfile.TemporaryDirectory
+
+    class SmallTmp(system):
+        def __init__(self, *args, dir=None, **kwargs):
+            if dir is None:
+                raise OSError(errno.ENOSPC, "No space left on device (the system's temporary folder)")
+            super().__init__(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", SmallTmp)
+    record = export_head(out)
+    assert (out / record.file).is_file() and record.max_abs <= 1e-4 * max(1.0, record.scale)
+    assert export_lens(out, 3).parity.rank_mismatch_fraction == 0.0
+    made = {p.name for p in out.iterdir()} - before
+    assert made and not [n for n in made if "trace" in n], made

@@ -78,7 +78,8 @@ def _export_head(export_dir: Path, wrote, say) -> HeadRecord:
     say(f"tracing the decoding head of {export_dir.name} as logits (once)")
     model = load_decoding_model(handle)
     opset = opset_of(onnx.load(str(handle.onnx_path), load_external_data=False))
-    with tempfile.TemporaryDirectory() as tmp:
+    # traced beside the export, not in /tmp: a large vocabulary's head is GBs, more than a small /tmp holds
+    with tempfile.TemporaryDirectory(dir=export_dir, prefix=".head-trace-") as tmp:
         path = Path(tmp) / "head.onnx"
         try:
             torch.onnx.export(_graph_module(model), (torch.randn(3, manifest.hidden_size),), str(path),

@@ -199,7 +199,8 @@ def _export_lens(export_dir: str | Path, k: int, wrote, *, check: bool, tuned, s
     opset = opset_of(onnx.load(str(handle.onnx_path), load_external_data=False))
     out_dir = Path(handle.export_dir)
     what = f"the tuned lens's graph ({tuned.translators.layers} translators)" if tuned is not None else "the head graph"
-    with tempfile.TemporaryDirectory() as tmp:
+    # traced beside the export, not in /tmp: a large vocabulary's head is GBs, more than a small /tmp holds
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".lens-trace-") as tmp:
         head_path = Path(tmp) / "head.onnx"
         say(f"lens head 2/4: tracing {what} ({model.num_layers + 1} layers, vocabulary {vocab:,}, top-{k})")
         with still(say, "tracing the lens head graph"):
