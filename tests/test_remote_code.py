@@ -6,6 +6,7 @@ import builtins
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,10 @@ def _no_prompt(tmp_path, monkeypatch):
 
     monkeypatch.setenv("LAYERSCOPE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(tmp_path / "hf-modules"))  # copies of custom code land here
+    # ... and are imported from there: no test reads another's copies (its folder is gone once it passed), so the
+    # imported code and the folder transformers put on sys.path are this test's alone
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    _forget_model_code()
     asked = []
 
     def no_input(prompt=""):
@@ -36,7 +41,14 @@ def _no_prompt(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "input", no_input)
     yield asked
+    _forget_model_code()
     assert not asked, f"an interactive prompt appeared: {asked[0][:200]}"
+
+
+def _forget_model_code() -> None:
+    """Drop the models' own code that transformers imported (its ``transformers_modules`` package)."""
+    for name in [m for m in sys.modules if m == "transformers_modules" or m.startswith("transformers_modules.")]:
+        del sys.modules[name]
 
 
 def _custom_tokenizer_model(tiny_model, tmp_path) -> Path:
