@@ -201,3 +201,27 @@ def test_a_weights_link_to_nothing_is_one_line(tiny_model, tmp_path, capsys):
     assert exc.value.code == 2 and len(err) == 1, err
     assert "model.safetensors is a symlink to" in err[0] and "which does not exist" in err[0], err
     assert not (tmp_path / "e").exists()
+
+
+def test_probing_a_provider_writes_and_reads_no_file_in_the_shared_temporary_folder(tmp_path, monkeypatch):
+    """Whether ONNX Runtime's providers start is tried on a one-node graph handed over in memory: a file another
+    user placed in the temporary folder under a name we could use (a link to the user's own file, or a bogus
+    graph) is neither written through nor read, and nothing is left there. Catches: a probe graph saved under a
+    fixed name in /tmp (a link there overwrote the user's file; a bogus graph there made ort 'unavailable')."""
+    import os
+    import tempfile
+
+    from layerscope.engines.ort import OrtEngine, probe_providers
+
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    victim = tmp_path / "notes.txt"
+    victim.write_text("my own words\n")
+    (shared / "layerscope-probe.onnx").write_bytes(b"not a graph")
+    for name in (f"layerscope-probe.{os.getpid()}.tmp", f"layerscope-probe.onnx.{os.getpid()}.tmp"):
+        (shared / name).symlink_to(victim)
+    before = sorted(p.name for p in shared.iterdir())
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    assert probe_providers(only=OrtEngine)["ort"][0] is True
+    assert victim.read_text() == "my own words\n"
+    assert sorted(p.name for p in shared.iterdir()) == before

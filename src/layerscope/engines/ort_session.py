@@ -7,6 +7,7 @@ Engines (``ort.py``), the export's validation, early exit's check and the lens h
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import tempfile
@@ -86,7 +87,7 @@ def preload_gpu_libraries(ort) -> None:
             pass
 
 
-def make_session(model_path: str | Path, provider: str, provider_options: dict | None = None, *,
+def make_session(model_path: str | Path | bytes, provider: str, provider_options: dict | None = None, *,
                  threads: int | None = None, opt_level: str = "all", extra: dict | None = None, options=None):
     """An InferenceSession that really runs on ``provider``, or EngineUnavailableError with the reason.
     ``options``: the SessionOptions of a session made here before (``threads``, ``opt_level`` and ``extra`` are
@@ -98,7 +99,7 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
             "install onnxruntime-gpu for CUDA/TensorRT")
     if provider != "CPUExecutionProvider":
         preload_gpu_libraries(ort)
-    if provider != "CPUExecutionProvider" and Path(model_path) != probe_model():
+    if provider != "CPUExecutionProvider" and model_path != probe_model():
         # Find out on a one-node graph first: a GPU provider that cannot load fails in milliseconds
         # there, instead of after the full model was read and partitioned.
         reason = _PROBED.get(provider)
@@ -118,7 +119,8 @@ def make_session(model_path: str | Path, provider: str, provider_options: dict |
         providers.append("CPUExecutionProvider")
     with captured_stderr() as noise:
         try:
-            session = ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
+            model = model_path if isinstance(model_path, bytes) else str(model_path)
+            session = ort.InferenceSession(model, sess_options=so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own untyped errors here
             session, error = None, exc
         else:
@@ -156,19 +158,15 @@ def physical_cores() -> int | None:
         return None
 
 
-def probe_model() -> Path:
-    """A one-node ONNX model, enough to see whether a provider starts."""
-    import onnx
+@functools.lru_cache(maxsize=1)
+def probe_model() -> bytes:
+    """A one-node ONNX model, enough to see whether a provider starts: made in memory and handed to ONNX Runtime
+    as bytes, never a file (a fixed name in a shared /tmp is a file anyone may place or link first)."""
     from onnx import TensorProto, helper
 
-    path = Path(tempfile.gettempdir()) / "layerscope-probe.onnx"
-    if not path.exists():
-        node = helper.make_node("Add", ["x", "x"], ["y"])
-        graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        onnx.save(model, str(tmp))
-        os.replace(tmp, path)
-    return path
+    node = helper.make_node("Add", ["x", "x"], ["y"])
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
