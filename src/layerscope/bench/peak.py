@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -78,10 +77,9 @@ def machine_peak(cpuinfo_path: str = "/proc/cpuinfo", cores: int | None = None) 
     if not mhz:
         return None
     if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:
-            cores = os.cpu_count() or 1
+        from layerscope.engines.speed_order import usable_cores
+
+        cores = usable_cores()
     per_cycle, how = flops_per_cycle(flags, vendor, family)
     gflops = cores * mhz / 1000.0 * per_cycle
     return {"cores": cores, "ghz": round(mhz / 1000.0, 3), "clock_source": source, "flops_per_cycle": per_cycle,
@@ -116,9 +114,10 @@ def gemm_rate(n: int = GEMM_N, repeats: int = GEMM_REPEATS, clock=None) -> dict[
 def cpu_peak(cpuinfo_path: str = "/proc/cpuinfo", cores: int | None = None, measure=gemm_rate) -> dict[str, Any]:
     """The peak a CPU row's speed is a fraction of: the GEMM rate measured now (``measure``), with the peak derived
     from the CPU's flags beside it (``derived``; None off Linux)."""
+    from layerscope.engines.speed_order import usable_cores
+
+    cores = usable_cores() if cores is None else cores
     derived = machine_peak(cpuinfo_path, cores)
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     got = measure()
     text = (f"measured: numpy float32 GEMM {got['n']} x {got['n']} on {cores} cores, best of {got['repeats']} = "
             f"{got['gflops']:.1f} GFLOP/s")
