@@ -109,7 +109,7 @@ def _outside_legend(ax, extra=(), below: bool | None = None) -> None:
 def fit_title(fig, ax, text: str) -> None:
     """Set the title, re-wrapping it onto more lines until it lies inside the figure after layout. A word (a model
     id such as ``org/name-v2``) is never cut: once the lines are as narrow as the longest word, the font shrinks."""
-    import textwrap
+    from layerscope.report.html_figures import title_lines  # the page's charts wrap their titles by the same rule
 
     ax.set_title(text)
     width = max(len(line) for line in text.splitlines() or [""])
@@ -125,8 +125,8 @@ def fit_title(fig, ax, text: str) -> None:
             width = max(longest, int(width * 0.8))
         else:
             size *= 0.9
-        ax.set_title("\n".join(textwrap.fill(line, width, break_on_hyphens=False, break_long_words=False)
-                               for line in text.splitlines()), fontsize=size)
+        ax.set_title("\n".join(part for line in text.splitlines() for part in title_lines(line, width)),
+                     fontsize=size)
 
 
 def save(plt, fig, path: Path) -> str:
